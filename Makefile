@@ -1,0 +1,121 @@
+# nf4deq build. `make` builds build/nf4deq; `make check` runs every CPU test;
+# `make check-gpu` runs the GPU tests (needs a CUDA device); `make demo` converts
+# the sample model. Missing Debian packages are installed first (see `deps`).
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+BUILD   ?= build
+
+CC      ?= cc
+CFLAGS  ?= -O2 -g
+# -ffp-contract=off: bitsandbytes rounds after every multiply and add; a fused
+# multiply-add would change the low bits of the result.
+NF4_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes \
+             -ffp-contract=off -fno-fast-math -Iinclude -pthread
+SANITIZE ?= 0
+ifeq ($(SANITIZE),1)
+NF4_CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+NF4_LDFLAGS += -fsanitize=address,undefined
+endif
+
+PKG_CONFIG ?= pkg-config
+CJSON_CFLAGS  = $(shell $(PKG_CONFIG) --cflags libcjson 2>/dev/null)
+CJSON_LIBS    = $(shell $(PKG_CONFIG) --libs libcjson 2>/dev/null)
+CMOCKA_CFLAGS = $(shell $(PKG_CONFIG) --cflags cmocka 2>/dev/null)
+CMOCKA_LIBS   = $(shell $(PKG_CONFIG) --libs cmocka 2>/dev/null)
+
+VERSION := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
+NF4_CFLAGS += -DNF4DEQ_VERSION='"$(VERSION)"'
+
+# ---- CUDA -------------------------------------------------------------------
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+NF4DEQ_CUDA ?= $(if $(NVCC),1,0)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# Cubins for Turing (T4) through Hopper, plus PTX of the newest for later GPUs.
+CUDA_ARCHS ?= 75 80 86 89 90
+CUDA_PTX_ARCH ?= 90
+NVCC_GENCODE ?= $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(CUDA_PTX_ARCH),code=compute_$(CUDA_PTX_ARCH)
+NF4DEQ_ASM ?= 1
+NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
+NF4_NVCCFLAGS = $(NVCC_GENCODE) -Iinclude -DNF4DEQ_ASM=$(NF4DEQ_ASM) -Xcompiler -fPIC,-Wall
+ifeq ($(NF4DEQ_CUDA),1)
+CUDA_SRCS = $(wildcard cuda/*.cu)
+CUDA_OBJS = $(CUDA_SRCS:cuda/%.cu=$(BUILD)/cuda/%.o)
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+EXCLUDE_SRCS = src/gpu_none.c
+else
+CUDA_OBJS =
+CUDA_LIBS =
+EXCLUDE_SRCS =
+endif
+# -----------------------------------------------------------------------------
+
+LIB_SRCS = $(filter-out src/main.c $(EXCLUDE_SRCS),$(wildcard src/*.c))
+LIB_OBJS = $(LIB_SRCS:src/%.c=$(BUILD)/obj/%.o)
+LIBS     = $(CJSON_LIBS) $(CUDA_LIBS) -lm -pthread
+
+TEST_SRCS = $(wildcard tests/unit/test_*.c)
+TEST_BINS = $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+TOOL_SRCS = $(wildcard tests/tools/*.c)
+TOOL_BINS = $(TOOL_SRCS:tests/tools/%.c=$(BUILD)/tools/%)
+
+PYTHON ?= python3
+VENV    = $(BUILD)/venv
+
+.PHONY: all deps check check-unit check-cli check-python check-gpu demo install uninstall clean tools
+
+all: $(BUILD)/nf4deq
+
+# Installs what the build needs when it is missing: as root through apt-get,
+# otherwise by printing the exact command and stopping.
+deps:
+	@sh tests/scripts/ensure-deps.sh build
+
+$(BUILD)/obj/%.o: src/%.c $(wildcard include/*.h) | deps
+	@mkdir -p $(@D)
+	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/cuda/%.o: cuda/%.cu $(wildcard include/*.h cuda/*.cuh)
+	@mkdir -p $(@D)
+	$(NVCC) $(NF4_NVCCFLAGS) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libnf4deq.a: $(LIB_OBJS) $(CUDA_OBJS)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/nf4deq: $(BUILD)/obj/main.o $(BUILD)/libnf4deq.a
+	$(CC) $(NF4_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/test_util.h $(BUILD)/libnf4deq.a | deps
+	@mkdir -p $(@D)
+	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS) -Itests/unit -o $@ $< \
+	    $(BUILD)/libnf4deq.a $(CMOCKA_LIBS) $(LIBS) $(NF4_LDFLAGS) $(TEST_WRAPS_$*)
+
+$(BUILD)/tools/%: tests/tools/%.c $(BUILD)/libnf4deq.a
+	@mkdir -p $(@D)
+	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libnf4deq.a $(LIBS) $(NF4_LDFLAGS)
+
+tools: $(TOOL_BINS)
+
+check: deps all tools $(TEST_BINS)
+	@sh tests/scripts/ensure-deps.sh test
+	@sh tests/scripts/run-unit.sh $(BUILD) $(TEST_BINS)
+	@sh tests/scripts/check-python.sh $(BUILD) $(PYTHON)
+
+demo: deps all
+	@sh tests/scripts/demo.sh $(BUILD)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/doc/nf4deq
+	install -m 755 $(BUILD)/nf4deq $(DESTDIR)$(PREFIX)/bin/nf4deq
+	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/nf4deq/README.md
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/nf4deq
+	rm -rf $(DESTDIR)$(PREFIX)/share/doc/nf4deq
+
+clean:
+	rm -rf $(BUILD)
+
+-include gpu.mk

@@ -1,0 +1,36 @@
+/* The conversion pipeline: one file or one model directory in, the same with
+ * every 4-bit weight dequantized out. */
+#ifndef NF4DEQ_CONVERT_H
+#define NF4DEQ_CONVERT_H
+
+#include <stdint.h>
+
+#include "dtype.h"
+
+enum device_choice { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA };
+
+struct convert_opts {
+    enum st_dtype dtype; /* DT_INVALID: each weight's own quant-state dtype */
+    enum device_choice device;
+    int threads;            /* CPU threads; 0: all online cores */
+    int force;              /* replace an existing OUT */
+    uint64_t gpu_mem;       /* device-memory budget in bytes; 0: default */
+    uint64_t chunk_elements; /* elements dequantized per step; 0: default */
+};
+
+struct convert_stats {
+    uint64_t tensors;
+    uint64_t dequantized;
+    uint64_t bytes_in;
+    uint64_t bytes_out;
+    uint64_t overflowed; /* finite values that became inf when cast to --dtype */
+    double seconds;
+    char engine[160]; /* "CPU (8 threads)" or the GPU's name */
+};
+
+#define DEFAULT_CHUNK_ELEMENTS (UINT64_C(1) << 24)
+
+void convert_opts_init(struct convert_opts *o);
+int convert_run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats);
+
+#endif

@@ -1,0 +1,44 @@
+/* Low-level file helpers: full reads and writes that survive EINTR and short
+ * transfers, and the registry of temp paths removed on failure or on a signal. */
+#ifndef NF4DEQ_FILEIO_H
+#define NF4DEQ_FILEIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+/* 0 on success; -1 with errno set (a read past EOF sets errno to EIO... see
+ * read_full_at's comment). */
+int read_full_at(int fd, void *buf, size_t len, uint64_t offset);
+int write_full(int fd, const void *buf, size_t len);
+
+/* Reads a whole small file (config.json, index.json) into a NUL-terminated
+ * buffer, refusing files over max_bytes. Returns an NF4_* code. */
+int read_small_file(const char *path, size_t max_bytes, char **out, size_t *out_len);
+
+/* Writes `data` to `path` atomically (temp file, fsync, rename). NF4_* code. */
+int write_file_atomic(const char *path, const void *data, size_t len);
+
+/* Makes a uniquely named temp file beside `path` (same directory), registered
+ * for removal. Returns fd or -1 (errno). *tmp_path is malloc'd. */
+int create_temp_beside(const char *path, char **tmp_path);
+/* Same, for a directory. Returns 0 or -1 (errno). */
+int create_temp_dir_beside(const char *path, char **tmp_path);
+
+/* Temp paths removed by cleanup_temps() and by the SIGINT/SIGTERM/SIGHUP handler.
+ * Files before directories, newest first. */
+void temp_register(const char *path, int is_dir);
+void temp_unregister(const char *path);
+/* Forgets `prefix` and every path below it (once a temp directory is published). */
+void temp_unregister_prefix(const char *prefix);
+void cleanup_temps(void);
+void install_signal_cleanup(void);
+
+/* fsyncs the directory holding `path` so a rename into it is durable. */
+int fsync_parent_dir(const char *path);
+
+/* Directory part and base name of a path, malloc'd ("." for a bare name). */
+char *path_dirname(const char *path);
+char *path_join(const char *dir, const char *name);
+
+#endif

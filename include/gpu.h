@@ -1,0 +1,37 @@
+/* The CUDA back end, seen from C. Implemented in cuda/ (compiled by nvcc, cudart
+ * linked statically). Every entry point is safe to call on a machine with no GPU
+ * and no driver: gpu_open then fails with NF4_EUNAVAILABLE and a reason. */
+#ifndef NF4DEQ_GPU_H
+#define NF4DEQ_GPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dequant.h"
+
+struct gpu_ctx;
+
+/* Number of usable CUDA devices; 0 with no driver or no device (never fails). */
+int gpu_device_count(void);
+
+/* Opens device `device` with a device-memory budget in bytes (0: a default
+ * fraction of free memory). Returns NF4_OK, or NF4_EUNAVAILABLE / NF4_ESOFTWARE
+ * with the reason recorded through nf4_fail(). */
+int gpu_open(struct gpu_ctx **out, int device, uint64_t mem_budget);
+void gpu_close(struct gpu_ctx *ctx);
+/* "NVIDIA H100 80GB HBM3 (sm_90)" */
+const char *gpu_name(const struct gpu_ctx *ctx);
+uint64_t gpu_mem_budget(const struct gpu_ctx *ctx);
+
+/* Page-locked host memory, so transfers run at full speed and asynchronously.
+ * Falls back to plain malloc'd memory if pinning fails; free with gpu_host_free. */
+void *gpu_host_alloc(struct gpu_ctx *ctx, size_t bytes);
+void gpu_host_free(struct gpu_ctx *ctx, void *p);
+
+/* Dequantizes a job whose pointers are HOST memory (ideally from gpu_host_alloc):
+ * copies inputs in, runs the fused kernel, copies the result to job->out. Splits
+ * the job into sub-chunks that fit the budget and overlaps copy-in, kernel and
+ * copy-out between them. Returns NF4_OK or an NF4_* code with nf4_fail() set. */
+int gpu_dequant(struct gpu_ctx *ctx, const struct dequant_job *host_job);
+
+#endif

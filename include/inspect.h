@@ -1,0 +1,14 @@
+/* `nf4deq inspect`: what a checkpoint holds and what converting it would write. */
+#ifndef NF4DEQ_INSPECT_H
+#define NF4DEQ_INSPECT_H
+
+#include <stdio.h>
+
+#include "dtype.h"
+
+/* Prints a report on `in` (file or model directory) to `out`, as text or JSON.
+ * `dtype` is the --dtype the size after conversion is computed for
+ * (DT_INVALID: each weight's own). Returns an NF4_* code. */
+int inspect_run(const char *in, int json, enum st_dtype dtype, FILE *out);
+
+#endif

@@ -1,0 +1,55 @@
+/* A checkpoint as a set of safetensors files with one tensor namespace: a single
+ * file, or a model directory (model.safetensors, or shards listed by
+ * model.safetensors.index.json). A bnb weight's parts may sit in different
+ * shards; lookups here find them wherever they are. */
+#ifndef NF4DEQ_MODEL_H
+#define NF4DEQ_MODEL_H
+
+#include <stddef.h>
+
+#include "safetensors.h"
+
+#define INDEX_FILE_NAME "model.safetensors.index.json"
+#define SINGLE_FILE_NAME "model.safetensors"
+#define CONFIG_FILE_NAME "config.json"
+/* index.json and config.json are small; anything larger is not one of them. */
+#define MAX_JSON_FILE_BYTES (64u << 20)
+
+struct model_tensor {
+    struct st_file *file;
+    const struct st_tensor *t;
+    size_t file_index;
+};
+
+struct model {
+    char *dir;           /* NULL when the model is one file */
+    int sharded;         /* has an index.json */
+    size_t nfiles;
+    struct st_file **files;
+    char **file_names;   /* names relative to dir (or the path itself for a single file) */
+    size_t count;
+    struct model_tensor *tensors; /* every tensor of every file, sorted by name */
+    char *index_metadata_json;    /* the index's "metadata" object, printed compactly; NULL if none */
+};
+
+int model_open_file(const char *path, struct model **out);
+int model_open_dir(const char *dir, struct model **out);
+void model_close(struct model *m);
+const struct model_tensor *model_find(const struct model *m, const char *name);
+
+/* Validates an index.json document and returns the shard file names it lists
+ * (sorted, unique) and, per weight_map entry, name -> file. Pure: used by
+ * model_open_dir, the tests and the fuzzer. `path` is only used in messages. */
+struct index_entry {
+    char *tensor;
+    char *file;
+};
+int index_parse(const char *path, const char *json, size_t len, struct index_entry **entries, size_t *nentries,
+                char ***files, size_t *nfiles, char **metadata_json);
+void index_free(struct index_entry *entries, size_t nentries, char **files, size_t nfiles);
+
+/* 1 if `name` is acceptable as a shard file name: a plain file name inside the
+ * model directory (no '/', not "." or "..", no control characters). */
+int shard_name_is_safe(const char *name);
+
+#endif

@@ -1,0 +1,43 @@
+/* Exit codes and error reporting shared by every module.
+ *
+ * Functions return one of these codes; the first failure formats a one-line
+ * message into a per-thread buffer, and the CLI prints it as "nf4deq: MSG".
+ * Nothing below the CLI exits the process, so the same code can serve a library. */
+#ifndef NF4DEQ_STATUS_H
+#define NF4DEQ_STATUS_H
+
+#include <stddef.h>
+
+enum nf4_status {
+    NF4_OK = 0,
+    NF4_EUSAGE = 2,        /* bad command line */
+    NF4_EDATA = 65,        /* input is not a valid bnb-4bit / safetensors file */
+    NF4_ENOINPUT = 66,     /* input missing or unreadable */
+    NF4_EUNAVAILABLE = 69, /* GPU asked for but unavailable */
+    NF4_ESOFTWARE = 70,    /* internal error (a bug, or out of memory) */
+    NF4_ECANTCREAT = 73,   /* cannot create the output */
+    NF4_EIO = 74,          /* read or write failed */
+};
+
+#if defined(__GNUC__)
+#define NF4_PRINTF(a, b) __attribute__((format(printf, a, b)))
+#else
+#define NF4_PRINTF(a, b)
+#endif
+
+/* Records "FILE: TENSOR: message" (FILE and TENSOR may be NULL) and returns code.
+ * Only the first error since the last nf4_clear_error() is kept: the root cause
+ * matters more than what failed because of it. */
+int nf4_fail(int code, const char *file, const char *tensor, const char *fmt, ...) NF4_PRINTF(4, 5);
+/* Like nf4_fail, with ": strerror(errnum)" appended. */
+int nf4_fail_errno(int code, int errnum, const char *file, const char *tensor, const char *fmt, ...)
+    NF4_PRINTF(5, 6);
+const char *nf4_last_error(void);
+void nf4_clear_error(void);
+
+/* Warnings go straight to stderr unless silenced by --quiet. */
+void nf4_warn(const char *fmt, ...) NF4_PRINTF(1, 2);
+void nf4_set_quiet(int quiet);
+int nf4_is_quiet(void);
+
+#endif

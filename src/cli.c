@@ -1,0 +1,244 @@
+#include "cli.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench.h"
+#include "convert.h"
+#include "inspect.h"
+#include "status.h"
+
+#define EXIT_CODES_HELP                                                                                        \
+    "Exit status:\n"                                                                                           \
+    "   0  success\n"                                                                                          \
+    "   2  bad command line (unknown option, wrong arguments, OUT is IN)\n"                                    \
+    "  65  the input is not a valid safetensors / bitsandbytes 4-bit checkpoint\n"                             \
+    "  66  the input is missing or unreadable\n"                                                               \
+    "  69  a GPU was asked for (--device cuda) but none is usable\n"                                           \
+    "  70  internal error (including out of memory)\n"                                                         \
+    "  73  the output cannot be created (exists without --force, permissions)\n"                               \
+    "  74  read or write failed (I/O error, disk full)\n"
+
+static const char MAIN_HELP[] =
+    "Usage: nf4deq COMMAND [OPTIONS] ...\n"
+    "Turn bitsandbytes 4-bit (NF4/FP4) safetensors checkpoints back into fp16, bf16\n"
+    "or fp32 safetensors, bit-identical to bitsandbytes' own dequantization.\n"
+    "\n"
+    "Commands:\n"
+    "  convert IN OUT     convert a .safetensors file, or a model directory\n"
+    "  inspect IN         list tensors, quantization and sizes\n"
+    "  bench              time the CUDA kernel (against bitsandbytes with --bnb-lib)\n"
+    "\n"
+    "  -h, --help         show this help; 'nf4deq COMMAND --help' for a command\n"
+    "  -V, --version      show the version\n"
+    "\n" EXIT_CODES_HELP;
+
+static const char CONVERT_HELP[] =
+    "Usage: nf4deq convert [OPTIONS] IN OUT\n"
+    "Dequantize every bitsandbytes 4-bit weight of IN and write the result to OUT.\n"
+    "IN and OUT are both .safetensors files, or both model directories (with\n"
+    "model.safetensors.index.json, or a single model.safetensors). A directory keeps\n"
+    "its shard names and other files; config.json loses quantization_config.\n"
+    "OUT appears complete or not at all: it is built beside OUT and renamed.\n"
+    "\n"
+    "  -d, --dtype TYPE     fp16, bf16 or fp32 for every floating tensor; default:\n"
+    "                       each weight's own dtype (what bitsandbytes returns),\n"
+    "                       other tensors unchanged\n"
+    "      --device DEV     auto (default: CUDA if a GPU is present), cpu or cuda\n"
+    "  -j, --threads N      CPU threads (default: all online cores)\n"
+    "      --gpu-mem SIZE   GPU memory budget, e.g. 12G (default: half of free memory)\n"
+    "  -f, --force          replace OUT if it exists\n"
+    "  -q, --quiet          print nothing but errors\n"
+    "  -h, --help           show this help\n"
+    "\n" EXIT_CODES_HELP;
+
+static const char INSPECT_HELP[] =
+    "Usage: nf4deq inspect [OPTIONS] IN\n"
+    "List the tensors of a .safetensors file or model directory: name, dtype, shape,\n"
+    "bytes, and for 4-bit weights the quant type, blocksize, double quant, storage\n"
+    "dtype and output dtype; then totals (parameters, bytes on disk, bytes after\n"
+    "conversion).\n"
+    "\n"
+    "      --json           machine-readable output\n"
+    "  -d, --dtype TYPE     compute the size after conversion for this --dtype\n"
+    "  -h, --help           show this help\n"
+    "\n" EXIT_CODES_HELP;
+
+int parse_size(const char *text, uint64_t *out)
+{
+    char *end;
+    if (!text[0] || text[0] == '-')
+        return 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (end == text)
+        return 0;
+    unsigned shift = 0;
+    switch (*end) {
+    case 'K': case 'k': shift = 10; end++; break;
+    case 'M': case 'm': shift = 20; end++; break;
+    case 'G': case 'g': shift = 30; end++; break;
+    case 'T': case 't': shift = 40; end++; break;
+    default: break;
+    }
+    if (shift && strcmp(end, "iB") == 0)
+        end += 2;
+    else if (strcmp(end, "B") == 0)
+        end += 1;
+    if (*end != '\0' || (shift && v > (UINT64_MAX >> shift)))
+        return 0;
+    *out = (uint64_t)v << shift;
+    return 1;
+}
+
+static int usage_error(const char *cmd, const char *fmt, const char *arg)
+{
+    fputs("nf4deq: ", stderr);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nTry 'nf4deq %s%s--help' for more information.\n", cmd ? cmd : "", cmd ? " " : "");
+    return NF4_EUSAGE;
+}
+
+static int parse_dtype_arg(const char *cmd, const char *arg, enum st_dtype *out)
+{
+    *out = dtype_from_cli_name(arg);
+    if (*out == DT_INVALID)
+        return usage_error(cmd, "invalid --dtype '%s' (fp16, bf16 or fp32)", arg);
+    return NF4_OK;
+}
+
+static void human_bytes(char *buf, size_t cap, uint64_t bytes)
+{
+    static const char *const UNITS[] = {"B", "KB", "MB", "GB", "TB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1000 && u < 4) {
+        v /= 1000;
+        u++;
+    }
+    snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", v, UNITS[u]);
+}
+
+static int cmd_convert(int argc, char **argv)
+{
+    static const struct option LONG[] = {
+        {"dtype", required_argument, NULL, 'd'}, {"device", required_argument, NULL, 'D'},
+        {"threads", required_argument, NULL, 'j'}, {"gpu-mem", required_argument, NULL, 'G'},
+        {"force", no_argument, NULL, 'f'},         {"quiet", no_argument, NULL, 'q'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
+    };
+    struct convert_opts o;
+    convert_opts_init(&o);
+    int quiet = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "d:j:fqh", LONG, NULL)) != -1) {
+        switch (c) {
+        case 'd':
+            if (parse_dtype_arg("convert", optarg, &o.dtype) != NF4_OK)
+                return NF4_EUSAGE;
+            break;
+        case 'D':
+            if (strcmp(optarg, "auto") == 0)
+                o.device = DEVICE_AUTO;
+            else if (strcmp(optarg, "cpu") == 0)
+                o.device = DEVICE_CPU;
+            else if (strcmp(optarg, "cuda") == 0 || strcmp(optarg, "gpu") == 0)
+                o.device = DEVICE_CUDA;
+            else
+                return usage_error("convert", "invalid --device '%s' (auto, cpu or cuda)", optarg);
+            break;
+        case 'j': {
+            char *end;
+            long n = strtol(optarg, &end, 10);
+            if (*end || end == optarg || n < 1 || n > 4096)
+                return usage_error("convert", "invalid --threads '%s' (1 to 4096)", optarg);
+            o.threads = (int)n;
+            break;
+        }
+        case 'G':
+            if (!parse_size(optarg, &o.gpu_mem) || o.gpu_mem == 0)
+                return usage_error("convert", "invalid --gpu-mem '%s' (e.g. 12G)", optarg);
+            break;
+        case 'f': o.force = 1; break;
+        case 'q': quiet = 1; break;
+        case 'h': fputs(CONVERT_HELP, stdout); return NF4_OK;
+        default: return usage_error("convert", "%s", "invalid option");
+        }
+    }
+    if (argc - optind != 2)
+        return usage_error("convert", "%s", argc - optind < 2 ? "convert needs IN and OUT" : "too many arguments");
+    nf4_set_quiet(quiet);
+    struct convert_stats stats;
+    int code = convert_run(argv[optind], argv[optind + 1], &o, &stats);
+    if (code == NF4_OK && !quiet) {
+        char in[32], out[32];
+        human_bytes(in, sizeof in, stats.bytes_in);
+        human_bytes(out, sizeof out, stats.bytes_out);
+        double rate = stats.seconds > 0 ? (double)stats.bytes_out / stats.seconds / 1e9 : 0;
+        fprintf(stderr,
+                "nf4deq: converted %" PRIu64 " tensors (%" PRIu64 " dequantized), %s in, %s out, %.2f s, %.2f GB/s, "
+                "on %s\n",
+                stats.tensors, stats.dequantized, in, out, stats.seconds, rate, stats.engine);
+    }
+    return code;
+}
+
+static int cmd_inspect(int argc, char **argv)
+{
+    static const struct option LONG[] = {
+        {"json", no_argument, NULL, 'J'},
+        {"dtype", required_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int json = 0, c;
+    enum st_dtype dtype = DT_INVALID;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "d:h", LONG, NULL)) != -1) {
+        switch (c) {
+        case 'J': json = 1; break;
+        case 'd':
+            if (parse_dtype_arg("inspect", optarg, &dtype) != NF4_OK)
+                return NF4_EUSAGE;
+            break;
+        case 'h': fputs(INSPECT_HELP, stdout); return NF4_OK;
+        default: return usage_error("inspect", "%s", "invalid option");
+        }
+    }
+    if (argc - optind != 1)
+        return usage_error("inspect", "%s", argc - optind < 1 ? "inspect needs IN" : "too many arguments");
+    return inspect_run(argv[optind], json, dtype, stdout);
+}
+
+int cli_main(int argc, char **argv)
+{
+    if (argc < 2)
+        return usage_error(NULL, "%s", "missing command");
+    const char *cmd = argv[1];
+    int code;
+    nf4_clear_error();
+    if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(MAIN_HELP, stdout);
+        return NF4_OK;
+    }
+    if (strcmp(cmd, "-V") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("nf4deq %s\n", NF4DEQ_VERSION);
+        return NF4_OK;
+    }
+    if (strcmp(cmd, "convert") == 0)
+        code = cmd_convert(argc - 1, argv + 1);
+    else if (strcmp(cmd, "inspect") == 0)
+        code = cmd_inspect(argc - 1, argv + 1);
+    else if (strcmp(cmd, "bench") == 0)
+        code = cmd_bench(argc - 1, argv + 1);
+    else
+        return usage_error(NULL, "unknown command '%s'", cmd);
+    /* Usage errors print themselves; everything else left a message. */
+    if (code != NF4_OK && code != NF4_EUSAGE)
+        fprintf(stderr, "nf4deq: %s\n", nf4_last_error());
+    else if (code == NF4_EUSAGE && strcmp(nf4_last_error(), "unknown error") != 0)
+        fprintf(stderr, "nf4deq: %s\n", nf4_last_error());
+    return code;
+}

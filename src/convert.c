@@ -1,0 +1,622 @@
+#include "convert.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bnb_state.h"
+#include "dequant.h"
+#include "fileio.h"
+#include "fpconv.h"
+#include "gpu.h"
+#include "model.h"
+#include "model_dir.h"
+#include "safetensors.h"
+#include "status.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "nf4deq reads safetensors data in place and needs a little-endian host"
+#endif
+
+/* What one output tensor is made of. */
+struct out_item {
+    struct st_out_tensor out;
+    const struct model_tensor *src; /* copied or cast */
+    const struct bnb_weight *w;     /* dequantized */
+};
+
+/* Reusable host buffers, pinned when the GPU is used. */
+struct buffer {
+    void *p;
+    size_t cap;
+};
+
+struct ctx {
+    const struct convert_opts *opts;
+    struct convert_stats *stats;
+    struct gpu_ctx *gpu;
+    int threads;
+    uint64_t chunk_elements;
+    struct buffer packed, absmax, nested, in, out;
+};
+
+void convert_opts_init(struct convert_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->dtype = DT_INVALID;
+    o->device = DEVICE_AUTO;
+}
+
+static void buffer_free(struct ctx *c, struct buffer *b)
+{
+    if (c->gpu)
+        gpu_host_free(c->gpu, b->p);
+    else
+        free(b->p);
+    b->p = NULL;
+    b->cap = 0;
+}
+
+static int buffer_reserve(struct ctx *c, struct buffer *b, size_t bytes)
+{
+    if (bytes <= b->cap)
+        return NF4_OK;
+    buffer_free(c, b);
+    size_t cap = bytes < 4096 ? 4096 : bytes;
+    b->p = c->gpu ? gpu_host_alloc(c->gpu, cap) : malloc(cap);
+    if (!b->p)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory for a %zu-byte buffer", cap);
+    b->cap = cap;
+    return NF4_OK;
+}
+
+static unsigned out_size(enum st_dtype dt)
+{
+    return dtype_bits(dt) / 8;
+}
+
+/* ---- casts of unquantized tensors ---- */
+
+static float load_as_float(enum st_dtype dt, const void *in, uint64_t i)
+{
+    switch (dt) {
+    case DT_F16: return f16_to_f32(((const uint16_t *)in)[i]);
+    case DT_BF16: return bf16_to_f32(((const uint16_t *)in)[i]);
+    case DT_F32: return ((const float *)in)[i];
+    default: return (float)((const double *)in)[i];
+    }
+}
+
+static int is_finite_source(enum st_dtype dt, const void *in, uint64_t i)
+{
+    if (dt == DT_F64) {
+        double d = ((const double *)in)[i];
+        return d - d == 0;
+    }
+    float f = load_as_float(dt, in, i);
+    return f - f == 0;
+}
+
+/* Returns how many finite values became infinite. */
+static uint64_t cast_elements(enum st_dtype from, enum st_dtype to, const void *in, void *out, uint64_t count)
+{
+    uint64_t overflowed = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        float f = load_as_float(from, in, i);
+        uint32_t bits;
+        int inf;
+        switch (to) {
+        case DT_F16:
+            bits = f32_to_f16(f);
+            ((uint16_t *)out)[i] = (uint16_t)bits;
+            inf = (bits & 0x7fffu) == 0x7c00u;
+            break;
+        case DT_BF16:
+            bits = f32_to_bf16(f);
+            ((uint16_t *)out)[i] = (uint16_t)bits;
+            inf = (bits & 0x7fffu) == 0x7f80u;
+            break;
+        default:
+            ((float *)out)[i] = f;
+            inf = (f32_bits(f) & 0x7fffffffu) == 0x7f800000u;
+            break;
+        }
+        if (inf && is_finite_source(from, in, i))
+            overflowed++;
+    }
+    return overflowed;
+}
+
+static int copy_tensor(struct ctx *c, const struct out_item *it, struct st_writer *wr)
+{
+    const struct model_tensor *src = it->src;
+    enum st_dtype from = src->t->dtype, to = it->out.dtype;
+    uint64_t total = st_tensor_bytes(src->t);
+    int code;
+    if (from == to) {
+        uint64_t step = c->chunk_elements * 4;
+        if ((code = buffer_reserve(c, &c->in, (size_t)(total < step ? total : step))) != NF4_OK)
+            return code;
+        for (uint64_t off = 0; off < total; off += step) {
+            uint64_t len = total - off < step ? total - off : step;
+            if ((code = st_read(src->file, src->t, off, c->in.p, len)) != NF4_OK ||
+                (code = st_writer_write(wr, c->in.p, (size_t)len)) != NF4_OK)
+                return code;
+        }
+        c->stats->bytes_in += total;
+        return NF4_OK;
+    }
+    unsigned in_size = dtype_bits(from) / 8, osize = out_size(to);
+    uint64_t n = src->t->nelem, step = c->chunk_elements;
+    uint64_t first = n < step ? n : step;
+    if ((code = buffer_reserve(c, &c->in, (size_t)(first * in_size))) != NF4_OK ||
+        (code = buffer_reserve(c, &c->out, (size_t)(first * osize))) != NF4_OK)
+        return code;
+    uint64_t overflowed = 0;
+    for (uint64_t e = 0; e < n; e += step) {
+        uint64_t cnt = n - e < step ? n - e : step;
+        if ((code = st_read(src->file, src->t, e * in_size, c->in.p, cnt * in_size)) != NF4_OK)
+            return code;
+        overflowed += cast_elements(from, to, c->in.p, c->out.p, cnt);
+        if ((code = st_writer_write(wr, c->out.p, (size_t)(cnt * osize))) != NF4_OK)
+            return code;
+    }
+    if (overflowed)
+        nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s", src->file->path,
+                 src->t->name, overflowed, dtype_name(from), dtype_name(to));
+    c->stats->overflowed += overflowed;
+    c->stats->bytes_in += total;
+    return NF4_OK;
+}
+
+/* ---- dequantization ---- */
+
+static int read_part(const struct model_tensor *t, uint64_t offset, void *buf, uint64_t len)
+{
+    return st_read(t->file, t->t, offset, buf, len);
+}
+
+static int dequant_tensor(struct ctx *c, const struct out_item *it, struct st_writer *wr)
+{
+    const struct bnb_weight *w = it->w;
+    const struct bnb_state *s = &w->state;
+    enum st_dtype out_dt = it->out.dtype;
+    unsigned osize = out_size(out_dt);
+    /* Chunks start where a byte, a block and a nested block all start, so each
+     * chunk's parts are plain sub-ranges of the stored tensors. */
+    uint64_t align = (uint64_t)s->blocksize * (s->nested ? s->nested_blocksize : 1);
+    uint64_t chunk = c->chunk_elements / align * align;
+    if (chunk == 0)
+        chunk = align;
+    uint64_t first = s->n < chunk ? s->n : chunk;
+    uint64_t max_blocks = first / s->blocksize + 1;
+    int code;
+    if ((code = buffer_reserve(c, &c->packed, (size_t)(first / 2 + 1))) != NF4_OK ||
+        (code = buffer_reserve(c, &c->absmax, (size_t)(max_blocks * 4))) != NF4_OK ||
+        (code = buffer_reserve(c, &c->out, (size_t)(first * osize))) != NF4_OK)
+        return code;
+    float nested_code[NESTED_CODE_ENTRIES];
+    if (s->nested) {
+        uint64_t max_nested = max_blocks / s->nested_blocksize + 2;
+        if ((code = buffer_reserve(c, &c->nested, (size_t)(max_nested * 4))) != NF4_OK ||
+            (code = read_part(w->nested_quant_map, 0, nested_code, sizeof nested_code)) != NF4_OK)
+            return code;
+    }
+    for (uint64_t e0 = 0; e0 < s->n; e0 += chunk) {
+        uint64_t cnt = s->n - e0 < chunk ? s->n - e0 : chunk;
+        uint64_t b0 = e0 / s->blocksize;
+        uint64_t nblocks = cnt / s->blocksize + (cnt % s->blocksize != 0);
+        struct dequant_job job = {
+            .packed = c->packed.p,
+            .n = cnt,
+            .blocksize = s->blocksize,
+            .nested_blocksize = s->nested ? s->nested_blocksize : 1,
+            .quant_type = s->quant_type,
+            .out_dtype = out_dt,
+            .out = c->out.p,
+        };
+        if ((code = read_part(w->packed, e0 / 2, c->packed.p, cnt / 2 + (cnt & 1))) != NF4_OK)
+            return code;
+        if (s->nested) {
+            uint64_t nb0 = b0 / s->nested_blocksize;
+            uint64_t nnested = nblocks / s->nested_blocksize + (nblocks % s->nested_blocksize != 0);
+            if ((code = read_part(w->absmax, b0, c->absmax.p, nblocks)) != NF4_OK ||
+                (code = read_part(w->nested_absmax, nb0 * 4, c->nested.p, nnested * 4)) != NF4_OK)
+                return code;
+            job.absmax_code = c->absmax.p;
+            job.nested_absmax = c->nested.p;
+            job.nested_code = nested_code;
+            job.nested_offset = s->nested_offset;
+        } else {
+            if ((code = read_part(w->absmax, b0 * 4, c->absmax.p, nblocks * 4)) != NF4_OK)
+                return code;
+            job.absmax = c->absmax.p;
+        }
+        if (c->gpu) {
+            if ((code = gpu_dequant(c->gpu, &job)) != NF4_OK)
+                return code;
+        } else {
+            dequant_cpu(&job, c->threads);
+        }
+        if ((code = st_writer_write(wr, c->out.p, (size_t)(cnt * osize))) != NF4_OK)
+            return code;
+    }
+    c->stats->bytes_in += st_tensor_bytes(w->packed->t) + st_tensor_bytes(w->absmax->t) +
+                          (s->nested ? st_tensor_bytes(w->nested_absmax->t) : 0);
+    c->stats->dequantized++;
+    return NF4_OK;
+}
+
+/* ---- planning and writing one output file ---- */
+
+static int plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
+                     enum st_dtype dtype, struct out_item **items_out, size_t *n_out)
+{
+    const struct st_file *f = m->files[file_index];
+    struct out_item *items = calloc(f->count ? f->count : 1, sizeof *items);
+    if (!items)
+        return nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < f->count; i++) {
+        const struct st_tensor *t = &f->tensors[i];
+        if (bnb_is_state_part(t->name))
+            continue;
+        struct out_item *it = &items[n++];
+        it->out.name = t->name;
+        const struct bnb_weight *w = bnb_find(weights, nweights, t->name);
+        if (w) {
+            it->w = w;
+            it->out.dtype = dtype != DT_INVALID ? dtype : w->state.dtype;
+            it->out.ndim = w->state.ndim;
+            it->out.shape = w->state.shape;
+        } else {
+            it->src = model_find(m, t->name);
+            it->out.dtype = (dtype != DT_INVALID && dtype_is_castable_float(t->dtype)) ? dtype : t->dtype;
+            it->out.ndim = t->ndim;
+            it->out.shape = t->shape;
+        }
+    }
+    *items_out = items;
+    *n_out = n;
+    return NF4_OK;
+}
+
+static int write_file(struct ctx *c, const char *path, const struct out_item *items, size_t n,
+                      const struct st_file *meta_from, uint64_t *bytes_written)
+{
+    struct st_out_tensor *outs = calloc(n ? n : 1, sizeof *outs);
+    if (!outs)
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++)
+        outs[i] = items[i].out;
+    struct st_writer *wr;
+    int code = st_writer_begin(&wr, path, outs, n, meta_from->meta, meta_from->nmeta);
+    free(outs);
+    if (code != NF4_OK)
+        return code;
+    for (size_t k = 0; k < n && code == NF4_OK; k++) {
+        const struct out_item *it = &items[st_writer_order(wr, k)];
+        code = it->w ? dequant_tensor(c, it, wr) : copy_tensor(c, it, wr);
+        c->stats->tensors++;
+    }
+    *bytes_written = st_writer_total_bytes(wr);
+    if (code == NF4_OK)
+        return st_writer_finish(wr);
+    st_writer_abort(wr);
+    return code;
+}
+
+/* ---- engine ---- */
+
+static int online_cores(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+static int open_engine(struct ctx *c)
+{
+    const struct convert_opts *o = c->opts;
+    c->threads = o->threads > 0 ? o->threads : online_cores();
+    if (o->device != DEVICE_CPU) {
+        int count = gpu_device_count();
+        if (count > 0) {
+            int code = gpu_open(&c->gpu, 0, o->gpu_mem);
+            if (code == NF4_OK) {
+                snprintf(c->stats->engine, sizeof c->stats->engine, "%s", gpu_name(c->gpu));
+                return NF4_OK;
+            }
+            c->gpu = NULL;
+            if (o->device == DEVICE_CUDA)
+                return code;
+            nf4_warn("cannot use the GPU (%s); converting on the CPU", nf4_last_error());
+            nf4_clear_error();
+        } else if (o->device == DEVICE_CUDA) {
+            /* gpu_open says why (no driver, no device, or a build without CUDA). */
+            int code = gpu_open(&c->gpu, 0, o->gpu_mem);
+            c->gpu = NULL;
+            return code != NF4_OK ? code : nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, "no CUDA device found");
+        } else {
+            nf4_warn("no CUDA device found; converting on the CPU with %d threads", c->threads);
+        }
+    }
+    snprintf(c->stats->engine, sizeof c->stats->engine, "CPU (%d thread%s)", c->threads, c->threads == 1 ? "" : "s");
+    return NF4_OK;
+}
+
+static void close_engine(struct ctx *c)
+{
+    buffer_free(c, &c->packed);
+    buffer_free(c, &c->absmax);
+    buffer_free(c, &c->nested);
+    buffer_free(c, &c->in);
+    buffer_free(c, &c->out);
+    if (c->gpu)
+        gpu_close(c->gpu);
+    c->gpu = NULL;
+}
+
+/* ---- file and directory conversions ---- */
+
+static int convert_file(struct ctx *c, const char *in, const char *out)
+{
+    struct model *m;
+    int code = model_open_file(in, &m);
+    if (code != NF4_OK)
+        return code;
+    struct bnb_weight *weights = NULL;
+    size_t nweights = 0;
+    struct out_item *items = NULL;
+    size_t n = 0;
+    uint64_t written = 0;
+    if ((code = bnb_collect(m, &weights, &nweights)) == NF4_OK &&
+        (code = plan_file(m, 0, weights, nweights, c->opts->dtype, &items, &n)) == NF4_OK &&
+        (code = open_engine(c)) == NF4_OK)
+        code = write_file(c, out, items, n, m->files[0], &written);
+    c->stats->bytes_out += written;
+    free(items);
+    bnb_free(weights, nweights);
+    model_close(m);
+    return code;
+}
+
+/* The dtype config.json should name: --dtype, or the weights' common dtype. */
+static const char *config_dtype(const struct convert_opts *o, const struct bnb_weight *w, size_t n)
+{
+    if (o->dtype != DT_INVALID)
+        return dtype_torch_name(o->dtype);
+    for (size_t i = 1; i < n; i++)
+        if (w[i].state.dtype != w[0].state.dtype)
+            return NULL;
+    return n ? dtype_torch_name(w[0].state.dtype) : NULL;
+}
+
+static int cmp_index_entry(const void *a, const void *b)
+{
+    const struct index_out_entry *x = a, *y = b;
+    return strcmp(x->tensor, y->tensor);
+}
+
+static int write_index(const char *dir, const struct model *m, struct index_out_entry *entries, size_t n,
+                       uint64_t total_size, uint64_t total_params)
+{
+    char *path = path_join(dir, INDEX_FILE_NAME);
+    if (!path)
+        return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    qsort(entries, n, sizeof *entries, cmp_index_entry);
+    char *text = NULL;
+    size_t len = 0;
+    int code = index_render(path, m->index_metadata_json, total_size, total_params, entries, n, &text, &len);
+    if (code == NF4_OK)
+        code = write_file_atomic(path, text, len);
+    if (code == NF4_OK)
+        temp_register(path, 0);
+    free(text);
+    free(path);
+    return code;
+}
+
+static int write_config(const char *in_dir, const char *dir, const char *dtype)
+{
+    char *from = path_join(in_dir, CONFIG_FILE_NAME), *to = path_join(dir, CONFIG_FILE_NAME);
+    char *json = NULL, *text = NULL;
+    size_t len = 0, text_len = 0;
+    int code = (from && to) ? NF4_OK : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    if (code == NF4_OK)
+        code = read_small_file(from, MAX_JSON_FILE_BYTES, &json, &len);
+    if (code == NF4_OK)
+        code = config_rewrite(from, json, len, dtype, &text, &text_len);
+    if (code == NF4_OK)
+        code = write_file_atomic(to, text, text_len);
+    if (code == NF4_OK)
+        temp_register(to, 0);
+    free(json);
+    free(text);
+    free(from);
+    free(to);
+    return code;
+}
+
+static int is_model_file(const struct model *m, const char *name)
+{
+    if (strcmp(name, INDEX_FILE_NAME) == 0 || strcmp(name, CONFIG_FILE_NAME) == 0)
+        return 1;
+    for (size_t i = 0; i < m->nfiles; i++)
+        if (strcmp(m->file_names[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+static int copy_other_files(const struct model *m, const char *in_dir, const char *dir)
+{
+    DIR *d = opendir(in_dir);
+    if (!d)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, in_dir, NULL, "cannot list");
+    int code = NF4_OK;
+    struct dirent *ent;
+    while (code == NF4_OK && (ent = readdir(d)) != NULL) {
+        const char *name = ent->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || is_model_file(m, name))
+            continue;
+        char *from = path_join(in_dir, name), *to = path_join(dir, name);
+        struct stat st;
+        if (!from || !to) {
+            code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
+        } else if (stat(from, &st) != 0) {
+            code = nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot stat");
+        } else if (S_ISREG(st.st_mode)) {
+            temp_register(to, 0);
+            code = copy_file(from, to);
+        } else if (strncmp(name, ".", 1) != 0) {
+            nf4_warn("%s: not a regular file; not copied", from);
+        }
+        free(from);
+        free(to);
+    }
+    closedir(d);
+    return code;
+}
+
+static int publish_dir(const char *tmp, const char *out, int replace)
+{
+    if (!replace) {
+        if (rename(tmp, out) != 0)
+            return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot rename the finished directory into place");
+        return NF4_OK;
+    }
+    /* Swap the new tree in atomically; the old one ends up at tmp and goes. */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE) != 0)
+        return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot swap the finished directory into place");
+    if (remove_tree(tmp) != 0)
+        nf4_warn("%s: could not remove the replaced output: %s", tmp, strerror(errno));
+    return NF4_OK;
+}
+
+static int convert_dir(struct ctx *c, const char *in, const char *out, int replace)
+{
+    struct model *m;
+    int code = model_open_dir(in, &m);
+    if (code != NF4_OK)
+        return code;
+    struct bnb_weight *weights = NULL;
+    size_t nweights = 0, nentries = 0;
+    struct index_out_entry *entries = NULL;
+    char *tmp = NULL;
+    uint64_t total_size = 0, total_params = 0;
+    if ((code = bnb_collect(m, &weights, &nweights)) != NF4_OK || (code = open_engine(c)) != NF4_OK)
+        goto out;
+    entries = calloc(m->count ? m->count : 1, sizeof *entries);
+    if (!entries) {
+        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+        goto out;
+    }
+    if (create_temp_dir_beside(out, &tmp) != 0) {
+        code = nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot create a temp directory beside it");
+        goto out;
+    }
+    for (size_t i = 0; i < m->nfiles && code == NF4_OK; i++) {
+        struct out_item *items;
+        size_t n;
+        if ((code = plan_file(m, i, weights, nweights, c->opts->dtype, &items, &n)) != NF4_OK)
+            break;
+        if (n > 0) {
+            char *path = path_join(tmp, m->file_names[i]);
+            uint64_t written = 0;
+            code = path ? write_file(c, path, items, n, m->files[i], &written)
+                        : nf4_fail(NF4_ESOFTWARE, tmp, NULL, "out of memory");
+            if (code == NF4_OK)
+                temp_register(path, 0);
+            c->stats->bytes_out += written;
+            total_size += written;
+            for (size_t k = 0; k < n; k++) {
+                uint64_t nelem = 1;
+                for (size_t d = 0; d < items[k].out.ndim; d++)
+                    nelem *= items[k].out.shape[d];
+                total_params += nelem;
+                entries[nentries++] = (struct index_out_entry){items[k].out.name, m->file_names[i]};
+            }
+            free(path);
+        }
+        free(items);
+    }
+    if (code == NF4_OK && m->sharded)
+        code = write_index(tmp, m, entries, nentries, total_size, total_params);
+    char *config = path_join(in, CONFIG_FILE_NAME);
+    struct stat st;
+    if (code == NF4_OK && config && stat(config, &st) == 0)
+        code = write_config(in, tmp, config_dtype(c->opts, weights, nweights));
+    free(config);
+    if (code == NF4_OK)
+        code = copy_other_files(m, in, tmp);
+    if (code == NF4_OK)
+        code = publish_dir(tmp, out, replace);
+    if (code == NF4_OK && fsync_parent_dir(out) != 0)
+        code = nf4_fail_errno(NF4_EIO, errno, out, NULL, "fsync of its parent directory failed");
+    if (code != NF4_OK && tmp)
+        remove_tree(tmp);
+out:
+    if (tmp)
+        temp_unregister_prefix(tmp);
+    free(tmp);
+    free(entries);
+    bnb_free(weights, nweights);
+    model_close(m);
+    return code;
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* 1 if `inner` is `outer` or lies below it (both must exist). */
+static int path_is_within(const char *inner, const char *outer)
+{
+    char a[PATH_MAX], b[PATH_MAX];
+    if (!realpath(inner, a) || !realpath(outer, b))
+        return 0;
+    size_t n = strlen(b);
+    return strncmp(a, b, n) == 0 && (a[n] == '\0' || a[n] == '/' || (n == 1 && b[0] == '/'));
+}
+
+int convert_run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats)
+{
+    memset(stats, 0, sizeof *stats);
+    struct ctx c = {.opts = o, .stats = stats};
+    c.chunk_elements = o->chunk_elements ? o->chunk_elements : DEFAULT_CHUNK_ELEMENTS;
+    struct stat in_st, out_st;
+    if (stat(in, &in_st) != 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, in, NULL, "cannot open");
+    int in_is_dir = S_ISDIR(in_st.st_mode);
+    if (!in_is_dir && !S_ISREG(in_st.st_mode))
+        return nf4_fail(NF4_ENOINPUT, in, NULL, "neither a file nor a directory");
+    int out_exists = stat(out, &out_st) == 0;
+    if (!out_exists && errno != ENOENT)
+        return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot stat");
+    if (out_exists) {
+        if (out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino)
+            return nf4_fail(NF4_EUSAGE, out, NULL, "is the input itself; refusing to overwrite it");
+        if (S_ISDIR(out_st.st_mode) != in_is_dir)
+            return nf4_fail(NF4_EUSAGE, out, NULL, "input is a %s but output is a %s: give both as files or both as "
+                            "directories", in_is_dir ? "directory" : "file", in_is_dir ? "file" : "directory");
+        if (!o->force)
+            return nf4_fail(NF4_ECANTCREAT, out, NULL, "already exists (use --force to replace it)");
+        if (in_is_dir && path_is_within(in, out))
+            return nf4_fail(NF4_EUSAGE, out, NULL, "contains the input; refusing to replace it");
+    }
+    double t0 = now_seconds();
+    int code = in_is_dir ? convert_dir(&c, in, out, out_exists) : convert_file(&c, in, out);
+    close_engine(&c);
+    stats->seconds = now_seconds() - t0;
+    return code;
+}

@@ -1,0 +1,310 @@
+#include "fileio.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "status.h"
+
+int read_full_at(int fd, void *buf, size_t len, uint64_t offset)
+{
+    char *p = buf;
+    while (len > 0) {
+        ssize_t got = pread(fd, p, len, (off_t)offset);
+        if (got < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (got == 0) {
+            /* The file is shorter than its header promised: it changed under us. */
+            errno = EIO;
+            return -1;
+        }
+        p += got;
+        len -= (size_t)got;
+        offset += (uint64_t)got;
+    }
+    return 0;
+}
+
+int write_full(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len > 0) {
+        ssize_t put = write(fd, p, len);
+        if (put < 0) {
+            if (errno == EINTR)
+                continue;
+            return -1;
+        }
+        if (put == 0) {
+            errno = ENOSPC;
+            return -1;
+        }
+        p += put;
+        len -= (size_t)put;
+    }
+    return 0;
+}
+
+int read_small_file(const char *path, size_t max_bytes, char **out, size_t *out_len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot open");
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return nf4_fail_errno(NF4_EIO, e, path, NULL, "cannot stat");
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return nf4_fail(NF4_ENOINPUT, path, NULL, "not a regular file");
+    }
+    if ((uint64_t)st.st_size > max_bytes) {
+        close(fd);
+        return nf4_fail(NF4_EDATA, path, NULL, "file is %lld bytes, more than the %zu allowed", (long long)st.st_size,
+                        max_bytes);
+    }
+    size_t len = (size_t)st.st_size;
+    char *buf = malloc(len + 1);
+    if (!buf) {
+        close(fd);
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    }
+    if (read_full_at(fd, buf, len, 0) != 0) {
+        int e = errno;
+        free(buf);
+        close(fd);
+        return nf4_fail_errno(NF4_EIO, e, path, NULL, "read failed");
+    }
+    close(fd);
+    buf[len] = '\0';
+    *out = buf;
+    *out_len = len;
+    return NF4_OK;
+}
+
+char *path_dirname(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return strdup(".");
+    if (slash == path)
+        return strdup("/");
+    return strndup(path, (size_t)(slash - path));
+}
+
+char *path_join(const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (!p)
+        return NULL;
+    memcpy(p, dir, a);
+    size_t at = a;
+    if (a > 0 && dir[a - 1] != '/')
+        p[at++] = '/';
+    memcpy(p + at, name, b + 1);
+    return p;
+}
+
+static char *temp_template(const char *path)
+{
+    char *dir = path_dirname(path);
+    const char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    char *tmpl = NULL;
+    if (dir && asprintf(&tmpl, "%s/.%s.nf4deq-XXXXXX", dir, base) < 0)
+        tmpl = NULL;
+    free(dir);
+    return tmpl;
+}
+
+static mode_t creation_mode(mode_t wanted)
+{
+    /* mkstemp makes files 0600; give the result the mode a plain create would. */
+    mode_t mask = umask(0);
+    umask(mask);
+    return wanted & ~mask;
+}
+
+int create_temp_beside(const char *path, char **tmp_path)
+{
+    char *tmpl = temp_template(path);
+    if (!tmpl) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int fd = mkostemp(tmpl, O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        free(tmpl);
+        errno = e;
+        return -1;
+    }
+    temp_register(tmpl, 0);
+    if (fchmod(fd, creation_mode(0666)) != 0) {
+        /* Not fatal: the file is still ours and usable. */
+    }
+    *tmp_path = tmpl;
+    return fd;
+}
+
+int create_temp_dir_beside(const char *path, char **tmp_path)
+{
+    char *tmpl = temp_template(path);
+    if (!tmpl) {
+        errno = ENOMEM;
+        return -1;
+    }
+    if (!mkdtemp(tmpl)) {
+        int e = errno;
+        free(tmpl);
+        errno = e;
+        return -1;
+    }
+    temp_register(tmpl, 1);
+    (void)chmod(tmpl, creation_mode(0777));
+    *tmp_path = tmpl;
+    return 0;
+}
+
+int fsync_parent_dir(const char *path)
+{
+    char *dir = path_dirname(path);
+    if (!dir)
+        return -1;
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(dir);
+    if (fd < 0)
+        return -1;
+    int rc = fsync(fd);
+    /* Some file systems cannot fsync a directory; the rename still happened. */
+    if (rc != 0 && (errno == EINVAL || errno == EROFS))
+        rc = 0;
+    close(fd);
+    return rc;
+}
+
+int write_file_atomic(const char *path, const void *data, size_t len)
+{
+    char *tmp = NULL;
+    int fd = create_temp_beside(path, &tmp);
+    if (fd < 0)
+        return nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot create a temp file beside it");
+    int code = NF4_OK;
+    if (write_full(fd, data, len) != 0)
+        code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "write failed");
+    else if (fsync(fd) != 0)
+        code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "fsync failed");
+    if (close(fd) != 0 && code == NF4_OK)
+        code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "close failed");
+    if (code == NF4_OK && rename(tmp, path) != 0)
+        code = nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot rename the temp file into place");
+    if (code != NF4_OK)
+        unlink(tmp);
+    temp_unregister(tmp);
+    free(tmp);
+    return code;
+}
+
+/* ---- temp registry ----
+ * A fixed table the signal handler can walk without allocating: unlink() and
+ * rmdir() are async-signal-safe, malloc and stdio are not. */
+#define MAX_TEMPS 4096
+
+static char *temps[MAX_TEMPS];
+static unsigned char temp_is_dir[MAX_TEMPS];
+static volatile sig_atomic_t temp_count;
+
+void temp_register(const char *path, int is_dir)
+{
+    char *copy = strdup(path);
+    if (!copy)
+        return;
+    for (int i = 0; i < temp_count; i++)
+        if (!temps[i]) {
+            temp_is_dir[i] = (unsigned char)is_dir;
+            temps[i] = copy;
+            return;
+        }
+    if (temp_count < MAX_TEMPS) {
+        temp_is_dir[temp_count] = (unsigned char)is_dir;
+        temps[temp_count] = copy;
+        temp_count = temp_count + 1;
+    } else {
+        free(copy);
+    }
+}
+
+void temp_unregister(const char *path)
+{
+    for (int i = 0; i < temp_count; i++)
+        if (temps[i] && strcmp(temps[i], path) == 0) {
+            char *p = temps[i];
+            temps[i] = NULL;
+            free(p);
+            return;
+        }
+}
+
+void temp_unregister_prefix(const char *prefix)
+{
+    size_t n = strlen(prefix);
+    for (int i = 0; i < temp_count; i++)
+        if (temps[i] && strncmp(temps[i], prefix, n) == 0 && (temps[i][n] == '\0' || temps[i][n] == '/')) {
+            char *p = temps[i];
+            temps[i] = NULL;
+            free(p);
+        }
+}
+
+static void remove_temps_unsafe(int free_names)
+{
+    /* Newest first: files inside a temp directory were registered after it. */
+    for (int i = temp_count - 1; i >= 0; i--) {
+        char *p = temps[i];
+        if (!p)
+            continue;
+        if (temp_is_dir[i])
+            rmdir(p);
+        else
+            unlink(p);
+        if (free_names) {
+            temps[i] = NULL;
+            free(p);
+        }
+    }
+}
+
+void cleanup_temps(void)
+{
+    remove_temps_unsafe(1);
+}
+
+static void on_fatal_signal(int sig)
+{
+    remove_temps_unsafe(0);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+void install_signal_cleanup(void)
+{
+    static const int SIGNALS[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    for (size_t i = 0; i < sizeof SIGNALS / sizeof SIGNALS[0]; i++) {
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_fatal_signal;
+        sigemptyset(&sa.sa_mask);
+        sigaction(SIGNALS[i], &sa, NULL);
+    }
+}

@@ -1,0 +1,172 @@
+#include "inspect.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "bnb_state.h"
+#include "model.h"
+#include "status.h"
+
+struct totals {
+    uint64_t parameters, on_disk, converted;
+};
+
+static void shape_text(char *buf, size_t cap, size_t ndim, const uint64_t *shape)
+{
+    size_t len = (size_t)snprintf(buf, cap, "[");
+    for (size_t d = 0; d < ndim && len < cap; d++)
+        len += (size_t)snprintf(buf + len, cap - len, d ? ", %" PRIu64 : "%" PRIu64, shape[d]);
+    if (len < cap)
+        snprintf(buf + len, cap - len, "]");
+}
+
+static cJSON *shape_json(size_t ndim, const uint64_t *shape)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (size_t d = 0; d < ndim && a; d++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)shape[d]));
+    return a;
+}
+
+static const char *quant_name(enum quant_type q)
+{
+    return q == QUANT_FP4 ? "fp4" : "nf4";
+}
+
+/* The bnb weight a quant-state part belongs to. */
+static const struct bnb_weight *owner_of(const struct bnb_weight *w, size_t n, const char *part)
+{
+    static const char *const SUFFIXES[] = {".nested_absmax", ".nested_quant_map", ".absmax", ".quant_map",
+                                           QUANT_STATE_SUFFIX_NF4, QUANT_STATE_SUFFIX_FP4};
+    size_t len = strlen(part);
+    for (size_t k = 0; k < sizeof SUFFIXES / sizeof SUFFIXES[0]; k++) {
+        size_t s = strlen(SUFFIXES[k]);
+        if (len > s && strcmp(part + len - s, SUFFIXES[k]) == 0) {
+            char *base = strndup(part, len - s);
+            const struct bnb_weight *o = base ? bnb_find(w, n, base) : NULL;
+            free(base);
+            if (o)
+                return o;
+        }
+    }
+    return NULL;
+}
+
+int inspect_run(const char *in, int json, enum st_dtype dtype, FILE *out)
+{
+    struct stat st;
+    if (stat(in, &st) != 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, in, NULL, "cannot open");
+    struct model *m;
+    int code = S_ISDIR(st.st_mode) ? model_open_dir(in, &m) : model_open_file(in, &m);
+    if (code != NF4_OK)
+        return code;
+    struct bnb_weight *w = NULL;
+    size_t nw = 0;
+    if ((code = bnb_collect(m, &w, &nw)) != NF4_OK) {
+        model_close(m);
+        return code;
+    }
+    struct totals tot = {0};
+    for (size_t i = 0; i < m->nfiles; i++)
+        tot.on_disk += m->files[i]->file_size;
+    cJSON *root = json ? cJSON_CreateObject() : NULL;
+    cJSON *jfiles = json ? cJSON_AddArrayToObject(root, "files") : NULL;
+    cJSON *jtensors = json ? cJSON_AddArrayToObject(root, "tensors") : NULL;
+    for (size_t i = 0; json && i < m->nfiles; i++) {
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "path", m->files[i]->path);
+        cJSON_AddNumberToObject(f, "bytes", (double)m->files[i]->file_size);
+        cJSON_AddNumberToObject(f, "tensors", (double)m->files[i]->count);
+        cJSON_AddItemToArray(jfiles, f);
+    }
+    if (!json)
+        fprintf(out, "%-48s %-5s %-16s %12s  %s\n", "NAME", "DTYPE", "SHAPE", "BYTES", "QUANTIZATION");
+    for (size_t i = 0; i < m->count; i++) {
+        const struct model_tensor *mt = &m->tensors[i];
+        const struct st_tensor *t = mt->t;
+        const struct bnb_weight *q = bnb_find(w, nw, t->name);
+        const struct bnb_weight *owner = q ? NULL : (bnb_is_state_part(t->name) ? owner_of(w, nw, t->name) : NULL);
+        enum st_dtype out_dt = DT_INVALID;
+        uint64_t nelem = t->nelem;
+        if (q) {
+            out_dt = dtype != DT_INVALID ? dtype : q->state.dtype;
+            nelem = q->state.n;
+        } else if (!owner) {
+            out_dt = (dtype != DT_INVALID && dtype_is_castable_float(t->dtype)) ? dtype : t->dtype;
+        }
+        uint64_t out_bytes = out_dt == DT_INVALID ? 0 : nelem * dtype_bits(out_dt) / 8;
+        if (!owner) {
+            tot.parameters += nelem;
+            tot.converted += out_bytes;
+        }
+        char shape[128], qshape[128];
+        shape_text(shape, sizeof shape, t->ndim, t->shape);
+        if (json) {
+            cJSON *jt = cJSON_CreateObject();
+            cJSON_AddStringToObject(jt, "name", t->name);
+            cJSON_AddStringToObject(jt, "file", mt->file->path);
+            cJSON_AddStringToObject(jt, "dtype", dtype_name(t->dtype));
+            cJSON_AddItemToObject(jt, "shape", shape_json(t->ndim, t->shape));
+            cJSON_AddNumberToObject(jt, "bytes", (double)st_tensor_bytes(t));
+            if (q) {
+                cJSON *jq = cJSON_AddObjectToObject(jt, "quantization");
+                cJSON_AddStringToObject(jq, "type", quant_name(q->state.quant_type));
+                cJSON_AddNumberToObject(jq, "blocksize", q->state.blocksize);
+                cJSON_AddBoolToObject(jq, "double_quant", q->state.nested);
+                if (q->state.nested)
+                    cJSON_AddNumberToObject(jq, "nested_blocksize", q->state.nested_blocksize);
+                cJSON_AddStringToObject(jq, "storage_dtype", dtype_name(t->dtype));
+                cJSON_AddItemToObject(jq, "shape", shape_json(q->state.ndim, q->state.shape));
+                cJSON_AddStringToObject(jq, "output_dtype", dtype_name(out_dt));
+                cJSON_AddNumberToObject(jq, "output_bytes", (double)out_bytes);
+            } else if (owner) {
+                cJSON_AddStringToObject(jt, "quant_state_of", owner->name);
+            } else {
+                cJSON_AddStringToObject(jt, "output_dtype", dtype_name(out_dt));
+                cJSON_AddNumberToObject(jt, "output_bytes", (double)out_bytes);
+            }
+            cJSON_AddItemToArray(jtensors, jt);
+            continue;
+        }
+        fprintf(out, "%-48s %-5s %-16s %12" PRIu64 "  ", t->name, dtype_name(t->dtype), shape, st_tensor_bytes(t));
+        if (q) {
+            shape_text(qshape, sizeof qshape, q->state.ndim, q->state.shape);
+            fprintf(out, "%s blocksize %u, %s, storage %s, %s -> %s (%" PRIu64 " bytes)\n",
+                    quant_name(q->state.quant_type), q->state.blocksize,
+                    q->state.nested ? "double quant" : "single quant", dtype_name(t->dtype), qshape,
+                    dtype_name(out_dt), out_bytes);
+        } else if (owner) {
+            fprintf(out, "quant state of %s\n", owner->name);
+        } else {
+            fprintf(out, "-> %s (%" PRIu64 " bytes)\n", dtype_name(out_dt), out_bytes);
+        }
+    }
+    if (json) {
+        cJSON *jt = cJSON_AddObjectToObject(root, "totals");
+        cJSON_AddNumberToObject(jt, "tensors", (double)m->count);
+        cJSON_AddNumberToObject(jt, "quantized_weights", (double)nw);
+        cJSON_AddNumberToObject(jt, "parameters", (double)tot.parameters);
+        cJSON_AddNumberToObject(jt, "bytes_on_disk", (double)tot.on_disk);
+        cJSON_AddNumberToObject(jt, "bytes_after_conversion", (double)tot.converted);
+        char *text = cJSON_Print(root);
+        if (text)
+            fprintf(out, "%s\n", text);
+        else
+            code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+        free(text);
+        cJSON_Delete(root);
+    } else {
+        fprintf(out,
+                "\n%zu tensors in %zu file%s, %zu quantized weights; %" PRIu64 " parameters; %" PRIu64
+                " bytes on disk; %" PRIu64 " bytes after conversion\n",
+                m->count, m->nfiles, m->nfiles == 1 ? "" : "s", nw, tot.parameters, tot.on_disk, tot.converted);
+    }
+    bnb_free(w, nw);
+    model_close(m);
+    return code;
+}

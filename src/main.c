@@ -1,0 +1,23 @@
+/* nf4deq: dequantize bitsandbytes 4-bit safetensors checkpoints. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "fileio.h"
+#include "status.h"
+
+int main(int argc, char **argv)
+{
+    install_signal_cleanup();
+    int code = cli_main(argc, argv);
+    cleanup_temps();
+    /* A full disk or a closed pipe on stdout must not pass for success. */
+    if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
+        if (code == 0) {
+            fprintf(stderr, "nf4deq: write error on standard output: %s\n", strerror(errno));
+            code = 74;
+        }
+    }
+    return code;
+}

@@ -1,0 +1,307 @@
+#include "model_dir.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fileio.h"
+#include "status.h"
+
+/* ---- a minimal JSON scanner, run only on text cJSON has already accepted ---- */
+
+static size_t skip_ws(const char *s, size_t i, size_t len)
+{
+    while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
+        i++;
+    return i;
+}
+
+static size_t skip_string(const char *s, size_t i, size_t len)
+{
+    for (i++; i < len; i++) {
+        if (s[i] == '\\')
+            i++;
+        else if (s[i] == '"')
+            return i + 1;
+    }
+    return len;
+}
+
+static size_t skip_value(const char *s, size_t i, size_t len)
+{
+    if (i >= len)
+        return len;
+    if (s[i] == '"')
+        return skip_string(s, i, len);
+    if (s[i] == '{' || s[i] == '[') {
+        int depth = 0;
+        for (; i < len; i++) {
+            if (s[i] == '"') {
+                i = skip_string(s, i, len) - 1;
+            } else if (s[i] == '{' || s[i] == '[') {
+                depth++;
+            } else if (s[i] == '}' || s[i] == ']') {
+                if (--depth == 0)
+                    return i + 1;
+            }
+        }
+        return len;
+    }
+    while (i < len && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' &&
+           s[i] != '\r')
+        i++;
+    return i;
+}
+
+struct member {
+    size_t key_start, key_end; /* the key including its quotes */
+    size_t value_start, value_end;
+};
+
+struct outbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+};
+
+static void out_put(struct outbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void out_puts(struct outbuf *b, const char *s)
+{
+    out_put(b, s, strlen(s));
+}
+
+static int key_is(const char *s, const struct member *m, const char *key)
+{
+    size_t n = strlen(key);
+    return m->key_end - m->key_start == n + 2 && memcmp(s + m->key_start + 1, key, n) == 0;
+}
+
+int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, char **out,
+                   size_t *out_len)
+{
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    int is_object = cJSON_IsObject(root);
+    cJSON_Delete(root);
+    if (!is_object)
+        return nf4_fail(NF4_EDATA, path, NULL, "not a JSON object");
+    size_t open = skip_ws(json, 0, len);
+    size_t count = 0, cap = 16;
+    struct member *mem = malloc(cap * sizeof *mem);
+    if (!mem)
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    size_t i = skip_ws(json, open + 1, len);
+    while (i < len && json[i] == '"') {
+        if (count == cap) {
+            struct member *grown = realloc(mem, 2 * cap * sizeof *mem);
+            if (!grown) {
+                free(mem);
+                return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+            }
+            mem = grown;
+            cap *= 2;
+        }
+        struct member *m = &mem[count++];
+        m->key_start = i;
+        m->key_end = skip_string(json, i, len);
+        i = skip_ws(json, m->key_end, len) + 1; /* past ':' */
+        m->value_start = skip_ws(json, i, len);
+        m->value_end = skip_value(json, m->value_start, len);
+        i = skip_ws(json, m->value_end, len);
+        if (i < len && json[i] == ',')
+            i = skip_ws(json, i + 1, len);
+    }
+    struct outbuf b = {0};
+    char quoted[64] = "";
+    if (dtype_name)
+        snprintf(quoted, sizeof quoted, "\"%s\"", dtype_name);
+    int have_dtype = 0, have_torch_dtype = 0, written = 0;
+    /* The text between the first two members is the file's own separator. */
+    const char *sep = ",\n  ";
+    size_t sep_len = strlen(sep);
+    if (count >= 2) {
+        sep = json + mem[0].value_end;
+        sep_len = mem[1].key_start - mem[0].value_end;
+    }
+    out_put(&b, json, count ? mem[0].key_start : open + 1);
+    for (size_t k = 0; k < count; k++) {
+        const struct member *m = &mem[k];
+        if (key_is(json, m, "quantization_config"))
+            continue;
+        if (written++)
+            out_put(&b, sep, sep_len);
+        int replace = dtype_name && (key_is(json, m, "dtype") || key_is(json, m, "torch_dtype"));
+        have_dtype |= key_is(json, m, "dtype");
+        have_torch_dtype |= key_is(json, m, "torch_dtype");
+        out_put(&b, json + m->key_start, (replace ? m->value_start : m->value_end) - m->key_start);
+        if (replace)
+            out_puts(&b, quoted);
+    }
+    static const char *const DTYPE_KEYS[] = {"dtype", "torch_dtype"};
+    for (int k = 0; k < 2 && dtype_name; k++) {
+        if (k == 0 ? have_dtype : have_torch_dtype)
+            continue;
+        if (written++)
+            out_put(&b, sep, sep_len);
+        else if (count == 0)
+            out_puts(&b, "\n  ");
+        out_puts(&b, "\"");
+        out_puts(&b, DTYPE_KEYS[k]);
+        out_puts(&b, "\": ");
+        out_puts(&b, quoted);
+    }
+    size_t tail = count ? mem[count - 1].value_end : open + 1;
+    if (count == 0 && written)
+        out_puts(&b, "\n");
+    out_put(&b, json + tail, len - tail);
+    free(mem);
+    if (b.oom) {
+        free(b.p);
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    }
+    *out = b.p;
+    *out_len = b.len;
+    return NF4_OK;
+}
+
+static void out_json_string(struct outbuf *b, const char *s)
+{
+    out_puts(b, "\"");
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char tmp[8];
+        if (*p == '"' || *p == '\\') {
+            tmp[0] = '\\';
+            tmp[1] = (char)*p;
+            out_put(b, tmp, 2);
+        } else if (*p < 0x20) {
+            snprintf(tmp, sizeof tmp, "\\u%04x", *p);
+            out_puts(b, tmp);
+        } else {
+            out_put(b, (const char *)p, 1);
+        }
+    }
+    out_puts(b, "\"");
+}
+
+int index_render(const char *path, const char *metadata_json, uint64_t total_size, uint64_t total_parameters,
+                 const struct index_out_entry *entries, size_t n, char **out, size_t *out_len)
+{
+    struct outbuf b = {0};
+    char num[32];
+    cJSON *meta = metadata_json ? cJSON_Parse(metadata_json) : NULL;
+    int have_params = meta && cJSON_GetObjectItemCaseSensitive(meta, "total_parameters");
+    out_puts(&b, "{\n  \"metadata\": {");
+    int first = 1;
+    if (have_params) {
+        snprintf(num, sizeof num, "%" PRIu64, total_parameters);
+        out_puts(&b, "\n    \"total_parameters\": ");
+        out_puts(&b, num);
+        first = 0;
+    }
+    snprintf(num, sizeof num, "%" PRIu64, total_size);
+    out_puts(&b, first ? "\n    \"total_size\": " : ",\n    \"total_size\": ");
+    out_puts(&b, num);
+    for (const cJSON *c = meta ? meta->child : NULL; c; c = c->next) {
+        if (strcmp(c->string, "total_size") == 0 || strcmp(c->string, "total_parameters") == 0)
+            continue;
+        char *value = cJSON_PrintUnformatted(c);
+        out_puts(&b, ",\n    ");
+        out_json_string(&b, c->string);
+        out_puts(&b, ": ");
+        out_puts(&b, value ? value : "null");
+        free(value);
+    }
+    cJSON_Delete(meta);
+    out_puts(&b, "\n  },\n  \"weight_map\": {");
+    for (size_t i = 0; i < n; i++) {
+        out_puts(&b, i ? ",\n    " : "\n    ");
+        out_json_string(&b, entries[i].tensor);
+        out_puts(&b, ": ");
+        out_json_string(&b, entries[i].file);
+    }
+    out_puts(&b, "\n  }\n}\n");
+    if (b.oom) {
+        free(b.p);
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    }
+    *out = b.p;
+    *out_len = b.len;
+    return NF4_OK;
+}
+
+int copy_file(const char *from, const char *to)
+{
+    int in = open(from, O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot open");
+    int outfd = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (outfd < 0) {
+        int e = errno;
+        close(in);
+        return nf4_fail_errno(NF4_ECANTCREAT, e, to, NULL, "cannot create");
+    }
+    int code = NF4_OK;
+    static char buf[1 << 16];
+    for (;;) {
+        ssize_t got = read(in, buf, sizeof buf);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got < 0) {
+            code = nf4_fail_errno(NF4_EIO, errno, from, NULL, "read failed");
+            break;
+        }
+        if (got == 0)
+            break;
+        if (write_full(outfd, buf, (size_t)got) != 0) {
+            code = nf4_fail_errno(NF4_EIO, errno, to, NULL, "write failed");
+            break;
+        }
+    }
+    if (code == NF4_OK && fsync(outfd) != 0)
+        code = nf4_fail_errno(NF4_EIO, errno, to, NULL, "fsync failed");
+    if (close(outfd) != 0 && code == NF4_OK)
+        code = nf4_fail_errno(NF4_EIO, errno, to, NULL, "close failed");
+    close(in);
+    if (code != NF4_OK)
+        unlink(to);
+    return code;
+}
+
+static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    int rc = (type == FTW_DP) ? rmdir(path) : unlink(path);
+    return rc != 0 && errno != ENOENT ? -1 : 0;
+}
+
+int remove_tree(const char *path)
+{
+    return nftw(path, remove_entry, 32, FTW_DEPTH | FTW_PHYS);
+}

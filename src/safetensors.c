@@ -1,0 +1,709 @@
+#include "safetensors.h"
+
+#include <cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fileio.h"
+#include "status.h"
+
+/* JSON numbers are doubles in cJSON: integers above 2^53 cannot be told apart. */
+#define MAX_EXACT_JSON_INT (UINT64_C(1) << 53)
+
+/* ---- validation helpers ---- */
+
+static int is_valid_utf8(const unsigned char *s, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t extra;
+        uint32_t cp;
+        if ((c & 0xe0) == 0xc0) {
+            extra = 1;
+            cp = c & 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            extra = 2;
+            cp = c & 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            extra = 3;
+            cp = c & 0x07;
+        } else {
+            return 0;
+        }
+        if (len - i <= extra)
+            return 0;
+        for (size_t k = 1; k <= extra; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return 0;
+            cp = (cp << 6) | (s[i + k] & 0x3f);
+        }
+        static const uint32_t MIN_FOR_LENGTH[4] = {0, 0x80, 0x800, 0x10000};
+        if (cp < MIN_FOR_LENGTH[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return 0;
+        i += extra + 1;
+    }
+    return 1;
+}
+
+/* Every number in a safetensors header is a shape entry or an offset: a
+ * non-negative integer. cJSON would accept 1.0, 1e3 or -0 as the same double,
+ * so the literal text is checked before parsing. Returns 0 and the offending
+ * offset on failure. */
+static int numbers_are_plain_integers(const char *s, size_t len, size_t *bad_at)
+{
+    int in_string = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (in_string) {
+            if (c == '\\')
+                i++;
+            else if (c == '"')
+                in_string = 0;
+            continue;
+        }
+        if (c == '"') {
+            in_string = 1;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t start = i;
+            while (i < len && ((s[i] >= '0' && s[i] <= '9') || s[i] == '-' || s[i] == '+' || s[i] == '.' ||
+                               s[i] == 'e' || s[i] == 'E'))
+                i++;
+            for (size_t k = start; k < i; k++)
+                if (s[k] < '0' || s[k] > '9') {
+                    *bad_at = start;
+                    return 0;
+                }
+            /* Leading zeros ("007") are not JSON; more than 16 digits cannot be exact. */
+            if ((i - start > 1 && s[start] == '0') || i - start > 16) {
+                *bad_at = start;
+                return 0;
+            }
+            i--;
+        }
+    }
+    return 1;
+}
+
+static int get_u64(const cJSON *item, uint64_t *out)
+{
+    if (!cJSON_IsNumber(item))
+        return 0;
+    double d = item->valuedouble;
+    if (!(d >= 0) || d >= (double)MAX_EXACT_JSON_INT || d != (double)(uint64_t)d)
+        return 0;
+    *out = (uint64_t)d;
+    return 1;
+}
+
+/* A tensor entry's own keys must each appear once. */
+static int count_key(const cJSON *obj, const char *key)
+{
+    int n = 0;
+    for (const cJSON *c = obj->child; c; c = c->next)
+        if (c->string && strcmp(c->string, key) == 0)
+            n++;
+    return n;
+}
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    const struct st_tensor *x = *(const struct st_tensor *const *)a;
+    const struct st_tensor *y = *(const struct st_tensor *const *)b;
+    return strcmp(x->name, y->name);
+}
+
+static int cmp_tensor_offset(const void *a, const void *b)
+{
+    const struct st_tensor *x = *(const struct st_tensor *const *)a;
+    const struct st_tensor *y = *(const struct st_tensor *const *)b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return 0;
+}
+
+uint64_t st_tensor_bytes(const struct st_tensor *t)
+{
+    return t->end - t->begin;
+}
+
+void st_free_header(struct st_file *f)
+{
+    for (size_t i = 0; i < f->count; i++) {
+        free(f->tensors[i].name);
+        free(f->tensors[i].shape);
+    }
+    free(f->tensors);
+    free(f->by_name);
+    for (size_t i = 0; i < f->nmeta; i++) {
+        free(f->meta[i].key);
+        free(f->meta[i].value);
+    }
+    free(f->meta);
+    f->tensors = NULL;
+    f->by_name = NULL;
+    f->meta = NULL;
+    f->count = f->nmeta = 0;
+    f->has_metadata = 0;
+}
+
+static int parse_metadata(struct st_file *f, const cJSON *item)
+{
+    const char *path = f->path;
+    if (f->has_metadata)
+        return nf4_fail(NF4_EDATA, path, NULL, "header has __metadata__ twice");
+    if (!cJSON_IsObject(item))
+        return nf4_fail(NF4_EDATA, path, NULL, "__metadata__ is not an object");
+    f->has_metadata = 1;
+    size_t n = (size_t)cJSON_GetArraySize(item);
+    f->meta = calloc(n ? n : 1, sizeof *f->meta);
+    if (!f->meta)
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    for (const cJSON *c = item->child; c; c = c->next) {
+        if (!cJSON_IsString(c))
+            return nf4_fail(NF4_EDATA, path, NULL, "__metadata__ value of \"%s\" is not a string", c->string);
+        for (size_t k = 0; k < f->nmeta; k++)
+            if (strcmp(f->meta[k].key, c->string) == 0)
+                return nf4_fail(NF4_EDATA, path, NULL, "__metadata__ has key \"%s\" twice", c->string);
+        f->meta[f->nmeta].key = strdup(c->string);
+        f->meta[f->nmeta].value = strdup(c->valuestring);
+        f->nmeta++;
+        if (!f->meta[f->nmeta - 1].key || !f->meta[f->nmeta - 1].value)
+            return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    }
+    return NF4_OK;
+}
+
+static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *t)
+{
+    const char *path = f->path;
+    const char *name = item->string;
+    if (!cJSON_IsObject(item))
+        return nf4_fail(NF4_EDATA, path, name, "tensor entry is not an object");
+    t->name = strdup(name);
+    if (!t->name)
+        return nf4_fail(NF4_ESOFTWARE, path, name, "out of memory");
+    static const char *const KEYS[] = {"dtype", "shape", "data_offsets"};
+    for (size_t k = 0; k < 3; k++) {
+        int seen = count_key(item, KEYS[k]);
+        if (seen != 1)
+            return nf4_fail(NF4_EDATA, path, name, seen ? "\"%s\" appears more than once" : "missing \"%s\"",
+                            KEYS[k]);
+    }
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+    const cJSON *shape = cJSON_GetObjectItemCaseSensitive(item, "shape");
+    const cJSON *offsets = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+    if (!cJSON_IsString(dtype))
+        return nf4_fail(NF4_EDATA, path, name, "dtype is not a string");
+    t->dtype = dtype_from_name(dtype->valuestring);
+    if (t->dtype == DT_INVALID)
+        return nf4_fail(NF4_EDATA, path, name, "unknown dtype \"%s\"", dtype->valuestring);
+    if (!cJSON_IsArray(shape))
+        return nf4_fail(NF4_EDATA, path, name, "shape is not an array");
+    t->ndim = (size_t)cJSON_GetArraySize(shape);
+    t->shape = calloc(t->ndim ? t->ndim : 1, sizeof *t->shape);
+    if (!t->shape)
+        return nf4_fail(NF4_ESOFTWARE, path, name, "out of memory");
+    uint64_t nelem = 1;
+    size_t d = 0;
+    for (const cJSON *c = shape->child; c; c = c->next, d++) {
+        if (!get_u64(c, &t->shape[d]))
+            return nf4_fail(NF4_EDATA, path, name, "shape[%zu] is not a non-negative integer", d);
+        if (!checked_mul_u64(nelem, t->shape[d], &nelem))
+            return nf4_fail(NF4_EDATA, path, name, "shape product overflows");
+    }
+    t->nelem = nelem;
+    if (!cJSON_IsArray(offsets) || cJSON_GetArraySize(offsets) != 2)
+        return nf4_fail(NF4_EDATA, path, name, "data_offsets is not a pair");
+    if (!get_u64(offsets->child, &t->begin) || !get_u64(offsets->child->next, &t->end))
+        return nf4_fail(NF4_EDATA, path, name, "data_offsets are not non-negative integers");
+    if (t->end < t->begin)
+        return nf4_fail(NF4_EDATA, path, name, "data_offsets end %" PRIu64 " before begin %" PRIu64, t->end,
+                        t->begin);
+    uint64_t bits;
+    if (!checked_mul_u64(nelem, dtype_bits(t->dtype), &bits))
+        return nf4_fail(NF4_EDATA, path, name, "byte size overflows");
+    if (bits % 8 != 0)
+        return nf4_fail(NF4_EDATA, path, name, "%" PRIu64 " elements of %s do not fill whole bytes", nelem,
+                        dtype_name(t->dtype));
+    if (bits / 8 != t->end - t->begin)
+        return nf4_fail(NF4_EDATA, path, name,
+                        "data_offsets span %" PRIu64 " bytes but shape and dtype need %" PRIu64,
+                        t->end - t->begin, bits / 8);
+    return NF4_OK;
+}
+
+int st_parse_header(struct st_file *f, const char *json, size_t len, uint64_t data_len)
+{
+    const char *path = f->path;
+    if (!is_valid_utf8((const unsigned char *)json, len))
+        return nf4_fail(NF4_EDATA, path, NULL, "header is not valid UTF-8");
+    if (len == 0 || json[0] != '{')
+        return nf4_fail(NF4_EDATA, path, NULL, "header does not start with '{'");
+    if (memchr(json, '\0', len))
+        return nf4_fail(NF4_EDATA, path, NULL, "header contains a NUL byte");
+    size_t bad_at;
+    if (!numbers_are_plain_integers(json, len, &bad_at))
+        return nf4_fail(NF4_EDATA, path, NULL, "header byte %zu: numbers must be non-negative integers", bad_at);
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!root)
+        return nf4_fail(NF4_EDATA, path, NULL, "header is not valid JSON");
+    int code = NF4_OK;
+    for (const char *p = end; p < json + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            code = nf4_fail(NF4_EDATA, path, NULL, "trailing bytes after the header's JSON");
+            goto out;
+        }
+    if (!cJSON_IsObject(root)) {
+        code = nf4_fail(NF4_EDATA, path, NULL, "header is not a JSON object");
+        goto out;
+    }
+    size_t entries = (size_t)cJSON_GetArraySize(root);
+    f->tensors = calloc(entries ? entries : 1, sizeof *f->tensors);
+    f->by_name = calloc(entries ? entries : 1, sizeof *f->by_name);
+    if (!f->tensors || !f->by_name) {
+        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+        goto out;
+    }
+    for (const cJSON *c = root->child; c; c = c->next) {
+        if (strcmp(c->string, "__metadata__") == 0) {
+            code = parse_metadata(f, c);
+        } else {
+            code = parse_tensor(f, c, &f->tensors[f->count]);
+            f->count++; /* counted even on failure so st_free_header frees it */
+        }
+        if (code != NF4_OK)
+            goto out;
+    }
+    for (size_t i = 0; i < f->count; i++)
+        f->by_name[i] = &f->tensors[i];
+    qsort(f->by_name, f->count, sizeof *f->by_name, cmp_tensor_name);
+    for (size_t i = 1; i < f->count; i++)
+        if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0) {
+            code = nf4_fail(NF4_EDATA, path, f->by_name[i]->name, "tensor name appears twice in the header");
+            goto out;
+        }
+    /* Offsets, sorted, must tile the data buffer exactly: no gaps, no overlap. */
+    struct st_tensor **by_offset = malloc((f->count ? f->count : 1) * sizeof *by_offset);
+    if (!by_offset) {
+        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+        goto out;
+    }
+    memcpy(by_offset, f->by_name, f->count * sizeof *by_offset);
+    qsort(by_offset, f->count, sizeof *by_offset, cmp_tensor_offset);
+    uint64_t expected = 0;
+    for (size_t i = 0; i < f->count && code == NF4_OK; i++) {
+        if (by_offset[i]->begin != expected)
+            code = nf4_fail(NF4_EDATA, path, by_offset[i]->name,
+                            "data starts at %" PRIu64 ", expected %" PRIu64 " (offsets must be contiguous from 0)",
+                            by_offset[i]->begin, expected);
+        expected = by_offset[i]->end;
+    }
+    free(by_offset);
+    if (code == NF4_OK && expected != data_len)
+        code = nf4_fail(NF4_EDATA, path, NULL,
+                        "tensors cover %" PRIu64 " bytes of data but the file holds %" PRIu64, expected, data_len);
+out:
+    cJSON_Delete(root);
+    return code;
+}
+
+int st_open(const char *path, struct st_file **out)
+{
+    *out = NULL;
+    struct st_file *f = calloc(1, sizeof *f);
+    if (!f)
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    f->fd = -1;
+    f->path = strdup(path);
+    if (!f->path) {
+        free(f);
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    }
+    int code = NF4_OK;
+    char *header = NULL;
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) {
+        code = nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot open");
+        goto fail;
+    }
+    struct stat st;
+    if (fstat(f->fd, &st) != 0) {
+        code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "cannot stat");
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        code = nf4_fail(NF4_ENOINPUT, path, NULL, "not a regular file");
+        goto fail;
+    }
+    f->file_size = (uint64_t)st.st_size;
+    if (f->file_size < 8) {
+        code = nf4_fail(NF4_EDATA, path, NULL, "file is %" PRIu64 " bytes, too small for a safetensors header",
+                        f->file_size);
+        goto fail;
+    }
+    unsigned char len_bytes[8];
+    if (read_full_at(f->fd, len_bytes, 8, 0) != 0) {
+        code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "cannot read the header length");
+        goto fail;
+    }
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; i--)
+        header_len = (header_len << 8) | len_bytes[i];
+    if (header_len > ST_MAX_HEADER_BYTES) {
+        code = nf4_fail(NF4_EDATA, path, NULL, "header length %" PRIu64 " exceeds the %llu-byte limit", header_len,
+                        ST_MAX_HEADER_BYTES);
+        goto fail;
+    }
+    if (header_len > f->file_size - 8) {
+        code = nf4_fail(NF4_EDATA, path, NULL, "header length %" PRIu64 " runs past the end of the %" PRIu64
+                        "-byte file", header_len, f->file_size);
+        goto fail;
+    }
+    header = malloc(header_len ? header_len : 1);
+    if (!header) {
+        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory for a %" PRIu64 "-byte header", header_len);
+        goto fail;
+    }
+    if (read_full_at(f->fd, header, header_len, 8) != 0) {
+        code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "cannot read the header");
+        goto fail;
+    }
+    f->data_start = 8 + header_len;
+    code = st_parse_header(f, header, header_len, f->file_size - f->data_start);
+    if (code != NF4_OK)
+        goto fail;
+    free(header);
+    *out = f;
+    return NF4_OK;
+fail:
+    free(header);
+    st_close(f);
+    return code;
+}
+
+void st_close(struct st_file *f)
+{
+    if (!f)
+        return;
+    st_free_header(f);
+    if (f->fd >= 0)
+        close(f->fd);
+    free(f->path);
+    free(f);
+}
+
+const struct st_tensor *st_find(const struct st_file *f, const char *name)
+{
+    size_t lo = 0, hi = f->count;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(f->by_name[mid]->name, name);
+        if (c == 0)
+            return f->by_name[mid];
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+int st_read(const struct st_file *f, const struct st_tensor *t, uint64_t offset, void *buf, uint64_t len)
+{
+    uint64_t size = st_tensor_bytes(t);
+    if (offset > size || len > size - offset)
+        return nf4_fail(NF4_ESOFTWARE, f->path, t->name, "read of %" PRIu64 " bytes at %" PRIu64
+                        " is outside the tensor", len, offset);
+    if (read_full_at(f->fd, buf, (size_t)len, f->data_start + t->begin + offset) != 0)
+        return nf4_fail_errno(NF4_EIO, errno, f->path, t->name, "read failed");
+    return NF4_OK;
+}
+
+/* ---- writer ---- */
+
+struct st_writer {
+    char *path;
+    char *tmp_path;
+    int fd;
+    size_t n;
+    size_t *order;      /* file order -> caller's index */
+    uint64_t *sizes;    /* by caller's index */
+    uint64_t total;     /* bytes of tensor data */
+    uint64_t written;   /* bytes of tensor data written so far */
+};
+
+struct order_key {
+    const struct st_out_tensor *t;
+    size_t index;
+};
+
+/* The reference serializer's order: larger dtypes first, then by name. It keeps
+ * every tensor aligned to its element size once the header is 8-aligned. */
+static int cmp_out_order(const void *a, const void *b)
+{
+    const struct order_key *x = a, *y = b;
+    if (x->t->dtype != y->t->dtype)
+        return x->t->dtype > y->t->dtype ? -1 : 1;
+    return strcmp(x->t->name, y->t->name);
+}
+
+static int cmp_by_name(const void *a, const void *b)
+{
+    const struct order_key *x = a, *y = b;
+    return strcmp(x->t->name, y->t->name);
+}
+
+struct strbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+};
+
+static void sb_put(struct strbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+static void sb_puts(struct strbuf *b, const char *s)
+{
+    sb_put(b, s, strlen(s));
+}
+
+static void sb_printf(struct strbuf *b, const char *fmt, ...) NF4_PRINTF(2, 3);
+static void sb_printf(struct strbuf *b, const char *fmt, ...)
+{
+    char tmp[64];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+static void sb_json_string(struct strbuf *b, const char *s)
+{
+    sb_put(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            char esc[2] = {'\\', (char)*p};
+            sb_put(b, esc, 2);
+        } else if (*p < 0x20) {
+            sb_printf(b, "\\u%04x", *p);
+        } else {
+            sb_put(b, (const char *)p, 1);
+        }
+    }
+    sb_put(b, "\"", 1);
+}
+
+static int build_header(struct strbuf *b, const struct st_out_tensor *tensors, const struct order_key *keys,
+                        size_t n, const uint64_t *sizes, const struct st_meta *meta, size_t nmeta)
+{
+    sb_puts(b, "{\"__metadata__\":{");
+    int have_format = 0;
+    for (size_t i = 0; i < nmeta; i++)
+        if (strcmp(meta[i].key, "format") == 0)
+            have_format = 1;
+    int first = 1;
+    if (!have_format) {
+        sb_puts(b, "\"format\":\"pt\"");
+        first = 0;
+    }
+    for (size_t i = 0; i < nmeta; i++) {
+        if (!first)
+            sb_puts(b, ",");
+        first = 0;
+        sb_json_string(b, meta[i].key);
+        sb_puts(b, ":");
+        sb_json_string(b, meta[i].value);
+    }
+    sb_puts(b, "}");
+    uint64_t offset = 0;
+    for (size_t k = 0; k < n; k++) {
+        const struct st_out_tensor *t = &tensors[keys[k].index];
+        sb_puts(b, ",");
+        sb_json_string(b, t->name);
+        sb_puts(b, ":{\"dtype\":");
+        sb_json_string(b, dtype_name(t->dtype));
+        sb_puts(b, ",\"shape\":[");
+        for (size_t d = 0; d < t->ndim; d++)
+            sb_printf(b, d ? ",%" PRIu64 : "%" PRIu64, t->shape[d]);
+        uint64_t size = sizes[keys[k].index];
+        sb_printf(b, "],\"data_offsets\":[%" PRIu64 ",", offset);
+        sb_printf(b, "%" PRIu64 "]}", offset + size);
+        offset += size;
+    }
+    sb_puts(b, "}");
+    /* Pad with spaces so tensor data starts 8-byte aligned. */
+    while (!b->oom && b->len % 8 != 0)
+        sb_puts(b, " ");
+    return b->oom ? NF4_ESOFTWARE : NF4_OK;
+}
+
+int st_writer_begin(struct st_writer **out, const char *path, const struct st_out_tensor *tensors, size_t n,
+                    const struct st_meta *meta, size_t nmeta)
+{
+    *out = NULL;
+    struct st_writer *w = calloc(1, sizeof *w);
+    struct order_key *keys = calloc(n ? n : 1, sizeof *keys);
+    struct strbuf header = {0};
+    int code = NF4_OK;
+    if (!w || !keys)
+        goto oom;
+    w->fd = -1;
+    w->n = n;
+    w->path = strdup(path);
+    w->order = calloc(n ? n : 1, sizeof *w->order);
+    w->sizes = calloc(n ? n : 1, sizeof *w->sizes);
+    if (!w->path || !w->order || !w->sizes)
+        goto oom;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t nelem = 1, bits;
+        for (size_t d = 0; d < tensors[i].ndim; d++)
+            if (!checked_mul_u64(nelem, tensors[i].shape[d], &nelem)) {
+                code = nf4_fail(NF4_EDATA, path, tensors[i].name, "output shape overflows");
+                goto fail;
+            }
+        if (!checked_mul_u64(nelem, dtype_bits(tensors[i].dtype), &bits) ||
+            !checked_add_u64(w->total, bits / 8, &w->total)) {
+            code = nf4_fail(NF4_EDATA, path, tensors[i].name, "output size overflows");
+            goto fail;
+        }
+        w->sizes[i] = bits / 8;
+        keys[i] = (struct order_key){&tensors[i], i};
+    }
+    qsort(keys, n, sizeof *keys, cmp_by_name);
+    for (size_t k = 1; k < n; k++)
+        if (strcmp(keys[k - 1].t->name, keys[k].t->name) == 0) {
+            code = nf4_fail(NF4_EDATA, path, keys[k].t->name, "two output tensors have this name");
+            goto fail;
+        }
+    qsort(keys, n, sizeof *keys, cmp_out_order);
+    for (size_t k = 0; k < n; k++)
+        w->order[k] = keys[k].index;
+    if (build_header(&header, tensors, keys, n, w->sizes, meta, nmeta) != NF4_OK)
+        goto oom;
+    w->fd = create_temp_beside(path, &w->tmp_path);
+    if (w->fd < 0) {
+        code = nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot create a temp file beside it");
+        goto fail;
+    }
+    unsigned char len_bytes[8];
+    for (int i = 0; i < 8; i++)
+        len_bytes[i] = (unsigned char)((uint64_t)header.len >> (8 * i));
+    if (write_full(w->fd, len_bytes, 8) != 0 || write_full(w->fd, header.p, header.len) != 0) {
+        code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "write failed");
+        goto fail;
+    }
+    free(header.p);
+    free(keys);
+    *out = w;
+    return NF4_OK;
+oom:
+    code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+fail:
+    free(header.p);
+    free(keys);
+    if (w)
+        st_writer_abort(w);
+    return code;
+}
+
+size_t st_writer_order(const struct st_writer *w, size_t k)
+{
+    return w->order[k];
+}
+
+uint64_t st_writer_tensor_bytes(const struct st_writer *w, size_t index)
+{
+    return w->sizes[index];
+}
+
+uint64_t st_writer_total_bytes(const struct st_writer *w)
+{
+    return w->total;
+}
+
+int st_writer_write(struct st_writer *w, const void *buf, size_t len)
+{
+    if (len > w->total - w->written)
+        return nf4_fail(NF4_ESOFTWARE, w->path, NULL, "more tensor data written than the header declares");
+    if (write_full(w->fd, buf, len) != 0)
+        return nf4_fail_errno(NF4_EIO, errno, w->path, NULL, "write failed");
+    w->written += len;
+    return NF4_OK;
+}
+
+int st_writer_finish(struct st_writer *w)
+{
+    int code = NF4_OK;
+    if (w->written != w->total)
+        code = nf4_fail(NF4_ESOFTWARE, w->path, NULL, "%" PRIu64 " of %" PRIu64 " data bytes written", w->written,
+                        w->total);
+    else if (fsync(w->fd) != 0)
+        code = nf4_fail_errno(NF4_EIO, errno, w->path, NULL, "fsync failed");
+    int fd = w->fd;
+    w->fd = -1;
+    if (close(fd) != 0 && code == NF4_OK)
+        code = nf4_fail_errno(NF4_EIO, errno, w->path, NULL, "close failed");
+    if (code == NF4_OK && rename(w->tmp_path, w->path) != 0)
+        code = nf4_fail_errno(NF4_ECANTCREAT, errno, w->path, NULL, "cannot rename the temp file into place");
+    if (code == NF4_OK) {
+        temp_unregister(w->tmp_path);
+        free(w->tmp_path);
+        w->tmp_path = NULL;
+        if (fsync_parent_dir(w->path) != 0)
+            code = nf4_fail_errno(NF4_EIO, errno, w->path, NULL, "fsync of its directory failed");
+    }
+    st_writer_abort(w);
+    return code;
+}
+
+void st_writer_abort(struct st_writer *w)
+{
+    if (!w)
+        return;
+    if (w->fd >= 0)
+        close(w->fd);
+    if (w->tmp_path) {
+        unlink(w->tmp_path);
+        temp_unregister(w->tmp_path);
+        free(w->tmp_path);
+    }
+    free(w->path);
+    free(w->order);
+    free(w->sizes);
+    free(w);
+}

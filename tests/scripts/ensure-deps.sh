@@ -1,0 +1,32 @@
+#!/bin/sh
+# Installs the Debian packages a stage needs when they are missing: as root with
+# apt-get, otherwise it prints the exact command and fails.
+#   ensure-deps.sh build   cJSON, pkg-config, a C compiler
+#   ensure-deps.sh test    CMocka, and python3 with venv for the safetensors check
+set -eu
+stage=${1:-build}
+missing=""
+need() { # need PACKAGE TEST-COMMAND...
+    pkg=$1; shift
+    if ! "$@" >/dev/null 2>&1; then missing="$missing $pkg"; fi
+}
+need pkg-config command -v pkg-config
+need make command -v make
+need gcc sh -c 'command -v cc || command -v gcc'
+need libcjson-dev pkg-config --exists libcjson
+if [ "$stage" = test ]; then
+    need libcmocka-dev pkg-config --exists cmocka
+    need python3 command -v python3
+    need python3-venv python3 -c 'import venv, ensurepip'
+fi
+[ -z "$missing" ] && exit 0
+cmd="apt-get install -y --no-install-recommends$missing"
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "nf4deq: installing missing packages:$missing" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $cmd >&2
+else
+    echo "nf4deq: missing packages:$missing" >&2
+    echo "nf4deq: install them with: sudo $cmd" >&2
+    exit 1
+fi
