@@ -101,6 +101,15 @@ static int usage_error(const char *cmd, const char *fmt, const char *arg)
     return NF4_EUSAGE;
 }
 
+/* getopt's own messages would name the subcommand, not nf4deq: report here. */
+static int bad_option(const char *cmd, char **argv, int c)
+{
+    const char *opt = argv[optind - 1];
+    if (c == ':')
+        return usage_error(cmd, "option '%s' needs an argument", opt);
+    return usage_error(cmd, "unrecognized option '%s'", opt);
+}
+
 static int parse_dtype_arg(const char *cmd, const char *arg, enum st_dtype *out)
 {
     *out = dtype_from_cli_name(arg);
@@ -133,7 +142,8 @@ static int cmd_convert(int argc, char **argv)
     convert_opts_init(&o);
     int quiet = 0, c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "d:j:fqh", LONG, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":d:j:fqh", LONG, NULL)) != -1) {
         switch (c) {
         case 'd':
             if (parse_dtype_arg("convert", optarg, &o.dtype) != NF4_OK)
@@ -164,7 +174,7 @@ static int cmd_convert(int argc, char **argv)
         case 'f': o.force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': fputs(CONVERT_HELP, stdout); return NF4_OK;
-        default: return usage_error("convert", "%s", "invalid option");
+        default: return bad_option("convert", argv, c);
         }
     }
     if (argc - optind != 2)
@@ -196,7 +206,8 @@ static int cmd_inspect(int argc, char **argv)
     int json = 0, c;
     enum st_dtype dtype = DT_INVALID;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "d:h", LONG, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":d:h", LONG, NULL)) != -1) {
         switch (c) {
         case 'J': json = 1; break;
         case 'd':
@@ -204,7 +215,7 @@ static int cmd_inspect(int argc, char **argv)
                 return NF4_EUSAGE;
             break;
         case 'h': fputs(INSPECT_HELP, stdout); return NF4_OK;
-        default: return usage_error("inspect", "%s", "invalid option");
+        default: return bad_option("inspect", argv, c);
         }
     }
     if (argc - optind != 1)

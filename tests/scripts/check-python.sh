@@ -1,0 +1,29 @@
+#!/bin/sh
+# The real-client check: the official safetensors package (from PyPI, with
+# numpy and ml_dtypes for bfloat16) loads every file nf4deq writes, and its
+# arrays equal the fixtures' bit for bit. Runs in a venv under BUILD.
+set -eu
+build=$1; python=${2:-python3}
+venv="$build/venv"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import safetensors, numpy, ml_dtypes' 2>/dev/null; then
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+        'safetensors>=0.4' 'numpy>=1.24' 'ml_dtypes>=0.3'
+fi
+out=$(mktemp -d "${TMPDIR:-/tmp}/nf4deq-pycheck-XXXXXX")
+trap 'rm -rf "$out"' EXIT
+bin="$build/nf4deq"
+fx=tests/fixtures
+for dt in bf16 fp16 fp32; do
+    "$bin" convert -q --device cpu --dtype $dt "$fx/tensors.bnb4.safetensors" "$out/tensors-$dt.safetensors"
+done
+"$bin" convert -q --device cpu "$fx/tensors.bnb4.safetensors" "$out/tensors-natural.safetensors"
+for m in bf16 fp16; do
+    for layout in "" -sharded; do
+        for dt in bf16 fp16; do
+            "$bin" convert -q --device cpu --dtype $dt "$fx/tiny-llama-$m-bnb4$layout" "$out/tiny-$m$layout-$dt"
+        done
+    done
+done
+"$venv/bin/python" tests/python/check_outputs.py "$out" "$fx"

@@ -1,0 +1,303 @@
+/* The command line as a user and a shell script see it: help, version, exit
+ * codes, one-line errors on stderr, and never a touched input or a partial output. */
+#include "test_util.h"
+
+#include <cJSON.h>
+
+#include "gpu.h"
+
+#define BNB4 FIXTURES "/tensors.bnb4.safetensors"
+
+struct scratch {
+    char *dir;
+};
+
+static int scratch_setup(void **state)
+{
+    struct scratch *s = calloc(1, sizeof *s);
+    s->dir = tu_mkdtemp();
+    *state = s;
+    return 0;
+}
+
+static int scratch_teardown(void **state)
+{
+    struct scratch *s = *state;
+    tu_rmtree(s->dir);
+    free(s->dir);
+    free(s);
+    return 0;
+}
+
+static void assert_one_line_error(const struct tu_run *r, const char *must_contain)
+{
+    assert_int_equal(tu_lines(r->err), 1);
+    assert_true(strncmp(r->err, "nf4deq: ", 8) == 0);
+    if (must_contain && !strstr(r->err, must_contain))
+        fail_msg("stderr \"%s\" does not mention \"%s\"", r->err, must_contain);
+}
+
+static void test_help_and_version_go_to_stdout(void **state)
+{
+    (void)state;
+    static const char *const CMDS[][2] = {{"--help", NULL}, {"-h", NULL}, {"convert", "--help"},
+                                          {"inspect", "--help"}, {"bench", "--help"}};
+    for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) {
+        struct tu_run r = tu_run(CMDS[i][0], CMDS[i][1], NULL);
+        assert_int_equal(r.status, 0);
+        assert_non_null(strstr(r.out, "Usage"));
+        assert_string_equal(r.err, "");
+        tu_run_free(&r);
+    }
+    struct tu_run r = tu_run("--help", NULL);
+    assert_non_null(strstr(r.out, "Exit status"));
+    tu_run_free(&r);
+    r = tu_run("--version", NULL);
+    assert_int_equal(r.status, 0);
+    assert_true(strncmp(r.out, "nf4deq ", 7) == 0);
+    tu_run_free(&r);
+}
+
+static void test_usage_errors_exit_2(void **state)
+{
+    struct scratch *s = *state;
+    char *out = tu_strdupf("%s/out.safetensors", s->dir);
+    const char *const CASES[][8] = {
+        {NULL},
+        {"frobnicate", NULL},
+        {"convert", NULL},
+        {"convert", BNB4, NULL},
+        {"convert", BNB4, out, "extra", NULL},
+        {"convert", "--dtype", "fp8", BNB4, out, NULL},
+        {"convert", "--device", "tpu", BNB4, out, NULL},
+        {"convert", "--threads", "0", BNB4, out, NULL},
+        {"convert", "--threads", "many", BNB4, out, NULL},
+        {"convert", "--gpu-mem", "lots", BNB4, out, NULL},
+        {"convert", "--no-such-option", BNB4, out, NULL},
+        {"inspect", NULL},
+        {"inspect", "--dtype", "int4", BNB4, NULL},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        struct tu_run r = tu_run_argv((char *const *)CASES[i]);
+        if (r.status != 2)
+            fail_msg("case %zu (%s %s) exited %d", i, CASES[i][0] ? CASES[i][0] : "", CASES[i][0] && CASES[i][1] ? CASES[i][1] : "", r.status);
+        assert_true(strncmp(r.err, "nf4deq: ", 8) == 0);
+        assert_string_equal(r.out, "");
+        tu_run_free(&r);
+    }
+    assert_false(tu_exists(out));
+    free(out);
+}
+
+static void test_missing_input_exits_66(void **state)
+{
+    struct scratch *s = *state;
+    char *in = tu_strdupf("%s/nope.safetensors", s->dir), *out = tu_strdupf("%s/out.safetensors", s->dir);
+    struct tu_run r = tu_run("convert", in, out, NULL);
+    assert_int_equal(r.status, 66);
+    assert_one_line_error(&r, in);
+    tu_run_free(&r);
+    r = tu_run("inspect", in, NULL);
+    assert_int_equal(r.status, 66);
+    tu_run_free(&r);
+    /* A directory that is not a model. */
+    r = tu_run("convert", s->dir, out, NULL);
+    assert_int_equal(r.status, 66);
+    assert_one_line_error(&r, s->dir);
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    free(in);
+    free(out);
+}
+
+static void test_existing_output_needs_force(void **state)
+{
+    struct scratch *s = *state;
+    char *out = tu_strdupf("%s/out.safetensors", s->dir);
+    tu_write_file(out, "keep me", 7);
+    struct tu_run r = tu_run("convert", "-q", BNB4, out, NULL);
+    assert_int_equal(r.status, 73);
+    assert_one_line_error(&r, "--force");
+    tu_run_free(&r);
+    size_t len;
+    char *kept = tu_read_file(out, &len);
+    assert_int_equal(len, 7);
+    free(kept);
+    r = tu_run("convert", "-q", "--force", "--device", "cpu", "--dtype", "bf16", BNB4, out, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    tu_assert_same_tensors(out, FIXTURES "/tensors.expected-bf16.safetensors") ;
+    assert_int_equal(tu_count_entries(s->dir), 1);
+    free(out);
+}
+
+static void test_output_directory_replaced_only_with_force(void **state)
+{
+    struct scratch *s = *state;
+    char *out = tu_strdupf("%s/model", s->dir);
+    const char *in = FIXTURES "/tiny-llama-bf16-bnb4-sharded";
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+    assert_int_equal(r.status, 73);
+    tu_run_free(&r);
+    char *stale = tu_strdupf("%s/stale.txt", out);
+    tu_write_file(stale, "x", 1);
+    r = tu_run("convert", "-q", "--force", "--device", "cpu", "--dtype", "fp16", in, out, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    /* The old tree is gone, not merged with the new one. */
+    assert_false(tu_exists(stale));
+    assert_int_equal(tu_count_entries(s->dir), 1);
+    free(stale);
+    free(out);
+}
+
+static void test_refuses_to_overwrite_input(void **state)
+{
+    struct scratch *s = *state;
+    char *in = tu_strdupf("%s/in.safetensors", s->dir);
+    size_t len;
+    char *orig = tu_read_file(BNB4, &len);
+    tu_write_file(in, orig, len);
+    char *link = tu_strdupf("%s/link.safetensors", s->dir);
+    assert_int_equal(symlink(in, link), 0);
+    const char *outs[] = {in, link};
+    for (int i = 0; i < 2; i++) {
+        struct tu_run r = tu_run("convert", "--force", in, outs[i], NULL);
+        assert_int_equal(r.status, 2);
+        assert_one_line_error(&r, "input");
+        tu_run_free(&r);
+    }
+    size_t now_len;
+    char *now = tu_read_file(in, &now_len);
+    assert_int_equal(now_len, len);
+    assert_memory_equal(now, orig, len);
+    /* A model directory cannot be converted onto itself either. */
+    struct tu_run r = tu_run("convert", "--force", FIXTURES "/tiny-llama-bf16-bnb4", FIXTURES "/tiny-llama-bf16-bnb4", NULL);
+    assert_int_equal(r.status, 2);
+    tu_run_free(&r);
+    free(now);
+    free(orig);
+    free(in);
+    free(link);
+}
+
+static void test_file_and_directory_do_not_mix(void **state)
+{
+    struct scratch *s = *state;
+    struct tu_run r = tu_run("convert", "--force", BNB4, s->dir, NULL);
+    assert_int_equal(r.status, 2);
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+}
+
+static void test_device_choice_without_gpu(void **state)
+{
+    struct scratch *s = *state;
+    if (gpu_device_count() > 0)
+        skip();
+    char *out = tu_strdupf("%s/out.safetensors", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cuda", BNB4, out, NULL);
+    assert_int_equal(r.status, 69);
+    assert_one_line_error(&r, NULL);
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    /* auto says it is falling back, then succeeds; --quiet silences both lines. */
+    r = tu_run("convert", BNB4, out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "no CUDA device"));
+    assert_non_null(strstr(r.err, "converted 9 tensors (8 dequantized)"));
+    tu_run_free(&r);
+    r = tu_run("convert", "-q", "-f", BNB4, out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.err, "");
+    tu_run_free(&r);
+    free(out);
+}
+
+static void test_inspect_text_and_json(void **state)
+{
+    (void)state;
+    struct tu_run r = tu_run("inspect", BNB4, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "nf4 blocksize 64, double quant, storage U8, [256, 512] -> BF16"));
+    assert_non_null(strstr(r.out, "fp4 blocksize 64"));
+    assert_non_null(strstr(r.out, "single quant"));
+    assert_non_null(strstr(r.out, "storage BF16"));
+    assert_non_null(strstr(r.out, "quant state of model.a.weight"));
+    tu_run_free(&r);
+
+    r = tu_run("inspect", "--json", "--dtype", "fp32", BNB4, NULL);
+    assert_int_equal(r.status, 0);
+    cJSON *root = cJSON_Parse(r.out);
+    assert_non_null(root);
+    const cJSON *totals = cJSON_GetObjectItemCaseSensitive(root, "totals");
+    uint64_t params = 256 * 512 + 384 * 200 + 64 * 1000 + 128 * 256 + 96 * 320 + 512 * 128 + 4096 + 300 * 301 + 512;
+    assert_int_equal((uint64_t)cJSON_GetObjectItemCaseSensitive(totals, "parameters")->valuedouble, params);
+    assert_int_equal((uint64_t)cJSON_GetObjectItemCaseSensitive(totals, "bytes_after_conversion")->valuedouble,
+                     params * 4);
+    assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(totals, "quantized_weights")->valuedouble, 8);
+    const cJSON *t;
+    int found = 0;
+    cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(root, "tensors"))
+    {
+        if (strcmp(cJSON_GetObjectItemCaseSensitive(t, "name")->valuestring, "model.h.weight") != 0)
+            continue;
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(t, "quantization");
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(q, "type")->valuestring, "nf4");
+        assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(q, "double_quant")));
+        assert_string_equal(cJSON_GetObjectItemCaseSensitive(q, "output_dtype")->valuestring, "F32");
+        found = 1;
+    }
+    assert_true(found);
+    cJSON_Delete(root);
+    tu_run_free(&r);
+
+    r = tu_run("inspect", FIXTURES "/tiny-llama-fp16-bnb4-sharded", NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "in 5 files, 14 quantized weights"));
+    tu_run_free(&r);
+}
+
+/* A full stdout is an error, not a silent success. */
+static void test_stdout_write_error_exits_74(void **state)
+{
+    (void)state;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int full = open("/dev/full", O_WRONLY);
+        int null = open("/dev/null", O_WRONLY);
+        if (full < 0)
+            _exit(99);
+        dup2(full, 1);
+        dup2(null, 2);
+        execl(NF4DEQ_BIN, NF4DEQ_BIN, "inspect", BNB4, (char *)NULL);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 99)
+        skip();
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 74);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_help_and_version_go_to_stdout, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_usage_errors_exit_2, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_missing_input_exits_66, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_existing_output_needs_force, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_output_directory_replaced_only_with_force, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_refuses_to_overwrite_input, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_file_and_directory_do_not_mix, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_inspect_text_and_json, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_stdout_write_error_exits_74, scratch_setup, scratch_teardown),
+    };
+    return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
+}

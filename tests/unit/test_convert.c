@@ -1,0 +1,420 @@
+/* End-to-end conversions: every fixture, in every mode, compared byte for byte
+ * with what bitsandbytes wrote; and synthetic weights of awkward sizes compared
+ * with an element-by-element reference. */
+#include "test_util.h"
+
+#include <cJSON.h>
+
+#include "bnb_state.h"
+#include "convert.h"
+#include "fpconv.h"
+#include "model.h"
+
+struct scratch {
+    char *dir;
+};
+
+static int scratch_setup(void **state)
+{
+    struct scratch *s = calloc(1, sizeof *s);
+    s->dir = tu_mkdtemp();
+    *state = s;
+    return 0;
+}
+
+static int scratch_teardown(void **state)
+{
+    struct scratch *s = *state;
+    tu_rmtree(s->dir);
+    free(s->dir);
+    free(s);
+    return 0;
+}
+
+/* Compares the tensor `name` of two opened models. */
+static void assert_tensor_matches(const struct model *got, const char *got_name, const struct st_file *want,
+                                  const char *want_name)
+{
+    const struct model_tensor *g = model_find(got, got_name);
+    const struct st_tensor *w = st_find(want, want_name);
+    if (!g || !w)
+        fail_msg("tensor %s missing (got %p, want %p)", got_name, (void *)g, (const void *)w);
+    if (g->t->dtype != w->dtype)
+        fail_msg("%s: dtype %s, expected %s", got_name, dtype_name(g->t->dtype), dtype_name(w->dtype));
+    assert_int_equal(g->t->ndim, w->ndim);
+    for (size_t d = 0; d < w->ndim; d++)
+        assert_int_equal(g->t->shape[d], w->shape[d]);
+    uint64_t n = st_tensor_bytes(w);
+    assert_int_equal(st_tensor_bytes(g->t), n);
+    unsigned char *a = malloc(n + 1), *b = malloc(n + 1);
+    assert_int_equal(st_read(g->file, g->t, 0, a, n), NF4_OK);
+    assert_int_equal(st_read(want, w, 0, b, n), NF4_OK);
+    if (memcmp(a, b, n) != 0) {
+        uint64_t k = 0;
+        while (a[k] == b[k])
+            k++;
+        fail_msg("%s: byte %llu is 0x%02x, expected 0x%02x", got_name, (unsigned long long)k, a[k], b[k]);
+    }
+    free(a);
+    free(b);
+}
+
+/* Every tensor of `expected` must be in the converted output, identical, and
+ * the output must hold nothing else. */
+static void assert_output_matches(const char *out, int is_dir, const char *expected)
+{
+    struct model *got;
+    assert_int_equal(is_dir ? model_open_dir(out, &got) : model_open_file(out, &got), NF4_OK);
+    struct st_file *want;
+    assert_int_equal(st_open(expected, &want), NF4_OK);
+    assert_int_equal(got->count, want->count);
+    for (size_t i = 0; i < want->count; i++)
+        assert_tensor_matches(got, want->tensors[i].name, want, want->tensors[i].name);
+    st_close(want);
+    model_close(got);
+}
+
+static void convert_ok(const char *in, const char *out, const char *dtype)
+{
+    struct tu_run r = dtype ? tu_run("convert", "-q", "--device", "cpu", "--dtype", dtype, in, out, NULL)
+                            : tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+    if (r.status != 0)
+        fail_msg("convert %s -> %s exited %d: %s", in, out, r.status, r.err);
+    assert_string_equal(r.err, "");
+    tu_run_free(&r);
+}
+
+static void test_tensor_file_every_dtype(void **state)
+{
+    struct scratch *s = *state;
+    static const char *const DTYPES[][2] = {{"bf16", "bf16"}, {"fp16", "f16"}, {"fp32", "f32"}};
+    for (size_t i = 0; i < 3; i++) {
+        char *out = tu_strdupf("%s/out-%s.safetensors", s->dir, DTYPES[i][0]);
+        char *want = tu_strdupf(FIXTURES "/tensors.expected-%s.safetensors", DTYPES[i][1]);
+        convert_ok(FIXTURES "/tensors.bnb4.safetensors", out, DTYPES[i][0]);
+        assert_output_matches(out, 0, want);
+        free(out);
+        free(want);
+    }
+}
+
+/* Without --dtype each weight comes out in its quant state's dtype, which is
+ * what bitsandbytes returns, and other tensors are untouched. */
+static void test_tensor_file_natural_dtype(void **state)
+{
+    struct scratch *s = *state;
+    char *out = tu_strdupf("%s/natural.safetensors", s->dir);
+    convert_ok(FIXTURES "/tensors.bnb4.safetensors", out, NULL);
+    struct model *got;
+    assert_int_equal(model_open_file(out, &got), NF4_OK);
+    static const struct {
+        const char *name, *expected;
+    } CASES[] = {
+        {"model.a.weight", "bf16"}, {"model.b.weight", "f16"}, {"model.c.weight", "bf16"},
+        {"model.d.weight", "f16"},  {"model.e.weight", "bf16"}, {"model.f.weight", "bf16"},
+        {"model.g.weight", "f16"},  {"model.h.weight", "f32"}, {"model.norm.weight", "bf16"},
+    };
+    assert_int_equal(got->count, sizeof CASES / sizeof CASES[0]);
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        char *want_path = tu_strdupf(FIXTURES "/tensors.expected-%s.safetensors", CASES[i].expected);
+        struct st_file *want;
+        assert_int_equal(st_open(want_path, &want), NF4_OK);
+        assert_tensor_matches(got, CASES[i].name, want, CASES[i].name);
+        st_close(want);
+        free(want_path);
+    }
+    model_close(got);
+    free(out);
+}
+
+static void check_model_dir(const char *in, const char *out, const char *expected_dtype_torch)
+{
+    /* config.json: quantization_config gone, dtype set. */
+    char *cfg_path = tu_strdupf("%s/config.json", out);
+    char *cfg = tu_read_file(cfg_path, NULL);
+    assert_non_null(cfg);
+    cJSON *root = cJSON_Parse(cfg);
+    assert_non_null(root);
+    assert_null(cJSON_GetObjectItemCaseSensitive(root, "quantization_config"));
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(root, "dtype")->valuestring, expected_dtype_torch);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(root, "torch_dtype")->valuestring, expected_dtype_torch);
+    cJSON_Delete(root);
+    free(cfg);
+    free(cfg_path);
+    /* Other files copied as they are. */
+    char *a = tu_strdupf("%s/generation_config.json", in), *b = tu_strdupf("%s/generation_config.json", out);
+    size_t la, lb;
+    char *ca = tu_read_file(a, &la), *cb = tu_read_file(b, &lb);
+    assert_non_null(cb);
+    assert_int_equal(la, lb);
+    assert_memory_equal(ca, cb, la);
+    free(ca);
+    free(cb);
+    free(a);
+    free(b);
+    /* A sharded model keeps its shard names, and its index lists no quant state
+     * and adds up to the real size. */
+    char *index_in = tu_strdupf("%s/" INDEX_FILE_NAME, in);
+    if (tu_exists(index_in)) {
+        char *index_out = tu_strdupf("%s/" INDEX_FILE_NAME, out);
+        char *text = tu_read_file(index_out, NULL);
+        assert_non_null(text);
+        cJSON *idx = cJSON_Parse(text);
+        assert_non_null(idx);
+        const cJSON *map = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+        struct model *m;
+        assert_int_equal(model_open_dir(out, &m), NF4_OK);
+        assert_int_equal((size_t)cJSON_GetArraySize(map), m->count);
+        uint64_t total = 0;
+        for (size_t i = 0; i < m->count; i++)
+            total += st_tensor_bytes(m->tensors[i].t);
+        for (const cJSON *c = map->child; c; c = c->next)
+            assert_false(bnb_is_state_part(c->string));
+        const cJSON *meta = cJSON_GetObjectItemCaseSensitive(idx, "metadata");
+        assert_int_equal((uint64_t)cJSON_GetObjectItemCaseSensitive(meta, "total_size")->valuedouble, total);
+        for (size_t i = 0; i < m->nfiles; i++) {
+            char *shard = tu_strdupf("%s/%s", in, m->file_names[i]);
+            assert_true(tu_exists(shard));
+            free(shard);
+        }
+        model_close(m);
+        cJSON_Delete(idx);
+        free(text);
+        free(index_out);
+    }
+    free(index_in);
+}
+
+static void test_model_directories(void **state)
+{
+    struct scratch *s = *state;
+    static const char *const MODELS[] = {"bf16", "fp16"};
+    static const char *const LAYOUTS[] = {"", "-sharded"};
+    static const struct {
+        const char *arg, *file, *torch;
+    } DTYPES[] = {{"bf16", "bf16", "bfloat16"}, {"fp16", "f16", "float16"}, {NULL, NULL, NULL}};
+    for (size_t m = 0; m < 2; m++)
+        for (size_t l = 0; l < 2; l++)
+            for (size_t d = 0; d < 3; d++) {
+                char *in = tu_strdupf(FIXTURES "/tiny-llama-%s-bnb4%s", MODELS[m], LAYOUTS[l]);
+                char *out = tu_strdupf("%s/%s%s-%s", s->dir, MODELS[m], LAYOUTS[l], DTYPES[d].arg ? DTYPES[d].arg : "natural");
+                /* The natural dtype of a model is the dtype it was quantized from. */
+                const char *file = DTYPES[d].file ? DTYPES[d].file : (m == 0 ? "bf16" : "f16");
+                const char *torch = DTYPES[d].torch ? DTYPES[d].torch : (m == 0 ? "bfloat16" : "float16");
+                char *want = tu_strdupf(FIXTURES "/tiny-llama-%s-bnb4.expected-%s.safetensors", MODELS[m], file);
+                convert_ok(in, out, DTYPES[d].arg);
+                assert_output_matches(out, 1, want);
+                check_model_dir(in, out, torch);
+                free(in);
+                free(out);
+                free(want);
+            }
+}
+
+/* Chunked dequantization (the smallest chunk a weight allows) writes the same bytes. */
+static void test_smallest_chunks_same_bytes(void **state)
+{
+    struct scratch *s = *state;
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CPU;
+    o.dtype = DT_BF16;
+    o.chunk_elements = 1;
+    o.threads = 3;
+    struct convert_stats st;
+    char *out = tu_strdupf("%s/chunked.safetensors", s->dir);
+    nf4_set_quiet(1);
+    assert_int_equal(convert_run(FIXTURES "/tensors.bnb4.safetensors", out, &o, &st), NF4_OK);
+    assert_int_equal(st.dequantized, 8);
+    assert_output_matches(out, 0, FIXTURES "/tensors.expected-bf16.safetensors");
+    char *dir_out = tu_strdupf("%s/chunked-dir", s->dir);
+    assert_int_equal(convert_run(FIXTURES "/tiny-llama-fp16-bnb4-sharded", dir_out, &o, &st), NF4_OK);
+    assert_output_matches(dir_out, 1, FIXTURES "/tiny-llama-fp16-bnb4.expected-bf16.safetensors");
+    free(out);
+    free(dir_out);
+}
+
+/* ---- synthetic weights of awkward sizes ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rng(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+
+struct synth {
+    uint64_t n;
+    uint32_t blocksize, nested_blocksize;
+    int nested;
+    enum quant_type qt;
+    enum st_dtype storage;
+};
+
+/* Writes a one-weight bnb4 file and returns its parts for the reference. */
+static void write_synth(const char *path, const struct synth *sy, uint8_t **packed, uint8_t **codes, float **absmax,
+                        float **nested_absmax, float *nested_code, float *offset)
+{
+    uint64_t bytes = sy->n / 2 + (sy->n & 1);
+    unsigned item = dtype_bits(sy->storage) / 8;
+    uint64_t stored = (bytes + item - 1) / item * item; /* storage rounds up to whole elements */
+    uint64_t blocks = (sy->n + sy->blocksize - 1) / sy->blocksize;
+    uint64_t nblocks = sy->nested ? (blocks + sy->nested_blocksize - 1) / sy->nested_blocksize : 0;
+    *packed = calloc(stored + 1, 1);
+    for (uint64_t i = 0; i < stored; i++)
+        (*packed)[i] = (uint8_t)rng();
+    *codes = calloc(blocks + 1, 1);
+    *absmax = calloc(blocks + 1, sizeof(float));
+    *nested_absmax = calloc(nblocks + 1, sizeof(float));
+    for (uint64_t b = 0; b < blocks; b++) {
+        (*codes)[b] = (uint8_t)rng();
+        (*absmax)[b] = 0.01f + (float)(rng() % 1000) / 250.0f;
+    }
+    for (uint64_t b = 0; b < nblocks; b++)
+        (*nested_absmax)[b] = 0.5f + (float)(rng() % 1000) / 700.0f;
+    for (int k = 0; k < 256; k++)
+        nested_code[k] = -1.0f + 2.0f * (float)k / 255.0f;
+    *offset = 0.1234567f;
+
+    char state_json[512];
+    int len = sy->nested
+                  ? snprintf(state_json, sizeof state_json,
+                             "{\"quant_type\": \"%s\", \"blocksize\": %u, \"dtype\": \"bfloat16\", \"shape\": [1, %llu], "
+                             "\"nested_blocksize\": %u, \"nested_dtype\": \"float32\", \"nested_offset\": %.9g}",
+                             sy->qt == QUANT_FP4 ? "fp4" : "nf4", sy->blocksize, (unsigned long long)sy->n,
+                             sy->nested_blocksize, (double)*offset)
+                  : snprintf(state_json, sizeof state_json,
+                             "{\"quant_type\": \"%s\", \"blocksize\": %u, \"dtype\": \"bfloat16\", \"shape\": [1, %llu]}",
+                             sy->qt == QUANT_FP4 ? "fp4" : "nf4", sy->blocksize, (unsigned long long)sy->n);
+    const float *table = sy->qt == QUANT_FP4 ? FP4_VALUES : NF4_VALUES;
+    uint64_t packed_shape[2] = {stored / item, 1}, blocks_shape[1] = {blocks}, nested_shape[1] = {nblocks},
+             map_shape[1] = {16}, code_shape[1] = {256}, blob_shape[1] = {(uint64_t)len};
+    const char *blob_name = sy->qt == QUANT_FP4 ? "w.weight.quant_state.bitsandbytes__fp4"
+                                                : "w.weight.quant_state.bitsandbytes__nf4";
+    struct st_out_tensor t[6] = {
+        {"w.weight", sy->storage, 2, packed_shape},
+        {"w.weight.absmax", sy->nested ? DT_U8 : DT_F32, 1, blocks_shape},
+        {"w.weight.quant_map", DT_F32, 1, map_shape},
+        {blob_name, DT_U8, 1, blob_shape},
+        {"w.weight.nested_absmax", DT_F32, 1, nested_shape},
+        {"w.weight.nested_quant_map", DT_F32, 1, code_shape},
+    };
+    const void *data[6] = {*packed, sy->nested ? (const void *)*codes : (const void *)*absmax, table, state_json,
+                           *nested_absmax, nested_code};
+    size_t count = sy->nested ? 6 : 4;
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, path, t, count, NULL, 0), NF4_OK);
+    for (size_t k = 0; k < count; k++) {
+        size_t idx = st_writer_order(w, k);
+        assert_int_equal(st_writer_write(w, data[idx], st_writer_tensor_bytes(w, idx)), NF4_OK);
+    }
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+}
+
+/* The formula, element by element, with nothing shared with the implementation
+ * but the value tables: each absmax is recomputed for every element. */
+static uint32_t reference_element(const struct synth *sy, uint64_t e, const uint8_t *packed, const uint8_t *codes,
+                                  const float *absmax, const float *nested_absmax, const float *nested_code,
+                                  float offset, enum st_dtype out)
+{
+    uint64_t b = e / sy->blocksize;
+    volatile float scale;
+    if (sy->nested) {
+        volatile float prod = nested_code[codes[b]] * nested_absmax[b / sy->nested_blocksize];
+        scale = prod + offset;
+    } else {
+        scale = absmax[b];
+    }
+    uint8_t byte = packed[e / 2];
+    unsigned nib = (e % 2 == 0) ? (byte >> 4) : (byte & 15);
+    const float *table = sy->qt == QUANT_FP4 ? FP4_VALUES : NF4_VALUES;
+    volatile float v = table[nib] * scale;
+    if (out == DT_F16)
+        return f32_to_f16(v);
+    if (out == DT_BF16)
+        return f32_to_bf16(v);
+    return f32_bits(v);
+}
+
+static void test_awkward_sizes_match_reference(void **state)
+{
+    struct scratch *s = *state;
+    static const uint64_t SIZES[] = {1, 63, 65, 1023, 1025, (1u << 20) + 3};
+    static const uint32_t BLOCKSIZES[] = {32, 64, 128, 256, 512, 1024, 2048, 4096};
+    static const enum st_dtype STORAGE[] = {DT_U8, DT_BF16, DT_F32};
+    static const enum st_dtype OUTS[] = {DT_F16, DT_BF16, DT_F32};
+    static const char *const OUT_NAMES[] = {"fp16", "bf16", "fp32"};
+    int cases = 0;
+    for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++)
+        for (size_t bi = 0; bi < sizeof BLOCKSIZES / sizeof BLOCKSIZES[0]; bi++) {
+            /* The largest size once per quant variant is enough to cover multi-chunk runs. */
+            if (SIZES[si] > 4096 && bi % 3 != 0)
+                continue;
+            struct synth sy = {
+                .n = SIZES[si],
+                .blocksize = BLOCKSIZES[bi],
+                .nested_blocksize = (bi % 2) ? 256 : 4,
+                .nested = (bi + si) % 3 != 0,
+                .qt = (bi + si) % 2 ? QUANT_FP4 : QUANT_NF4,
+                .storage = STORAGE[(bi + si) % 3],
+            };
+            size_t oi = (si + bi) % 3;
+            char *in = tu_strdupf("%s/synth-%zu-%zu.safetensors", s->dir, si, bi);
+            char *out = tu_strdupf("%s/synth-%zu-%zu.out.safetensors", s->dir, si, bi);
+            uint8_t *packed, *codes;
+            float *absmax, *nested_absmax, nested_code[256], offset;
+            write_synth(in, &sy, &packed, &codes, &absmax, &nested_absmax, nested_code, &offset);
+            /* A small chunk makes the large sizes run through several chunks. */
+            struct convert_opts o;
+            convert_opts_init(&o);
+            o.device = DEVICE_CPU;
+            o.dtype = OUTS[oi];
+            o.chunk_elements = 1u << 16;
+            struct convert_stats st;
+            nf4_set_quiet(1);
+            if (convert_run(in, out, &o, &st) != NF4_OK)
+                fail_msg("%s: %s", in, nf4_last_error());
+            struct st_file *f;
+            assert_int_equal(st_open(out, &f), NF4_OK);
+            const struct st_tensor *t = st_find(f, "w.weight");
+            assert_non_null(t);
+            assert_int_equal(t->dtype, OUTS[oi]);
+            assert_int_equal(t->nelem, sy.n);
+            unsigned osize = dtype_bits(OUTS[oi]) / 8;
+            unsigned char *got = malloc(sy.n * osize);
+            assert_int_equal(st_read(f, t, 0, got, sy.n * osize), NF4_OK);
+            for (uint64_t e = 0; e < sy.n; e++) {
+                uint32_t want = reference_element(&sy, e, packed, codes, absmax, nested_absmax, nested_code, offset,
+                                                  OUTS[oi]);
+                uint32_t have = osize == 2 ? ((uint16_t *)got)[e] : ((uint32_t *)got)[e];
+                if (have != want)
+                    fail_msg("n=%llu blocksize=%u %s %s %s: element %llu is 0x%x, expected 0x%x",
+                             (unsigned long long)sy.n, sy.blocksize, sy.qt == QUANT_FP4 ? "fp4" : "nf4",
+                             sy.nested ? "nested" : "single", OUT_NAMES[oi], (unsigned long long)e, have, want);
+            }
+            st_close(f);
+            free(got);
+            free(packed);
+            free(codes);
+            free(absmax);
+            free(nested_absmax);
+            free(in);
+            free(out);
+            cases++;
+        }
+    assert_true(cases >= 30);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_tensor_file_every_dtype, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_file_natural_dtype, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_model_directories, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_smallest_chunks_same_bytes, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_awkward_sizes_match_reference, scratch_setup, scratch_teardown),
+    };
+    return cmocka_run_group_tests_name("convert", tests, NULL, NULL);
+}
