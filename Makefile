@@ -4,7 +4,13 @@
 
 PREFIX  ?= /usr/local
 DESTDIR ?=
+SANITIZE ?= 0
+# A sanitized build lives apart, so its objects never mix with a plain build's.
+ifeq ($(SANITIZE),1)
+BUILD   ?= build/sanitize
+else
 BUILD   ?= build
+endif
 
 CC      ?= cc
 CFLAGS  ?= -O2 -g
@@ -12,7 +18,6 @@ CFLAGS  ?= -O2 -g
 # multiply-add would change the low bits of the result.
 NF4_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes \
              -ffp-contract=off -fno-fast-math -Iinclude -pthread
-SANITIZE ?= 0
 ifeq ($(SANITIZE),1)
 NF4_CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 NF4_LDFLAGS += -fsanitize=address,undefined
@@ -87,9 +92,9 @@ $(BUILD)/libnf4deq.a: $(LIB_OBJS) $(CUDA_OBJS)
 $(BUILD)/nf4deq: $(BUILD)/obj/main.o $(BUILD)/libnf4deq.a
 	$(CC) $(NF4_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/test_util.h $(BUILD)/libnf4deq.a | deps
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/test_util.h $(BUILD)/libnf4deq.a $(BUILD)/nf4deq | deps
 	@mkdir -p $(@D)
-	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS) -Itests/unit -o $@ $< \
+	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS) -Itests/unit -DNF4DEQ_BIN='"$(BUILD)/nf4deq"' -o $@ $< \
 	    $(BUILD)/libnf4deq.a $(CMOCKA_LIBS) $(LIBS) $(NF4_LDFLAGS) $(TEST_WRAPS_$*)
 
 $(BUILD)/tools/%: tests/tools/%.c $(BUILD)/libnf4deq.a
@@ -110,9 +115,10 @@ install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/doc/nf4deq
 	install -m 755 $(BUILD)/nf4deq $(DESTDIR)$(PREFIX)/bin/nf4deq
 	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/nf4deq/README.md
+	install -m 644 docs/nf4deq.1 $(DESTDIR)$(PREFIX)/share/man/man1/nf4deq.1
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/nf4deq
+	rm -f $(DESTDIR)$(PREFIX)/bin/nf4deq $(DESTDIR)$(PREFIX)/share/man/man1/nf4deq.1
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/nf4deq
 
 clean:
