@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_util.h"
 #include "status.h"
 
 static const char *const STATE_PART_SUFFIXES[] = {
@@ -48,12 +49,16 @@ static int json_u64(const cJSON *item, uint64_t *out)
 int bnb_parse_state(const char *file, const char *tensor, const char *json, size_t len, struct bnb_state *s)
 {
     memset(s, 0, sizeof *s);
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    cJSON *root = json_parse_whole(json, len);
     if (!root)
         return nf4_fail(NF4_EDATA, file, tensor, "quant state is not valid JSON");
     int code = NF4_OK;
     if (!cJSON_IsObject(root)) {
         code = nf4_fail(NF4_EDATA, file, tensor, "quant state is not a JSON object");
+        goto out;
+    }
+    if (json_has_duplicate_key(root)) {
+        code = nf4_fail(NF4_EDATA, file, tensor, "quant state has a key twice");
         goto out;
     }
     const cJSON *qt = cJSON_GetObjectItemCaseSensitive(root, "quant_type");

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "fileio.h"
+#include "json_util.h"
 #include "status.h"
 
 static int cmp_model_tensor(const void *a, const void *b)
@@ -56,7 +57,7 @@ int index_parse(const char *path, const char *json, size_t len, struct index_ent
     *nentries_out = *nfiles_out = 0;
     if (metadata_json)
         *metadata_json = NULL;
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    cJSON *root = json_parse_whole(json, len);
     if (!root)
         return nf4_fail(NF4_EDATA, path, NULL, "not valid JSON");
     int code = NF4_OK;
@@ -66,6 +67,10 @@ int index_parse(const char *path, const char *json, size_t len, struct index_ent
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "weight_map");
     if (!cJSON_IsObject(root) || !cJSON_IsObject(map)) {
         code = nf4_fail(NF4_EDATA, path, NULL, "has no \"weight_map\" object");
+        goto out;
+    }
+    if (json_has_duplicate_key(root)) {
+        code = nf4_fail(NF4_EDATA, path, NULL, "has a top-level key twice");
         goto out;
     }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");

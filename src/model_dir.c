@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "fileio.h"
+#include "json_util.h"
 #include "status.h"
 
 /* ---- a minimal JSON scanner, run only on text cJSON has already accepted ---- */
@@ -106,7 +107,7 @@ static int key_is(const char *s, const struct member *m, const char *key)
 int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, char **out,
                    size_t *out_len)
 {
-    cJSON *root = cJSON_ParseWithLength(json, len);
+    cJSON *root = json_parse_whole(json, len);
     int is_object = cJSON_IsObject(root);
     cJSON_Delete(root);
     if (!is_object)

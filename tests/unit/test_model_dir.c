@@ -1,0 +1,555 @@
+/* The non-tensor side of a model directory: config.json rewriting, the index
+ * file's parsing and rendering, and a sharded model whose index and shards
+ * disagree. */
+#include <cJSON.h>
+
+#include "model.h"
+#include "test_util.h"
+
+#define FIXTURE_CONFIG FIXTURES "/tiny-llama-bf16-bnb4/config.json"
+#define FIXTURE_SHARDED FIXTURES "/tiny-llama-bf16-bnb4-sharded"
+
+/* ---- config_rewrite ---- */
+
+static char *rewrite(const char *json, const char *dtype)
+{
+    char *out = NULL;
+    size_t len = 0;
+    nf4_clear_error();
+    int code = config_rewrite("config.json", json, strlen(json), dtype, &out, &len);
+    if (code != NF4_OK)
+        fail_msg("config_rewrite(%s) = %d: %s", json, code, nf4_last_error());
+    assert_int_equal(strlen(out), len);
+    return out;
+}
+
+static void expect_rewrite(const char *json, const char *dtype, const char *want)
+{
+    char *got = rewrite(json, dtype);
+    if (strcmp(got, want) != 0)
+        fail_msg("config_rewrite(%s, %s)\n  got:  [%s]\n  want: [%s]", json, dtype ? dtype : "NULL", got, want);
+    free(got);
+}
+
+static void test_rewrite_drops_quantization_config_wherever_it_is(void **state)
+{
+    (void)state;
+    expect_rewrite("{\"quantization_config\": {\"a\": 1}, \"b\": 2, \"c\": 3}", NULL, "{\"b\": 2, \"c\": 3}");
+    expect_rewrite("{\"a\": 1, \"quantization_config\": {\"x\": [1, {\"y\": \"}\"}]}, \"c\": 3}", NULL,
+                   "{\"a\": 1, \"c\": 3}");
+    expect_rewrite("{\"a\": 1, \"b\": 2, \"quantization_config\": {}}", NULL, "{\"a\": 1, \"b\": 2}");
+    expect_rewrite("{\n  \"a\": 1,\n  \"quantization_config\": {\n    \"q\": true\n  }\n}\n", NULL,
+                   "{\n  \"a\": 1\n}\n");
+    expect_rewrite("{\"quantization_config\": {\"a\": 1}}", NULL, "{}");
+}
+
+static void test_rewrite_sets_existing_dtype_keys(void **state)
+{
+    (void)state;
+    expect_rewrite("{\"torch_dtype\": \"bfloat16\", \"a\": 1, \"dtype\": \"bfloat16\"}", "float16",
+                   "{\"torch_dtype\": \"float16\", \"a\": 1, \"dtype\": \"float16\"}");
+    expect_rewrite("{\"dtype\": null, \"torch_dtype\": \"float32\"}", "bfloat16",
+                   "{\"dtype\": \"bfloat16\", \"torch_dtype\": \"bfloat16\"}");
+}
+
+static void test_rewrite_adds_missing_dtype_keys(void **state)
+{
+    (void)state;
+    expect_rewrite("{\"a\": 1, \"b\": 2}", "float16",
+                   "{\"a\": 1, \"b\": 2, \"dtype\": \"float16\", \"torch_dtype\": \"float16\"}");
+    expect_rewrite("{\"torch_dtype\": \"bfloat16\", \"b\": 2}", "float32",
+                   "{\"torch_dtype\": \"float32\", \"b\": 2, \"dtype\": \"float32\"}");
+    /* With one member there is no separator to copy; any valid JSON will do. */
+    char *out = rewrite("{\"a\": 1}", "float16");
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "dtype")->valuestring, "float16");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "torch_dtype")->valuestring, "float16");
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(j, "a")->valueint, 1);
+    cJSON_Delete(j);
+    free(out);
+}
+
+static void test_rewrite_of_compact_one_line_json(void **state)
+{
+    (void)state;
+    expect_rewrite("{\"a\":1,\"quantization_config\":{\"b\":2},\"dtype\":\"bfloat16\"}", "float16",
+                   "{\"a\":1,\"dtype\":\"float16\",\"torch_dtype\": \"float16\"}");
+}
+
+static void test_rewrite_of_empty_object(void **state)
+{
+    (void)state;
+    expect_rewrite("{}", NULL, "{}");
+    expect_rewrite("  {  }  \n", NULL, "  {  }  \n");
+    char *out = rewrite("{}", "bfloat16");
+    cJSON *j = cJSON_Parse(out);
+    if (!j)
+        fail_msg("not JSON: [%s]", out);
+    assert_int_equal(cJSON_GetArraySize(j), 2);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "dtype")->valuestring, "bfloat16");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "torch_dtype")->valuestring, "bfloat16");
+    cJSON_Delete(j);
+    free(out);
+}
+
+static void test_rewrite_without_dtype_leaves_dtype_alone(void **state)
+{
+    (void)state;
+    expect_rewrite("{\"dtype\": \"bfloat16\", \"quantization_config\": {}, \"torch_dtype\": \"bfloat16\"}", NULL,
+                   "{\"dtype\": \"bfloat16\", \"torch_dtype\": \"bfloat16\"}");
+    expect_rewrite("{\"a\": 1}", NULL, "{\"a\": 1}");
+}
+
+static void test_rewrite_leaves_nested_dtype_keys_alone(void **state)
+{
+    (void)state;
+    expect_rewrite("{\"text_config\": {\"dtype\": \"bfloat16\", \"quantization_config\": {}}, \"x\": [{\"dtype\": 1}]}",
+                   "float16",
+                   "{\"text_config\": {\"dtype\": \"bfloat16\", \"quantization_config\": {}}, \"x\": [{\"dtype\": "
+                   "1}], \"dtype\": \"float16\", \"torch_dtype\": \"float16\"}");
+}
+
+static void test_rewrite_is_not_fooled_by_strings(void **state)
+{
+    (void)state;
+    /* Braces, brackets, colons, commas and escaped quotes inside strings, and a
+     * value that looks like the key being removed. */
+    expect_rewrite("{\"s\": \"a}b{\\\"c\\\", \\\"dtype\\\": [\", \"quantization_config\": {\"k\": \"x\\\\\\\"}\"}, "
+                   "\"t\": \"quantization_config\", \"u\\\"dtype\": 1}",
+                   "float16",
+                   "{\"s\": \"a}b{\\\"c\\\", \\\"dtype\\\": [\", \"t\": \"quantization_config\", \"u\\\"dtype\": 1, "
+                   "\"dtype\": \"float16\", \"torch_dtype\": \"float16\"}");
+}
+
+static void test_rewrite_refuses_non_objects(void **state)
+{
+    (void)state;
+    static const char *const BAD[] = {"[1, 2]", "\"dtype\"", "42", "null", "not json", "", "{\"a\": }", "{\"a\": 1",
+                                      "{\"a\": 1} junk", "{\"a\": 1}{}"};
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        char *out = NULL;
+        size_t len = 0;
+        nf4_clear_error();
+        int code = config_rewrite("dir/config.json", BAD[i], strlen(BAD[i]), "float16", &out, &len);
+        if (code != NF4_EDATA)
+            fail_msg("config_rewrite(%s) = %d, expected 65", BAD[i], code);
+        assert_null(out);
+        assert_non_null(strstr(nf4_last_error(), "dir/config.json: "));
+    }
+}
+
+/* Replaces the first `from` in *s with `to`. */
+static void replace_once(char **s, const char *from, const char *to)
+{
+    char *at = strstr(*s, from);
+    if (!at)
+        fail_msg("\"%s\" not found", from);
+    char *r = tu_strdupf("%.*s%s%s", (int)(at - *s), *s, to, at + strlen(from));
+    free(*s);
+    *s = r;
+}
+
+static void test_rewrite_of_the_fixture_config_keeps_every_other_byte(void **state)
+{
+    (void)state;
+    size_t len = 0;
+    char *orig = tu_read_file(FIXTURE_CONFIG, &len);
+    assert_non_null(orig);
+    char *out = NULL;
+    size_t out_len;
+    assert_int_equal(config_rewrite(FIXTURE_CONFIG, orig, len, "float16", &out, &out_len), NF4_OK);
+
+    /* The expected text, edited by hand: the quantization_config member and its
+     * separator cut out, dtype's value swapped, torch_dtype added at the end. */
+    char *want = strdup(orig);
+    char *qc = strstr(want, "\"quantization_config\"");
+    char *next = strstr(want, "\"rms_norm_eps\"");
+    assert_true(qc && next && qc < next);
+    memmove(qc, next, strlen(next) + 1);
+    replace_once(&want, "\"dtype\": \"bfloat16\"", "\"dtype\": \"float16\"");
+    replace_once(&want, "\"vocab_size\": 512\n}", "\"vocab_size\": 512,\n  \"torch_dtype\": \"float16\"\n}");
+    if (strcmp(out, want) != 0)
+        fail_msg("rewritten fixture config differs:\n%s\n--- expected ---\n%s", out, want);
+
+    cJSON *a = cJSON_Parse(orig), *b = cJSON_Parse(out);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_null(cJSON_GetObjectItemCaseSensitive(b, "quantization_config"));
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(b, "dtype")->valuestring, "float16");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(b, "torch_dtype")->valuestring, "float16");
+    for (const cJSON *c = a->child; c; c = c->next) {
+        if (!strcmp(c->string, "quantization_config") || !strcmp(c->string, "dtype"))
+            continue;
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(b, c->string);
+        if (!d || !cJSON_Compare(c, d, 1))
+            fail_msg("key %s changed", c->string);
+    }
+    assert_int_equal(cJSON_GetArraySize(b), cJSON_GetArraySize(a));
+    assert_non_null(strstr(out, "\"rms_norm_eps\": 1e-06,"));
+    assert_non_null(strstr(out, "\"rope_theta\": 10000.0,"));
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    free(want);
+    free(out);
+    free(orig);
+}
+
+/* ---- index_render ---- */
+
+static const struct index_out_entry RENDER_ENTRIES[] = {
+    {"a.weight", "model-00001-of-00002.safetensors"},
+    {"b\"quoted\".weight", "model-00001-of-00002.safetensors"},
+    {"lm_head.weight", "model-00002-of-00002.safetensors"},
+};
+
+static cJSON *render(const char *metadata_json, uint64_t total_size, uint64_t total_parameters)
+{
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(index_render("idx", metadata_json, total_size, total_parameters, RENDER_ENTRIES, 3, &out, &len),
+                     NF4_OK);
+    assert_int_equal(strlen(out), len);
+    assert_true(len > 2 && out[len - 1] == '\n');
+    cJSON *j = cJSON_Parse(out);
+    if (!j)
+        fail_msg("index_render output is not JSON:\n%s", out);
+    free(out);
+    const cJSON *map = cJSON_GetObjectItemCaseSensitive(j, "weight_map");
+    assert_true(cJSON_IsObject(map));
+    size_t k = 0;
+    for (const cJSON *c = map->child; c; c = c->next, k++) {
+        assert_true(k < 3);
+        assert_string_equal(c->string, RENDER_ENTRIES[k].tensor);
+        assert_string_equal(c->valuestring, RENDER_ENTRIES[k].file);
+    }
+    assert_int_equal(k, 3);
+    return j;
+}
+
+static double meta_number(const cJSON *j, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "metadata"), key);
+    if (!cJSON_IsNumber(v))
+        fail_msg("metadata.%s is not a number", key);
+    return v->valuedouble;
+}
+
+static void test_render_without_input_metadata(void **state)
+{
+    (void)state;
+    cJSON *j = render(NULL, 123456789012, 99);
+    assert_true(meta_number(j, "total_size") == 123456789012.0);
+    assert_null(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(j, "metadata"), "total_parameters"));
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "metadata")), 1);
+    cJSON_Delete(j);
+}
+
+static void test_render_replaces_totals_and_keeps_other_metadata(void **state)
+{
+    (void)state;
+    cJSON *j = render("{\"total_parameters\": 1, \"total_size\": 2, \"format\": \"pt\", \"nested\": {\"a\": [1, "
+                      "\"x\"]}}",
+                      4096, 1000);
+    assert_true(meta_number(j, "total_size") == 4096.0);
+    assert_true(meta_number(j, "total_parameters") == 1000.0);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(j, "metadata");
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(meta, "format")->valuestring, "pt");
+    cJSON *want_nested = cJSON_Parse("{\"a\": [1, \"x\"]}");
+    assert_true(cJSON_Compare(cJSON_GetObjectItemCaseSensitive(meta, "nested"), want_nested, 1));
+    cJSON_Delete(want_nested);
+    assert_int_equal(cJSON_GetArraySize(meta), 4);
+    cJSON_Delete(j);
+}
+
+static void test_render_adds_total_parameters_only_when_the_input_had_it(void **state)
+{
+    (void)state;
+    cJSON *j = render("{\"total_size\": 2, \"format\": \"pt\"}", 10, 77);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(j, "metadata");
+    assert_null(cJSON_GetObjectItemCaseSensitive(meta, "total_parameters"));
+    assert_true(meta_number(j, "total_size") == 10.0);
+    assert_int_equal(cJSON_GetArraySize(meta), 2);
+    cJSON_Delete(j);
+}
+
+/* ---- index_parse ---- */
+
+static int parse_index(const char *json)
+{
+    struct index_entry *e;
+    size_t ne, nf;
+    char **files, *meta;
+    nf4_clear_error();
+    int code = index_parse("dir/index.json", json, strlen(json), &e, &ne, &files, &nf, &meta);
+    if (code == NF4_OK) {
+        index_free(e, ne, files, nf);
+        free(meta);
+    } else {
+        assert_null(e);
+        assert_null(files);
+        assert_null(meta);
+    }
+    return code;
+}
+
+static void test_index_parse_rejects_unsafe_and_malformed_entries(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json, *tensor;
+    } BAD[] = {
+        {"{\"weight_map\": {\"w\": \"../x.safetensors\"}}", "w"},
+        {"{\"weight_map\": {\"w\": \"/abs/x.safetensors\"}}", "w"},
+        {"{\"weight_map\": {\"w\": \"sub/dir.safetensors\"}}", "w"},
+        {"{\"weight_map\": {\"w\": \".\"}}", "w"},
+        {"{\"weight_map\": {\"w\": \"..\"}}", "w"},
+        {"{\"weight_map\": {\"w\": \"\"}}", "w"},
+        {"{\"weight_map\": {\"w\": \"a\\nb.safetensors\"}}", "w"},
+        {"{\"weight_map\": {\"a\": \"ok.safetensors\", \"w\": 3}}", "w"},
+        {"{\"weight_map\": {\"w\": null}}", "w"},
+        {"{\"weight_map\": {\"w\": [\"x.safetensors\"]}}", "w"},
+        {"{\"weight_map\": {\"w\": \"x.safetensors\", \"v\": \"x.safetensors\", \"w\": \"y.safetensors\"}}", "w"},
+        {"{\"metadata\": {}}", NULL},
+        {"{\"weight_map\": []}", NULL},
+        {"{\"weight_map\": {}}", NULL},
+        {"{\"weight_map\": {\"w\": \"x.safetensors\"}, \"metadata\": 5}", NULL},
+        {"[{\"weight_map\": {\"w\": \"x.safetensors\"}}]", NULL},
+        {"{\"weight_map\": {\"w\": \"x.safetensors\"}", NULL},
+        {"", NULL},
+        {"{\"weight_map\": {\"w\": \"x.safetensors\"}} junk", NULL},
+        {"{\"weight_map\": {\"w\": \"x.safetensors\"}, \"weight_map\": {\"v\": \"y.safetensors\"}}", NULL},
+    };
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        int code = parse_index(BAD[i].json);
+        if (code != NF4_EDATA)
+            fail_msg("index_parse(%s) = %d, expected 65", BAD[i].json, code);
+        char *want = BAD[i].tensor ? tu_strdupf("dir/index.json: %s: ", BAD[i].tensor) : strdup("dir/index.json: ");
+        if (strncmp(nf4_last_error(), want, strlen(want)) != 0)
+            fail_msg("index_parse(%s): message does not start with \"%s\": %s", BAD[i].json, want, nf4_last_error());
+        free(want);
+    }
+}
+
+static void test_index_parse_accepts_plain_names(void **state)
+{
+    (void)state;
+    assert_int_equal(parse_index("{\"weight_map\": {\"w\": \"..x.safetensors\", \"v\": \"a b.safetensors\"}}"),
+                     NF4_OK);
+}
+
+static void test_index_parse_of_the_fixture_index(void **state)
+{
+    (void)state;
+    size_t len = 0;
+    char *json = tu_read_file(FIXTURE_SHARDED "/" INDEX_FILE_NAME, &len);
+    assert_non_null(json);
+    struct index_entry *e;
+    size_t ne, nf;
+    char **files, *meta;
+    assert_int_equal(index_parse("idx", json, len, &e, &ne, &files, &nf, &meta), NF4_OK);
+    assert_int_equal(nf, 5);
+    for (size_t i = 0; i < nf; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "model-%05zu-of-00005.safetensors", i + 1);
+        assert_string_equal(files[i], want);
+    }
+    cJSON *doc = cJSON_Parse(json);
+    assert_int_equal(ne, (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(doc, "weight_map")));
+    for (size_t i = 1; i < ne; i++)
+        assert_true(strcmp(e[i - 1].tensor, e[i].tensor) < 0);
+    for (size_t i = 0; i < ne; i++)
+        assert_string_equal(
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(doc, "weight_map"), e[i].tensor)
+                ->valuestring,
+            e[i].file);
+    cJSON *m = cJSON_Parse(meta);
+    assert_true(cJSON_Compare(m, cJSON_GetObjectItemCaseSensitive(doc, "metadata"), 1));
+    cJSON_Delete(m);
+    cJSON_Delete(doc);
+    index_free(e, ne, files, nf);
+    free(meta);
+    free(json);
+}
+
+/* ---- a sharded model whose index and shards disagree, through the CLI ---- */
+
+struct scratch {
+    char *dir, *in, *out;
+};
+
+static int sharded_setup(void **state)
+{
+    struct scratch *s = calloc(1, sizeof *s);
+    if (!s)
+        return -1;
+    s->dir = tu_mkdtemp();
+    s->in = tu_strdupf("%s/in", s->dir);
+    s->out = tu_strdupf("%s/out", s->dir);
+    if (mkdir(s->in, 0777) != 0)
+        return -1;
+    DIR *d = opendir(FIXTURE_SHARDED);
+    if (!d)
+        return -1;
+    struct dirent *ent;
+    while ((ent = readdir(d))) {
+        if (ent->d_name[0] == '.')
+            continue;
+        char *from = tu_strdupf("%s/%s", FIXTURE_SHARDED, ent->d_name);
+        char *to = tu_strdupf("%s/%s", s->in, ent->d_name);
+        int code = copy_file(from, to);
+        free(from);
+        free(to);
+        if (code != NF4_OK) {
+            closedir(d);
+            return -1;
+        }
+    }
+    closedir(d);
+    *state = s;
+    return 0;
+}
+
+static int sharded_teardown(void **state)
+{
+    struct scratch *s = *state;
+    tu_rmtree(s->dir);
+    free(s->dir);
+    free(s->in);
+    free(s->out);
+    free(s);
+    return 0;
+}
+
+/* Adds `"tensor": "file",` at the top of the copied index's weight_map. */
+static void index_add_entry(struct scratch *s, const char *tensor, const char *file)
+{
+    char *path = tu_strdupf("%s/%s", s->in, INDEX_FILE_NAME);
+    char *json = tu_read_file(path, NULL);
+    assert_non_null(json);
+    char *entry = tu_strdupf("\"weight_map\": {\n    \"%s\": \"%s\",", tensor, file);
+    replace_once(&json, "\"weight_map\": {", entry);
+    tu_write_file(path, json, strlen(json));
+    free(entry);
+    free(json);
+    free(path);
+}
+
+static struct tu_run convert_expecting(struct scratch *s, int want_status, const char *want_in_message)
+{
+    struct tu_run r = tu_run("convert", "--device", "cpu", s->in, s->out, NULL);
+    if (r.status != want_status)
+        fail_msg("convert exited %d, expected %d: %s", r.status, want_status, r.err);
+    if (tu_lines(r.err) != 1 || strncmp(r.err, "nf4deq: ", 8) != 0)
+        fail_msg("stderr is not one \"nf4deq: \" line: [%s]", r.err);
+    if (!strstr(r.err, want_in_message))
+        fail_msg("stderr does not mention \"%s\": %s", want_in_message, r.err);
+    /* No output directory and no temp directory beside it. */
+    assert_false(tu_exists(s->out));
+    assert_int_equal(tu_count_entries(s->dir), 1);
+    return r;
+}
+
+static void test_cli_converts_the_unmodified_copy(void **state)
+{
+    struct scratch *s = *state;
+    struct tu_run r = tu_run("convert", "--device", "cpu", "-q", s->in, s->out, NULL);
+    if (r.status != 0)
+        fail_msg("convert exited %d: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_true(tu_exists(s->out));
+}
+
+static void test_cli_index_naming_a_missing_shard_is_missing_input(void **state)
+{
+    struct scratch *s = *state;
+    index_add_entry(s, "ghost.weight", "model-00006-of-00005.safetensors");
+    char *shard = tu_strdupf("%s/model-00006-of-00005.safetensors", s->in);
+    struct tu_run r = convert_expecting(s, NF4_ENOINPUT, shard);
+    tu_run_free(&r);
+    free(shard);
+}
+
+static void test_cli_deleted_shard_is_missing_input(void **state)
+{
+    struct scratch *s = *state;
+    char *shard = tu_strdupf("%s/model-00003-of-00005.safetensors", s->in);
+    assert_int_equal(unlink(shard), 0);
+    struct tu_run r = convert_expecting(s, NF4_ENOINPUT, shard);
+    tu_run_free(&r);
+    free(shard);
+}
+
+static void test_cli_index_entry_absent_from_its_shard_is_bad_data(void **state)
+{
+    struct scratch *s = *state;
+    index_add_entry(s, "ghost.weight", "model-00001-of-00005.safetensors");
+    struct tu_run r = convert_expecting(s, NF4_EDATA, ": ghost.weight: ");
+    assert_non_null(strstr(r.err, INDEX_FILE_NAME));
+    tu_run_free(&r);
+}
+
+static void test_cli_index_entry_pointing_at_the_wrong_shard_is_bad_data(void **state)
+{
+    struct scratch *s = *state;
+    char *path = tu_strdupf("%s/%s", s->in, INDEX_FILE_NAME);
+    char *json = tu_read_file(path, NULL);
+    /* Shard 3 stays listed through its other tensors, so it is opened. */
+    replace_once(&json, "\"model.layers.0.input_layernorm.weight\": \"model-00003-of-00005.safetensors\"",
+                 "\"model.layers.0.input_layernorm.weight\": \"model-00004-of-00005.safetensors\"");
+    tu_write_file(path, json, strlen(json));
+    free(json);
+    free(path);
+    struct tu_run r = convert_expecting(s, NF4_EDATA, ": model.layers.0.input_layernorm.weight: ");
+    assert_non_null(strstr(r.err, "model-00003-of-00005.safetensors"));
+    tu_run_free(&r);
+}
+
+static void test_cli_tensor_in_two_shards_is_bad_data(void **state)
+{
+    struct scratch *s = *state;
+    /* A sixth shard holding its own tensor plus lm_head.weight, which shard 1 also has. */
+    static const uint64_t SHAPE[] = {2};
+    const struct st_out_tensor extra[] = {{"extra.weight", DT_BF16, 1, SHAPE}, {"lm_head.weight", DT_BF16, 1, SHAPE}};
+    char *shard = tu_strdupf("%s/extra.safetensors", s->in);
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, shard, extra, 2, NULL, 0), NF4_OK);
+    static const unsigned char ZEROS[8];
+    assert_int_equal(st_writer_write(w, ZEROS, 8), NF4_OK);
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    index_add_entry(s, "extra.weight", "extra.safetensors");
+    struct tu_run r = convert_expecting(s, NF4_EDATA, ": lm_head.weight: ");
+    tu_run_free(&r);
+    free(shard);
+}
+
+#define SHARDED(fn) cmocka_unit_test_setup_teardown(fn, sharded_setup, sharded_teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_rewrite_drops_quantization_config_wherever_it_is),
+        cmocka_unit_test(test_rewrite_sets_existing_dtype_keys),
+        cmocka_unit_test(test_rewrite_adds_missing_dtype_keys),
+        cmocka_unit_test(test_rewrite_of_compact_one_line_json),
+        cmocka_unit_test(test_rewrite_of_empty_object),
+        cmocka_unit_test(test_rewrite_without_dtype_leaves_dtype_alone),
+        cmocka_unit_test(test_rewrite_leaves_nested_dtype_keys_alone),
+        cmocka_unit_test(test_rewrite_is_not_fooled_by_strings),
+        cmocka_unit_test(test_rewrite_refuses_non_objects),
+        cmocka_unit_test(test_rewrite_of_the_fixture_config_keeps_every_other_byte),
+        cmocka_unit_test(test_render_without_input_metadata),
+        cmocka_unit_test(test_render_replaces_totals_and_keeps_other_metadata),
+        cmocka_unit_test(test_render_adds_total_parameters_only_when_the_input_had_it),
+        cmocka_unit_test(test_index_parse_rejects_unsafe_and_malformed_entries),
+        cmocka_unit_test(test_index_parse_accepts_plain_names),
+        cmocka_unit_test(test_index_parse_of_the_fixture_index),
+        SHARDED(test_cli_converts_the_unmodified_copy),
+        SHARDED(test_cli_index_naming_a_missing_shard_is_missing_input),
+        SHARDED(test_cli_deleted_shard_is_missing_input),
+        SHARDED(test_cli_index_entry_absent_from_its_shard_is_bad_data),
+        SHARDED(test_cli_index_entry_pointing_at_the_wrong_shard_is_bad_data),
+        SHARDED(test_cli_tensor_in_two_shards_is_bad_data),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
