@@ -125,3 +125,5 @@ clean:
 	rm -rf $(BUILD)
 
 -include gpu.mk
+-include tests/fuzz/fuzz.mk
+-include tests/faults.mk

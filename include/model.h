@@ -48,6 +48,12 @@ int index_parse(const char *path, const char *json, size_t len, struct index_ent
                 char ***files, size_t *nfiles, char **metadata_json);
 void index_free(struct index_entry *entries, size_t nentries, char **files, size_t nfiles);
 
+/* 1 if `path` (a file in model directory `dir`, maybe a symlink) resolves to a
+ * place inside `dir`, or inside the blobs/ of the Hugging Face cache repository
+ * `dir` is a snapshot of (.../models--X/snapshots/REV -> .../models--X/blobs),
+ * which is how the hub cache stores every file. Anything else escapes. */
+int path_stays_in_model(const char *dir, const char *path);
+
 /* 1 if `name` is acceptable as a shard file name: a plain file name inside the
  * model directory (no '/', not "." or "..", no control characters). */
 int shard_name_is_safe(const char *name);

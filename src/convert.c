@@ -472,6 +472,8 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
         } else if (stat(from, &st) != 0) {
             code = nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot stat");
+        } else if (S_ISREG(st.st_mode) && !path_stays_in_model(in_dir, from)) {
+            nf4_warn("%s: links to a file outside the model directory; not copied", from);
         } else if (S_ISREG(st.st_mode)) {
             temp_register(to, 0);
             code = copy_file(from, to);

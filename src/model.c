@@ -2,6 +2,7 @@
 
 #include <cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -35,6 +36,30 @@ int shard_name_is_safe(const char *name)
         if (*p == '/' || *p < 0x20 || *p == 0x7f)
             return 0;
     return 1;
+}
+
+static int is_within(const char *inner, const char *outer)
+{
+    size_t n = strlen(outer);
+    return strncmp(inner, outer, n) == 0 && (inner[n] == '/' || inner[n] == '\0' || (n == 1 && outer[0] == '/'));
+}
+
+int path_stays_in_model(const char *dir, const char *path)
+{
+    char real_dir[PATH_MAX], real_path[PATH_MAX];
+    if (!realpath(dir, real_dir) || !realpath(path, real_path))
+        return 0;
+    if (is_within(real_path, real_dir))
+        return 1;
+    char *slash = strrchr(real_dir, '/');
+    if (!slash || slash == real_dir)
+        return 0;
+    *slash = '\0'; /* .../snapshots */
+    char *parent = strrchr(real_dir, '/');
+    if (!parent || strcmp(parent + 1, "snapshots") != 0)
+        return 0;
+    strcpy(parent + 1, "blobs");
+    return is_within(real_path, real_dir);
 }
 
 void index_free(struct index_entry *entries, size_t nentries, char **files, size_t nfiles)
@@ -251,6 +276,8 @@ int model_open_dir(const char *dir, struct model **out)
             break;
         }
         code = st_open(p, &m->files[i]);
+        if (code == NF4_OK && !path_stays_in_model(dir, p))
+            code = nf4_fail(NF4_EDATA, p, NULL, "is a link to a file outside the model directory");
         free(p);
     }
     if (code == NF4_OK)

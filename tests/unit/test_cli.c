@@ -285,6 +285,69 @@ static void test_stdout_write_error_exits_74(void **state)
     assert_int_equal(WEXITSTATUS(st), 74);
 }
 
+/* Builds `dir` as a Hugging Face hub cache snapshot: every file a symlink into
+ * the repository's blobs/ directory. */
+static char *make_hub_cache_snapshot(const char *root, const char *model)
+{
+    char *blobs = tu_strdupf("%s/models--x/blobs", root);
+    char *snap = tu_strdupf("%s/models--x/snapshots/0123abcd", root);
+    char *cmd = tu_strdupf("mkdir -p %s %s && cp %s/* %s/", blobs, snap, model, blobs);
+    assert_int_equal(system(cmd), 0);
+    DIR *d = opendir(blobs);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (e->d_name[0] != '.') {
+            char *target = tu_strdupf("../../blobs/%s", e->d_name), *link = tu_strdupf("%s/%s", snap, e->d_name);
+            assert_int_equal(symlink(target, link), 0);
+            free(target);
+            free(link);
+        }
+    closedir(d);
+    free(cmd);
+    free(blobs);
+    return snap;
+}
+
+static void test_symlinks_inside_the_hub_cache_are_followed(void **state)
+{
+    struct scratch *s = *state;
+    char *snap = make_hub_cache_snapshot(s->dir, FIXTURES "/tiny-llama-bf16-bnb4-sharded");
+    char *out = tu_strdupf("%s/out", s->dir), *evil = tu_strdupf("%s/stolen.txt", snap);
+    assert_int_equal(symlink("/etc/hostname", evil), 0);
+    struct tu_run r = tu_run("convert", "--device", "cpu", snap, out, NULL);
+    assert_int_equal(r.status, 0);
+    /* A link leaving the model is not copied, and the user is told. */
+    assert_non_null(strstr(r.err, "outside the model directory; not copied"));
+    tu_run_free(&r);
+    char *copied = tu_strdupf("%s/stolen.txt", out), *config = tu_strdupf("%s/generation_config.json", out);
+    assert_false(tu_exists(copied));
+    assert_true(tu_exists(config));
+    free(copied);
+    free(config);
+    free(evil);
+    free(out);
+    free(snap);
+}
+
+static void test_shard_linking_outside_the_model_is_refused(void **state)
+{
+    struct scratch *s = *state;
+    char *model = tu_strdupf("%s/model", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    char *cmd = tu_strdupf("cp -r %s %s && mv %s/model-00002-of-00005.safetensors %s/ && "
+                           "ln -s ../model-00002-of-00005.safetensors %s/model-00002-of-00005.safetensors",
+                           FIXTURES "/tiny-llama-bf16-bnb4-sharded", model, model, s->dir, model);
+    assert_int_equal(system(cmd), 0);
+    struct tu_run r = tu_run("convert", "--device", "cpu", model, out, NULL);
+    assert_int_equal(r.status, 65);
+    assert_one_line_error(&r, "model-00002-of-00005.safetensors: is a link to a file outside the model directory");
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    assert_int_equal(tu_count_entries(s->dir), 2); /* the model and the moved shard, nothing else */
+    free(cmd);
+    free(model);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -298,6 +361,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_text_and_json, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_stdout_write_error_exits_74, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_symlinks_inside_the_hub_cache_are_followed, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
 }
