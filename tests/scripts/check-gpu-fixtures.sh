@@ -1,0 +1,48 @@
+#!/bin/sh
+# On a CUDA machine: converts every fixture with --device cuda and checks the
+# bytes against what bitsandbytes wrote and against the CPU path's output.
+# Output buffers are poisoned by the GPU back end before each run (see cuda/).
+#   check-gpu-fixtures.sh BUILD
+set -u
+build=${1:-build}
+bin="$build/nf4deq"
+# NF4DEQ_GPU_DEVICE=cpu runs the same script on the CPU, to test the script itself.
+gpu=${NF4DEQ_GPU_DEVICE:-cuda}
+fx=tests/fixtures
+out=$(mktemp -d "${TMPDIR:-/tmp}/nf4deq-gpufx-XXXXXX")
+trap 'rm -rf "$out"' EXIT
+passed=0; failed=0
+check() { # check LABEL GOT WANT
+    if python3 tests/scripts/compare_safetensors.py "$2" "$3"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: $1"
+    fi
+}
+convert() { # convert DEVICE IN OUT [DTYPE]
+    if [ -n "${4:-}" ]; then set -- "$1" "$2" "$3" --dtype "$4"; else set -- "$1" "$2" "$3"; fi
+    "$bin" convert -q --device "$1" "$2" "$3" ${4:+"$4"} ${5:+"$5"} || { failed=$((failed + 1)); echo "FAIL: convert $*"; }
+}
+for dt in bf16:bf16 fp16:f16 fp32:f32; do
+    arg=${dt%%:*}; file=${dt##*:}
+    convert "$gpu" "$fx/tensors.bnb4.safetensors" "$out/t-$arg.safetensors" "$arg"
+    check "tensors --dtype $arg (gpu vs bitsandbytes)" "$out/t-$arg.safetensors" "$fx/tensors.expected-$file.safetensors"
+done
+convert "$gpu" "$fx/tensors.bnb4.safetensors" "$out/t-natural-gpu.safetensors"
+convert cpu "$fx/tensors.bnb4.safetensors" "$out/t-natural-cpu.safetensors"
+check "tensors natural dtype (gpu vs cpu)" "$out/t-natural-gpu.safetensors" "$out/t-natural-cpu.safetensors"
+for m in bf16 fp16; do
+    for layout in "" -sharded; do
+        for dt in bf16:bf16 fp16:f16; do
+            arg=${dt%%:*}; file=${dt##*:}
+            convert "$gpu" "$fx/tiny-llama-$m-bnb4$layout" "$out/$m$layout-$arg" "$arg"
+            check "tiny-llama-$m$layout --dtype $arg (gpu vs bitsandbytes)" "$out/$m$layout-$arg" \
+                "$fx/tiny-llama-$m-bnb4.expected-$file.safetensors"
+        done
+        convert "$gpu" "$fx/tiny-llama-$m-bnb4$layout" "$out/$m$layout-fp32-gpu" fp32
+        convert cpu "$fx/tiny-llama-$m-bnb4$layout" "$out/$m$layout-fp32-cpu" fp32
+        check "tiny-llama-$m$layout --dtype fp32 (gpu vs cpu)" "$out/$m$layout-fp32-gpu" "$out/$m$layout-fp32-cpu"
+    done
+done
+echo "gpu fixtures: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
