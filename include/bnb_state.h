@@ -20,7 +20,8 @@
 #define QUANT_STATE_SUFFIX_FP4 ".quant_state.bitsandbytes__fp4"
 /* A quant-state blob is a few hundred bytes; refuse absurd ones before reading. */
 #define MAX_QUANT_STATE_BYTES (1u << 20)
-#define MAX_NESTED_BLOCKSIZE (1u << 20)
+/* bitsandbytes' largest blockwise blocksize; it always uses 256. */
+#define MAX_NESTED_BLOCKSIZE 4096u
 
 /* What the JSON blob says. */
 struct bnb_state {

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
+#include "progress.h"
 
 enum device_choice { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA };
 
@@ -15,7 +16,9 @@ struct convert_opts {
     int threads;            /* CPU threads; 0: all online cores */
     int force;              /* replace an existing OUT */
     uint64_t gpu_mem;       /* device-memory budget in bytes; 0: default */
-    uint64_t chunk_elements; /* elements dequantized per step; 0: default */
+    uint64_t mem;           /* host memory for tensor data in bytes; 0: DEFAULT_MEM_BYTES */
+    uint64_t chunk_elements; /* caps the elements per chunk (tests); 0: what --mem allows */
+    enum progress_mode progress;
 };
 
 struct convert_stats {
@@ -28,7 +31,7 @@ struct convert_stats {
     char engine[160]; /* "CPU (8 threads)" or the GPU's name */
 };
 
-#define DEFAULT_CHUNK_ELEMENTS (UINT64_C(1) << 24)
+#define DEFAULT_MEM_BYTES (UINT64_C(512) << 20)
 
 void convert_opts_init(struct convert_opts *o);
 int convert_run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats);

@@ -9,6 +9,7 @@
 #include "bench.h"
 #include "convert.h"
 #include "inspect.h"
+#include "progress.h"
 #include "status.h"
 
 #define EXIT_CODES_HELP                                                                                        \
@@ -50,6 +51,10 @@ static const char CONVERT_HELP[] =
     "      --device DEV     auto (default: CUDA if a GPU is present), cpu or cuda\n"
     "  -j, --threads N      CPU threads (default: all online cores)\n"
     "      --gpu-mem SIZE   GPU memory budget, e.g. 12G (default: half of free memory)\n"
+    "      --mem SIZE       host memory for tensor data (default 512M); it bounds the\n"
+    "                       chunks read, dequantized and written at once\n"
+    "      --progress MODE  auto (a live line when stderr is a terminal), tty, plain\n"
+    "                       (a line every 10 s, for logs) or none\n"
     "  -f, --force          replace OUT if it exists\n"
     "  -q, --quiet          print nothing but errors\n"
     "  -h, --help           show this help\n"
@@ -136,6 +141,7 @@ static int cmd_convert(int argc, char **argv)
         {"dtype", required_argument, NULL, 'd'}, {"device", required_argument, NULL, 'D'},
         {"threads", required_argument, NULL, 'j'}, {"gpu-mem", required_argument, NULL, 'G'},
         {"force", no_argument, NULL, 'f'},         {"quiet", no_argument, NULL, 'q'},
+        {"mem", required_argument, NULL, 'M'},     {"progress", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
     };
     struct convert_opts o;
@@ -171,6 +177,17 @@ static int cmd_convert(int argc, char **argv)
             if (!parse_size(optarg, &o.gpu_mem) || o.gpu_mem == 0)
                 return usage_error("convert", "invalid --gpu-mem '%s' (e.g. 12G)", optarg);
             break;
+        case 'M':
+            if (!parse_size(optarg, &o.mem) || o.mem == 0)
+                return usage_error("convert", "invalid --mem '%s' (e.g. 512M)", optarg);
+            break;
+        case 'P': {
+            int mode = progress_mode_from_name(optarg);
+            if (mode < 0)
+                return usage_error("convert", "invalid --progress '%s' (auto, tty, plain or none)", optarg);
+            o.progress = (enum progress_mode)mode;
+            break;
+        }
         case 'f': o.force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': fputs(CONVERT_HELP, stdout); return NF4_OK;

@@ -19,6 +19,8 @@
 #include "gpu.h"
 #include "model.h"
 #include "model_dir.h"
+#include "pipeline.h"
+#include "progress.h"
 #include "safetensors.h"
 #include "status.h"
 
@@ -26,26 +28,13 @@
 #error "nf4deq reads safetensors data in place and needs a little-endian host"
 #endif
 
-/* What one output tensor is made of. */
-struct out_item {
-    struct st_out_tensor out;
-    const struct model_tensor *src; /* copied or cast */
-    const struct bnb_weight *w;     /* dequantized */
-};
-
-/* Reusable host buffers, pinned when the GPU is used. */
-struct buffer {
-    void *p;
-    size_t cap;
-};
-
 struct ctx {
     const struct convert_opts *opts;
     struct convert_stats *stats;
     struct gpu_ctx *gpu;
     int threads;
-    uint64_t chunk_elements;
-    struct buffer packed, absmax, nested, in, out;
+    struct pipeline *pipeline;
+    struct progress progress;
 };
 
 void convert_opts_init(struct convert_opts *o)
@@ -53,206 +42,7 @@ void convert_opts_init(struct convert_opts *o)
     memset(o, 0, sizeof *o);
     o->dtype = DT_INVALID;
     o->device = DEVICE_AUTO;
-}
-
-static void buffer_free(struct ctx *c, struct buffer *b)
-{
-    if (c->gpu)
-        gpu_host_free(c->gpu, b->p);
-    else
-        free(b->p);
-    b->p = NULL;
-    b->cap = 0;
-}
-
-static int buffer_reserve(struct ctx *c, struct buffer *b, size_t bytes)
-{
-    if (bytes <= b->cap)
-        return NF4_OK;
-    buffer_free(c, b);
-    size_t cap = bytes < 4096 ? 4096 : bytes;
-    b->p = c->gpu ? gpu_host_alloc(c->gpu, cap) : malloc(cap);
-    if (!b->p)
-        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory for a %zu-byte buffer", cap);
-    b->cap = cap;
-    return NF4_OK;
-}
-
-static unsigned out_size(enum st_dtype dt)
-{
-    return dtype_bits(dt) / 8;
-}
-
-/* ---- casts of unquantized tensors ---- */
-
-static float load_as_float(enum st_dtype dt, const void *in, uint64_t i)
-{
-    switch (dt) {
-    case DT_F16: return f16_to_f32(((const uint16_t *)in)[i]);
-    case DT_BF16: return bf16_to_f32(((const uint16_t *)in)[i]);
-    case DT_F32: return ((const float *)in)[i];
-    default: return (float)((const double *)in)[i];
-    }
-}
-
-static int is_finite_source(enum st_dtype dt, const void *in, uint64_t i)
-{
-    if (dt == DT_F64) {
-        double d = ((const double *)in)[i];
-        return d - d == 0;
-    }
-    float f = load_as_float(dt, in, i);
-    return f - f == 0;
-}
-
-/* Returns how many finite values became infinite. */
-static uint64_t cast_elements(enum st_dtype from, enum st_dtype to, const void *in, void *out, uint64_t count)
-{
-    uint64_t overflowed = 0;
-    for (uint64_t i = 0; i < count; i++) {
-        float f = load_as_float(from, in, i);
-        uint32_t bits;
-        int inf;
-        switch (to) {
-        case DT_F16:
-            bits = f32_to_f16(f);
-            ((uint16_t *)out)[i] = (uint16_t)bits;
-            inf = (bits & 0x7fffu) == 0x7c00u;
-            break;
-        case DT_BF16:
-            bits = f32_to_bf16(f);
-            ((uint16_t *)out)[i] = (uint16_t)bits;
-            inf = (bits & 0x7fffu) == 0x7f80u;
-            break;
-        default:
-            ((float *)out)[i] = f;
-            inf = (f32_bits(f) & 0x7fffffffu) == 0x7f800000u;
-            break;
-        }
-        if (inf && is_finite_source(from, in, i))
-            overflowed++;
-    }
-    return overflowed;
-}
-
-static int copy_tensor(struct ctx *c, const struct out_item *it, struct st_writer *wr)
-{
-    const struct model_tensor *src = it->src;
-    enum st_dtype from = src->t->dtype, to = it->out.dtype;
-    uint64_t total = st_tensor_bytes(src->t);
-    int code;
-    if (from == to) {
-        uint64_t step = c->chunk_elements * 4;
-        if ((code = buffer_reserve(c, &c->in, (size_t)(total < step ? total : step))) != NF4_OK)
-            return code;
-        for (uint64_t off = 0; off < total; off += step) {
-            uint64_t len = total - off < step ? total - off : step;
-            if ((code = st_read(src->file, src->t, off, c->in.p, len)) != NF4_OK ||
-                (code = st_writer_write(wr, c->in.p, (size_t)len)) != NF4_OK)
-                return code;
-        }
-        c->stats->bytes_in += total;
-        return NF4_OK;
-    }
-    unsigned in_size = dtype_bits(from) / 8, osize = out_size(to);
-    uint64_t n = src->t->nelem, step = c->chunk_elements;
-    uint64_t first = n < step ? n : step;
-    if ((code = buffer_reserve(c, &c->in, (size_t)(first * in_size))) != NF4_OK ||
-        (code = buffer_reserve(c, &c->out, (size_t)(first * osize))) != NF4_OK)
-        return code;
-    uint64_t overflowed = 0;
-    for (uint64_t e = 0; e < n; e += step) {
-        uint64_t cnt = n - e < step ? n - e : step;
-        if ((code = st_read(src->file, src->t, e * in_size, c->in.p, cnt * in_size)) != NF4_OK)
-            return code;
-        overflowed += cast_elements(from, to, c->in.p, c->out.p, cnt);
-        if ((code = st_writer_write(wr, c->out.p, (size_t)(cnt * osize))) != NF4_OK)
-            return code;
-    }
-    if (overflowed)
-        nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s", src->file->path,
-                 src->t->name, overflowed, dtype_name(from), dtype_name(to));
-    c->stats->overflowed += overflowed;
-    c->stats->bytes_in += total;
-    return NF4_OK;
-}
-
-/* ---- dequantization ---- */
-
-static int read_part(const struct model_tensor *t, uint64_t offset, void *buf, uint64_t len)
-{
-    return st_read(t->file, t->t, offset, buf, len);
-}
-
-static int dequant_tensor(struct ctx *c, const struct out_item *it, struct st_writer *wr)
-{
-    const struct bnb_weight *w = it->w;
-    const struct bnb_state *s = &w->state;
-    enum st_dtype out_dt = it->out.dtype;
-    unsigned osize = out_size(out_dt);
-    /* Chunks start where a byte, a block and a nested block all start, so each
-     * chunk's parts are plain sub-ranges of the stored tensors. */
-    uint64_t align = (uint64_t)s->blocksize * (s->nested ? s->nested_blocksize : 1);
-    uint64_t chunk = c->chunk_elements / align * align;
-    if (chunk == 0)
-        chunk = align;
-    uint64_t first = s->n < chunk ? s->n : chunk;
-    uint64_t max_blocks = first / s->blocksize + 1;
-    int code;
-    if ((code = buffer_reserve(c, &c->packed, (size_t)(first / 2 + 1))) != NF4_OK ||
-        (code = buffer_reserve(c, &c->absmax, (size_t)(max_blocks * 4))) != NF4_OK ||
-        (code = buffer_reserve(c, &c->out, (size_t)(first * osize))) != NF4_OK)
-        return code;
-    float nested_code[NESTED_CODE_ENTRIES];
-    if (s->nested) {
-        uint64_t max_nested = max_blocks / s->nested_blocksize + 2;
-        if ((code = buffer_reserve(c, &c->nested, (size_t)(max_nested * 4))) != NF4_OK ||
-            (code = read_part(w->nested_quant_map, 0, nested_code, sizeof nested_code)) != NF4_OK)
-            return code;
-    }
-    for (uint64_t e0 = 0; e0 < s->n; e0 += chunk) {
-        uint64_t cnt = s->n - e0 < chunk ? s->n - e0 : chunk;
-        uint64_t b0 = e0 / s->blocksize;
-        uint64_t nblocks = cnt / s->blocksize + (cnt % s->blocksize != 0);
-        struct dequant_job job = {
-            .packed = c->packed.p,
-            .n = cnt,
-            .blocksize = s->blocksize,
-            .nested_blocksize = s->nested ? s->nested_blocksize : 1,
-            .quant_type = s->quant_type,
-            .out_dtype = out_dt,
-            .out = c->out.p,
-        };
-        if ((code = read_part(w->packed, e0 / 2, c->packed.p, cnt / 2 + (cnt & 1))) != NF4_OK)
-            return code;
-        if (s->nested) {
-            uint64_t nb0 = b0 / s->nested_blocksize;
-            uint64_t nnested = nblocks / s->nested_blocksize + (nblocks % s->nested_blocksize != 0);
-            if ((code = read_part(w->absmax, b0, c->absmax.p, nblocks)) != NF4_OK ||
-                (code = read_part(w->nested_absmax, nb0 * 4, c->nested.p, nnested * 4)) != NF4_OK)
-                return code;
-            job.absmax_code = c->absmax.p;
-            job.nested_absmax = c->nested.p;
-            job.nested_code = nested_code;
-            job.nested_offset = s->nested_offset;
-        } else {
-            if ((code = read_part(w->absmax, b0 * 4, c->absmax.p, nblocks * 4)) != NF4_OK)
-                return code;
-            job.absmax = c->absmax.p;
-        }
-        if (c->gpu) {
-            if ((code = gpu_dequant(c->gpu, &job)) != NF4_OK)
-                return code;
-        } else {
-            dequant_cpu(&job, c->threads);
-        }
-        if ((code = st_writer_write(wr, c->out.p, (size_t)(cnt * osize))) != NF4_OK)
-            return code;
-    }
-    c->stats->bytes_in += st_tensor_bytes(w->packed->t) + st_tensor_bytes(w->absmax->t) +
-                          (s->nested ? st_tensor_bytes(w->nested_absmax->t) : 0);
-    c->stats->dequantized++;
-    return NF4_OK;
+    o->progress = PROGRESS_AUTO;
 }
 
 /* ---- planning and writing one output file ---- */
@@ -302,16 +92,24 @@ static int write_file(struct ctx *c, const char *path, const struct out_item *it
     free(outs);
     if (code != NF4_OK)
         return code;
-    for (size_t k = 0; k < n && code == NF4_OK; k++) {
-        const struct out_item *it = &items[st_writer_order(wr, k)];
-        code = it->w ? dequant_tensor(c, it, wr) : copy_tensor(c, it, wr);
-        c->stats->tensors++;
-    }
+    code = pipeline_write(c->pipeline, wr, items, n);
     *bytes_written = st_writer_total_bytes(wr);
     if (code == NF4_OK)
         return st_writer_finish(wr);
     st_writer_abort(wr);
     return code;
+}
+
+static uint64_t items_bytes(const struct out_item *items, size_t n)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t nelem = 1;
+        for (size_t d = 0; d < items[i].out.ndim; d++)
+            nelem *= items[i].out.shape[d];
+        total += nelem * dtype_bits(items[i].out.dtype) / 8;
+    }
+    return total;
 }
 
 /* ---- engine ---- */
@@ -322,7 +120,22 @@ static int online_cores(void)
     return n > 0 ? (int)n : 1;
 }
 
-static int open_engine(struct ctx *c)
+static int open_device(struct ctx *c);
+
+/* Opens the device and the pipeline; `tensors` and `bytes` size the progress line. */
+static int open_engine(struct ctx *c, uint64_t tensors, uint64_t bytes)
+{
+    int code = open_device(c);
+    if (code != NF4_OK)
+        return code;
+    uint64_t mem = c->opts->mem ? c->opts->mem : DEFAULT_MEM_BYTES;
+    code = pipeline_create(&c->pipeline, c->gpu, c->threads, mem, c->opts->chunk_elements, c->stats, &c->progress);
+    if (code == NF4_OK)
+        progress_start(&c->progress, c->opts->progress, tensors, bytes);
+    return code;
+}
+
+static int open_device(struct ctx *c)
 {
     const struct convert_opts *o = c->opts;
     c->threads = o->threads > 0 ? o->threads : online_cores();
@@ -354,11 +167,11 @@ static int open_engine(struct ctx *c)
 
 static void close_engine(struct ctx *c)
 {
-    buffer_free(c, &c->packed);
-    buffer_free(c, &c->absmax);
-    buffer_free(c, &c->nested);
-    buffer_free(c, &c->in);
-    buffer_free(c, &c->out);
+    if (c->pipeline) {
+        pipeline_destroy(c->pipeline);
+        progress_finish(&c->progress);
+    }
+    c->pipeline = NULL;
     if (c->gpu)
         gpu_close(c->gpu);
     c->gpu = NULL;
@@ -379,7 +192,7 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
     uint64_t written = 0;
     if ((code = bnb_collect(m, &weights, &nweights)) == NF4_OK &&
         (code = plan_file(m, 0, weights, nweights, c->opts->dtype, &items, &n)) == NF4_OK &&
-        (code = open_engine(c)) == NF4_OK)
+        (code = open_engine(c, n, items_bytes(items, n))) == NF4_OK)
         code = write_file(c, out, items, n, m->files[0], &written);
     c->stats->bytes_out += written;
     free(items);
@@ -415,10 +228,10 @@ static int write_index(const char *dir, const struct model *m, struct index_out_
     char *text = NULL;
     size_t len = 0;
     int code = index_render(path, m->index_metadata_json, total_size, total_params, entries, n, &text, &len);
-    if (code == NF4_OK)
+    if (code == NF4_OK) {
+        temp_register(path, 0); /* before it exists, as for the shards */
         code = write_file_atomic(path, text, len);
-    if (code == NF4_OK)
-        temp_register(path, 0);
+    }
     free(text);
     free(path);
     return code;
@@ -434,10 +247,10 @@ static int write_config(const char *in_dir, const char *dir, const char *dtype)
         code = read_small_file(from, MAX_JSON_FILE_BYTES, &json, &len);
     if (code == NF4_OK)
         code = config_rewrite(from, json, len, dtype, &text, &text_len);
-    if (code == NF4_OK)
+    if (code == NF4_OK) {
+        temp_register(to, 0); /* before it exists, as for the shards */
         code = write_file_atomic(to, text, text_len);
-    if (code == NF4_OK)
-        temp_register(to, 0);
+    }
     free(json);
     free(text);
     free(from);
@@ -511,31 +324,45 @@ static int convert_dir(struct ctx *c, const char *in, const char *out, int repla
     struct bnb_weight *weights = NULL;
     size_t nweights = 0, nentries = 0;
     struct index_out_entry *entries = NULL;
+    struct out_item **plans = NULL;
+    size_t *nplan = NULL;
     char *tmp = NULL;
     uint64_t total_size = 0, total_params = 0;
-    if ((code = bnb_collect(m, &weights, &nweights)) != NF4_OK || (code = open_engine(c)) != NF4_OK)
+    if ((code = bnb_collect(m, &weights, &nweights)) != NF4_OK)
         goto out;
     entries = calloc(m->count ? m->count : 1, sizeof *entries);
-    if (!entries) {
+    plans = calloc(m->nfiles, sizeof *plans);
+    nplan = calloc(m->nfiles, sizeof *nplan);
+    if (!entries || !plans || !nplan) {
         code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
         goto out;
     }
+    /* Plan every shard first: the progress line needs the totals. */
+    uint64_t all_tensors = 0, all_bytes = 0;
+    for (size_t i = 0; i < m->nfiles; i++) {
+        if ((code = plan_file(m, i, weights, nweights, c->opts->dtype, &plans[i], &nplan[i])) != NF4_OK)
+            goto out;
+        all_tensors += nplan[i];
+        all_bytes += items_bytes(plans[i], nplan[i]);
+    }
+    if ((code = open_engine(c, all_tensors, all_bytes)) != NF4_OK)
+        goto out;
     if (create_temp_dir_beside(out, &tmp) != 0) {
         code = nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot create a temp directory beside it");
         goto out;
     }
     for (size_t i = 0; i < m->nfiles && code == NF4_OK; i++) {
-        struct out_item *items;
-        size_t n;
-        if ((code = plan_file(m, i, weights, nweights, c->opts->dtype, &items, &n)) != NF4_OK)
-            break;
+        struct out_item *items = plans[i];
+        size_t n = nplan[i];
         if (n > 0) {
             char *path = path_join(tmp, m->file_names[i]);
             uint64_t written = 0;
+            /* Registered before it exists: a signal right after the rename
+             * into tmp must still find it, or tmp cannot be removed. */
+            if (path)
+                temp_register(path, 0);
             code = path ? write_file(c, path, items, n, m->files[i], &written)
                         : nf4_fail(NF4_ESOFTWARE, tmp, NULL, "out of memory");
-            if (code == NF4_OK)
-                temp_register(path, 0);
             c->stats->bytes_out += written;
             total_size += written;
             for (size_t k = 0; k < n; k++) {
@@ -547,7 +374,6 @@ static int convert_dir(struct ctx *c, const char *in, const char *out, int repla
             }
             free(path);
         }
-        free(items);
     }
     if (code == NF4_OK && m->sharded)
         code = write_index(tmp, m, entries, nentries, total_size, total_params);
@@ -560,8 +386,10 @@ static int convert_dir(struct ctx *c, const char *in, const char *out, int repla
         code = copy_other_files(m, in, tmp);
     if (code == NF4_OK)
         code = publish_dir(tmp, out, replace);
-    if (code == NF4_OK && fsync_parent_dir(out) != 0)
+    if (code == NF4_OK && fsync_parent_dir(out) != 0) {
         code = nf4_fail_errno(NF4_EIO, errno, out, NULL, "fsync of its parent directory failed");
+        remove_tree(out); /* a failed run leaves no output, even one renamed into place */
+    }
     if (code != NF4_OK && tmp)
         remove_tree(tmp);
 out:
@@ -569,6 +397,10 @@ out:
         temp_unregister_prefix(tmp);
     free(tmp);
     free(entries);
+    for (size_t i = 0; plans && i < m->nfiles; i++)
+        free(plans[i]);
+    free(plans);
+    free(nplan);
     bnb_free(weights, nweights);
     model_close(m);
     return code;
@@ -595,7 +427,6 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
 {
     memset(stats, 0, sizeof *stats);
     struct ctx c = {.opts = o, .stats = stats};
-    c.chunk_elements = o->chunk_elements ? o->chunk_elements : DEFAULT_CHUNK_ELEMENTS;
     struct stat in_st, out_st;
     if (stat(in, &in_st) != 0)
         return nf4_fail_errno(NF4_ENOINPUT, errno, in, NULL, "cannot open");
