@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "bench.h"
 #include "convert.h"
@@ -204,10 +205,12 @@ static int cmd_convert(int argc, char **argv)
         human_bytes(in, sizeof in, stats.bytes_in);
         human_bytes(out, sizeof out, stats.bytes_out);
         double rate = stats.seconds > 0 ? (double)stats.bytes_out / stats.seconds / 1e9 : 0;
+        struct rusage ru;
+        long rss_mb = getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1024 : 0;
         fprintf(stderr,
                 "nf4deq: converted %" PRIu64 " tensors (%" PRIu64 " dequantized), %s in, %s out, %.2f s, %.2f GB/s, "
-                "on %s\n",
-                stats.tensors, stats.dequantized, in, out, stats.seconds, rate, stats.engine);
+                "peak RSS %ld MB, on %s\n",
+                stats.tensors, stats.dequantized, in, out, stats.seconds, rate, rss_mb, stats.engine);
     }
     return code;
 }
