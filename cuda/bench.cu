@@ -1,0 +1,393 @@
+// GPU side of `nf4deq bench`: timing of the fused kernel's variants and of the
+// bitsandbytes sequence, side by side, with CUDA events on the legacy stream.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#include "dequant.cuh"
+
+#define BENCH_BLOCKSIZE 64
+#define BENCH_NESTED_BLOCKSIZE 256
+#define BENCH_ROUNDS 4             // variants are interleaved in this many rounds
+#define BENCH_MAX_SETS 16          // rotated input sets
+#define BENCH_L2_MULTIPLE 3        // rotate until the sets span this many L2s
+#define COPY_BENCH_BYTES (1ull << 30)
+#define COPY_BENCH_ITERS 20
+#define SPIN_BASE_NS 2000000ull    // holds the GPU while the host queues a batch
+#define SPIN_PER_LAUNCH_NS 20000ull
+
+// Holds the stream for `ns` so the launches queued behind it run back to back
+// and the events time the GPU, not the host's launch rate.
+__global__ void spin_kernel(uint64_t ns)
+{
+#if NF4DEQ_ASM
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+#else
+    long long t0 = clock64();
+    while ((uint64_t)(clock64() - t0) < 2 * ns) // cycles at <= 2 GHz: at least ns
+        ;
+#endif
+}
+
+__global__ void empty_kernel() {}
+
+// The fused kernel's memory traffic without its arithmetic: K 4-byte packed loads
+// per lane, then K 16-byte stores, warp-contiguous as in the real kernel (16-bit out).
+template <int K, bool CS, bool PF>
+__global__ void traffic_kernel(const uint8_t *packed, uint4 *out, uint64_t units)
+{
+    const uint64_t warp = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const uint32_t lane = threadIdx.x & 31u;
+    uint32_t w[K];
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+        uint64_t u = warp * 32 * K + q * 32 + lane;
+        if (u < units) {
+#if NF4DEQ_ASM && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+            if (PF)
+                asm("ld.global.nc.L1::no_allocate.L2::256B.u32 %0, [%1];" : "=r"(w[q]) : "l"(packed + 4 * u));
+            else
+#endif
+#if NF4DEQ_ASM
+                asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[q]) : "l"(packed + 4 * u));
+#else
+                w[q] = __ldg(reinterpret_cast<const unsigned int *>(packed + 4 * u));
+#endif
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+        uint64_t u = warp * 32 * K + q * 32 + lane;
+        if (u >= units)
+            continue;
+        uint32_t x = w[q];
+        if (CS)
+            __stcs(out + u, make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u));
+        else
+            out[u] = make_uint4(x, x ^ 1u, x ^ 2u, x ^ 3u);
+    }
+}
+
+// Reads n bytes with 16-byte loads; one word per CTA goes out so nothing is elided.
+__global__ void read_kernel(const uint4 *in, uint64_t n16, uint32_t *sink)
+{
+    uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint4 acc = make_uint4(0, 0, 0, 0);
+    for (int k = 0; k < 4; k++, i += (uint64_t)gridDim.x * blockDim.x)
+        if (i < n16) {
+            uint4 v = __ldg(in + i);
+            acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+        }
+    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u)
+        sink[blockIdx.x] = 1;
+}
+
+template <int K>
+static int launch_traffic(const uint8_t *packed, uint4 *out, uint64_t units, int threads, bool cs, bool pf)
+{
+    unsigned blocks = (unsigned)CEIL_DIV(units, (uint64_t)threads * K);
+    if (cs && pf)
+        traffic_kernel<K, true, true><<<blocks, threads>>>(packed, out, units);
+    else if (cs)
+        traffic_kernel<K, true, false><<<blocks, threads>>>(packed, out, units);
+    else
+        traffic_kernel<K, false, true><<<blocks, threads>>>(packed, out, units);
+    cudaCheck(cudaGetLastError());
+    return NF4_OK;
+}
+
+// Stands for torch's `absmax += offset` in bitsandbytes' dequantize_4bit.
+__global__ void add_offset_kernel(float *absmax, float offset, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        absmax[i] = __fadd_rn(absmax[i], offset);
+}
+
+static double median(std::vector<float> &v)
+{
+    std::sort(v.begin(), v.end());
+    size_t m = v.size() / 2;
+    return v.size() % 2 ? v[m] : 0.5 * ((double)v[m - 1] + v[m]);
+}
+
+static int spin(uint64_t launches)
+{
+    spin_kernel<<<1, 1>>>(SPIN_BASE_NS + SPIN_PER_LAUNCH_NS * launches);
+    cudaCheck(cudaGetLastError());
+    return NF4_OK;
+}
+
+extern "C" int gpu_bench_copy_bw(struct gpu_ctx *c, double *bytes_per_s)
+{
+    cudaCheck(cudaSetDevice(c->device));
+    void *a = NULL, *b = NULL;
+    cudaCheck(cudaMalloc(&a, COPY_BENCH_BYTES));
+    cudaError_t err = cudaMalloc(&b, COPY_BENCH_BYTES);
+    if (err != cudaSuccess) {
+        cudaFree(a);
+        cudaCheck(err);
+    }
+    cudaCheck(cudaMemset(a, 0x5a, COPY_BENCH_BYTES));
+    cudaEvent_t ev[2 * COPY_BENCH_ITERS];
+    for (auto &e : ev)
+        cudaCheck(cudaEventCreate(&e));
+    for (int i = 0; i < 3; i++)
+        cudaCheck(cudaMemcpyAsync(b, a, COPY_BENCH_BYTES, cudaMemcpyDeviceToDevice, 0));
+    std::vector<float> ms;
+    for (int i = 0; i < COPY_BENCH_ITERS; i++) {
+        cudaCheck(cudaEventRecord(ev[2 * i], 0));
+        cudaCheck(cudaMemcpyAsync(b, a, COPY_BENCH_BYTES, cudaMemcpyDeviceToDevice, 0));
+        cudaCheck(cudaEventRecord(ev[2 * i + 1], 0));
+    }
+    cudaCheck(cudaDeviceSynchronize());
+    for (int i = 0; i < COPY_BENCH_ITERS; i++) {
+        float t;
+        cudaCheck(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+        ms.push_back(t);
+    }
+    for (auto &e : ev)
+        cudaEventDestroy(e);
+    cudaFree(a);
+    cudaFree(b);
+    *bytes_per_s = 2.0 * COPY_BENCH_BYTES / (median(ms) * 1e-3);
+    return NF4_OK;
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+struct input_set {
+    uint8_t *packed, *codes;
+    float *nested;
+    void *out, *bnb_absmax, *bnb_out;
+};
+
+struct bench_state {
+    std::vector<input_set> sets;
+    float *d_code = NULL;
+    std::vector<cudaEvent_t> ev;
+    ~bench_state()
+    {
+        for (auto &s : sets) {
+            cudaFree(s.packed); cudaFree(s.codes); cudaFree(s.nested);
+            cudaFree(s.out); cudaFree(s.bnb_absmax); cudaFree(s.bnb_out);
+        }
+        cudaFree(d_code);
+        for (auto e : ev)
+            cudaEventDestroy(e);
+    }
+};
+
+static dev_job job_for(const input_set &s, const float *d_code, uint64_t n, enum st_dtype dt, float offset)
+{
+    dev_job j;
+    memset(&j, 0, sizeof j);
+    j.packed = s.packed;
+    j.absmax_code = s.codes;
+    j.nested_absmax = s.nested;
+    j.nested_code = d_code;
+    j.nested_offset = offset;
+    j.n = n;
+    j.blocksize = BENCH_BLOCKSIZE;
+    j.nested_blocksize = BENCH_NESTED_BLOCKSIZE;
+    j.quant_type = QUANT_NF4;
+    j.out_dtype = dt;
+    j.out = s.out;
+    return j;
+}
+
+static int run_bnb(const gpu_bench_opts *o, const input_set &s, float *d_code, uint64_t n, float offset)
+{
+    const int blocks = (int)(n / BENCH_BLOCKSIZE);
+    o->bnb_fp32(d_code, s.codes, s.nested, (float *)s.bnb_absmax, BENCH_NESTED_BLOCKSIZE, blocks, NULL);
+    add_offset_kernel<<<CEIL_DIV(blocks, 256), 256>>>((float *)s.bnb_absmax, offset, blocks);
+    cudaCheck(cudaGetLastError());
+    o->bnb_4bit(NULL, s.packed, (float *)s.bnb_absmax, s.bnb_out, BENCH_BLOCKSIZE, (int)n, NULL);
+    return NF4_OK;
+}
+
+// A monotone 256-entry table in [-1, 1] shaped like bitsandbytes' dynamic map.
+static void make_nested_code(float *code)
+{
+    for (int i = 0; i < 256; i++) {
+        double t = (i - 127.5) / 127.5;
+        code[i] = (float)(t * t * t * 0.9 + t * 0.1);
+    }
+    code[0] = -1.0f;
+    code[255] = 1.0f;
+}
+
+extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o, struct gpu_bench_result *r)
+{
+    memset(r, 0, sizeof *r);
+    if (o->n_variants < 1 || o->n_variants > GPU_BENCH_MAX_VARIANTS || o->iters < 1)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad bench options");
+    if (o->n % ((uint64_t)BENCH_BLOCKSIZE * BENCH_NESTED_BLOCKSIZE) || o->n > 0x7fffffffull)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench shapes need a multiple of %d elements, under 2^31",
+                        BENCH_BLOCKSIZE * BENCH_NESTED_BLOCKSIZE);
+    cudaCheck(cudaSetDevice(c->device));
+    const bool bnb = o->bnb_fp32 && o->bnb_4bit && o->out_dtype != DT_F32;
+    const uint64_t n = o->n, blocks = n / BENCH_BLOCKSIZE, nblocks = blocks / BENCH_NESTED_BLOCKSIZE;
+    const size_t osz = o->out_dtype == DT_F32 ? 4 : 2;
+    const float offset = 0.0123f;
+    r->bytes = n / 2 + blocks + nblocks * 4 + n * osz + NESTED_CODE_ENTRIES * 4;
+    launch_cfg table = nf4_pick_cfg(c->major, c->minor, n);
+    r->ept = table.ept;
+    r->threads = table.threads;
+    r->store_hint = table.store_hint;
+
+    uint64_t set_bytes = r->bytes + (bnb ? blocks * 4 + n * osz : 0);
+    uint64_t want = (uint64_t)BENCH_L2_MULTIPLE * (c->l2_bytes ? c->l2_bytes : (64u << 20));
+    int nsets = (int)std::min<uint64_t>(BENCH_MAX_SETS, std::max<uint64_t>(1, CEIL_DIV(want, set_bytes)));
+    r->input_sets = nsets;
+
+    bench_state st;
+    std::vector<uint8_t> h_packed(n / 2), h_codes(blocks);
+    std::vector<float> h_nested(nblocks), h_code(256);
+    make_nested_code(h_code.data());
+    cudaCheck(cudaMalloc(&st.d_code, 256 * sizeof(float)));
+    cudaCheck(cudaMemcpy(st.d_code, h_code.data(), 256 * sizeof(float), cudaMemcpyHostToDevice));
+    uint64_t seed = o->seed ? o->seed : 0x9e3779b97f4a7c15ull;
+    for (int k = 0; k < nsets; k++) {
+        input_set s;
+        memset(&s, 0, sizeof s);
+        st.sets.push_back(s);
+        input_set &d = st.sets.back();
+        cudaCheck(cudaMalloc(&d.packed, n / 2));
+        cudaCheck(cudaMalloc(&d.codes, blocks));
+        cudaCheck(cudaMalloc(&d.nested, nblocks * 4));
+        cudaCheck(cudaMalloc(&d.out, n * osz));
+        if (bnb) {
+            cudaCheck(cudaMalloc(&d.bnb_absmax, blocks * 4));
+            cudaCheck(cudaMalloc(&d.bnb_out, n * osz));
+        }
+        for (uint64_t i = 0; i < n / 2; i += 8) {
+            uint64_t x = xorshift(&seed);
+            memcpy(&h_packed[i], &x, std::min<uint64_t>(8, n / 2 - i));
+        }
+        for (uint64_t i = 0; i < blocks; i++)
+            h_codes[i] = (uint8_t)(xorshift(&seed) >> 56);
+        for (uint64_t i = 0; i < nblocks; i++)
+            h_nested[i] = 0.01f + (float)(xorshift(&seed) >> 40) * (0.2f / 16777216.0f);
+        cudaCheck(cudaMemcpy(d.packed, h_packed.data(), n / 2, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d.codes, h_codes.data(), blocks, cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(d.nested, h_nested.data(), nblocks * 4, cudaMemcpyHostToDevice));
+    }
+
+    const int per_round = (int)CEIL_DIV((uint64_t)o->iters, (uint64_t)BENCH_ROUNDS);
+    st.ev.resize(2 * per_round);
+    for (auto &e : st.ev)
+        cudaCheck(cudaEventCreate(&e));
+
+    // The candidates: kernel variants, then the bitsandbytes sequence.
+    const int ncand = o->n_variants + (bnb ? 1 : 0);
+    std::vector<std::vector<float>> times(ncand);
+    auto launch = [&](int cand, const input_set &s) -> int {
+        if (cand < o->n_variants) {
+            const gpu_bench_variant &v = o->variants[cand];
+            launch_cfg cfg = table;
+            if (v.ept)
+                cfg.ept = v.ept;
+            if (v.threads)
+                cfg.threads = v.threads;
+            if (v.flags & GPU_VARIANT_EMPTY) {
+                empty_kernel<<<1, 32>>>();
+                cudaCheck(cudaGetLastError());
+                return NF4_OK;
+            }
+            if (v.flags & GPU_VARIANT_TRAFFIC) {
+                const uint64_t units = n / 8; // 16-bit output: 8 elements per 16-byte store
+                const int th = v.threads ? v.threads : 256;
+                const bool cs = !(v.flags & GPU_VARIANT_NO_HINTS);
+                const bool pf = !(v.flags & GPU_VARIANT_L2_NOPF);
+                switch (v.ept) {
+                case 2: return launch_traffic<2>(s.packed, (uint4 *)s.out, units, th, cs, pf);
+                case 4: return launch_traffic<4>(s.packed, (uint4 *)s.out, units, th, cs, pf);
+                default: return launch_traffic<1>(s.packed, (uint4 *)s.out, units, th, cs, pf);
+                }
+            }
+            if (v.flags & GPU_VARIANT_MEMSET) {
+                cudaCheck(cudaMemsetAsync(s.out, 0x3c, n * osz, 0));
+                return NF4_OK;
+            }
+            if (v.flags & GPU_VARIANT_READ) {
+                const uint64_t n16 = n / 32; // n/2 bytes in 16-byte loads
+                read_kernel<<<(unsigned)CEIL_DIV(n16, 1024ull), 256>>>((const uint4 *)s.packed, n16,
+                                                                        (uint32_t *)s.codes);
+                cudaCheck(cudaGetLastError());
+                return NF4_OK;
+            }
+            dev_job j = job_for(s, st.d_code, n, o->out_dtype, offset);
+            return nf4_launch_dequant(&j, cfg, v.flags, 0);
+        }
+        return run_bnb(o, s, st.d_code, n, offset);
+    };
+
+    // Warm-up: every candidate on every set.
+    for (int cand = 0; cand < ncand; cand++)
+        for (auto &s : st.sets) {
+            int rc = launch(cand, s);
+            if (rc)
+                return rc;
+        }
+    cudaCheck(cudaDeviceSynchronize());
+
+    int set_i = 0;
+    for (int round = 0; round < BENCH_ROUNDS; round++) {
+        for (int cand = 0; cand < ncand; cand++) {
+            int rc = spin((uint64_t)per_round * (cand < o->n_variants ? 1 : 3));
+            if (rc)
+                return rc;
+            for (int i = 0; i < per_round; i++) {
+                cudaCheck(cudaEventRecord(st.ev[2 * i], 0));
+                rc = launch(cand, st.sets[set_i]);
+                if (rc)
+                    return rc;
+                cudaCheck(cudaEventRecord(st.ev[2 * i + 1], 0));
+                set_i = (set_i + 1) % nsets;
+            }
+            cudaCheck(cudaDeviceSynchronize());
+            for (int i = 0; i < per_round; i++) {
+                float t;
+                cudaCheck(cudaEventElapsedTime(&t, st.ev[2 * i], st.ev[2 * i + 1]));
+                times[cand].push_back(t);
+            }
+        }
+    }
+    for (int v = 0; v < o->n_variants; v++)
+        r->ms[v] = median(times[v]);
+
+    if (bnb) {
+        r->bnb_ms = median(times[o->n_variants]);
+        // Byte-for-byte comparison on set 0 with the default variant.
+        dev_job j = job_for(st.sets[0], st.d_code, n, o->out_dtype, offset);
+        cudaCheck(cudaMemset(st.sets[0].out, 0xA5, n * osz));
+        cudaCheck(cudaMemset(st.sets[0].bnb_out, 0x5A, n * osz));
+        int rc = nf4_launch_dequant(&j, table, 0, 0);
+        if (rc)
+            return rc;
+        rc = run_bnb(o, st.sets[0], st.d_code, n, offset);
+        if (rc)
+            return rc;
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<uint8_t> a(n * osz), b(n * osz);
+        cudaCheck(cudaMemcpy(a.data(), st.sets[0].out, n * osz, cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(b.data(), st.sets[0].bnb_out, n * osz, cudaMemcpyDeviceToHost));
+        r->bnb_identical = memcmp(a.data(), b.data(), n * osz) == 0;
+    }
+    return NF4_OK;
+}

@@ -1,0 +1,77 @@
+// Internal interface of the CUDA back end, shared by cuda/dequant.cu and
+// cuda/bench.cu. Not seen from C: C code goes through include/gpu.h and the
+// C-callable bench/test hooks declared in include/bench.h.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "bench.h"
+#include "dequant.h"
+#include "status.h"
+}
+
+#define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
+
+// Records the first CUDA failure with file:line through nf4_fail() and returns
+// its NF4_* code from the calling function. Never exits.
+#define cudaCheck(call)                                                                        \
+    do {                                                                                       \
+        cudaError_t err_ = (call);                                                             \
+        if (err_ != cudaSuccess)                                                               \
+            return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "CUDA error at %s:%d: %s (%s)",         \
+                            __FILE__, __LINE__, cudaGetErrorString(err_), #call);              \
+    } while (0)
+
+// Launch configuration: elements per thread and threads per CTA.
+struct launch_cfg {
+    int ept;     // elements per lane: 16 or 32 (a warp owns 32 * ept consecutive elements)
+    int threads; // threads per CTA
+    int store_hint; // 1: streaming stores (st.global.cs); 0: plain (output stays in L2)
+};
+
+// A dequant job whose pointers are all DEVICE memory (packed and out 16-byte aligned).
+struct dev_job {
+    const uint8_t *packed;
+    const uint8_t *absmax_code; // double quant, else NULL
+    const float *absmax;        // single quant, else NULL
+    const float *nested_absmax;
+    const float *nested_code;
+    float nested_offset;
+    uint64_t n;
+    uint32_t blocksize;
+    uint32_t nested_blocksize;
+    enum quant_type quant_type;
+    enum st_dtype out_dtype;
+    void *out;
+};
+
+// Launches the fused kernel on `stream` (one launch). variant: GPU_VARIANT_* bits
+// (bench.h). Returns NF4_OK or an NF4_* code with nf4_fail() set.
+int nf4_launch_dequant(const struct dev_job *job, struct launch_cfg cfg, unsigned variant,
+                       cudaStream_t stream);
+
+// The configuration chosen for compute capability major.minor and n elements.
+struct launch_cfg nf4_pick_cfg(int major, int minor, uint64_t n);
+
+#define NUM_STREAMS 2
+
+struct slot {
+    void *mem;
+    size_t bytes;
+};
+
+struct gpu_ctx {
+    int device;
+    int major, minor;
+    int sm_count;
+    size_t l2_bytes;
+    uint64_t budget;
+    uint64_t subchunk_cap;
+    uint64_t last_subchunks;
+    char name[320];
+    cudaStream_t streams[NUM_STREAMS];
+    slot slots[NUM_STREAMS];
+    float *d_code; // nested code table (256 floats)
+};

@@ -1,0 +1,35 @@
+# GPU tests and benchmark binaries, included by the Makefile. Not part of CI:
+# `make check-gpu` needs a CUDA device.
+#
+#   make check-gpu        build/gpu/test_gpu (cubins sm_75..sm_90 + PTX), the same
+#                         test from a build whose only device code is compute_75
+#                         PTX (JIT-compiled by the driver: the T4 path on newer
+#                         GPUs), and tests/scripts/check-gpu-fixtures.sh if present
+#                         and the same test from an NF4DEQ_ASM=0 build (pure CUDA C,
+#                         identical output)
+#   make gpu-tests        just build them
+#   GPU_BIG=0             skip the > 2^31-element tensor (needs ~13 GB host memory)
+
+GPU_BINS     = $(BUILD)/gpu/test_gpu $(BUILD)/gpu/nf4bench
+PTX75_BUILD ?= build/ptx75
+NOASM_BUILD ?= build/noasm
+GPU_BIG     ?= 1
+
+.PHONY: gpu-tests gpu-tests-ptx75 gpu-tests-noasm check-gpu
+
+$(BUILD)/gpu/%: tests/gpu/%.c $(BUILD)/libnf4deq.a $(wildcard include/*.h)
+	@mkdir -p $(@D)
+	$(CC) $(NF4_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libnf4deq.a $(LIBS) $(NF4_LDFLAGS)
+
+gpu-tests: $(GPU_BINS)
+
+# Same sources, device code = compute_75 PTX only.
+gpu-tests-ptx75:
+	$(MAKE) --no-print-directory CUDA_ARCHS= CUDA_PTX_ARCH=75 BUILD=$(PTX75_BUILD) gpu-tests
+
+# Same sources, no inline asm at all.
+gpu-tests-noasm:
+	$(MAKE) --no-print-directory NF4DEQ_ASM=0 BUILD=$(NOASM_BUILD) $(NOASM_BUILD)/gpu/test_gpu
+
+check-gpu: gpu-tests gpu-tests-ptx75 gpu-tests-noasm
+	@sh tests/gpu/run-checks.sh $(BUILD) $(PTX75_BUILD) $(GPU_BIG) $(NOASM_BUILD)

@@ -1,0 +1,98 @@
+/* include/gpu.h (and the GPU hooks of include/bench.h) for builds without nvcc:
+ * there is no device, and opening one says why. */
+#include <stdlib.h>
+
+#include "bench.h"
+#include "gpu.h"
+#include "status.h"
+
+#define NO_CUDA_MSG "this nf4deq was built without CUDA support"
+
+struct gpu_ctx {
+    int unused;
+};
+
+int gpu_device_count(void)
+{
+    return 0;
+}
+
+int gpu_open(struct gpu_ctx **out, int device, uint64_t mem_budget)
+{
+    (void)device;
+    (void)mem_budget;
+    *out = NULL;
+    return nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, NO_CUDA_MSG);
+}
+
+void gpu_close(struct gpu_ctx *ctx)
+{
+    (void)ctx;
+}
+
+const char *gpu_name(const struct gpu_ctx *ctx)
+{
+    (void)ctx;
+    return "none";
+}
+
+uint64_t gpu_mem_budget(const struct gpu_ctx *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+void *gpu_host_alloc(struct gpu_ctx *ctx, size_t bytes)
+{
+    (void)ctx;
+    return malloc(bytes);
+}
+
+void gpu_host_free(struct gpu_ctx *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+int gpu_dequant(struct gpu_ctx *ctx, const struct dequant_job *host_job)
+{
+    (void)ctx;
+    (void)host_job;
+    return nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, NO_CUDA_MSG);
+}
+
+int gpu_dequant_ex(struct gpu_ctx *ctx, const struct dequant_job *host_job, unsigned variant, int ept,
+                   int threads)
+{
+    (void)variant;
+    (void)ept;
+    (void)threads;
+    return gpu_dequant(ctx, host_job);
+}
+
+void gpu_set_subchunk_limit(struct gpu_ctx *ctx, uint64_t max_elems)
+{
+    (void)ctx;
+    (void)max_elems;
+}
+
+uint64_t gpu_last_subchunks(const struct gpu_ctx *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
+int gpu_bench_copy_bw(struct gpu_ctx *ctx, double *bytes_per_s)
+{
+    (void)ctx;
+    *bytes_per_s = 0;
+    return nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, NO_CUDA_MSG);
+}
+
+int gpu_bench_shape(struct gpu_ctx *ctx, const struct gpu_bench_opts *o, struct gpu_bench_result *r)
+{
+    (void)ctx;
+    (void)o;
+    (void)r;
+    return nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, NO_CUDA_MSG);
+}

@@ -1,0 +1,384 @@
+/* GPU dequantization against the CPU reference (dequant_cpu_range), byte for byte.
+ * Plain C with a pass/fail counter (the device machine has no CMocka):
+ * prints "N passed, N failed" and exits non-zero on any failure.
+ *
+ *   test_gpu [--big] [--quick]
+ *     --big    also one tensor of more than 2^31 elements (about 13 GB of host memory)
+ *     --quick  fewer sizes (for a smoke run) */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bench.h"
+#include "dequant.h"
+#include "fpconv.h"
+#include "gpu.h"
+#include "status.h"
+
+#define POISON 0xA5
+#define GUARD_BYTES 64
+
+static int passed, failed;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            passed++;                                                                              \
+        } else {                                                                                   \
+            failed++;                                                                              \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
+            printf(__VA_ARGS__);                                                                   \
+            printf("\n");                                                                          \
+        }                                                                                          \
+    } while (0)
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static uint64_t rnd(void)
+{
+    uint64_t x = rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return rng_state = x;
+}
+static float rnd_unit(void) { return (float)(rnd() >> 40) / 16777216.0f; }
+
+static size_t osize(enum st_dtype dt) { return dt == DT_F32 ? 4 : 2; }
+static const char *dtn(enum st_dtype dt) { return dt == DT_F16 ? "f16" : dt == DT_BF16 ? "bf16" : "f32"; }
+
+/* A random tensor with its quant state, in host memory from gpu_host_alloc. */
+struct tensor {
+    struct dequant_job job;
+    uint8_t *packed, *codes;
+    float *absmax, *nested_absmax, *nested_code;
+    void *out_gpu, *out_cpu;
+    size_t out_bytes;
+};
+
+static void tensor_free(struct gpu_ctx *ctx, struct tensor *t)
+{
+    gpu_host_free(ctx, t->packed);
+    gpu_host_free(ctx, t->codes);
+    gpu_host_free(ctx, t->absmax);
+    gpu_host_free(ctx, t->nested_absmax);
+    gpu_host_free(ctx, t->nested_code);
+    gpu_host_free(ctx, t->out_gpu);
+    free(t->out_cpu);
+    memset(t, 0, sizeof *t);
+}
+
+/* special: sprinkle NaN, infinities, zeros, subnormals and huge scales. */
+static int tensor_make(struct gpu_ctx *ctx, struct tensor *t, uint64_t n, uint32_t bs, int nested, uint32_t nbs,
+                       enum quant_type qt, enum st_dtype dt, int special, int want_cpu_out)
+{
+    memset(t, 0, sizeof *t);
+    uint64_t blocks = (n + bs - 1) / bs, nblocks = (blocks + nbs - 1) / nbs;
+    size_t pbytes = (size_t)((n + 1) / 2);
+    t->packed = gpu_host_alloc(ctx, pbytes);
+    t->out_bytes = (size_t)n * osize(dt);
+    t->out_gpu = gpu_host_alloc(ctx, t->out_bytes + GUARD_BYTES);
+    if (want_cpu_out)
+        t->out_cpu = malloc(t->out_bytes + GUARD_BYTES);
+    if (!t->packed || !t->out_gpu || (want_cpu_out && !t->out_cpu))
+        return -1;
+    for (size_t i = 0; i < pbytes; i += 8) {
+        uint64_t x = rnd();
+        memcpy(t->packed + i, &x, pbytes - i < 8 ? pbytes - i : 8);
+    }
+    static const float SPECIAL[] = {NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -3e-39f, 1e30f, 7e4f, 1e-38f};
+    if (nested) {
+        t->codes = gpu_host_alloc(ctx, blocks);
+        t->nested_absmax = gpu_host_alloc(ctx, nblocks * sizeof(float));
+        t->nested_code = gpu_host_alloc(ctx, NESTED_CODE_ENTRIES * sizeof(float));
+        if (!t->codes || !t->nested_absmax || !t->nested_code)
+            return -1;
+        for (uint64_t b = 0; b < blocks; b++)
+            t->codes[b] = (uint8_t)(rnd() >> 56);
+        for (uint64_t b = 0; b < nblocks; b++)
+            t->nested_absmax[b] = 0.001f + rnd_unit() * 0.5f;
+        for (unsigned i = 0; i < NESTED_CODE_ENTRIES; i++) {
+            double x = (i - 127.5) / 127.5;
+            t->nested_code[i] = (float)(x * x * x * 0.8 + x * 0.2);
+        }
+        if (special) {
+            t->nested_code[3] = 1e-39f; /* subnormal code value: flushed by mul.ftz */
+            t->nested_code[7] = NAN;
+            t->nested_code[9] = INFINITY;
+            t->nested_absmax[0] = 1e-38f;
+        }
+    } else {
+        t->absmax = gpu_host_alloc(ctx, blocks * sizeof(float));
+        if (!t->absmax)
+            return -1;
+        for (uint64_t b = 0; b < blocks; b++)
+            t->absmax[b] = 0.001f + rnd_unit() * 2.0f;
+        if (special)
+            for (uint64_t b = 0; b < blocks; b += 3)
+                t->absmax[b] = SPECIAL[(b / 3) % (sizeof SPECIAL / sizeof SPECIAL[0])];
+    }
+    struct dequant_job *j = &t->job;
+    j->packed = t->packed;
+    j->absmax_code = t->codes;
+    j->absmax = t->absmax;
+    j->nested_absmax = t->nested_absmax;
+    j->nested_code = t->nested_code;
+    j->nested_offset = nested ? (special ? -1e-39f : 0.0417f) : 0.0f;
+    j->n = n;
+    j->blocksize = bs;
+    j->nested_blocksize = nbs;
+    j->quant_type = qt;
+    j->out_dtype = dt;
+    return 0;
+}
+
+static int guard_ok(const void *out, size_t bytes)
+{
+    const uint8_t *g = (const uint8_t *)out + bytes;
+    for (int i = 0; i < GUARD_BYTES; i++)
+        if (g[i] != POISON)
+            return 0;
+    return 1;
+}
+
+static uint64_t first_diff(const void *a, const void *b, size_t bytes, size_t esz)
+{
+    const uint8_t *x = a, *y = b;
+    for (size_t i = 0; i < bytes; i++)
+        if (x[i] != y[i])
+            return i / esz;
+    return UINT64_MAX;
+}
+
+/* Runs the GPU (variant/config) and compares with the CPU reference in t->out_cpu. */
+static void run_and_compare(struct gpu_ctx *ctx, struct tensor *t, unsigned variant, int ept, int threads,
+                            const char *what)
+{
+    struct dequant_job j = t->job;
+    memset(t->out_gpu, POISON, t->out_bytes + GUARD_BYTES);
+    j.out = t->out_gpu;
+    nf4_clear_error();
+    int rc = gpu_dequant_ex(ctx, &j, variant, ept, threads);
+    CHECK(rc == NF4_OK, "%s: gpu_dequant failed: %s", what, nf4_last_error());
+    if (rc)
+        return;
+    uint64_t d = first_diff(t->out_gpu, t->out_cpu, t->out_bytes, osize(j.out_dtype));
+    if (d != UINT64_MAX) {
+        uint32_t g = 0, c = 0;
+        memcpy(&g, (char *)t->out_gpu + d * osize(j.out_dtype), osize(j.out_dtype));
+        memcpy(&c, (char *)t->out_cpu + d * osize(j.out_dtype), osize(j.out_dtype));
+        CHECK(0, "%s: element %llu differs: gpu %08x cpu %08x", what, (unsigned long long)d, g, c);
+    } else {
+        CHECK(1, "%s", what);
+    }
+    CHECK(guard_ok(t->out_gpu, t->out_bytes), "%s: wrote past the end", what);
+}
+
+static void cpu_reference(struct tensor *t)
+{
+    struct dequant_job j = t->job;
+    memset(t->out_cpu, 0x5A, t->out_bytes + GUARD_BYTES);
+    j.out = t->out_cpu;
+    dequant_cpu(&j, 8);
+}
+
+static void test_matrix(struct gpu_ctx *ctx, int quick)
+{
+    static const uint64_t SIZES[] = {1, 63, 65, 1023, 1025, (1u << 20) + 3};
+    static const enum st_dtype DTS[] = {DT_F16, DT_BF16, DT_F32};
+    static const uint32_t NBS[] = {256, 1, 2, 64, 256, 1024, 4096};
+    int nsizes = quick ? 3 : 6, k = 0;
+    for (int si = 0; si < nsizes; si++)
+        for (uint32_t bs = 32; bs <= 4096; bs *= 2)
+            for (int qt = 0; qt < 2; qt++)
+                for (int nested = 0; nested < 2; nested++)
+                    for (int di = 0; di < 3; di++, k++) {
+                        uint64_t n = SIZES[si];
+                        uint32_t nbs = nested ? NBS[k % 7] : 256;
+                        struct tensor t;
+                        char what[160];
+                        snprintf(what, sizeof what, "n=%llu bs=%u %s %s nbs=%u %s", (unsigned long long)n, bs,
+                                 qt ? "fp4" : "nf4", nested ? "nested" : "single", nbs, dtn(DTS[di]));
+                        if (tensor_make(ctx, &t, n, bs, nested, nbs, (enum quant_type)qt, DTS[di], 0, 1)) {
+                            CHECK(0, "%s: out of host memory", what);
+                            tensor_free(ctx, &t);
+                            continue;
+                        }
+                        cpu_reference(&t);
+                        run_and_compare(ctx, &t, 0, 0, 0, what);
+                        /* Every variant and launch config on a rotating subset. */
+                        if (k % 5 == 0) {
+                            static const int EPT[] = {16, 32, 32}, THR[] = {64, 128, 256, 1024};
+                            char w2[200];
+                            unsigned var = (unsigned)(k / 5) % 4 | ((k / 5) % 3 == 0 ? GPU_VARIANT_NO_STORE_HINT : 0) |
+                                           ((k / 5) % 5 == 1 ? GPU_VARIANT_ASM_MUL : 0);
+                            int e = EPT[(k / 5) % 3], th = THR[(k / 7) % 4];
+                            snprintf(w2, sizeof w2, "%s variant=%u cfg=%dx%d", what, var, e, th);
+                            run_and_compare(ctx, &t, var, e, th, w2);
+                        }
+                        tensor_free(ctx, &t);
+                    }
+}
+
+static void test_special(struct gpu_ctx *ctx)
+{
+    static const enum st_dtype DTS[] = {DT_F16, DT_BF16, DT_F32};
+    for (int nested = 0; nested < 2; nested++)
+        for (int qt = 0; qt < 2; qt++)
+            for (int di = 0; di < 3; di++)
+                for (unsigned var = 0; var < 4; var++) {
+                    unsigned grid = ((var + (unsigned)di) % 2 ? GPU_VARIANT_NO_STORE_HINT : 0) |
+                                    (di == 1 ? GPU_VARIANT_ASM_MUL : 0);
+                    struct tensor t;
+                    char what[160];
+                    snprintf(what, sizeof what, "special values: %s %s %s variant=%u", nested ? "nested" : "single",
+                             qt ? "fp4" : "nf4", dtn(DTS[di]), var);
+                    if (tensor_make(ctx, &t, 100003, 64, nested, 4, (enum quant_type)qt, DTS[di], 1, 1) == 0) {
+                        cpu_reference(&t);
+                        run_and_compare(ctx, &t, var | grid, 0, 0, what);
+                    } else {
+                        CHECK(0, "%s: out of host memory", what);
+                    }
+                    tensor_free(ctx, &t);
+                }
+}
+
+/* A small budget forces many sub-chunks through the two-stream pipeline. */
+static void test_subchunks(void)
+{
+    static const struct { uint64_t n; uint32_t bs, nbs; int nested; enum st_dtype dt; } CASES[] = {
+        {(1u << 22) + 12345, 64, 256, 1, DT_BF16},
+        {(1u << 22) + 7, 4096, 1, 1, DT_F16},
+        {3000001, 32, 8, 1, DT_F32},
+        {(1u << 21) + 1, 128, 256, 0, DT_F16},
+    };
+    struct gpu_ctx *small = NULL;
+    int rc = gpu_open(&small, 0, 1u << 20);
+    CHECK(rc == NF4_OK, "gpu_open with a 1 MiB budget: %s", nf4_last_error());
+    if (rc)
+        return;
+    CHECK(gpu_mem_budget(small) == (1u << 20), "budget kept");
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        struct tensor t;
+        char what[160];
+        snprintf(what, sizeof what, "sub-chunks: n=%llu bs=%u nbs=%u %s %s", (unsigned long long)CASES[i].n,
+                 CASES[i].bs, CASES[i].nbs, CASES[i].nested ? "nested" : "single", dtn(CASES[i].dt));
+        if (tensor_make(small, &t, CASES[i].n, CASES[i].bs, CASES[i].nested, CASES[i].nbs, QUANT_NF4, CASES[i].dt,
+                        0, 1)) {
+            CHECK(0, "%s: out of host memory", what);
+        } else {
+            cpu_reference(&t);
+            run_and_compare(small, &t, 0, 0, 0, what);
+            CHECK(gpu_last_subchunks(small) >= 3, "%s: only %llu sub-chunks", what,
+                  (unsigned long long)gpu_last_subchunks(small));
+            /* Twice in a row: the cached slots are reused. */
+            run_and_compare(small, &t, 0, 0, 0, what);
+        }
+        tensor_free(small, &t);
+    }
+    gpu_close(small);
+}
+
+/* Over 2^31 elements in ONE launch (64-bit indexing), checked in windows
+ * (start, around 2^31 and 2^32 bytes/elements, the tail) against the CPU
+ * reference, plus a full comparison against the multi-threaded CPU path. */
+static void test_big(struct gpu_ctx *ctx)
+{
+    const uint64_t n = (1ull << 31) + 4096 * 3 + 77; /* odd, past 2^31 */
+    struct tensor t;
+    time_t t0 = time(NULL);
+    if (tensor_make(ctx, &t, n, 4096, 1, 256, QUANT_NF4, DT_F16, 0, 1)) {
+        CHECK(0, "big: out of host memory");
+        tensor_free(ctx, &t);
+        return;
+    }
+    gpu_set_subchunk_limit(ctx, 0); /* one sub-chunk: one launch over all n */
+    struct dequant_job j = t.job;
+    memset(t.out_gpu, POISON, t.out_bytes + GUARD_BYTES);
+    j.out = t.out_gpu;
+    nf4_clear_error();
+    int rc = gpu_dequant(ctx, &j);
+    gpu_set_subchunk_limit(ctx, 1ull << 25);
+    CHECK(rc == NF4_OK, "big: gpu_dequant: %s", nf4_last_error());
+    if (rc) {
+        tensor_free(ctx, &t);
+        return;
+    }
+    CHECK(gpu_last_subchunks(ctx) == 1, "big: expected one launch, got %llu sub-chunks",
+          (unsigned long long)gpu_last_subchunks(ctx));
+    static const uint64_t WIN = 1u << 16;
+    const uint64_t starts[] = {0, (1ull << 30) - WIN / 2, (1ull << 31) - WIN + 4096, n - WIN}; /* all < n - WIN */
+    for (size_t w = 0; w < sizeof starts / sizeof starts[0]; w++) {
+        struct dequant_job c = t.job;
+        c.out = t.out_cpu;
+        dequant_cpu_range(&c, starts[w], WIN);
+        uint64_t d = first_diff((char *)t.out_gpu + starts[w] * 2, (char *)t.out_cpu + starts[w] * 2, WIN * 2, 2);
+        CHECK(d == UINT64_MAX, "big: window at %llu differs at +%llu", (unsigned long long)starts[w],
+              (unsigned long long)d);
+    }
+    /* Full comparison. */
+    struct dequant_job c = t.job;
+    c.out = t.out_cpu;
+    dequant_cpu(&c, 16);
+    uint64_t d = first_diff(t.out_gpu, t.out_cpu, t.out_bytes, 2);
+    CHECK(d == UINT64_MAX, "big: n=%llu element %llu differs", (unsigned long long)n, (unsigned long long)d);
+    CHECK(guard_ok(t.out_gpu, t.out_bytes), "big: wrote past the end");
+    printf("big tensor: n=%llu (> 2^31) checked in full in %lds\n", (unsigned long long)n, (long)(time(NULL) - t0));
+    tensor_free(ctx, &t);
+}
+
+static void test_errors(struct gpu_ctx *ctx)
+{
+    struct dequant_job j;
+    memset(&j, 0, sizeof j);
+    uint8_t p[8] = {0};
+    float a[1] = {1.0f};
+    uint16_t out[16];
+    j.packed = p;
+    j.absmax = a;
+    j.n = 16;
+    j.blocksize = 48; /* not a power of two */
+    j.out_dtype = DT_F16;
+    j.out = out;
+    nf4_clear_error();
+    CHECK(gpu_dequant(ctx, &j) != NF4_OK && nf4_last_error()[0], "bad blocksize rejected");
+    j.n = 0;
+    j.blocksize = 64;
+    CHECK(gpu_dequant(ctx, &j) == NF4_OK, "n = 0 is a no-op");
+    struct gpu_ctx *bad = NULL;
+    nf4_clear_error();
+    CHECK(gpu_open(&bad, 1000, 0) == NF4_EUNAVAILABLE && bad == NULL, "device 1000 unavailable");
+}
+
+int main(int argc, char **argv)
+{
+    int big = 0, quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--big"))
+            big = 1;
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1;
+    }
+    int count = gpu_device_count();
+    printf("CUDA devices: %d\n", count);
+    if (count < 1) {
+        printf("no CUDA device: check-gpu needs one\n0 passed, 1 failed\n");
+        return 1;
+    }
+    struct gpu_ctx *ctx = NULL;
+    if (gpu_open(&ctx, 0, 0) != NF4_OK) {
+        printf("gpu_open: %s\n0 passed, 1 failed\n", nf4_last_error());
+        return 1;
+    }
+    printf("device: %s, budget %llu MiB\n", gpu_name(ctx), (unsigned long long)(gpu_mem_budget(ctx) >> 20));
+    test_errors(ctx);
+    test_special(ctx);
+    test_subchunks();
+    test_matrix(ctx, quick);
+    if (big)
+        test_big(ctx);
+    gpu_close(ctx);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
