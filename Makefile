@@ -106,6 +106,7 @@ tools: $(TOOL_BINS)
 check: deps all tools $(TEST_BINS)
 	@sh tests/scripts/ensure-deps.sh test
 	@sh tests/scripts/run-unit.sh $(BUILD) $(TEST_BINS)
+	@sh tests/scripts/check-hostile.sh $(BUILD)
 	@sh tests/scripts/check-python.sh $(BUILD) $(PYTHON)
 
 demo: deps all

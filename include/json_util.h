@@ -6,9 +6,28 @@
 #include <cJSON.h>
 #include <stddef.h>
 
+/* 0 if the text holds what RFC 8259 forbids but cJSON lets through: a byte
+ * below 0x20 inside a string, or outside one other than space, tab, LF, CR
+ * (cJSON skips every byte up to 0x20 as white space), a byte of 0x80 or more
+ * outside a string (a UTF-8 byte-order mark, which cJSON skips). It also
+ * refuses the escape \u0000, which would cut a C string short ("a\u0000b"
+ * would silently become "a"), and a \u not followed by four hex digits, which
+ * cJSON decodes as \u0000 instead of failing. Python's json module rejects
+ * all of these but \u0000. */
+int json_text_is_strict(const char *json, size_t len);
+
 /* Parses exactly one JSON value spanning the whole buffer (surrounding white
- * space allowed). NULL on invalid JSON or trailing bytes. */
+ * space allowed), which must pass json_text_is_strict. NULL on invalid JSON
+ * or trailing bytes. */
 cJSON *json_parse_whole(const char *json, size_t len);
+
+/* cJSON_ParseWithLengthOpts (no NUL required) with allocation failures
+ * tracked for json_ran_out_of_memory(); *end is where the value ended. */
+cJSON *json_parse_prefix(const char *json, size_t len, const char **end);
+
+/* 1 if the last json_parse_whole on this thread failed for want of memory
+ * rather than because the text is not JSON. */
+int json_ran_out_of_memory(void);
 
 /* 1 if an object has the same key twice. cJSON keeps the first copy and
  * Python's json module the last, so such a document means two different

@@ -98,10 +98,60 @@ static void out_puts(struct outbuf *b, const char *s)
     out_put(b, s, strlen(s));
 }
 
+static int hex_digit(char h)
+{
+    if (h >= '0' && h <= '9')
+        return h - '0';
+    if (h >= 'a' && h <= 'f')
+        return h - 'a' + 10;
+    if (h >= 'A' && h <= 'F')
+        return h - 'A' + 10;
+    return -1;
+}
+
+/* Compares a member's key, as a JSON reader decodes it, with `key` (plain
+ * ASCII): an escaped spelling such as "quantization\u005fconfig" names the same
+ * key for every reader and must match too. Allocates nothing, so it cannot
+ * fail. */
 static int key_is(const char *s, const struct member *m, const char *key)
 {
-    size_t n = strlen(key);
-    return m->key_end - m->key_start == n + 2 && memcmp(s + m->key_start + 1, key, n) == 0;
+    size_t i = m->key_start + 1, end = m->key_end - 1; /* inside the quotes */
+    const unsigned char *k = (const unsigned char *)key;
+    while (i < end) {
+        unsigned c = (unsigned char)s[i++];
+        if (c == '\\') {
+            if (i >= end)
+                return 0;
+            char e = s[i++];
+            switch (e) {
+            case '"': case '\\': case '/': c = (unsigned char)e; break;
+            case 'b': c = '\b'; break;
+            case 'f': c = '\f'; break;
+            case 'n': c = '\n'; break;
+            case 'r': c = '\r'; break;
+            case 't': c = '\t'; break;
+            case 'u':
+                if (end - i < 4)
+                    return 0;
+                c = 0;
+                for (int d = 0; d < 4; d++) {
+                    int v = hex_digit(s[i++]);
+                    if (v < 0)
+                        return 0;
+                    c = c * 16 + (unsigned)v;
+                }
+                if (c == 0 || c >= 0x80) /* not an ASCII character of `key` */
+                    return 0;
+                break;
+            default:
+                return 0;
+            }
+        }
+        if (*k == '\0' || *k != c)
+            return 0;
+        k++;
+    }
+    return *k == '\0';
 }
 
 int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, char **out,
@@ -110,6 +160,8 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
     cJSON *root = json_parse_whole(json, len);
     int is_object = cJSON_IsObject(root);
     cJSON_Delete(root);
+    if (!root && json_ran_out_of_memory())
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory parsing it");
     if (!is_object)
         return nf4_fail(NF4_EDATA, path, NULL, "not a JSON object");
     size_t open = skip_ws(json, 0, len);
@@ -215,7 +267,10 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
 {
     struct outbuf b = {0};
     char num[32];
-    cJSON *meta = metadata_json ? cJSON_Parse(metadata_json) : NULL;
+    cJSON *meta = NULL;
+    /* metadata_json was printed by cJSON from a valid document: only memory can fail here. */
+    if (metadata_json && !(meta = cJSON_Parse(metadata_json)))
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     int have_params = meta && cJSON_GetObjectItemCaseSensitive(meta, "total_parameters");
     out_puts(&b, "{\n  \"metadata\": {");
     int first = 1;
@@ -232,10 +287,14 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
         if (strcmp(c->string, "total_size") == 0 || strcmp(c->string, "total_parameters") == 0)
             continue;
         char *value = cJSON_PrintUnformatted(c);
+        if (!value) {
+            b.oom = 1;
+            break;
+        }
         out_puts(&b, ",\n    ");
         out_json_string(&b, c->string);
         out_puts(&b, ": ");
-        out_puts(&b, value ? value : "null");
+        out_puts(&b, value);
         free(value);
     }
     cJSON_Delete(meta);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "fileio.h"
+#include "json_util.h"
 #include "status.h"
 
 /* JSON numbers are doubles in cJSON: integers above 2^53 cannot be told apart. */
@@ -255,11 +256,17 @@ int st_parse_header(struct st_file *f, const char *json, size_t len, uint64_t da
         return nf4_fail(NF4_EDATA, path, NULL, "header does not start with '{'");
     if (memchr(json, '\0', len))
         return nf4_fail(NF4_EDATA, path, NULL, "header contains a NUL byte");
+    /* serde_json, the reference's parser, refuses what cJSON lets through. */
+    if (!json_text_is_strict(json, len))
+        return nf4_fail(NF4_EDATA, path, NULL,
+                        "header is not valid JSON (a raw control character, a malformed \\u escape, or \\u0000)");
     size_t bad_at;
     if (!numbers_are_plain_integers(json, len, &bad_at))
         return nf4_fail(NF4_EDATA, path, NULL, "header byte %zu: numbers must be non-negative integers", bad_at);
     const char *end = NULL;
-    cJSON *root = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    cJSON *root = json_parse_prefix(json, len, &end);
+    if (!root && json_ran_out_of_memory())
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory parsing the header");
     if (!root)
         return nf4_fail(NF4_EDATA, path, NULL, "header is not valid JSON");
     int code = NF4_OK;
@@ -617,7 +624,8 @@ int st_writer_begin(struct st_writer **out, const char *path, const struct st_ou
         goto oom;
     w->fd = create_temp_beside(path, &w->tmp_path);
     if (w->fd < 0) {
-        code = nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot create a temp file beside it");
+        code = nf4_fail_errno(errno == ENOMEM ? NF4_ESOFTWARE : NF4_ECANTCREAT, errno, path, NULL,
+                              "cannot create a temp file beside it");
         goto fail;
     }
     unsigned char len_bytes[8];
@@ -684,8 +692,11 @@ int st_writer_finish(struct st_writer *w)
         temp_unregister(w->tmp_path);
         free(w->tmp_path);
         w->tmp_path = NULL;
-        if (fsync_parent_dir(w->path) != 0)
+        if (fsync_parent_dir(w->path) != 0) {
             code = nf4_fail_errno(NF4_EIO, errno, w->path, NULL, "fsync of its directory failed");
+            /* A failed run leaves no output, even one renamed into place. */
+            unlink(w->path);
+        }
     }
     st_writer_abort(w);
     return code;

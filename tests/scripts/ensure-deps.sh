@@ -3,6 +3,7 @@
 # apt-get, otherwise it prints the exact command and fails.
 #   ensure-deps.sh build   cJSON, pkg-config, a C compiler
 #   ensure-deps.sh test    CMocka, and python3 with venv for the safetensors check
+#   ensure-deps.sh fuzz    clang with libFuzzer and the sanitizer runtimes (make fuzz)
 set -eu
 stage=${1:-build}
 missing=""
@@ -18,6 +19,21 @@ if [ "$stage" = test ]; then
     need libcmocka-dev pkg-config --exists cmocka
     need python3 command -v python3
     need python3-venv python3 -c 'import venv, ensurepip'
+fi
+if [ "$stage" = fuzz ]; then
+    # libFuzzer ships in libclang-rt-dev, only a Recommends of clang: link a
+    # trivial fuzzer to know it is really there.
+    fuzz_probe() {
+        command -v "${FUZZ_CC:-clang}" >/dev/null 2>&1 || return 1
+        probe=$(mktemp -d) || return 1
+        printf '%s\n' '#include <stddef.h>' '#include <stdint.h>' \
+            'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) { (void)d; (void)n; return 0; }' >"$probe/p.c"
+        "${FUZZ_CC:-clang}" -fsanitize=fuzzer,address,undefined "$probe/p.c" -o "$probe/p" >/dev/null 2>&1
+        rc=$?
+        rm -rf "$probe"
+        return $rc
+    }
+    need "clang libclang-rt-dev" fuzz_probe
 fi
 [ -z "$missing" ] && exit 0
 cmd="apt-get install -y --no-install-recommends$missing"

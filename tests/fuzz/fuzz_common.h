@@ -1,0 +1,44 @@
+/* Shared by the libFuzzer targets: each input runs with a clean error state and
+ * no warnings on stderr; an invariant that does not hold aborts with a message,
+ * which libFuzzer reports as a crash and saves as a reproducer. */
+#ifndef NF4DEQ_FUZZ_COMMON_H
+#define NF4DEQ_FUZZ_COMMON_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "status.h"
+
+#define FUZZ_ASSERT(cond, ...)                                                                                \
+    do {                                                                                                      \
+        if (!(cond)) {                                                                                        \
+            fprintf(stderr, "fuzz invariant failed: %s (%s:%d): ", #cond, __FILE__, __LINE__);               \
+            fprintf(stderr, __VA_ARGS__);                                                                     \
+            fputc('\n', stderr);                                                                              \
+            abort();                                                                                          \
+        }                                                                                                     \
+    } while (0)
+
+/* Every failure must leave a one-line message, and be one of the codes a
+ * parser may return for bad input or exhausted memory. */
+static inline void fuzz_check_failure(int code)
+{
+    FUZZ_ASSERT(code == NF4_EDATA || code == NF4_ESOFTWARE, "unexpected code %d: %s", code, nf4_last_error());
+    const char *msg = nf4_last_error();
+    FUZZ_ASSERT(strcmp(msg, "unknown error") != 0, "code %d without a message", code);
+    FUZZ_ASSERT(strchr(msg, '\n') == NULL && strchr(msg, '\r') == NULL, "message spans lines: %s", msg);
+}
+
+/* A NUL-terminated private copy of the input: the parsers take (ptr, len), and
+ * a copy of exactly len bytes lets ASan catch any read past the end. */
+static inline char *fuzz_copy(const uint8_t *data, size_t size)
+{
+    char *p = malloc(size ? size : 1);
+    if (p && size)
+        memcpy(p, data, size);
+    return p;
+}
+
+#endif

@@ -1,0 +1,67 @@
+/* config_rewrite on arbitrary bytes (a config.json), with and without a dtype.
+ * When it succeeds the result must be one JSON object without a top-level
+ * "quantization_config", and with a dtype given, "dtype" and "torch_dtype"
+ * (as cJSON reads them: the first copy of a key) must name it. */
+#include <cJSON.h>
+
+#include "fuzz_common.h"
+#include "json_util.h"
+#include "model_dir.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    nf4_set_quiet(1);
+    return 0;
+}
+
+static void check_string_member(const cJSON *root, const char *key, const char *want, const char *text)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    FUZZ_ASSERT(cJSON_IsString(v) && strcmp(v->valuestring, want) == 0, "\"%s\" is not \"%s\" in: %s", key, want,
+                text);
+}
+
+static void run(const char *json, size_t size, const char *dtype)
+{
+    nf4_clear_error();
+    char *out = NULL;
+    size_t out_len = 0;
+    int code = config_rewrite("fuzz/config.json", json, size, dtype, &out, &out_len);
+    if (code != NF4_OK) {
+        fuzz_check_failure(code);
+        return;
+    }
+    FUZZ_ASSERT(out && out_len == strlen(out), "output length %zu", out_len);
+    cJSON *root = json_parse_whole(out, out_len);
+    FUZZ_ASSERT(cJSON_IsObject(root), "output is not a JSON object: %s", out);
+    /* A key the input had twice stays twice (transformers keeps the last copy,
+     * as before), but the rewrite must never add a second copy of its own. */
+    cJSON *in = json_parse_whole(json, size);
+    if (in && !json_has_duplicate_key(in))
+        FUZZ_ASSERT(!json_has_duplicate_key(root), "output has a key twice: %s", out);
+    cJSON_Delete(in);
+    FUZZ_ASSERT(!cJSON_GetObjectItemCaseSensitive(root, "quantization_config"), "quantization_config kept: %s",
+                out);
+    if (dtype) {
+        check_string_member(root, "dtype", dtype, out);
+        check_string_member(root, "torch_dtype", dtype, out);
+    }
+    cJSON_Delete(root);
+    free(out);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    char *json = fuzz_copy(data, size);
+    if (!json)
+        return 0;
+    run(json, size, "bfloat16");
+    run(json, size, NULL);
+    free(json);
+    return 0;
+}

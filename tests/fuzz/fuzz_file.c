@@ -1,0 +1,173 @@
+/* The whole open path on arbitrary bytes written to a file: model_open_file,
+ * bnb_collect, inspect, and (for inputs of bounded size) a full CPU conversion
+ * with small chunks, as `nf4deq convert --device cpu -j 1` runs it. Whatever
+ * happens, the scratch directory must end up holding the input alone: a
+ * failed conversion leaves no output and no temp file. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "bnb_state.h"
+#include "convert.h"
+#include "fileio.h"
+#include "fuzz_common.h"
+#include "inspect.h"
+#include "model.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Converting allocates about chunk-sized buffers, but output sizes follow the
+ * header: skip conversion when the data claimed exceeds this. */
+#define FUZZ_MAX_DATA_BYTES (16u << 20)
+#define FUZZ_MEM_BYTES (4u << 20)
+
+static char *scratch, *in_path, *out_path;
+static FILE *devnull;
+
+static void remove_scratch(void)
+{
+    if (in_path)
+        unlink(in_path);
+    if (out_path)
+        unlink(out_path);
+    if (scratch)
+        rmdir(scratch);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    nf4_set_quiet(1);
+    /* tmpfs when there is one: every successful conversion fsyncs twice. */
+    const char *base = getenv("FUZZ_TMPDIR");
+    if (!base || !*base)
+        base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    if (asprintf(&scratch, "%s/nf4deq-fuzz-XXXXXX", base) < 0 || !mkdtemp(scratch) ||
+        asprintf(&in_path, "%s/in.safetensors", scratch) < 0 ||
+        asprintf(&out_path, "%s/out.safetensors", scratch) < 0) {
+        perror("fuzz_file: scratch directory");
+        exit(1);
+    }
+    devnull = fopen("/dev/null", "w");
+    if (!devnull) {
+        perror("/dev/null");
+        exit(1);
+    }
+    atexit(remove_scratch);
+    return 0;
+}
+
+static void write_input(const uint8_t *data, size_t size)
+{
+    int fd = open(in_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    FUZZ_ASSERT(fd >= 0, "cannot create %s: %s", in_path, strerror(errno));
+    FUZZ_ASSERT(write_full(fd, data, size) == 0, "cannot write %s", in_path);
+    close(fd);
+}
+
+/* The scratch directory must hold the input and nothing else. */
+static void assert_only_input_left(const char *when)
+{
+    DIR *d = opendir(scratch);
+    FUZZ_ASSERT(d, "cannot list %s", scratch);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        FUZZ_ASSERT(!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "in.safetensors"),
+                    "%s left %s behind", when, e->d_name);
+    closedir(d);
+}
+
+static int data_is_bounded(const struct model *m, const struct bnb_weight *w, size_t nw)
+{
+    uint64_t total = 0;
+    for (size_t i = 0; i < m->nfiles; i++)
+        if (m->files[i]->file_size > FUZZ_MAX_DATA_BYTES)
+            return 0;
+    for (size_t i = 0; i < nw; i++) {
+        /* fp32 output of every dequantized weight */
+        if (w[i].state.n > FUZZ_MAX_DATA_BYTES / 4)
+            return 0;
+        total += w[i].state.n * 4;
+    }
+    return total <= FUZZ_MAX_DATA_BYTES;
+}
+
+static void convert_once(enum st_dtype dtype, uint64_t chunk)
+{
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CPU;
+    o.threads = 1;
+    o.dtype = dtype;
+    o.chunk_elements = chunk;
+    /* The default host budget (512 MiB) is allocated per run: far too slow
+     * under ASan for inputs of a few KiB. */
+    o.mem = FUZZ_MEM_BYTES;
+    struct convert_stats stats;
+    nf4_clear_error();
+    int code = convert_run(in_path, out_path, &o, &stats);
+    if (code == NF4_OK) {
+        /* The output must itself be a valid safetensors file with no state parts. */
+        struct model *m;
+        nf4_clear_error();
+        int again = model_open_file(out_path, &m);
+        FUZZ_ASSERT(again == NF4_OK, "output does not reopen: %s", nf4_last_error());
+        for (size_t i = 0; i < m->count; i++)
+            FUZZ_ASSERT(!bnb_is_state_part(m->tensors[i].t->name), "state part %s in output",
+                        m->tensors[i].t->name);
+        model_close(m);
+        FUZZ_ASSERT(unlink(out_path) == 0, "output missing after success");
+    } else {
+        /* EUSAGE: a (valid) chunk of blocksize x nested_blocksize elements
+         * does not fit the small --mem given here. */
+        FUZZ_ASSERT(code == NF4_EDATA || code == NF4_ESOFTWARE ||
+                        (code == NF4_EUSAGE && strstr(nf4_last_error(), "--mem is too small")),
+                    "convert failed with %d: %s", code, nf4_last_error());
+        const char *msg = nf4_last_error();
+        FUZZ_ASSERT(!strchr(msg, '\n'), "message spans lines: %s", msg);
+    }
+    assert_only_input_left(code == NF4_OK ? "a conversion" : "a failed conversion");
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    write_input(data, size);
+    nf4_clear_error();
+    struct model *m = NULL;
+    int code = model_open_file(in_path, &m);
+    if (code != NF4_OK) {
+        FUZZ_ASSERT(code == NF4_EDATA || code == NF4_ESOFTWARE, "open failed with %d: %s", code, nf4_last_error());
+        FUZZ_ASSERT(strstr(nf4_last_error(), in_path) == nf4_last_error(), "message does not start with the file: %s",
+                    nf4_last_error());
+        return 0;
+    }
+    struct bnb_weight *w = NULL;
+    size_t nw = 0;
+    nf4_clear_error();
+    code = bnb_collect(m, &w, &nw);
+    int bounded = code == NF4_OK && data_is_bounded(m, w, nw);
+    if (code != NF4_OK)
+        FUZZ_ASSERT(code == NF4_EDATA || code == NF4_ESOFTWARE, "collect failed with %d: %s", code,
+                    nf4_last_error());
+    bnb_free(w, nw);
+    model_close(m);
+    if (code != NF4_OK) {
+        /* The same input through convert must fail the same way and leave nothing. */
+        convert_once(DT_INVALID, 4096);
+        return 0;
+    }
+    nf4_clear_error();
+    FUZZ_ASSERT(inspect_run(in_path, 0, DT_INVALID, devnull) == NF4_OK, "inspect failed: %s", nf4_last_error());
+    nf4_clear_error();
+    FUZZ_ASSERT(inspect_run(in_path, 1, DT_BF16, devnull) == NF4_OK, "inspect --json failed: %s", nf4_last_error());
+    if (!bounded)
+        return 0;
+    /* Each weight's own dtype with chunks that cut tensors into many pieces,
+     * then every floating tensor to bf16 with the default chunk size. */
+    convert_once(DT_INVALID, 64);
+    convert_once(DT_BF16, 0);
+    return 0;
+}

@@ -1,0 +1,455 @@
+#!/usr/bin/env python3
+"""Generates the committed hostile corpus: tests/hostile/cases/ and the
+manifest tests/hostile/cases.tsv that tests/scripts/check-hostile.sh reads.
+
+Run from anywhere: python3 tests/hostile/make_hostile.py
+Python 3 standard library only. The output is deterministic.
+
+Every case starts from real bitsandbytes data cut out of
+tests/fixtures/tensors.bnb4.safetensors (the fixture README says how it was
+made) and breaks exactly one rule, so its expected message is the one that
+rule gives. The base checkpoint holds:
+  model.g.weight   nf4, double quant, blocksize 256, [1, 4096]   (as in the fixture)
+  model.d.weight   nf4, single quant, blocksize 64, [8, 256]     (the fixture's first 8 rows
+                   of [128, 256]: packed bytes and absmax are per block, so a
+                   prefix of rows with the prefix of absmax is itself valid)
+  model.norm.weight BF16[512], not quantized
+Directory cases use two small shards of the same tensors (about 6 KB each),
+not copies of the 500 KB tiny-llama model; their config.json is the real one
+from tests/fixtures/tiny-llama-bf16-bnb4-sharded.
+
+Manifest columns (tab-separated, '#' lines are comments):
+  name  path (relative to cases/)  kind (convert|inspect)  exit code  stderr substring
+"""
+import json
+import os
+import shutil
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "tensors.bnb4.safetensors")
+CONFIG = os.path.join(ROOT, "tests", "fixtures", "tiny-llama-bf16-bnb4-sharded", "config.json")
+CASES = os.path.join(HERE, "cases")
+MANIFEST = os.path.join(HERE, "cases.tsv")
+
+G = "model.g.weight"
+D = "model.d.weight"
+NORM = "model.norm.weight"
+NF4 = ".quant_state.bitsandbytes__nf4"
+
+
+# ---- reading the fixture ----------------------------------------------------
+
+def read_fixture():
+    with open(FIXTURE, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = (e["dtype"], e["shape"], data[b:end])
+    return out
+
+
+class T:
+    """One tensor: name, dtype, shape, bytes. Tests edit copies of these."""
+
+    def __init__(self, name, dtype, shape, data):
+        self.name, self.dtype, self.shape, self.data = name, dtype, list(shape), bytes(data)
+
+    def copy(self, **kw):
+        t = T(self.name, self.dtype, self.shape, self.data)
+        for k, v in kw.items():
+            setattr(t, k, v)
+        return t
+
+
+def base_tensors():
+    fx = read_fixture()
+    ts = []
+    for suffix in ["", ".absmax", ".nested_absmax", ".nested_quant_map", ".quant_map", NF4]:
+        dt, shape, data = fx[G + suffix]
+        ts.append(T(G + suffix, dt, shape, data))
+    # d: keep the first 8 of 128 rows (8 * 256 values = 32 blocks of 64).
+    dt, shape, data = fx[D]
+    ts.append(T(D, dt, [1024, 1], data[:1024]))
+    dt, shape, data = fx[D + ".absmax"]
+    ts.append(T(D + ".absmax", dt, [32], data[:32 * 4]))
+    dt, shape, data = fx[D + ".quant_map"]
+    ts.append(T(D + ".quant_map", dt, shape, data))
+    blob = json.loads(fx[D + NF4][2])
+    assert blob["shape"] == [128, 256]
+    blob["shape"] = [8, 256]
+    ts.append(blob_tensor(D + NF4, blob))
+    dt, shape, data = fx[NORM]
+    ts.append(T(NORM, dt, shape, data))
+    return ts
+
+
+def blob_tensor(name, obj_or_bytes, dtype="U8"):
+    data = obj_or_bytes if isinstance(obj_or_bytes, bytes) else json.dumps(obj_or_bytes).encode()
+    return T(name, dtype, [len(data)], data)
+
+
+def blob_of(ts, name):
+    return json.loads(find(ts, name).data)
+
+
+def find(ts, name):
+    for t in ts:
+        if t.name == name:
+            return t
+    raise KeyError(name)
+
+
+def replace(ts, name, new):
+    return [new if t.name == name else t for t in ts]
+
+
+def drop(ts, name):
+    assert any(t.name == name for t in ts), name
+    return [t for t in ts if t.name != name]
+
+
+def with_blob(ts, name, edit):
+    obj = blob_of(ts, name)
+    edit(obj)
+    return replace(ts, name, blob_tensor(name, obj))
+
+
+# ---- writing safetensors ----------------------------------------------------
+
+def header_text(ts, metadata={"format": "pt"}):
+    """The header JSON as the reference writes it (compact), data laid out in list order."""
+    parts, off = [], 0
+    if metadata is not None:
+        parts.append('"__metadata__":' + json.dumps(metadata, separators=(",", ":")))
+    for t in ts:
+        parts.append('%s:{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}' % (
+            json.dumps(t.name), t.dtype, json.dumps(t.shape, separators=(",", ":")), off, off + len(t.data)))
+        off += len(t.data)
+    return "{" + ",".join(parts) + "}"
+
+
+def st_bytes(ts, header=None, pad=True, metadata={"format": "pt"}):
+    text = header if header is not None else header_text(ts, metadata)
+    h = text.encode("utf-8") if isinstance(text, str) else text
+    if pad:
+        h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + b"".join(t.data for t in ts)
+
+
+# ---- the cases --------------------------------------------------------------
+
+ROWS = []
+
+
+def row(name, path, kind, code, msg):
+    # A successful inspect prints nothing on stderr: "-" says so.
+    if code == 0 and kind == "inspect":
+        msg = "-"
+    ROWS.append((name if kind == "convert" else name + "--inspect", path, kind, code, msg))
+
+
+def emit(name, blob, code, msg, kinds=("convert",)):
+    """A single-file case."""
+    path = name + ".safetensors"
+    with open(os.path.join(CASES, path), "wb") as f:
+        f.write(blob)
+    for k in kinds:
+        row(name, path, k, code, msg)
+
+
+def emit_dir(name, files, code, msg, kinds=("convert",)):
+    """A directory case: files maps names to bytes (missing dir if None)."""
+    d = os.path.join(CASES, name)
+    os.makedirs(d, exist_ok=True)
+    for fname, blob in sorted(files.items()):
+        with open(os.path.join(d, fname), "wb") as f:
+            f.write(blob)
+    for k in kinds:
+        row(name, name, k, code, msg)
+
+
+def header_edit(ts, old, new):
+    """The base header with the first `old` replaced by `new` (str or raw bytes)."""
+    text = header_text(ts).encode()
+    old = old.encode() if isinstance(old, str) else old
+    new = new.encode() if isinstance(new, str) else new
+    assert old in text, old
+    return st_bytes(ts, text.replace(old, new, 1))
+
+
+def file_cases(B):
+    ok = st_bytes(B)
+    emit("ok-baseline", ok, 0, "converted", kinds=("convert", "inspect"))
+
+    # -- the safetensors reader: length prefix
+    emit("st-empty-file", b"", 65, "too small for a safetensors header", kinds=("convert", "inspect"))
+    emit("st-shorter-than-8-bytes", ok[:5], 65, "too small for a safetensors header")
+    emit("st-header-length-over-limit", struct.pack("<Q", 100000001) + ok[8:], 65,
+         "exceeds the 100000000-byte limit", kinds=("convert", "inspect"))
+    emit("st-header-length-2p64-1", b"\xff" * 8 + ok[8:], 65, "exceeds the 100000000-byte limit")
+    emit("st-header-length-past-eof", struct.pack("<Q", len(ok)) + ok[8:], 65, "runs past the end")
+    emit("st-header-length-zero", struct.pack("<Q", 0) + ok[8:], 65, "header does not start with '{'")
+    # -- header text
+    emit("st-header-not-utf8", header_edit(B, '"model.norm.weight"', b'"model.norm.w\xffight"'), 65,
+         "header is not valid UTF-8")
+    emit("st-header-overlong-utf8", header_edit(B, '"model.norm.weight"', b'"model.norm.w\xc0\xafight"'), 65,
+         "header is not valid UTF-8")
+    emit("st-header-leading-space", st_bytes(B, " " + header_text(B)), 65, "header does not start with '{'")
+    emit("st-header-not-json", st_bytes(B, header_text(B)[:-1]), 65, "header is not valid JSON")
+    emit("st-header-json-array", st_bytes(B, "{" + header_text(B)[1:-1] + "]"), 65, "header is not valid JSON")
+    emit("st-header-trailing-bytes", st_bytes(B, header_text(B) + "x"), 65, "trailing bytes after the header")
+    emit("st-header-nul-byte", header_edit(B, '"model.norm.weight"', '"model.norm.weight\x00"'), 65,
+         "header contains a NUL byte")
+    emit("st-header-control-char", header_edit(B, '"model.norm.weight"', '"model.norm.weight\x01"'), 65,
+         "a raw control character")
+    emit("st-header-u0000-in-name", header_edit(B, '"model.norm.weight"', '"model.norm.weight\\u0000x"'), 65,
+         "a raw control character")
+    emit("st-header-malformed-u-escape", header_edit(B, '"model.norm.weight"', '"model.norm.weight\\uZZZZ"'), 65,
+         "a raw control character")
+    # -- dtype, shape, numbers
+    emit("st-dtype-lowercase", header_edit(B, '"dtype":"BF16"', '"dtype":"bf16"'), 65,
+         'model.norm.weight: unknown dtype "bf16"')
+    emit("st-dtype-not-string", header_edit(B, '"dtype":"BF16"', '"dtype":16'), 65,
+         "model.norm.weight: dtype is not a string")
+    emit("st-shape-negative", header_edit(B, '"shape":[512]', '"shape":[-512]'), 65,
+         "numbers must be non-negative integers")
+    emit("st-shape-float-literal", header_edit(B, '"shape":[512]', '"shape":[512.0]'), 65,
+         "numbers must be non-negative integers")
+    emit("st-shape-exponent", header_edit(B, '"shape":[512]', '"shape":[5.12e2]'), 65,
+         "numbers must be non-negative integers")
+    emit("st-number-leading-zero", header_edit(B, '"shape":[512]', '"shape":[0512]'), 65,
+         "numbers must be non-negative integers")
+    emit("st-number-17-digits", header_edit(B, '"shape":[512]', '"shape":[12345678901234567]'), 65,
+         "numbers must be non-negative integers")
+    emit("st-shape-not-array", header_edit(B, '"shape":[512]', '"shape":512'), 65,
+         "model.norm.weight: shape is not an array")
+    emit("st-shape-product-overflow", header_edit(B, '"shape":[512]', '"shape":[4294967296,4294967296,2]'), 65,
+         "model.norm.weight: shape product overflows")
+    emit("st-shape-size-mismatch", header_edit(B, '"shape":[512]', '"shape":[511]'), 65,
+         "model.norm.weight: data_offsets span 1024 bytes but shape and dtype need 1022")
+    emit("st-missing-shape", header_edit(B, '"shape":[512],', ''), 65, 'model.norm.weight: missing "shape"')
+    emit("st-key-twice-in-entry", header_edit(B, '"dtype":"BF16"', '"dtype":"BF16","dtype":"BF16"'), 65,
+         'model.norm.weight: "dtype" appears more than once')
+    emit("st-tensor-entry-not-object", st_bytes(B, header_text(B)[:-1] + ',"x":[1]}'), 65,
+         "x: tensor entry is not an object")
+    f4 = B + [T("odd.f4", "F4", [3], b"\x00\x00")]
+    emit("st-f4-odd-count", st_bytes(f4), 65, "odd.f4: 3 elements of F4 do not fill whole bytes")
+    # -- offsets and the data buffer
+    n = len(b"".join(t.data for t in B))
+    last = "[%d,%d]" % (n - 1024, n)
+    emit("st-offsets-not-pair", header_edit(B, last, "[%d]" % (n - 1024)), 65,
+         "model.norm.weight: data_offsets is not a pair")
+    emit("st-offsets-end-before-begin", header_edit(B, last, "[%d,%d]" % (n, n - 1024)), 65,
+         "model.norm.weight: data_offsets end")
+    emit("st-offsets-beyond-2p53", header_edit(B, last, "[%d,9007199254740993]" % (n - 1024)), 65,
+         "model.norm.weight: data_offsets are not non-negative integers")
+    gap = B + [T("z.after.gap", "U8", [4], b"abcd")]
+    emit("st-offsets-gap", header_edit(gap, "[%d,%d]" % (n, n + 4), "[%d,%d]" % (n + 4, n + 8)) + b"wxyz", 65,
+         "z.after.gap: data starts at")
+    emit("st-offsets-overlap", header_edit(gap, "[%d,%d]" % (n, n + 4), "[%d,%d]" % (n - 4, n)), 65,
+         "data starts at")
+    emit("st-data-truncated", ok[:-1], 65, "tensors cover", kinds=("convert", "inspect"))
+    emit("st-data-extra-byte", ok + b"\x00", 65, "tensors cover")
+    dup = st_bytes(B + [B[-1]])
+    emit("st-duplicate-tensor-name", dup, 65, "model.norm.weight: tensor name appears twice in the header")
+    # -- __metadata__
+    emit("st-metadata-value-not-string", header_edit(B, '{"format":"pt"}', '{"format":1}'), 65,
+         '__metadata__ value of "format" is not a string')
+    emit("st-metadata-twice", header_edit(B, '"__metadata__":{"format":"pt"}',
+                                          '"__metadata__":{"format":"pt"},"__metadata__":{}'), 65,
+         "header has __metadata__ twice")
+    emit("st-metadata-not-object", header_edit(B, '{"format":"pt"}', '"pt"'), 65, "__metadata__ is not an object")
+    emit("st-metadata-key-twice", header_edit(B, '{"format":"pt"}', '{"format":"pt","format":"pt"}'), 65,
+         '__metadata__ has key "format" twice')
+
+    # -- quant states: parts
+    emit("qs-absmax-missing", st_bytes(drop(B, G + ".absmax")), 65,
+         "missing quant-state tensor model.g.weight.absmax", kinds=("convert", "inspect"))
+    a = find(B, D + ".absmax")
+    emit("qs-absmax-short", st_bytes(replace(B, a.name, a.copy(shape=[31], data=a.data[:124]))), 65,
+         "model.d.weight.absmax: holds 31 values, expected 32")
+    a = find(B, G + ".absmax")
+    emit("qs-absmax-wrong-dtype", st_bytes(replace(B, a.name, a.copy(dtype="I8"))), 65,
+         "model.g.weight.absmax: dtype is I8, expected U8")
+    a = find(B, D + ".absmax")
+    emit("qs-absmax-f16-single-quant", st_bytes(replace(B, a.name, a.copy(dtype="F16", shape=[64]))), 65,
+         "model.d.weight.absmax: dtype is F16, expected F32")
+    emit("qs-nested-absmax-missing", st_bytes(drop(B, G + ".nested_absmax")), 65,
+         "missing quant-state tensor model.g.weight.nested_absmax")
+    a = find(B, G + ".nested_absmax")
+    emit("qs-nested-absmax-short", st_bytes(replace(B, a.name, a.copy(shape=[0], data=b""))), 65,
+         "model.g.weight.nested_absmax: holds 0 values, expected 1")
+    a = find(B, G + ".nested_quant_map")
+    emit("qs-nested-quant-map-255", st_bytes(replace(B, a.name, a.copy(shape=[255], data=a.data[:1020]))), 65,
+         "model.g.weight.nested_quant_map: holds 255 values, expected 256")
+    emit("qs-nested-quant-map-missing", st_bytes(drop(B, G + ".nested_quant_map")), 65,
+         "missing quant-state tensor model.g.weight.nested_quant_map")
+    emit("qs-quant-map-missing", st_bytes(drop(B, D + ".quant_map")), 65,
+         "missing quant-state tensor model.d.weight.quant_map")
+    a = find(B, D + ".quant_map")
+    emit("qs-quant-map-15", st_bytes(replace(B, a.name, a.copy(shape=[15], data=a.data[:60]))), 65,
+         "model.d.weight.quant_map: holds 15 values, expected 16")
+    emit("qs-packed-weight-missing", st_bytes(drop(B, G)), 65,
+         "model.g.weight: quant state present but the packed weight is missing")
+    p = find(B, D)
+    emit("qs-packed-too-short", st_bytes(replace(B, D, p.copy(shape=[1023, 1], data=p.data[:1023]))), 65,
+         "model.d.weight: packed weight is 1023 bytes, but shape needs 1024")
+    emit("qs-nested-parts-without-nested-state",
+         st_bytes(B + [find(B, G + ".nested_absmax").copy(name=D + ".nested_absmax")]), 65,
+         "nested tensors present but the quant state is not nested")
+    emit("qs-orphan-part", st_bytes(B + [find(B, D + ".quant_map").copy(name="model.z.weight.quant_map")]), 65,
+         "model.z.weight.quant_map: quant-state tensor belongs to no weight")
+    emit("qs-int8-scb", st_bytes(B + [T("model.q.weight.SCB", "F32", [2], b"\x00" * 8)]), 65,
+         "model.q.weight.SCB: bitsandbytes 8-bit (LLM.int8) weights are not supported")
+    # -- quant states: the blob
+    def qs(name, edit, msg, weight=G, kinds=("convert",)):
+        emit(name, st_bytes(with_blob(B, weight + NF4, edit)), 65, msg, kinds)
+    qs("qs-blocksize-48", lambda o: o.update(blocksize=48), "blocksize 48 is not a power of two from 32 to 4096",
+       kinds=("convert", "inspect"))
+    qs("qs-blocksize-8192", lambda o: o.update(blocksize=8192), "blocksize 8192 is not a power of two")
+    qs("qs-blocksize-16", lambda o: o.update(blocksize=16), "blocksize 16 is not a power of two")
+    qs("qs-blocksize-float", lambda o: o.update(blocksize=256.5), 'no integer "blocksize"')
+    qs("qs-blocksize-missing", lambda o: o.pop("blocksize"), 'no integer "blocksize"')
+    qs("qs-quant-type-unknown", lambda o: o.update(quant_type="nf3"), 'unsupported quant_type "nf3"')
+    qs("qs-quant-type-contradicts-name", lambda o: o.update(quant_type="fp4"),
+       'quant_type "fp4" contradicts the tensor name')
+    qs("qs-dtype-unknown", lambda o: o.update(dtype="float64"), 'quant state dtype "float64" is not float16')
+    qs("qs-dtype-missing", lambda o: o.pop("dtype"), "quant state dtype (missing) is not float16")
+    qs("qs-shape-not-array", lambda o: o.update(shape=4096), 'quant state has no "shape" array')
+    qs("qs-shape-9-dims", lambda o: o.update(shape=[1] * 8 + [4096]), "quant state shape has 9 dimensions")
+    qs("qs-shape-negative", lambda o: o.update(shape=[1, -4096]), "quant state shape[1] is not a non-negative")
+    qs("qs-shape-overflow", lambda o: o.update(shape=[4294967296, 4294967296, 2]),
+       "quant state shape product overflows")
+    qs("qs-shape-more-than-packed", lambda o: o.update(shape=[2, 4096]),
+       "packed weight is 2048 bytes, but shape needs 4096 for 8192 values")
+    qs("qs-nested-partial", lambda o: o.pop("nested_offset"),
+       "quant state has only some of nested_blocksize, nested_dtype, nested_offset")
+    qs("qs-nested-blocksize-not-pow2", lambda o: o.update(nested_blocksize=255),
+       "nested_blocksize is not a power of two")
+    qs("qs-nested-blocksize-too-big", lambda o: o.update(nested_blocksize=1 << 21),
+       "nested_blocksize is not a power of two")
+    qs("qs-nested-dtype-f16", lambda o: o.update(nested_dtype="float16"), 'nested_dtype must be "float32"')
+    qs("qs-nested-offset-string", lambda o: o.update(nested_offset="0.1"),
+       "nested_offset is not a finite float32 number")
+    # JSON has no inf, but 1e400 overflows to it.
+    blob = find(B, G + NF4).data.replace(b'"nested_offset": 0.14574050903320312', b'"nested_offset": 1e400')
+    assert b"1e400" in blob
+    emit("qs-nested-offset-overflows", st_bytes(replace(B, G + NF4, blob_tensor(G + NF4, blob))), 65,
+         "nested_offset is not a finite float32 number")
+    raw = find(B, G + NF4).data
+    def qs_raw(name, blob, msg, **kw):
+        emit(name, st_bytes(replace(B, G + NF4, blob_tensor(G + NF4, blob, **kw))), 65, msg)
+    qs_raw("qs-blob-not-json", raw[:-1], "quant state is not valid JSON")
+    qs_raw("qs-blob-json-array", b"[" + raw + b"]", "quant state is not a JSON object")
+    qs_raw("qs-blob-trailing-bytes", raw + b"{}", "quant state is not valid JSON")
+    qs_raw("qs-blob-key-twice", raw[:-1] + b', "blocksize": 64}', "quant state has a key twice")
+    qs_raw("qs-blob-control-char", raw.replace(b'"nf4"', b'"nf4\x01"'), "quant state is not valid JSON")
+    qs_raw("qs-blob-not-u8", raw, "quant state blob is I8, expected U8", dtype="I8")
+    qs_raw("qs-blob-empty", b"", "quant state is not valid JSON")
+
+
+def shard_files(B, index_edit=None, shards=None):
+    """The base model as a two-shard directory."""
+    s1 = [t for t in B if t.name.startswith(G) or t.name == NORM]
+    s2 = [t for t in B if t.name.startswith(D)]
+    if shards:
+        s1, s2 = shards(s1, s2)
+    files = {"model-00001-of-00002.safetensors": st_bytes(s1), "model-00002-of-00002.safetensors": st_bytes(s2)}
+    wm = {t.name: "model-00001-of-00002.safetensors" for t in s1}
+    wm.update({t.name: "model-00002-of-00002.safetensors" for t in s2})
+    total = sum(len(t.data) for t in s1 + s2)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(wm.items()))}
+    text = json.dumps(index, indent=2)
+    if index_edit:
+        text = index_edit(text)
+    files["model.safetensors.index.json"] = text.encode() if isinstance(text, str) else text
+    with open(CONFIG, "rb") as f:
+        files["config.json"] = f.read()
+    files["generation_config.json"] = b'{\n  "_from_model_config": true,\n  "bos_token_id": 1\n}\n'
+    return files
+
+
+def dir_cases(B):
+    emit_dir("ok-dir-baseline", shard_files(B), 0, "converted", kinds=("convert", "inspect"))
+    S1, S2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+
+    def idx(name, edit, code, msg, kinds=("convert",)):
+        emit_dir(name, shard_files(B, index_edit=edit), code, msg, kinds)
+    idx("dir-index-not-json", lambda t: t[:-2], 65, "model.safetensors.index.json: not valid JSON",
+        kinds=("convert", "inspect"))
+    idx("dir-index-no-weight-map", lambda t: t.replace('"weight_map"', '"weightmap"'), 65,
+        'has no "weight_map" object')
+    idx("dir-index-weight-map-empty", lambda t: json.dumps({"metadata": {}, "weight_map": {}}), 65,
+        "weight_map is empty")
+    idx("dir-index-key-twice", lambda t: t[:-2] + ',\n  "metadata": {}\n}', 65, "has a top-level key twice")
+    idx("dir-index-metadata-not-object", lambda t: t.replace('"metadata": {', '"metadata": [{', 1).replace(
+        '},\n  "weight_map"', '}],\n  "weight_map"', 1), 65, '"metadata" is not an object')
+    idx("dir-index-value-not-string", lambda t: t.replace('"%s"' % S2, "2", 1), 65,
+        "weight_map value is not a file name")
+    idx("dir-index-tensor-twice", lambda t: t.replace('"weight_map": {', '"weight_map": {\n    "%s": "%s",' % (NORM, S1)),
+        65, "model.norm.weight: listed twice in weight_map")
+    idx("dir-shard-missing", lambda t: t.replace(S2, "model-00003-of-00003.safetensors"), 66,
+        "model-00003-of-00003.safetensors: cannot open", kinds=("convert", "inspect"))
+    idx("dir-shard-dotdot", lambda t: t.replace(S2, "../" + S2, 1), 65,
+        'shard "../%s" is not a plain file name inside the model directory' % S2)
+    idx("dir-shard-absolute", lambda t: t.replace(S2, "/etc/passwd", 1), 65,
+        'shard "/etc/passwd" is not a plain file name')
+    idx("dir-shard-dot", lambda t: t.replace(S2, ".", 1), 65, 'shard "." is not a plain file name')
+    idx("dir-tensor-in-wrong-shard", lambda t: t.replace('"%s": "%s"' % (NORM, S1), '"%s": "%s"' % (NORM, S2)), 65,
+        "model.norm.weight: listed in %s but stored in %s" % (S2, S1))
+    idx("dir-tensor-not-in-shard", lambda t: t.replace('"weight_map": {', '"weight_map": {\n    "model.ghost": "%s",' % S1),
+        65, "model.ghost: listed in %s, which has no such tensor" % S1)
+    emit_dir("dir-tensor-in-two-shards", shard_files(B, shards=lambda s1, s2: (s1, s2 + [find(B, NORM)])), 65,
+             "model.norm.weight: tensor is also in")
+    files = shard_files(B)
+    files["config.json"] = files["config.json"][:-3]
+    emit_dir("dir-config-not-json", files, 65, "config.json: not a JSON object")
+    files = shard_files(B)
+    files["config.json"] = b"[" + files["config.json"] + b"]"
+    emit_dir("dir-config-json-array", files, 65, "config.json: not a JSON object")
+    files = shard_files(B)
+    files["config.json"] = b"\xef\xbb\xbf" + files["config.json"]
+    emit_dir("dir-config-utf8-bom", files, 65, "config.json: not a JSON object")
+    # A bad shard is reported by its own path.
+    emit_dir("dir-shard-bad-header", shard_files(B) | {S2: b"\x08\x00\x00\x00\x00\x00\x00\x00{\"a\":1} "}, 65,
+             S2 + ": a: tensor entry is not an object")
+    # No index: a single model.safetensors.
+    emit_dir("dir-single-file-truncated", {"model.safetensors": st_bytes(B)[:-1]}, 65,
+             "model.safetensors: tensors cover", kinds=("convert", "inspect"))
+    # git keeps no empty directory: path "-" asks check-hostile.sh for a fresh one.
+    for k in ("convert", "inspect"):
+        ROWS.append(("dir-empty" + ("" if k == "convert" else "--inspect"), "-", k, 66,
+                     "has neither model.safetensors.index.json nor model.safetensors"))
+    emit_dir("dir-only-config", {"config.json": shard_files(B)["config.json"]}, 66, "has neither")
+
+
+def main():
+    shutil.rmtree(CASES, ignore_errors=True)
+    os.makedirs(CASES)
+    B = base_tensors()
+    file_cases(B)
+    dir_cases(B)
+    names = [r[0] for r in ROWS]
+    assert len(names) == len(set(names)), "duplicate case names"
+    with open(MANIFEST, "w") as f:
+        f.write("# Generated by tests/hostile/make_hostile.py; checked by tests/scripts/check-hostile.sh.\n")
+        f.write("# name\tpath (under tests/hostile/cases)\tkind\texit\tstderr substring\n")
+        for r in ROWS:
+            assert "\t" not in "".join(map(str, r)) and "\n" not in "".join(map(str, r))
+            f.write("%s\t%s\t%s\t%d\t%s\n" % r)
+    size = 0
+    for dp, _, fs in os.walk(CASES):
+        size += sum(os.path.getsize(os.path.join(dp, x)) for x in fs)
+    print("hostile: %d rows, %d bytes under %s" % (len(ROWS), size, os.path.relpath(CASES, ROOT)))
+
+
+if __name__ == "__main__":
+    main()
