@@ -36,6 +36,8 @@ void install_signal_cleanup(void);
 
 /* fsyncs the directory holding `path` so a rename into it is durable. */
 int fsync_parent_dir(const char *path);
+/* fsyncs a directory's own entries (what was created or renamed in it). */
+int fsync_dir(const char *dir);
 
 /* Directory part and base name of a path, malloc'd ("." for a bare name). */
 char *path_dirname(const char *path);

@@ -50,6 +50,8 @@ int bnb_parse_state(const char *file, const char *tensor, const char *json, size
 {
     memset(s, 0, sizeof *s);
     cJSON *root = json_parse_whole(json, len);
+    if (!root && json_ran_out_of_memory())
+        return nf4_fail(NF4_ESOFTWARE, file, tensor, "out of memory parsing the quant state");
     if (!root)
         return nf4_fail(NF4_EDATA, file, tensor, "quant state is not valid JSON");
     int code = NF4_OK;
@@ -181,17 +183,21 @@ void bnb_free(struct bnb_weight *w, size_t count)
     free(w);
 }
 
-static const struct model_tensor *find_part(const struct model *m, const char *base, const char *suffix)
+/* *out is NULL when the part is absent. Out of memory is NF4_ESOFTWARE, not a
+ * missing part (which would be reported as bad input). */
+static int find_part(const struct model *m, const char *file, const char *base, const char *suffix,
+                     const struct model_tensor **out)
 {
+    *out = NULL;
     size_t a = strlen(base), b = strlen(suffix);
     char *name = malloc(a + b + 1);
     if (!name)
-        return NULL;
+        return nf4_fail(NF4_ESOFTWARE, file, base, "out of memory");
     memcpy(name, base, a);
     memcpy(name + a, suffix, b + 1);
-    const struct model_tensor *t = model_find(m, name);
+    *out = model_find(m, name);
     free(name);
-    return t;
+    return NF4_OK;
 }
 
 static int expect_part(const struct model_tensor *t, const char *blob_file, const char *base, const char *suffix,
@@ -248,12 +254,12 @@ static int load_weight(const struct model *m, const struct model_tensor *blob, s
                         "packed weight is %" PRIu64 " bytes, but shape needs %" PRIu64 " for %" PRIu64 " values",
                         packed_bytes, needed, s->n);
     w->blocks = s->n / s->blocksize + (s->n % s->blocksize != 0);
-    w->quant_map = find_part(m, w->name, ".quant_map");
-    if ((code = expect_part(w->quant_map, path, w->name, ".quant_map", DT_F32, 16)) != NF4_OK)
+    if ((code = find_part(m, path, w->name, ".quant_map", &w->quant_map)) != NF4_OK ||
+        (code = expect_part(w->quant_map, path, w->name, ".quant_map", DT_F32, 16)) != NF4_OK ||
+        (code = find_part(m, path, w->name, ".absmax", &w->absmax)) != NF4_OK ||
+        (code = find_part(m, path, w->name, ".nested_absmax", &w->nested_absmax)) != NF4_OK ||
+        (code = find_part(m, path, w->name, ".nested_quant_map", &w->nested_quant_map)) != NF4_OK)
         return code;
-    w->absmax = find_part(m, w->name, ".absmax");
-    w->nested_absmax = find_part(m, w->name, ".nested_absmax");
-    w->nested_quant_map = find_part(m, w->name, ".nested_quant_map");
     if (s->nested) {
         if ((code = expect_part(w->absmax, path, w->name, ".absmax", DT_U8, w->blocks)) != NF4_OK)
             return code;
@@ -302,7 +308,7 @@ int bnb_collect(const struct model *m, struct bnb_weight **out, size_t *count)
     }
     struct bnb_weight *w = calloc(cap ? cap : 1, sizeof *w);
     if (!w)
-        return nf4_fail(NF4_ESOFTWARE, m->dir, NULL, "out of memory");
+        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->files[0]->path, NULL, "out of memory");
     size_t n = 0;
     int code = NF4_OK;
     for (size_t i = 0; i < m->count && code == NF4_OK; i++) {

@@ -123,13 +123,14 @@ static int online_cores(void)
 static int open_device(struct ctx *c);
 
 /* Opens the device and the pipeline; `tensors` and `bytes` size the progress line. */
-static int open_engine(struct ctx *c, uint64_t tensors, uint64_t bytes)
+static int open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_t bytes)
 {
     int code = open_device(c);
     if (code != NF4_OK)
         return code;
     uint64_t mem = c->opts->mem ? c->opts->mem : DEFAULT_MEM_BYTES;
-    code = pipeline_create(&c->pipeline, c->gpu, c->threads, mem, c->opts->chunk_elements, c->stats, &c->progress);
+    code = pipeline_create(&c->pipeline, out, c->gpu, c->threads, mem, c->opts->chunk_elements, c->stats,
+                           &c->progress);
     if (code == NF4_OK)
         progress_start(&c->progress, c->opts->progress, tensors, bytes);
     return code;
@@ -192,7 +193,7 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
     uint64_t written = 0;
     if ((code = bnb_collect(m, &weights, &nweights)) == NF4_OK &&
         (code = plan_file(m, 0, weights, nweights, c->opts->dtype, &items, &n)) == NF4_OK &&
-        (code = open_engine(c, n, items_bytes(items, n))) == NF4_OK)
+        (code = open_engine(c, out, n, items_bytes(items, n))) == NF4_OK)
         code = write_file(c, out, items, n, m->files[0], &written);
     c->stats->bytes_out += written;
     free(items);
@@ -345,10 +346,11 @@ static int convert_dir(struct ctx *c, const char *in, const char *out, int repla
         all_tensors += nplan[i];
         all_bytes += items_bytes(plans[i], nplan[i]);
     }
-    if ((code = open_engine(c, all_tensors, all_bytes)) != NF4_OK)
+    if ((code = open_engine(c, out, all_tensors, all_bytes)) != NF4_OK)
         goto out;
     if (create_temp_dir_beside(out, &tmp) != 0) {
-        code = nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot create a temp directory beside it");
+        code = nf4_fail_errno(errno == ENOMEM ? NF4_ESOFTWARE : NF4_ECANTCREAT, errno, out, NULL,
+                              "cannot create a temp directory beside it");
         goto out;
     }
     for (size_t i = 0; i < m->nfiles && code == NF4_OK; i++) {
@@ -379,11 +381,17 @@ static int convert_dir(struct ctx *c, const char *in, const char *out, int repla
         code = write_index(tmp, m, entries, nentries, total_size, total_params);
     char *config = path_join(in, CONFIG_FILE_NAME);
     struct stat st;
-    if (code == NF4_OK && config && stat(config, &st) == 0)
+    if (code == NF4_OK && !config)
+        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory"); /* not "there is no config.json" */
+    if (code == NF4_OK && stat(config, &st) == 0)
         code = write_config(in, tmp, config_dtype(c->opts, weights, nweights));
     free(config);
     if (code == NF4_OK)
         code = copy_other_files(m, in, tmp);
+    /* config.json, the index and the copies were renamed or created in tmp
+     * after the last shard's fsync: make the whole tree durable first. */
+    if (code == NF4_OK && fsync_dir(tmp) != 0)
+        code = nf4_fail_errno(NF4_EIO, errno, out, NULL, "fsync of the finished directory failed");
     if (code == NF4_OK)
         code = publish_dir(tmp, out, replace);
     if (code == NF4_OK && fsync_parent_dir(out) != 0) {

@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -143,14 +145,21 @@ int create_temp_beside(const char *path, char **tmp_path)
         errno = ENOMEM;
         return -1;
     }
+    /* Signals wait until the new file is registered: a SIGTERM between
+     * mkostemp and temp_register would leave it behind. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     int fd = mkostemp(tmpl, O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         free(tmpl);
         errno = e;
         return -1;
     }
     temp_register(tmpl, 0);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (fchmod(fd, creation_mode(0666)) != 0) {
         /* Not fatal: the file is still ours and usable. */
     }
@@ -165,13 +174,18 @@ int create_temp_dir_beside(const char *path, char **tmp_path)
         errno = ENOMEM;
         return -1;
     }
+    sigset_t all, old; /* as in create_temp_beside */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     if (!mkdtemp(tmpl)) {
         int e = errno;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         free(tmpl);
         errno = e;
         return -1;
     }
     temp_register(tmpl, 1);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     (void)chmod(tmpl, creation_mode(0777));
     *tmp_path = tmpl;
     return 0;
@@ -179,11 +193,22 @@ int create_temp_dir_beside(const char *path, char **tmp_path)
 
 int fsync_parent_dir(const char *path)
 {
-    char *dir = path_dirname(path);
-    if (!dir)
+    /* No allocation: running out of memory here is not an I/O error. */
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    size_t n = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path);
+    if (n >= sizeof dir) {
+        errno = ENAMETOOLONG;
         return -1;
+    }
+    memcpy(dir, n ? path : ".", n ? n : 1);
+    dir[n ? n : 1] = '\0';
+    return fsync_dir(dir);
+}
+
+int fsync_dir(const char *dir)
+{
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(dir);
     if (fd < 0)
         return -1;
     int rc = fsync(fd);
@@ -199,7 +224,8 @@ int write_file_atomic(const char *path, const void *data, size_t len)
     char *tmp = NULL;
     int fd = create_temp_beside(path, &tmp);
     if (fd < 0)
-        return nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot create a temp file beside it");
+        return nf4_fail_errno(errno == ENOMEM ? NF4_ESOFTWARE : NF4_ECANTCREAT, errno, path, NULL,
+                              "cannot create a temp file beside it");
     int code = NF4_OK;
     if (write_full(fd, data, len) != 0)
         code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "write failed");

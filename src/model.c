@@ -83,6 +83,8 @@ int index_parse(const char *path, const char *json, size_t len, struct index_ent
     if (metadata_json)
         *metadata_json = NULL;
     cJSON *root = json_parse_whole(json, len);
+    if (!root && json_ran_out_of_memory())
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory parsing it");
     if (!root)
         return nf4_fail(NF4_EDATA, path, NULL, "not valid JSON");
     int code = NF4_OK;
@@ -181,7 +183,7 @@ static int build_name_table(struct model *m)
         total += m->files[i]->count;
     m->tensors = calloc(total ? total : 1, sizeof *m->tensors);
     if (!m->tensors)
-        return nf4_fail(NF4_ESOFTWARE, m->dir, NULL, "out of memory");
+        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->files[0]->path, NULL, "out of memory");
     for (size_t i = 0; i < m->nfiles; i++)
         for (size_t k = 0; k < m->files[i]->count; k++)
             m->tensors[m->count++] = (struct model_tensor){m->files[i], &m->files[i]->tensors[k], i};

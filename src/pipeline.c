@@ -39,6 +39,7 @@ struct pipeline {
     uint64_t max_chunk; /* elements; caps chunks below what a slot holds (tests use it) */
     struct convert_stats *stats;
     struct progress *progress;
+    const char *path; /* the output, for messages */
     struct slot slots[PIPELINE_SLOTS];
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -352,9 +353,9 @@ int pipeline_write(struct pipeline *p, struct st_writer *wr, const struct out_it
         p->slots[i].state = SLOT_FREE;
     pthread_t reader, writer;
     if (pthread_create(&reader, NULL, reader_main, p) != 0)
-        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "cannot start the reader thread");
+        return nf4_fail(NF4_ESOFTWARE, p->path, NULL, "cannot start the reader thread");
     if (pthread_create(&writer, NULL, writer_main, p) != 0) {
-        pipeline_fail(p, nf4_fail(NF4_ESOFTWARE, NULL, NULL, "cannot start the writer thread"));
+        pipeline_fail(p, nf4_fail(NF4_ESOFTWARE, p->path, NULL, "cannot start the writer thread"));
         pthread_join(reader, NULL);
         return p->fail_code;
     }
@@ -377,14 +378,15 @@ int pipeline_write(struct pipeline *p, struct st_writer *wr, const struct out_it
     return NF4_OK;
 }
 
-int pipeline_create(struct pipeline **out, struct gpu_ctx *gpu, int threads, uint64_t mem_bytes,
+int pipeline_create(struct pipeline **out, const char *path, struct gpu_ctx *gpu, int threads, uint64_t mem_bytes,
                     uint64_t max_chunk_elements, struct convert_stats *stats, struct progress *progress)
 {
     *out = NULL;
     struct pipeline *p = calloc(1, sizeof *p);
     if (!p)
-        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     p->gpu = gpu;
+    p->path = path;
     p->threads = threads;
     p->stats = stats;
     p->progress = progress;
@@ -397,9 +399,9 @@ int pipeline_create(struct pipeline **out, struct gpu_ctx *gpu, int threads, uin
     for (int i = 0; i < PIPELINE_SLOTS; i++) {
         p->slots[i].arena = gpu ? gpu_host_alloc(gpu, (size_t)p->slot_bytes) : malloc((size_t)p->slot_bytes);
         if (!p->slots[i].arena) {
+            uint64_t mib = (p->slot_bytes * PIPELINE_SLOTS) >> 20; /* p is freed below */
             pipeline_destroy(p);
-            return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory for %" PRIu64 " MiB of buffers",
-                            (p->slot_bytes * PIPELINE_SLOTS) >> 20);
+            return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory for %" PRIu64 " MiB of buffers", mib);
         }
     }
     *out = p;
