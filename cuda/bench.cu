@@ -210,13 +210,62 @@ static dev_job job_for(const input_set &s, const float *d_code, uint64_t n, enum
     return j;
 }
 
-static int run_bnb(const gpu_bench_opts *o, const input_set &s, float *d_code, uint64_t n, float offset)
+static int run_bnb(const gpu_bench_opts *o, const input_set &s, float *d_code, uint64_t n, float offset,
+                   cudaStream_t stream = 0)
 {
     const int blocks = (int)(n / BENCH_BLOCKSIZE);
-    o->bnb_fp32(d_code, s.codes, s.nested, (float *)s.bnb_absmax, BENCH_NESTED_BLOCKSIZE, blocks, NULL);
-    add_offset_kernel<<<CEIL_DIV(blocks, 256), 256>>>((float *)s.bnb_absmax, offset, blocks);
+    o->bnb_fp32(d_code, s.codes, s.nested, (float *)s.bnb_absmax, BENCH_NESTED_BLOCKSIZE, blocks, stream);
+    add_offset_kernel<<<CEIL_DIV(blocks, 256), 256, 0, stream>>>((float *)s.bnb_absmax, offset, blocks);
     cudaCheck(cudaGetLastError());
-    o->bnb_4bit(NULL, s.packed, (float *)s.bnb_absmax, s.bnb_out, BENCH_BLOCKSIZE, (int)n, NULL);
+    o->bnb_4bit(NULL, s.packed, (float *)s.bnb_absmax, s.bnb_out, BENCH_BLOCKSIZE, (int)n, stream);
+    return NF4_OK;
+}
+
+// Times one candidate as replays of a captured graph of BENCH_GRAPH_LAUNCHES
+// back-to-back launches over the rotated input sets: the per-launch time
+// without an event pair and a launch gap around every kernel. Median over
+// `replays` replays, divided by the launches in one replay.
+#define BENCH_GRAPH_LAUNCHES 24
+template <typename Launch>
+static int time_graph(Launch launch_on, int nsets, int replays, double *per_launch_ms)
+{
+    cudaStream_t stream;
+    cudaCheck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaCheck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+    for (int i = 0; i < BENCH_GRAPH_LAUNCHES; i++) {
+        int rc = launch_on(stream, i % nsets);
+        if (rc) {
+            cudaStreamEndCapture(stream, &graph);
+            return rc;
+        }
+    }
+    cudaCheck(cudaStreamEndCapture(stream, &graph));
+    cudaCheck(cudaGraphInstantiate(&exec, graph, 0));
+    std::vector<cudaEvent_t> ev(2 * replays);
+    for (auto &e : ev)
+        cudaCheck(cudaEventCreate(&e));
+    for (int i = 0; i < 3; i++)
+        cudaCheck(cudaGraphLaunch(exec, stream));
+    for (int i = 0; i < replays; i++) {
+        cudaCheck(cudaEventRecord(ev[2 * i], stream));
+        cudaCheck(cudaGraphLaunch(exec, stream));
+        cudaCheck(cudaEventRecord(ev[2 * i + 1], stream));
+    }
+    cudaCheck(cudaStreamSynchronize(stream));
+    std::vector<float> ms;
+    for (int i = 0; i < replays; i++) {
+        float t;
+        cudaCheck(cudaEventElapsedTime(&t, ev[2 * i], ev[2 * i + 1]));
+        ms.push_back(t);
+    }
+    for (auto &e : ev)
+        cudaEventDestroy(e);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    *per_launch_ms = median(ms) / BENCH_GRAPH_LAUNCHES;
     return NF4_OK;
 }
 
@@ -370,6 +419,23 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
     }
     for (int v = 0; v < o->n_variants; v++)
         r->ms[v] = median(times[v]);
+
+    // The default kernel and the bitsandbytes sequence again, as graph replays.
+    const int replays = std::max(100, o->iters / 4);
+    int grc = time_graph(
+        [&](cudaStream_t stream, int k) {
+            dev_job j = job_for(st.sets[k], st.d_code, n, o->out_dtype, offset);
+            return nf4_launch_dequant(&j, table, 0, stream);
+        },
+        nsets, replays, &r->graph_ms);
+    if (grc)
+        return grc;
+    if (bnb) {
+        grc = time_graph([&](cudaStream_t stream, int k) { return run_bnb(o, st.sets[k], st.d_code, n, offset, stream); },
+                         nsets, replays, &r->bnb_graph_ms);
+        if (grc)
+            return grc;
+    }
 
     if (bnb) {
         r->bnb_ms = median(times[o->n_variants]);

@@ -57,6 +57,9 @@ struct gpu_bench_opts {
 struct gpu_bench_result {
     double ms[GPU_BENCH_MAX_VARIANTS]; /* median kernel time per variant (ms) */
     double bnb_ms;     /* median of the bitsandbytes sequence (ms), 0 if not run */
+    /* The same two, per launch, from replays of a CUDA graph of back-to-back
+     * launches (rotating input sets): no per-launch event and launch gaps. */
+    double graph_ms, bnb_graph_ms;
     int bnb_identical; /* 1 if bitsandbytes' output equals nf4deq's byte for byte */
     uint64_t bytes;    /* bytes the fused kernel must move */
     int input_sets;    /* rotated input sets */
