@@ -24,6 +24,9 @@ struct out_item {
 #define PIPELINE_SLOTS 3
 /* Below this a slot cannot hold one block of the largest blocksize with its
  * nested block in fp32; --mem is raised to it. */
+/* Headroom under --mem for what grows after the slots are made: thread stacks,
+ * headers and plans of later shards. */
+#define PIPELINE_RESERVE_BYTES (UINT64_C(24) << 20)
 #ifndef PIPELINE_MIN_SLOT_BYTES /* the fuzz build lowers it to fuzz faster */
 #define PIPELINE_MIN_SLOT_BYTES (UINT64_C(40) << 20)
 #endif
@@ -31,8 +34,9 @@ struct out_item {
 struct gpu_ctx;
 struct pipeline;
 
-/* Allocates the ring: PIPELINE_SLOTS slots sharing `mem_bytes` (pinned through
- * the GPU when there is one). `path` (the output) names it in messages and
+/* Allocates the ring: PIPELINE_SLOTS slots sharing what `mem_bytes` leaves once
+ * the process's current resident memory is counted (pinned through the GPU
+ * when there is one). `path` (the output) names it in messages and
  * must outlive the pipeline. */
 int pipeline_create(struct pipeline **out, const char *path, struct gpu_ctx *gpu, int threads, uint64_t mem_bytes,
                     uint64_t max_chunk_elements, struct convert_stats *stats, struct progress *progress);

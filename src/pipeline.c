@@ -2,6 +2,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -378,6 +379,19 @@ int pipeline_write(struct pipeline *p, struct st_writer *wr, const struct out_it
     return NF4_OK;
 }
 
+/* Resident memory of this process now, from /proc (0 where there is none). */
+static uint64_t resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    unsigned long long size = 0, resident = 0;
+    if (!f)
+        return 0;
+    if (fscanf(f, "%llu %llu", &size, &resident) != 2)
+        resident = 0;
+    fclose(f);
+    return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
+}
+
 int pipeline_create(struct pipeline **out, const char *path, struct gpu_ctx *gpu, int threads, uint64_t mem_bytes,
                     uint64_t max_chunk_elements, struct convert_stats *stats, struct progress *progress)
 {
@@ -391,7 +405,11 @@ int pipeline_create(struct pipeline **out, const char *path, struct gpu_ctx *gpu
     p->stats = stats;
     p->progress = progress;
     p->max_chunk = max_chunk_elements ? max_chunk_elements : UINT64_MAX;
-    p->slot_bytes = mem_bytes / PIPELINE_SLOTS / ARENA_ALIGN * ARENA_ALIGN;
+    /* --mem bounds the whole process: the slots get what is left after what it
+     * already holds (the CUDA runtime alone is ~120 MB once a device is open). */
+    uint64_t held = resident_bytes() + PIPELINE_RESERVE_BYTES;
+    uint64_t for_slots = mem_bytes > held ? mem_bytes - held : 0;
+    p->slot_bytes = for_slots / PIPELINE_SLOTS / ARENA_ALIGN * ARENA_ALIGN;
     if (p->slot_bytes < PIPELINE_MIN_SLOT_BYTES)
         p->slot_bytes = PIPELINE_MIN_SLOT_BYTES;
     pthread_mutex_init(&p->mu, NULL);

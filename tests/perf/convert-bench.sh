@@ -106,7 +106,7 @@ for preset in ${PRESETS:-tinyllama llama3-8b}; do
     fi
     rm -rf "$work/$preset" "$work/floor.src" "$work/out"
 done
-[ "$use_gpu" = 1 ] || { rm -rf "$work"; echo "--- table ---"; cat "$table"; exit 0; }
+{ [ "$use_gpu" = 1 ] && [ "${SKIP_70B:-0}" != 1 ]; } || { rm -rf "$work"; echo "--- table ---"; cat "$table"; exit 0; }
 # 70B: two layers hold every tensor shape the full model has (the 2.1 GB
 # embedding and lm_head, the 28672x8192 MLP weights) in 5 GB shards.
 "$gen" --preset llama3-70b --layers 2 --shard-size 5G "$work/l70" | tee -a "$table"

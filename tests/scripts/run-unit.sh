@@ -8,8 +8,9 @@ for bin in "$@"; do
     log="$build/tests/$(basename "$bin").log"
     "$bin" >"$log" 2>&1
     rc=$?
-    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test(s)\./\1/p' "$log" | tail -n 1)
-    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test(s), listed below:/\1/p' "$log" | tail -n 1)
+    # A program may run several groups: add up every group's counts.
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test(s)\./\1/p' "$log" | awk '{s += $1} END {if (NR) print s}')
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test(s), listed below:/\1/p' "$log" | awk '{s += $1} END {if (NR) print s}')
     passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
     if [ "$rc" -ne 0 ] || [ -n "$f" ]; then
         cat "$log"
