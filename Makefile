@@ -17,7 +17,7 @@ CFLAGS  ?= -O2 -g
 # -ffp-contract=off: bitsandbytes rounds after every multiply and add; a fused
 # multiply-add would change the low bits of the result.
 NF4_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes \
-             -ffp-contract=off -fno-fast-math -Iinclude -pthread
+             -ffp-contract=off -fno-fast-math -Iinclude -pthread -fPIC
 ifeq ($(SANITIZE),1)
 NF4_CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 NF4_LDFLAGS += -fsanitize=address,undefined
@@ -49,16 +49,22 @@ CUDA_SRCS = $(wildcard cuda/*.cu)
 CUDA_OBJS = $(CUDA_SRCS:cuda/%.cu=$(BUILD)/cuda/%.o)
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 EXCLUDE_SRCS = src/gpu_none.c
+SO_GPU_OBJS = $(BUILD)/cuda/dequant.o $(BUILD)/cuda/api.o
 else
 CUDA_OBJS =
 CUDA_LIBS =
 EXCLUDE_SRCS =
+SO_GPU_OBJS = $(BUILD)/obj/gpu_none.o
 endif
 # -----------------------------------------------------------------------------
 
 LIB_SRCS = $(filter-out src/main.c $(EXCLUDE_SRCS),$(wildcard src/*.c))
 LIB_OBJS = $(LIB_SRCS:src/%.c=$(BUILD)/obj/%.o)
 LIBS     = $(CJSON_LIBS) $(CUDA_LIBS) -lm -pthread
+# libnf4deq.so: the public ABI (include/nf4deq.h) and what it needs, no more;
+# the CLI links the same objects from libnf4deq.a.
+SO_OBJS  = $(BUILD)/obj/api.o $(BUILD)/obj/dequant_cpu.o $(BUILD)/obj/status.o $(BUILD)/obj/dtype.o $(SO_GPU_OBJS)
+SO_NAME  = libnf4deq.so.0
 
 TEST_SRCS = $(wildcard tests/unit/test_*.c)
 TEST_BINS = $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
@@ -70,7 +76,7 @@ VENV    = $(BUILD)/venv
 
 .PHONY: all deps check check-unit check-cli check-python check-gpu demo install uninstall clean tools
 
-all: $(BUILD)/nf4deq
+all: $(BUILD)/nf4deq $(BUILD)/libnf4deq.so
 
 # Installs what the build needs when it is missing: as root through apt-get,
 # otherwise by printing the exact command and stopping.
@@ -88,6 +94,15 @@ $(BUILD)/cuda/%.o: cuda/%.cu $(wildcard include/*.h cuda/*.cuh)
 $(BUILD)/libnf4deq.a: $(LIB_OBJS) $(CUDA_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
+
+$(BUILD)/libnf4deq.so: $(SO_OBJS) src/libnf4deq.map
+	$(CC) -shared -Wl,-soname,$(SO_NAME) -Wl,--version-script=src/libnf4deq.map -Wl,--no-undefined \
+	    $(NF4_LDFLAGS) $(LDFLAGS) -o $@ $(SO_OBJS) $(CUDA_LIBS) -lm -pthread
+
+$(BUILD)/nf4deq.pc: Makefile
+	@mkdir -p $(@D)
+	printf 'prefix=%s\nlibdir=$${prefix}/lib\nincludedir=$${prefix}/include\n\nName: nf4deq\nDescription: bitsandbytes 4-bit dequantization, bit-identical, CPU and CUDA\nVersion: %s\nLibs: -L$${libdir} -lnf4deq\nCflags: -I$${includedir}\n' \
+	    '$(PREFIX)' '$(VERSION)' > $@
 
 $(BUILD)/nf4deq: $(BUILD)/obj/main.o $(BUILD)/libnf4deq.a
 	$(CC) $(NF4_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS)
@@ -112,14 +127,21 @@ check: deps all tools $(TEST_BINS)
 demo: deps all
 	@sh tests/scripts/demo.sh $(BUILD)
 
-install: all
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/doc/nf4deq
+install: all $(BUILD)/nf4deq.pc
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/doc/nf4deq \
+	    $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 755 $(BUILD)/nf4deq $(DESTDIR)$(PREFIX)/bin/nf4deq
+	install -m 644 include/nf4deq.h $(DESTDIR)$(PREFIX)/include/nf4deq.h
+	install -m 755 $(BUILD)/libnf4deq.so $(DESTDIR)$(PREFIX)/lib/$(SO_NAME)
+	ln -sf $(SO_NAME) $(DESTDIR)$(PREFIX)/lib/libnf4deq.so
+	install -m 644 $(BUILD)/nf4deq.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/nf4deq.pc
 	install -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/nf4deq/README.md
 	install -m 644 docs/nf4deq.1 $(DESTDIR)$(PREFIX)/share/man/man1/nf4deq.1
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/nf4deq $(DESTDIR)$(PREFIX)/share/man/man1/nf4deq.1
+	rm -f $(DESTDIR)$(PREFIX)/bin/nf4deq $(DESTDIR)$(PREFIX)/share/man/man1/nf4deq.1 \
+	    $(DESTDIR)$(PREFIX)/include/nf4deq.h $(DESTDIR)$(PREFIX)/lib/$(SO_NAME) \
+	    $(DESTDIR)$(PREFIX)/lib/libnf4deq.so $(DESTDIR)$(PREFIX)/lib/pkgconfig/nf4deq.pc
 	rm -rf $(DESTDIR)$(PREFIX)/share/doc/nf4deq
 
 clean:

@@ -225,7 +225,8 @@ __device__ __forceinline__ float block_absmax(const dev_job &j, uint64_t block, 
         uint32_t code = ld_code_u8<HINTS>(j.absmax_code + block);
         float scale = ld_f32_keep<HINTS>(j.nested_absmax + (block >> nbs_log2));
         float c = ld_f32_keep<HINTS>(j.nested_code + code);
-        a = __fadd_rn(mul_ftz<ASM>(c, scale), j.nested_offset);
+        float offset = j.nested_offset_ptr ? ld_f32_keep<HINTS>(j.nested_offset_ptr) : j.nested_offset;
+        a = __fadd_rn(mul_ftz<ASM>(c, scale), offset);
     } else {
         a = ld_f32_keep<HINTS>(j.absmax + block);
     }

@@ -39,6 +39,7 @@ struct dev_job {
     const float *nested_absmax;
     const float *nested_code;
     float nested_offset;
+    const float *nested_offset_ptr; // device scalar that overrides nested_offset (PyTorch keeps it on the GPU)
     uint64_t n;
     uint32_t blocksize;
     uint32_t nested_blocksize;

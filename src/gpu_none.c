@@ -96,3 +96,18 @@ int gpu_bench_shape(struct gpu_ctx *ctx, const struct gpu_bench_opts *o, struct 
     (void)r;
     return nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, NO_CUDA_MSG);
 }
+
+/* The GPU half of include/nf4deq.h in a build without CUDA. */
+#include "nf4deq.h"
+
+int nf4deq_dequantize_cuda(const void *packed, const void *absmax, const float *nested_absmax,
+                           const float *nested_code, float nested_offset, const float *nested_offset_device,
+                           uint64_t n, uint32_t blocksize, uint32_t nested_blocksize, int quant_type,
+                           int out_dtype, void *out, void *stream)
+{
+    (void)packed, (void)absmax, (void)nested_absmax, (void)nested_code, (void)nested_offset;
+    (void)nested_offset_device, (void)n, (void)blocksize, (void)nested_blocksize, (void)quant_type;
+    (void)out_dtype, (void)out, (void)stream;
+    nf4_clear_error();
+    return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, NO_CUDA_MSG);
+}
