@@ -14,6 +14,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "status.h"
+#include "strbuf.h"
 
 /* ---- a minimal JSON scanner, run only on text cJSON has already accepted ---- */
 
@@ -65,38 +66,6 @@ struct member {
     size_t key_start, key_end; /* the key including its quotes */
     size_t value_start, value_end;
 };
-
-struct outbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-};
-
-static void out_put(struct outbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap * 2 : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void out_puts(struct outbuf *b, const char *s)
-{
-    out_put(b, s, strlen(s));
-}
 
 static int hex_digit(char h)
 {
@@ -190,7 +159,7 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
         if (i < len && json[i] == ',')
             i = skip_ws(json, i + 1, len);
     }
-    struct outbuf b = {0};
+    struct strbuf b = {0};
     char quoted[64] = "";
     if (dtype_name)
         snprintf(quoted, sizeof quoted, "\"%s\"", dtype_name);
@@ -202,37 +171,37 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
         sep = json + mem[0].value_end;
         sep_len = mem[1].key_start - mem[0].value_end;
     }
-    out_put(&b, json, count ? mem[0].key_start : open + 1);
+    strbuf_put(&b, json, count ? mem[0].key_start : open + 1);
     for (size_t k = 0; k < count; k++) {
         const struct member *m = &mem[k];
         if (key_is(json, m, "quantization_config"))
             continue;
         if (written++)
-            out_put(&b, sep, sep_len);
+            strbuf_put(&b, sep, sep_len);
         int replace = dtype_name && (key_is(json, m, "dtype") || key_is(json, m, "torch_dtype"));
         have_dtype |= key_is(json, m, "dtype");
         have_torch_dtype |= key_is(json, m, "torch_dtype");
-        out_put(&b, json + m->key_start, (replace ? m->value_start : m->value_end) - m->key_start);
+        strbuf_put(&b, json + m->key_start, (replace ? m->value_start : m->value_end) - m->key_start);
         if (replace)
-            out_puts(&b, quoted);
+            strbuf_puts(&b, quoted);
     }
     static const char *const DTYPE_KEYS[] = {"dtype", "torch_dtype"};
     for (int k = 0; k < 2 && dtype_name; k++) {
         if (k == 0 ? have_dtype : have_torch_dtype)
             continue;
         if (written++)
-            out_put(&b, sep, sep_len);
+            strbuf_put(&b, sep, sep_len);
         else if (count == 0)
-            out_puts(&b, "\n  ");
-        out_puts(&b, "\"");
-        out_puts(&b, DTYPE_KEYS[k]);
-        out_puts(&b, "\": ");
-        out_puts(&b, quoted);
+            strbuf_puts(&b, "\n  ");
+        strbuf_puts(&b, "\"");
+        strbuf_puts(&b, DTYPE_KEYS[k]);
+        strbuf_puts(&b, "\": ");
+        strbuf_puts(&b, quoted);
     }
     size_t tail = count ? mem[count - 1].value_end : open + 1;
     if (count == 0 && written)
-        out_puts(&b, "\n");
-    out_put(&b, json + tail, len - tail);
+        strbuf_puts(&b, "\n");
+    strbuf_put(&b, json + tail, len - tail);
     free(mem);
     if (b.oom) {
         free(b.p);
@@ -243,46 +212,27 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
     return NF4_OK;
 }
 
-static void out_json_string(struct outbuf *b, const char *s)
-{
-    out_puts(b, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        char tmp[8];
-        if (*p == '"' || *p == '\\') {
-            tmp[0] = '\\';
-            tmp[1] = (char)*p;
-            out_put(b, tmp, 2);
-        } else if (*p < 0x20) {
-            snprintf(tmp, sizeof tmp, "\\u%04x", *p);
-            out_puts(b, tmp);
-        } else {
-            out_put(b, (const char *)p, 1);
-        }
-    }
-    out_puts(b, "\"");
-}
-
 int index_render(const char *path, const char *metadata_json, uint64_t total_size, uint64_t total_parameters,
                  const struct index_out_entry *entries, size_t n, char **out, size_t *out_len)
 {
-    struct outbuf b = {0};
+    struct strbuf b = {0};
     char num[32];
     cJSON *meta = NULL;
     /* metadata_json was printed by cJSON from a valid document: only memory can fail here. */
     if (metadata_json && !(meta = cJSON_Parse(metadata_json)))
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     int have_params = meta && cJSON_GetObjectItemCaseSensitive(meta, "total_parameters");
-    out_puts(&b, "{\n  \"metadata\": {");
+    strbuf_puts(&b, "{\n  \"metadata\": {");
     int first = 1;
     if (have_params) {
         snprintf(num, sizeof num, "%" PRIu64, total_parameters);
-        out_puts(&b, "\n    \"total_parameters\": ");
-        out_puts(&b, num);
+        strbuf_puts(&b, "\n    \"total_parameters\": ");
+        strbuf_puts(&b, num);
         first = 0;
     }
     snprintf(num, sizeof num, "%" PRIu64, total_size);
-    out_puts(&b, first ? "\n    \"total_size\": " : ",\n    \"total_size\": ");
-    out_puts(&b, num);
+    strbuf_puts(&b, first ? "\n    \"total_size\": " : ",\n    \"total_size\": ");
+    strbuf_puts(&b, num);
     for (const cJSON *c = meta ? meta->child : NULL; c; c = c->next) {
         if (strcmp(c->string, "total_size") == 0 || strcmp(c->string, "total_parameters") == 0)
             continue;
@@ -291,21 +241,21 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
             b.oom = 1;
             break;
         }
-        out_puts(&b, ",\n    ");
-        out_json_string(&b, c->string);
-        out_puts(&b, ": ");
-        out_puts(&b, value);
+        strbuf_puts(&b, ",\n    ");
+        strbuf_json_string(&b, c->string);
+        strbuf_puts(&b, ": ");
+        strbuf_puts(&b, value);
         free(value);
     }
     cJSON_Delete(meta);
-    out_puts(&b, "\n  },\n  \"weight_map\": {");
+    strbuf_puts(&b, "\n  },\n  \"weight_map\": {");
     for (size_t i = 0; i < n; i++) {
-        out_puts(&b, i ? ",\n    " : "\n    ");
-        out_json_string(&b, entries[i].tensor);
-        out_puts(&b, ": ");
-        out_json_string(&b, entries[i].file);
+        strbuf_puts(&b, i ? ",\n    " : "\n    ");
+        strbuf_json_string(&b, entries[i].tensor);
+        strbuf_puts(&b, ": ");
+        strbuf_json_string(&b, entries[i].file);
     }
-    out_puts(&b, "\n  }\n}\n");
+    strbuf_puts(&b, "\n  }\n}\n");
     if (b.oom) {
         free(b.p);
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");

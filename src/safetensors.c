@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +13,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "status.h"
+#include "strbuf.h"
 
 /* JSON numbers are doubles in cJSON: integers above 2^53 cannot be told apart. */
 #define MAX_EXACT_JSON_INT (UINT64_C(1) << 53)
@@ -475,107 +475,47 @@ static int cmp_by_name(const void *a, const void *b)
     return strcmp(x->t->name, y->t->name);
 }
 
-struct strbuf {
-    char *p;
-    size_t len, cap;
-    int oom;
-};
-
-static void sb_put(struct strbuf *b, const char *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = '\0';
-}
-
-static void sb_puts(struct strbuf *b, const char *s)
-{
-    sb_put(b, s, strlen(s));
-}
-
-static void sb_printf(struct strbuf *b, const char *fmt, ...) NF4_PRINTF(2, 3);
-static void sb_printf(struct strbuf *b, const char *fmt, ...)
-{
-    char tmp[64];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        sb_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
-}
-
-static void sb_json_string(struct strbuf *b, const char *s)
-{
-    sb_put(b, "\"", 1);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        if (*p == '"' || *p == '\\') {
-            char esc[2] = {'\\', (char)*p};
-            sb_put(b, esc, 2);
-        } else if (*p < 0x20) {
-            sb_printf(b, "\\u%04x", *p);
-        } else {
-            sb_put(b, (const char *)p, 1);
-        }
-    }
-    sb_put(b, "\"", 1);
-}
-
 static int build_header(struct strbuf *b, const struct st_out_tensor *tensors, const struct order_key *keys,
                         size_t n, const uint64_t *sizes, const struct st_meta *meta, size_t nmeta)
 {
-    sb_puts(b, "{\"__metadata__\":{");
+    strbuf_puts(b, "{\"__metadata__\":{");
     int have_format = 0;
     for (size_t i = 0; i < nmeta; i++)
         if (strcmp(meta[i].key, "format") == 0)
             have_format = 1;
     int first = 1;
     if (!have_format) {
-        sb_puts(b, "\"format\":\"pt\"");
+        strbuf_puts(b, "\"format\":\"pt\"");
         first = 0;
     }
     for (size_t i = 0; i < nmeta; i++) {
         if (!first)
-            sb_puts(b, ",");
+            strbuf_puts(b, ",");
         first = 0;
-        sb_json_string(b, meta[i].key);
-        sb_puts(b, ":");
-        sb_json_string(b, meta[i].value);
+        strbuf_json_string(b, meta[i].key);
+        strbuf_puts(b, ":");
+        strbuf_json_string(b, meta[i].value);
     }
-    sb_puts(b, "}");
+    strbuf_puts(b, "}");
     uint64_t offset = 0;
     for (size_t k = 0; k < n; k++) {
         const struct st_out_tensor *t = &tensors[keys[k].index];
-        sb_puts(b, ",");
-        sb_json_string(b, t->name);
-        sb_puts(b, ":{\"dtype\":");
-        sb_json_string(b, dtype_name(t->dtype));
-        sb_puts(b, ",\"shape\":[");
+        strbuf_puts(b, ",");
+        strbuf_json_string(b, t->name);
+        strbuf_puts(b, ":{\"dtype\":");
+        strbuf_json_string(b, dtype_name(t->dtype));
+        strbuf_puts(b, ",\"shape\":[");
         for (size_t d = 0; d < t->ndim; d++)
-            sb_printf(b, d ? ",%" PRIu64 : "%" PRIu64, t->shape[d]);
+            strbuf_printf(b, d ? ",%" PRIu64 : "%" PRIu64, t->shape[d]);
         uint64_t size = sizes[keys[k].index];
-        sb_printf(b, "],\"data_offsets\":[%" PRIu64 ",", offset);
-        sb_printf(b, "%" PRIu64 "]}", offset + size);
+        strbuf_printf(b, "],\"data_offsets\":[%" PRIu64 ",", offset);
+        strbuf_printf(b, "%" PRIu64 "]}", offset + size);
         offset += size;
     }
-    sb_puts(b, "}");
+    strbuf_puts(b, "}");
     /* Pad with spaces so tensor data starts 8-byte aligned. */
     while (!b->oom && b->len % 8 != 0)
-        sb_puts(b, " ");
+        strbuf_puts(b, " ");
     return b->oom ? NF4_ESOFTWARE : NF4_OK;
 }
 

@@ -8,27 +8,6 @@
 
 #define BNB4 FIXTURES "/tensors.bnb4.safetensors"
 
-struct scratch {
-    char *dir;
-};
-
-static int scratch_setup(void **state)
-{
-    struct scratch *s = calloc(1, sizeof *s);
-    s->dir = tu_mkdtemp();
-    *state = s;
-    return 0;
-}
-
-static int scratch_teardown(void **state)
-{
-    struct scratch *s = *state;
-    tu_rmtree(s->dir);
-    free(s->dir);
-    free(s);
-    return 0;
-}
-
 static void assert_one_line_error(const struct tu_run *r, const char *must_contain)
 {
     assert_int_equal(tu_lines(r->err), 1);
@@ -60,7 +39,7 @@ static void test_help_and_version_go_to_stdout(void **state)
 
 static void test_usage_errors_exit_2(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     char *out = tu_strdupf("%s/out.safetensors", s->dir);
     const char *const CASES[][8] = {
         {NULL},
@@ -91,7 +70,7 @@ static void test_usage_errors_exit_2(void **state)
 
 static void test_missing_input_exits_66(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     char *in = tu_strdupf("%s/nope.safetensors", s->dir), *out = tu_strdupf("%s/out.safetensors", s->dir);
     struct tu_run r = tu_run("convert", in, out, NULL);
     assert_int_equal(r.status, 66);
@@ -112,7 +91,7 @@ static void test_missing_input_exits_66(void **state)
 
 static void test_existing_output_needs_force(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     char *out = tu_strdupf("%s/out.safetensors", s->dir);
     tu_write_file(out, "keep me", 7);
     struct tu_run r = tu_run("convert", "-q", BNB4, out, NULL);
@@ -133,7 +112,7 @@ static void test_existing_output_needs_force(void **state)
 
 static void test_output_directory_replaced_only_with_force(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     char *out = tu_strdupf("%s/model", s->dir);
     const char *in = FIXTURES "/tiny-llama-bf16-bnb4-sharded";
     struct tu_run r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
@@ -156,7 +135,7 @@ static void test_output_directory_replaced_only_with_force(void **state)
 
 static void test_refuses_to_overwrite_input(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     char *in = tu_strdupf("%s/in.safetensors", s->dir);
     size_t len;
     char *orig = tu_read_file(BNB4, &len);
@@ -186,7 +165,7 @@ static void test_refuses_to_overwrite_input(void **state)
 
 static void test_file_and_directory_do_not_mix(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     struct tu_run r = tu_run("convert", "--force", BNB4, s->dir, NULL);
     assert_int_equal(r.status, 2);
     tu_run_free(&r);
@@ -195,7 +174,7 @@ static void test_file_and_directory_do_not_mix(void **state)
 
 static void test_device_choice_without_gpu(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     if (gpu_device_count() > 0)
         skip();
     char *out = tu_strdupf("%s/out.safetensors", s->dir);
@@ -310,7 +289,7 @@ static char *make_hub_cache_snapshot(const char *root, const char *model)
 
 static void test_symlinks_inside_the_hub_cache_are_followed(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     char *snap = make_hub_cache_snapshot(s->dir, FIXTURES "/tiny-llama-bf16-bnb4-sharded");
     char *out = tu_strdupf("%s/out", s->dir), *evil = tu_strdupf("%s/stolen.txt", snap);
     assert_int_equal(symlink("/etc/hostname", evil), 0);
@@ -331,7 +310,7 @@ static void test_symlinks_inside_the_hub_cache_are_followed(void **state)
 
 static void test_shard_linking_outside_the_model_is_refused(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     char *model = tu_strdupf("%s/model", s->dir), *out = tu_strdupf("%s/out", s->dir);
     char *cmd = tu_strdupf("cp -r %s %s && mv %s/model-00002-of-00005.safetensors %s/ && "
                            "ln -s ../model-00002-of-00005.safetensors %s/model-00002-of-00005.safetensors",
@@ -351,18 +330,18 @@ static void test_shard_linking_outside_the_model_is_refused(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_help_and_version_go_to_stdout, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_usage_errors_exit_2, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_missing_input_exits_66, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_existing_output_needs_force, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_output_directory_replaced_only_with_force, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_refuses_to_overwrite_input, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_file_and_directory_do_not_mix, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_inspect_text_and_json, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_stdout_write_error_exits_74, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_symlinks_inside_the_hub_cache_are_followed, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_help_and_version_go_to_stdout, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_usage_errors_exit_2, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_missing_input_exits_66, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_existing_output_needs_force, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_output_directory_replaced_only_with_force, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_refuses_to_overwrite_input, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_file_and_directory_do_not_mix, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_inspect_text_and_json, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_stdout_write_error_exits_74, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_symlinks_inside_the_hub_cache_are_followed, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
 }

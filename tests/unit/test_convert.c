@@ -10,27 +10,6 @@
 #include "fpconv.h"
 #include "model.h"
 
-struct scratch {
-    char *dir;
-};
-
-static int scratch_setup(void **state)
-{
-    struct scratch *s = calloc(1, sizeof *s);
-    s->dir = tu_mkdtemp();
-    *state = s;
-    return 0;
-}
-
-static int scratch_teardown(void **state)
-{
-    struct scratch *s = *state;
-    tu_rmtree(s->dir);
-    free(s->dir);
-    free(s);
-    return 0;
-}
-
 /* Compares the tensor `name` of two opened models. */
 static void assert_tensor_matches(const struct model *got, const char *got_name, const struct st_file *want,
                                   const char *want_name)
@@ -86,7 +65,7 @@ static void convert_ok(const char *in, const char *out, const char *dtype)
 
 static void test_tensor_file_every_dtype(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     static const char *const DTYPES[][2] = {{"bf16", "bf16"}, {"fp16", "f16"}, {"fp32", "f32"}};
     for (size_t i = 0; i < 3; i++) {
         char *out = tu_strdupf("%s/out-%s.safetensors", s->dir, DTYPES[i][0]);
@@ -102,7 +81,7 @@ static void test_tensor_file_every_dtype(void **state)
  * what bitsandbytes returns, and other tensors are untouched. */
 static void test_tensor_file_natural_dtype(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     char *out = tu_strdupf("%s/natural.safetensors", s->dir);
     convert_ok(FIXTURES "/tensors.bnb4.safetensors", out, NULL);
     struct model *got;
@@ -187,7 +166,7 @@ static void check_model_dir(const char *in, const char *out, const char *expecte
 
 static void test_model_directories(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     static const char *const MODELS[] = {"bf16", "fp16"};
     static const char *const LAYOUTS[] = {"", "-sharded"};
     static const struct {
@@ -214,7 +193,7 @@ static void test_model_directories(void **state)
 /* Chunked dequantization (the smallest chunk a weight allows) writes the same bytes. */
 static void test_smallest_chunks_same_bytes(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     struct convert_opts o;
     convert_opts_init(&o);
     o.device = DEVICE_CPU;
@@ -340,7 +319,7 @@ static uint32_t reference_element(const struct synth *sy, uint64_t e, const uint
 
 static void test_awkward_sizes_match_reference(void **state)
 {
-    struct scratch *s = *state;
+    struct tu_scratch *s = *state;
     static const uint64_t SIZES[] = {1, 63, 65, 1023, 1025, (1u << 20) + 3};
     static const uint32_t BLOCKSIZES[] = {32, 64, 128, 256, 512, 1024, 2048, 4096};
     static const enum st_dtype STORAGE[] = {DT_U8, DT_BF16, DT_F32};
@@ -410,11 +389,11 @@ static void test_awkward_sizes_match_reference(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_tensor_file_every_dtype, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_tensor_file_natural_dtype, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_model_directories, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_smallest_chunks_same_bytes, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_awkward_sizes_match_reference, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_file_every_dtype, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_file_natural_dtype, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_model_directories, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_smallest_chunks_same_bytes, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_awkward_sizes_match_reference, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("convert", tests, NULL, NULL);
 }

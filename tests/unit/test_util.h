@@ -57,6 +57,30 @@ static inline void tu_rmtree(const char *dir)
 }
 
 /* Number of directory entries other than . and .. (temp files left behind show up here). */
+/* A scratch directory per test, as a CMocka setup/teardown pair. */
+struct tu_scratch {
+    char *dir;
+};
+
+static inline int tu_scratch_setup(void **state)
+{
+    struct tu_scratch *s = calloc(1, sizeof *s);
+    if (!s)
+        return -1;
+    s->dir = tu_mkdtemp();
+    *state = s;
+    return 0;
+}
+
+static inline int tu_scratch_teardown(void **state)
+{
+    struct tu_scratch *s = *state;
+    tu_rmtree(s->dir);
+    free(s->dir);
+    free(s);
+    return 0;
+}
+
 static inline int tu_count_entries(const char *dir)
 {
     DIR *d = opendir(dir);

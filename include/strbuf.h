@@ -1,0 +1,24 @@
+/* A growable string for the JSON nf4deq writes (safetensors headers, index.json,
+ * config.json). Appends after an allocation failure are dropped and `oom` set,
+ * so a writer checks once at the end. */
+#ifndef NF4DEQ_STRBUF_H
+#define NF4DEQ_STRBUF_H
+
+#include <stddef.h>
+
+#include "status.h"
+
+struct strbuf {
+    char *p; /* NUL-terminated once anything was appended */
+    size_t len, cap;
+    int oom;
+};
+
+void strbuf_put(struct strbuf *b, const char *s, size_t n);
+void strbuf_puts(struct strbuf *b, const char *s);
+void strbuf_printf(struct strbuf *b, const char *fmt, ...) NF4_PRINTF(2, 3);
+/* Appends s as a JSON string literal: quotes, backslashes and control
+ * characters escaped, other bytes (UTF-8 included) as they are. */
+void strbuf_json_string(struct strbuf *b, const char *s);
+
+#endif

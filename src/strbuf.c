@@ -1,0 +1,59 @@
+#include "strbuf.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void strbuf_put(struct strbuf *b, const char *s, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 4096;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+}
+
+void strbuf_puts(struct strbuf *b, const char *s)
+{
+    strbuf_put(b, s, strlen(s));
+}
+
+void strbuf_printf(struct strbuf *b, const char *fmt, ...)
+{
+    char tmp[128];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        strbuf_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+}
+
+void strbuf_json_string(struct strbuf *b, const char *s)
+{
+    strbuf_put(b, "\"", 1);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') {
+            char esc[2] = {'\\', (char)*p};
+            strbuf_put(b, esc, 2);
+        } else if (*p < 0x20) {
+            strbuf_printf(b, "\\u%04x", *p);
+        } else {
+            strbuf_put(b, (const char *)p, 1);
+        }
+    }
+    strbuf_put(b, "\"", 1);
+}
