@@ -10,7 +10,8 @@
 #   make gpu-tests        just build them
 #   GPU_BIG=0             skip the > 2^31-element tensor (needs ~13 GB host memory)
 
-GPU_BINS     = $(BUILD)/gpu/test_gpu $(BUILD)/gpu/nf4bench
+GPU_BINS     = $(BUILD)/gpu/test_gpu $(BUILD)/gpu/nf4bench $(BUILD)/gpu/test_gpu_faults
+GPU_WRAPS_test_gpu_faults = -Wl,--wrap=cudaMalloc -Wl,--wrap=cudaMemcpyAsync
 PTX75_BUILD ?= build/ptx75
 NOASM_BUILD ?= build/noasm
 GPU_BIG     ?= 1
@@ -19,7 +20,8 @@ GPU_BIG     ?= 1
 
 $(BUILD)/gpu/%: tests/gpu/%.c $(BUILD)/libnf4deq.a $(wildcard include/*.h)
 	@mkdir -p $(@D)
-	$(CC) $(NF4_CFLAGS) $(CFLAGS) -o $@ $< $(BUILD)/libnf4deq.a $(LIBS) $(NF4_LDFLAGS)
+	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) -I$(CUDA_HOME)/include $(CFLAGS) -o $@ $< $(BUILD)/libnf4deq.a $(LIBS) \
+	    $(NF4_LDFLAGS) $(GPU_WRAPS_$*)
 
 gpu-tests: $(GPU_BINS)
 

@@ -19,6 +19,11 @@ big=
 echo "== check-gpu: $BUILD/gpu/test_gpu $big"
 "$BUILD/gpu/test_gpu" $big || status=1
 
+if [ -x "$BUILD/gpu/test_gpu_faults" ]; then
+    echo "== check-gpu: $BUILD/gpu/test_gpu_faults (cudaMalloc / cudaMemcpyAsync failures)"
+    "$BUILD/gpu/test_gpu_faults" || status=1
+fi
+
 echo "== check-gpu: $PTX/gpu/test_gpu (compute_75 PTX only, JIT)"
 if command -v cuobjdump >/dev/null 2>&1; then
     elfs=$(cuobjdump --list-elf "$PTX/gpu/test_gpu" 2>/dev/null | wc -l)
