@@ -74,7 +74,7 @@ TOOL_BINS = $(TOOL_SRCS:tests/tools/%.c=$(BUILD)/tools/%)
 PYTHON ?= python3
 VENV    = $(BUILD)/venv
 
-.PHONY: all deps check check-unit check-cli check-python check-gpu demo install uninstall clean tools
+.PHONY: all deps test-deps check check-unit check-cli check-python check-gpu demo install uninstall clean tools
 
 all: $(BUILD)/nf4deq $(BUILD)/libnf4deq.so
 
@@ -82,6 +82,10 @@ all: $(BUILD)/nf4deq $(BUILD)/libnf4deq.so
 # otherwise by printing the exact command and stopping.
 deps:
 	@sh tests/scripts/ensure-deps.sh build
+
+# What the tests need (CMocka, python3 with venv), before any test compiles.
+test-deps: deps
+	@sh tests/scripts/ensure-deps.sh test
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard include/*.h) | deps
 	@mkdir -p $(@D)
@@ -107,7 +111,7 @@ $(BUILD)/nf4deq.pc: Makefile
 $(BUILD)/nf4deq: $(BUILD)/obj/main.o $(BUILD)/libnf4deq.a
 	$(CC) $(NF4_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/test_util.h $(BUILD)/libnf4deq.a $(BUILD)/nf4deq | deps
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/test_util.h $(BUILD)/libnf4deq.a $(BUILD)/nf4deq | test-deps
 	@mkdir -p $(@D)
 	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS) -Itests/unit -DNF4DEQ_BIN='"$(BUILD)/nf4deq"' -o $@ $< \
 	    $(BUILD)/libnf4deq.a $(CMOCKA_LIBS) $(LIBS) $(NF4_LDFLAGS) $(TEST_WRAPS_$*)
@@ -118,8 +122,7 @@ $(BUILD)/tools/%: tests/tools/%.c $(BUILD)/libnf4deq.a
 
 tools: $(TOOL_BINS)
 
-check: deps all tools $(TEST_BINS)
-	@sh tests/scripts/ensure-deps.sh test
+check: test-deps all tools $(TEST_BINS)
 	@sh tests/scripts/run-unit.sh $(BUILD) $(TEST_BINS)
 	@sh tests/scripts/check-hostile.sh $(BUILD)
 	@sh tests/scripts/check-python.sh $(BUILD) $(PYTHON)

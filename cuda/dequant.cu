@@ -651,9 +651,23 @@ static int run_pipeline(gpu_ctx *c, const dequant_job *j, unsigned variant, laun
         if (rc)
             return rc;
     }
-    if (nested)
-        cudaCheck(cudaMemcpy(c->d_code, j->nested_code, NESTED_CODE_ENTRIES * sizeof(float),
-                             cudaMemcpyHostToDevice));
+    if (nested) {
+        // The kernels run on non-blocking streams, which would not wait for a
+        // copy on the legacy stream (and a pageable-source cudaMemcpy may return
+        // before its DMA lands): queue the table on stream 0 and make every
+        // other stream wait for it.
+        cudaCheck(cudaMemcpyAsync(c->d_code, j->nested_code, NESTED_CODE_ENTRIES * sizeof(float),
+                                  cudaMemcpyHostToDevice, c->streams[0]));
+        if (nslots > 1) {
+            cudaEvent_t table_ready;
+            cudaCheck(cudaEventCreateWithFlags(&table_ready, cudaEventDisableTiming));
+            cudaError_t err = cudaEventRecord(table_ready, c->streams[0]);
+            for (int s = 1; s < nslots && err == cudaSuccess; s++)
+                err = cudaStreamWaitEvent(c->streams[s], table_ready, 0);
+            cudaEventDestroy(table_ready);
+            cudaCheck(err);
+        }
+    }
 
     c->last_subchunks = 0;
     for (uint64_t start = 0, i = 0; start < j->n; start += sub_n, i++) {

@@ -269,6 +269,12 @@ static int is_model_file(const struct model *m, const char *name)
     return 0;
 }
 
+static int ends_with_safetensors(const char *name)
+{
+    size_t n = strlen(name), k = strlen(".safetensors");
+    return n > k && strcmp(name + n - k, ".safetensors") == 0;
+}
+
 static int copy_other_files(const struct model *m, const char *in_dir, const char *dir)
 {
     DIR *d = opendir(in_dir);
@@ -286,6 +292,12 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
         } else if (stat(from, &st) != 0) {
             code = nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot stat");
+        } else if (S_ISREG(st.st_mode) && ends_with_safetensors(name)) {
+            /* A checkpoint file that is not part of this model (an older
+             * model.safetensors beside the shards, say) would be copied still
+             * quantized, and transformers may load it first. */
+            nf4_warn("%s: not part of the model (not in %s); not copied", from,
+                     m->sharded ? INDEX_FILE_NAME : SINGLE_FILE_NAME);
         } else if (S_ISREG(st.st_mode) && !path_stays_in_model(in_dir, from)) {
             nf4_warn("%s: links to a file outside the model directory; not copied", from);
         } else if (S_ISREG(st.st_mode)) {
@@ -309,8 +321,34 @@ static int publish_dir(const char *tmp, const char *out, int replace)
         return NF4_OK;
     }
     /* Swap the new tree in atomically; the old one ends up at tmp and goes. */
-    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE) != 0)
-        return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot swap the finished directory into place");
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE) != 0) {
+        if (errno != EINVAL && errno != ENOSYS)
+            return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL,
+                                  "cannot swap the finished directory into place");
+        /* No RENAME_EXCHANGE here (NFS, some FUSE file systems): move the old
+         * tree aside first. For a moment OUT does not exist, but neither
+         * tree is ever lost. */
+        char *old = NULL;
+        if (create_temp_dir_beside(out, &old) != 0 || rmdir(old) != 0 || rename(out, old) != 0) {
+            int e = errno;
+            if (old)
+                temp_unregister(old);
+            free(old);
+            return nf4_fail_errno(NF4_ECANTCREAT, e, out, NULL, "cannot move the old directory aside");
+        }
+        if (rename(tmp, out) != 0) {
+            int e = errno;
+            rename(old, out);
+            temp_unregister(old);
+            free(old);
+            return nf4_fail_errno(NF4_ECANTCREAT, e, out, NULL, "cannot rename the finished directory into place");
+        }
+        temp_unregister(old);
+        if (remove_tree(old) != 0)
+            nf4_warn("%s: could not remove the replaced output: %s", old, strerror(errno));
+        free(old);
+        return NF4_OK;
+    }
     if (remove_tree(tmp) != 0)
         nf4_warn("%s: could not remove the replaced output: %s", tmp, strerror(errno));
     return NF4_OK;

@@ -327,6 +327,27 @@ static void test_shard_linking_outside_the_model_is_refused(void **state)
     free(out);
 }
 
+/* A 4-bit model.safetensors left beside the shards must not reach the output:
+ * transformers could load it, still quantized, before the index. */
+static void test_stray_checkpoint_files_are_not_copied(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *model = tu_strdupf("%s/model", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    char *cmd = tu_strdupf("cp -r %s %s && cp %s/model.safetensors %s/", FIXTURES "/tiny-llama-bf16-bnb4-sharded",
+                           model, FIXTURES "/tiny-llama-bf16-bnb4", model);
+    assert_int_equal(system(cmd), 0);
+    struct tu_run r = tu_run("convert", "--device", "cpu", model, out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "model.safetensors: not part of the model"));
+    tu_run_free(&r);
+    char *stray = tu_strdupf("%s/model.safetensors", out);
+    assert_false(tu_exists(stray));
+    free(stray);
+    free(cmd);
+    free(model);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -342,6 +363,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stdout_write_error_exits_74, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_symlinks_inside_the_hub_cache_are_followed, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_stray_checkpoint_files_are_not_copied, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
 }
