@@ -27,3 +27,11 @@ for m in bf16 fp16; do
     done
 done
 "$venv/bin/python" tests/python/check_outputs.py "$out" "$fx"
+# The C ABI's CPU path through ctypes, against the fixtures (no torch, no GPU).
+# A sanitized libnf4deq.so needs the ASan runtime loaded before python itself.
+preload=""
+if ldd "$build/libnf4deq.so" 2>/dev/null | grep -q libasan; then
+    preload="$(${CC:-cc} -print-file-name=libasan.so)"
+fi
+NF4DEQ_LIBRARY="$build/libnf4deq.so" LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0 \
+    "$venv/bin/python" bindings/python/tests/test_cpu_abi.py

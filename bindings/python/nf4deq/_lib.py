@@ -1,0 +1,115 @@
+"""Loads libnf4deq.so with ctypes. Needs nothing but the standard library, so the
+CPU ABI can be tested (and used with numpy) where torch is not installed."""
+import ctypes
+import ctypes.util
+import os
+from pathlib import Path
+
+ABI_VERSION = 1  # the NF4DEQ_ABI_VERSION these bindings were written for
+
+# enum nf4deq_quant_type / nf4deq_out_dtype / nf4deq_status (include/nf4deq.h)
+NF4, FP4 = 0, 1
+FLOAT16, BFLOAT16, FLOAT32 = 0, 1, 2
+OK, EINVAL, ECUDA, ENODEV, ENOMEM = 0, 1, 2, 3, 4
+QUANT_TYPES = {"nf4": NF4, "fp4": FP4}
+
+
+class Nf4deqError(RuntimeError):
+    """A call into libnf4deq returned an error status; .status holds it."""
+
+    def __init__(self, status, message):
+        super().__init__(message)
+        self.status = status
+
+
+def _candidates():
+    """Where to look, in order; see README.md."""
+    env = os.environ.get("NF4DEQ_LIBRARY")
+    if env:  # an explicit choice: never silently fall back to another copy
+        yield Path(env)
+        return
+    here = Path(__file__).resolve().parent
+    yield here / "libnf4deq.so"  # copied next to the package (a wheel, an install)
+    yield here.parents[2] / "build" / "libnf4deq.so"  # <repo>/bindings/python/nf4deq -> <repo>/build
+    found = ctypes.util.find_library("nf4deq")  # installed system-wide (make install)
+    if found:
+        yield Path(found)
+
+
+def _declare(lib):
+    """Sets argtypes/restype once: ctypes then converts Python ints and floats
+    itself, and a wrong argument count fails instead of corrupting the stack."""
+    vp, f, fp = ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p  # float* as void*: we pass addresses
+    u32, u64, i = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+    lib.nf4deq_dequantize_cuda.argtypes = [vp, vp, fp, fp, f, fp, u64, u32, u32, i, i, vp, vp]
+    lib.nf4deq_dequantize_cuda.restype = i
+    lib.nf4deq_dequantize_cpu.argtypes = [vp, vp, fp, fp, f, u64, u32, u32, i, i, vp, i]
+    lib.nf4deq_dequantize_cpu.restype = i
+    for name in ("nf4deq_version", "nf4deq_last_error"):
+        getattr(lib, name).argtypes = []
+        getattr(lib, name).restype = ctypes.c_char_p
+    lib.nf4deq_abi_version.argtypes = []
+    lib.nf4deq_abi_version.restype = i
+    lib.nf4deq_strerror.argtypes = [i]
+    lib.nf4deq_strerror.restype = ctypes.c_char_p
+
+
+_lib = None
+_path = None
+
+
+def load_library():
+    """The loaded ctypes.CDLL (loaded once). Raises OSError when no usable
+    library is found, naming every place tried."""
+    global _lib, _path
+    if _lib is not None:
+        return _lib
+    tried = []
+    for cand in _candidates():
+        # find_library returns a bare soname ("libnf4deq.so.0") that dlopen resolves itself.
+        if cand.is_absolute() and not cand.exists():
+            tried.append(f"{cand} (missing)")
+            continue
+        try:
+            lib = ctypes.CDLL(str(cand))
+        except OSError as e:
+            tried.append(f"{cand} ({e})")
+            continue
+        try:
+            _declare(lib)
+        except AttributeError as e:
+            tried.append(f"{cand} (not libnf4deq: {e})")
+            continue
+        abi = lib.nf4deq_abi_version()
+        if abi != ABI_VERSION:
+            raise OSError(f"nf4deq: {cand} has ABI version {abi}, these bindings need {ABI_VERSION}")
+        _lib, _path = lib, str(cand)
+        return lib
+    raise OSError(
+        "nf4deq: libnf4deq.so not found. Build it with `make` in the nf4deq repository, "
+        "or set NF4DEQ_LIBRARY=/path/to/libnf4deq.so. Tried: " + "; ".join(tried or ["nothing"])
+    )
+
+
+def library_path():
+    load_library()
+    return _path
+
+
+def version():
+    return load_library().nf4deq_version().decode()
+
+
+def last_error():
+    return load_library().nf4deq_last_error().decode(errors="replace")
+
+
+def strerror(status):
+    return load_library().nf4deq_strerror(status).decode()
+
+
+def check(status, what="nf4deq"):
+    """Raises Nf4deqError for a non-OK status, with the library's own message.
+    Must run on the thread that made the call (the message is per thread)."""
+    if status != OK:
+        raise Nf4deqError(status, f"{what}: {strerror(status)}: {last_error()}")

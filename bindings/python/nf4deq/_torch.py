@@ -1,0 +1,418 @@
+"""PyTorch front end: dequantize(), fast_dequantize() and the torch.ops.nf4deq
+custom ops, all calling libnf4deq through ctypes.
+
+Two paths, one kernel:
+- eager (the common QLoRA case): a direct ctypes call. QLoRA dequantizes every
+  weight on every forward and backward pass, so the host cost per call matters
+  as much as the kernel: the pointers and sizes of each quant state are worked
+  out once and cached, the offset is read on the GPU (never .item(), which
+  would synchronize), and nothing goes through the dispatcher.
+- torch.compile: torch.ops.nf4deq.dequantize_4bit, a custom op with a fake
+  implementation, so Dynamo traces it without a graph break. Its real
+  implementation calls the same ctypes function.
+"""
+import ctypes
+import math
+import weakref
+from typing import List, Optional
+
+import torch
+
+from . import _lib
+
+_L = _lib.load_library()
+_cuda_fn = _L.nf4deq_dequantize_cuda
+_cpu_fn = _L.nf4deq_dequantize_cpu
+
+_OUT_DTYPE = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16, torch.float32: _lib.FLOAT32}
+_BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes accepts
+
+# Cheap C entry points where they exist; the public spellings otherwise.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda dev: torch.cuda.current_stream(dev).cuda_stream
+)
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) or torch._dynamo.is_compiling
+# bitsandbytes' Params4bit overrides __torch_function__, which turns even
+# W.data_ptr() into a Python call; this switches that off for one read.
+_no_torch_function = torch._C.DisableTorchFunctionSubclass
+
+_vp, _f32, _u32, _u64, _int = ctypes.c_void_p, ctypes.c_float, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+
+
+def _unpack(qs):
+    """A bitsandbytes QuantState, or the list form of bitsandbytes < 0.41, as
+    (absmax, shape, dtype, blocksize, quant_type, offset, nested_absmax,
+    nested_code, nested_blocksize). Nested parts are None for single quant."""
+    if isinstance(qs, (list, tuple)):
+        # [absmax, shape, dtype, blocksize, [offset, state2] or None, quant_type(, code)]
+        # with state2 = [absmax2, code2, blocksize2, ...] (old quantize_blockwise) or a QuantState.
+        if len(qs) < 5:
+            raise TypeError(f"nf4deq: a list quant state needs at least 5 items, got {len(qs)}")
+        absmax, shape, dtype, blocksize, compressed = qs[:5]
+        quant_type = qs[5] if len(qs) > 5 and isinstance(qs[5], str) else "nf4"
+        offset, state2 = compressed if compressed is not None else (None, None)
+        if state2 is None:
+            nabs = ncode = nbs = None
+        elif isinstance(state2, (list, tuple)):
+            nabs, ncode, nbs = state2[0], state2[1], state2[2]
+        else:
+            nabs, ncode, nbs = state2.absmax, state2.code, state2.blocksize
+        return absmax, shape, dtype, blocksize, quant_type, offset, nabs, ncode, nbs
+    if getattr(qs, "packing_format_for_cpu", False):
+        # Linear4bit's CPU inference layout (bitsandbytes repacks on a CPU forward).
+        raise ValueError("nf4deq: this weight is in bitsandbytes' CPU-packed layout; "
+                         "move the Linear4bit to CUDA (or save it) to get the standard layout back")
+    state2 = getattr(qs, "state2", None)
+    if state2 is None:
+        return qs.absmax, qs.shape, qs.dtype, qs.blocksize, qs.quant_type, None, None, None, None
+    return (qs.absmax, qs.shape, qs.dtype, qs.blocksize, qs.quant_type, qs.offset,
+            state2.absmax, state2.code, state2.blocksize)
+
+
+def _dev_index(t):
+    """-1 for a CPU tensor, the CUDA device index otherwise."""
+    if t.device.type == "cpu":
+        return -1
+    if t.device.type != "cuda":
+        raise ValueError(f"nf4deq: tensors must be on the CPU or a CUDA device, not {t.device}")
+    return t.device.index if t.device.index is not None else torch.cuda.current_device()
+
+
+def _f32_contig(t, what):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"nf4deq: {what} must be a tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        t = t.float()
+    return t.contiguous()
+
+
+class _Entry:
+    """Everything one quant state needs for a launch, worked out once. The
+    source objects are kept (strongly) and compared by identity on every call,
+    so a quant state that is moved (QuantState.to reassigns its tensors) or
+    retyped (the Unsloth puzzle sets quant_state.dtype) is worked out again."""
+
+    __slots__ = ("qs_ref", "src", "keep", "dev", "device", "n", "shape", "dtype", "cuda_args", "cpu_args",
+                 "w_ref", "wptr", "transposed")
+
+    def sources_match(self, qs):
+        s = self.src
+        if (s[0] is not qs.absmax or s[1] is not qs.shape or s[2] is not qs.dtype or s[3] != qs.blocksize
+                or s[4] != qs.quant_type):
+            return False
+        st2 = getattr(qs, "state2", None)
+        if st2 is None:
+            return s[5] is None
+        return (s[5] is st2 and s[6] is qs.offset and s[7] is st2.absmax and s[8] is st2.code
+                and s[9] == st2.blocksize)
+
+
+def _build(unpacked):
+    """Validates a quant state and turns it into an _Entry (ctypes arguments
+    ready, tensors it points into kept alive). Raises ValueError/TypeError."""
+    absmax, shape, dtype, blocksize, quant_type, offset, nabs, ncode, nbs = unpacked
+    if quant_type not in _lib.QUANT_TYPES:
+        raise ValueError(f"nf4deq: quant_type must be 'nf4' or 'fp4', got {quant_type!r}")
+    if dtype not in _OUT_DTYPE:
+        raise ValueError(f"nf4deq: quant_state.dtype must be float16, bfloat16 or float32, got {dtype}")
+    if blocksize not in _BLOCKSIZES:
+        raise ValueError(f"nf4deq: invalid blocksize {blocksize}")
+    if shape is None:
+        raise ValueError("nf4deq: the quant state has no shape")
+    shape = tuple(int(s) for s in shape)
+    n = math.prod(shape)
+    blocks = -(-n // blocksize)
+    if not isinstance(absmax, torch.Tensor):
+        raise TypeError("nf4deq: quant_state.absmax must be a tensor")
+    dev = _dev_index(absmax)
+    keep = []
+    if nabs is None:  # single quant: absmax holds the fp32 scales
+        absmax = _f32_contig(absmax, "absmax")
+        nabs_ptr = ncode_ptr = None
+        off_val, off_ptr, nbs = 0.0, None, 1
+    else:  # double quant: absmax holds uint8 codes into ncode, scaled by nabs per nbs blocks
+        if absmax.dtype != torch.uint8:
+            raise ValueError(f"nf4deq: double-quant absmax must be uint8 codes, got {absmax.dtype}")
+        absmax = absmax.contiguous()
+        nbs = int(nbs)
+        if nbs <= 0 or nbs & (nbs - 1):
+            raise ValueError(f"nf4deq: nested blocksize {nbs} is not a power of two")
+        nabs, ncode = _f32_contig(nabs, "nested absmax"), _f32_contig(ncode, "nested code")
+        if nabs.numel() < -(-blocks // nbs) or ncode.numel() < 256:
+            raise ValueError(f"nf4deq: nested absmax has {nabs.numel()} values (needs {-(-blocks // nbs)}), "
+                             f"nested code {ncode.numel()} (needs 256)")
+        if _dev_index(nabs) != dev or _dev_index(ncode) != dev:
+            raise ValueError("nf4deq: the quant state's tensors are on different devices")
+        keep += [nabs, ncode]
+        nabs_ptr, ncode_ptr = nabs.data_ptr(), ncode.data_ptr()
+        if offset is None:
+            raise ValueError("nf4deq: a double-quant state needs an offset")
+        off_val, off_ptr = 0.0, None
+        if isinstance(offset, torch.Tensor):
+            if offset.numel() != 1:
+                raise ValueError("nf4deq: the offset must hold one value")
+            if dev >= 0 and _dev_index(offset) == dev:
+                # Read on the GPU by the kernel: no .item(), no host sync. bitsandbytes
+                # adds it to fp32 absmax, i.e. as fp32, hence the cast.
+                offset = _f32_contig(offset, "offset")
+                keep.append(offset)
+                off_ptr = offset.data_ptr()
+            elif offset.device.type == "cpu":
+                off_val = float(offset.item())  # a host tensor: no sync
+            else:
+                raise ValueError(f"nf4deq: offset on {offset.device}, quant state on {absmax.device}")
+        else:
+            off_val = float(offset)
+    if absmax.numel() < blocks:
+        raise ValueError(f"nf4deq: absmax has {absmax.numel()} values, {shape} in blocks of {blocksize} needs {blocks}")
+    keep.append(absmax)
+    e = _Entry()
+    e.keep, e.dev, e.n, e.shape, e.dtype = keep, dev, n, shape, dtype
+    e.device = absmax.device
+    qt, odt = _lib.QUANT_TYPES[quant_type], _OUT_DTYPE[dtype]
+    # Pre-built ctypes objects: with argtypes set, ctypes passes these through as they are.
+    common = (_vp(absmax.data_ptr()), _vp(nabs_ptr), _vp(ncode_ptr), _f32(off_val))
+    tail = (_u64(n), _u32(blocksize), _u32(nbs), _int(qt), _int(odt))
+    e.cuda_args = common + (_vp(off_ptr),) + tail
+    e.cpu_args = common + tail
+    e.w_ref, e.wptr, e.transposed = None, None, False
+    return e
+
+
+def _bind_weight(e, w):
+    """Checks the packed weight against the entry. Returns (tensor to read,
+    transposed, cacheable): a non-contiguous or (on the GPU) misaligned weight
+    is copied, and then not cached."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"nf4deq: the weight must be a tensor, got {type(w).__name__}")
+    with _no_torch_function():
+        if _dev_index(w) != e.dev:
+            raise ValueError(f"nf4deq: weight on {w.device}, quant state on {e.device}")
+        nbytes = w.numel() * w.element_size()
+        if nbytes < (e.n + 1) // 2:
+            raise ValueError(f"nf4deq: the packed weight has {nbytes} bytes, {e.n} values need {(e.n + 1) // 2}")
+        transposed = w.dim() > 0 and w.shape[0] == 1  # bitsandbytes then returns out.t()
+        cacheable = w.is_contiguous() and (e.dev < 0 or w.data_ptr() % 16 == 0)
+        if not cacheable:
+            w = w.contiguous() if not w.is_contiguous() else w.clone()  # fresh allocations are aligned
+        return w, transposed, cacheable
+
+
+def _launch(e, wptr, optr):
+    if e.dev >= 0:
+        if _current_device() == e.dev:
+            rc = _cuda_fn(wptr, *e.cuda_args, optr, _raw_stream(e.dev))
+        else:  # the library launches on the current device
+            with torch.cuda.device(e.dev):
+                rc = _cuda_fn(wptr, *e.cuda_args, optr, _raw_stream(e.dev))
+    else:
+        rc = _cpu_fn(wptr, *e.cpu_args, optr, torch.get_num_threads())
+    if rc:
+        _lib.check(rc, "nf4deq_dequantize_cuda" if e.dev >= 0 else "nf4deq_dequantize_cpu")
+
+
+def _out_ok(e, out):
+    """Can the kernel write straight into out?"""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError("nf4deq: out must be a tensor")
+    if out.dtype is not e.dtype or out.numel() != e.n:
+        raise ValueError(f"nf4deq: out must be {e.dtype} with {e.n} elements (shape {e.shape}), "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    if out.get_device() != e.dev:
+        raise ValueError(f"nf4deq: out on {out.device}, weight on {e.device}")
+    return out.is_contiguous() and (e.dev < 0 or out.data_ptr() % 16 == 0)
+
+
+# Per-device reusable output, like Unsloth's WEIGHT_BUFFERS (use_global_buffer=True).
+_global_buffers = {}
+
+
+def _global_out(e):
+    key = e.dev
+    buf = _global_buffers.get(key)
+    if buf is None or buf.dtype is not e.dtype or buf.numel() < e.n:
+        buf = torch.empty(max(e.n, buf.numel() if buf is not None and buf.dtype is e.dtype else 0),
+                          dtype=e.dtype, device=e.device)
+        _global_buffers[key] = buf
+    return buf[: e.n].view(e.shape)
+
+
+# id(quant state) -> _Entry. Keyed by id because QuantState defines __eq__ and
+# so is not hashable; the weakref in the entry guards against a reused id, and
+# its callback drops the entry when the quant state goes away.
+_cache = {}
+
+
+def _cached_entry(qs):
+    key = id(qs)
+    e = _build(_unpack(qs))
+    try:
+        e.qs_ref = weakref.ref(qs, lambda _r, key=key: _cache.pop(key, None))
+    except TypeError:  # an object that takes no weak reference: not cached
+        e.qs_ref = lambda: None
+        return e
+    st2 = getattr(qs, "state2", None)
+    e.src = (qs.absmax, qs.shape, qs.dtype, qs.blocksize, qs.quant_type, st2,
+             qs.offset if st2 is not None else None,
+             st2.absmax if st2 is not None else None, st2.code if st2 is not None else None,
+             st2.blocksize if st2 is not None else None)
+    _cache[key] = e
+    return e
+
+
+def _eager(w, qs, out, use_global_buffer):
+    if type(qs) in (list, tuple):  # old list form: nothing stable to cache on
+        e = _build(_unpack(qs))
+    else:
+        e = _cache.get(id(qs))
+        if e is None or e.qs_ref() is not qs or not e.sources_match(qs):
+            e = _cached_entry(qs)
+    # The weight: one pointer read per call; the checks run again only when
+    # the weight object or its storage changed.
+    tw = type(w)
+    if tw is torch.Tensor or tw is torch.nn.Parameter:
+        wptr = w.data_ptr()
+    elif isinstance(w, torch.Tensor):
+        with _no_torch_function():
+            wptr = w.data_ptr()
+    else:
+        raise TypeError(f"nf4deq: the weight must be a tensor, got {tw.__name__}")
+    if wptr != e.wptr or e.w_ref is None or e.w_ref() is not w:
+        src, transposed, cacheable = _bind_weight(e, w)
+        if cacheable:
+            e.w_ref, e.wptr, e.transposed = weakref.ref(w), wptr, transposed
+        else:
+            # A copy: alive in this frame until the launch is queued, and freed
+            # in stream order after it, so it is never cached.
+            e.w_ref = e.wptr = None
+            wptr = src.data_ptr()
+    else:
+        transposed = e.transposed
+
+    if out is None:
+        res = _global_out(e) if use_global_buffer else torch.empty(e.shape, dtype=e.dtype, device=e.device)
+        _launch(e, wptr, res.data_ptr())
+    elif _out_ok(e, out):
+        _launch(e, wptr, out.data_ptr())
+        res = out
+    else:  # non-contiguous or misaligned out: dequantize aside, then copy in
+        tmp = torch.empty(e.shape, dtype=e.dtype, device=e.device)
+        _launch(e, wptr, tmp.data_ptr())
+        out.copy_(tmp.view(out.shape))
+        res = out
+    return res.t() if transposed else res
+
+
+# ---------------------------------------------------------------------------
+# Custom ops, for torch.compile. The schema carries plain tensors and numbers;
+# the QuantState is taken apart in dequantize() before the op is called.
+
+
+def _op_run(packed, absmax, nested_absmax, nested_code, offset, offset_value, shape, blocksize,
+            nested_blocksize, quant_type, dtype, out):
+    qt = "nf4" if quant_type == _lib.NF4 else "fp4" if quant_type == _lib.FP4 else quant_type
+    off = offset if offset is not None else offset_value
+    e = _build((absmax, shape, dtype, blocksize, qt, off, nested_absmax, nested_code,
+                nested_blocksize if nested_absmax is not None else None))
+    src, _, _ = _bind_weight(e, packed)
+    if out is None:
+        out = torch.empty(e.shape, dtype=e.dtype, device=e.device)
+    elif not _out_ok(e, out):
+        tmp = torch.empty(e.shape, dtype=e.dtype, device=e.device)
+        _launch(e, src.data_ptr(), tmp.data_ptr())
+        out.copy_(tmp.view(out.shape))
+        return out
+    _launch(e, src.data_ptr(), out.data_ptr())
+    return out
+
+
+@torch.library.custom_op("nf4deq::dequantize_4bit", mutates_args=())
+def _dequantize_op(packed: torch.Tensor, absmax: torch.Tensor, nested_absmax: Optional[torch.Tensor],
+                   nested_code: Optional[torch.Tensor], offset: Optional[torch.Tensor], offset_value: float,
+                   shape: List[int], blocksize: int, nested_blocksize: int, quant_type: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """Returns a new [shape] tensor of dtype. packed is NOT transposed back here
+    (the caller does, as bitsandbytes does)."""
+    return _op_run(packed, absmax, nested_absmax, nested_code, offset, offset_value, shape, blocksize,
+                   nested_blocksize, quant_type, dtype, None)
+
+
+@_dequantize_op.register_fake
+def _(packed, absmax, nested_absmax, nested_code, offset, offset_value, shape, blocksize, nested_blocksize,
+      quant_type, dtype):
+    return torch.empty(shape, dtype=dtype, device=packed.device)
+
+
+@torch.library.custom_op("nf4deq::dequantize_4bit_out", mutates_args=("out",))
+def _dequantize_out_op(packed: torch.Tensor, absmax: torch.Tensor, nested_absmax: Optional[torch.Tensor],
+                       nested_code: Optional[torch.Tensor], offset: Optional[torch.Tensor], offset_value: float,
+                       shape: List[int], blocksize: int, nested_blocksize: int, quant_type: int,
+                       dtype: torch.dtype, out: torch.Tensor) -> None:
+    _op_run(packed, absmax, nested_absmax, nested_code, offset, offset_value, shape, blocksize,
+            nested_blocksize, quant_type, dtype, out)
+
+
+@_dequantize_out_op.register_fake
+def _(packed, absmax, nested_absmax, nested_code, offset, offset_value, shape, blocksize, nested_blocksize,
+      quant_type, dtype, out):
+    return None
+
+
+def _traced(w, qs, out):
+    """The torch.compile path: everything here is traceable Python; the work is
+    one custom-op node."""
+    absmax, shape, dtype, blocksize, quant_type, offset, nabs, ncode, nbs = _unpack(qs)
+    offset_t = offset if isinstance(offset, torch.Tensor) else None
+    offset_v = float(offset) if offset is not None and offset_t is None else 0.0
+    args = (w, absmax, nabs, ncode, offset_t, offset_v, [int(s) for s in shape], int(blocksize),
+            int(nbs) if nbs is not None else 0, _lib.QUANT_TYPES.get(quant_type, -1), dtype)
+    if out is None:
+        res = torch.ops.nf4deq.dequantize_4bit(*args)
+    else:
+        torch.ops.nf4deq.dequantize_4bit_out(*args, out)
+        res = out
+    return res.t() if w.shape[0] == 1 else res
+
+
+# ---------------------------------------------------------------------------
+# Public API
+
+
+def dequantize(weight, quant_state=None, out=None):
+    """Dequantizes a bitsandbytes 4-bit weight; the result is byte-identical to
+    bitsandbytes.functional.dequantize_4bit(weight, quant_state, out=out).
+
+    weight: the packed tensor (a Params4bit, or its .data), or a Linear4bit.
+    quant_state: a bitsandbytes QuantState or the old list form; default
+        weight.quant_state.
+    out: optional tensor of quant_state.dtype with the weight's element count.
+    CUDA tensors run on the current stream, CPU tensors on the CPU.
+    """
+    if isinstance(weight, torch.nn.Module):
+        weight = weight.weight
+    if quant_state is None:
+        quant_state = getattr(weight, "quant_state", None)
+        if quant_state is None:
+            raise ValueError("nf4deq: no quant_state given and the weight has none")
+    if _is_compiling():
+        return _traced(weight, quant_state, out)
+    return _eager(weight, quant_state, out, False)
+
+
+def fast_dequantize(W, quant_state=None, out=None, use_global_buffer=False):
+    """Drop-in for Unsloth's fast_dequantize(W, quant_state, out, use_global_buffer).
+
+    Returns W unchanged when it carries no quant state (an unquantized weight).
+    use_global_buffer=True writes into one reused buffer per device (the result
+    is overwritten by the next such call), as Unsloth does; under
+    torch.compile it is ignored. Unlike Unsloth's, fp32 quant states and FP4
+    are handled too, and the output is exactly bitsandbytes'.
+    """
+    if quant_state is None:
+        quant_state = getattr(W, "quant_state", None)
+        if quant_state is None:
+            return W
+    if _is_compiling():
+        return _traced(W, quant_state, out)
+    return _eager(W, quant_state, out, use_global_buffer)

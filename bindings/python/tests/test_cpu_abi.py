@@ -1,0 +1,198 @@
+"""The C ABI through the Python package's loader, on the CPU, without torch.
+
+Needs numpy, safetensors and ml_dtypes only. Dequantizes every quantized weight
+of tests/fixtures/tensors.bnb4.safetensors with nf4deq_dequantize_cpu and
+compares the bytes with what bitsandbytes itself returned (the expected-*
+fixtures), then checks the error paths.
+
+    python bindings/python/tests/test_cpu_abi.py [REPO]
+
+Prints `N passed, M failed` last; exits 1 on any failure.
+"""
+import os
+
+# This test never wants a GPU, and the CUDA entry point must find none (the
+# runtime reads this on its first call, which has not happened yet).
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+import ctypes  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import ml_dtypes  # noqa: E402,F401  (registers bfloat16 with numpy)
+import numpy as np  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+REPO = Path(sys.argv[1]).resolve() if len(sys.argv) > 1 else HERE.parents[2]
+sys.path.insert(0, str(HERE.parent))  # bindings/python
+
+import nf4deq  # noqa: E402
+
+passed = failed = 0
+
+
+def check(cond, label, detail=""):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print(f"FAIL {label}" + (f": {detail}" if detail else ""))
+
+
+def ptr(a):
+    return None if a is None else a.ctypes.data
+
+
+def aligned_empty(nbytes, align=64):
+    """A zeroed byte buffer whose start is `align`-aligned (the CUDA entry
+    point checks 16-byte alignment before anything else)."""
+    raw = np.zeros(nbytes + align, dtype=np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes]
+
+
+OUT = {"f16": (nf4deq.FLOAT16, np.float16), "bf16": (nf4deq.BFLOAT16, ml_dtypes.bfloat16),
+       "f32": (nf4deq.FLOAT32, np.float32)}
+NATURAL = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
+
+
+def weights(bnb):
+    """name -> (quant state dict, packed bytes, absmax, nested_absmax, nested_code)."""
+    for key in sorted(bnb):
+        for qt in ("nf4", "fp4"):
+            suffix = f".quant_state.bitsandbytes__{qt}"
+            if key.endswith(suffix):
+                name = key[: -len(suffix)]
+                qs = json.loads(bytes(bnb[key]).decode())
+                yield name, qs, (bnb[name].view(np.uint8).reshape(-1), bnb[name + ".absmax"],
+                                 bnb.get(name + ".nested_absmax"), bnb.get(name + ".nested_quant_map"))
+
+
+def run_cpu(lib, qs, arrays, out_dtype, threads=0, first_block=0, blocks=None):
+    """Dequantizes blocks [first_block, first_block+blocks) of one weight; returns
+    (status, output bytes)."""
+    packed, absmax, nabs, ncode = arrays
+    n = int(np.prod(qs["shape"]))
+    bs = qs["blocksize"]
+    nested = nabs is not None
+    nbs = qs.get("nested_blocksize", 256) if nested else 1
+    if blocks is None:
+        blocks = -(-n // bs) - first_block
+    start = first_block * bs
+    count = min(n - start, blocks * bs)
+    code, np_dt = OUT[out_dtype]
+    out = np.zeros(count, dtype=np_dt)
+    if nested:
+        assert first_block % nbs == 0, "a run of a double-quant tensor starts on a nested block"
+        nabs_run = nabs[first_block // nbs:]
+    rc = lib.nf4deq_dequantize_cpu(
+        ptr(packed[start // 2:]), ptr(absmax[first_block:]), ptr(nabs_run) if nested else None,
+        ptr(ncode) if nested else None, float(qs.get("nested_offset", 0.0)), count, bs, nbs,
+        nf4deq.NF4 if qs["quant_type"] == "nf4" else nf4deq.FP4, code, ptr(out), threads)
+    return rc, out
+
+
+def main():
+    try:
+        lib = nf4deq.load_library()
+    except OSError as e:
+        print(f"FAIL load: {e}")
+        print("0 passed, 1 failed")
+        return 1
+    print(f"library: {nf4deq.library_path()} (version {nf4deq.version()})")
+    check(lib.nf4deq_abi_version() == nf4deq.ABI_VERSION == 1, "abi version")
+    want_version = (REPO / "VERSION").read_text().strip() if (REPO / "VERSION").exists() else None
+    check(want_version is None or nf4deq.version() == want_version, "version string",
+          f"{nf4deq.version()!r} != VERSION {want_version!r}")
+    for st in (nf4deq.OK, nf4deq.EINVAL, nf4deq.ECUDA, nf4deq.ENODEV, nf4deq.ENOMEM):
+        check(nf4deq.strerror(st) not in ("", "unknown status"), f"strerror({st})")
+    check(nf4deq.strerror(99) == "unknown status", "strerror(99)")
+
+    fx = REPO / "tests" / "fixtures"
+    bnb = load_file(str(fx / "tensors.bnb4.safetensors"))
+    expected = {dt: load_file(str(fx / f"tensors.expected-{dt}.safetensors")) for dt in OUT}
+    count = 0
+    for name, qs, arrays in weights(bnb):
+        count += 1
+        natural = NATURAL[qs["dtype"]]
+        for dt in list(OUT) + ["natural"]:
+            out_dt = natural if dt == "natural" else dt
+            for threads in ((0, 1, 3) if dt == "natural" else (0,)):
+                rc, out = run_cpu(lib, qs, arrays, out_dt, threads)
+                want = expected[out_dt][name]
+                ok = rc == nf4deq.OK and out.tobytes() == want.reshape(-1).tobytes()
+                label = f"{name} {dt}({out_dt}) threads={threads}"
+                check(ok, label, f"status {rc} {nf4deq.last_error()}" if rc else "bytes differ")
+        # The same weight in two runs, split on a (nested) block boundary: the
+        # ABI promises any run that starts on one works on its own.
+        bs, n = qs["blocksize"], int(np.prod(qs["shape"]))
+        step = qs.get("nested_blocksize", 256) if arrays[2] is not None else 7
+        total_blocks = -(-n // bs)
+        if total_blocks > step:
+            split = (total_blocks // 2) // step * step
+            rc1, a = run_cpu(lib, qs, arrays, natural, 0, 0, split)
+            rc2, b = run_cpu(lib, qs, arrays, natural, 0, split)
+            whole = expected[natural][name].reshape(-1).tobytes()
+            check(rc1 == rc2 == nf4deq.OK and a.tobytes() + b.tobytes() == whole, f"{name} in two runs at block {split}")
+    check(count == 8, "fixture weight count", f"found {count}, the fixtures README lists 8")
+
+    # Error paths: a status and a one-line reason, never a crash.
+    packed = aligned_empty(64)
+    absmax = np.ones(4, dtype=np.float32)
+    out = aligned_empty(256)
+    code = np.zeros(256, dtype=np.float32)
+    p, a, o = packed.ctypes.data, absmax.ctypes.data, out.ctypes.data
+
+    def expect(rc, want, label, words=()):
+        msg = nf4deq.last_error()
+        ok = rc in (want if isinstance(want, tuple) else (want,)) and msg != "" and all(w in msg for w in words)
+        check(ok, label, f"status {rc} ({nf4deq.strerror(rc)}), message {msg!r}")
+
+    expect(lib.nf4deq_dequantize_cpu(p, a, None, None, 0.0, 128, 48, 1, nf4deq.NF4, nf4deq.FLOAT16, o, 0),
+           nf4deq.EINVAL, "blocksize 48 -> EINVAL", ("blocksize",))
+    expect(lib.nf4deq_dequantize_cpu(p, a, None, None, 0.0, 128, 8192, 1, nf4deq.NF4, nf4deq.FLOAT16, o, 0),
+           nf4deq.EINVAL, "blocksize 8192 -> EINVAL", ("blocksize",))
+    expect(lib.nf4deq_dequantize_cpu(p, a, None, None, 0.0, 128, 64, 1, 2, nf4deq.FLOAT16, o, 0),
+           nf4deq.EINVAL, "quant_type 2 -> EINVAL", ("quant_type",))
+    expect(lib.nf4deq_dequantize_cpu(p, a, None, None, 0.0, 128, 64, 1, nf4deq.NF4, 3, o, 0),
+           nf4deq.EINVAL, "out_dtype 3 -> EINVAL", ("out_dtype",))
+    expect(lib.nf4deq_dequantize_cpu(None, a, None, None, 0.0, 128, 64, 1, nf4deq.NF4, nf4deq.FLOAT16, o, 0),
+           nf4deq.EINVAL, "NULL packed -> EINVAL")
+    expect(lib.nf4deq_dequantize_cpu(p, a, a, None, 0.0, 128, 64, 256, nf4deq.NF4, nf4deq.FLOAT16, o, 0),
+           nf4deq.EINVAL, "nested_absmax without nested_code -> EINVAL")
+    expect(lib.nf4deq_dequantize_cpu(p, a, a, code.ctypes.data, 0.0, 128, 64, 100, nf4deq.NF4, nf4deq.FLOAT16, o, 0),
+           nf4deq.EINVAL, "nested_blocksize 100 -> EINVAL", ("nested_blocksize",))
+    rc = lib.nf4deq_dequantize_cpu(None, None, None, None, 0.0, 0, 64, 1, nf4deq.NF4, nf4deq.FLOAT16, None, 0)
+    check(rc == nf4deq.OK and nf4deq.last_error() == "", "n=0 with NULL pointers -> OK, last_error cleared",
+          f"status {rc}, {nf4deq.last_error()!r}")
+    try:
+        nf4deq.check(nf4deq.EINVAL, "probe")
+        check(False, "check() raises")
+    except nf4deq.Nf4deqError as e:
+        check(e.status == nf4deq.EINVAL and "invalid argument" in str(e), "check() raises Nf4deqError", str(e))
+
+    # The CUDA entry point with no GPU: a clean ENODEV (or ECUDA), not a crash.
+    cuda = lib.nf4deq_dequantize_cuda
+    expect(cuda(p, a, None, None, 0.0, None, 128, 48, 1, nf4deq.NF4, nf4deq.FLOAT16, o, None),
+           nf4deq.EINVAL, "cuda: blocksize 48 -> EINVAL (checked before the device)", ("blocksize",))
+    expect(cuda(p + 1, a, None, None, 0.0, None, 128, 64, 1, nf4deq.NF4, nf4deq.FLOAT16, o, None),
+           nf4deq.EINVAL, "cuda: misaligned packed -> EINVAL", ("aligned",))
+    expect(cuda(p, a, None, None, 0.0, None, 128, 64, 1, nf4deq.NF4, nf4deq.FLOAT16, o, None),
+           (nf4deq.ENODEV, nf4deq.ECUDA), "cuda without a GPU -> ENODEV/ECUDA")
+    expect(cuda(p, a, None, None, 0.0, None, 128, 64, 1, nf4deq.NF4, nf4deq.FLOAT16, o, None),
+           (nf4deq.ENODEV, nf4deq.ECUDA), "cuda without a GPU, twice -> same, clean")
+    rc = cuda(None, None, None, None, 0.0, None, 0, 64, 1, nf4deq.NF4, nf4deq.FLOAT16, None, None)
+    check(rc == nf4deq.OK, "cuda: n=0 -> OK without touching the device", f"status {rc}")
+
+    # The package must not have pulled torch in.
+    check("torch" not in sys.modules, "import nf4deq does not import torch")
+
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
