@@ -20,19 +20,7 @@
 #define POISON 0xA5
 #define GUARD_BYTES 64
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            passed++;                                                                              \
-        } else {                                                                                   \
-            failed++;                                                                              \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 static uint64_t rnd(void)

@@ -20,19 +20,7 @@
 #define INPUT "tests/fixtures/tensors.bnb4.safetensors"
 #define INPUT_DIR "tests/fixtures/tiny-llama-bf16-bnb4-sharded"
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            passed++;                                                                              \
-        } else {                                                                                   \
-            failed++;                                                                              \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);                                            \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
+#include "check.h"
 
 /* Which call fails: the Nth (1-based) call of `fail_fn` after arming; 0: none. */
 enum { FN_NONE, FN_MALLOC, FN_MEMCPY };
