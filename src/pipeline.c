@@ -12,7 +12,19 @@
 #include "gpu.h"
 #include "status.h"
 
-enum task_kind { TASK_COPY, TASK_CAST, TASK_DEQUANT };
+enum task_kind { TASK_COPY, TASK_CAST, TASK_DEQUANT, TASK_BATCH };
+
+/* A whole small tensor travelling in a batch: a file of many tiny tensors
+ * would otherwise pay a read, two thread handoffs and a write per tensor. */
+struct part {
+    const struct out_item *it;
+    void *in, *out; /* the same for copies */
+    uint64_t count; /* elements */
+};
+
+#define BATCH_MAX_PARTS 1024
+/* Tensors whose input and output take at most 1/BATCH_SHARE of a slot are batched. */
+#define BATCH_SHARE 8
 enum slot_state { SLOT_FREE, SLOT_FILLED, SLOT_COMPUTED };
 
 /* One chunk of one output tensor. */
@@ -23,6 +35,8 @@ struct task {
     uint64_t count;    /* elements (cast), or bytes (copy) */
     size_t out_len;    /* bytes to write */
     int ends_tensor;
+    struct part *parts; /* TASK_BATCH: whole tensors, outputs back to back from `out` */
+    int nparts;
     struct dequant_job job;
     float nested_code[NESTED_CODE_ENTRIES];
 };
@@ -31,6 +45,7 @@ struct slot {
     unsigned char *arena;
     enum slot_state state;
     struct task task;
+    struct part *parts; /* BATCH_MAX_PARTS */
 };
 
 struct pipeline {
@@ -171,13 +186,68 @@ static int fill_dequant(struct task *t, unsigned char *arena, const struct out_i
 
 /* ---- the three stages ---- */
 
+/* Hands a filled slot to the compute stage. */
+static void submit(struct pipeline *p, struct slot *s, uint64_t *k)
+{
+    pthread_mutex_lock(&p->mu);
+    s->state = SLOT_FILLED;
+    p->produced = ++*k;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
 static void *reader_main(void *arg)
 {
     struct pipeline *p = arg;
     uint64_t k = 0;
+    /* The open batch: outputs grow from the arena's start without gaps (the
+     * writer's dtype order keeps each one aligned to its element size), cast
+     * inputs from its end. */
+    struct slot *batch = NULL;
+    size_t out_used = 0, in_low = 0;
     for (size_t i = 0; i < p->n; i++) {
         const struct out_item *it = &p->items[st_writer_order(p->wr, i)];
         enum task_kind kind = it->w ? TASK_DEQUANT : (it->src->t->dtype == it->out.dtype ? TASK_COPY : TASK_CAST);
+        if (kind != TASK_DEQUANT) {
+            uint64_t in_bytes = st_tensor_bytes(it->src->t);
+            uint64_t out_bytes = it->src->t->nelem * dtype_bits(it->out.dtype) / 8;
+            size_t in_space = kind == TASK_CAST ? align_up((size_t)in_bytes) : 0;
+            if (in_space + out_bytes <= p->slot_bytes / BATCH_SHARE) {
+                if (batch && (batch->task.nparts == BATCH_MAX_PARTS || out_used + out_bytes + in_space > in_low)) {
+                    submit(p, batch, &k);
+                    batch = NULL;
+                }
+                if (!batch) {
+                    if (!(batch = wait_slot(p, k, SLOT_FREE, 1)))
+                        goto done;
+                    batch->task = (struct task){.kind = TASK_BATCH, .out = batch->arena, .parts = batch->parts};
+                    out_used = 0;
+                    in_low = (size_t)p->slot_bytes / ARENA_ALIGN * ARENA_ALIGN;
+                }
+                struct part *part = &batch->task.parts[batch->task.nparts++];
+                part->it = it;
+                part->count = it->src->t->nelem;
+                part->out = batch->arena + out_used;
+                if (kind == TASK_CAST) {
+                    in_low -= in_space;
+                    part->in = batch->arena + in_low;
+                } else {
+                    part->in = part->out;
+                }
+                out_used += (size_t)out_bytes;
+                batch->task.out_len = out_used;
+                int code = st_read(it->src->file, it->src->t, 0, part->in, in_bytes);
+                if (code != NF4_OK) {
+                    pipeline_fail(p, code);
+                    goto done;
+                }
+                continue;
+            }
+        }
+        if (batch) {
+            submit(p, batch, &k);
+            batch = NULL;
+        }
         uint64_t total, chunk;
         if (kind == TASK_DEQUANT) {
             uint64_t align;
@@ -232,14 +302,12 @@ static void *reader_main(void *arg)
                 pipeline_fail(p, code);
                 goto done;
             }
-            pthread_mutex_lock(&p->mu);
-            s->state = SLOT_FILLED;
-            p->produced = ++k;
-            pthread_cond_broadcast(&p->cv);
-            pthread_mutex_unlock(&p->mu);
+            submit(p, s, &k);
             pos += cnt;
         } while (pos < total);
     }
+    if (batch)
+        submit(p, batch, &k);
 done:
     pthread_mutex_lock(&p->mu);
     p->reader_done = 1;
@@ -261,7 +329,8 @@ static void *writer_main(void *arg)
             break;
         }
         if (p->progress)
-            progress_add(p->progress, s->task.out_len, (uint64_t)s->task.ends_tensor);
+            progress_add(p->progress, s->task.out_len,
+                         s->task.kind == TASK_BATCH ? (uint64_t)s->task.nparts : (uint64_t)s->task.ends_tensor);
         set_state(p, s, SLOT_FREE);
     }
     return NULL;
@@ -310,34 +379,55 @@ static uint64_t cast_elements(enum st_dtype from, enum st_dtype to, const void *
     return overflowed;
 }
 
+/* A tensor's last bytes are computed: count it and report overflows of its cast. */
+static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_t overflowed)
+{
+    if (overflowed) {
+        nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s",
+                 it->src->file->path, it->src->t->name, overflowed, dtype_name(it->src->t->dtype),
+                 dtype_name(it->out.dtype));
+        p->stats->overflowed += overflowed;
+    }
+    p->stats->tensors++;
+    const struct model_tensor *src = it->w ? it->w->packed : it->src;
+    p->stats->bytes_in += st_tensor_bytes(src->t);
+    if (it->w) {
+        p->stats->dequantized++;
+        p->stats->bytes_in += st_tensor_bytes(it->w->absmax->t) +
+                              (it->w->state.nested ? st_tensor_bytes(it->w->nested_absmax->t) : 0);
+    }
+}
+
 static int compute(struct pipeline *p, struct task *t, uint64_t *tensor_overflow)
 {
     const struct out_item *it = t->it;
     int code = NF4_OK;
-    if (t->kind == TASK_DEQUANT) {
+    switch (t->kind) {
+    case TASK_BATCH:
+        for (int i = 0; i < t->nparts; i++) {
+            const struct part *part = &t->parts[i];
+            uint64_t overflowed = 0;
+            if (part->in != part->out)
+                overflowed = cast_elements(part->it->src->t->dtype, part->it->out.dtype, part->in, part->out,
+                                           part->count);
+            finish_tensor(p, part->it, overflowed);
+        }
+        return NF4_OK;
+    case TASK_DEQUANT:
         if (p->gpu)
             code = gpu_dequant(p->gpu, &t->job);
         else
             dequant_cpu(&t->job, p->threads);
-        if (t->ends_tensor)
-            p->stats->dequantized++;
-    } else if (t->kind == TASK_CAST) {
+        break;
+    case TASK_CAST:
         *tensor_overflow += cast_elements(it->src->t->dtype, it->out.dtype, t->in, t->out, t->count);
-        if (t->ends_tensor && *tensor_overflow) {
-            nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s",
-                     it->src->file->path, it->src->t->name, *tensor_overflow, dtype_name(it->src->t->dtype),
-                     dtype_name(it->out.dtype));
-            p->stats->overflowed += *tensor_overflow;
-        }
+        break;
+    case TASK_COPY:
+        break;
     }
     if (t->ends_tensor) {
+        finish_tensor(p, it, *tensor_overflow);
         *tensor_overflow = 0;
-        p->stats->tensors++;
-        const struct model_tensor *src = it->w ? it->w->packed : it->src;
-        p->stats->bytes_in += st_tensor_bytes(src->t);
-        if (it->w)
-            p->stats->bytes_in += st_tensor_bytes(it->w->absmax->t) +
-                                  (it->w->state.nested ? st_tensor_bytes(it->w->nested_absmax->t) : 0);
     }
     return code;
 }
@@ -416,7 +506,8 @@ int pipeline_create(struct pipeline **out, const char *path, struct gpu_ctx *gpu
     pthread_cond_init(&p->cv, NULL);
     for (int i = 0; i < PIPELINE_SLOTS; i++) {
         p->slots[i].arena = gpu ? gpu_host_alloc(gpu, (size_t)p->slot_bytes) : malloc((size_t)p->slot_bytes);
-        if (!p->slots[i].arena) {
+        p->slots[i].parts = calloc(BATCH_MAX_PARTS, sizeof *p->slots[i].parts);
+        if (!p->slots[i].arena || !p->slots[i].parts) {
             uint64_t mib = (p->slot_bytes * PIPELINE_SLOTS) >> 20; /* p is freed below */
             pipeline_destroy(p);
             return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory for %" PRIu64 " MiB of buffers", mib);
@@ -431,6 +522,7 @@ void pipeline_destroy(struct pipeline *p)
     if (!p)
         return;
     for (int i = 0; i < PIPELINE_SLOTS; i++) {
+        free(p->slots[i].parts);
         if (!p->slots[i].arena)
             continue;
         if (p->gpu)

@@ -386,6 +386,80 @@ static void test_awkward_sizes_match_reference(void **state)
     assert_true(cases >= 30);
 }
 
+/* Thousands of tiny tensors travel in batches of whole tensors: several batches,
+ * mixed source dtypes, casts with overflow, and every byte where it belongs. */
+static void test_many_small_tensors_in_batches(void **state)
+{
+    struct tu_scratch *s = *state;
+    enum { N = 3000 };
+    struct st_out_tensor *t = calloc(N, sizeof *t);
+    uint64_t *shapes = calloc(N, sizeof *shapes);
+    char (*names)[16] = calloc(N, sizeof *names);
+    float **values = calloc(N, sizeof *values);
+    uint64_t expect_overflow = 0;
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "t.%05d", i);
+        shapes[i] = (uint64_t)(i % 37); /* zero-sized ones too */
+        t[i] = (struct st_out_tensor){names[i], i % 3 == 0 ? DT_F32 : DT_BF16, 1, &shapes[i]};
+        values[i] = calloc(shapes[i] + 1, sizeof(float));
+        for (uint64_t e = 0; e < shapes[i]; e++) {
+            float v = (float)((int)(rng() % 20001) - 10000) * 0.37f;
+            if (e == 3 && t[i].dtype == DT_F32 && i % 7 == 0) {
+                v = 1e6f; /* finite in fp32, inf in fp16 */
+                expect_overflow++;
+            }
+            values[i][e] = t[i].dtype == DT_BF16 ? bf16_to_f32(f32_to_bf16(v)) : v;
+        }
+    }
+    char *in = tu_strdupf("%s/many.safetensors", s->dir), *out = tu_strdupf("%s/many.out.safetensors", s->dir);
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, in, t, N, NULL, 0), NF4_OK);
+    for (size_t k = 0; k < N; k++) {
+        size_t i = st_writer_order(w, k);
+        for (uint64_t e = 0; e < shapes[i]; e++) {
+            if (t[i].dtype == DT_F32) {
+                assert_int_equal(st_writer_write(w, &values[i][e], 4), NF4_OK);
+            } else {
+                uint16_t h = f32_to_bf16(values[i][e]);
+                assert_int_equal(st_writer_write(w, &h, 2), NF4_OK);
+            }
+        }
+    }
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CPU;
+    o.dtype = DT_F16;
+    o.mem = 1; /* the smallest slots: the batches fill and roll over */
+    struct convert_stats st;
+    nf4_set_quiet(1);
+    assert_int_equal(convert_run(in, out, &o, &st), NF4_OK);
+    assert_int_equal(st.tensors, N);
+    assert_int_equal(st.overflowed, expect_overflow);
+    struct st_file *f;
+    assert_int_equal(st_open(out, &f), NF4_OK);
+    for (int i = 0; i < N; i++) {
+        const struct st_tensor *g = st_find(f, names[i]);
+        assert_non_null(g);
+        assert_int_equal(g->dtype, DT_F16);
+        uint16_t got[64];
+        assert_int_equal(st_read(f, g, 0, got, shapes[i] * 2), NF4_OK);
+        for (uint64_t e = 0; e < shapes[i]; e++)
+            if (got[e] != f32_to_f16(values[i][e]))
+                fail_msg("%s[%llu] is 0x%04x, expected 0x%04x", names[i], (unsigned long long)e, got[e],
+                         f32_to_f16(values[i][e]));
+    }
+    st_close(f);
+    for (int i = 0; i < N; i++)
+        free(values[i]);
+    free(values);
+    free(names);
+    free(shapes);
+    free(t);
+    free(in);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -394,6 +468,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_model_directories, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_smallest_chunks_same_bytes, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_awkward_sizes_match_reference, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_many_small_tensors_in_batches, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("convert", tests, NULL, NULL);
 }
