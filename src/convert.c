@@ -13,9 +13,7 @@
 #include <unistd.h>
 
 #include "bnb_state.h"
-#include "dequant.h"
 #include "fileio.h"
-#include "fpconv.h"
 #include "gpu.h"
 #include "model.h"
 #include "model_dir.h"
@@ -100,15 +98,20 @@ static int write_file(struct ctx *c, const char *path, const struct out_item *it
     return code;
 }
 
+/* The shapes were overflow-checked when the input was read. */
+static uint64_t item_elements(const struct out_item *it)
+{
+    uint64_t nelem = 1;
+    for (size_t d = 0; d < it->out.ndim; d++)
+        nelem *= it->out.shape[d];
+    return nelem;
+}
+
 static uint64_t items_bytes(const struct out_item *items, size_t n)
 {
     uint64_t total = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t nelem = 1;
-        for (size_t d = 0; d < items[i].out.ndim; d++)
-            nelem *= items[i].out.shape[d];
-        total += nelem * dtype_bits(items[i].out.dtype) / 8;
-    }
+    for (size_t i = 0; i < n; i++)
+        total += item_elements(&items[i]) * dtype_bits(items[i].out.dtype) / 8;
     return total;
 }
 
@@ -406,10 +409,7 @@ static int convert_dir(struct ctx *c, const char *in, const char *out, int repla
             c->stats->bytes_out += written;
             total_size += written;
             for (size_t k = 0; k < n; k++) {
-                uint64_t nelem = 1;
-                for (size_t d = 0; d < items[k].out.ndim; d++)
-                    nelem *= items[k].out.shape[d];
-                total_params += nelem;
+                total_params += item_elements(&items[k]);
                 entries[nentries++] = (struct index_out_entry){items[k].out.name, m->file_names[i]};
             }
             free(path);
@@ -452,13 +452,6 @@ out:
     return code;
 }
 
-static double now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* 1 if `inner` is `outer` or lies below it (both must exist). */
 static int path_is_within(const char *inner, const char *outer)
 {
@@ -493,9 +486,9 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
         if (in_is_dir && path_is_within(in, out))
             return nf4_fail(NF4_EUSAGE, out, NULL, "contains the input; refusing to replace it");
     }
-    double t0 = now_seconds();
+    double t0 = progress_now();
     int code = in_is_dir ? convert_dir(&c, in, out, out_exists) : convert_file(&c, in, out);
     close_engine(&c);
-    stats->seconds = now_seconds() - t0;
+    stats->seconds = progress_now() - t0;
     return code;
 }
