@@ -11,6 +11,21 @@
 
 #include "status.h"
 
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* Warnings on stderr would drown libFuzzer's output. A target that needs more
+ * set-up defines FUZZ_OWN_INITIALIZE and writes its own. */
+#ifndef FUZZ_OWN_INITIALIZE
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    nf4_set_quiet(1);
+    return 0;
+}
+#endif
+
 #define FUZZ_ASSERT(cond, ...)                                                                                \
     do {                                                                                                      \
         if (!(cond)) {                                                                                        \

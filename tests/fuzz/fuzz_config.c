@@ -8,17 +8,6 @@
 #include "json_util.h"
 #include "model_dir.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-    (void)argc;
-    (void)argv;
-    nf4_set_quiet(1);
-    return 0;
-}
-
 static void check_string_member(const cJSON *root, const char *key, const char *want, const char *text)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);

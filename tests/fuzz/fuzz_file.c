@@ -11,12 +11,11 @@
 #include "bnb_state.h"
 #include "convert.h"
 #include "fileio.h"
+#define FUZZ_OWN_INITIALIZE /* it also picks a scratch directory */
 #include "fuzz_common.h"
 #include "inspect.h"
 #include "model.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Converting allocates about chunk-sized buffers, but output sizes follow the
  * header: skip conversion when the data claimed exceeds this. */
