@@ -17,7 +17,7 @@ CFLAGS  ?= -O2 -g
 # -ffp-contract=off: bitsandbytes rounds after every multiply and add; a fused
 # multiply-add would change the low bits of the result.
 NF4_CFLAGS = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wstrict-prototypes \
-             -ffp-contract=off -fno-fast-math -Iinclude -pthread -fPIC
+             -ffp-contract=off -fno-fast-math -Iinclude -Isrc -pthread -fPIC
 ifeq ($(SANITIZE),1)
 NF4_CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 NF4_LDFLAGS += -fsanitize=address,undefined
@@ -43,7 +43,7 @@ NVCC_GENCODE ?= $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a
                 -gencode arch=compute_$(CUDA_PTX_ARCH),code=compute_$(CUDA_PTX_ARCH)
 NF4DEQ_ASM ?= 1
 NVCCFLAGS ?= -O3 -std=c++17 -lineinfo
-NF4_NVCCFLAGS = $(NVCC_GENCODE) -Iinclude -DNF4DEQ_ASM=$(NF4DEQ_ASM) -Xcompiler -fPIC,-Wall
+NF4_NVCCFLAGS = $(NVCC_GENCODE) -Iinclude -Isrc -DNF4DEQ_ASM=$(NF4DEQ_ASM) -Xcompiler -fPIC,-Wall
 ifeq ($(NF4DEQ_CUDA),1)
 CUDA_SRCS = $(wildcard cuda/*.cu)
 CUDA_OBJS = $(CUDA_SRCS:cuda/%.cu=$(BUILD)/cuda/%.o)
@@ -87,11 +87,11 @@ deps:
 test-deps: deps
 	@sh tests/scripts/ensure-deps.sh test
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard include/*.h) | deps
+$(BUILD)/obj/%.o: src/%.c $(wildcard include/*.h src/*.h) | deps
 	@mkdir -p $(@D)
 	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/cuda/%.o: cuda/%.cu $(wildcard include/*.h cuda/*.cuh)
+$(BUILD)/cuda/%.o: cuda/%.cu $(wildcard include/*.h src/*.h cuda/*.cuh)
 	@mkdir -p $(@D)
 	$(NVCC) $(NF4_NVCCFLAGS) $(NVCCFLAGS) -c $< -o $@
 

@@ -18,7 +18,7 @@ GPU_BIG     ?= 1
 
 .PHONY: gpu-tests gpu-tests-ptx75 gpu-tests-noasm check-gpu
 
-$(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/check.h $(BUILD)/libnf4deq.a $(wildcard include/*.h)
+$(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/check.h $(BUILD)/libnf4deq.a $(wildcard include/*.h src/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) -I$(CUDA_HOME)/include $(CFLAGS) -o $@ $< $(BUILD)/libnf4deq.a $(LIBS) \
 	    $(NF4_LDFLAGS) $(GPU_WRAPS_$*)

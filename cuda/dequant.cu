@@ -1,4 +1,4 @@
-// Fused NF4/FP4 dequantization on the GPU, and the include/gpu.h back end.
+// Fused NF4/FP4 dequantization on the GPU, and the src/gpu.h back end.
 //
 // One launch per job: each warp reads the packed nibbles of 32 * EPT consecutive
 // elements, their blocks' absmax codes, nested absmax and nested code entries,
@@ -471,7 +471,7 @@ launch_cfg nf4_pick_cfg(int major, int minor, uint64_t n)
     return n <= best->small_max_n ? best->small : best->large;
 }
 
-// ---- include/gpu.h ----------------------------------------------------------------
+// ---- src/gpu.h ----------------------------------------------------------------
 
 extern "C" int gpu_device_count(void)
 {

@@ -1,6 +1,6 @@
 // Internal interface of the CUDA back end, shared by cuda/dequant.cu and
-// cuda/bench.cu. Not seen from C: C code goes through include/gpu.h and the
-// C-callable bench/test hooks declared in include/bench.h.
+// cuda/bench.cu. Not seen from C: C code goes through src/gpu.h and the
+// C-callable bench/test hooks declared in src/bench.h.
 #pragma once
 
 #include <cuda_runtime.h>

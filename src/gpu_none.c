@@ -1,4 +1,4 @@
-/* include/gpu.h (and the GPU hooks of include/bench.h) for builds without nvcc:
+/* src/gpu.h (and the GPU hooks of src/bench.h) for builds without nvcc:
  * there is no device, and opening one says why. */
 #include <stdlib.h>
 

@@ -19,7 +19,7 @@ FUZZ_TARGETS ?= fuzz_header fuzz_quant_state fuzz_index fuzz_config fuzz_file
 FUZZ_DIR      = $(BUILD)/fuzz
 FUZZ_CORPUS   = tests/corpus
 FUZZ_SAN      = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_CFLAGS   = -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-fast-math -Iinclude $(CJSON_CFLAGS) -pthread \
+FUZZ_CFLAGS   = -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-fast-math -Iinclude -Isrc $(CJSON_CFLAGS) -pthread \
                 -g -O1 -DNF4DEQ_VERSION='"$(VERSION)"' $(FUZZ_SAN) \
                 -DPIPELINE_MIN_SLOT_BYTES='(UINT64_C(1) << 20)'
 FUZZ_LIB_SRCS = $(filter-out src/main.c,$(wildcard src/*.c))
@@ -34,7 +34,7 @@ fuzz-deps:
 	@sh tests/scripts/ensure-deps.sh build
 	@FUZZ_CC=$(FUZZ_CC) sh tests/scripts/ensure-deps.sh fuzz
 
-$(FUZZ_DIR)/obj/%.o: src/%.c $(wildcard include/*.h) | fuzz-deps
+$(FUZZ_DIR)/obj/%.o: src/%.c $(wildcard include/*.h src/*.h) | fuzz-deps
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 

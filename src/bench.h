@@ -1,4 +1,4 @@
-/* `nf4deq bench`, and the GPU hooks it (and tests/gpu) use beyond include/gpu.h.
+/* `nf4deq bench`, and the GPU hooks it (and tests/gpu) use beyond src/gpu.h.
  * The hooks are implemented in cuda/ and stubbed in src/gpu_none.c. */
 #ifndef NF4DEQ_BENCH_H
 #define NF4DEQ_BENCH_H
