@@ -49,7 +49,7 @@ CUDA_SRCS = $(wildcard cuda/*.cu)
 CUDA_OBJS = $(CUDA_SRCS:cuda/%.cu=$(BUILD)/cuda/%.o)
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 EXCLUDE_SRCS = src/gpu_none.c
-SO_GPU_OBJS = $(BUILD)/cuda/dequant.o $(BUILD)/cuda/api.o
+SO_GPU_OBJS = $(BUILD)/cuda/dequant_launch.o $(BUILD)/cuda/api.o
 else
 CUDA_OBJS =
 CUDA_LIBS =

@@ -1,6 +1,6 @@
 // The GPU half of the public ABI (include/nf4deq.h): device pointers, the
 // caller's stream, no allocation, no synchronization.
-#include "dequant.cuh"
+#include "launch.cuh"
 
 extern "C" {
 #include "api_internal.h"

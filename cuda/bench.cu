@@ -7,7 +7,8 @@
 #include <string.h>
 #include <vector>
 
-#include "dequant.cuh"
+#include "gpu_backend.cuh"
+#include "launch.cuh"
 
 #define BENCH_BLOCKSIZE 64
 #define BENCH_NESTED_BLOCKSIZE 256

@@ -1,6 +1,7 @@
-// Internal interface of the CUDA back end, shared by cuda/dequant.cu and
-// cuda/bench.cu. Not seen from C: C code goes through src/gpu.h and the
-// C-callable bench/test hooks declared in src/bench.h.
+// Internal interface of the fused-kernel launcher (cuda/dequant_launch.cu),
+// shared by its callers in cuda/: the GPU back end, the PyTorch-facing ABI and the
+// benchmark. Not seen from C: C code goes through src/gpu.h and the C-callable
+// bench/test hooks declared in src/bench.h.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -56,23 +57,4 @@ int nf4_launch_dequant(const struct dev_job *job, struct launch_cfg cfg, unsigne
 // The configuration chosen for compute capability major.minor and n elements.
 struct launch_cfg nf4_pick_cfg(int major, int minor, uint64_t n);
 
-#define NUM_STREAMS 2
-
-struct slot {
-    void *mem;
-    size_t bytes;
-};
-
-struct gpu_ctx {
-    int device;
-    int major, minor;
-    int sm_count;
-    size_t l2_bytes;
-    uint64_t budget;
-    uint64_t subchunk_cap;
-    uint64_t last_subchunks;
-    char name[320];
-    cudaStream_t streams[NUM_STREAMS];
-    slot slots[NUM_STREAMS];
-    float *d_code; // nested code table (256 floats)
-};
+static inline bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }

@@ -1,0 +1,85 @@
+// The fused NF4/FP4 dequantization kernel.
+//
+// One launch per job: each warp reads the packed nibbles of 32 * EPT consecutive
+// elements, their blocks' absmax codes, nested absmax and nested code entries,
+// and writes the outputs. No intermediate buffer in global memory.
+#pragma once
+
+#include "nf4_device.cuh"
+
+// ---- the kernel -------------------------------------------------------------------
+// Warp-interleaved layout: a warp owns WT = 32 * EPT consecutive elements, cut in
+// units of U elements (one 16-byte output store). In step q, lane l handles unit
+// q * 32 + l, so every load instruction of a warp reads one contiguous run
+// (128 bytes of packed nibbles for 16-bit output) and every store writes 512
+// contiguous bytes: whole sectors, no partial writes for L2 to merge.
+// A warp tile spans at most 32 quantization blocks (WT <= 1024, blocksize >= 32):
+// lane l computes block (first + l)'s absmax once and the others read it by shuffle.
+
+template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM>
+__global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_log2)
+{
+    constexpr int U = 16 / (int)sizeof(T); // elements per 16-byte store: 8 (16-bit) or 4 (fp32)
+    constexpr int Q = EPT / U;             // units per lane
+    constexpr int WT = 32 * EPT;           // elements per warp tile
+    static_assert(EPT % U == 0 && WT <= 32 * 32, "EPT: 16 or 32");
+
+    __shared__ float s_tbl[VALUES_PER_CODE];
+    if (threadIdx.x < VALUES_PER_CODE)
+        s_tbl[threadIdx.x] = c_values[QT][threadIdx.x];
+
+    const uint32_t lane = threadIdx.x & 31u;
+    const uint64_t wbase = (((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * WT;
+    const uint64_t n = j.n;
+
+    // Streaming loads first, so they are in flight during the absmax lookups.
+    uint32_t w[Q];
+#pragma unroll
+    for (int q = 0; q < Q; q++) {
+        const uint64_t e0 = wbase + (uint64_t)(q * 32 + lane) * U;
+        w[q] = e0 + U <= n ? ld_packed_unit<U / 2, HINTS>(j.packed + e0 / 2) : 0u;
+    }
+    // Lane l: absmax of block (first + l); at most 32 blocks per warp tile.
+    const uint64_t first = wbase >> bs_log2;
+    float my_am = 0.0f;
+    if (wbase < n) {
+        const uint64_t last = (wbase + WT < n ? wbase + WT : n) - 1;
+        if (lane <= (last >> bs_log2) - first)
+            my_am = block_absmax<NESTED, HINTS, ASM>(j, first + lane, nbs_log2);
+    }
+    __syncthreads();
+    if (wbase >= n) // uniform per warp: the shuffles below see full warps
+        return;
+
+    char *out = reinterpret_cast<char *>(j.out);
+#pragma unroll
+    for (int q = 0; q < Q; q++) {
+        const uint64_t e0 = wbase + (uint64_t)(q * 32 + lane) * U;
+        const uint32_t rel = (uint32_t)((e0 >> bs_log2) - first); // < 32
+        const float am = __shfl_sync(0xffffffffu, my_am, rel);
+        if (e0 + U <= n) {
+            uint32_t off[8];
+            unpack8<ASM>(w[q], off);
+            float v[U];
+#pragma unroll
+            for (int i = 0; i < U; i++)
+                v[i] = mul_value<ASM>(table_at(s_tbl, off[i]), am);
+            uint4 o;
+            if constexpr (sizeof(T) == 4) {
+                o = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
+                               __float_as_uint(v[3]));
+            } else {
+                o = make_uint4(Out<T>::pack2(v[0], v[1]), Out<T>::pack2(v[2], v[3]),
+                               Out<T>::pack2(v[4], v[5]), Out<T>::pack2(v[6], v[7]));
+            }
+            st_out16<STH>(out + e0 * sizeof(T), o);
+        } else if (e0 < n) {
+            // Tail: the one unit that crosses n, element by element.
+            for (uint64_t e = e0; e < n; e++) {
+                uint32_t byte = j.packed[e / 2];
+                uint32_t nib = (e & 1) ? (byte & 15u) : (byte >> 4);
+                Out<T>::store1(out + e * sizeof(T), mul_value<ASM>(s_tbl[nib], am));
+            }
+        }
+    }
+}

@@ -1,0 +1,141 @@
+// Launching the fused kernel: the compile-time dispatch from a job's output type,
+// quantization type, tile size and variant to one kernel instantiation, and the
+// per-architecture table that picks the tile size. The kernel itself is in
+// cuda/dequant_kernel.cuh, included first.
+#include "dequant_kernel.cuh"
+
+// The inline-asm steps of the nibble->value path the default kernel uses. Measured
+// on H200 (docs/KERNEL-NOTES.md): the CUDA C path was 2-4% faster on mid and large
+// tensors and equal on small ones, so the default is C; the asm path stays as a
+// bench variant (GPU_VARIANT_ASM_VALUE / _ASM_MUL). The cache-hint asm helps and stays.
+#define DEFAULT_ASM 0
+
+// ---- launcher -------------------------------------------------------------------
+
+static uint32_t log2u(uint64_t v)
+{
+    uint32_t r = 0;
+    while ((1ull << r) < v)
+        r++;
+    return r;
+}
+
+template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM>
+static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
+{
+    const uint64_t warps = CEIL_DIV(j.n, (uint64_t)(32 * EPT));
+    const uint64_t blocks = CEIL_DIV(warps, (uint64_t)(cfg.threads / 32));
+    if (blocks > 0x7fffffffull)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "tensor too large for one launch (%llu elements)",
+                        (unsigned long long)j.n);
+    dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM>
+        <<<(unsigned)blocks, cfg.threads, 0, stream>>>(j, log2u(j.blocksize), log2u(j.nested_blocksize));
+    cudaCheck(cudaGetLastError());
+    return NF4_OK;
+}
+
+// Every variant for the bench's case (NF4, double quant, fp16/bf16); for everything
+// else the default kernel (cache hints, C value path), with or without streaming stores.
+template <typename T, int QT, int EPT, bool NESTED>
+static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
+{
+    // ASM bits: DEFAULT_ASM unless the variant asks for the asm value path.
+    const int asm_bits = !NF4DEQ_ASM                          ? 0
+                         : (variant & GPU_VARIANT_ASM_VALUE) ? ASM_UNPACK | ASM_MUL
+                         : (variant & GPU_VARIANT_ASM_MUL)   ? ASM_MUL
+                                                             : DEFAULT_ASM;
+    const bool hints_on = !(variant & GPU_VARIANT_NO_HINTS);
+    const bool st_hint = cfg.store_hint && hints_on && !(variant & GPU_VARIANT_NO_STORE_HINT);
+    if constexpr (QT == QT_NF4 && NESTED && sizeof(T) == 2) {
+#define NF4_LAUNCH_ASM(H, S)                                                                       \
+    switch (asm_bits) {                                                                            \
+    case ASM_UNPACK | ASM_MUL: return launch_one<T, QT, EPT, NESTED, H, S, ASM_UNPACK | ASM_MUL>(j, cfg, stream); \
+    case ASM_MUL: return launch_one<T, QT, EPT, NESTED, H, S, ASM_MUL>(j, cfg, stream);          \
+    default: return launch_one<T, QT, EPT, NESTED, H, S, 0>(j, cfg, stream);                     \
+    }
+        if (hints_on && st_hint)
+            NF4_LAUNCH_ASM(true, true)
+        if (hints_on)
+            NF4_LAUNCH_ASM(true, false)
+        NF4_LAUNCH_ASM(false, false)
+#undef NF4_LAUNCH_ASM
+    } else {
+        if (st_hint)
+            return launch_one<T, QT, EPT, NESTED, true, true, DEFAULT_ASM>(j, cfg, stream);
+        return launch_one<T, QT, EPT, NESTED, true, false, DEFAULT_ASM>(j, cfg, stream);
+    }
+}
+
+template <typename T, int QT, bool NESTED>
+static int launch_ept(const dev_job &j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
+{
+    switch (cfg.ept) {
+    case 16: return launch_variant<T, QT, 16, NESTED>(j, cfg, variant, stream);
+    case 32: return launch_variant<T, QT, 32, NESTED>(j, cfg, variant, stream);
+    default: return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad elements per thread %d", cfg.ept);
+    }
+}
+
+template <typename T>
+static int launch_type(const dev_job &j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
+{
+    const bool nested = j.absmax_code != NULL;
+    if (j.quant_type == QUANT_NF4)
+        return nested ? launch_ept<T, QT_NF4, true>(j, cfg, variant, stream)
+                      : launch_ept<T, QT_NF4, false>(j, cfg, variant, stream);
+    return nested ? launch_ept<T, QT_FP4, true>(j, cfg, variant, stream)
+                  : launch_ept<T, QT_FP4, false>(j, cfg, variant, stream);
+}
+
+int nf4_launch_dequant(const dev_job *j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
+{
+    if (j->n == 0)
+        return NF4_OK;
+    if (!is_pow2(j->blocksize) || j->blocksize < NF4_MIN_BLOCKSIZE || j->blocksize > NF4_MAX_BLOCKSIZE)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad blocksize %u", j->blocksize);
+    if (j->absmax_code && (!is_pow2(j->nested_blocksize) || !j->nested_absmax || !j->nested_code))
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad double-quant state");
+    if (!j->absmax_code && !j->absmax)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "no absmax");
+    if (((uintptr_t)j->packed | (uintptr_t)j->out) & 15u)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "device buffers must be 16-byte aligned");
+    if (cfg.threads < 32 || cfg.threads > 1024 || cfg.threads % 32)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad threads per block %d", cfg.threads);
+    switch (j->out_dtype) {
+    case DT_F16: return launch_type<half>(*j, cfg, variant, stream);
+    case DT_BF16: return launch_type<__nv_bfloat16>(*j, cfg, variant, stream);
+    case DT_F32: return launch_type<float>(*j, cfg, variant, stream);
+    default: return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad output dtype %d", (int)j->out_dtype);
+    }
+}
+
+// ---- per-architecture launch table ------------------------------------------------
+// Chosen from measurements (docs/KERNEL-NOTES.md). sm_75 (T4): 1024-element tiles.
+
+struct arch_entry {
+    int major, minor;
+    uint64_t small_max_n; // jobs up to this many elements use `small`
+    launch_cfg small, large;
+};
+// {elements per lane, threads per CTA, streaming stores}
+static const arch_entry ARCH_TABLE[] = {
+    // T4: 64 threads x 16 elements = 1024-element CTA tiles.
+    {7, 5, 0, {16, 64, 1}, {16, 64, 1}},
+    // Ampere / Ada: not measured; the Hopper choice.
+    {8, 0, 0, {32, 64, 1}, {32, 64, 1}},
+    {8, 6, 0, {32, 64, 1}, {32, 64, 1}},
+    {8, 9, 0, {32, 64, 1}, {32, 64, 1}},
+    // H100 / H200, measured (docs/KERNEL-NOTES.md): 32 x 64 was best or within 1% of
+    // the best at every bench size; streaming stores won at every size (plain stores,
+    // which leave the output in L2, did not help even where it fits).
+    {9, 0, 0, {32, 64, 1}, {32, 64, 1}},
+};
+
+launch_cfg nf4_pick_cfg(int major, int minor, uint64_t n)
+{
+    const arch_entry *best = &ARCH_TABLE[0];
+    for (const arch_entry &a : ARCH_TABLE)
+        if (a.major < major || (a.major == major && a.minor <= minor))
+            best = &a;
+    return n <= best->small_max_n ? best->small : best->large;
+}
