@@ -20,6 +20,7 @@
 #include "pipeline.h"
 #include "progress.h"
 #include "safetensors.h"
+#include "safetensors_writer.h"
 #include "status.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__

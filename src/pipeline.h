@@ -12,6 +12,7 @@
 #include "convert.h"
 #include "progress.h"
 #include "safetensors.h"
+#include "safetensors_writer.h"
 
 /* What one output tensor is made of: a copy or cast of `src`, or the
  * dequantization of `w`. */

@@ -1,10 +1,8 @@
-/* safetensors reading and writing.
+/* safetensors reading (the writer is in safetensors_writer.h).
  *
  * The reader treats every file as hostile: the header is parsed and validated
  * against the rules of the reference implementation before anything else is
- * trusted, and tensor data is never read all at once (pread per range). The
- * writer lays tensors out as the reference serializer does and publishes the
- * file atomically (temp file in the same directory, fsync, rename). */
+ * trusted, and tensor data is never read all at once (pread per range). */
 #ifndef NF4DEQ_SAFETENSORS_H
 #define NF4DEQ_SAFETENSORS_H
 
@@ -62,33 +60,6 @@ uint64_t st_tensor_bytes(const struct st_tensor *t);
 /* Reads `len` bytes at `offset` within tensor t. Short reads, EINTR and a file
  * that shrank underneath are all handled; failure is NF4_EIO. */
 int st_read(const struct st_file *f, const struct st_tensor *t, uint64_t offset, void *buf, uint64_t len);
-
-/* ---- writer ---- */
-
-struct st_out_tensor {
-    const char *name;
-    enum st_dtype dtype;
-    size_t ndim;
-    const uint64_t *shape;
-};
-
-struct st_writer;
-
-/* Plans the layout of `n` tensors, creates a temp file beside `path` and writes
- * the header. Tensors must then be written in the order st_writer_order gives,
- * each exactly st_tensor_bytes long. Metadata is carried over with
- * "format":"pt" added when missing. */
-int st_writer_begin(struct st_writer **out, const char *path, const struct st_out_tensor *tensors, size_t n,
-                    const struct st_meta *meta, size_t nmeta);
-/* Index (into the array given to st_writer_begin) of the k-th tensor in file order. */
-size_t st_writer_order(const struct st_writer *w, size_t k);
-uint64_t st_writer_tensor_bytes(const struct st_writer *w, size_t index);
-int st_writer_write(struct st_writer *w, const void *buf, size_t len);
-/* Checks every byte was written, fsyncs, renames over `path`, fsyncs the directory. */
-int st_writer_finish(struct st_writer *w);
-/* Removes the temp file. Safe after a failed write or finish; frees w. */
-void st_writer_abort(struct st_writer *w);
-uint64_t st_writer_total_bytes(const struct st_writer *w);
 
 /* Checked arithmetic: return 0 on overflow. */
 static inline int checked_mul_u64(uint64_t a, uint64_t b, uint64_t *out)

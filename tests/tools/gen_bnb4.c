@@ -22,6 +22,7 @@
 #include "fpconv.h"
 #include "model_dir.h"
 #include "safetensors.h"
+#include "safetensors_writer.h"
 #include "status.h"
 
 struct preset {

@@ -21,6 +21,7 @@
 
 #include "model_dir.h"
 #include "safetensors.h"
+#include "safetensors_writer.h"
 #include "status.h"
 
 /* Tests run from the repository root (the Makefile and run-unit.sh do that). */

@@ -1,0 +1,37 @@
+/* safetensors writing: tensors laid out as the reference serializer does, the
+ * file published atomically (temp file in the same directory, fsync, rename). */
+#ifndef NF4DEQ_SAFETENSORS_WRITER_H
+#define NF4DEQ_SAFETENSORS_WRITER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "safetensors.h" /* struct st_meta, the checked arithmetic */
+
+struct st_out_tensor {
+    const char *name;
+    enum st_dtype dtype;
+    size_t ndim;
+    const uint64_t *shape;
+};
+
+struct st_writer;
+
+/* Plans the layout of `n` tensors, creates a temp file beside `path` and writes
+ * the header. Tensors must then be written in the order st_writer_order gives,
+ * each exactly st_tensor_bytes long. Metadata is carried over with
+ * "format":"pt" added when missing. */
+int st_writer_begin(struct st_writer **out, const char *path, const struct st_out_tensor *tensors, size_t n,
+                    const struct st_meta *meta, size_t nmeta);
+/* Index (into the array given to st_writer_begin) of the k-th tensor in file order. */
+size_t st_writer_order(const struct st_writer *w, size_t k);
+uint64_t st_writer_tensor_bytes(const struct st_writer *w, size_t index);
+int st_writer_write(struct st_writer *w, const void *buf, size_t len);
+/* Checks every byte was written, fsyncs, renames over `path`, fsyncs the directory. */
+int st_writer_finish(struct st_writer *w);
+/* Removes the temp file. Safe after a failed write or finish; frees w. */
+void st_writer_abort(struct st_writer *w);
+uint64_t st_writer_total_bytes(const struct st_writer *w);
+
+#endif
