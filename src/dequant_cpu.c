@@ -1,10 +1,10 @@
 #include "dequant.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fpconv.h"
+#include "parallel.h"
 
 const float NF4_VALUES[16] = {
     -1.0f, -0.6961928009986877f, -0.5250730514526367f, -0.39491748809814453f,
@@ -82,55 +82,18 @@ void dequant_cpu_range(const struct dequant_job *job, uint64_t first, uint64_t c
     }
 }
 
-struct range_task {
-    const struct dequant_job *job;
-    uint64_t first, count;
-};
-
-static void *range_worker(void *arg)
+/* parallel_for's unit is a quantization block: no two threads share a block's table. */
+static void block_range(void *ctx, uint64_t first_block, uint64_t blocks)
 {
-    const struct range_task *t = arg;
-    dequant_cpu_range(t->job, t->first, t->count);
-    return NULL;
+    const struct dequant_job *job = ctx;
+    uint64_t first = first_block * job->blocksize;
+    uint64_t count = blocks * job->blocksize;
+    dequant_cpu_range(job, first, count < job->n - first ? count : job->n - first);
 }
 
 void dequant_cpu(const struct dequant_job *job, int threads)
 {
-    uint64_t max_threads = job->n / MIN_ELEMENTS_PER_THREAD;
-    if (threads < 1)
-        threads = 1;
-    if ((uint64_t)threads > max_threads)
-        threads = max_threads > 1 ? (int)max_threads : 1;
-    if (threads == 1) {
-        dequant_cpu_range(job, 0, job->n);
-        return;
-    }
-    /* Split on block boundaries so no two threads share a block's LUT work. */
     uint64_t blocks = (job->n + job->blocksize - 1) / job->blocksize;
-    uint64_t per = (blocks + (uint64_t)threads - 1) / (uint64_t)threads;
-    pthread_t *tids = calloc((size_t)threads, sizeof *tids);
-    struct range_task *tasks = calloc((size_t)threads, sizeof *tasks);
-    int started = 0;
-    if (tids && tasks) {
-        for (int i = 0; i < threads; i++) {
-            uint64_t first = (uint64_t)i * per * job->blocksize;
-            if (first >= job->n)
-                break;
-            tasks[i] = (struct range_task){job, first, per * job->blocksize};
-            if (pthread_create(&tids[i], NULL, range_worker, &tasks[i]) != 0) {
-                /* Out of threads: do this share here rather than fail. */
-                dequant_cpu_range(job, first, per * job->blocksize);
-                tasks[i].count = 0;
-                continue;
-            }
-            started = i + 1;
-        }
-        for (int i = 0; i < started; i++)
-            if (tasks[i].count)
-                pthread_join(tids[i], NULL);
-    } else {
-        dequant_cpu_range(job, 0, job->n);
-    }
-    free(tids);
-    free(tasks);
+    uint64_t min_blocks = MIN_ELEMENTS_PER_THREAD / job->blocksize;
+    parallel_for(blocks, threads, min_blocks ? min_blocks : 1, block_range, (void *)job);
 }
