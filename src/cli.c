@@ -10,6 +10,7 @@
 #include "bench.h"
 #include "convert.h"
 #include "inspect.h"
+#include "lora.h"
 #include "progress.h"
 #include "status.h"
 
@@ -56,6 +57,9 @@ static const char CONVERT_HELP[] =
     "                       chunks read, dequantized and written at once\n"
     "      --progress MODE  auto (a live line when stderr is a terminal), tty, plain\n"
     "                       (a line every 10 s, for logs) or none\n"
+    "      --lora DIR       merge the PEFT LoRA adapter in DIR (adapter_config.json,\n"
+    "                       adapter_model.safetensors) into the dequantized weights;\n"
+    "                       repeat to add several adapters' deltas, in order (at most 8)\n"
     "  -f, --force          replace OUT if it exists\n"
     "  -q, --quiet          print nothing but errors\n"
     "  -h, --help           show this help\n"
@@ -70,6 +74,8 @@ static const char INSPECT_HELP[] =
     "\n"
     "      --json           machine-readable output\n"
     "  -d, --dtype TYPE     compute the size after conversion for this --dtype\n"
+    "      --lora DIR       also list the tensors this adapter changes, with r, alpha\n"
+    "                       and scaling (may repeat)\n"
     "  -h, --help           show this help\n"
     "\n" EXIT_CODES_HELP;
 
@@ -136,6 +142,17 @@ static void human_bytes(char *buf, size_t cap, uint64_t bytes)
     snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", v, UNITS[u]);
 }
 
+/* --lora may repeat, up to LORA_MAX_ADAPTERS times. */
+static int add_lora(const char *cmd, const char **dirs, size_t *n, const char *arg)
+{
+    if (*n == LORA_MAX_ADAPTERS)
+        return usage_error(cmd, "too many --lora adapters (at most 8): '%s'", arg);
+    if (!arg[0])
+        return usage_error(cmd, "%s", "--lora needs an adapter directory");
+    dirs[(*n)++] = arg;
+    return NF4_OK;
+}
+
 static int cmd_convert(int argc, char **argv)
 {
     static const struct option LONG[] = {
@@ -143,10 +160,12 @@ static int cmd_convert(int argc, char **argv)
         {"threads", required_argument, NULL, 'j'}, {"gpu-mem", required_argument, NULL, 'G'},
         {"force", no_argument, NULL, 'f'},         {"quiet", no_argument, NULL, 'q'},
         {"mem", required_argument, NULL, 'M'},     {"progress", required_argument, NULL, 'P'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0},
+        {"lora", required_argument, NULL, 'L'},    {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     struct convert_opts o;
     convert_opts_init(&o);
+    const char *lora[LORA_MAX_ADAPTERS];
     int quiet = 0, c;
     optind = 1;
     opterr = 0;
@@ -189,6 +208,10 @@ static int cmd_convert(int argc, char **argv)
             o.progress = (enum progress_mode)mode;
             break;
         }
+        case 'L':
+            if (add_lora("convert", lora, &o.nlora, optarg) != NF4_OK)
+                return NF4_EUSAGE;
+            break;
         case 'f': o.force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': fputs(CONVERT_HELP, stdout); return NF4_OK;
@@ -198,6 +221,7 @@ static int cmd_convert(int argc, char **argv)
     if (argc - optind != 2)
         return usage_error("convert", "%s", argc - optind < 2 ? "convert needs IN and OUT" : "too many arguments");
     nf4_set_quiet(quiet);
+    o.lora_dirs = lora;
     struct convert_stats stats;
     int code = convert_run(argv[optind], argv[optind + 1], &o, &stats);
     if (code == NF4_OK && !quiet) {
@@ -207,10 +231,13 @@ static int cmd_convert(int argc, char **argv)
         double rate = stats.seconds > 0 ? (double)stats.bytes_out / stats.seconds / 1e9 : 0;
         struct rusage ru;
         long rss_mb = getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1024 : 0;
+        char merged[48] = "";
+        if (o.nlora)
+            snprintf(merged, sizeof merged, ", %" PRIu64 " with LoRA merged", stats.merged);
         fprintf(stderr,
-                "nf4deq: converted %" PRIu64 " tensors (%" PRIu64 " dequantized), %s in, %s out, %.2f s, %.2f GB/s, "
+                "nf4deq: converted %" PRIu64 " tensors (%" PRIu64 " dequantized%s), %s in, %s out, %.2f s, %.2f GB/s, "
                 "peak RSS %ld MB, on %s\n",
-                stats.tensors, stats.dequantized, in, out, stats.seconds, rate, rss_mb, stats.engine);
+                stats.tensors, stats.dequantized, merged, in, out, stats.seconds, rate, rss_mb, stats.engine);
     }
     return code;
 }
@@ -220,9 +247,12 @@ static int cmd_inspect(int argc, char **argv)
     static const struct option LONG[] = {
         {"json", no_argument, NULL, 'J'},
         {"dtype", required_argument, NULL, 'd'},
+        {"lora", required_argument, NULL, 'L'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
+    const char *lora[LORA_MAX_ADAPTERS];
+    size_t nlora = 0;
     int json = 0, c;
     enum st_dtype dtype = DT_INVALID;
     optind = 1;
@@ -234,13 +264,17 @@ static int cmd_inspect(int argc, char **argv)
             if (parse_dtype_arg("inspect", optarg, &dtype) != NF4_OK)
                 return NF4_EUSAGE;
             break;
+        case 'L':
+            if (add_lora("inspect", lora, &nlora, optarg) != NF4_OK)
+                return NF4_EUSAGE;
+            break;
         case 'h': fputs(INSPECT_HELP, stdout); return NF4_OK;
         default: return bad_option("inspect", argv, c);
         }
     }
     if (argc - optind != 1)
         return usage_error("inspect", "%s", argc - optind < 1 ? "inspect needs IN" : "too many arguments");
-    return inspect_run(argv[optind], json, dtype, stdout);
+    return inspect_run(argv[optind], json, dtype, lora, nlora, stdout);
 }
 
 int cli_main(int argc, char **argv)

@@ -15,6 +15,7 @@
 #include "bnb_state.h"
 #include "fileio.h"
 #include "gpu.h"
+#include "lora.h"
 #include "model.h"
 #include "model_dir.h"
 #include "pipeline.h"
@@ -29,6 +30,7 @@
 
 struct ctx {
     const struct convert_opts *opts;
+    struct lora_set *lora;
     struct convert_stats *stats;
     struct gpu_ctx *gpu;
     int threads;
@@ -46,8 +48,23 @@ void convert_opts_init(struct convert_opts *o)
 
 /* ---- planning and writing one output file ---- */
 
+/* Points an item at what an adapter does to its tensor: a modules_to_save
+ * replacement becomes the item's source (cast to the dtype the base would have
+ * had), LoRA terms are merged. */
+static void plan_lora(struct out_item *it, const struct lora_target *t)
+{
+    if (!t)
+        return;
+    if (t->replace) {
+        it->w = NULL;
+        it->src = t->replace;
+    } else {
+        it->lora = t;
+    }
+}
+
 static int plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
-                     enum st_dtype dtype, struct out_item **items_out, size_t *n_out)
+                     const struct lora_set *lora, enum st_dtype dtype, struct out_item **items_out, size_t *n_out)
 {
     const struct st_file *f = m->files[file_index];
     struct out_item *items = calloc(f->count ? f->count : 1, sizeof *items);
@@ -72,6 +89,7 @@ static int plan_file(const struct model *m, size_t file_index, const struct bnb_
             it->out.ndim = t->ndim;
             it->out.shape = t->shape;
         }
+        plan_lora(it, lora_find(lora, t->name));
     }
     *items_out = items;
     *n_out = n;
@@ -184,6 +202,14 @@ static void close_engine(struct ctx *c)
 
 /* ---- file and directory conversions ---- */
 
+/* Opens the --lora adapters against the base, before anything is written. */
+static int open_lora(struct ctx *c, const struct model *m, const struct bnb_weight *weights, size_t nweights)
+{
+    if (c->opts->nlora == 0)
+        return NF4_OK;
+    return lora_open(&c->lora, c->opts->lora_dirs, c->opts->nlora, m, weights, nweights);
+}
+
 static int convert_file(struct ctx *c, const char *in, const char *out)
 {
     struct model *m;
@@ -196,7 +222,8 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
     size_t n = 0;
     uint64_t written = 0;
     if ((code = bnb_collect(m, &weights, &nweights)) == NF4_OK &&
-        (code = plan_file(m, 0, weights, nweights, c->opts->dtype, &items, &n)) == NF4_OK &&
+        (code = open_lora(c, m, weights, nweights)) == NF4_OK &&
+        (code = plan_file(m, 0, weights, nweights, c->lora, c->opts->dtype, &items, &n)) == NF4_OK &&
         (code = open_engine(c, out, n, items_bytes(items, n))) == NF4_OK)
         code = write_file(c, out, items, n, m->files[0], &written);
     c->stats->bytes_out += written;
@@ -371,7 +398,7 @@ static int convert_dir(struct ctx *c, const char *in, const char *out, int repla
     size_t *nplan = NULL;
     char *tmp = NULL;
     uint64_t total_size = 0, total_params = 0;
-    if ((code = bnb_collect(m, &weights, &nweights)) != NF4_OK)
+    if ((code = bnb_collect(m, &weights, &nweights)) != NF4_OK || (code = open_lora(c, m, weights, nweights)) != NF4_OK)
         goto out;
     entries = calloc(m->count ? m->count : 1, sizeof *entries);
     plans = calloc(m->nfiles, sizeof *plans);
@@ -383,7 +410,7 @@ static int convert_dir(struct ctx *c, const char *in, const char *out, int repla
     /* Plan every shard first: the progress line needs the totals. */
     uint64_t all_tensors = 0, all_bytes = 0;
     for (size_t i = 0; i < m->nfiles; i++) {
-        if ((code = plan_file(m, i, weights, nweights, c->opts->dtype, &plans[i], &nplan[i])) != NF4_OK)
+        if ((code = plan_file(m, i, weights, nweights, c->lora, c->opts->dtype, &plans[i], &nplan[i])) != NF4_OK)
             goto out;
         all_tensors += nplan[i];
         all_bytes += items_bytes(plans[i], nplan[i]);
@@ -490,6 +517,7 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
     double t0 = progress_now();
     int code = in_is_dir ? convert_dir(&c, in, out, out_exists) : convert_file(&c, in, out);
     close_engine(&c);
+    lora_close(c.lora);
     stats->seconds = progress_now() - t0;
     return code;
 }

@@ -19,11 +19,14 @@ struct convert_opts {
     uint64_t mem;           /* host memory for tensor data in bytes; 0: DEFAULT_MEM_BYTES */
     uint64_t chunk_elements; /* caps the elements per chunk (tests); 0: what --mem allows */
     enum progress_mode progress;
+    const char *const *lora_dirs; /* --lora adapter directories, merged in this order */
+    size_t nlora;
 };
 
 struct convert_stats {
     uint64_t tensors;
     uint64_t dequantized;
+    uint64_t merged;     /* tensors with a LoRA delta merged in */
     uint64_t bytes_in;
     uint64_t bytes_out;
     uint64_t overflowed; /* finite values that became inf when cast to --dtype */

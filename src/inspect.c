@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "bnb_state.h"
+#include "lora.h"
 #include "model.h"
 #include "status.h"
 
@@ -56,7 +57,56 @@ static const struct bnb_weight *owner_of(const struct bnb_weight *w, size_t n, c
     return NULL;
 }
 
-int inspect_run(const char *in, int json, enum st_dtype dtype, FILE *out)
+static const char *adapter_dir(const struct lora_set *s, size_t i)
+{
+    return s->adapters[i].dir;
+}
+
+/* The LoRA section: one entry per term or replacement, in tensor order. */
+static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
+{
+    cJSON *ja = root ? cJSON_AddArrayToObject(root, "lora") : NULL;
+    if (!root)
+        fprintf(out, "\n%-48s %-6s %10s %12s  %s\n", "CHANGED BY LORA", "R", "ALPHA", "SCALING", "ADAPTER");
+    for (size_t i = 0; i < s->ntargets; i++) {
+        const struct lora_target *t = &s->targets[i];
+        if (t->replace) {
+            if (ja) {
+                cJSON *e = cJSON_CreateObject();
+                cJSON_AddStringToObject(e, "tensor", t->name);
+                cJSON_AddStringToObject(e, "adapter", adapter_dir(s, t->replace_adapter));
+                cJSON_AddStringToObject(e, "change", "replaced");
+                cJSON_AddStringToObject(e, "dtype", dtype_name(t->replace->t->dtype));
+                cJSON_AddItemToArray(ja, e);
+            } else {
+                fprintf(out, "%-48s %-6s %10s %12s  %s (modules_to_save: replaced, %s)\n", t->name, "-", "-", "-",
+                        adapter_dir(s, t->replace_adapter), dtype_name(t->replace->t->dtype));
+            }
+            continue;
+        }
+        for (size_t k = 0; k < t->nterms; k++) {
+            const struct lora_term *x = &t->terms[k];
+            if (ja) {
+                cJSON *e = cJSON_CreateObject();
+                cJSON_AddStringToObject(e, "tensor", t->name);
+                cJSON_AddStringToObject(e, "adapter", adapter_dir(s, x->adapter));
+                cJSON_AddStringToObject(e, "change", "merged");
+                cJSON_AddNumberToObject(e, "r", x->r);
+                cJSON_AddNumberToObject(e, "alpha", x->alpha);
+                cJSON_AddNumberToObject(e, "scaling", x->scaling);
+                cJSON_AddBoolToObject(e, "fan_in_fan_out", x->fan_in_fan_out);
+                cJSON_AddStringToObject(e, "dtype", dtype_name(x->a->t->dtype));
+                cJSON_AddItemToArray(ja, e);
+            } else {
+                fprintf(out, "%-48s %-6u %10g %12.9g  %s%s\n", t->name, x->r, x->alpha, (double)x->scaling,
+                        adapter_dir(s, x->adapter), x->fan_in_fan_out ? " (fan_in_fan_out)" : "");
+            }
+        }
+    }
+}
+
+int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const *lora_dirs, size_t nlora,
+                FILE *out)
 {
     struct stat st;
     if (stat(in, &st) != 0)
@@ -67,7 +117,10 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, FILE *out)
         return code;
     struct bnb_weight *w = NULL;
     size_t nw = 0;
-    if ((code = bnb_collect(m, &w, &nw)) != NF4_OK) {
+    struct lora_set *lora = NULL;
+    if ((code = bnb_collect(m, &w, &nw)) != NF4_OK ||
+        (nlora && (code = lora_open(&lora, lora_dirs, nlora, m, w, nw)) != NF4_OK)) {
+        bnb_free(w, nw);
         model_close(m);
         return code;
     }
@@ -153,6 +206,8 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, FILE *out)
         cJSON_AddNumberToObject(jt, "parameters", (double)tot.parameters);
         cJSON_AddNumberToObject(jt, "bytes_on_disk", (double)tot.on_disk);
         cJSON_AddNumberToObject(jt, "bytes_after_conversion", (double)tot.converted);
+        if (lora)
+            report_lora(lora, root, out);
         char *text = cJSON_Print(root);
         if (text)
             fprintf(out, "%s\n", text);
@@ -165,7 +220,13 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, FILE *out)
                 "\n%zu tensors in %zu file%s, %zu quantized weights; %" PRIu64 " parameters; %" PRIu64
                 " bytes on disk; %" PRIu64 " bytes after conversion\n",
                 m->count, m->nfiles, m->nfiles == 1 ? "" : "s", nw, tot.parameters, tot.on_disk, tot.converted);
+        if (lora) {
+            report_lora(lora, NULL, out);
+            fprintf(out, "\n%zu tensor%s changed by %zu adapter%s\n", lora->ntargets, lora->ntargets == 1 ? "" : "s",
+                    lora->nadapters, lora->nadapters == 1 ? "" : "s");
+        }
     }
+    lora_close(lora);
     bnb_free(w, nw);
     model_close(m);
     return code;

@@ -8,7 +8,10 @@
 
 /* Prints a report on `in` (file or model directory) to `out`, as text or JSON.
  * `dtype` is the --dtype the size after conversion is computed for
- * (DT_INVALID: each weight's own). Returns an NF4_* code. */
-int inspect_run(const char *in, int json, enum st_dtype dtype, FILE *out);
+ * (DT_INVALID: each weight's own). With `nlora` adapter directories it also
+ * lists every tensor they change, with r, alpha and scaling, after checking
+ * them against `in` as convert --lora does. Returns an NF4_* code. */
+int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const *lora_dirs, size_t nlora,
+                FILE *out);
 
 #endif

@@ -10,9 +10,12 @@
 #include "dequant.h"
 #include "fpconv.h"
 #include "gpu.h"
+#include "lora_merge.h"
 #include "status.h"
 
-enum task_kind { TASK_COPY, TASK_CAST, TASK_DEQUANT, TASK_BATCH };
+/* TASK_MERGE: a chunk of a tensor with LoRA deltas, dequantized (or read) in the
+ * weight's own dtype, then merged and rounded into the output dtype. */
+enum task_kind { TASK_COPY, TASK_CAST, TASK_DEQUANT, TASK_MERGE, TASK_BATCH };
 
 /* A whole small tensor travelling in a batch: a file of many tiny tensors
  * would otherwise pay a read, two thread handoffs and a write per tensor. */
@@ -38,6 +41,7 @@ struct task {
     struct part *parts; /* TASK_BATCH: whole tensors, outputs back to back from `out` */
     int nparts;
     struct dequant_job job;
+    struct merge_job merge;
     float nested_code[NESTED_CODE_ENTRIES];
 };
 
@@ -136,7 +140,43 @@ static uint64_t dequant_chunk(const struct pipeline *p, const struct out_item *i
     return chunk;
 }
 
-static int fill_dequant(struct task *t, unsigned char *arena, const struct out_item *it, uint64_t e0, uint64_t cnt)
+/* Slot bytes a merge chunk of n elements takes at most: the base values in the
+ * weight's dtype (with the packed input and scales when dequantized), the
+ * output, and the factors (see lora_merge.h). */
+static uint64_t merge_chunk_bytes(const struct out_item *it, uint64_t n)
+{
+    enum st_dtype w_dtype = it->w ? it->w->state.dtype : it->src->t->dtype;
+    uint64_t per_element = elem_bytes(w_dtype) + elem_bytes(it->out.dtype) + (it->w ? 1 : 0);
+    return n * per_element + merge_factor_bytes_max(it->lora, n) + 8 * ARENA_ALIGN + 16;
+}
+
+/* Largest chunk of a merged tensor that fits a slot, in elements: aligned as a
+ * dequantized chunk when the base is 4-bit, any run of elements otherwise. */
+static uint64_t merge_chunk(const struct pipeline *p, const struct out_item *it, uint64_t *align_out)
+{
+    const struct bnb_state *s = it->w ? &it->w->state : NULL;
+    uint64_t align = s ? (uint64_t)s->blocksize * (s->nested ? s->nested_blocksize : 1) : 1;
+    uint64_t total = s ? s->n : it->src->t->nelem;
+    uint64_t cap = p->max_chunk < total ? p->max_chunk : total;
+    /* The bytes grow with n: the largest fitting multiple of align, by bisection. */
+    uint64_t lo = 0, hi = cap / align + 1;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (merge_chunk_bytes(it, mid * align) <= p->slot_bytes)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    if (lo == 0 && merge_chunk_bytes(it, align) <= p->slot_bytes)
+        lo = 1;
+    *align_out = align;
+    return lo * align;
+}
+
+/* Reads a dequantization chunk into the arena and points t->job at it, with
+ * its output (in `out_dtype`) after the inputs. *used: arena bytes taken. */
+static int fill_dequant(struct task *t, unsigned char *arena, const struct out_item *it, uint64_t e0, uint64_t cnt,
+                        enum st_dtype out_dtype, size_t *used)
 {
     const struct bnb_weight *w = it->w;
     const struct bnb_state *s = &w->state;
@@ -154,7 +194,7 @@ static int fill_dequant(struct task *t, unsigned char *arena, const struct out_i
         .blocksize = s->blocksize,
         .nested_blocksize = s->nested ? s->nested_blocksize : 1,
         .quant_type = s->quant_type,
-        .out_dtype = it->out.dtype,
+        .out_dtype = out_dtype,
     };
     int code = st_read(w->packed->file, w->packed->t, e0 / 2, packed, packed_len);
     if (code != NF4_OK)
@@ -180,8 +220,38 @@ static int fill_dequant(struct task *t, unsigned char *arena, const struct out_i
     }
     t->out = arena + at;
     t->job.out = t->out;
-    t->out_len = (size_t)(cnt * elem_bytes(it->out.dtype));
+    t->out_len = (size_t)(cnt * elem_bytes(out_dtype));
+    *used = align_up(at + t->out_len);
     return NF4_OK;
+}
+
+/* Reads a merge chunk: the base values in their own dtype (a dequantization
+ * job when 4-bit, the stored values otherwise), then the factors; the output
+ * goes after them. */
+static int fill_merge(struct task *t, unsigned char *arena, const struct out_item *it, uint64_t e0, uint64_t cnt)
+{
+    struct merge_job *mj = &t->merge;
+    size_t at = 0;
+    int code;
+    if (it->w) {
+        if ((code = fill_dequant(t, arena, it, e0, cnt, it->w->state.dtype, &at)) != NF4_OK)
+            return code;
+        mj->w = t->job.out;
+        mj->w_dtype = it->w->state.dtype;
+    } else {
+        unsigned in_size = elem_bytes(it->src->t->dtype);
+        if ((code = st_read(it->src->file, it->src->t, e0 * in_size, arena, cnt * in_size)) != NF4_OK)
+            return code;
+        mj->w = arena;
+        mj->w_dtype = it->src->t->dtype;
+        at = align_up((size_t)(cnt * in_size));
+    }
+    t->out = arena + at;
+    t->out_len = (size_t)(cnt * elem_bytes(it->out.dtype));
+    at = align_up(at + t->out_len);
+    mj->out = t->out;
+    mj->out_dtype = it->out.dtype;
+    return merge_read_factors(mj, it->lora, e0, cnt, arena + at);
 }
 
 /* ---- the three stages ---- */
@@ -207,8 +277,10 @@ static void *reader_main(void *arg)
     size_t out_used = 0, in_low = 0;
     for (size_t i = 0; i < p->n; i++) {
         const struct out_item *it = &p->items[st_writer_order(p->wr, i)];
-        enum task_kind kind = it->w ? TASK_DEQUANT : (it->src->t->dtype == it->out.dtype ? TASK_COPY : TASK_CAST);
-        if (kind != TASK_DEQUANT) {
+        enum task_kind kind = it->lora ? TASK_MERGE
+                              : it->w  ? TASK_DEQUANT
+                                       : (it->src->t->dtype == it->out.dtype ? TASK_COPY : TASK_CAST);
+        if (kind == TASK_COPY || kind == TASK_CAST) {
             uint64_t in_bytes = st_tensor_bytes(it->src->t);
             uint64_t out_bytes = it->src->t->nelem * dtype_bits(it->out.dtype) / 8;
             size_t in_space = kind == TASK_CAST ? align_up((size_t)in_bytes) : 0;
@@ -249,16 +321,15 @@ static void *reader_main(void *arg)
             batch = NULL;
         }
         uint64_t total, chunk;
-        if (kind == TASK_DEQUANT) {
+        if (kind == TASK_DEQUANT || kind == TASK_MERGE) {
             uint64_t align;
-            total = it->w->state.n;
-            chunk = dequant_chunk(p, it, &align);
+            total = it->w ? it->w->state.n : it->src->t->nelem;
+            chunk = kind == TASK_MERGE ? merge_chunk(p, it, &align) : dequant_chunk(p, it, &align);
             if (chunk == 0) {
-                int code = nf4_fail(NF4_EUSAGE, it->w->packed->file->path, it->out.name,
-                                    "--mem is too small: one chunk of blocksize %u x nested blocksize %u needs "
-                                    "%" PRIu64 " MiB per slot",
-                                    it->w->state.blocksize, it->w->state.nested_blocksize,
-                                    (align * (elem_bytes(it->out.dtype) + 1) >> 20) + 1);
+                uint64_t need = kind == TASK_MERGE ? merge_chunk_bytes(it, align) : align * (elem_bytes(it->out.dtype) + 1);
+                int code = nf4_fail(NF4_EUSAGE, it->w ? it->w->packed->file->path : it->src->file->path, it->out.name,
+                                    "--mem is too small: one chunk of this tensor needs %" PRIu64 " MiB per slot",
+                                    (need >> 20) + 1);
                 pipeline_fail(p, code);
                 break;
             }
@@ -285,8 +356,11 @@ static void *reader_main(void *arg)
             t->count = cnt;
             t->ends_tensor = pos + cnt == total;
             int code = NF4_OK;
+            size_t used;
             if (kind == TASK_DEQUANT) {
-                code = fill_dequant(t, s->arena, it, pos, cnt);
+                code = fill_dequant(t, s->arena, it, pos, cnt, it->out.dtype, &used);
+            } else if (kind == TASK_MERGE) {
+                code = fill_merge(t, s->arena, it, pos, cnt);
             } else if (kind == TASK_COPY) {
                 t->in = t->out = s->arena;
                 t->out_len = (size_t)cnt;
@@ -382,14 +456,20 @@ static uint64_t cast_elements(enum st_dtype from, enum st_dtype to, const void *
 /* A tensor's last bytes are computed: count it and report overflows of its cast. */
 static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_t overflowed)
 {
+    const struct model_tensor *src = it->w ? it->w->packed : it->src;
     if (overflowed) {
-        nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s",
-                 it->src->file->path, it->src->t->name, overflowed, dtype_name(it->src->t->dtype),
-                 dtype_name(it->out.dtype));
+        if (it->lora)
+            nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when the LoRA delta was merged into %s",
+                     src->file->path, it->out.name, overflowed, dtype_name(it->out.dtype));
+        else
+            nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s",
+                     it->src->file->path, it->src->t->name, overflowed, dtype_name(it->src->t->dtype),
+                     dtype_name(it->out.dtype));
         p->stats->overflowed += overflowed;
     }
     p->stats->tensors++;
-    const struct model_tensor *src = it->w ? it->w->packed : it->src;
+    if (it->lora)
+        p->stats->merged++;
     p->stats->bytes_in += st_tensor_bytes(src->t);
     if (it->w) {
         p->stats->dequantized++;
@@ -418,6 +498,15 @@ static int compute(struct pipeline *p, struct task *t, uint64_t *tensor_overflow
             code = gpu_dequant(p->gpu, &t->job);
         else
             dequant_cpu(&t->job, p->threads);
+        break;
+    case TASK_MERGE:
+        if (it->w) {
+            code = p->gpu ? gpu_dequant(p->gpu, &t->job) : NF4_OK;
+            if (!p->gpu)
+                dequant_cpu(&t->job, p->threads);
+        }
+        if (code == NF4_OK)
+            *tensor_overflow += merge_cpu(&t->merge, p->threads);
         break;
     case TASK_CAST:
         *tensor_overflow += cast_elements(it->src->t->dtype, it->out.dtype, t->in, t->out, t->count);

@@ -10,16 +10,18 @@
 
 #include "bnb_state.h"
 #include "convert.h"
+#include "lora.h"
 #include "progress.h"
 #include "safetensors.h"
 #include "safetensors_writer.h"
 
 /* What one output tensor is made of: a copy or cast of `src`, or the
- * dequantization of `w`. */
+ * dequantization of `w`; either with the LoRA deltas of `lora` merged in. */
 struct out_item {
     struct st_out_tensor out;
     const struct model_tensor *src;
     const struct bnb_weight *w;
+    const struct lora_target *lora; /* NULL, or terms to merge (never a replacement: that is `src`) */
 };
 
 #define PIPELINE_SLOTS 3

@@ -1,0 +1,498 @@
+#include "lora.h"
+
+#include <cJSON.h>
+#include <math.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fileio.h"
+#include "json_util.h"
+#include "status.h"
+
+/* ---- adapter_config.json ---- */
+
+struct lora_config {
+    uint32_t r;
+    double alpha;
+    int use_rslora, fan_in_fan_out;
+    int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
+    const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
+    cJSON *root;
+};
+
+static int config_fail(const char *path, const char *what)
+{
+    return nf4_fail(NF4_EDATA, path, NULL, "%s", what);
+}
+
+/* An optional boolean: absent and null are false. */
+static int config_bool(const char *path, const cJSON *root, const char *key, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
+    *out = 0;
+    if (!v || cJSON_IsNull(v))
+        return NF4_OK;
+    if (!cJSON_IsBool(v))
+        return nf4_fail(NF4_EDATA, path, NULL, "\"%s\" must be true or false", key);
+    *out = cJSON_IsTrue(v);
+    return NF4_OK;
+}
+
+static int valid_rank(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && v->valuedouble >= 1 && v->valuedouble <= LORA_MAX_RANK &&
+           v->valuedouble == floor(v->valuedouble);
+}
+
+/* A pattern object: absent, null or {}; string keys that compile, values checked by `ok`. */
+static int config_patterns(const char *path, const cJSON *root, const char *key, int ranks, const cJSON **out)
+{
+    const cJSON *obj = cJSON_GetObjectItemCaseSensitive(root, key);
+    *out = NULL;
+    if (!obj || cJSON_IsNull(obj))
+        return NF4_OK;
+    if (!cJSON_IsObject(obj))
+        return nf4_fail(NF4_EDATA, path, NULL, "\"%s\" must be an object", key);
+    for (const cJSON *e = obj->child; e; e = e->next) {
+        if (ranks ? !valid_rank(e) : !(cJSON_IsNumber(e) && isfinite(e->valuedouble)))
+            return nf4_fail(NF4_EDATA, path, NULL, "\"%s\": \"%s\" must be %s", key, e->string,
+                            ranks ? "a whole number from 1 to 65536" : "a finite number");
+        if (lora_pattern_matches(e->string, "") < 0)
+            return nf4_fail(NF4_EDATA, path, NULL, "\"%s\": \"%s\" is not a regular expression nf4deq can use", key,
+                            e->string);
+    }
+    *out = obj;
+    return NF4_OK;
+}
+
+static int parse_config(const char *path, struct lora_config *c)
+{
+    char *json = NULL;
+    size_t len = 0;
+    memset(c, 0, sizeof *c);
+    int code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len);
+    if (code != NF4_OK)
+        return code;
+    c->root = json_parse_whole(json, len);
+    /* Python's json module writes a NaN or infinite lora_alpha as NaN / Infinity. */
+    int non_finite = !c->root && (memmem(json, len, "NaN", 3) || memmem(json, len, "Infinity", 8));
+    free(json);
+    if (!c->root)
+        return json_ran_out_of_memory() ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
+               : non_finite ? config_fail(path, "is not valid JSON: it holds NaN or Infinity, and r, lora_alpha and "
+                                                "the patterns must be finite numbers")
+                            : config_fail(path, "is not valid JSON");
+    const cJSON *root = c->root;
+    if (!cJSON_IsObject(root))
+        return config_fail(path, "is not a JSON object");
+    if (json_has_duplicate_key(root))
+        return config_fail(path, "has a duplicate key");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+    if (!cJSON_IsString(type))
+        return config_fail(path, "has no \"peft_type\": not a PEFT adapter config");
+    if (strcmp(type->valuestring, "LORA") != 0)
+        return nf4_fail(NF4_EDATA, path, NULL, "is a %s adapter; only LoRA adapters can be merged",
+                        type->valuestring);
+    int dora = 0, bias = 0;
+    if ((code = config_bool(path, root, "use_dora", &dora)) != NF4_OK ||
+        (code = config_bool(path, root, "use_rslora", &c->use_rslora)) != NF4_OK ||
+        (code = config_bool(path, root, "fan_in_fan_out", &c->fan_in_fan_out)) != NF4_OK ||
+        (code = config_bool(path, root, "lora_bias", &bias)) != NF4_OK)
+        return code;
+    if (dora)
+        return config_fail(path, "is a DoRA adapter (use_dora): DoRA merging is not supported");
+    if (bias)
+        return config_fail(path, "trains LoRA biases (lora_bias): merging them is not supported");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
+    if (!valid_rank(r))
+        return config_fail(path, "\"r\" must be a whole number from 1 to 65536");
+    c->r = (uint32_t)r->valuedouble;
+    const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+    if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble))
+        return config_fail(path, "\"lora_alpha\" must be a finite number");
+    c->alpha = alpha->valuedouble;
+    if ((code = config_patterns(path, root, "rank_pattern", 1, &c->rank_pattern)) != NF4_OK ||
+        (code = config_patterns(path, root, "alpha_pattern", 0, &c->alpha_pattern)) != NF4_OK)
+        return code;
+    const cJSON *bias_mode = cJSON_GetObjectItemCaseSensitive(root, "bias");
+    if (bias_mode && !cJSON_IsNull(bias_mode)) {
+        if (!cJSON_IsString(bias_mode) || (strcmp(bias_mode->valuestring, "none") != 0 &&
+                                           strcmp(bias_mode->valuestring, "all") != 0 &&
+                                           strcmp(bias_mode->valuestring, "lora_only") != 0))
+            return config_fail(path, "\"bias\" must be \"none\", \"all\" or \"lora_only\"");
+        c->trains_bias = strcmp(bias_mode->valuestring, "none") != 0;
+    }
+    const cJSON *mts = cJSON_GetObjectItemCaseSensitive(root, "modules_to_save");
+    if (mts && !cJSON_IsNull(mts)) {
+        if (!cJSON_IsArray(mts))
+            return config_fail(path, "\"modules_to_save\" must be a list of module names");
+        for (const cJSON *e = mts->child; e; e = e->next)
+            if (!cJSON_IsString(e))
+                return config_fail(path, "\"modules_to_save\" must be a list of module names");
+        c->modules_to_save = mts;
+    }
+    return NF4_OK;
+}
+
+int lora_pattern_matches(const char *pattern, const char *module)
+{
+    /* PEFT: re.match(rf"(.*\.)?({pattern})$", module). POSIX extended regular
+     * expressions cover what adapter configs use (names, '.', '*', classes). */
+    size_t n = strlen(pattern);
+    char *full = malloc(n + 16);
+    if (!full)
+        return -1;
+    snprintf(full, n + 16, "^(.*\\.)?(%s)$", pattern);
+    regex_t re;
+    int rc = regcomp(&re, full, REG_EXTENDED | REG_NOSUB);
+    free(full);
+    if (rc != 0)
+        return -1;
+    int match = regexec(&re, module, 0, NULL, 0) == 0;
+    regfree(&re);
+    return match;
+}
+
+/* The first pattern key (in the config's order) that matches, as PEFT takes it. */
+static const cJSON *pattern_for(const cJSON *patterns, const char *module)
+{
+    for (const cJSON *e = patterns ? patterns->child : NULL; e; e = e->next)
+        if (lora_pattern_matches(e->string, module) == 1)
+            return e;
+    return NULL;
+}
+
+float lora_scaling(double alpha, uint32_t r, int use_rslora)
+{
+    /* Python computes the scale in double; torch multiplies an fp32 tensor by it as fp32. */
+    return (float)(use_rslora ? alpha / sqrt((double)r) : alpha / (double)r);
+}
+
+static int in_modules_to_save(const struct lora_config *c, const char *module)
+{
+    size_t mlen = strlen(module);
+    for (const cJSON *e = c->modules_to_save ? c->modules_to_save->child : NULL; e; e = e->next) {
+        size_t elen = strlen(e->valuestring);
+        if (strcmp(module, e->valuestring) == 0 ||
+            (mlen > elen && module[mlen - elen - 1] == '.' && strcmp(module + mlen - elen, e->valuestring) == 0))
+            return 1;
+    }
+    return 0;
+}
+
+/* ---- binding adapter keys to base tensors ---- */
+
+/* One adapter key's effect, before keys on the same base tensor are gathered. */
+struct binding {
+    char *name;
+    uint64_t rows, cols;
+    const struct model_tensor *replace;
+    struct lora_term term;
+};
+
+struct binder {
+    const struct model *base;
+    const struct bnb_weight *weights;
+    size_t nweights;
+    struct binding *items;
+    size_t n, cap;
+};
+
+static int is_factor_dtype(enum st_dtype dt)
+{
+    return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
+}
+
+/* The base tensor `name`: its 2-D shape, or 0 when it is missing. */
+static int base_shape(const struct binder *b, const char *name, size_t *ndim, const uint64_t **shape)
+{
+    const struct bnb_weight *w = bnb_find(b->weights, b->nweights, name);
+    if (w) {
+        *ndim = w->state.ndim;
+        *shape = w->state.shape;
+        return 1;
+    }
+    const struct model_tensor *t = model_find(b->base, name);
+    if (!t || bnb_is_state_part(name) || !dtype_is_castable_float(t->t->dtype))
+        return 0;
+    *ndim = t->t->ndim;
+    *shape = t->t->shape;
+    return 1;
+}
+
+static struct binding *add_binding(struct binder *b, const char *file, const char *name)
+{
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 64;
+        struct binding *items = realloc(b->items, cap * sizeof *items);
+        if (!items)
+            return NULL;
+        b->items = items;
+        b->cap = cap;
+    }
+    struct binding *x = &b->items[b->n];
+    memset(x, 0, sizeof *x);
+    if (!(x->name = strdup(name))) {
+        nf4_fail(NF4_ESOFTWARE, file, NULL, "out of memory");
+        return NULL;
+    }
+    b->n++;
+    return x;
+}
+
+static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
+                     const char *module, const struct model_tensor *a)
+{
+    const char *file = a->file->path, *aname = a->t->name;
+    size_t mlen = strlen(module);
+    char *bname = malloc(strlen(PEFT_KEY_PREFIX) + mlen + 32), *wname = malloc(mlen + 8);
+    int code = NF4_OK;
+    if (!bname || !wname) {
+        code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+        goto out;
+    }
+    sprintf(bname, "%s%s.lora_B.weight", PEFT_KEY_PREFIX, module);
+    sprintf(wname, "%s.weight", module);
+    const struct model_tensor *bt = model_find(ad->weights, bname);
+    if (!bt) {
+        code = nf4_fail(NF4_EDATA, file, aname, "has no matching %s", bname);
+        goto out;
+    }
+    const cJSON *rp = pattern_for(c->rank_pattern, module), *ap = pattern_for(c->alpha_pattern, module);
+    uint32_t r = rp ? (uint32_t)rp->valuedouble : c->r;
+    double alpha = ap ? ap->valuedouble : c->alpha;
+    const struct st_tensor *at = a->t, *btt = bt->t;
+    if (!is_factor_dtype(at->dtype) || !is_factor_dtype(btt->dtype)) {
+        code = nf4_fail(NF4_EDATA, file, is_factor_dtype(at->dtype) ? bname : aname,
+                        "is %s; LoRA weights must be F32, BF16 or F16",
+                        dtype_name(is_factor_dtype(at->dtype) ? btt->dtype : at->dtype));
+        goto out;
+    }
+    if (at->ndim != 2 || btt->ndim != 2) {
+        code = nf4_fail(NF4_EDATA, file, at->ndim != 2 ? aname : bname, "is not a matrix");
+        goto out;
+    }
+    if (at->shape[0] != r || btt->shape[1] != r) {
+        code = nf4_fail(NF4_EDATA, file, at->shape[0] != r ? aname : bname,
+                        "has rank %llu, but the config says r = %u%s",
+                        (unsigned long long)(at->shape[0] != r ? at->shape[0] : btt->shape[1]), r,
+                        rp ? " (rank_pattern)" : "");
+        goto out;
+    }
+    size_t ndim;
+    const uint64_t *shape;
+    if (!base_shape(b, wname, &ndim, &shape)) {
+        code = nf4_fail(NF4_EDATA, file, aname, "matches no floating-point tensor %s in the base model "
+                        "(an adapter for another model?)", wname);
+        goto out;
+    }
+    uint64_t out_f = btt->shape[0], in_f = at->shape[1];
+    uint64_t rows = c->fan_in_fan_out ? in_f : out_f, cols = c->fan_in_fan_out ? out_f : in_f;
+    if (ndim != 2 || shape[0] != rows || shape[1] != cols) {
+        code = nf4_fail(NF4_EDATA, file, aname, "B @ A%s is %llux%llu but the base tensor %s is %s%llux%llu",
+                        c->fan_in_fan_out ? " transposed (fan_in_fan_out)" : "", (unsigned long long)rows,
+                        (unsigned long long)cols, wname, ndim == 2 ? "" : "not a matrix, ",
+                        (unsigned long long)shape[0], (unsigned long long)(ndim > 1 ? shape[1] : 0));
+        goto out;
+    }
+    struct binding *x = add_binding(b, file, wname);
+    if (!x) {
+        code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+        goto out;
+    }
+    x->rows = rows;
+    x->cols = cols;
+    x->term = (struct lora_term){.a = a, .b = bt, .r = r, .alpha = alpha, .fan_in_fan_out = c->fan_in_fan_out,
+                                 .scaling = lora_scaling(alpha, r, c->use_rslora), .adapter = index};
+    if (!isfinite(x->term.scaling))
+        code = nf4_fail(NF4_EDATA, file, aname, "lora_alpha / r is not a finite fp32 number");
+out:
+    free(bname);
+    free(wname);
+    return code;
+}
+
+static int bind_replacement(struct binder *b, size_t index, const struct lora_config *c,
+                            const struct model_tensor *t, const char *name)
+{
+    const char *file = t->file->path;
+    char *module = strdup(name);
+    if (!module)
+        return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
+    char *dot = strrchr(module, '.');
+    if (dot)
+        *dot = '\0';
+    int saved = in_modules_to_save(c, module) || (c->trains_bias && dot && strcmp(dot + 1, "bias") == 0);
+    free(module);
+    if (!saved)
+        return nf4_fail(NF4_EDATA, file, t->t->name, "is neither a LoRA weight nor in modules_to_save");
+    size_t ndim;
+    const uint64_t *shape;
+    if (!base_shape(b, name, &ndim, &shape))
+        return nf4_fail(NF4_EDATA, file, t->t->name, "matches no floating-point tensor %s in the base model", name);
+    if (!dtype_is_castable_float(t->t->dtype) || t->t->ndim != ndim || memcmp(t->t->shape, shape, ndim * sizeof *shape))
+        return nf4_fail(NF4_EDATA, file, t->t->name, "does not have the dtype class or shape of %s in the base model",
+                        name);
+    struct binding *x = add_binding(b, file, name);
+    if (!x)
+        return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
+    x->replace = t;
+    x->term.adapter = index;
+    return NF4_OK;
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c)
+{
+    const struct model *m = ad->weights;
+    const size_t plen = strlen(PEFT_KEY_PREFIX);
+    for (size_t i = 0; i < m->count; i++) {
+        const struct model_tensor *t = &m->tensors[i];
+        const char *key = t->t->name, *file = t->file->path;
+        if (strncmp(key, PEFT_KEY_PREFIX, plen) != 0)
+            return nf4_fail(NF4_EDATA, file, key, "is not a PEFT key (no \"%s\" prefix)", PEFT_KEY_PREFIX);
+        const char *name = key + plen;
+        if (strstr(key, ".lora_magnitude_vector"))
+            return nf4_fail(NF4_EDATA, file, key, "is a DoRA magnitude: DoRA merging is not supported");
+        if (strstr(key, ".lora_embedding_"))
+            return nf4_fail(NF4_EDATA, file, key, "is an embedding LoRA: merging it is not supported");
+        int code;
+        if (ends_with(key, ".lora_A.weight")) {
+            char *module = strndup(name, strlen(name) - strlen(".lora_A.weight"));
+            if (!module)
+                return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+            code = bind_pair(b, ad, index, c, module, t);
+            free(module);
+        } else if (ends_with(key, ".lora_B.weight")) {
+            /* Bound with its lora_A; alone it is refused. */
+            char *akey = strdup(key);
+            if (!akey)
+                return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+            memcpy(akey + strlen(akey) - strlen("B.weight"), "A", 1);
+            int paired = model_find(m, akey) != NULL;
+            free(akey);
+            code = paired ? NF4_OK : nf4_fail(NF4_EDATA, file, key, "has no matching lora_A");
+        } else if (strstr(name, ".lora_") || strncmp(name, "lora_", 5) == 0) {
+            code = nf4_fail(NF4_EDATA, file, key, "is a LoRA tensor nf4deq does not know how to merge");
+        } else {
+            code = bind_replacement(b, index, c, t, name);
+        }
+        if (code != NF4_OK)
+            return code;
+    }
+    return NF4_OK;
+}
+
+static int cmp_binding(const void *x, const void *y)
+{
+    const struct binding *a = x, *b = y;
+    int c = strcmp(a->name, b->name);
+    if (c)
+        return c;
+    return a->term.adapter < b->term.adapter ? -1 : a->term.adapter > b->term.adapter;
+}
+
+/* Gathers the bindings of each base tensor, in adapter order, into one target. */
+static int gather(struct lora_set *s, struct binder *b)
+{
+    qsort(b->items, b->n, sizeof *b->items, cmp_binding);
+    s->targets = calloc(b->n ? b->n : 1, sizeof *s->targets);
+    if (!s->targets)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < b->n; i++) {
+        struct binding *x = &b->items[i];
+        struct lora_target *t = s->ntargets ? &s->targets[s->ntargets - 1] : NULL;
+        if (!t || strcmp(t->name, x->name) != 0) {
+            t = &s->targets[s->ntargets++];
+            t->name = x->name;
+            x->name = NULL;
+            t->rows = x->rows;
+            t->cols = x->cols;
+        }
+        const char *file = s->adapters[x->term.adapter].config_path;
+        if (t->replace || (x->replace && t->nterms))
+            return nf4_fail(NF4_EDATA, file, t->name,
+                            "is replaced (modules_to_save) by one adapter and changed by another: "
+                            "merge these adapters separately");
+        if (x->replace) {
+            t->replace = x->replace;
+            t->replace_adapter = x->term.adapter;
+        } else {
+            t->terms[t->nterms++] = x->term;
+        }
+    }
+    return NF4_OK;
+}
+
+int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
+              const struct bnb_weight *weights, size_t nweights)
+{
+    *out = NULL;
+    if (ndirs > LORA_MAX_ADAPTERS)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "at most %d --lora adapters", LORA_MAX_ADAPTERS);
+    struct lora_set *s = calloc(1, sizeof *s);
+    if (!s)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
+    struct binder b = {.base = base, .weights = weights, .nweights = nweights};
+    int code = NF4_OK;
+    for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
+        struct lora_adapter *ad = &s->adapters[s->nadapters++];
+        struct lora_config c = {0};
+        ad->dir = strdup(dirs[i]);
+        ad->config_path = path_join(dirs[i], ADAPTER_CONFIG_NAME);
+        char *wpath = path_join(dirs[i], ADAPTER_WEIGHTS_NAME);
+        if (!ad->dir || !ad->config_path || !wpath)
+            code = nf4_fail(NF4_ESOFTWARE, dirs[i], NULL, "out of memory");
+        if (code == NF4_OK && (code = parse_config(ad->config_path, &c)) == NF4_OK &&
+            (code = model_open_file(wpath, &ad->weights)) == NF4_OK)
+            code = bind_adapter(&b, ad, i, &c);
+        cJSON_Delete(c.root);
+        free(wpath);
+    }
+    if (code == NF4_OK)
+        code = gather(s, &b);
+    for (size_t i = 0; i < b.n; i++)
+        free(b.items[i].name);
+    free(b.items);
+    if (code != NF4_OK) {
+        lora_close(s);
+        return code;
+    }
+    *out = s;
+    return NF4_OK;
+}
+
+void lora_close(struct lora_set *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->nadapters; i++) {
+        free(s->adapters[i].dir);
+        free(s->adapters[i].config_path);
+        if (s->adapters[i].weights)
+            model_close(s->adapters[i].weights);
+    }
+    for (size_t i = 0; i < s->ntargets; i++)
+        free(s->targets[i].name);
+    free(s->targets);
+    free(s);
+}
+
+static int cmp_target_name(const void *key, const void *elem)
+{
+    return strcmp(key, ((const struct lora_target *)elem)->name);
+}
+
+const struct lora_target *lora_find(const struct lora_set *s, const char *name)
+{
+    if (!s || !s->ntargets)
+        return NULL;
+    return bsearch(name, s->targets, s->ntargets, sizeof *s->targets, cmp_target_name);
+}

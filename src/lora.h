@@ -1,0 +1,86 @@
+/* PEFT LoRA adapters, read for merging into the converted weights.
+ *
+ * An adapter directory holds adapter_config.json and adapter_model.safetensors.
+ * The weights file's keys are
+ *   base_model.model.<module>.lora_A.weight   [r, in]
+ *   base_model.model.<module>.lora_B.weight   [out, r]
+ *   base_model.model.<name>                   a modules_to_save tensor: replaces <name>
+ * and each LoRA pair changes the base tensor <module>.weight ([out, in], or
+ * [in, out] with fan_in_fan_out) by scaling * (B @ A), transposed with
+ * fan_in_fan_out. scaling is lora_alpha / r, or lora_alpha / sqrt(r) with
+ * use_rslora; rank_pattern and alpha_pattern override r and alpha per module.
+ *
+ * Everything is checked against the base before any data is read: a key that
+ * matches no base tensor, a shape that does not fit, a rank that disagrees with
+ * the config, DoRA, embedding LoRA and other adapter types are refused with
+ * NF4_EDATA and a message naming the file and the tensor. */
+#ifndef NF4DEQ_LORA_H
+#define NF4DEQ_LORA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bnb_state.h"
+#include "model.h"
+
+#define LORA_MAX_ADAPTERS 8
+/* Far above any real rank; a config that claims more is refused before any
+ * shape arithmetic. */
+#define LORA_MAX_RANK 65536u
+#define ADAPTER_CONFIG_NAME "adapter_config.json"
+#define ADAPTER_WEIGHTS_NAME "adapter_model.safetensors"
+#define PEFT_KEY_PREFIX "base_model.model."
+
+/* One adapter's LoRA pair on one base tensor. */
+struct lora_term {
+    const struct model_tensor *a; /* lora_A: [r, in] */
+    const struct model_tensor *b; /* lora_B: [out, r] */
+    uint32_t r;
+    float scaling;
+    double alpha;         /* for inspect */
+    int fan_in_fan_out;   /* the base tensor is [in, out]: the delta is transposed */
+    size_t adapter;       /* index of the adapter, in --lora order */
+};
+
+/* Everything the adapters do to one base tensor. */
+struct lora_target {
+    char *name;        /* the base tensor, e.g. model.layers.0.self_attn.q_proj.weight */
+    uint64_t rows, cols; /* the base tensor's shape */
+    const struct model_tensor *replace; /* modules_to_save: the adapter's tensor; else NULL */
+    size_t replace_adapter;
+    size_t nterms;
+    struct lora_term terms[LORA_MAX_ADAPTERS];
+};
+
+struct lora_adapter {
+    char *dir;
+    char *config_path;
+    struct model *weights;
+};
+
+struct lora_set {
+    size_t nadapters;
+    struct lora_adapter adapters[LORA_MAX_ADAPTERS];
+    size_t ntargets;
+    struct lora_target *targets; /* sorted by name */
+};
+
+/* Opens each adapter directory, validates its config and binds every key of its
+ * weights to a base tensor: `weights` are the base's 4-bit weights, the other
+ * base tensors are looked up in `base`. Returns NF4_OK or NF4_ENOINPUT /
+ * NF4_EDATA / NF4_ESOFTWARE with the reason recorded. */
+int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
+              const struct bnb_weight *weights, size_t nweights);
+void lora_close(struct lora_set *s);
+const struct lora_target *lora_find(const struct lora_set *s, const char *name);
+
+/* The scaling PEFT uses: alpha / r, or alpha / sqrt(r) with use_rslora. */
+float lora_scaling(double alpha, uint32_t r, int use_rslora);
+
+/* 1 if module name `module` matches a rank_pattern / alpha_pattern key as PEFT
+ * matches them: the whole pattern, as a regular expression, against the end of
+ * the name at a '.' boundary ("(.*\.)?(PATTERN)$"). -1 if the pattern is not a
+ * regular expression nf4deq can evaluate. */
+int lora_pattern_matches(const char *pattern, const char *module);
+
+#endif

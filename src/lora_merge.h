@@ -1,0 +1,54 @@
+/* Merging LoRA deltas into one chunk of a base tensor, on the CPU.
+ *
+ * For element (row, col) of a rows x cols base tensor, in the order PEFT's
+ * fp32 merge rounds:
+ *   acc_t = sum over k = 0 .. r_t - 1 of L_t(row, k) * R_t(k, col)    (fp32, k ascending)
+ *   m     = fp32(w) + acc_1 * scaling_1 + acc_2 * scaling_2 + ...      (fp32, adapter order)
+ *   out   = m rounded once to the output dtype (nearest even)
+ * where w is the base value in its own dtype: bitsandbytes' dequantization in
+ * the weight's dtype, or the unquantized tensor as stored. L_t = B and R_t = A,
+ * or L_t = A^T and R_t = B^T with fan_in_fan_out. No multiply-add is fused.
+ *
+ * A chunk is any run of elements [e0, e0 + n): it may start and end inside a
+ * row. Its factors are read per chunk, in fp32: the rows of L it touches and
+ * all of R. B @ A is never formed beyond a tile of one to four rows. */
+#ifndef NF4DEQ_LORA_MERGE_H
+#define NF4DEQ_LORA_MERGE_H
+
+#include <stdint.h>
+
+#include "dtype.h"
+#include "lora.h"
+
+struct merge_factor {
+    const float *l; /* L(row, k) = l[(row - l_row0) * l_row_stride + k * l_k_stride] */
+    uint64_t l_row0, l_row_stride, l_k_stride;
+    const float *r; /* R(k, col) = r[k * cols + col] */
+    uint32_t rank;
+    float scaling;
+};
+
+struct merge_job {
+    const void *w; /* n base values of w_dtype, chunk-local */
+    enum st_dtype w_dtype;
+    void *out; /* n values of out_dtype; may be w when both dtypes have one size */
+    enum st_dtype out_dtype;
+    uint64_t e0, n, cols;
+    size_t nfactors;
+    struct merge_factor f[LORA_MAX_ADAPTERS];
+};
+
+/* Slot bytes the factors of `t` take for a chunk of n elements starting at e0. */
+uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n);
+/* Upper bound of merge_factor_bytes over any chunk of n elements. */
+uint64_t merge_factor_bytes_max(const struct lora_target *t, uint64_t n);
+
+/* Reads the factors for elements [e0, e0 + n) of t into buf (merge_factor_bytes
+ * long, 4-byte aligned) and sets j->e0, n, cols and the factors. NF4_* code. */
+int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_t e0, uint64_t n, void *buf);
+
+/* Computes the job with up to `threads` threads. Returns how many finite
+ * merged values became infinite in the output dtype. */
+uint64_t merge_cpu(const struct merge_job *j, int threads);
+
+#endif
