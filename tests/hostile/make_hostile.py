@@ -18,8 +18,13 @@ Directory cases use two small shards of the same tensors (about 6 KB each),
 not copies of the 500 KB tiny-llama model; their config.json is the real one
 from tests/fixtures/tiny-llama-bf16-bnb4-sharded.
 
+LoRA adapter cases (lora-*) are adapter directories for the base file
+ok-baseline.safetensors: a valid one changes model.d.weight [8, 256] with r = 4;
+each other case breaks one rule of the adapter format. Kinds lora and
+lora-inspect run `convert BASE OUT --lora CASE` and `inspect BASE --lora CASE`.
+
 Manifest columns (tab-separated, '#' lines are comments):
-  name  path (relative to cases/)  kind (convert|inspect)  exit code  stderr substring
+  name  path (relative to cases/)  kind (convert|inspect|lora|lora-inspect)  exit code  stderr substring
 """
 import json
 import os
@@ -151,9 +156,9 @@ ROWS = []
 
 def row(name, path, kind, code, msg):
     # A successful inspect prints nothing on stderr: "-" says so.
-    if code == 0 and kind == "inspect":
+    if code == 0 and kind.endswith("inspect"):
         msg = "-"
-    ROWS.append((name if kind == "convert" else name + "--inspect", path, kind, code, msg))
+    ROWS.append((name if not kind.endswith("inspect") else name + "--inspect", path, kind, code, msg))
 
 
 def emit(name, blob, code, msg, kinds=("convert",)):
@@ -431,12 +436,128 @@ def dir_cases(B):
     emit_dir("dir-only-config", {"config.json": shard_files(B)["config.json"]}, 66, "has neither")
 
 
+# ---- LoRA adapters for ok-baseline.safetensors -------------------------------
+
+PEFT = "base_model.model."
+LA = PEFT + "model.d.lora_A.weight"
+LB = PEFT + "model.d.lora_B.weight"
+
+
+def f32_bytes(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+def adapter_tensors(r=4, a_shape=None, b_shape=None):
+    a_shape = a_shape or [r, 256]
+    b_shape = b_shape or [8, r]
+    na = a_shape[0] * (a_shape[1] if len(a_shape) > 1 else 1)
+    nb = b_shape[0] * (b_shape[1] if len(b_shape) > 1 else 1)
+    return [T(LA, "F32", a_shape, f32_bytes([((i * 37) % 101 - 50) / 1000.0 for i in range(na)])),
+            T(LB, "F32", b_shape, f32_bytes([((i * 53) % 89 - 44) / 500.0 for i in range(nb)]))]
+
+
+def adapter_config(**edits):
+    c = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["d"], "fan_in_fan_out": False,
+         "use_rslora": False, "use_dora": False, "lora_bias": False, "bias": "none", "modules_to_save": None,
+         "rank_pattern": {}, "alpha_pattern": {}}
+    for k, v in edits.items():
+        if v is None and k in c:
+            del c[k]
+        else:
+            c[k] = v
+    return json.dumps(c, indent=2).encode()
+
+
+def emit_lora(name, code, msg, config=None, weights=None, kinds=("lora",)):
+    files = {}
+    if config is not False:
+        files["adapter_config.json"] = config if config is not None else adapter_config()
+    if weights is not False:
+        files["adapter_model.safetensors"] = weights if weights is not None else st_bytes(adapter_tensors())
+    emit_dir(name, files, code, msg, kinds=kinds)
+
+
+def lora_cases():
+    both = ("lora", "lora-inspect")
+    emit_lora("lora-ok", 0, "1 with LoRA merged", kinds=both)
+    # The adapter's weights file.
+    whole = st_bytes(adapter_tensors())
+    emit_lora("lora-weights-truncated", 65, "adapter_model.safetensors: tensors cover", weights=whole[:-1], kinds=both)
+    emit_lora("lora-weights-header-truncated", 65, "runs past the end", weights=whole[:40])
+    emit_lora("lora-weights-missing", 66, "adapter_model.safetensors: cannot open", weights=False, kinds=both)
+    emit_lora("lora-config-missing", 66, "adapter_config.json: cannot open", config=False, kinds=both)
+    # adapter_config.json.
+    emit_lora("lora-config-not-json", 65, "adapter_config.json: is not valid JSON", config=adapter_config()[:-2],
+              kinds=both)
+    emit_lora("lora-config-array", 65, "is not a JSON object", config=b"[" + adapter_config() + b"]")
+    emit_lora("lora-config-duplicate-key", 65, "has a duplicate key",
+              config=adapter_config().replace(b'"r": 4,', b'"r": 4, "r": 8,'))
+    emit_lora("lora-alpha-nan", 65, "NaN or Infinity", config=adapter_config().replace(b'"lora_alpha": 8', b'"lora_alpha": NaN'),
+              kinds=both)
+    emit_lora("lora-alpha-huge", 65, '"lora_alpha" must be a finite number',
+              config=adapter_config().replace(b'"lora_alpha": 8', b'"lora_alpha": 1e999'))
+    emit_lora("lora-alpha-string", 65, '"lora_alpha" must be a finite number', config=adapter_config(lora_alpha="8"))
+    emit_lora("lora-alpha-missing", 65, '"lora_alpha" must be a finite number', config=adapter_config(lora_alpha=None))
+    emit_lora("lora-scaling-not-finite", 65, "lora_alpha / r is not a finite fp32 number",
+              config=adapter_config(lora_alpha=1e300))
+    emit_lora("lora-r-zero", 65, '"r" must be a whole number from 1 to 65536', config=adapter_config(r=0), kinds=both)
+    emit_lora("lora-r-huge", 65, '"r" must be a whole number from 1 to 65536', config=adapter_config(r=10 ** 12),
+              kinds=both)
+    emit_lora("lora-r-negative", 65, '"r" must be a whole number', config=adapter_config(r=-4))
+    emit_lora("lora-r-fraction", 65, '"r" must be a whole number', config=adapter_config(r=4.5))
+    emit_lora("lora-rank-mismatch", 65, "has rank 4, but the config says r = 8", config=adapter_config(r=8),
+              kinds=both)
+    emit_lora("lora-rank-pattern-mismatch", 65, "but the config says r = 2 (rank_pattern)",
+              config=adapter_config(rank_pattern={"d": 2}))
+    emit_lora("lora-rank-pattern-zero", 65, '"rank_pattern": "d" must be a whole number',
+              config=adapter_config(rank_pattern={"d": 0}))
+    emit_lora("lora-pattern-not-regex", 65, "is not a regular expression", config=adapter_config(alpha_pattern={"(": 2}))
+    emit_lora("lora-peft-type", 65, "is a PREFIX_TUNING adapter; only LoRA adapters can be merged",
+              config=adapter_config(peft_type="PREFIX_TUNING"), kinds=both)
+    emit_lora("lora-no-peft-type", 65, 'has no "peft_type"', config=adapter_config(peft_type=None))
+    emit_lora("lora-dora", 65, "DoRA merging is not supported", config=adapter_config(use_dora=True), kinds=both)
+    emit_lora("lora-dora-key", 65, "DoRA merging is not supported",
+              weights=st_bytes(adapter_tensors() + [T(PEFT + "model.d.lora_magnitude_vector", "F32", [8],
+                                                      f32_bytes([1.0] * 8))]))
+    emit_lora("lora-bias-trained", 65, "merging them is not supported", config=adapter_config(lora_bias=True))
+    emit_lora("lora-bias-mode-unknown", 65, '"bias" must be', config=adapter_config(bias="some"))
+    emit_lora("lora-embedding", 65, "embedding LoRA",
+              weights=st_bytes([T(PEFT + "model.embed.lora_embedding_A", "F32", [4, 16], f32_bytes([0.0] * 64))]),
+              kinds=both)
+    # Keys against the base.
+    emit_lora("lora-unknown-module", 65, "matches no floating-point tensor model.x.weight",
+              weights=st_bytes([t.copy(name=t.name.replace("model.d.", "model.x.")) for t in adapter_tensors()]),
+              kinds=both)
+    emit_lora("lora-quant-state-target", 65, "matches no floating-point tensor",
+              weights=st_bytes([t.copy(name=t.name.replace("model.d.", "model.d.weight.absmax.")) for t in adapter_tensors()]))
+    emit_lora("lora-shape-mismatch", 65, "B @ A is 8x128 but the base tensor model.d.weight is 8x256",
+              weights=st_bytes(adapter_tensors(a_shape=[4, 128])), kinds=both)
+    emit_lora("lora-fan-in-fan-out-mismatch", 65, "transposed (fan_in_fan_out)",
+              config=adapter_config(fan_in_fan_out=True))
+    emit_lora("lora-not-matrix", 65, "is not a matrix", weights=st_bytes(adapter_tensors(a_shape=[1024])))
+    ints = adapter_tensors()
+    ints[0] = ints[0].copy(dtype="I32")
+    emit_lora("lora-int-weights", 65, "LoRA weights must be F32, BF16 or F16", weights=st_bytes(ints))
+    emit_lora("lora-b-missing", 65, "has no matching " + LB, weights=st_bytes(adapter_tensors()[:1]), kinds=both)
+    emit_lora("lora-a-missing", 65, "has no matching lora_A", weights=st_bytes(adapter_tensors()[1:]))
+    emit_lora("lora-not-peft-key", 65, 'is not a PEFT key',
+              weights=st_bytes([t.copy(name=t.name[len(PEFT):]) for t in adapter_tensors()]))
+    emit_lora("lora-unlisted-tensor", 65, "is neither a LoRA weight nor in modules_to_save",
+              weights=st_bytes(adapter_tensors() + [T(PEFT + NORM, "BF16", [512], b"\0" * 1024)]))
+    emit_lora("lora-saved-module-shape", 65, "does not have the dtype class or shape of model.norm.weight",
+              config=adapter_config(modules_to_save=["norm"]),
+              weights=st_bytes(adapter_tensors() + [T(PEFT + NORM, "BF16", [256], b"\0" * 512)]))
+    emit_lora("lora-unknown-lora-tensor", 65, "is a LoRA tensor nf4deq does not know how to merge",
+              weights=st_bytes(adapter_tensors() + [T(PEFT + "model.d.lora_C.weight", "F32", [4], f32_bytes([0.0] * 4))]))
+
+
 def main():
     shutil.rmtree(CASES, ignore_errors=True)
     os.makedirs(CASES)
     B = base_tensors()
     file_cases(B)
     dir_cases(B)
+    lora_cases()
     names = [r[0] for r in ROWS]
     assert len(names) == len(set(names)), "duplicate case names"
     with open(MANIFEST, "w") as f:

@@ -61,8 +61,14 @@ while IFS=$tab read -r name path kind code want; do
     fi
     if [ -d "$in" ]; then out=$scratch/out; else out=$scratch/out.safetensors; fi
     before=$(sums "$in")
+    base=$cases/ok-baseline.safetensors # what lora cases are adapters for
+    if [ "$kind" = lora ] || [ "$kind" = lora-inspect ]; then out=$scratch/out.safetensors; fi
     if [ "$kind" = inspect ]; then
         timeout 20 "$bin" inspect "$in" >"$work/stdout" 2>"$work/stderr"
+    elif [ "$kind" = lora-inspect ]; then
+        timeout 20 "$bin" inspect "$base" --lora "$in" >"$work/stdout" 2>"$work/stderr"
+    elif [ "$kind" = lora ]; then
+        timeout 20 "$bin" convert --device cpu "$base" "$out" --lora "$in" >"$work/stdout" 2>"$work/stderr"
     else
         timeout 20 "$bin" convert --device cpu "$in" "$out" >"$work/stdout" 2>"$work/stderr"
     fi
@@ -97,14 +103,15 @@ while IFS=$tab read -r name path kind code want; do
         fi
     fi
     # What the run left behind.
-    if [ "$kind" = convert ] && [ "$code" -eq 0 ] && [ "$rc" -eq 0 ]; then
+    if { [ "$kind" = convert ] || [ "$kind" = lora ]; } && [ "$code" -eq 0 ] && [ "$rc" -eq 0 ]; then
         [ -e "$out" ] || bad="${bad:+$bad; }no output written"
         rm -rf "$out"
     fi
     left=$(ls -A "$scratch")
     [ -n "$left" ] && bad="${bad:+$bad; }left behind: $(echo $left)"
     [ "$(sums "$in")" = "$before" ] || bad="${bad:+$bad; }the input changed"
-    if [ "$kind" = inspect ] && [ "$code" -ne 0 ] && [ -s "$work/stdout" ]; then
+    case $kind in *inspect) is_inspect=1 ;; *) is_inspect=0 ;; esac
+    if [ "$is_inspect" = 1 ] && [ "$code" -ne 0 ] && [ -s "$work/stdout" ]; then
         bad="${bad:+$bad; }a failed inspect printed on stdout"
     fi
     if [ -n "$bad" ]; then

@@ -1,0 +1,543 @@
+/* Merging QLoRA adapters while converting: the PEFT-written fixtures checked
+ * against their fp32 and fp64 merges with the tolerance of
+ * tests/fixtures/lora/README.md; synthetic adapters of odd shapes (several
+ * adapters, fan_in_fan_out, rsLoRA, rank and alpha patterns, unquantized
+ * bases) checked byte for byte against an element-by-element reference; and
+ * the refusals, which must write nothing. */
+#include "test_util.h"
+
+#include <math.h>
+
+#include "convert.h"
+#include "fpconv.h"
+#include "lora.h"
+#include "model.h"
+
+#define LORA_FIXTURES FIXTURES "/lora"
+
+/* ---- the tolerance of tests/fixtures/lora/README.md ---- */
+
+static double value_of(enum st_dtype dt, const unsigned char *p, uint64_t i)
+{
+    uint16_t h;
+    float f;
+    switch (dt) {
+    case DT_BF16: memcpy(&h, p + 2 * i, 2); return bf16_to_f32(h);
+    case DT_F16: memcpy(&h, p + 2 * i, 2); return f16_to_f32(h);
+    default: memcpy(&f, p + 4 * i, 4); return f;
+    }
+}
+
+/* One unit in the last place of dtype `dt` at magnitude |x|. */
+static double ulp_of(enum st_dtype dt, double x)
+{
+    int mant = dt == DT_BF16 ? 7 : dt == DT_F16 ? 10 : 23;
+    int min_exp = dt == DT_F16 ? -14 : -126; /* below it the spacing stays that of the smallest normal */
+    int e;
+    frexp(fabs(x), &e); /* |x| = m * 2^e, m in [0.5, 1) */
+    e -= 1;
+    if (x == 0 || e < min_exp)
+        e = min_exp;
+    return ldexp(1.0, e - mant);
+}
+
+struct tally {
+    uint64_t merged, exact;
+};
+
+/* Checks the tensor `name` of `got` against the fp32 and fp64 expected files:
+ * byte-identical when `has_lora` is 0; within the tolerance otherwise. */
+static void check_tensor(const struct model *got, const struct st_file *e32, const struct st_file *e64,
+                         const char *name, int has_lora, struct tally *tally)
+{
+    const struct model_tensor *g = model_find(got, name);
+    const struct st_tensor *w32 = st_find(e32, name), *w64 = st_find(e64, name);
+    if (!g || !w32 || !w64)
+        fail_msg("%s: missing from the output or the expected files", name);
+    if (g->t->dtype != w32->dtype || g->t->nelem != w32->nelem)
+        fail_msg("%s: %s with %llu elements, expected %s with %llu", name, dtype_name(g->t->dtype),
+                 (unsigned long long)g->t->nelem, dtype_name(w32->dtype), (unsigned long long)w32->nelem);
+    uint64_t n = st_tensor_bytes(w32);
+    unsigned char *a = malloc(n + 1), *b = malloc(n + 1), *c = malloc(n + 1);
+    assert_true(a && b && c);
+    assert_int_equal(st_read(g->file, g->t, 0, a, n), NF4_OK);
+    assert_int_equal(st_read(e32, w32, 0, b, n), NF4_OK);
+    assert_int_equal(st_read(e64, w64, 0, c, n), NF4_OK);
+    if (!has_lora) {
+        if (memcmp(a, b, n) != 0)
+            fail_msg("%s: has no LoRA but differs from a plain conversion", name);
+    } else {
+        unsigned size = dtype_bits(w32->dtype) / 8;
+        for (uint64_t i = 0; i < w32->nelem; i++) {
+            tally->merged++;
+            if (memcmp(a + i * size, b + i * size, size) == 0) {
+                tally->exact++;
+                continue;
+            }
+            double v = value_of(w32->dtype, a, i), v32 = value_of(w32->dtype, b, i), v64 = value_of(w32->dtype, c, i);
+            if (!(fabs(v - v64) <= fabs(v32 - v64) + ulp_of(w32->dtype, v64)))
+                fail_msg("%s[%llu] = %.9g: fp32 merge %.9g, fp64 merge %.9g: outside the tolerance", name,
+                         (unsigned long long)i, v, v32, v64);
+        }
+    }
+    free(a);
+    free(b);
+    free(c);
+}
+
+struct lora_case {
+    const char *base, *adapter, *expected;
+    uint64_t merged;
+};
+
+static const struct lora_case CASES[] = {
+    {"base-llama-bf16-bnb4", "adapter-r8-all-linear", "merged-r8-all-linear", 14},
+    {"base-llama-bf16-bnb4", "adapter-r16-qv-lmhead", "merged-r16-qv-lmhead", 4},
+    {"base-llama-fp16-fp4-bnb4", "adapter-fp16-r4", "merged-fp16-r4", 4},
+};
+
+static void check_case(const struct lora_case *lc, const char *out)
+{
+    char *e32_path = tu_strdupf(LORA_FIXTURES "/%s.expected.safetensors", lc->expected);
+    char *e64_path = tu_strdupf(LORA_FIXTURES "/%s.expected.fp64.safetensors", lc->expected);
+    char *adapter = tu_strdupf(LORA_FIXTURES "/%s", lc->adapter);
+    char *base = tu_strdupf(LORA_FIXTURES "/%s", lc->base);
+    struct model *got, *bm;
+    struct st_file *e32, *e64;
+    assert_int_equal(model_open_dir(out, &got), NF4_OK);
+    assert_int_equal(st_open(e32_path, &e32), NF4_OK);
+    assert_int_equal(st_open(e64_path, &e64), NF4_OK);
+    assert_int_equal(model_open_dir(base, &bm), NF4_OK);
+    struct bnb_weight *w;
+    size_t nw;
+    assert_int_equal(bnb_collect(bm, &w, &nw), NF4_OK);
+    struct lora_set *set;
+    const char *dirs[1] = {adapter};
+    assert_int_equal(lora_open(&set, dirs, 1, bm, w, nw), NF4_OK);
+    assert_int_equal(got->count, e32->count);
+    struct tally tally = {0};
+    for (size_t i = 0; i < e32->count; i++) {
+        const char *name = e32->tensors[i].name;
+        const struct lora_target *t = lora_find(set, name);
+        check_tensor(got, e32, e64, name, t && !t->replace, &tally);
+    }
+    /* The README's bar: at least 99.9% of merged elements equal the fp32 merge. */
+    assert_true(tally.merged > 0);
+    if (tally.exact * 1000 < tally.merged * 999)
+        fail_msg("%s: only %llu of %llu merged elements equal the fp32 merge", lc->expected,
+                 (unsigned long long)tally.exact, (unsigned long long)tally.merged);
+    lora_close(set);
+    bnb_free(w, nw);
+    model_close(bm);
+    st_close(e32);
+    st_close(e64);
+    model_close(got);
+    free(e32_path);
+    free(e64_path);
+    free(adapter);
+    free(base);
+}
+
+static void run_case(const struct lora_case *lc, const char *out, uint64_t chunk, int threads, enum st_dtype dtype)
+{
+    char *base = tu_strdupf(LORA_FIXTURES "/%s", lc->base), *adapter = tu_strdupf(LORA_FIXTURES "/%s", lc->adapter);
+    const char *dirs[1] = {adapter};
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CPU;
+    o.chunk_elements = chunk;
+    o.threads = threads;
+    o.dtype = dtype;
+    o.lora_dirs = dirs;
+    o.nlora = 1;
+    o.progress = PROGRESS_NONE;
+    struct convert_stats st;
+    nf4_set_quiet(1);
+    if (convert_run(base, out, &o, &st) != NF4_OK)
+        fail_msg("convert %s --lora %s: %s", base, adapter, nf4_last_error());
+    assert_int_equal(st.merged, lc->merged);
+    free(base);
+    free(adapter);
+}
+
+static void test_fixtures_within_tolerance(void **state)
+{
+    struct tu_scratch *s = *state;
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        char *out = tu_strdupf("%s/out-%zu", s->dir, i);
+        run_case(&CASES[i], out, 0, 0, DT_INVALID);
+        check_case(&CASES[i], out);
+        free(out);
+    }
+}
+
+/* Chunks of one quantization block, started and ended mid-row, on 3 threads. */
+static void test_fixtures_smallest_chunks(void **state)
+{
+    struct tu_scratch *s = *state;
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        char *out = tu_strdupf("%s/small-%zu", s->dir, i);
+        run_case(&CASES[i], out, 1, 3, DT_INVALID);
+        check_case(&CASES[i], out);
+        free(out);
+    }
+}
+
+/* --dtype fp32 writes the merged fp32 values themselves: rounding them to the
+ * weights' bf16 must give the default output, bit for bit (one rounding). */
+static void test_fp32_output_is_the_unrounded_merge(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *narrow = tu_strdupf("%s/bf16", s->dir), *wide = tu_strdupf("%s/fp32", s->dir);
+    run_case(&CASES[0], narrow, 0, 2, DT_INVALID);
+    run_case(&CASES[0], wide, 0, 2, DT_F32);
+    struct model *a, *b;
+    assert_int_equal(model_open_dir(narrow, &a), NF4_OK);
+    assert_int_equal(model_open_dir(wide, &b), NF4_OK);
+    for (size_t i = 0; i < a->count; i++) {
+        const struct model_tensor *x = &a->tensors[i], *y = model_find(b, x->t->name);
+        assert_non_null(y);
+        assert_int_equal(x->t->dtype, DT_BF16);
+        assert_int_equal(y->t->dtype, DT_F32);
+        uint64_t n = x->t->nelem;
+        uint16_t *h = malloc(n * 2 + 2);
+        float *f = malloc(n * 4 + 4);
+        assert_int_equal(st_read(x->file, x->t, 0, h, n * 2), NF4_OK);
+        assert_int_equal(st_read(y->file, y->t, 0, f, n * 4), NF4_OK);
+        for (uint64_t k = 0; k < n; k++)
+            if (f32_to_bf16(f[k]) != h[k])
+                fail_msg("%s[%llu]: fp32 %.9g rounds to 0x%04x, bf16 output 0x%04x", x->t->name,
+                         (unsigned long long)k, (double)f[k], f32_to_bf16(f[k]), h[k]);
+        free(h);
+        free(f);
+    }
+    model_close(a);
+    model_close(b);
+    free(narrow);
+    free(wide);
+}
+
+/* ---- synthetic adapters against an element-by-element reference ---- */
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+static float rnd(float scale)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return scale * ((float)(rng_state >> 40) / (float)(1 << 24) - 0.5f);
+}
+
+static uint32_t encode(enum st_dtype dt, float v)
+{
+    return dt == DT_BF16 ? f32_to_bf16(v) : dt == DT_F16 ? f32_to_f16(v) : f32_bits(v);
+}
+
+static float decoded(enum st_dtype dt, uint32_t bits)
+{
+    return dt == DT_BF16 ? bf16_to_f32((uint16_t)bits) : dt == DT_F16 ? f16_to_f32((uint16_t)bits) : f32_from_bits(bits);
+}
+
+/* A tensor held as float values already representable in its dtype. */
+struct syn_tensor {
+    const char *name;
+    enum st_dtype dtype;
+    uint64_t shape[2];
+    float *v;
+};
+
+static void syn_fill(struct syn_tensor *t, float scale)
+{
+    uint64_t n = t->shape[0] * t->shape[1];
+    t->v = malloc(n * sizeof *t->v + 4);
+    for (uint64_t i = 0; i < n; i++)
+        t->v[i] = decoded(t->dtype, encode(t->dtype, rnd(scale)));
+}
+
+static void syn_write(const char *path, struct syn_tensor *ts, size_t n)
+{
+    struct st_out_tensor outs[8];
+    for (size_t i = 0; i < n; i++)
+        outs[i] = (struct st_out_tensor){ts[i].name, ts[i].dtype, ts[i].shape[1] ? 2 : 1, ts[i].shape};
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, path, outs, n, NULL, 0), NF4_OK);
+    for (size_t k = 0; k < n; k++) {
+        size_t i = st_writer_order(w, k);
+        uint64_t count = ts[i].shape[0] * (ts[i].shape[1] ? ts[i].shape[1] : 1);
+        unsigned size = dtype_bits(ts[i].dtype) / 8;
+        unsigned char *buf = malloc(count * size + 4);
+        for (uint64_t e = 0; e < count; e++) {
+            uint32_t bits = encode(ts[i].dtype, ts[i].v[e]);
+            memcpy(buf + e * size, &bits, size); /* little-endian host */
+        }
+        assert_int_equal(st_writer_write(w, buf, count * size), NF4_OK);
+        free(buf);
+    }
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+}
+
+/* One adapter's pair for one base tensor, for the reference. */
+struct syn_term {
+    const struct syn_tensor *a, *b;
+    uint32_t r;
+    float scaling;
+    int fif;
+};
+
+/* The README's formula, one element at a time, sharing nothing with the
+ * implementation's tiling: acc summed k ascending, then added in adapter order. */
+static float reference_merge(float w, const struct syn_term *terms, size_t nterms, uint64_t row, uint64_t col)
+{
+    volatile float m = w;
+    for (size_t t = 0; t < nterms; t++) {
+        const struct syn_term *x = &terms[t];
+        volatile float acc = 0.0f;
+        for (uint32_t k = 0; k < x->r; k++) {
+            /* B is [out, r] and A is [r, in]; the base is [out, in], or [in, out] with fan_in_fan_out. */
+            float bv = x->fif ? x->b->v[col * x->r + k] : x->b->v[row * x->r + k];
+            float av = x->fif ? x->a->v[k * x->a->shape[1] + row] : x->a->v[k * x->a->shape[1] + col];
+            volatile float prod = bv * av;
+            acc = acc + prod;
+        }
+        volatile float d = acc * x->scaling;
+        m = m + d;
+    }
+    return m;
+}
+
+static void write_config(const char *dir, const char *json)
+{
+    char *path = tu_strdupf("%s/" ADAPTER_CONFIG_NAME, dir);
+    tu_write_file(path, json, strlen(json));
+    free(path);
+}
+
+static void test_synthetic_adapters_match_reference(void **state)
+{
+    struct tu_scratch *s = *state;
+    /* The base: three unquantized matrices of odd shapes and a vector no adapter touches. */
+    struct syn_tensor base[4] = {
+        {"m.a.weight", DT_BF16, {37, 53}, NULL},
+        {"m.b.weight", DT_F16, {29, 31}, NULL},
+        {"m.c.weight", DT_F32, {5, 7}, NULL},
+        {"m.norm.weight", DT_F32, {37, 0}, NULL},
+    };
+    for (int i = 0; i < 4; i++) {
+        if (!base[i].shape[1]) {
+            base[i].v = malloc(37 * sizeof(float));
+            for (int k = 0; k < 37; k++)
+                base[i].v[k] = rnd(2.0f);
+        } else {
+            syn_fill(&base[i], 2.0f);
+        }
+    }
+    char *base_path = tu_strdupf("%s/base.safetensors", s->dir);
+    syn_write(base_path, base, 4);
+
+    /* Adapter 1: bf16 factors, rsLoRA, r = 3 with rank_pattern c -> 2 and alpha_pattern a -> 5. */
+    char *ad1 = tu_strdupf("%s/ad1", s->dir), *ad2 = tu_strdupf("%s/ad2", s->dir);
+    assert_int_equal(mkdir(ad1, 0755), 0);
+    assert_int_equal(mkdir(ad2, 0755), 0);
+    struct syn_tensor f1[4] = {
+        {PEFT_KEY_PREFIX "m.a.lora_A.weight", DT_BF16, {3, 53}, NULL},
+        {PEFT_KEY_PREFIX "m.a.lora_B.weight", DT_BF16, {37, 3}, NULL},
+        {PEFT_KEY_PREFIX "m.c.lora_A.weight", DT_BF16, {2, 7}, NULL},
+        {PEFT_KEY_PREFIX "m.c.lora_B.weight", DT_BF16, {5, 2}, NULL},
+    };
+    for (int i = 0; i < 4; i++)
+        syn_fill(&f1[i], 1.0f);
+    char *w1 = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad1);
+    syn_write(w1, f1, 4);
+    write_config(ad1, "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 6, \"use_rslora\": true, "
+                      "\"rank_pattern\": {\"c\": 2}, \"alpha_pattern\": {\"m\\\\.a\": 5}}");
+    /* Adapter 2: fp16 factors, fan_in_fan_out (the base is [in, out]), r = 4, on a and b. */
+    struct syn_tensor f2[4] = {
+        {PEFT_KEY_PREFIX "m.a.lora_A.weight", DT_F16, {4, 37}, NULL},
+        {PEFT_KEY_PREFIX "m.a.lora_B.weight", DT_F16, {53, 4}, NULL},
+        {PEFT_KEY_PREFIX "m.b.lora_A.weight", DT_F16, {4, 29}, NULL},
+        {PEFT_KEY_PREFIX "m.b.lora_B.weight", DT_F16, {31, 4}, NULL},
+    };
+    for (int i = 0; i < 4; i++)
+        syn_fill(&f2[i], 1.0f);
+    char *w2 = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad2);
+    syn_write(w2, f2, 4);
+    write_config(ad2, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 3, \"fan_in_fan_out\": true}");
+
+    struct syn_term ta[2] = {{&f1[0], &f1[1], 3, (float)(5 / sqrt(3.0)), 0}, {&f2[0], &f2[1], 4, 0.75f, 1}};
+    struct syn_term tb[1] = {{&f2[2], &f2[3], 4, 0.75f, 1}};
+    struct syn_term tc[1] = {{&f1[2], &f1[3], 2, (float)(6 / sqrt(2.0)), 0}};
+    const struct syn_term *terms[3] = {ta, tb, tc};
+    const size_t nterms[3] = {2, 1, 1};
+
+    static const uint64_t CHUNKS[] = {0, 1, 7, 64};
+    static const enum st_dtype DTYPES[] = {DT_INVALID, DT_F16, DT_F32};
+    const char *dirs[2] = {ad1, ad2};
+    for (size_t ci = 0; ci < sizeof CHUNKS / sizeof CHUNKS[0]; ci++) {
+        for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++) {
+            char *out = tu_strdupf("%s/out-%zu-%zu.safetensors", s->dir, ci, di);
+            struct convert_opts o;
+            convert_opts_init(&o);
+            o.device = DEVICE_CPU;
+            o.chunk_elements = CHUNKS[ci];
+            o.threads = 3;
+            o.dtype = DTYPES[di];
+            o.lora_dirs = dirs;
+            o.nlora = 2;
+            o.progress = PROGRESS_NONE;
+            struct convert_stats st;
+            nf4_set_quiet(1);
+            if (convert_run(base_path, out, &o, &st) != NF4_OK)
+                fail_msg("synthetic merge: %s", nf4_last_error());
+            assert_int_equal(st.merged, 3);
+            struct st_file *f;
+            assert_int_equal(st_open(out, &f), NF4_OK);
+            for (int i = 0; i < 4; i++) {
+                const struct st_tensor *t = st_find(f, base[i].name);
+                assert_non_null(t);
+                enum st_dtype want_dt = DTYPES[di] != DT_INVALID ? DTYPES[di] : base[i].dtype;
+                assert_int_equal(t->dtype, want_dt);
+                unsigned size = dtype_bits(want_dt) / 8;
+                unsigned char *buf = malloc(t->nelem * size + 4);
+                assert_int_equal(st_read(f, t, 0, buf, t->nelem * size), NF4_OK);
+                uint64_t cols = base[i].shape[1] ? base[i].shape[1] : t->nelem;
+                for (uint64_t e = 0; e < t->nelem; e++) {
+                    float want = i < 3 ? reference_merge(base[i].v[e], terms[i], nterms[i], e / cols, e % cols)
+                                       : base[i].v[e];
+                    uint32_t want_bits = encode(want_dt, want), got_bits = 0;
+                    memcpy(&got_bits, buf + e * size, size);
+                    if (got_bits != want_bits)
+                        fail_msg("%s[%llu] (chunk %llu, %s): 0x%x, reference 0x%x", base[i].name,
+                                 (unsigned long long)e, (unsigned long long)CHUNKS[ci], dtype_name(want_dt), got_bits,
+                                 want_bits);
+                }
+                free(buf);
+            }
+            st_close(f);
+            free(out);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        free(base[i].v);
+        free(f1[i].v);
+        free(f2[i].v);
+    }
+    free(base_path);
+    free(ad1);
+    free(ad2);
+    free(w1);
+    free(w2);
+}
+
+/* ---- refusals: exit 65, one line naming the file, nothing written ---- */
+
+static void test_refusals_write_nothing(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct {
+        const char *adapter_config, *want;
+    } BAD[] = {
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"use_dora\": true}", "DoRA merging is not supported"},
+        {"{\"peft_type\": \"IA3\", \"r\": 8, \"lora_alpha\": 16}", "only LoRA adapters can be merged"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 16}", "but the config says r = 4"},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"rank_pattern\": {\"q_proj\": 2}}",
+         "but the config says r = 2 (rank_pattern)"},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"fan_in_fan_out\": true}", "(fan_in_fan_out)"},
+        {"{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 16}", "\"r\" must be a whole number"},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": NaN}", "NaN or Infinity"},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16", "is not valid JSON"},
+    };
+    char *weights_src = tu_strdupf(LORA_FIXTURES "/adapter-r8-all-linear/" ADAPTER_WEIGHTS_NAME);
+    size_t wlen = 0;
+    char *weights = tu_read_file(weights_src, &wlen);
+    assert_non_null(weights);
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        char *ad = tu_strdupf("%s/bad-%zu", s->dir, i), *out = tu_strdupf("%s/out-%zu", s->dir, i);
+        assert_int_equal(mkdir(ad, 0755), 0);
+        char *wp = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+        tu_write_file(wp, weights, wlen);
+        write_config(ad, BAD[i].adapter_config);
+        for (int inspect = 0; inspect < 2; inspect++) {
+            struct tu_run r = inspect ? tu_run("inspect", LORA_FIXTURES "/base-llama-bf16-bnb4", "--lora", ad, NULL)
+                                      : tu_run("convert", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", out,
+                                               "--lora", ad, NULL);
+            if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, BAD[i].want) || !strstr(r.err, ad))
+                fail_msg("case %zu (%s): exit %d, stderr: %s", i, inspect ? "inspect" : "convert", r.status, r.err);
+            if (inspect)
+                assert_string_equal(r.out, "");
+            tu_run_free(&r);
+        }
+        assert_false(tu_exists(out));
+        free(ad);
+        free(out);
+        free(wp);
+    }
+    /* Everything the runs could have left (temp files, OUT) would be here. */
+    assert_int_equal(tu_count_entries(s->dir), (int)(sizeof BAD / sizeof BAD[0]));
+    free(weights);
+    free(weights_src);
+}
+
+/* An adapter for another model: its keys name modules this base lacks. */
+static void test_adapter_for_another_base(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *out = tu_strdupf("%s/out", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", LORA_FIXTURES "/base-llama-fp16-fp4-bnb4", out, "--lora",
+                             LORA_FIXTURES "/adapter-r8-all-linear", NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, "adapter-r8-all-linear"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    free(out);
+}
+
+/* inspect --lora lists each changed tensor with r, alpha and scaling. */
+static void test_inspect_lists_changes(void **state)
+{
+    (void)state;
+    struct tu_run r = tu_run("inspect", LORA_FIXTURES "/base-llama-bf16-bnb4", "--lora",
+                             LORA_FIXTURES "/adapter-r16-qv-lmhead", NULL);
+    assert_int_equal(r.status, 0);
+    assert_string_equal(r.err, "");
+    assert_non_null(strstr(r.out, "model.layers.1.self_attn.v_proj.weight           16              8          0.5"));
+    assert_non_null(strstr(r.out, "lm_head.weight"));
+    assert_non_null(strstr(r.out, "modules_to_save: replaced"));
+    assert_non_null(strstr(r.out, "5 tensors changed by 1 adapter"));
+    tu_run_free(&r);
+    r = tu_run("inspect", "--json", LORA_FIXTURES "/base-llama-bf16-bnb4", "--lora",
+               LORA_FIXTURES "/adapter-r8-all-linear", NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "\"scaling\":\t2"));
+    assert_non_null(strstr(r.out, "\"change\":\t\"merged\""));
+    tu_run_free(&r);
+}
+
+static void test_pattern_matching_as_peft(void **state)
+{
+    (void)state;
+    assert_int_equal(lora_pattern_matches("q_proj", "model.layers.0.self_attn.q_proj"), 1);
+    assert_int_equal(lora_pattern_matches("q_proj", "q_proj"), 1);
+    assert_int_equal(lora_pattern_matches("q_proj", "model.layers.0.self_attn.xq_proj"), 0);
+    assert_int_equal(lora_pattern_matches("layers.0.self_attn.q_proj", "model.layers.0.self_attn.q_proj"), 1);
+    assert_int_equal(lora_pattern_matches("layers\\.[0-9]+\\.mlp\\..*", "model.layers.12.mlp.up_proj"), 1);
+    assert_int_equal(lora_pattern_matches("proj", "model.layers.0.self_attn.q_proj"), 0);
+    assert_int_equal(lora_pattern_matches("(", "x"), -1);
+    assert_true(lora_scaling(16, 8, 0) == 2.0f);
+    assert_true(lora_scaling(16, 64, 1) == 2.0f);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_fixtures_within_tolerance, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_fixtures_smallest_chunks, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_fp32_output_is_the_unrounded_merge, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
+                                        tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_refusals_write_nothing, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_adapter_for_another_base, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test(test_inspect_lists_changes),
+        cmocka_unit_test(test_pattern_matching_as_peft),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
