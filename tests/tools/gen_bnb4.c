@@ -2,13 +2,18 @@
  * memory and speed can be measured without downloading a model.
  *
  *   gen_bnb4 [--preset tinyllama|llama3-8b|llama3-70b] [--layers N]
- *            [--shard-size SIZE] [--seed N] OUTDIR
+ *            [--shard-size SIZE] [--seed N] [--lora-rank R] OUTDIR
  *
  * Every linear layer is nf4 with double quant (blocksize 64, nested 256), as
  * transformers saves a BitsAndBytesConfig(load_in_4bit, nf4, double quant)
  * model; embeddings, norms and lm_head are bf16. Values are random but the
  * quant state is consistent. OUTDIR gets config.json, the shards and, with more
- * than one shard, model.safetensors.index.json. */
+ * than one shard, model.safetensors.index.json.
+ *
+ * With --lora-rank R it also writes OUTDIR-lora/, a PEFT-shaped LoRA adapter
+ * for that model (adapter_config.json, adapter_model.safetensors): rank R,
+ * lora_alpha 2R, fp32 factors on all seven projections of every layer, B
+ * non-zero as after training. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -182,15 +187,93 @@ static int write_shard(const char *path, size_t shard)
     return code;
 }
 
+/* ---- the LoRA adapter ---- */
+
+struct lora_factor {
+    char name[192];
+    uint64_t shape[2];
+};
+
+static int write_adapter(const char *dir, const struct preset *p, uint64_t rank)
+{
+    static const char *const PROJ[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                       "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    uint64_t kv = p->kv_heads * (p->hidden / p->heads);
+    uint64_t out_f[7] = {p->hidden, kv, kv, p->hidden, p->intermediate, p->intermediate, p->hidden};
+    uint64_t in_f[7] = {p->hidden, p->hidden, p->hidden, p->hidden, p->hidden, p->hidden, p->intermediate};
+    size_t n = (size_t)p->layers * 14;
+    struct lora_factor *f = calloc(n ? n : 1, sizeof *f);
+    struct st_out_tensor *outs = calloc(n ? n : 1, sizeof *outs);
+    if (!f || !outs || mkdir(dir, 0777) != 0) {
+        perror(dir);
+        return 73;
+    }
+    uint64_t params = 0;
+    for (uint64_t l = 0, i = 0; l < p->layers; l++)
+        for (int k = 0; k < 7; k++, i += 2) {
+            snprintf(f[i].name, sizeof f[i].name, "base_model.model.model.layers.%" PRIu64 ".%s.lora_A.weight", l,
+                     PROJ[k]);
+            f[i].shape[0] = rank;
+            f[i].shape[1] = in_f[k];
+            snprintf(f[i + 1].name, sizeof f[i + 1].name, "base_model.model.model.layers.%" PRIu64 ".%s.lora_B.weight",
+                     l, PROJ[k]);
+            f[i + 1].shape[0] = out_f[k];
+            f[i + 1].shape[1] = rank;
+            params += rank * (in_f[k] + out_f[k]);
+        }
+    for (size_t i = 0; i < n; i++)
+        outs[i] = (struct st_out_tensor){f[i].name, DT_F32, 2, f[i].shape};
+    char *path = path_join(dir, "adapter_model.safetensors");
+    struct st_writer *w;
+    int code = st_writer_begin(&w, path, outs, n, NULL, 0);
+    enum { STEP = 1 << 22 };
+    static float buf[STEP];
+    for (size_t k = 0; k < n && code == NF4_OK; k++) {
+        const struct lora_factor *t = &f[st_writer_order(w, k)];
+        uint64_t total = t->shape[0] * t->shape[1];
+        for (uint64_t off = 0; off < total && code == NF4_OK; off += STEP) {
+            uint64_t len = total - off < STEP ? total - off : STEP;
+            for (uint64_t i = 0; i < len; i++) /* about the size trained factors reach */
+                buf[i] = ((float)(rng64() % 20001) - 10000.0f) * 2e-6f;
+            code = st_writer_write(w, buf, (size_t)len * 4);
+        }
+    }
+    code = code == NF4_OK ? st_writer_finish(w) : (st_writer_abort(w), code);
+    free(path);
+    if (code != NF4_OK) {
+        fprintf(stderr, "gen_bnb4: %s\n", nf4_last_error());
+        return 74;
+    }
+    char *config;
+    int len = asprintf(&config,
+                       "{\n  \"base_model_name_or_path\": null,\n  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n"
+                       "  \"lora_alpha\": %" PRIu64 ",\n  \"lora_dropout\": 0.0,\n  \"modules_to_save\": null,\n"
+                       "  \"peft_type\": \"LORA\",\n  \"r\": %" PRIu64 ",\n  \"rank_pattern\": {},\n"
+                       "  \"alpha_pattern\": {},\n  \"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", "
+                       "\"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"],\n  \"task_type\": \"CAUSAL_LM\",\n"
+                       "  \"use_dora\": false,\n  \"use_rslora\": false\n}\n",
+                       2 * rank, rank);
+    path = path_join(dir, "adapter_config.json");
+    if (len < 0 || write_file_atomic(path, config, (size_t)len) != NF4_OK)
+        return 74;
+    printf("%s: LoRA adapter, r = %" PRIu64 ", %zu factors, %" PRIu64 " parameters\n", dir, rank, n, params);
+    free(path);
+    free(config);
+    free(f);
+    free(outs);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static const struct option LONG[] = {{"preset", required_argument, NULL, 'p'},
                                          {"layers", required_argument, NULL, 'l'},
                                          {"shard-size", required_argument, NULL, 's'},
                                          {"seed", required_argument, NULL, 'S'},
+                                         {"lora-rank", required_argument, NULL, 'r'},
                                          {NULL, 0, NULL, 0}};
     struct preset p = PRESETS[0];
-    uint64_t shard_size = UINT64_C(5) << 30, seed = 1;
+    uint64_t shard_size = UINT64_C(5) << 30, seed = 1, lora_rank = 0;
     long layers = -1;
     int c;
     while ((c = getopt_long(argc, argv, "", LONG, NULL)) != -1) {
@@ -210,12 +293,19 @@ int main(int argc, char **argv)
                 return 2;
         } else if (c == 'S') {
             seed = strtoull(optarg, NULL, 10);
+        } else if (c == 'r') {
+            lora_rank = strtoull(optarg, NULL, 10);
+            if (lora_rank < 1 || lora_rank > 65536) {
+                fprintf(stderr, "gen_bnb4: --lora-rank must be 1 to 65536\n");
+                return 2;
+            }
         } else {
             return 2;
         }
     }
     if (optind != argc - 1) {
-        fprintf(stderr, "usage: gen_bnb4 [--preset NAME] [--layers N] [--shard-size SIZE] [--seed N] OUTDIR\n");
+        fprintf(stderr, "usage: gen_bnb4 [--preset NAME] [--layers N] [--shard-size SIZE] [--seed N] [--lora-rank R] "
+                        "OUTDIR\n");
         return 2;
     }
     if (layers >= 0)
@@ -315,5 +405,13 @@ int main(int argc, char **argv)
         return 74;
     printf("%s: %s, %" PRIu64 " layers, %" PRIu64 " parameters, %" PRIu64 " bytes in %zu shard%s\n", dir, p.name,
            p.layers, params, total, nshards, nshards == 1 ? "" : "s");
+    if (lora_rank) {
+        char *adapter_dir;
+        if (asprintf(&adapter_dir, "%s-lora", dir) < 0)
+            return 70;
+        int rc = write_adapter(adapter_dir, &p, lora_rank);
+        free(adapter_dir);
+        return rc;
+    }
     return 0;
 }
