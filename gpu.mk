@@ -10,7 +10,7 @@
 #   make gpu-tests        just build them
 #   GPU_BIG=0             skip the > 2^31-element tensor (needs ~13 GB host memory)
 
-GPU_BINS     = $(BUILD)/gpu/test_gpu $(BUILD)/gpu/nf4bench $(BUILD)/gpu/test_gpu_faults
+GPU_BINS     = $(BUILD)/gpu/test_gpu $(BUILD)/gpu/nf4bench $(BUILD)/gpu/test_gpu_faults $(BUILD)/gpu/test_gpu_merge
 GPU_WRAPS_test_gpu_faults = -Wl,--wrap=cudaMalloc -Wl,--wrap=cudaMemcpyAsync
 PTX75_BUILD ?= build/ptx75
 NOASM_BUILD ?= build/noasm
@@ -18,7 +18,7 @@ GPU_BIG     ?= 1
 
 .PHONY: gpu-tests gpu-tests-ptx75 gpu-tests-noasm check-gpu
 
-$(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/check.h $(BUILD)/libnf4deq.a $(wildcard include/*.h src/*.h)
+$(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/check.h tests/gpu/gpu_tensor.h $(BUILD)/libnf4deq.a $(wildcard include/*.h src/*.h)
 	@mkdir -p $(@D)
 	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) -I$(CUDA_HOME)/include $(CFLAGS) -o $@ $< $(BUILD)/libnf4deq.a $(LIBS) \
 	    $(NF4_LDFLAGS) $(GPU_WRAPS_$*)

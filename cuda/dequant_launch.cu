@@ -12,14 +12,6 @@
 
 // ---- launcher -------------------------------------------------------------------
 
-static uint32_t log2u(uint64_t v)
-{
-    uint32_t r = 0;
-    while ((1ull << r) < v)
-        r++;
-    return r;
-}
-
 template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM>
 static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
 {

@@ -9,9 +9,12 @@
 
 #include "gpu_backend.cuh"
 #include "launch.cuh"
+#include "merge_kernel.cuh" // struct dev_merge
+#include "merge_launch.cuh"
 
 extern "C" {
 #include "gpu.h"
+#include "merge_job.h"
 }
 
 #define SUBCHUNK_CAP_ELEMS (1ull << 25) // default sub-chunk cap: overlap needs several
@@ -91,6 +94,8 @@ extern "C" void gpu_close(struct gpu_ctx *c)
     }
     if (c->d_code)
         cudaFree(c->d_code);
+    if (c->factors.mem)
+        cudaFree(c->factors.mem);
     cudaGetLastError();
     free(c);
 }
@@ -151,23 +156,82 @@ static slot_layout layout_for(const dequant_job *j, uint64_t sub_n)
     return L;
 }
 
-static int ensure_slot(gpu_ctx *c, int s, size_t bytes)
+static int ensure_mem(slot *m, size_t bytes)
 {
-    if (c->slots[s].bytes >= bytes)
+    if (m->bytes >= bytes)
         return NF4_OK;
-    if (c->slots[s].mem) {
-        cudaCheck(cudaFree(c->slots[s].mem));
-        c->slots[s].mem = NULL;
-        c->slots[s].bytes = 0;
+    if (m->mem) {
+        cudaCheck(cudaFree(m->mem));
+        m->mem = NULL;
+        m->bytes = 0;
     }
-    cudaError_t err = cudaMalloc(&c->slots[s].mem, bytes);
+    cudaError_t err = cudaMalloc(&m->mem, bytes);
     if (err != cudaSuccess) {
         cudaGetLastError();
-        c->slots[s].mem = NULL;
+        m->mem = NULL;
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "cudaMalloc of %zu bytes failed: %s", bytes,
                         cudaGetErrorString(err));
     }
-    c->slots[s].bytes = bytes;
+    m->bytes = bytes;
+    return NF4_OK;
+}
+
+static int ensure_slot(gpu_ctx *c, int s, size_t bytes) { return ensure_mem(&c->slots[s], bytes); }
+
+// Makes streams 1 .. nslots - 1 wait for what is queued on stream 0 so far: the
+// tables every sub-chunk reads. (The kernels run on non-blocking streams, which
+// would not wait for a copy on the legacy stream, and a pageable-source
+// cudaMemcpy may return before its DMA lands: so the tables go on stream 0.)
+static int share_stream0(gpu_ctx *c, int nslots)
+{
+    if (nslots < 2)
+        return NF4_OK;
+    cudaEvent_t ready;
+    cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+    cudaError_t err = cudaEventRecord(ready, c->streams[0]);
+    for (int s = 1; s < nslots && err == cudaSuccess; s++)
+        err = cudaStreamWaitEvent(c->streams[s], ready, 0);
+    cudaEventDestroy(ready);
+    cudaCheck(err);
+    return NF4_OK;
+}
+
+static int upload_code_table(gpu_ctx *c, const float *code)
+{
+    cudaCheck(cudaMemcpyAsync(c->d_code, code, NESTED_CODE_ENTRIES * sizeof(float), cudaMemcpyHostToDevice,
+                              c->streams[0]));
+    return NF4_OK;
+}
+
+// Queues the packed data and scales of elements [start, start + cnt) of a 4-bit
+// job into slot memory `mem` (layout L) on `st`, and points d at them.
+static int upload_quant(gpu_ctx *c, const dequant_job *j, uint64_t start, uint64_t cnt, char *mem,
+                        const slot_layout &L, cudaStream_t st, dev_job *d)
+{
+    const uint64_t blk0 = start / j->blocksize, blocks = CEIL_DIV(cnt, (uint64_t)j->blocksize);
+    memset(d, 0, sizeof *d);
+    d->n = cnt;
+    d->blocksize = j->blocksize;
+    d->nested_blocksize = j->nested_blocksize;
+    d->quant_type = j->quant_type;
+    d->out_dtype = j->out_dtype;
+    d->nested_offset = j->nested_offset;
+    d->packed = (const uint8_t *)(mem + L.packed);
+    d->out = mem + L.out;
+    cudaCheck(cudaMemcpyAsync(mem + L.packed, j->packed + start / 2, CEIL_DIV(cnt, 2ull), cudaMemcpyHostToDevice, st));
+    if (j->absmax_code) {
+        const uint64_t nb0 = blk0 / j->nested_blocksize, nbs = CEIL_DIV(blocks, (uint64_t)j->nested_blocksize);
+        d->absmax_code = (const uint8_t *)(mem + L.codes);
+        d->nested_absmax = (const float *)(mem + L.scales);
+        d->nested_code = c->d_code;
+        cudaCheck(cudaMemcpyAsync(mem + L.codes, j->absmax_code + blk0, blocks, cudaMemcpyHostToDevice, st));
+        cudaCheck(cudaMemcpyAsync(mem + L.scales, j->nested_absmax + nb0, nbs * sizeof(float),
+                                  cudaMemcpyHostToDevice, st));
+    } else {
+        d->absmax = (const float *)(mem + L.scales);
+        cudaCheck(cudaMemcpyAsync(mem + L.scales, j->absmax + blk0, blocks * sizeof(float), cudaMemcpyHostToDevice,
+                                  st));
+    }
     return NF4_OK;
 }
 
@@ -196,21 +260,11 @@ static int run_pipeline(gpu_ctx *c, const dequant_job *j, unsigned variant, laun
             return rc;
     }
     if (nested) {
-        // The kernels run on non-blocking streams, which would not wait for a
-        // copy on the legacy stream (and a pageable-source cudaMemcpy may return
-        // before its DMA lands): queue the table on stream 0 and make every
-        // other stream wait for it.
-        cudaCheck(cudaMemcpyAsync(c->d_code, j->nested_code, NESTED_CODE_ENTRIES * sizeof(float),
-                                  cudaMemcpyHostToDevice, c->streams[0]));
-        if (nslots > 1) {
-            cudaEvent_t table_ready;
-            cudaCheck(cudaEventCreateWithFlags(&table_ready, cudaEventDisableTiming));
-            cudaError_t err = cudaEventRecord(table_ready, c->streams[0]);
-            for (int s = 1; s < nslots && err == cudaSuccess; s++)
-                err = cudaStreamWaitEvent(c->streams[s], table_ready, 0);
-            cudaEventDestroy(table_ready);
-            cudaCheck(err);
-        }
+        int rc = upload_code_table(c, j->nested_code);
+        if (rc == NF4_OK)
+            rc = share_stream0(c, nslots);
+        if (rc)
+            return rc;
     }
 
     c->last_subchunks = 0;
@@ -219,37 +273,14 @@ static int run_pipeline(gpu_ctx *c, const dequant_job *j, unsigned variant, laun
         cudaStream_t st = c->streams[s];
         char *mem = (char *)c->slots[s].mem;
         const uint64_t cnt = j->n - start < sub_n ? j->n - start : sub_n;
-        const uint64_t blk0 = start / j->blocksize, blocks = CEIL_DIV(cnt, (uint64_t)j->blocksize);
-
         dev_job d;
-        memset(&d, 0, sizeof d);
-        d.n = cnt;
-        d.blocksize = j->blocksize;
-        d.nested_blocksize = j->nested_blocksize;
-        d.quant_type = j->quant_type;
-        d.out_dtype = j->out_dtype;
-        d.nested_offset = j->nested_offset;
-        d.packed = (const uint8_t *)(mem + L.packed);
-        d.out = mem + L.out;
-        cudaCheck(cudaMemcpyAsync(mem + L.packed, j->packed + start / 2, CEIL_DIV(cnt, 2ull),
-                                  cudaMemcpyHostToDevice, st));
-        if (nested) {
-            const uint64_t nb0 = blk0 / j->nested_blocksize, nbs = CEIL_DIV(blocks, (uint64_t)j->nested_blocksize);
-            d.absmax_code = (const uint8_t *)(mem + L.codes);
-            d.nested_absmax = (const float *)(mem + L.scales);
-            d.nested_code = c->d_code;
-            cudaCheck(cudaMemcpyAsync(mem + L.codes, j->absmax_code + blk0, blocks, cudaMemcpyHostToDevice, st));
-            cudaCheck(cudaMemcpyAsync(mem + L.scales, j->nested_absmax + nb0, nbs * sizeof(float),
-                                      cudaMemcpyHostToDevice, st));
-        } else {
-            d.absmax = (const float *)(mem + L.scales);
-            cudaCheck(cudaMemcpyAsync(mem + L.scales, j->absmax + blk0, blocks * sizeof(float),
-                                      cudaMemcpyHostToDevice, st));
-        }
+        int rc = upload_quant(c, j, start, cnt, mem, L, st, &d);
+        if (rc)
+            return rc;
         // Poison the device output first: an element the kernel failed to write
         // shows up as 0xA5A5 instead of stale data from an earlier sub-chunk.
         cudaCheck(cudaMemsetAsync(mem + L.out, 0xA5, cnt * osz, st));
-        int rc = nf4_launch_dequant(&d, cfg, variant, st);
+        rc = nf4_launch_dequant(&d, cfg, variant, st);
         if (rc)
             return rc;
         cudaCheck(cudaMemcpyAsync((char *)j->out + start * osz, mem + L.out, cnt * osz,
@@ -289,4 +320,134 @@ extern "C" int gpu_dequant_ex(struct gpu_ctx *c, const struct dequant_job *j, un
 extern "C" int gpu_dequant(struct gpu_ctx *c, const struct dequant_job *j)
 {
     return gpu_dequant_ex(c, j, 0, 0, 0);
+}
+
+// ---- LoRA merge ------------------------------------------------------------------
+// The chunk's factors go to the device once (c->factors, with the overflow counter
+// in front); the base's data goes in sub-chunks over the two streams, as for a
+// dequantization, each merged by one fused launch and copied back.
+
+static size_t dtype_size(enum st_dtype dt) { return dt == DT_F32 ? 4 : 2; }
+
+static int run_merge(gpu_ctx *c, const dequant_job *dq, const merge_job *mj, uint64_t *overflowed)
+{
+    // Factors: counter, then per adapter L then R, each 256-aligned.
+    size_t foff[LORA_MAX_ADAPTERS][2], ftotal = 256;
+    for (size_t t = 0; t < mj->nfactors; t++) {
+        foff[t][0] = ftotal;
+        ftotal += align256(mj->f[t].l_floats * sizeof(float));
+        foff[t][1] = ftotal;
+        ftotal += align256((size_t)mj->f[t].rank * mj->cols * sizeof(float));
+    }
+    if (ftotal >= c->budget / 2)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "--gpu-mem is too small for the LoRA factors of this tensor "
+                        "(%zu MiB)", (ftotal >> 20) + 1);
+    const size_t wsz = dq ? 0 : dtype_size(mj->w_dtype), osz = dtype_size(mj->out_dtype);
+    const uint64_t granule = dq ? (uint64_t)dq->blocksize * (dq->absmax_code ? dq->nested_blocksize : 1u) : 1;
+    const double per_elem = dq ? 0.5 + (double)osz + (dq->absmax_code ? 1.0 : 4.0) / dq->blocksize
+                               : (double)(wsz + osz);
+    uint64_t sub_n = (uint64_t)((double)((c->budget - ftotal) / NUM_STREAMS) / per_elem);
+    if (c->subchunk_cap && sub_n > c->subchunk_cap)
+        sub_n = c->subchunk_cap;
+    sub_n = sub_n / granule * granule;
+    if (sub_n < granule)
+        sub_n = granule;
+    if (sub_n >= mj->n)
+        sub_n = mj->n;
+    const int nslots = sub_n < mj->n ? NUM_STREAMS : 1;
+    slot_layout L;
+    if (dq) {
+        dequant_job shape = *dq;
+        shape.out_dtype = mj->out_dtype;
+        L = layout_for(&shape, sub_n);
+    } else {
+        L.packed = 0;
+        L.out = align256(sub_n * wsz);
+        L.total = L.out + align256(sub_n * osz);
+    }
+    int rc = ensure_mem(&c->factors, ftotal);
+    for (int s = 0; s < nslots && rc == NF4_OK; s++)
+        rc = ensure_slot(c, s, L.total);
+    if (rc)
+        return rc;
+
+    char *fmem = (char *)c->factors.mem;
+    unsigned long long *d_over = (unsigned long long *)fmem;
+    cudaCheck(cudaMemsetAsync(d_over, 0, sizeof *d_over, c->streams[0]));
+    for (size_t t = 0; t < mj->nfactors; t++) {
+        cudaCheck(cudaMemcpyAsync(fmem + foff[t][0], mj->f[t].l, mj->f[t].l_floats * sizeof(float),
+                                  cudaMemcpyHostToDevice, c->streams[0]));
+        cudaCheck(cudaMemcpyAsync(fmem + foff[t][1], mj->f[t].r, (size_t)mj->f[t].rank * mj->cols * sizeof(float),
+                                  cudaMemcpyHostToDevice, c->streams[0]));
+    }
+    if (dq && dq->absmax_code)
+        rc = upload_code_table(c, dq->nested_code);
+    if (rc == NF4_OK)
+        rc = share_stream0(c, nslots);
+    if (rc)
+        return rc;
+
+    c->last_subchunks = 0;
+    for (uint64_t start = 0, i = 0; start < mj->n; start += sub_n, i++) {
+        const int s = (int)(i % nslots);
+        cudaStream_t st = c->streams[s];
+        char *mem = (char *)c->slots[s].mem;
+        const uint64_t cnt = mj->n - start < sub_n ? mj->n - start : sub_n;
+        dev_merge m;
+        memset(&m, 0, sizeof m);
+        if (dq) {
+            if ((rc = upload_quant(c, dq, start, cnt, mem, L, st, &m.dq)) != NF4_OK)
+                return rc;
+        } else {
+            m.w = mem + L.packed;
+            cudaCheck(cudaMemcpyAsync(mem + L.packed, (const char *)mj->w + start * wsz, cnt * wsz,
+                                      cudaMemcpyHostToDevice, st));
+        }
+        m.w_dtype = mj->w_dtype;
+        m.out_dtype = mj->out_dtype;
+        m.out = mem + L.out;
+        m.e0 = mj->e0 + start;
+        m.n = cnt;
+        m.cols = mj->cols;
+        m.nfactors = (int)mj->nfactors;
+        m.overflowed = d_over;
+        for (size_t t = 0; t < mj->nfactors; t++) {
+            m.f[t] = mj->f[t];
+            m.f[t].l = (const float *)(fmem + foff[t][0]);
+            m.f[t].r = (const float *)(fmem + foff[t][1]);
+        }
+        // Poisoned, as for a dequantization: an element the kernel missed shows.
+        cudaCheck(cudaMemsetAsync(mem + L.out, 0xA5, cnt * osz, st));
+        if ((rc = nf4_launch_merge(&m, st)) != NF4_OK)
+            return rc;
+        cudaCheck(cudaMemcpyAsync((char *)mj->out + start * osz, mem + L.out, cnt * osz, cudaMemcpyDeviceToHost, st));
+        c->last_subchunks++;
+    }
+    unsigned long long over = 0;
+    cudaCheck(cudaMemcpyAsync(&over, d_over, sizeof over, cudaMemcpyDeviceToHost, c->streams[nslots - 1]));
+    for (int s = 0; s < nslots; s++)
+        cudaCheck(cudaStreamSynchronize(c->streams[s]));
+    *overflowed = over;
+    return NF4_OK;
+}
+
+extern "C" int gpu_merge(struct gpu_ctx *c, const struct dequant_job *dq, const struct merge_job *mj,
+                         uint64_t *overflowed)
+{
+    *overflowed = 0;
+    if (mj->n == 0)
+        return NF4_OK;
+    if (mj->w_dtype != DT_F16 && mj->w_dtype != DT_BF16 && mj->w_dtype != DT_F32)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "the GPU merge takes F16, BF16 or F32 bases");
+    if (dq && (!is_pow2(dq->blocksize) || dq->blocksize < NF4_MIN_BLOCKSIZE || dq->blocksize > NF4_MAX_BLOCKSIZE ||
+               (dq->absmax_code && !is_pow2(dq->nested_blocksize))))
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad blocksize %u", dq->blocksize);
+    cudaCheck(cudaSetDevice(c->device));
+    int rc = run_merge(c, dq, mj, overflowed);
+    if (rc) {
+        for (int s = 0; s < NUM_STREAMS; s++)
+            cudaStreamSynchronize(c->streams[s]);
+        cudaGetLastError();
+    }
+    return rc;
 }

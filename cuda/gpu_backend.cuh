@@ -25,4 +25,5 @@ struct gpu_ctx {
     cudaStream_t streams[NUM_STREAMS];
     slot slots[NUM_STREAMS];
     float *d_code; // nested code table (256 floats)
+    slot factors;  // LoRA factors of the chunk being merged, and its overflow counter
 };

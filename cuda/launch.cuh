@@ -58,3 +58,12 @@ int nf4_launch_dequant(const struct dev_job *job, struct launch_cfg cfg, unsigne
 struct launch_cfg nf4_pick_cfg(int major, int minor, uint64_t n);
 
 static inline bool is_pow2(uint64_t v) { return v && !(v & (v - 1)); }
+
+// ceil(log2(v)): the shift of a power-of-two blocksize.
+static inline uint32_t log2u(uint64_t v)
+{
+    uint32_t r = 0;
+    while ((1ull << r) < v)
+        r++;
+    return r;
+}

@@ -34,4 +34,13 @@ void gpu_host_free(struct gpu_ctx *ctx, void *p);
  * copy-out between them. Returns NF4_OK or an NF4_* code with nf4_fail() set. */
 int gpu_dequant(struct gpu_ctx *ctx, const struct dequant_job *host_job);
 
+struct merge_job;
+/* Merges LoRA deltas into a chunk with the fused kernel (cuda/merge_kernel.cuh):
+ * `dq` is the 4-bit base's dequantization job (its out and out_dtype are not
+ * used: the base is rounded to mj->w_dtype on the device), or NULL when mj->w
+ * holds the unquantized base (F16, BF16 or F32). All pointers are HOST memory;
+ * the result lands in mj->out. *overflowed: finite values that became
+ * infinite. Returns NF4_OK or an NF4_* code with nf4_fail() set. */
+int gpu_merge(struct gpu_ctx *ctx, const struct dequant_job *dq, const struct merge_job *mj, uint64_t *overflowed);
+
 #endif

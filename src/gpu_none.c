@@ -61,6 +61,15 @@ int gpu_dequant(struct gpu_ctx *ctx, const struct dequant_job *host_job)
     return nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, NO_CUDA_MSG);
 }
 
+int gpu_merge(struct gpu_ctx *ctx, const struct dequant_job *dq, const struct merge_job *mj, uint64_t *overflowed)
+{
+    (void)ctx;
+    (void)dq;
+    (void)mj;
+    *overflowed = 0;
+    return nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, NO_CUDA_MSG);
+}
+
 int gpu_dequant_ex(struct gpu_ctx *ctx, const struct dequant_job *host_job, unsigned variant, int ept,
                    int threads)
 {

@@ -21,9 +21,9 @@
 #include <stdint.h>
 
 #include "bnb_state.h"
+#include "merge_job.h" /* LORA_MAX_ADAPTERS */
 #include "model.h"
 
-#define LORA_MAX_ADAPTERS 8
 /* Far above any real rank; a config that claims more is refused before any
  * shape arithmetic. */
 #define LORA_MAX_RANK 65536u

@@ -77,6 +77,7 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
             f->l_row0 = first_row;
             f->l_row_stride = x->r;
             f->l_k_stride = 1;
+            f->l_floats = l_count;
             if ((code = read_f32(x->b, first_row * x->r, l_count, at)) != NF4_OK)
                 return code;
             at += l_count;
@@ -91,6 +92,7 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
             f->l_row0 = 0;
             f->l_row_stride = 1;
             f->l_k_stride = t->rows;
+            f->l_floats = l_count;
             if ((code = read_f32(x->a, 0, l_count, at)) != NF4_OK)
                 return code;
             at += l_count;

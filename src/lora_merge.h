@@ -17,26 +17,8 @@
 
 #include <stdint.h>
 
-#include "dtype.h"
 #include "lora.h"
-
-struct merge_factor {
-    const float *l; /* L(row, k) = l[(row - l_row0) * l_row_stride + k * l_k_stride] */
-    uint64_t l_row0, l_row_stride, l_k_stride;
-    const float *r; /* R(k, col) = r[k * cols + col] */
-    uint32_t rank;
-    float scaling;
-};
-
-struct merge_job {
-    const void *w; /* n base values of w_dtype, chunk-local */
-    enum st_dtype w_dtype;
-    void *out; /* n values of out_dtype; may be w when both dtypes have one size */
-    enum st_dtype out_dtype;
-    uint64_t e0, n, cols;
-    size_t nfactors;
-    struct merge_factor f[LORA_MAX_ADAPTERS];
-};
+#include "merge_job.h"
 
 /* Slot bytes the factors of `t` take for a chunk of n elements starting at e0. */
 uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n);

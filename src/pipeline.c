@@ -500,13 +500,16 @@ static int compute(struct pipeline *p, struct task *t, uint64_t *tensor_overflow
             dequant_cpu(&t->job, p->threads);
         break;
     case TASK_MERGE:
-        if (it->w) {
-            code = p->gpu ? gpu_dequant(p->gpu, &t->job) : NF4_OK;
-            if (!p->gpu)
+        if (p->gpu && t->merge.w_dtype != DT_F64) {
+            /* One fused kernel: the dequantized base never leaves the device. */
+            uint64_t overflowed = 0;
+            code = gpu_merge(p->gpu, it->w ? &t->job : NULL, &t->merge, &overflowed);
+            *tensor_overflow += overflowed;
+        } else {
+            if (it->w)
                 dequant_cpu(&t->job, p->threads);
-        }
-        if (code == NF4_OK)
             *tensor_overflow += merge_cpu(&t->merge, p->threads);
+        }
         break;
     case TASK_CAST:
         *tensor_overflow += cast_elements(it->src->t->dtype, it->out.dtype, t->in, t->out, t->count);

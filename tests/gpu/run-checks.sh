@@ -5,6 +5,7 @@
 # BUILD/gpu/test_gpu: the normal build (cubins for sm_75..sm_90, PTX for the newest).
 # PTX75_BUILD/gpu/test_gpu: only compute_75 PTX, JIT-compiled by the driver.
 # NOASM_BUILD/gpu/test_gpu: built with NF4DEQ_ASM=0 (no inline asm), if present.
+# BUILD/gpu/test_gpu_merge: the fused LoRA merge kernel against the CPU merge.
 # Then tests/scripts/check-gpu-fixtures.sh BUILD, if it exists.
 set -u
 BUILD=${1:-build}
@@ -22,6 +23,11 @@ echo "== check-gpu: $BUILD/gpu/test_gpu $big"
 if [ -x "$BUILD/gpu/test_gpu_faults" ]; then
     echo "== check-gpu: $BUILD/gpu/test_gpu_faults (cudaMalloc / cudaMemcpyAsync failures)"
     "$BUILD/gpu/test_gpu_faults" || status=1
+fi
+
+if [ -x "$BUILD/gpu/test_gpu_merge" ]; then
+    echo "== check-gpu: $BUILD/gpu/test_gpu_merge (fused LoRA merge kernel against the CPU merge)"
+    "$BUILD/gpu/test_gpu_merge" || status=1
 fi
 
 echo "== check-gpu: $PTX/gpu/test_gpu (compute_75 PTX only, JIT)"

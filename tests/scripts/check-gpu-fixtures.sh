@@ -44,5 +44,21 @@ for m in bf16 fp16; do
         check "tiny-llama-$m$layout --dtype fp32 (gpu vs cpu)" "$out/$m$layout-fp32-gpu" "$out/$m$layout-fp32-cpu"
     done
 done
+# QLoRA merges: the fused merge kernel within the tolerance of
+# tests/fixtures/lora/README.md, and equal to the CPU path byte for byte.
+lf=$fx/lora
+for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4; do
+    base=${c%%:*}; case_=${c##*:}
+    "$bin" convert -q --device "$gpu" "$lf/base-llama-$base" "$out/lora-$case_-gpu" --lora "$lf/adapter-$case_" ||
+        { failed=$((failed + 1)); echo "FAIL: convert --lora adapter-$case_"; continue; }
+    if python3 tests/scripts/check_lora_tolerance.py "$out/lora-$case_-gpu" "$lf/merged-$case_.expected.safetensors" \
+        "$lf/merged-$case_.expected.fp64.safetensors" "$lf/adapter-$case_"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: lora $case_ tolerance"
+    fi
+    "$bin" convert -q --device cpu "$lf/base-llama-$base" "$out/lora-$case_-cpu" --lora "$lf/adapter-$case_"
+    check "lora $case_ (gpu vs cpu)" "$out/lora-$case_-gpu" "$out/lora-$case_-cpu"
+done
 echo "gpu fixtures: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,34 @@
+/* One chunk of a LoRA merge, as the CPU (src/lora_merge.c) and the GPU
+ * (cuda/merge_kernel.cuh) compute it. Plain C with no other dependency, so nvcc
+ * reads it too. The arithmetic is described in src/lora_merge.h. */
+#ifndef NF4DEQ_MERGE_JOB_H
+#define NF4DEQ_MERGE_JOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+
+#define LORA_MAX_ADAPTERS 8
+
+/* One adapter's factors over a chunk: delta(row, col) = scaling * sum_k L(row, k) * R(k, col). */
+struct merge_factor {
+    const float *l; /* L(row, k) = l[(row - l_row0) * l_row_stride + k * l_k_stride] */
+    uint64_t l_row0, l_row_stride, l_k_stride;
+    uint64_t l_floats; /* floats l holds */
+    const float *r;    /* R(k, col) = r[k * cols + col]: rank * cols floats */
+    uint32_t rank;
+    float scaling;
+};
+
+struct merge_job {
+    const void *w; /* n base values of w_dtype, chunk-local */
+    enum st_dtype w_dtype;
+    void *out; /* n values of out_dtype */
+    enum st_dtype out_dtype;
+    uint64_t e0, n, cols; /* elements [e0, e0 + n) of a tensor with `cols` columns */
+    size_t nfactors;
+    struct merge_factor f[LORA_MAX_ADAPTERS];
+};
+
+#endif
