@@ -5,12 +5,14 @@
 #define NF4DEQ_GPU_TENSOR_H
 
 #include <math.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dequant.h"
 #include "gpu.h"
+#include "status.h"
 
 #define POISON 0xA5
 #define GUARD_BYTES 64
@@ -132,6 +134,24 @@ static uint64_t first_diff(const void *a, const void *b, size_t bytes, size_t es
         if (x[i] != y[i])
             return i / esz;
     return UINT64_MAX;
+}
+
+/* Opens device 0 with the default budget, or says why not in the "N passed, N
+ * failed" form run-checks.sh reads, and returns NULL. */
+static struct gpu_ctx *open_test_device(void)
+{
+    int count = gpu_device_count();
+    printf("CUDA devices: %d\n", count);
+    if (count < 1) {
+        printf("no CUDA device: check-gpu needs one\n0 passed, 1 failed\n");
+        return NULL;
+    }
+    struct gpu_ctx *ctx = NULL;
+    if (gpu_open(&ctx, 0, 0) != NF4_OK) {
+        printf("gpu_open: %s\n0 passed, 1 failed\n", nf4_last_error());
+        return NULL;
+    }
+    return ctx;
 }
 
 #endif

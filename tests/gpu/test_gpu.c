@@ -228,17 +228,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--quick"))
             quick = 1;
     }
-    int count = gpu_device_count();
-    printf("CUDA devices: %d\n", count);
-    if (count < 1) {
-        printf("no CUDA device: check-gpu needs one\n0 passed, 1 failed\n");
+    struct gpu_ctx *ctx = open_test_device();
+    if (!ctx)
         return 1;
-    }
-    struct gpu_ctx *ctx = NULL;
-    if (gpu_open(&ctx, 0, 0) != NF4_OK) {
-        printf("gpu_open: %s\n0 passed, 1 failed\n", nf4_last_error());
-        return 1;
-    }
     printf("device: %s, budget %llu MiB\n", gpu_name(ctx), (unsigned long long)(gpu_mem_budget(ctx) >> 20));
     test_errors(ctx);
     test_special(ctx);

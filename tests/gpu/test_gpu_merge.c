@@ -227,17 +227,9 @@ static void test_overflow(struct gpu_ctx *ctx)
 
 int main(void)
 {
-    int count = gpu_device_count();
-    printf("CUDA devices: %d\n", count);
-    if (count < 1) {
-        printf("no CUDA device: check-gpu needs one\n0 passed, 1 failed\n");
+    struct gpu_ctx *ctx = open_test_device();
+    if (!ctx)
         return 1;
-    }
-    struct gpu_ctx *ctx = NULL;
-    if (gpu_open(&ctx, 0, 0) != NF4_OK) {
-        printf("gpu_open: %s\n0 passed, 1 failed\n", nf4_last_error());
-        return 1;
-    }
     printf("device: %s\n", gpu_name(ctx));
     test_matrix(ctx);
     test_subchunks();

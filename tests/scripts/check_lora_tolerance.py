@@ -7,30 +7,20 @@ Needs numpy (the device image and the test venv have it).
 
 usage: check_lora_tolerance.py GOT_DIR EXPECTED_FP32 EXPECTED_FP64 ADAPTER_DIR
 """
-import json
 import os
-import struct
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from compare_safetensors import tensors  # noqa: E402  (the stdlib-only reader beside this file)
 
 PREFIX = "base_model.model."
 
 
 def load(path):
-    files = [path]
-    if os.path.isdir(path):
-        files = [os.path.join(path, f) for f in sorted(os.listdir(path)) if f.endswith(".safetensors")]
-    out = {}
-    for f in files:
-        with open(f, "rb") as fh:
-            data = fh.read()
-        n = struct.unpack("<Q", data[:8])[0]
-        for name, info in json.loads(data[8:8 + n]).items():
-            if name != "__metadata__":
-                b, e = info["data_offsets"]
-                out[name] = (info["dtype"], data[8 + n + b:8 + n + e])
-    return out
+    """name -> (dtype, raw bytes)."""
+    return {name: (dtype, raw) for name, (dtype, _, raw) in tensors(path).items()}
 
 
 def values(dtype, raw):
