@@ -10,6 +10,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "dtype.h"
+
 #define FP16_CANONICAL_NAN UINT16_C(0x7fff)
 #define BF16_CANONICAL_NAN UINT16_C(0x7fff)
 
@@ -108,6 +110,18 @@ static inline float f16_to_f32(uint16_t h)
         return sign ? -v : v;
     }
     return f32_from_bits(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+/* Element i of an F16, BF16, F32 or F64 array, as fp32 (F64 narrows as a C cast
+ * does, to nearest even, as PyTorch's CPU cast does). */
+static inline float f32_from_element(enum st_dtype dt, const void *p, uint64_t i)
+{
+    switch (dt) {
+    case DT_F16: return f16_to_f32(((const uint16_t *)p)[i]);
+    case DT_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
+    case DT_F64: return (float)((const double *)p)[i];
+    default: return ((const float *)p)[i];
+    }
 }
 
 #endif

@@ -14,6 +14,8 @@
 
 /* ---- reading the factors ---- */
 
+/* Floats of L a chunk over rows [first_row, last_row] carries: the rows of B it
+ * touches, or all of A with fan_in_fan_out. */
 static uint64_t l_floats(const struct lora_term *t, uint64_t rows, uint64_t first_row, uint64_t last_row)
 {
     return t->fan_in_fan_out ? (uint64_t)t->r * rows : (last_row - first_row + 1) * t->r;
@@ -72,7 +74,7 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
         *f = (struct merge_factor){.rank = x->r, .scaling = x->scaling};
         if (!x->fan_in_fan_out) {
             /* L = B [rows, r]: only the rows this chunk touches. R = A [r, cols]. */
-            uint64_t l_count = (last_row - first_row + 1) * x->r;
+            uint64_t l_count = l_floats(x, t->rows, first_row, last_row);
             f->l = at;
             f->l_row0 = first_row;
             f->l_row_stride = x->r;
@@ -87,7 +89,7 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
             at += r_floats;
         } else {
             /* L(row, k) = A[k, row]: A is [r, rows]. R(k, col) = B[col, k]: B is [cols, r]. */
-            uint64_t l_count = (uint64_t)x->r * t->rows;
+            uint64_t l_count = l_floats(x, t->rows, first_row, last_row);
             f->l = at;
             f->l_row0 = 0;
             f->l_row_stride = 1;
@@ -110,16 +112,6 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
 }
 
 /* ---- the arithmetic ---- */
-
-static float load_value(const void *p, enum st_dtype dt, uint64_t i)
-{
-    switch (dt) {
-    case DT_F16: return f16_to_f32(((const uint16_t *)p)[i]);
-    case DT_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    case DT_F64: return (float)((const double *)p)[i];
-    default: return ((const float *)p)[i];
-    }
-}
 
 /* Stores m; returns 1 if a finite value became infinite. */
 static int store_value(void *p, enum st_dtype dt, uint64_t i, float m)
@@ -221,7 +213,7 @@ static uint64_t merge_rows(const struct merge_job *j, uint64_t row, int nrows, u
         int width = c_end - c0 < MERGE_TILE ? (int)(c_end - c0) : MERGE_TILE;
         for (int rr = 0; rr < nrows; rr++)
             for (int c = 0; c < width; c++)
-                m[rr][c] = load_value(j->w, j->w_dtype, (row + rr) * j->cols + c0 + c - j->e0);
+                m[rr][c] = f32_from_element(j->w_dtype, j->w, (row + rr) * j->cols + c0 + c - j->e0);
         for (size_t t = 0; t < j->nfactors; t++) {
             const float s = j->f[t].scaling;
             delta_tile(&j->f[t], j->cols, row, nrows, c0, width, acc);

@@ -415,14 +415,8 @@ static uint64_t cast_elements(enum st_dtype from, enum st_dtype to, const void *
 {
     uint64_t overflowed = 0;
     for (uint64_t i = 0; i < count; i++) {
-        float f;
+        float f = f32_from_element(from, in, i);
         int finite;
-        switch (from) {
-        case DT_F16: f = f16_to_f32(((const uint16_t *)in)[i]); break;
-        case DT_BF16: f = bf16_to_f32(((const uint16_t *)in)[i]); break;
-        case DT_F32: f = ((const float *)in)[i]; break;
-        default: f = (float)((const double *)in)[i]; break;
-        }
         if (from == DT_F64) {
             double d = ((const double *)in)[i];
             finite = d - d == 0;
