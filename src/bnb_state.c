@@ -8,6 +8,7 @@
 
 #include "json_util.h"
 #include "status.h"
+#include "strutil.h"
 
 static const char *const STATE_PART_SUFFIXES[] = {
     ".absmax", ".quant_map", ".nested_absmax", ".nested_quant_map", QUANT_STATE_SUFFIX_NF4, QUANT_STATE_SUFFIX_FP4,
@@ -16,16 +17,10 @@ static const char *const STATE_PART_SUFFIXES[] = {
 /* bitsandbytes' 8-bit (LLM.int8) format: not what nf4deq converts. */
 static const char *const INT8_SUFFIXES[] = {".SCB", ".weight_format"};
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a > b && memcmp(s + a - b, suffix, b) == 0;
-}
-
 int bnb_is_state_part(const char *name)
 {
     for (size_t i = 0; i < sizeof STATE_PART_SUFFIXES / sizeof STATE_PART_SUFFIXES[0]; i++)
-        if (ends_with(name, STATE_PART_SUFFIXES[i]))
+        if (str_ends_with(name, STATE_PART_SUFFIXES[i]))
             return 1;
     return 0;
 }
@@ -218,7 +213,7 @@ static int load_weight(const struct model *m, const struct model_tensor *blob, s
 {
     const char *path = blob->file->path;
     const char *blob_name = blob->t->name;
-    int is_fp4 = ends_with(blob_name, QUANT_STATE_SUFFIX_FP4);
+    int is_fp4 = str_ends_with(blob_name, QUANT_STATE_SUFFIX_FP4);
     size_t base_len = strlen(blob_name) - strlen(is_fp4 ? QUANT_STATE_SUFFIX_FP4 : QUANT_STATE_SUFFIX_NF4);
     w->name = strndup(blob_name, base_len);
     if (!w->name)
@@ -299,10 +294,10 @@ int bnb_collect(const struct model *m, struct bnb_weight **out, size_t *count)
     size_t cap = 0;
     for (size_t i = 0; i < m->count; i++) {
         const char *name = m->tensors[i].t->name;
-        if (ends_with(name, QUANT_STATE_SUFFIX_NF4) || ends_with(name, QUANT_STATE_SUFFIX_FP4))
+        if (str_ends_with(name, QUANT_STATE_SUFFIX_NF4) || str_ends_with(name, QUANT_STATE_SUFFIX_FP4))
             cap++;
         for (size_t k = 0; k < sizeof INT8_SUFFIXES / sizeof INT8_SUFFIXES[0]; k++)
-            if (ends_with(name, INT8_SUFFIXES[k]))
+            if (str_ends_with(name, INT8_SUFFIXES[k]))
                 return nf4_fail(NF4_EDATA, m->tensors[i].file->path, name,
                                 "bitsandbytes 8-bit (LLM.int8) weights are not supported; only 4-bit nf4/fp4");
     }
@@ -313,7 +308,7 @@ int bnb_collect(const struct model *m, struct bnb_weight **out, size_t *count)
     int code = NF4_OK;
     for (size_t i = 0; i < m->count && code == NF4_OK; i++) {
         const char *name = m->tensors[i].t->name;
-        if (!ends_with(name, QUANT_STATE_SUFFIX_NF4) && !ends_with(name, QUANT_STATE_SUFFIX_FP4))
+        if (!str_ends_with(name, QUANT_STATE_SUFFIX_NF4) && !str_ends_with(name, QUANT_STATE_SUFFIX_FP4))
             continue;
         code = load_weight(m, &m->tensors[i], &w[n]);
         n++;
@@ -333,7 +328,7 @@ int bnb_collect(const struct model *m, struct bnb_weight **out, size_t *count)
             continue;
         int owned = 0;
         for (size_t k = 0; k < sizeof STATE_PART_SUFFIXES / sizeof STATE_PART_SUFFIXES[0] && !owned; k++) {
-            if (!ends_with(t->t->name, STATE_PART_SUFFIXES[k]))
+            if (!str_ends_with(t->t->name, STATE_PART_SUFFIXES[k]))
                 continue;
             char *base = strndup(t->t->name, strlen(t->t->name) - strlen(STATE_PART_SUFFIXES[k]));
             if (!base) {

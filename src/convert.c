@@ -23,6 +23,7 @@
 #include "safetensors.h"
 #include "safetensors_writer.h"
 #include "status.h"
+#include "strutil.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "nf4deq reads safetensors data in place and needs a little-endian host"
@@ -300,12 +301,6 @@ static int is_model_file(const struct model *m, const char *name)
     return 0;
 }
 
-static int ends_with_safetensors(const char *name)
-{
-    size_t n = strlen(name), k = strlen(".safetensors");
-    return n > k && strcmp(name + n - k, ".safetensors") == 0;
-}
-
 static int copy_other_files(const struct model *m, const char *in_dir, const char *dir)
 {
     DIR *d = opendir(in_dir);
@@ -323,7 +318,7 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
         } else if (stat(from, &st) != 0) {
             code = nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot stat");
-        } else if (S_ISREG(st.st_mode) && ends_with_safetensors(name)) {
+        } else if (S_ISREG(st.st_mode) && str_ends_with(name, ".safetensors")) {
             /* A checkpoint file that is not part of this model (an older
              * model.safetensors beside the shards, say) would be copied still
              * quantized, and transformers may load it first. */

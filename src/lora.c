@@ -10,6 +10,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "status.h"
+#include "strutil.h"
 
 /* ---- adapter_config.json ---- */
 
@@ -343,12 +344,6 @@ static int bind_replacement(struct binder *b, size_t index, const struct lora_co
     return NF4_OK;
 }
 
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), k = strlen(suffix);
-    return n >= k && strcmp(s + n - k, suffix) == 0;
-}
-
 static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c)
 {
     const struct model *m = ad->weights;
@@ -364,13 +359,13 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
         if (strstr(key, ".lora_embedding_"))
             return nf4_fail(NF4_EDATA, file, key, "is an embedding LoRA: merging it is not supported");
         int code;
-        if (ends_with(key, ".lora_A.weight")) {
+        if (str_ends_with(key, ".lora_A.weight")) {
             char *module = strndup(name, strlen(name) - strlen(".lora_A.weight"));
             if (!module)
                 return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
             code = bind_pair(b, ad, index, c, module, t);
             free(module);
-        } else if (ends_with(key, ".lora_B.weight")) {
+        } else if (str_ends_with(key, ".lora_B.weight")) {
             /* Bound with its lora_A; alone it is refused. */
             char *akey = strdup(key);
             if (!akey)
