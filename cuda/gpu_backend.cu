@@ -235,22 +235,39 @@ static int upload_quant(gpu_ctx *c, const dequant_job *j, uint64_t start, uint64
     return NF4_OK;
 }
 
-static int run_pipeline(gpu_ctx *c, const dequant_job *j, unsigned variant, launch_cfg cfg)
+// Elements per device sub-chunk: what one of the NUM_STREAMS slots of `budget`
+// bytes holds at `per_elem` bytes each, capped so big jobs pipeline, in whole
+// granules (at least one), and no more than the job's n.
+static uint64_t subchunk_elements(const gpu_ctx *c, uint64_t budget, double per_elem, uint64_t granule, uint64_t n)
 {
-    const bool nested = j->absmax_code != NULL;
-    const uint64_t granule = (uint64_t)j->blocksize * (nested ? j->nested_blocksize : 1u);
-    const size_t osz = out_size(j->out_dtype);
-
-    // Sub-chunk: what two slots of the budget hold, capped so big jobs pipeline.
-    double per_elem = 0.5 + (double)osz + (nested ? 1.0 : 4.0) / j->blocksize;
-    uint64_t sub_n = (uint64_t)((double)(c->budget / NUM_STREAMS) / per_elem);
+    uint64_t sub_n = (uint64_t)((double)(budget / NUM_STREAMS) / per_elem);
     if (c->subchunk_cap && sub_n > c->subchunk_cap)
         sub_n = c->subchunk_cap;
     sub_n = sub_n / granule * granule;
     if (sub_n < granule)
         sub_n = granule;
-    if (sub_n >= j->n)
-        sub_n = j->n;
+    return sub_n < n ? sub_n : n;
+}
+
+// A 4-bit job's sub-chunk granule (where a block and a nested block start) and
+// its device bytes per element with `osz`-byte outputs: half a packed byte, the
+// output, and its share of a block's scale.
+static uint64_t quant_granule(const dequant_job *j)
+{
+    return (uint64_t)j->blocksize * (j->absmax_code ? j->nested_blocksize : 1u);
+}
+
+static double quant_bytes_per_element(const dequant_job *j, size_t osz)
+{
+    return 0.5 + (double)osz + (j->absmax_code ? 1.0 : 4.0) / j->blocksize;
+}
+
+static int run_pipeline(gpu_ctx *c, const dequant_job *j, unsigned variant, launch_cfg cfg)
+{
+    const bool nested = j->absmax_code != NULL;
+    const size_t osz = out_size(j->out_dtype);
+    const uint64_t sub_n =
+        subchunk_elements(c, c->budget, quant_bytes_per_element(j, osz), quant_granule(j), j->n);
 
     slot_layout L = layout_for(j, sub_n);
     int nslots = sub_n < j->n ? NUM_STREAMS : 1;
@@ -327,8 +344,6 @@ extern "C" int gpu_dequant(struct gpu_ctx *c, const struct dequant_job *j)
 // in front); the base's data goes in sub-chunks over the two streams, as for a
 // dequantization, each merged by one fused launch and copied back.
 
-static size_t dtype_size(enum st_dtype dt) { return dt == DT_F32 ? 4 : 2; }
-
 static int run_merge(gpu_ctx *c, const dequant_job *dq, const merge_job *mj, uint64_t *overflowed)
 {
     // Factors: counter, then per adapter L then R, each 256-aligned.
@@ -342,18 +357,10 @@ static int run_merge(gpu_ctx *c, const dequant_job *dq, const merge_job *mj, uin
     if (ftotal >= c->budget / 2)
         return nf4_fail(NF4_EUSAGE, NULL, NULL, "--gpu-mem is too small for the LoRA factors of this tensor "
                         "(%zu MiB)", (ftotal >> 20) + 1);
-    const size_t wsz = dq ? 0 : dtype_size(mj->w_dtype), osz = dtype_size(mj->out_dtype);
-    const uint64_t granule = dq ? (uint64_t)dq->blocksize * (dq->absmax_code ? dq->nested_blocksize : 1u) : 1;
-    const double per_elem = dq ? 0.5 + (double)osz + (dq->absmax_code ? 1.0 : 4.0) / dq->blocksize
-                               : (double)(wsz + osz);
-    uint64_t sub_n = (uint64_t)((double)((c->budget - ftotal) / NUM_STREAMS) / per_elem);
-    if (c->subchunk_cap && sub_n > c->subchunk_cap)
-        sub_n = c->subchunk_cap;
-    sub_n = sub_n / granule * granule;
-    if (sub_n < granule)
-        sub_n = granule;
-    if (sub_n >= mj->n)
-        sub_n = mj->n;
+    const size_t wsz = dq ? 0 : out_size(mj->w_dtype), osz = out_size(mj->out_dtype);
+    const uint64_t granule = dq ? quant_granule(dq) : 1;
+    const double per_elem = dq ? quant_bytes_per_element(dq, osz) : (double)(wsz + osz);
+    const uint64_t sub_n = subchunk_elements(c, c->budget - ftotal, per_elem, granule, mj->n);
     const int nslots = sub_n < mj->n ? NUM_STREAMS : 1;
     slot_layout L;
     if (dq) {
