@@ -63,7 +63,7 @@ LIB_OBJS = $(LIB_SRCS:src/%.c=$(BUILD)/obj/%.o)
 LIBS     = $(CJSON_LIBS) $(CUDA_LIBS) -lm -pthread
 # libnf4deq.so: the public ABI (include/nf4deq.h) and what it needs, no more;
 # the CLI links the same objects from libnf4deq.a.
-SO_OBJS  = $(BUILD)/obj/api.o $(BUILD)/obj/dequant_cpu.o $(BUILD)/obj/parallel.o $(BUILD)/obj/status.o $(BUILD)/obj/dtype.o $(SO_GPU_OBJS)
+SO_OBJS  = $(BUILD)/obj/api.o $(BUILD)/obj/dequant_cpu.o $(BUILD)/obj/dequant_x86.o $(BUILD)/obj/dequant_neon.o $(BUILD)/obj/cpu_path.o $(BUILD)/obj/parallel.o $(BUILD)/obj/status.o $(BUILD)/obj/dtype.o $(SO_GPU_OBJS)
 SO_NAME  = libnf4deq.so.0
 
 TEST_SRCS = $(wildcard tests/unit/test_*.c)

@@ -54,7 +54,10 @@ int nf4deq_dequantize_cuda(const void *packed, const void *absmax, const float *
                            int out_dtype, void *out, void *stream);
 
 /* The same on the CPU with HOST pointers, using up to `threads` threads (<= 0:
- * every online core). Returns when the output is written. */
+ * every online core). Returns when the output is written. The vector kernel is
+ * the best the processor has; the environment variable NF4DEQ_CPU (scalar, sse,
+ * avx2, avx512 or neon) forces one, and NF4DEQ_EINVAL comes back when it names
+ * no path or one this processor lacks. */
 int nf4deq_dequantize_cpu(const void *packed, const void *absmax, const float *nested_absmax,
                           const float *nested_code, float nested_offset, uint64_t n, uint32_t blocksize,
                           uint32_t nested_blocksize, int quant_type, int out_dtype, void *out, int threads);

@@ -72,7 +72,10 @@ int nf4deq_dequantize_cpu(const void *packed, const void *absmax, const float *n
         long cores = sysconf(_SC_NPROCESSORS_ONLN);
         threads = cores > 0 ? (int)cores : 1;
     }
-    dequant_cpu(&job, threads);
+    enum cpu_path path;
+    if (cpu_path_from_env(&path) != NF4_OK)
+        return NF4DEQ_EINVAL; /* a bad NF4DEQ_CPU, named by nf4deq_last_error() */
+    dequant_cpu_path(&job, threads, path);
     return NF4DEQ_OK;
 }
 

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "bnb_state.h"
+#include "cpu_path.h"
 #include "fileio.h"
 #include "gpu.h"
 #include "lora.h"
@@ -185,7 +186,8 @@ static int open_device(struct ctx *c)
             nf4_warn("no CUDA device found; converting on the CPU with %d threads", c->threads);
         }
     }
-    snprintf(c->stats->engine, sizeof c->stats->engine, "CPU (%d thread%s)", c->threads, c->threads == 1 ? "" : "s");
+    snprintf(c->stats->engine, sizeof c->stats->engine, "CPU (%d thread%s, %s)", c->threads,
+             c->threads == 1 ? "" : "s", cpu_path_name(cpu_path_active()));
     return NF4_OK;
 }
 
@@ -490,6 +492,11 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
     memset(stats, 0, sizeof *stats);
     struct ctx c = {.opts = o, .stats = stats};
     struct stat in_st, out_st;
+    /* A bad NF4DEQ_CPU is refused before anything is read or written. */
+    enum cpu_path path;
+    int path_code = cpu_path_from_env(&path);
+    if (path_code != NF4_OK)
+        return path_code;
     if (stat(in, &in_st) != 0)
         return nf4_fail_errno(NF4_ENOINPUT, errno, in, NULL, "cannot open");
     int in_is_dir = S_ISDIR(in_st.st_mode);

@@ -18,6 +18,7 @@
 
 #include <stdint.h>
 
+#include "cpu_path.h"
 #include "dtype.h"
 
 enum quant_type { QUANT_NF4 = 0, QUANT_FP4 = 1 };
@@ -48,9 +49,11 @@ struct dequant_job {
 extern const float NF4_VALUES[16];
 extern const float FP4_VALUES[16];
 
-/* Dequantizes job on the CPU with up to `threads` threads (>= 1). Cannot fail:
- * the job must already be validated. */
+/* Dequantizes job on the CPU with up to `threads` threads (>= 1), on the
+ * active CPU path (cpu_path.h). Cannot fail: the job must already be validated. */
 void dequant_cpu(const struct dequant_job *job, int threads);
+/* The same on a given path, which must be supported (tests and bench --cpu). */
+void dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path);
 
 /* Single-threaded reference over elements [first, first + count) of the job. */
 void dequant_cpu_range(const struct dequant_job *job, uint64_t first, uint64_t count);

@@ -3,6 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_path.h"
+#include "dequant_simd.h"
 #include "fpconv.h"
 #include "parallel.h"
 
@@ -22,29 +24,6 @@ const float FP4_VALUES[16] = {
 /* Below this many elements a thread costs more than it saves. */
 #define MIN_ELEMENTS_PER_THREAD (1u << 18)
 
-static float block_absmax(const struct dequant_job *job, uint64_t block)
-{
-    if (!job->absmax_code)
-        return job->absmax[block];
-    float scaled = mul_ftz(job->nested_code[job->absmax_code[block]],
-                           job->nested_absmax[block / job->nested_blocksize]);
-    return scaled + job->nested_offset;
-}
-
-/* The 16 possible outputs of one block, already in the output encoding: each
- * element is then a table lookup, and every value is computed exactly once. */
-static void block_lut(const float *values, float absmax, enum st_dtype out_dtype, uint32_t lut[16])
-{
-    for (int k = 0; k < 16; k++) {
-        float v = mul_ftz(values[k], absmax);
-        switch (out_dtype) {
-        case DT_F16: lut[k] = f32_to_f16(v); break;
-        case DT_BF16: lut[k] = f32_to_bf16(v); break;
-        default: lut[k] = f32_canonical_bits(v); break;
-        }
-    }
-}
-
 static inline void store(void *out, enum st_dtype dt, uint64_t e, uint32_t bits)
 {
     if (dt == DT_F32)
@@ -55,7 +34,7 @@ static inline void store(void *out, enum st_dtype dt, uint64_t e, uint32_t bits)
 
 void dequant_cpu_range(const struct dequant_job *job, uint64_t first, uint64_t count)
 {
-    const float *values = job->quant_type == QUANT_FP4 ? FP4_VALUES : NF4_VALUES;
+    const float *values = job_code_values(job);
     uint64_t end = first + count;
     if (end > job->n)
         end = job->n;
@@ -66,7 +45,7 @@ void dequant_cpu_range(const struct dequant_job *job, uint64_t first, uint64_t c
         if (block_end > end)
             block_end = end;
         uint32_t lut[16];
-        block_lut(values, block_absmax(job, block), job->out_dtype, lut);
+        block_lut(values, job_block_absmax(job, block), job->out_dtype, lut);
         if (job->out_dtype != DT_F32 && (e & 1) == 0) {
             uint16_t *out = (uint16_t *)job->out;
             for (; e + 1 < block_end; e += 2) {
@@ -82,18 +61,56 @@ void dequant_cpu_range(const struct dequant_job *job, uint64_t first, uint64_t c
     }
 }
 
-/* parallel_for's unit is a quantization block: no two threads share a block's table. */
+static dequant_blocks_fn path_kernel(enum cpu_path path)
+{
+    switch (path) {
+#if defined(__x86_64__) || defined(__i386__)
+    case CPU_PATH_SSE: return dequant_blocks_ssse3;
+    case CPU_PATH_AVX2: return dequant_blocks_avx2;
+    case CPU_PATH_AVX512: return dequant_blocks_avx512;
+#endif
+#if defined(__aarch64__)
+    case CPU_PATH_NEON: return dequant_blocks_neon;
+#endif
+    default: return NULL;
+    }
+}
+
+struct path_job {
+    const struct dequant_job *job;
+    dequant_blocks_fn blocks_fn; /* NULL: the scalar loop */
+};
+
+/* parallel_for's unit is a quantization block: no two threads share a block's
+ * table. The vector kernels take whole blocks; a tensor's last, partial block
+ * goes through the scalar loop. */
 static void block_range(void *ctx, uint64_t first_block, uint64_t blocks)
 {
-    const struct dequant_job *job = ctx;
-    uint64_t first = first_block * job->blocksize;
-    uint64_t count = blocks * job->blocksize;
-    dequant_cpu_range(job, first, count < job->n - first ? count : job->n - first);
+    const struct path_job *pj = ctx;
+    const struct dequant_job *job = pj->job;
+    uint64_t end = first_block + blocks;
+    uint64_t full_blocks = job->n / job->blocksize;
+    if (pj->blocks_fn && first_block < full_blocks) {
+        uint64_t vector_end = end < full_blocks ? end : full_blocks;
+        pj->blocks_fn(job, first_block, vector_end - first_block);
+        first_block = vector_end;
+    }
+    if (first_block < end) {
+        uint64_t first = first_block * job->blocksize;
+        uint64_t count = (end - first_block) * job->blocksize;
+        dequant_cpu_range(job, first, count < job->n - first ? count : job->n - first);
+    }
+}
+
+void dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path)
+{
+    struct path_job pj = {job, path_kernel(path)};
+    uint64_t blocks = (job->n + job->blocksize - 1) / job->blocksize;
+    uint64_t min_blocks = MIN_ELEMENTS_PER_THREAD / job->blocksize;
+    parallel_for(blocks, threads, min_blocks ? min_blocks : 1, block_range, &pj);
 }
 
 void dequant_cpu(const struct dequant_job *job, int threads)
 {
-    uint64_t blocks = (job->n + job->blocksize - 1) / job->blocksize;
-    uint64_t min_blocks = MIN_ELEMENTS_PER_THREAD / job->blocksize;
-    parallel_for(blocks, threads, min_blocks ? min_blocks : 1, block_range, (void *)job);
+    dequant_cpu_path(job, threads, cpu_path_active());
 }

@@ -63,18 +63,23 @@ static void convert_ok(const char *in, const char *out, const char *dtype)
     tu_run_free(&r);
 }
 
-static void test_tensor_file_every_dtype(void **state)
+static void tensor_file_every_dtype(const char *dir)
 {
-    struct tu_scratch *s = *state;
     static const char *const DTYPES[][2] = {{"bf16", "bf16"}, {"fp16", "f16"}, {"fp32", "f32"}};
     for (size_t i = 0; i < 3; i++) {
-        char *out = tu_strdupf("%s/out-%s.safetensors", s->dir, DTYPES[i][0]);
+        char *out = tu_strdupf("%s/out-%s.safetensors", dir, DTYPES[i][0]);
         char *want = tu_strdupf(FIXTURES "/tensors.expected-%s.safetensors", DTYPES[i][1]);
         convert_ok(FIXTURES "/tensors.bnb4.safetensors", out, DTYPES[i][0]);
         assert_output_matches(out, 0, want);
         free(out);
         free(want);
     }
+}
+
+static void test_tensor_file_every_dtype(void **state)
+{
+    struct tu_scratch *s = *state;
+    tensor_file_every_dtype(s->dir);
 }
 
 /* Without --dtype each weight comes out in its quant state's dtype, which is
@@ -164,9 +169,8 @@ static void check_model_dir(const char *in, const char *out, const char *expecte
     free(index_in);
 }
 
-static void test_model_directories(void **state)
+static void model_directories(const char *dir)
 {
-    struct tu_scratch *s = *state;
     static const char *const MODELS[] = {"bf16", "fp16"};
     static const char *const LAYOUTS[] = {"", "-sharded"};
     static const struct {
@@ -176,7 +180,7 @@ static void test_model_directories(void **state)
         for (size_t l = 0; l < 2; l++)
             for (size_t d = 0; d < 3; d++) {
                 char *in = tu_strdupf(FIXTURES "/tiny-llama-%s-bnb4%s", MODELS[m], LAYOUTS[l]);
-                char *out = tu_strdupf("%s/%s%s-%s", s->dir, MODELS[m], LAYOUTS[l], DTYPES[d].arg ? DTYPES[d].arg : "natural");
+                char *out = tu_strdupf("%s/%s%s-%s", dir, MODELS[m], LAYOUTS[l], DTYPES[d].arg ? DTYPES[d].arg : "natural");
                 /* The natural dtype of a model is the dtype it was quantized from. */
                 const char *file = DTYPES[d].file ? DTYPES[d].file : (m == 0 ? "bf16" : "f16");
                 const char *torch = DTYPES[d].torch ? DTYPES[d].torch : (m == 0 ? "bfloat16" : "float16");
@@ -188,6 +192,62 @@ static void test_model_directories(void **state)
                 free(out);
                 free(want);
             }
+}
+
+static void test_model_directories(void **state)
+{
+    struct tu_scratch *s = *state;
+    model_directories(s->dir);
+}
+
+/* The fixtures again on every CPU path this machine has, forced through
+ * NF4DEQ_CPU (the converter is a child process: it inherits it). */
+static void test_every_cpu_path_on_fixtures(void **state)
+{
+    struct tu_scratch *s = *state;
+    int ran = 0;
+    for (int p = 0; p < CPU_PATH_COUNT; p++) {
+        const char *name = cpu_path_name((enum cpu_path)p);
+        if (!cpu_path_supported((enum cpu_path)p)) {
+            print_message("%s: not supported here, skipped\n", name);
+            continue;
+        }
+        char *dir = tu_strdupf("%s/%s", s->dir, name);
+        assert_int_equal(mkdir(dir, 0755), 0);
+        assert_int_equal(setenv(CPU_PATH_ENV, name, 1), 0);
+        tensor_file_every_dtype(dir);
+        model_directories(dir);
+        unsetenv(CPU_PATH_ENV);
+        free(dir);
+        ran++;
+    }
+    assert_true(ran >= 1);
+}
+
+/* A bad NF4DEQ_CPU stops the run before anything is written. */
+static void test_bad_cpu_path_is_refused(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *out = tu_strdupf("%s/never.safetensors", s->dir);
+    static const struct {
+        const char *value, *message;
+        int status;
+    } CASES[] = {
+        {"avx3", "nf4deq: NF4DEQ_CPU=avx3 is not a CPU path (scalar, sse, avx2, avx512 or neon)\n", 2},
+#if defined(__x86_64__)
+        {"neon", "nf4deq: NF4DEQ_CPU=neon: this processor or build has no neon path\n", 69},
+#endif
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        assert_int_equal(setenv(CPU_PATH_ENV, CASES[i].value, 1), 0);
+        struct tu_run r = tu_run("convert", "--device", "cpu", FIXTURES "/tensors.bnb4.safetensors", out, NULL);
+        unsetenv(CPU_PATH_ENV);
+        assert_int_equal(r.status, CASES[i].status);
+        assert_string_equal(r.err, CASES[i].message);
+        assert_int_equal(tu_count_entries(s->dir), 0);
+        tu_run_free(&r);
+    }
+    free(out);
 }
 
 /* Chunked dequantization (the smallest chunk a weight allows) writes the same bytes. */
@@ -466,6 +526,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tensor_file_every_dtype, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_tensor_file_natural_dtype, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_model_directories, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_every_cpu_path_on_fixtures, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_bad_cpu_path_is_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_smallest_chunks_same_bytes, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_awkward_sizes_match_reference, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_many_small_tensors_in_batches, tu_scratch_setup, tu_scratch_teardown),
