@@ -153,3 +153,15 @@ clean:
 -include gpu.mk
 -include tests/fuzz/fuzz.mk
 -include tests/faults.mk
+
+# ---- AArch64: the NEON kernel, cross-built and run under qemu-user ----------
+CROSS_CC ?= aarch64-linux-gnu-gcc
+CROSS_SYSROOT ?= /usr/aarch64-linux-gnu
+CROSS_SRCS = src/dequant_cpu.c src/dequant_neon.c src/dequant_x86.c src/cpu_path.c src/parallel.c src/status.c src/dtype.c
+.PHONY: check-aarch64
+check-aarch64:
+	@sh tests/scripts/ensure-deps.sh cross
+	@mkdir -p $(BUILD)/aarch64
+	$(CROSS_CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -ffp-contract=off -O2 -Isrc -Iinclude -pthread \
+	    -o $(BUILD)/aarch64/neon_sweep tests/cross/neon_sweep.c $(CROSS_SRCS)
+	qemu-aarch64 -L $(CROSS_SYSROOT) $(BUILD)/aarch64/neon_sweep

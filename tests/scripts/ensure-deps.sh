@@ -4,6 +4,7 @@
 #   ensure-deps.sh build   cJSON, pkg-config, a C compiler
 #   ensure-deps.sh test    CMocka, and python3 with venv for the safetensors check
 #   ensure-deps.sh fuzz    clang with libFuzzer and the sanitizer runtimes (make fuzz)
+#   ensure-deps.sh cross   an AArch64 cross compiler and qemu-user (make check-aarch64)
 set -eu
 stage=${1:-build}
 missing=""
@@ -34,6 +35,11 @@ if [ "$stage" = fuzz ]; then
         return $rc
     }
     need "clang libclang-rt-dev" fuzz_probe
+fi
+if [ "$stage" = cross ]; then
+    need gcc-aarch64-linux-gnu command -v aarch64-linux-gnu-gcc
+    need libc6-dev-arm64-cross test -e /usr/aarch64-linux-gnu/include/stdio.h
+    need qemu-user command -v qemu-aarch64
 fi
 [ -z "$missing" ] && exit 0
 cmd="apt-get install -y --no-install-recommends$missing"
