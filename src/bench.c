@@ -9,11 +9,15 @@
 #include <time.h>
 
 #include "bench.h"
+#include "bench_cpu.h"
+#include "cpu_path.h"
 #include "gpu.h"
 #include "status.h"
 
 #define BENCH_DEFAULT_ITERS 200
 #define BENCH_MIN_ITERS 100
+#define BENCH_CPU_DEFAULT_ITERS 10
+#define BENCH_CPU_MIN_ITERS 3
 #define MAX_SHAPES 32
 #define N_BASE_VARIANTS 6
 #define N_DIAG_VARIANTS 4
@@ -62,8 +66,18 @@ static void usage(FILE *f)
             "  --sweep                  also time every launch configuration\n"
             "  --device N               CUDA device (default 0)\n"
             "  --json                   machine-readable output\n"
-            "  -h, --help               this help\n",
-            BENCH_DEFAULT_ITERS, BENCH_MIN_ITERS);
+            "  -h, --help               this help\n"
+            "\n"
+            "With --cpu it times the CPU kernel instead, on one shape (default 14336x4096,\n"
+            "bf16): every vector path this processor has (scalar, sse, avx2, avx512, neon)\n"
+            "at each thread count, in GB/s of output, next to memcpy of the output's size\n"
+            "at the same thread count, measured in the same run. Every path's output is\n"
+            "checked against the scalar path's.\n"
+            "\n"
+            "  --cpu                    time the CPU kernel\n"
+            "  --threads N[,N...]       thread counts (default: 1, 2, 4, ... and every core)\n"
+            "                           --iters defaults to %d here, at least %d\n",
+            BENCH_DEFAULT_ITERS, BENCH_MIN_ITERS, BENCH_CPU_DEFAULT_ITERS, BENCH_CPU_MIN_ITERS);
 }
 
 static const char *dt_label(enum st_dtype dt)
@@ -289,6 +303,50 @@ static void print_json(const char *dev, const char *date, int iters, double copy
     printf("\n]}\n");
 }
 
+/* "1,2,8" into o->thread_counts. */
+static int parse_thread_counts(const char *s, struct bench_cpu_opts *o)
+{
+    const char *p = s;
+    o->n_thread_counts = 0;
+    for (;;) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > 4096 || (*end && *end != ','))
+            return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --threads wants counts from 1 to 4096 like 1,2,8, not '%s'",
+                            s);
+        if (o->n_thread_counts == BENCH_CPU_MAX_THREAD_COUNTS)
+            return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: at most %d thread counts", BENCH_CPU_MAX_THREAD_COUNTS);
+        o->thread_counts[o->n_thread_counts++] = (int)v;
+        if (!*end)
+            return NF4_OK;
+        p = end + 1;
+    }
+}
+
+/* bench --cpu: one shape (the first given, else 14336x4096). */
+static int bench_cpu(struct bench_cpu_opts *o, const struct shape *shapes, int nshapes, const int *shape_has_dtype,
+                     enum st_dtype dtype, int iters, int json, int gpu_options)
+{
+    if (gpu_options)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --bnb-lib, --sweep and --device time the GPU, not --cpu");
+    if (nshapes > 1)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --cpu times one --shape");
+    if (iters && iters < BENCH_CPU_MIN_ITERS)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --iters must be %d..100000 with --cpu", BENCH_CPU_MIN_ITERS);
+    enum cpu_path active;
+    int rc = cpu_path_from_env(&active);
+    if (rc != NF4_OK)
+        return rc;
+    o->rows = nshapes ? shapes[0].rows : 14336;
+    o->cols = nshapes ? shapes[0].cols : 4096;
+    o->dtype = nshapes && shape_has_dtype[0] ? shapes[0].dtype : dtype;
+    o->iters = iters ? iters : BENCH_CPU_DEFAULT_ITERS;
+    o->json = json;
+    if (o->rows * o->cols / o->cols != o->rows || o->rows * o->cols > (UINT64_C(1) << 40))
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: shape too large");
+    return bench_cpu_run(o);
+}
+
 int cmd_bench(int argc, char **argv)
 {
     static const struct option longopts[] = {
@@ -296,11 +354,13 @@ int cmd_bench(int argc, char **argv)
         {"iters", required_argument, NULL, 'i'}, {"bnb-lib", required_argument, NULL, 'b'},
         {"json", no_argument, NULL, 'j'},        {"sweep", no_argument, NULL, 'w'},
         {"device", required_argument, NULL, 'D'}, {"help", no_argument, NULL, 'h'},
+        {"cpu", no_argument, NULL, 'c'},          {"threads", required_argument, NULL, 't'},
         {NULL, 0, NULL, 0},
     };
     struct shape shapes[MAX_SHAPES];
     int shape_has_dtype[MAX_SHAPES];
-    int nshapes = 0, iters = BENCH_DEFAULT_ITERS, json = 0, sweep = 0, device = 0, dtype_given = 0;
+    int nshapes = 0, iters = 0, json = 0, sweep = 0, device = 0, dtype_given = 0, device_given = 0, cpu = 0;
+    struct bench_cpu_opts cpu_opts = {0};
     enum st_dtype dtype = DT_F16;
     const char *bnb_path = NULL;
     int rc;
@@ -325,8 +385,8 @@ int cmd_bench(int argc, char **argv)
         case 'i': {
             char *end;
             long v = strtol(optarg, &end, 10);
-            if (*end || v < BENCH_MIN_ITERS || v > 100000)
-                return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --iters must be %d..100000", BENCH_MIN_ITERS);
+            if (*end || end == optarg || v < 1 || v > 100000)
+                return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: bad --iters '%s'", optarg);
             iters = (int)v;
             break;
         }
@@ -339,8 +399,14 @@ int cmd_bench(int argc, char **argv)
             if (*end || v < 0 || v > 1024)
                 return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: bad --device '%s'", optarg);
             device = (int)v;
+            device_given = 1;
             break;
         }
+        case 'c': cpu = 1; break;
+        case 't':
+            if ((rc = parse_thread_counts(optarg, &cpu_opts)))
+                return rc;
+            break;
         case 'h': usage(stdout); return NF4_OK;
         default:
             return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: unknown or incomplete option '%s'",
@@ -349,6 +415,15 @@ int cmd_bench(int argc, char **argv)
     }
     if (optind < argc)
         return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: unexpected argument '%s'", argv[optind]);
+    if (cpu)
+        return bench_cpu(&cpu_opts, shapes, nshapes, shape_has_dtype, dtype_given ? dtype : DT_BF16, iters, json,
+                         bnb_path || sweep || device_given);
+    if (cpu_opts.n_thread_counts)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --threads goes with --cpu");
+    if (!iters)
+        iters = BENCH_DEFAULT_ITERS;
+    if (iters < BENCH_MIN_ITERS)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --iters must be %d..100000", BENCH_MIN_ITERS);
     if (nshapes == 0) {
         nshapes = (int)(sizeof DEFAULT_SHAPES / sizeof DEFAULT_SHAPES[0]);
         for (int i = 0; i < nshapes; i++) {

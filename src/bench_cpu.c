@@ -1,0 +1,234 @@
+#include "bench_cpu.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cpu_path.h"
+#include "dequant.h"
+#include "parallel.h"
+#include "status.h"
+
+/* The GPU bench's tensor: NF4, blocksize 64, double quant with nested blocks of 256. */
+#define BENCH_BLOCKSIZE 64u
+#define BENCH_NESTED_BLOCKSIZE 256u
+/* memcpy's work unit across threads. */
+#define COPY_UNIT_BYTES (UINT64_C(1) << 20)
+
+struct copy_job {
+    unsigned char *dst;
+    const unsigned char *src;
+    uint64_t bytes;
+};
+
+static void copy_units(void *ctx, uint64_t first, uint64_t count)
+{
+    const struct copy_job *c = ctx;
+    uint64_t begin = first * COPY_UNIT_BYTES, end = (first + count) * COPY_UNIT_BYTES;
+    if (end > c->bytes)
+        end = c->bytes;
+    memcpy(c->dst + begin, c->src + begin, end - begin);
+}
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void cpu_model(char *buf, size_t len)
+{
+    snprintf(buf, len, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0)
+            continue;
+        char *colon = strchr(line, ':');
+        if (colon) {
+            colon += 1 + (colon[1] == ' ');
+            colon[strcspn(colon, "\n")] = 0;
+            snprintf(buf, len, "%s", colon);
+        }
+        break;
+    }
+    fclose(f);
+}
+
+static uint64_t next_random(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Columns of the table: memcpy, then every supported path. */
+#define MAX_COLUMNS (1 + CPU_PATH_COUNT)
+
+int bench_cpu_run(const struct bench_cpu_opts *o)
+{
+    uint64_t n = o->rows * o->cols;
+    uint64_t blocks = (n + BENCH_BLOCKSIZE - 1) / BENCH_BLOCKSIZE;
+    uint64_t nested_blocks = (blocks + BENCH_NESTED_BLOCKSIZE - 1) / BENCH_NESTED_BLOCKSIZE;
+    uint64_t out_bytes = n * (dtype_bits(o->dtype) / 8);
+    uint64_t in_bytes = (n + 1) / 2 + blocks + nested_blocks * 4 + NESTED_CODE_ENTRIES * 4;
+    unsigned char *packed = malloc((size_t)(n + 1) / 2), *codes = malloc((size_t)blocks);
+    float *nested = malloc((size_t)nested_blocks * sizeof *nested);
+    unsigned char *out = malloc((size_t)out_bytes), *ref = malloc((size_t)out_bytes);
+    float code_table[NESTED_CODE_ENTRIES];
+    int rc = NF4_OK;
+    if (!packed || !codes || !nested || !out || !ref) {
+        rc = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bench: out of memory for a %" PRIu64 "-element tensor", n);
+        goto done;
+    }
+    uint64_t rng = 0x2545f4914f6cdd1dull;
+    for (uint64_t i = 0; i < (n + 1) / 2; i++)
+        packed[i] = (unsigned char)next_random(&rng);
+    for (uint64_t i = 0; i < blocks; i++)
+        codes[i] = (unsigned char)next_random(&rng);
+    for (uint64_t i = 0; i < nested_blocks; i++)
+        nested[i] = 0.01f + (float)(next_random(&rng) % 1000) * 1e-4f;
+    for (unsigned i = 0; i < NESTED_CODE_ENTRIES; i++)
+        code_table[i] = ((float)i - 127.5f) / 127.5f;
+    struct dequant_job job = {
+        .packed = packed,
+        .absmax_code = codes,
+        .nested_absmax = nested,
+        .nested_code = code_table,
+        .nested_offset = 0.0213f,
+        .n = n,
+        .blocksize = BENCH_BLOCKSIZE,
+        .nested_blocksize = BENCH_NESTED_BLOCKSIZE,
+        .quant_type = QUANT_NF4,
+        .out_dtype = o->dtype,
+        .out = ref,
+    };
+
+    enum cpu_path paths[CPU_PATH_COUNT];
+    int npaths = 0;
+    for (int p = 0; p < CPU_PATH_COUNT; p++)
+        if (cpu_path_supported((enum cpu_path)p))
+            paths[npaths++] = (enum cpu_path)p;
+
+    int cores = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1)
+        cores = 1;
+    int threads[BENCH_CPU_MAX_THREAD_COUNTS], nthreads = 0;
+    if (o->n_thread_counts) {
+        memcpy(threads, o->thread_counts, sizeof threads);
+        nthreads = o->n_thread_counts;
+    } else {
+        for (int t = 1; t < cores && nthreads < BENCH_CPU_MAX_THREAD_COUNTS - 1; t *= 2)
+            threads[nthreads++] = t;
+        threads[nthreads++] = cores;
+    }
+
+    /* Every path must give the scalar bytes; this also faults the pages in. */
+    int identical = 1;
+    dequant_cpu_path(&job, cores, CPU_PATH_SCALAR);
+    job.out = out;
+    for (int p = 0; p < npaths; p++) {
+        memset(out, 0x5a, (size_t)out_bytes);
+        dequant_cpu_path(&job, cores, paths[p]);
+        if (memcmp(out, ref, (size_t)out_bytes) != 0) {
+            identical = 0;
+            rc = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bench: the %s path's output differs from the scalar path's",
+                          cpu_path_name(paths[p]));
+        }
+    }
+
+    /* [thread count][column] medians in seconds; the runs interleave every
+     * column and thread count, so drift hits them alike. */
+    double med[BENCH_CPU_MAX_THREAD_COUNTS][MAX_COLUMNS];
+    double *runs = malloc(sizeof(double) * (size_t)o->iters * BENCH_CPU_MAX_THREAD_COUNTS * MAX_COLUMNS);
+    if (!runs) {
+        rc = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bench: out of memory");
+        goto done;
+    }
+    struct copy_job copy = {out, ref, out_bytes};
+    uint64_t copy_units_total = (out_bytes + COPY_UNIT_BYTES - 1) / COPY_UNIT_BYTES;
+    for (int it = 0; it < o->iters; it++)
+        for (int t = 0; t < nthreads; t++)
+            for (int col = 0; col <= npaths; col++) {
+                double t0 = now_seconds();
+                if (col == 0)
+                    parallel_for(copy_units_total, threads[t], 1, copy_units, &copy);
+                else
+                    dequant_cpu_path(&job, threads[t], paths[col - 1]);
+                runs[((size_t)t * MAX_COLUMNS + (size_t)col) * (size_t)o->iters + (size_t)it] = now_seconds() - t0;
+            }
+    for (int t = 0; t < nthreads; t++)
+        for (int col = 0; col <= npaths; col++)
+            med[t][col] = median(&runs[((size_t)t * MAX_COLUMNS + (size_t)col) * (size_t)o->iters], o->iters);
+    free(runs);
+
+    char model[256], date[32];
+    cpu_model(model, sizeof model);
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", &tm);
+    const char *dt = dtype_name(o->dtype);
+    if (o->json) {
+        printf("{\n  \"cpu\": \"%s\",\n  \"online_cores\": %d,\n  \"date\": \"%s\",\n  \"iters\": %d,\n"
+               "  \"rows\": %" PRIu64 ",\n  \"cols\": %" PRIu64 ",\n  \"dtype\": \"%s\",\n  \"out_bytes\": %" PRIu64
+               ",\n  \"in_bytes\": %" PRIu64 ",\n  \"identical\": %s,\n  \"results\": [",
+               model, cores, date, o->iters, o->rows, o->cols, dt, out_bytes, in_bytes, identical ? "true" : "false");
+        for (int t = 0; t < nthreads; t++) {
+            printf("%s\n    {\"threads\": %d, \"memcpy_gbps\": %.3f", t ? "," : "", threads[t],
+                   out_bytes / med[t][0] / 1e9);
+            for (int p = 0; p < npaths; p++)
+                printf(", \"%s_gbps\": %.3f", cpu_path_name(paths[p]), out_bytes / med[t][p + 1] / 1e9);
+            printf("}");
+        }
+        printf("\n  ]\n}\n");
+    } else {
+        printf("nf4deq bench --cpu: %s, %d online cores, %s, median of %d runs\n", model, cores, date, o->iters);
+        printf("%" PRIu64 "x%" PRIu64 " nf4 (blocksize %u, double quant) -> %s: %.2f MB out, %.2f MB in\n",
+               o->rows, o->cols, BENCH_BLOCKSIZE, dt, out_bytes / 1e6, in_bytes / 1e6);
+        printf("GB/s of output; in brackets: x the scalar path, and the share of memcpy (%.2f MB copied)\n\n",
+               out_bytes / 1e6);
+        printf("%-8s %12s", "threads", "memcpy");
+        for (int p = 0; p < npaths; p++)
+            printf(" %24s", cpu_path_name(paths[p]));
+        printf("\n");
+        for (int t = 0; t < nthreads; t++) {
+            printf("%-8d %12.2f", threads[t], out_bytes / med[t][0] / 1e9);
+            for (int p = 0; p < npaths; p++) {
+                char cell[64];
+                snprintf(cell, sizeof cell, "%.2f (%.2fx, %3.0f%%)", out_bytes / med[t][p + 1] / 1e9,
+                         med[t][1] / med[t][p + 1], 100.0 * med[t][0] / med[t][p + 1]);
+                printf(" %24s", cell);
+            }
+            printf("\n");
+        }
+        printf("\nidentical to the scalar path: %s; dequant_cpu uses %s\n", identical ? "yes, every path" : "NO",
+               cpu_path_name(cpu_path_active()));
+    }
+done:
+    free(packed);
+    free(codes);
+    free(nested);
+    free(out);
+    free(ref);
+    return rc;
+}
