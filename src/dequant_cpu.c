@@ -23,6 +23,10 @@ const float FP4_VALUES[16] = {
 
 /* Below this many elements a thread costs more than it saves. */
 #define MIN_ELEMENTS_PER_THREAD (1u << 18)
+/* Outputs from this size up are streamed past the caches (dequant_cpu_path):
+ * above the last-level cache of the machines nf4deq runs on, or their share of
+ * it, and far above the pipeline's chunks. */
+#define DEQUANT_STREAM_BYTES (UINT64_C(32) << 20)
 
 static inline void store(void *out, enum st_dtype dt, uint64_t e, uint32_t bits)
 {
@@ -79,6 +83,7 @@ static dequant_blocks_fn path_kernel(enum cpu_path path)
 struct path_job {
     const struct dequant_job *job;
     dequant_blocks_fn blocks_fn; /* NULL: the scalar loop */
+    int stream;
 };
 
 /* parallel_for's unit is a quantization block: no two threads share a block's
@@ -92,7 +97,7 @@ static void block_range(void *ctx, uint64_t first_block, uint64_t blocks)
     uint64_t full_blocks = job->n / job->blocksize;
     if (pj->blocks_fn && first_block < full_blocks) {
         uint64_t vector_end = end < full_blocks ? end : full_blocks;
-        pj->blocks_fn(job, first_block, vector_end - first_block);
+        pj->blocks_fn(job, first_block, vector_end - first_block, pj->stream);
         first_block = vector_end;
     }
     if (first_block < end) {
@@ -104,7 +109,13 @@ static void block_range(void *ctx, uint64_t first_block, uint64_t blocks)
 
 void dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path)
 {
-    struct path_job pj = {job, path_kernel(path)};
+    /* An output larger than a last-level cache cannot still be in cache when
+     * it is next read: stream it to memory (as memcpy does at that size), so
+     * each line is written without first being read. The pipeline's chunks
+     * are smaller, and stay in cache for the writer. */
+    uint64_t out_bytes = job->n * (dtype_bits(job->out_dtype) / 8);
+    int stream = out_bytes >= DEQUANT_STREAM_BYTES && ((uintptr_t)job->out & 63) == 0;
+    struct path_job pj = {job, path_kernel(path), stream};
     uint64_t blocks = (job->n + job->blocksize - 1) / job->blocksize;
     uint64_t min_blocks = MIN_ELEMENTS_PER_THREAD / job->blocksize;
     parallel_for(blocks, threads, min_blocks ? min_blocks : 1, block_range, &pj);

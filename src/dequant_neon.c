@@ -52,8 +52,9 @@ static inline void block_planes(const struct job_view *job, uint64_t block, uint
         plane[k] = vqtbl4q_u8(words, vld1q_u8(BY_BYTE[k]));
 }
 
-void dequant_blocks_neon(const struct dequant_job *dequant_job, uint64_t first_block, uint64_t blocks)
+void dequant_blocks_neon(const struct dequant_job *dequant_job, uint64_t first_block, uint64_t blocks, int stream)
 {
+    (void)stream; /* AArch64 has no plain-store hint worth taking here */
     const struct job_view view = job_view_of(dequant_job), *job = &view;
     const uint64_t bs = job->blocksize;
     const uint8x16_t low4 = vdupq_n_u8(0x0f);

@@ -14,13 +14,15 @@
 #include "fpconv.h"
 
 /* Dequantizes blocks [first_block, first_block + blocks) of job: each must be a
- * full block (the caller keeps the tensor's last, partial block). */
-typedef void (*dequant_blocks_fn)(const struct dequant_job *job, uint64_t first_block, uint64_t blocks);
+ * full block (the caller keeps the tensor's last, partial block). `stream`:
+ * write the output with non-temporal stores (x86; NEON ignores it), which
+ * needs job->out 64-byte aligned. */
+typedef void (*dequant_blocks_fn)(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream);
 
-void dequant_blocks_ssse3(const struct dequant_job *job, uint64_t first_block, uint64_t blocks);
-void dequant_blocks_avx2(const struct dequant_job *job, uint64_t first_block, uint64_t blocks);
-void dequant_blocks_avx512(const struct dequant_job *job, uint64_t first_block, uint64_t blocks);
-void dequant_blocks_neon(const struct dequant_job *job, uint64_t first_block, uint64_t blocks);
+void dequant_blocks_ssse3(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream);
+void dequant_blocks_avx2(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream);
+void dequant_blocks_avx512(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream);
+void dequant_blocks_neon(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream);
 
 /* A block's absmax in bitsandbytes' order: two roundings, the product flushed. */
 static inline float job_block_absmax(const struct dequant_job *job, uint64_t block)
@@ -46,6 +48,7 @@ struct job_view {
     float nested_offset;
     unsigned nested_shift;
     const float *values; /* the 16 code values */
+    int stream;          /* non-temporal, aligned stores of the output */
 };
 
 static inline struct job_view job_view_of(const struct dequant_job *job)
@@ -60,7 +63,8 @@ static inline struct job_view job_view_of(const struct dequant_job *job)
                          job->nested_code,
                          job->nested_offset,
                          (unsigned)__builtin_ctz(job->nested_blocksize),
-                         job->quant_type == QUANT_FP4 ? FP4_VALUES : NF4_VALUES};
+                         job->quant_type == QUANT_FP4 ? FP4_VALUES : NF4_VALUES,
+                         0};
     return v;
 }
 

@@ -144,23 +144,51 @@ TARGET_SSSE3 INLINE void nibbles_128(__m128i packed, __m128i *first, __m128i *se
     *second = _mm_unpackhi_epi8(hi, lo);
 }
 
-TARGET_SSSE3 INLINE void expand16_words2(const __m128i plane[4], __m128i idx, uint16_t *out)
+/* Stores of the output: non-temporal when the job streams (see dequant_cpu.c:
+ * an output too large to stay in cache skips the read for ownership), which
+ * also needs every store aligned: the output starts 64-byte aligned then, and
+ * each store lands at a multiple of its width from there. */
+TARGET_SSSE3 INLINE void put128(int stream, void *p, __m128i v)
 {
-    __m128i lo = _mm_shuffle_epi8(plane[0], idx), hi = _mm_shuffle_epi8(plane[1], idx);
-    _mm_storeu_si128((__m128i *)out, _mm_unpacklo_epi8(lo, hi));
-    _mm_storeu_si128((__m128i *)(out + 8), _mm_unpackhi_epi8(lo, hi));
+    if (stream)
+        _mm_stream_si128((__m128i *)p, v);
+    else
+        _mm_storeu_si128((__m128i *)p, v);
 }
 
-TARGET_SSSE3 INLINE void expand16_words4(const __m128i plane[4], __m128i idx, uint32_t *out)
+TARGET_AVX2 INLINE void put256(int stream, void *p, __m256i v)
+{
+    if (stream)
+        _mm256_stream_si256((__m256i *)p, v);
+    else
+        _mm256_storeu_si256((__m256i *)p, v);
+}
+
+TARGET_AVX512 INLINE void put512(int stream, void *p, __m512i v)
+{
+    if (stream)
+        _mm512_stream_si512(p, v);
+    else
+        _mm512_storeu_si512(p, v);
+}
+
+TARGET_SSSE3 INLINE void expand16_words2(const __m128i plane[4], __m128i idx, uint16_t *out, int stream)
+{
+    __m128i lo = _mm_shuffle_epi8(plane[0], idx), hi = _mm_shuffle_epi8(plane[1], idx);
+    put128(stream, out, _mm_unpacklo_epi8(lo, hi));
+    put128(stream, out + 8, _mm_unpackhi_epi8(lo, hi));
+}
+
+TARGET_SSSE3 INLINE void expand16_words4(const __m128i plane[4], __m128i idx, uint32_t *out, int stream)
 {
     __m128i b0 = _mm_shuffle_epi8(plane[0], idx), b1 = _mm_shuffle_epi8(plane[1], idx);
     __m128i b2 = _mm_shuffle_epi8(plane[2], idx), b3 = _mm_shuffle_epi8(plane[3], idx);
     __m128i lo01 = _mm_unpacklo_epi8(b0, b1), lo23 = _mm_unpacklo_epi8(b2, b3);
     __m128i hi01 = _mm_unpackhi_epi8(b0, b1), hi23 = _mm_unpackhi_epi8(b2, b3);
-    _mm_storeu_si128((__m128i *)out, _mm_unpacklo_epi16(lo01, lo23));
-    _mm_storeu_si128((__m128i *)(out + 4), _mm_unpackhi_epi16(lo01, lo23));
-    _mm_storeu_si128((__m128i *)(out + 8), _mm_unpacklo_epi16(hi01, hi23));
-    _mm_storeu_si128((__m128i *)(out + 12), _mm_unpackhi_epi16(hi01, hi23));
+    put128(stream, out, _mm_unpacklo_epi16(lo01, lo23));
+    put128(stream, out + 4, _mm_unpackhi_epi16(lo01, lo23));
+    put128(stream, out + 8, _mm_unpacklo_epi16(hi01, hi23));
+    put128(stream, out + 12, _mm_unpackhi_epi16(hi01, hi23));
 }
 
 /* Elements [e, e + 32) with one block's planes. */
@@ -169,11 +197,11 @@ TARGET_SSSE3 INLINE void expand32_ssse3(const struct job_view *job, const __m128
     __m128i first, second;
     nibbles_128(_mm_loadu_si128((const __m128i *)(job->packed + e / 2)), &first, &second);
     if (job->out_dtype == DT_F32) {
-        expand16_words4(plane, first, (uint32_t *)job->out + e);
-        expand16_words4(plane, second, (uint32_t *)job->out + e + 16);
+        expand16_words4(plane, first, (uint32_t *)job->out + e, job->stream);
+        expand16_words4(plane, second, (uint32_t *)job->out + e + 16, job->stream);
     } else {
-        expand16_words2(plane, first, (uint16_t *)job->out + e);
-        expand16_words2(plane, second, (uint16_t *)job->out + e + 16);
+        expand16_words2(plane, first, (uint16_t *)job->out + e, job->stream);
+        expand16_words2(plane, second, (uint16_t *)job->out + e + 16, job->stream);
     }
 }
 
@@ -212,10 +240,10 @@ TARGET_AVX2 INLINE void expand64_avx2(const struct job_view *job, const __m256i 
             r[2 * i] = _mm256_unpacklo_epi8(lo, hi);
             r[2 * i + 1] = _mm256_unpackhi_epi8(lo, hi);
         }
-        _mm256_storeu_si256((__m256i *)out, _mm256_permute2x128_si256(r[0], r[1], 0x20));
-        _mm256_storeu_si256((__m256i *)(out + 16), _mm256_permute2x128_si256(r[2], r[3], 0x20));
-        _mm256_storeu_si256((__m256i *)(out + 32), _mm256_permute2x128_si256(r[0], r[1], 0x31));
-        _mm256_storeu_si256((__m256i *)(out + 48), _mm256_permute2x128_si256(r[2], r[3], 0x31));
+        put256(job->stream, out, _mm256_permute2x128_si256(r[0], r[1], 0x20));
+        put256(job->stream, out + 16, _mm256_permute2x128_si256(r[2], r[3], 0x20));
+        put256(job->stream, out + 32, _mm256_permute2x128_si256(r[0], r[1], 0x31));
+        put256(job->stream, out + 48, _mm256_permute2x128_si256(r[2], r[3], 0x31));
         return;
     }
     uint32_t *out = (uint32_t *)job->out + e;
@@ -227,10 +255,10 @@ TARGET_AVX2 INLINE void expand64_avx2(const struct job_view *job, const __m256i 
         __m256i q0 = _mm256_unpacklo_epi16(lo01, lo23), q1 = _mm256_unpackhi_epi16(lo01, lo23);
         __m256i q2 = _mm256_unpacklo_epi16(hi01, hi23), q3 = _mm256_unpackhi_epi16(hi01, hi23);
         uint32_t *o = out + 16 * i;
-        _mm256_storeu_si256((__m256i *)o, _mm256_permute2x128_si256(q0, q1, 0x20));
-        _mm256_storeu_si256((__m256i *)(o + 8), _mm256_permute2x128_si256(q2, q3, 0x20));
-        _mm256_storeu_si256((__m256i *)(o + 32), _mm256_permute2x128_si256(q0, q1, 0x31));
-        _mm256_storeu_si256((__m256i *)(o + 40), _mm256_permute2x128_si256(q2, q3, 0x31));
+        put256(job->stream, o, _mm256_permute2x128_si256(q0, q1, 0x20));
+        put256(job->stream, o + 8, _mm256_permute2x128_si256(q2, q3, 0x20));
+        put256(job->stream, o + 32, _mm256_permute2x128_si256(q0, q1, 0x31));
+        put256(job->stream, o + 40, _mm256_permute2x128_si256(q2, q3, 0x31));
     }
 }
 
@@ -302,7 +330,7 @@ TARGET_AVX512 INLINE void expand128_avx512(const struct job_view *job, const __m
         }
         transpose_lanes(r, o);
         for (int k = 0; k < 4; k++)
-            _mm512_storeu_si512((void *)(out + 32 * k), o[k]);
+            put512(job->stream, out + 32 * k, o[k]);
         return;
     }
     uint32_t *out = (uint32_t *)job->out + e;
@@ -317,7 +345,7 @@ TARGET_AVX512 INLINE void expand128_avx512(const struct job_view *job, const __m
         r[3] = _mm512_unpackhi_epi16(hi01, hi23); /* + 12..15 */
         transpose_lanes(r, o);
         for (int k = 0; k < 4; k++)
-            _mm512_storeu_si512((void *)(out + 32 * k + 16 * i), o[k]);
+            put512(job->stream, out + 32 * k + 16 * i, o[k]);
     }
 }
 
@@ -358,22 +386,31 @@ TARGET_AVX512 static void blocks_avx512(const struct job_view *job, uint64_t fir
 
 /* ---- entry points ---------------------------------------------------------- */
 
-TARGET_SSSE3 void dequant_blocks_ssse3(const struct dequant_job *job, uint64_t first_block, uint64_t blocks)
+TARGET_SSSE3 void dequant_blocks_ssse3(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream)
 {
     struct job_view view = job_view_of(job);
+    view.stream = stream;
     blocks_ssse3(&view, first_block, blocks);
+    if (stream)
+        _mm_sfence(); /* the streamed stores are visible before another thread reads them */
 }
 
-TARGET_AVX2 void dequant_blocks_avx2(const struct dequant_job *job, uint64_t first_block, uint64_t blocks)
+TARGET_AVX2 void dequant_blocks_avx2(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream)
 {
     struct job_view view = job_view_of(job);
+    view.stream = stream;
     blocks_avx2(&view, first_block, blocks);
+    if (stream)
+        _mm_sfence(); /* the streamed stores are visible before another thread reads them */
 }
 
-TARGET_AVX512 void dequant_blocks_avx512(const struct dequant_job *job, uint64_t first_block, uint64_t blocks)
+TARGET_AVX512 void dequant_blocks_avx512(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream)
 {
     struct job_view view = job_view_of(job);
+    view.stream = stream;
     blocks_avx512(&view, first_block, blocks);
+    if (stream)
+        _mm_sfence(); /* the streamed stores are visible before another thread reads them */
 }
 
 #endif

@@ -52,6 +52,7 @@ struct sweep_case {
     enum quant_type quant;
     enum st_dtype dtype;
     int threads;
+    size_t out_offset; /* bytes past a 64-byte boundary where the output starts */
 };
 
 /* Runs one case on `path`; returns the number of differing bytes (0 = pass)
@@ -69,7 +70,11 @@ static uint64_t sweep_one(const struct sweep_case *c, enum cpu_path path, uint64
     uint64_t nested_blocks = c->nested_blocksize ? (blocks + c->nested_blocksize - 1) / c->nested_blocksize : 0;
     float *nested = malloc((nested_blocks + 1) * sizeof *nested);
     float code_table[NESTED_CODE_ENTRIES];
-    uint8_t *want = malloc(out_len + SWEEP_GUARD), *got = malloc(out_len + SWEEP_GUARD);
+    /* Aligned as callers' tensors usually are: outputs of DEQUANT_STREAM_BYTES
+     * and more take the streaming stores then (unless out_offset says not). */
+    uint8_t *want = malloc(out_len + SWEEP_GUARD), *got_base = NULL, *got = NULL;
+    if (posix_memalign((void **)&got_base, 64, out_len + c->out_offset + SWEEP_GUARD) == 0)
+        got = got_base + c->out_offset;
     uint64_t bad = 0;
     if (!packed || !codes || !absmax || !nested || !want || !got) {
         snprintf(msg, msg_len, "out of memory");
@@ -136,7 +141,7 @@ out:
     free(absmax);
     free(nested);
     free(want);
-    free(got);
+    free(got_base);
     return bad;
 }
 
@@ -159,7 +164,7 @@ static int sweep_path(enum cpu_path path, FILE *log, int *cases)
             for (size_t ni = 0; ni < sizeof NESTED / sizeof NESTED[0]; ni++)
                 for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++)
                     for (int q = 0; q < 2; q++) {
-                        struct sweep_case c = {sizes[si], bs, NESTED[ni], q ? QUANT_FP4 : QUANT_NF4, DTYPES[di], 1};
+                        struct sweep_case c = {sizes[si], bs, NESTED[ni], q ? QUANT_FP4 : QUANT_NF4, DTYPES[di], 1, 0};
                         char msg[512];
                         ++*cases;
                         if (sweep_one(&c, path, (uint64_t)*cases, msg, sizeof msg)) {
@@ -172,7 +177,7 @@ static int sweep_path(enum cpu_path path, FILE *log, int *cases)
     for (size_t bi = 0; bi < sizeof BLOCKSIZES / sizeof BLOCKSIZES[0]; bi++)
         for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++) {
             struct sweep_case c = {(1u << 20) + 5ull * BLOCKSIZES[bi] + 17, BLOCKSIZES[bi], 256, QUANT_NF4,
-                                   DTYPES[di], 3};
+                                   DTYPES[di], 3, 0};
             char msg[512];
             ++*cases;
             if (sweep_one(&c, path, (uint64_t)*cases, msg, sizeof msg)) {
@@ -180,6 +185,22 @@ static int sweep_path(enum cpu_path path, FILE *log, int *cases)
                 failed++;
             }
         }
+    /* Outputs of 32 MiB and more: written with streaming stores when aligned
+     * (dequant_cpu.c), with plain ones when not. */
+    static const struct sweep_case STREAMED[] = {
+        {(1u << 24) + 5 * 64 + 17, 64, 256, QUANT_NF4, DT_BF16, 3, 0},
+        {(1u << 24) + 3 * 4096 + 1, 4096, 256, QUANT_FP4, DT_F16, 2, 0},
+        {(1u << 23) + 7 * 32 + 9, 32, 0, QUANT_NF4, DT_F32, 3, 0},
+        {(1u << 24) + 5 * 64 + 17, 64, 256, QUANT_NF4, DT_BF16, 3, 16},
+    };
+    for (size_t i = 0; i < sizeof STREAMED / sizeof STREAMED[0]; i++) {
+        char msg[512];
+        ++*cases;
+        if (sweep_one(&STREAMED[i], path, (uint64_t)*cases, msg, sizeof msg)) {
+            fprintf(log, "%s\n", msg);
+            failed++;
+        }
+    }
     return failed;
 }
 
