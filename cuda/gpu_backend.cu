@@ -1,6 +1,7 @@
 // The GPU conversion back end (src/gpu.h): opening a device, its memory budget,
 // pinned host memory, and a job's trip through the device in sub-chunks, with
-// copy-in, kernel and copy-out overlapped on two streams.
+// copy-in, kernel and copy-out overlapped on two streams, in one of several
+// lanes that host threads use at once.
 #include <cuda_runtime.h>
 
 #include <stdio.h>
@@ -63,17 +64,21 @@ extern "C" int gpu_open(struct gpu_ctx **out, int device, uint64_t mem_budget)
     c->budget = mem_budget ? mem_budget : (uint64_t)(free_b * DEFAULT_BUDGET_FRACTION);
     c->subchunk_cap = SUBCHUNK_CAP_ELEMS;
     snprintf(c->name, sizeof c->name, "%s (sm_%d%d)", prop.name, prop.major, prop.minor);
-    for (int s = 0; s < NUM_STREAMS; s++) {
-        err = cudaStreamCreateWithFlags(&c->streams[s], cudaStreamNonBlocking);
+    c->nlanes = 1;
+    for (int l = 0; l < GPU_MAX_LANES; l++) {
+        gpu_lane *ln = &c->lanes[l];
+        for (int s = 0; s < NUM_STREAMS; s++) {
+            err = cudaStreamCreateWithFlags(&ln->streams[s], cudaStreamNonBlocking);
+            if (err != cudaSuccess) {
+                gpu_close(c);
+                return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "cudaStreamCreate: %s", cudaGetErrorString(err));
+            }
+        }
+        err = cudaMalloc(&ln->d_code, NESTED_CODE_ENTRIES * sizeof(float));
         if (err != cudaSuccess) {
             gpu_close(c);
-            return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "cudaStreamCreate: %s", cudaGetErrorString(err));
+            return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "cudaMalloc: %s", cudaGetErrorString(err));
         }
-    }
-    err = cudaMalloc(&c->d_code, NESTED_CODE_ENTRIES * sizeof(float));
-    if (err != cudaSuccess) {
-        gpu_close(c);
-        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "cudaMalloc: %s", cudaGetErrorString(err));
     }
     *out = c;
     return NF4_OK;
@@ -84,18 +89,21 @@ extern "C" void gpu_close(struct gpu_ctx *c)
     if (!c)
         return;
     cudaSetDevice(c->device);
-    for (int s = 0; s < NUM_STREAMS; s++) {
-        if (c->streams[s]) {
-            cudaStreamSynchronize(c->streams[s]);
-            cudaStreamDestroy(c->streams[s]);
+    for (int l = 0; l < GPU_MAX_LANES; l++) {
+        gpu_lane *ln = &c->lanes[l];
+        for (int s = 0; s < NUM_STREAMS; s++) {
+            if (ln->streams[s]) {
+                cudaStreamSynchronize(ln->streams[s]);
+                cudaStreamDestroy(ln->streams[s]);
+            }
+            if (ln->slots[s].mem)
+                cudaFree(ln->slots[s].mem);
         }
-        if (c->slots[s].mem)
-            cudaFree(c->slots[s].mem);
+        if (ln->d_code)
+            cudaFree(ln->d_code);
+        if (ln->factors.mem)
+            cudaFree(ln->factors.mem);
     }
-    if (c->d_code)
-        cudaFree(c->d_code);
-    if (c->factors.mem)
-        cudaFree(c->factors.mem);
     cudaGetLastError();
     free(c);
 }
@@ -103,7 +111,16 @@ extern "C" void gpu_close(struct gpu_ctx *c)
 extern "C" const char *gpu_name(const struct gpu_ctx *c) { return c->name; }
 extern "C" uint64_t gpu_mem_budget(const struct gpu_ctx *c) { return c->budget; }
 extern "C" void gpu_set_subchunk_limit(struct gpu_ctx *c, uint64_t max_elems) { c->subchunk_cap = max_elems; }
-extern "C" uint64_t gpu_last_subchunks(const struct gpu_ctx *c) { return c->last_subchunks; }
+extern "C" uint64_t gpu_last_subchunks(const struct gpu_ctx *c) { return c->lanes[0].last_subchunks; }
+
+extern "C" int gpu_use_lanes(struct gpu_ctx *c, int lanes)
+{
+    c->nlanes = lanes < 1 ? 1 : lanes > GPU_MAX_LANES ? GPU_MAX_LANES : lanes;
+    return c->nlanes;
+}
+
+// A lane's share of the device-memory budget.
+static uint64_t lane_budget(const gpu_ctx *c) { return c->budget / (uint64_t)c->nlanes; }
 
 // Host allocations carry a header saying whether they are pinned.
 #define HOST_HDR 64
@@ -133,6 +150,23 @@ extern "C" void gpu_host_free(struct gpu_ctx *c, void *ptr)
         cudaFreeHost(p);
     else
         free(p);
+}
+
+extern "C" int gpu_host_register(struct gpu_ctx *c, void *ptr, size_t bytes)
+{
+    cudaSetDevice(c->device);
+    if (cudaHostRegister(ptr, bytes, cudaHostRegisterDefault) == cudaSuccess)
+        return 0;
+    cudaGetLastError();
+    return -1;
+}
+
+extern "C" void gpu_host_unregister(struct gpu_ctx *c, void *ptr)
+{
+    cudaSetDevice(c->device);
+    // Memory that was never registered says so here, harmlessly.
+    if (cudaHostUnregister(ptr) != cudaSuccess)
+        cudaGetLastError();
 }
 
 static size_t out_size(enum st_dtype dt) { return dt == DT_F32 ? 4 : 2; }
@@ -176,36 +210,36 @@ static int ensure_mem(slot *m, size_t bytes)
     return NF4_OK;
 }
 
-static int ensure_slot(gpu_ctx *c, int s, size_t bytes) { return ensure_mem(&c->slots[s], bytes); }
+static int ensure_slot(gpu_lane *ln, int s, size_t bytes) { return ensure_mem(&ln->slots[s], bytes); }
 
 // Makes streams 1 .. nslots - 1 wait for what is queued on stream 0 so far: the
 // tables every sub-chunk reads. (The kernels run on non-blocking streams, which
 // would not wait for a copy on the legacy stream, and a pageable-source
 // cudaMemcpy may return before its DMA lands: so the tables go on stream 0.)
-static int share_stream0(gpu_ctx *c, int nslots)
+static int share_stream0(gpu_lane *ln, int nslots)
 {
     if (nslots < 2)
         return NF4_OK;
     cudaEvent_t ready;
     cudaCheck(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    cudaError_t err = cudaEventRecord(ready, c->streams[0]);
+    cudaError_t err = cudaEventRecord(ready, ln->streams[0]);
     for (int s = 1; s < nslots && err == cudaSuccess; s++)
-        err = cudaStreamWaitEvent(c->streams[s], ready, 0);
+        err = cudaStreamWaitEvent(ln->streams[s], ready, 0);
     cudaEventDestroy(ready);
     cudaCheck(err);
     return NF4_OK;
 }
 
-static int upload_code_table(gpu_ctx *c, const float *code)
+static int upload_code_table(gpu_lane *ln, const float *code)
 {
-    cudaCheck(cudaMemcpyAsync(c->d_code, code, NESTED_CODE_ENTRIES * sizeof(float), cudaMemcpyHostToDevice,
-                              c->streams[0]));
+    cudaCheck(cudaMemcpyAsync(ln->d_code, code, NESTED_CODE_ENTRIES * sizeof(float), cudaMemcpyHostToDevice,
+                              ln->streams[0]));
     return NF4_OK;
 }
 
 // Queues the packed data and scales of elements [start, start + cnt) of a 4-bit
 // job into slot memory `mem` (layout L) on `st`, and points d at them.
-static int upload_quant(gpu_ctx *c, const dequant_job *j, uint64_t start, uint64_t cnt, char *mem,
+static int upload_quant(gpu_lane *ln, const dequant_job *j, uint64_t start, uint64_t cnt, char *mem,
                         const slot_layout &L, cudaStream_t st, dev_job *d)
 {
     const uint64_t blk0 = start / j->blocksize, blocks = CEIL_DIV(cnt, (uint64_t)j->blocksize);
@@ -223,7 +257,7 @@ static int upload_quant(gpu_ctx *c, const dequant_job *j, uint64_t start, uint64
         const uint64_t nb0 = blk0 / j->nested_blocksize, nbs = CEIL_DIV(blocks, (uint64_t)j->nested_blocksize);
         d->absmax_code = (const uint8_t *)(mem + L.codes);
         d->nested_absmax = (const float *)(mem + L.scales);
-        d->nested_code = c->d_code;
+        d->nested_code = ln->d_code;
         cudaCheck(cudaMemcpyAsync(mem + L.codes, j->absmax_code + blk0, blocks, cudaMemcpyHostToDevice, st));
         cudaCheck(cudaMemcpyAsync(mem + L.scales, j->nested_absmax + nb0, nbs * sizeof(float),
                                   cudaMemcpyHostToDevice, st));
@@ -262,36 +296,36 @@ static double quant_bytes_per_element(const dequant_job *j, size_t osz)
     return 0.5 + (double)osz + (j->absmax_code ? 1.0 : 4.0) / j->blocksize;
 }
 
-static int run_pipeline(gpu_ctx *c, const dequant_job *j, unsigned variant, launch_cfg cfg)
+static int run_pipeline(gpu_ctx *c, gpu_lane *ln, const dequant_job *j, unsigned variant, launch_cfg cfg)
 {
     const bool nested = j->absmax_code != NULL;
     const size_t osz = out_size(j->out_dtype);
     const uint64_t sub_n =
-        subchunk_elements(c, c->budget, quant_bytes_per_element(j, osz), quant_granule(j), j->n);
+        subchunk_elements(c, lane_budget(c), quant_bytes_per_element(j, osz), quant_granule(j), j->n);
 
     slot_layout L = layout_for(j, sub_n);
     int nslots = sub_n < j->n ? NUM_STREAMS : 1;
     for (int s = 0; s < nslots; s++) {
-        int rc = ensure_slot(c, s, L.total);
+        int rc = ensure_slot(ln, s, L.total);
         if (rc)
             return rc;
     }
     if (nested) {
-        int rc = upload_code_table(c, j->nested_code);
+        int rc = upload_code_table(ln, j->nested_code);
         if (rc == NF4_OK)
-            rc = share_stream0(c, nslots);
+            rc = share_stream0(ln, nslots);
         if (rc)
             return rc;
     }
 
-    c->last_subchunks = 0;
+    ln->last_subchunks = 0;
     for (uint64_t start = 0, i = 0; start < j->n; start += sub_n, i++) {
         const int s = (int)(i % nslots);
-        cudaStream_t st = c->streams[s];
-        char *mem = (char *)c->slots[s].mem;
+        cudaStream_t st = ln->streams[s];
+        char *mem = (char *)ln->slots[s].mem;
         const uint64_t cnt = j->n - start < sub_n ? j->n - start : sub_n;
         dev_job d;
-        int rc = upload_quant(c, j, start, cnt, mem, L, st, &d);
+        int rc = upload_quant(ln, j, start, cnt, mem, L, st, &d);
         if (rc)
             return rc;
         // Poison the device output first: an element the kernel failed to write
@@ -302,15 +336,15 @@ static int run_pipeline(gpu_ctx *c, const dequant_job *j, unsigned variant, laun
             return rc;
         cudaCheck(cudaMemcpyAsync((char *)j->out + start * osz, mem + L.out, cnt * osz,
                                   cudaMemcpyDeviceToHost, st));
-        c->last_subchunks++;
+        ln->last_subchunks++;
     }
     for (int s = 0; s < nslots; s++)
-        cudaCheck(cudaStreamSynchronize(c->streams[s]));
+        cudaCheck(cudaStreamSynchronize(ln->streams[s]));
     return NF4_OK;
 }
 
-extern "C" int gpu_dequant_ex(struct gpu_ctx *c, const struct dequant_job *j, unsigned variant, int ept,
-                              int threads)
+static int dequant_on(struct gpu_ctx *c, gpu_lane *ln, const struct dequant_job *j, unsigned variant, int ept,
+                      int threads)
 {
     if (j->n == 0)
         return NF4_OK;
@@ -324,27 +358,38 @@ extern "C" int gpu_dequant_ex(struct gpu_ctx *c, const struct dequant_job *j, un
         cfg.ept = ept;
     if (threads)
         cfg.threads = threads;
-    int rc = run_pipeline(c, j, variant, cfg);
+    int rc = run_pipeline(c, ln, j, variant, cfg);
     if (rc) {
         // Leave nothing in flight that still reads or writes the caller's buffers.
         for (int s = 0; s < NUM_STREAMS; s++)
-            cudaStreamSynchronize(c->streams[s]);
+            cudaStreamSynchronize(ln->streams[s]);
         cudaGetLastError();
     }
     return rc;
 }
 
+extern "C" int gpu_dequant_ex(struct gpu_ctx *c, const struct dequant_job *j, unsigned variant, int ept,
+                              int threads)
+{
+    return dequant_on(c, &c->lanes[0], j, variant, ept, threads);
+}
+
 extern "C" int gpu_dequant(struct gpu_ctx *c, const struct dequant_job *j)
 {
-    return gpu_dequant_ex(c, j, 0, 0, 0);
+    return dequant_on(c, &c->lanes[0], j, 0, 0, 0);
+}
+
+extern "C" int gpu_dequant_lane(struct gpu_ctx *c, int lane, const struct dequant_job *j)
+{
+    return dequant_on(c, &c->lanes[lane % c->nlanes], j, 0, 0, 0);
 }
 
 // ---- LoRA merge ------------------------------------------------------------------
-// The chunk's factors go to the device once (c->factors, with the overflow counter
+// The chunk's factors go to the device once (ln->factors, with the overflow counter
 // in front); the base's data goes in sub-chunks over the two streams, as for a
 // dequantization, each merged by one fused launch and copied back.
 
-static int run_merge(gpu_ctx *c, const dequant_job *dq, const merge_job *mj, uint64_t *overflowed)
+static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merge_job *mj, uint64_t *overflowed)
 {
     // Factors: counter, then per adapter L then R, each 256-aligned.
     size_t foff[LORA_MAX_ADAPTERS][2], ftotal = 256;
@@ -354,13 +399,13 @@ static int run_merge(gpu_ctx *c, const dequant_job *dq, const merge_job *mj, uin
         foff[t][1] = ftotal;
         ftotal += align256((size_t)mj->f[t].rank * mj->cols * sizeof(float));
     }
-    if (ftotal >= c->budget / 2)
+    if (ftotal >= lane_budget(c) / 2)
         return nf4_fail(NF4_EUSAGE, NULL, NULL, "--gpu-mem is too small for the LoRA factors of this tensor "
                         "(%zu MiB)", (ftotal >> 20) + 1);
     const size_t wsz = dq ? 0 : out_size(mj->w_dtype), osz = out_size(mj->out_dtype);
     const uint64_t granule = dq ? quant_granule(dq) : 1;
     const double per_elem = dq ? quant_bytes_per_element(dq, osz) : (double)(wsz + osz);
-    const uint64_t sub_n = subchunk_elements(c, c->budget - ftotal, per_elem, granule, mj->n);
+    const uint64_t sub_n = subchunk_elements(c, lane_budget(c) - ftotal, per_elem, granule, mj->n);
     const int nslots = sub_n < mj->n ? NUM_STREAMS : 1;
     slot_layout L;
     if (dq) {
@@ -372,38 +417,38 @@ static int run_merge(gpu_ctx *c, const dequant_job *dq, const merge_job *mj, uin
         L.out = align256(sub_n * wsz);
         L.total = L.out + align256(sub_n * osz);
     }
-    int rc = ensure_mem(&c->factors, ftotal);
+    int rc = ensure_mem(&ln->factors, ftotal);
     for (int s = 0; s < nslots && rc == NF4_OK; s++)
-        rc = ensure_slot(c, s, L.total);
+        rc = ensure_slot(ln, s, L.total);
     if (rc)
         return rc;
 
-    char *fmem = (char *)c->factors.mem;
+    char *fmem = (char *)ln->factors.mem;
     unsigned long long *d_over = (unsigned long long *)fmem;
-    cudaCheck(cudaMemsetAsync(d_over, 0, sizeof *d_over, c->streams[0]));
+    cudaCheck(cudaMemsetAsync(d_over, 0, sizeof *d_over, ln->streams[0]));
     for (size_t t = 0; t < mj->nfactors; t++) {
         cudaCheck(cudaMemcpyAsync(fmem + foff[t][0], mj->f[t].l, mj->f[t].l_floats * sizeof(float),
-                                  cudaMemcpyHostToDevice, c->streams[0]));
+                                  cudaMemcpyHostToDevice, ln->streams[0]));
         cudaCheck(cudaMemcpyAsync(fmem + foff[t][1], mj->f[t].r, (size_t)mj->f[t].rank * mj->cols * sizeof(float),
-                                  cudaMemcpyHostToDevice, c->streams[0]));
+                                  cudaMemcpyHostToDevice, ln->streams[0]));
     }
     if (dq && dq->absmax_code)
-        rc = upload_code_table(c, dq->nested_code);
+        rc = upload_code_table(ln, dq->nested_code);
     if (rc == NF4_OK)
-        rc = share_stream0(c, nslots);
+        rc = share_stream0(ln, nslots);
     if (rc)
         return rc;
 
-    c->last_subchunks = 0;
+    ln->last_subchunks = 0;
     for (uint64_t start = 0, i = 0; start < mj->n; start += sub_n, i++) {
         const int s = (int)(i % nslots);
-        cudaStream_t st = c->streams[s];
-        char *mem = (char *)c->slots[s].mem;
+        cudaStream_t st = ln->streams[s];
+        char *mem = (char *)ln->slots[s].mem;
         const uint64_t cnt = mj->n - start < sub_n ? mj->n - start : sub_n;
         dev_merge m;
         memset(&m, 0, sizeof m);
         if (dq) {
-            if ((rc = upload_quant(c, dq, start, cnt, mem, L, st, &m.dq)) != NF4_OK)
+            if ((rc = upload_quant(ln, dq, start, cnt, mem, L, st, &m.dq)) != NF4_OK)
                 return rc;
         } else {
             m.w = mem + L.packed;
@@ -428,18 +473,18 @@ static int run_merge(gpu_ctx *c, const dequant_job *dq, const merge_job *mj, uin
         if ((rc = nf4_launch_merge(&m, st)) != NF4_OK)
             return rc;
         cudaCheck(cudaMemcpyAsync((char *)mj->out + start * osz, mem + L.out, cnt * osz, cudaMemcpyDeviceToHost, st));
-        c->last_subchunks++;
+        ln->last_subchunks++;
     }
     unsigned long long over = 0;
-    cudaCheck(cudaMemcpyAsync(&over, d_over, sizeof over, cudaMemcpyDeviceToHost, c->streams[nslots - 1]));
+    cudaCheck(cudaMemcpyAsync(&over, d_over, sizeof over, cudaMemcpyDeviceToHost, ln->streams[nslots - 1]));
     for (int s = 0; s < nslots; s++)
-        cudaCheck(cudaStreamSynchronize(c->streams[s]));
+        cudaCheck(cudaStreamSynchronize(ln->streams[s]));
     *overflowed = over;
     return NF4_OK;
 }
 
-extern "C" int gpu_merge(struct gpu_ctx *c, const struct dequant_job *dq, const struct merge_job *mj,
-                         uint64_t *overflowed)
+static int merge_on(struct gpu_ctx *c, gpu_lane *ln, const struct dequant_job *dq, const struct merge_job *mj,
+                    uint64_t *overflowed)
 {
     *overflowed = 0;
     if (mj->n == 0)
@@ -450,11 +495,23 @@ extern "C" int gpu_merge(struct gpu_ctx *c, const struct dequant_job *dq, const 
                (dq->absmax_code && !is_pow2(dq->nested_blocksize))))
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad blocksize %u", dq->blocksize);
     cudaCheck(cudaSetDevice(c->device));
-    int rc = run_merge(c, dq, mj, overflowed);
+    int rc = run_merge(c, ln, dq, mj, overflowed);
     if (rc) {
         for (int s = 0; s < NUM_STREAMS; s++)
-            cudaStreamSynchronize(c->streams[s]);
+            cudaStreamSynchronize(ln->streams[s]);
         cudaGetLastError();
     }
     return rc;
+}
+
+extern "C" int gpu_merge(struct gpu_ctx *c, const struct dequant_job *dq, const struct merge_job *mj,
+                         uint64_t *overflowed)
+{
+    return merge_on(c, &c->lanes[0], dq, mj, overflowed);
+}
+
+extern "C" int gpu_merge_lane(struct gpu_ctx *c, int lane, const struct dequant_job *dq, const struct merge_job *mj,
+                              uint64_t *overflowed)
+{
+    return merge_on(c, &c->lanes[lane % c->nlanes], dq, mj, overflowed);
 }

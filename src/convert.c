@@ -15,7 +15,7 @@
 #include "bnb_state.h"
 #include "cpu_path.h"
 #include "fileio.h"
-#include "gpu.h"
+#include "gpu_start.h"
 #include "lora.h"
 #include "model.h"
 #include "model_dir.h"
@@ -34,7 +34,7 @@ struct ctx {
     const struct convert_opts *opts;
     struct lora_set *lora;
     struct convert_stats *stats;
-    struct gpu_ctx *gpu;
+    struct gpu_start *gpu_start; /* NULL: the CPU only */
     int threads;
     struct pipeline *pipeline;
     struct progress progress;
@@ -146,6 +146,17 @@ static int online_cores(void)
 
 static int open_device(struct ctx *c);
 
+/* Without --threads: every core for merges, whose arithmetic is the limit;
+ * for plain conversions at most PLAIN_THREADS. Four vector-kernel threads
+ * outrun any writer, and more only evict the chunks that wait to be written
+ * from the caches (measured: docs/PERFORMANCE.md). */
+#define PLAIN_THREADS 4
+static int default_threads(const struct ctx *c)
+{
+    int cores = online_cores();
+    return c->lora || cores < PLAIN_THREADS ? cores : PLAIN_THREADS;
+}
+
 /* Opens the device and the pipeline; `tensors` and `bytes` size the progress line. */
 static int open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_t bytes)
 {
@@ -153,42 +164,30 @@ static int open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_
     if (code != NF4_OK)
         return code;
     uint64_t mem = c->opts->mem ? c->opts->mem : DEFAULT_MEM_BYTES;
-    code = pipeline_create(&c->pipeline, out, c->gpu, c->threads, mem, c->opts->chunk_elements, c->stats,
-                           &c->progress);
+    struct pipeline_opts po = {
+        .threads = c->threads,
+        .mem_bytes = mem,
+        .max_chunk_elements = c->opts->chunk_elements,
+        .merging = c->lora != NULL,
+        .gpu_start = c->gpu_start,
+        .require_gpu = c->opts->device == DEVICE_CUDA,
+    };
+    code = pipeline_create(&c->pipeline, out, &po, c->stats, &c->progress);
     if (code == NF4_OK)
         progress_start(&c->progress, c->opts->progress, tensors, bytes);
     return code;
 }
 
+/* The CPU, or the GPU opened on a thread of its own while the pipeline starts
+ * on the CPU (see pipeline.h): the fixed cost of starting CUDA never delays
+ * the conversion. */
 static int open_device(struct ctx *c)
 {
     const struct convert_opts *o = c->opts;
-    c->threads = o->threads > 0 ? o->threads : online_cores();
-    if (o->device != DEVICE_CPU) {
-        int count = gpu_device_count();
-        if (count > 0) {
-            int code = gpu_open(&c->gpu, 0, o->gpu_mem);
-            if (code == NF4_OK) {
-                snprintf(c->stats->engine, sizeof c->stats->engine, "%s", gpu_name(c->gpu));
-                return NF4_OK;
-            }
-            c->gpu = NULL;
-            if (o->device == DEVICE_CUDA)
-                return code;
-            nf4_warn("cannot use the GPU (%s); converting on the CPU", nf4_last_error());
-            nf4_clear_error();
-        } else if (o->device == DEVICE_CUDA) {
-            /* gpu_open says why (no driver, no device, or a build without CUDA). */
-            int code = gpu_open(&c->gpu, 0, o->gpu_mem);
-            c->gpu = NULL;
-            return code != NF4_OK ? code : nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, "no CUDA device found");
-        } else {
-            nf4_warn("no CUDA device found; converting on the CPU with %d threads", c->threads);
-        }
-    }
-    snprintf(c->stats->engine, sizeof c->stats->engine, "CPU (%d thread%s, %s)", c->threads,
-             c->threads == 1 ? "" : "s", cpu_path_name(cpu_path_active()));
-    return NF4_OK;
+    c->threads = o->threads > 0 ? o->threads : default_threads(c);
+    if (o->device == DEVICE_CPU)
+        return NF4_OK;
+    return gpu_start_begin(&c->gpu_start, o->gpu_mem);
 }
 
 static void close_engine(struct ctx *c)
@@ -198,9 +197,8 @@ static void close_engine(struct ctx *c)
         progress_finish(&c->progress);
     }
     c->pipeline = NULL;
-    if (c->gpu)
-        gpu_close(c->gpu);
-    c->gpu = NULL;
+    gpu_start_free(c->gpu_start); /* waits for a start still under way */
+    c->gpu_start = NULL;
 }
 
 /* ---- file and directory conversions ---- */

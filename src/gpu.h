@@ -27,12 +27,28 @@ uint64_t gpu_mem_budget(const struct gpu_ctx *ctx);
  * Falls back to plain malloc'd memory if pinning fails; free with gpu_host_free. */
 void *gpu_host_alloc(struct gpu_ctx *ctx, size_t bytes);
 void gpu_host_free(struct gpu_ctx *ctx, void *p);
+/* Page-locks memory the caller allocated (page-aligned), for the same speed;
+ * returns 0, or -1 when it stays pageable (still usable, slower). Undo with
+ * gpu_host_unregister before freeing it. */
+int gpu_host_register(struct gpu_ctx *ctx, void *p, size_t bytes);
+void gpu_host_unregister(struct gpu_ctx *ctx, void *p);
 
 /* Dequantizes a job whose pointers are HOST memory (ideally from gpu_host_alloc):
  * copies inputs in, runs the fused kernel, copies the result to job->out. Splits
  * the job into sub-chunks that fit the budget and overlaps copy-in, kernel and
  * copy-out between them. Returns NF4_OK or an NF4_* code with nf4_fail() set. */
 int gpu_dequant(struct gpu_ctx *ctx, const struct dequant_job *host_job);
+
+/* Lanes: what one job in flight needs on the device (streams, buffers). With
+ * n lanes (1 to 4; 1 after gpu_open), n host threads may each run a job at
+ * once on a lane of their own, and the device overlaps one's copy-in with
+ * another's kernel and copy-out. The budget is shared among the lanes.
+ * Returns the lanes now in use. Call it with no job in flight. */
+int gpu_use_lanes(struct gpu_ctx *ctx, int lanes);
+/* gpu_dequant and gpu_merge on lane `lane` (taken modulo the lanes in use):
+ * safe while other threads use the other lanes; gpu_dequant and gpu_merge use
+ * lane 0. */
+int gpu_dequant_lane(struct gpu_ctx *ctx, int lane, const struct dequant_job *host_job);
 
 struct merge_job;
 /* Merges LoRA deltas into a chunk with the fused kernel (cuda/merge_kernel.cuh):
@@ -42,5 +58,7 @@ struct merge_job;
  * the result lands in mj->out. *overflowed: finite values that became
  * infinite. Returns NF4_OK or an NF4_* code with nf4_fail() set. */
 int gpu_merge(struct gpu_ctx *ctx, const struct dequant_job *dq, const struct merge_job *mj, uint64_t *overflowed);
+int gpu_merge_lane(struct gpu_ctx *ctx, int lane, const struct dequant_job *dq, const struct merge_job *mj,
+                   uint64_t *overflowed);
 
 #endif

@@ -54,6 +54,40 @@ void gpu_host_free(struct gpu_ctx *ctx, void *p)
     free(p);
 }
 
+int gpu_host_register(struct gpu_ctx *ctx, void *p, size_t bytes)
+{
+    (void)ctx;
+    (void)p;
+    (void)bytes;
+    return -1;
+}
+
+void gpu_host_unregister(struct gpu_ctx *ctx, void *p)
+{
+    (void)ctx;
+    (void)p;
+}
+
+int gpu_use_lanes(struct gpu_ctx *ctx, int lanes)
+{
+    (void)ctx;
+    (void)lanes;
+    return 1;
+}
+
+int gpu_dequant_lane(struct gpu_ctx *ctx, int lane, const struct dequant_job *host_job)
+{
+    (void)lane;
+    return gpu_dequant(ctx, host_job);
+}
+
+int gpu_merge_lane(struct gpu_ctx *ctx, int lane, const struct dequant_job *dq, const struct merge_job *mj,
+                   uint64_t *overflowed)
+{
+    (void)lane;
+    return gpu_merge(ctx, dq, mj, overflowed);
+}
+
 int gpu_dequant(struct gpu_ctx *ctx, const struct dequant_job *host_job)
 {
     (void)ctx;

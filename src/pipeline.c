@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_path.h"
 #include "dequant.h"
 #include "fpconv.h"
 #include "gpu.h"
+#include "gpu_start.h"
 #include "lora_merge.h"
 #include "status.h"
 
@@ -23,21 +25,28 @@ struct part {
     const struct out_item *it;
     void *in, *out; /* the same for copies */
     uint64_t count; /* elements */
+    uint64_t overflowed;
 };
 
 #define BATCH_MAX_PARTS 1024
-/* Tensors whose input and output take at most 1/BATCH_SHARE of a slot are batched. */
+/* Tensors whose input and output take at most 1/BATCH_SHARE of a chunk are batched. */
 #define BATCH_SHARE 8
-enum slot_state { SLOT_FREE, SLOT_FILLED, SLOT_COMPUTED };
 
-/* One chunk of one output tensor. */
+/* FREE: the writer is done with it. CLAIMED: a worker is reading and computing
+ * chunk `seq` in it. DONE: chunk `seq` is ready for the writer. */
+enum slot_state { SLOT_FREE, SLOT_CLAIMED, SLOT_DONE };
+
+/* One chunk of one output tensor, or a batch of whole small tensors: planned
+ * under the lock, then read and computed by one worker without it. */
 struct task {
     const struct out_item *it;
     enum task_kind kind;
+    uint64_t pos;      /* first element (byte, for copies) of the chunk */
     void *in, *out;
     uint64_t count;    /* elements (cast), or bytes (copy) */
     size_t out_len;    /* bytes to write */
     int ends_tensor;
+    uint64_t overflowed; /* finite values of this chunk that became infinite */
     struct part *parts; /* TASK_BATCH: whole tensors, outputs back to back from `out` */
     int nparts;
     struct dequant_job job;
@@ -48,32 +57,66 @@ struct task {
 struct slot {
     unsigned char *arena;
     enum slot_state state;
+    uint64_t seq;
     struct task task;
     struct part *parts; /* BATCH_MAX_PARTS */
 };
 
+/* Where the planner is: the next item in writer order, and the next chunk in it. */
+struct plan_cursor {
+    size_t item;       /* index in writer order */
+    uint64_t pos;      /* elements (bytes, for copies) of it already planned */
+    uint64_t total, chunk;
+    enum task_kind kind;
+    int started;       /* total, chunk and kind are set for `item` */
+};
+
+/* OFF: the CPU computes every chunk. STARTING: the GPU is being opened, the
+ * CPU computes meanwhile. PINNING: it is open, and a worker is page-locking
+ * the slots for fast transfers. ON: chunks go through the GPU. */
+enum gpu_state { GPU_OFF, GPU_STARTING, GPU_PINNING, GPU_ON };
+
 struct pipeline {
-    struct gpu_ctx *gpu;
+    struct gpu_start *gpu_start;
+    int require_gpu;        /* a GPU that fails to open fails the run */
+    int gpu_only;           /* NF4DEQ_GPU_ONLY=1: no chunk on the CPU while it opens */
+    enum gpu_state gpu_state;
+    struct gpu_ctx *gpu;    /* once ON */
+    int gpu_lanes;          /* chunks through the device at once */
+    pthread_mutex_t lane_mu[PIPELINE_GPU_LANES]; /* one chunk at a time per lane */
+    int slots_pinned;
+    uint64_t chunks_gpu, chunks_cpu; /* dequantized or merged, for the engine line */
     int threads;
+    enum cpu_path cpu_path;
     uint64_t slot_bytes;
-    uint64_t max_chunk; /* elements; caps chunks below what a slot holds (tests use it) */
+    uint64_t max_chunk;   /* elements; caps chunks below what a slot holds (tests use it) */
+    uint64_t chunk_bytes; /* output bytes a chunk aims at */
     struct convert_stats *stats;
     struct progress *progress;
     const char *path; /* the output, for messages */
-    struct slot slots[PIPELINE_SLOTS];
+    int nslots;
+    struct slot *slots;
     pthread_mutex_t mu;
     pthread_cond_t cv;
+    /* the persistent workers */
+    int nworkers;
+    pthread_t *workers;
+    uint64_t run;  /* bumped by each pipeline_write */
+    int busy;      /* workers inside the current run */
+    int quit;
     /* per pipeline_write */
     struct st_writer *wr;
     const struct out_item *items;
     size_t n;
-    uint64_t produced;
-    int reader_done;
+    struct plan_cursor cur;
+    uint64_t planned; /* chunks planned so far: the next one's sequence number */
+    int plan_done;
     int failed, fail_code;
     char fail_msg[1024];
 };
 
 #define ARENA_ALIGN 64u
+#define PAGE_ALIGN 4096u
 
 static size_t align_up(size_t v)
 {
@@ -82,37 +125,15 @@ static size_t align_up(size_t v)
 
 /* ---- failure shared between threads (each thread has its own error buffer) ---- */
 
-static void pipeline_fail(struct pipeline *p, int code)
+/* Records the first failure; called with mu held. */
+static void fail_locked(struct pipeline *p, int code)
 {
-    pthread_mutex_lock(&p->mu);
     if (!p->failed) {
         p->failed = 1;
         p->fail_code = code;
         snprintf(p->fail_msg, sizeof p->fail_msg, "%s", nf4_last_error());
     }
     pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-}
-
-/* Waits until slot `k` reaches `state`, or the run ends or fails. Returns the
- * slot, or NULL when the caller should stop. Called with mu unlocked. */
-static struct slot *wait_slot(struct pipeline *p, uint64_t k, enum slot_state state, int producer)
-{
-    struct slot *s = &p->slots[k % PIPELINE_SLOTS];
-    pthread_mutex_lock(&p->mu);
-    while (!p->failed && s->state != state && (producer || !(p->reader_done && k == p->produced)))
-        pthread_cond_wait(&p->cv, &p->mu);
-    int go = !p->failed && s->state == state;
-    pthread_mutex_unlock(&p->mu);
-    return go ? s : NULL;
-}
-
-static void set_state(struct pipeline *p, struct slot *s, enum slot_state state)
-{
-    pthread_mutex_lock(&p->mu);
-    s->state = state;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
 }
 
 /* ---- chunk planning ---- */
@@ -122,8 +143,18 @@ static unsigned elem_bytes(enum st_dtype dt)
     return dtype_bits(dt) / 8;
 }
 
-/* Largest chunk of a dequantized tensor that fits a slot, in elements. Chunks
- * start where a byte, a block and a nested block all start (see dequant.h). */
+/* The elements of a chunk of `it` that make about chunk_bytes of output, and
+ * no more than the cap tests set: small enough that a chunk is still in cache
+ * when the writer copies it out, and that many chunks keep every worker busy. */
+static uint64_t chunk_cap(const struct pipeline *p, const struct out_item *it)
+{
+    uint64_t target = p->chunk_bytes / elem_bytes(it->out.dtype);
+    return target < p->max_chunk ? target : p->max_chunk;
+}
+
+/* Largest chunk of a dequantized tensor that fits a slot and chunk_cap, in
+ * elements. Chunks start where a byte, a block and a nested block all start
+ * (see dequant.h). */
 static uint64_t dequant_chunk(const struct pipeline *p, const struct out_item *it, uint64_t *align_out)
 {
     const struct bnb_state *s = &it->w->state;
@@ -132,7 +163,8 @@ static uint64_t dequant_chunk(const struct pipeline *p, const struct out_item *i
      * scales per block of >= 32 elements: under one byte besides the output. */
     uint64_t per_element = elem_bytes(it->out.dtype) + 1;
     uint64_t fits = (p->slot_bytes - 4 * ARENA_ALIGN - 16) / per_element;
-    uint64_t chunk = fits < p->max_chunk ? fits : p->max_chunk;
+    uint64_t cap = chunk_cap(p, it);
+    uint64_t chunk = fits < cap ? fits : cap;
     chunk = chunk / align * align;
     if (chunk == 0 && align <= fits)
         chunk = align;
@@ -150,14 +182,17 @@ static uint64_t merge_chunk_bytes(const struct out_item *it, uint64_t n)
     return n * per_element + merge_factor_bytes_max(it->lora, n) + 8 * ARENA_ALIGN + 16;
 }
 
-/* Largest chunk of a merged tensor that fits a slot, in elements: aligned as a
+/* Largest chunk of a merged tensor that fits a slot and chunk_cap (or the
+ * smallest aligned one, where that is more), in elements: aligned as a
  * dequantized chunk when the base is 4-bit, any run of elements otherwise. */
 static uint64_t merge_chunk(const struct pipeline *p, const struct out_item *it, uint64_t *align_out)
 {
     const struct bnb_state *s = it->w ? &it->w->state : NULL;
     uint64_t align = s ? (uint64_t)s->blocksize * (s->nested ? s->nested_blocksize : 1) : 1;
     uint64_t total = s ? s->n : it->src->t->nelem;
-    uint64_t cap = p->max_chunk < total ? p->max_chunk : total;
+    uint64_t cap = chunk_cap(p, it);
+    if (cap > total)
+        cap = total;
     /* The bytes grow with n: the largest fitting multiple of align, by bisection. */
     uint64_t lo = 0, hi = cap / align + 1;
     while (hi - lo > 1) {
@@ -254,160 +289,158 @@ static int fill_merge(struct task *t, unsigned char *arena, const struct out_ite
     return merge_read_factors(mj, it->lora, e0, cnt, arena + at);
 }
 
-/* ---- the three stages ---- */
+/* ---- planning: cutting items into chunks, in writer order, under the lock ---- */
 
-/* Hands a filled slot to the compute stage. */
-static void submit(struct pipeline *p, struct slot *s, uint64_t *k)
+static enum task_kind kind_of(const struct out_item *it)
 {
-    pthread_mutex_lock(&p->mu);
-    s->state = SLOT_FILLED;
-    p->produced = ++*k;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
+    if (it->lora)
+        return TASK_MERGE;
+    if (it->w)
+        return TASK_DEQUANT;
+    return it->src->t->dtype == it->out.dtype ? TASK_COPY : TASK_CAST;
 }
 
-static void *reader_main(void *arg)
+/* Output bytes of a whole copied or cast tensor (dtypes may be sub-byte). */
+static uint64_t out_bytes_of(const struct out_item *it)
 {
-    struct pipeline *p = arg;
-    uint64_t k = 0;
-    /* The open batch: outputs grow from the arena's start without gaps (the
-     * writer's dtype order keeps each one aligned to its element size), cast
-     * inputs from its end. */
-    struct slot *batch = NULL;
-    size_t out_used = 0, in_low = 0;
-    for (size_t i = 0; i < p->n; i++) {
-        const struct out_item *it = &p->items[st_writer_order(p->wr, i)];
-        enum task_kind kind = it->lora ? TASK_MERGE
-                              : it->w  ? TASK_DEQUANT
-                                       : (it->src->t->dtype == it->out.dtype ? TASK_COPY : TASK_CAST);
-        if (kind == TASK_COPY || kind == TASK_CAST) {
-            uint64_t in_bytes = st_tensor_bytes(it->src->t);
-            uint64_t out_bytes = it->src->t->nelem * dtype_bits(it->out.dtype) / 8;
-            size_t in_space = kind == TASK_CAST ? align_up((size_t)in_bytes) : 0;
-            if (in_space + out_bytes <= p->slot_bytes / BATCH_SHARE) {
-                if (batch && (batch->task.nparts == BATCH_MAX_PARTS || out_used + out_bytes + in_space > in_low)) {
-                    submit(p, batch, &k);
-                    batch = NULL;
+    return it->src->t->nelem * dtype_bits(it->out.dtype) / 8;
+}
+
+/* Sets the cursor's total and chunk for the item it is at. */
+static int start_item(const struct pipeline *p, struct plan_cursor *c, const struct out_item *it)
+{
+    c->kind = kind_of(it);
+    if (c->kind == TASK_DEQUANT || c->kind == TASK_MERGE) {
+        uint64_t align;
+        c->total = it->w ? it->w->state.n : it->src->t->nelem;
+        c->chunk = c->kind == TASK_MERGE ? merge_chunk(p, it, &align) : dequant_chunk(p, it, &align);
+        if (c->chunk == 0) {
+            uint64_t need =
+                c->kind == TASK_MERGE ? merge_chunk_bytes(it, align) : align * (elem_bytes(it->out.dtype) + 1);
+            return nf4_fail(NF4_EUSAGE, it->w ? it->w->packed->file->path : it->src->file->path, it->out.name,
+                            "--mem is too small: one chunk of this tensor needs %" PRIu64 " MiB per slot",
+                            (need >> 20) + 1);
+        }
+    } else if (c->kind == TASK_COPY) {
+        c->total = st_tensor_bytes(it->src->t);
+        c->chunk = p->chunk_bytes < p->slot_bytes ? p->chunk_bytes : p->slot_bytes / ARENA_ALIGN * ARENA_ALIGN;
+        if (p->max_chunk < c->chunk / 4)
+            c->chunk = p->max_chunk * 4 < ARENA_ALIGN ? ARENA_ALIGN : p->max_chunk * 4;
+    } else {
+        c->total = it->src->t->nelem;
+        c->chunk = (p->slot_bytes - 2 * ARENA_ALIGN) / (elem_bytes(it->src->t->dtype) + elem_bytes(it->out.dtype));
+        uint64_t cap = chunk_cap(p, it);
+        if (c->chunk > cap)
+            c->chunk = cap;
+    }
+    c->started = 1;
+    return NF4_OK;
+}
+
+/* Adds the whole small copy or cast `it` to the batch planned in `s`, when it
+ * fits. *room_low: where the cast inputs, which grow down from the end of the
+ * batch's share of the arena, begin. Returns whether it was added. */
+static int add_to_batch(struct slot *s, const struct out_item *it, enum task_kind kind, size_t *room_low)
+{
+    struct task *t = &s->task;
+    uint64_t out_bytes = out_bytes_of(it);
+    size_t in_space = kind == TASK_CAST ? align_up((size_t)st_tensor_bytes(it->src->t)) : 0;
+    if (t->nparts == BATCH_MAX_PARTS || t->out_len + out_bytes + in_space > *room_low)
+        return 0;
+    struct part *part = &t->parts[t->nparts++];
+    /* Outputs grow from the arena's start without gaps (the writer's dtype
+     * order keeps each one aligned to its element size). */
+    *part = (struct part){.it = it, .count = it->src->t->nelem, .out = s->arena + t->out_len};
+    if (kind == TASK_CAST) {
+        *room_low -= in_space;
+        part->in = s->arena + *room_low;
+    } else {
+        part->in = part->out;
+    }
+    t->out_len += (size_t)out_bytes;
+    return 1;
+}
+
+/* Plans the next chunk into the free slot `s`, with mu held: one chunk of a
+ * large item, or a batch of whole small ones. *planned: 0 when every item is
+ * planned already. Does no I/O: a worker reads the chunk's input later. */
+static int plan_next(struct pipeline *p, struct slot *s, int *planned)
+{
+    struct plan_cursor *c = &p->cur;
+    struct task *t = &s->task;
+    size_t room_low = 0;
+    *planned = 0;
+    while (c->item < p->n) {
+        const struct out_item *it = &p->items[st_writer_order(p->wr, c->item)];
+        enum task_kind kind = kind_of(it);
+        if (!c->started && (kind == TASK_COPY || kind == TASK_CAST)) {
+            uint64_t in_space = kind == TASK_CAST ? align_up((size_t)st_tensor_bytes(it->src->t)) : 0;
+            uint64_t out_bytes = out_bytes_of(it);
+            if (in_space + out_bytes <= p->chunk_bytes / BATCH_SHARE) {
+                if (!*planned) {
+                    *t = (struct task){.kind = TASK_BATCH, .out = s->arena, .parts = s->parts};
+                    uint64_t share = p->chunk_bytes < p->slot_bytes ? p->chunk_bytes : p->slot_bytes;
+                    room_low = (size_t)share / ARENA_ALIGN * ARENA_ALIGN;
+                    *planned = 1;
                 }
-                if (!batch) {
-                    if (!(batch = wait_slot(p, k, SLOT_FREE, 1)))
-                        goto done;
-                    batch->task = (struct task){.kind = TASK_BATCH, .out = batch->arena, .parts = batch->parts};
-                    out_used = 0;
-                    in_low = (size_t)p->slot_bytes / ARENA_ALIGN * ARENA_ALIGN;
-                }
-                struct part *part = &batch->task.parts[batch->task.nparts++];
-                part->it = it;
-                part->count = it->src->t->nelem;
-                part->out = batch->arena + out_used;
-                if (kind == TASK_CAST) {
-                    in_low -= in_space;
-                    part->in = batch->arena + in_low;
-                } else {
-                    part->in = part->out;
-                }
-                out_used += (size_t)out_bytes;
-                batch->task.out_len = out_used;
-                int code = st_read(it->src->file, it->src->t, 0, part->in, in_bytes);
-                if (code != NF4_OK) {
-                    pipeline_fail(p, code);
-                    goto done;
-                }
+                if (!add_to_batch(s, it, kind, &room_low))
+                    return NF4_OK; /* the batch is full: this item opens the next one */
+                c->item++;
                 continue;
             }
         }
-        if (batch) {
-            submit(p, batch, &k);
-            batch = NULL;
+        if (*planned)
+            return NF4_OK; /* a batch ends where a chunked item begins */
+        if (!c->started) {
+            int code = start_item(p, c, it);
+            if (code != NF4_OK)
+                return code;
         }
-        uint64_t total, chunk;
-        if (kind == TASK_DEQUANT || kind == TASK_MERGE) {
-            uint64_t align;
-            total = it->w ? it->w->state.n : it->src->t->nelem;
-            chunk = kind == TASK_MERGE ? merge_chunk(p, it, &align) : dequant_chunk(p, it, &align);
-            if (chunk == 0) {
-                uint64_t need = kind == TASK_MERGE ? merge_chunk_bytes(it, align) : align * (elem_bytes(it->out.dtype) + 1);
-                int code = nf4_fail(NF4_EUSAGE, it->w ? it->w->packed->file->path : it->src->file->path, it->out.name,
-                                    "--mem is too small: one chunk of this tensor needs %" PRIu64 " MiB per slot",
-                                    (need >> 20) + 1);
-                pipeline_fail(p, code);
-                break;
-            }
-        } else if (kind == TASK_COPY) {
-            total = st_tensor_bytes(it->src->t);
-            chunk = p->slot_bytes / ARENA_ALIGN * ARENA_ALIGN;
-            if (p->max_chunk < chunk / 4)
-                chunk = p->max_chunk * 4 < ARENA_ALIGN ? ARENA_ALIGN : p->max_chunk * 4;
-        } else {
-            total = it->src->t->nelem;
-            chunk = (p->slot_bytes - 2 * ARENA_ALIGN) / (elem_bytes(it->src->t->dtype) + elem_bytes(it->out.dtype));
-            if (chunk > p->max_chunk)
-                chunk = p->max_chunk;
-        }
-        uint64_t pos = 0;
-        do {
-            uint64_t cnt = total - pos < chunk ? total - pos : chunk;
-            struct slot *s = wait_slot(p, k, SLOT_FREE, 1);
-            if (!s)
-                goto done;
-            struct task *t = &s->task;
-            t->it = it;
-            t->kind = kind;
-            t->count = cnt;
-            t->ends_tensor = pos + cnt == total;
-            int code = NF4_OK;
-            size_t used;
-            if (kind == TASK_DEQUANT) {
-                code = fill_dequant(t, s->arena, it, pos, cnt, it->out.dtype, &used);
-            } else if (kind == TASK_MERGE) {
-                code = fill_merge(t, s->arena, it, pos, cnt);
-            } else if (kind == TASK_COPY) {
-                t->in = t->out = s->arena;
-                t->out_len = (size_t)cnt;
-                code = st_read(it->src->file, it->src->t, pos, s->arena, cnt);
-            } else {
-                unsigned in_size = elem_bytes(it->src->t->dtype);
-                t->in = s->arena;
-                t->out = s->arena + align_up((size_t)(cnt * in_size));
-                t->out_len = (size_t)(cnt * elem_bytes(it->out.dtype));
-                code = st_read(it->src->file, it->src->t, pos * in_size, t->in, cnt * in_size);
-            }
-            if (code != NF4_OK) {
-                pipeline_fail(p, code);
-                goto done;
-            }
-            submit(p, s, &k);
-            pos += cnt;
-        } while (pos < total);
+        uint64_t cnt = c->total - c->pos < c->chunk ? c->total - c->pos : c->chunk;
+        *t = (struct task){.it = it, .kind = c->kind, .pos = c->pos, .count = cnt,
+                           .ends_tensor = c->pos + cnt == c->total};
+        c->pos += cnt;
+        if (c->pos == c->total)
+            *c = (struct plan_cursor){.item = c->item + 1};
+        *planned = 1;
+        return NF4_OK;
     }
-    if (batch)
-        submit(p, batch, &k);
-done:
-    pthread_mutex_lock(&p->mu);
-    p->reader_done = 1;
-    pthread_cond_broadcast(&p->cv);
-    pthread_mutex_unlock(&p->mu);
-    return NULL;
+    return NF4_OK;
 }
 
-static void *writer_main(void *arg)
+/* ---- reading and computing a chunk: a worker, without the lock ---- */
+
+static int fill(struct slot *s)
 {
-    struct pipeline *p = arg;
-    for (uint64_t k = 0;; k++) {
-        struct slot *s = wait_slot(p, k, SLOT_COMPUTED, 0);
-        if (!s)
-            break;
-        int code = st_writer_write(p->wr, s->task.out, s->task.out_len);
-        if (code != NF4_OK) {
-            pipeline_fail(p, code);
-            break;
+    struct task *t = &s->task;
+    const struct out_item *it = t->it;
+    size_t used;
+    switch (t->kind) {
+    case TASK_BATCH:
+        for (int i = 0; i < t->nparts; i++) {
+            const struct part *part = &t->parts[i];
+            int code = st_read(part->it->src->file, part->it->src->t, 0, part->in, st_tensor_bytes(part->it->src->t));
+            if (code != NF4_OK)
+                return code;
         }
-        if (p->progress)
-            progress_add(p->progress, s->task.out_len,
-                         s->task.kind == TASK_BATCH ? (uint64_t)s->task.nparts : (uint64_t)s->task.ends_tensor);
-        set_state(p, s, SLOT_FREE);
+        return NF4_OK;
+    case TASK_DEQUANT:
+        return fill_dequant(t, s->arena, it, t->pos, t->count, it->out.dtype, &used);
+    case TASK_MERGE:
+        return fill_merge(t, s->arena, it, t->pos, t->count);
+    case TASK_COPY:
+        t->in = t->out = s->arena;
+        t->out_len = (size_t)t->count;
+        return st_read(it->src->file, it->src->t, t->pos, s->arena, t->count);
+    case TASK_CAST: {
+        unsigned in_size = elem_bytes(it->src->t->dtype);
+        t->in = s->arena;
+        t->out = s->arena + align_up((size_t)(t->count * in_size));
+        t->out_len = (size_t)(t->count * elem_bytes(it->out.dtype));
+        return st_read(it->src->file, it->src->t, t->pos * in_size, t->in, t->count * in_size);
     }
-    return NULL;
+    }
+    return NF4_OK;
 }
 
 /* Returns how many finite values became infinite. */
@@ -472,85 +505,282 @@ static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_
     }
 }
 
-static int compute(struct pipeline *p, struct task *t, uint64_t *tensor_overflow)
+/* Computes a filled chunk in place: on the GPU (one chunk at a time through
+ * it), or on this worker's thread with the CPU kernels. */
+static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct task *t)
 {
     const struct out_item *it = t->it;
     int code = NF4_OK;
     switch (t->kind) {
     case TASK_BATCH:
         for (int i = 0; i < t->nparts; i++) {
-            const struct part *part = &t->parts[i];
-            uint64_t overflowed = 0;
+            struct part *part = &t->parts[i];
             if (part->in != part->out)
-                overflowed = cast_elements(part->it->src->t->dtype, part->it->out.dtype, part->in, part->out,
-                                           part->count);
-            finish_tensor(p, part->it, overflowed);
+                part->overflowed = cast_elements(part->it->src->t->dtype, part->it->out.dtype, part->in, part->out,
+                                                 part->count);
         }
-        return NF4_OK;
+        break;
     case TASK_DEQUANT:
-        if (p->gpu)
-            code = gpu_dequant(p->gpu, &t->job);
-        else
-            dequant_cpu(&t->job, p->threads);
+        if (gpu) {
+            pthread_mutex_lock(&p->lane_mu[lane]);
+            code = gpu_dequant_lane(gpu, lane, &t->job);
+            pthread_mutex_unlock(&p->lane_mu[lane]);
+        } else {
+            dequant_cpu_path(&t->job, 1, p->cpu_path);
+        }
         break;
     case TASK_MERGE:
-        if (p->gpu && t->merge.w_dtype != DT_F64) {
+        if (gpu && t->merge.w_dtype != DT_F64) {
             /* One fused kernel: the dequantized base never leaves the device. */
-            uint64_t overflowed = 0;
-            code = gpu_merge(p->gpu, it->w ? &t->job : NULL, &t->merge, &overflowed);
-            *tensor_overflow += overflowed;
+            pthread_mutex_lock(&p->lane_mu[lane]);
+            code = gpu_merge_lane(gpu, lane, it->w ? &t->job : NULL, &t->merge, &t->overflowed);
+            pthread_mutex_unlock(&p->lane_mu[lane]);
         } else {
             if (it->w)
-                dequant_cpu(&t->job, p->threads);
-            *tensor_overflow += merge_cpu(&t->merge, p->threads);
+                dequant_cpu_path(&t->job, 1, p->cpu_path);
+            t->overflowed = merge_cpu(&t->merge, 1);
         }
         break;
     case TASK_CAST:
-        *tensor_overflow += cast_elements(it->src->t->dtype, it->out.dtype, t->in, t->out, t->count);
+        t->overflowed = cast_elements(it->src->t->dtype, it->out.dtype, t->in, t->out, t->count);
         break;
     case TASK_COPY:
         break;
     }
-    if (t->ends_tensor) {
-        finish_tensor(p, it, *tensor_overflow);
-        *tensor_overflow = 0;
-    }
     return code;
+}
+
+/* ---- the engine: the CPU, and the GPU from the moment it is open ---- */
+
+/* The GPU did not open: the run fails when it asked for the GPU, else it goes
+ * on with the CPU and says so once. With mu held. */
+static void gpu_failed_locked(struct pipeline *p, int code)
+{
+    p->gpu_state = GPU_OFF;
+    if (p->require_gpu) {
+        fail_locked(p, code);
+    } else if (!gpu_start_found_device(p->gpu_start)) {
+        nf4_warn("no CUDA device found; converting on the CPU with %d threads", p->threads);
+    } else {
+        nf4_warn("cannot use the GPU (%s); converting on the CPU", nf4_last_error());
+    }
+    nf4_clear_error();
+}
+
+/* Page-locks every slot, so copies to and from the device run at full speed
+ * and asynchronously (a slot that cannot be locked still works, slower), and
+ * opens a lane per worker, up to PIPELINE_GPU_LANES. */
+static void pin_slots(struct pipeline *p, struct gpu_ctx *gpu)
+{
+    p->gpu_lanes = gpu_use_lanes(gpu, p->nworkers < PIPELINE_GPU_LANES ? p->nworkers : PIPELINE_GPU_LANES);
+    for (int i = 0; i < p->nslots; i++)
+        gpu_host_register(gpu, p->slots[i].arena, (size_t)p->slot_bytes);
+    p->slots_pinned = 1;
+}
+
+/* The device to compute the next chunk on, or NULL for this worker's core.
+ * Called with mu held; the first worker to find the GPU open pins the slots
+ * (without the lock), and the others stay on the CPU until it is done. */
+static struct gpu_ctx *engine_for_chunk(struct pipeline *p)
+{
+    if (p->gpu_only && p->gpu_state == GPU_STARTING) {
+        pthread_mutex_unlock(&p->mu);
+        int ignored;
+        gpu_start_wait(p->gpu_start, &ignored); /* polled again below, with the lock */
+        nf4_clear_error();
+        pthread_mutex_lock(&p->mu);
+    }
+    if (p->gpu_state == GPU_STARTING) {
+        int code;
+        enum gpu_start_state st = gpu_start_poll(p->gpu_start, &code);
+        if (st == GPU_START_FAILED) {
+            gpu_failed_locked(p, code);
+        } else if (st == GPU_START_READY) {
+            struct gpu_ctx *gpu = gpu_start_ctx(p->gpu_start);
+            p->gpu_state = GPU_PINNING;
+            pthread_mutex_unlock(&p->mu);
+            pin_slots(p, gpu);
+            pthread_mutex_lock(&p->mu);
+            p->gpu = gpu;
+            p->gpu_state = GPU_ON;
+            pthread_cond_broadcast(&p->cv);
+        }
+    }
+    while (p->gpu_only && p->gpu_state == GPU_PINNING)
+        pthread_cond_wait(&p->cv, &p->mu);
+    return p->gpu_state == GPU_ON ? p->gpu : NULL;
+}
+
+/* Settles a start still under way when a file's chunks are all written: a run
+ * that asked for the GPU must know it exists before its output is renamed
+ * into place. With mu held and no worker busy. */
+static void settle_gpu_locked(struct pipeline *p)
+{
+    if (p->gpu_state != GPU_STARTING)
+        return;
+    int code;
+    if (gpu_start_wait(p->gpu_start, &code) == GPU_START_FAILED)
+        gpu_failed_locked(p, code);
+}
+
+/* The engine line: the device, and the CPU's share while it started. */
+static void describe_engine(const struct pipeline *p)
+{
+    char cpu[96];
+    snprintf(cpu, sizeof cpu, "CPU (%d thread%s, %s)", p->threads, p->threads == 1 ? "" : "s",
+             cpu_path_name(p->cpu_path));
+    struct convert_stats *st = p->stats;
+    if (p->gpu_state == GPU_OFF)
+        snprintf(st->engine, sizeof st->engine, "%s", cpu);
+    else if (p->chunks_cpu == 0)
+        snprintf(st->engine, sizeof st->engine, "%s", gpu_name(gpu_start_ctx(p->gpu_start)));
+    else
+        snprintf(st->engine, sizeof st->engine, "%s; the %s did %" PRIu64 " of %" PRIu64 " chunks while it started",
+                 gpu_name(gpu_start_ctx(p->gpu_start)), cpu, p->chunks_cpu, p->chunks_cpu + p->chunks_gpu);
+}
+
+/* ---- the workers and the writer ---- */
+
+/* One run of a worker: claim the next free slot in order, plan a chunk into
+ * it, then read and compute it without the lock; until every chunk is planned
+ * or the run fails. Called with mu held. */
+static void work_run(struct pipeline *p)
+{
+    for (;;) {
+        struct slot *s = &p->slots[p->planned % (uint64_t)p->nslots];
+        while (!p->failed && !p->plan_done && s->state != SLOT_FREE) {
+            pthread_cond_wait(&p->cv, &p->mu);
+            s = &p->slots[p->planned % (uint64_t)p->nslots];
+        }
+        if (p->failed || p->plan_done)
+            return;
+        int planned;
+        int code = plan_next(p, s, &planned);
+        if (code != NF4_OK) {
+            fail_locked(p, code);
+            return;
+        }
+        if (!planned) {
+            p->plan_done = 1;
+            pthread_cond_broadcast(&p->cv);
+            return;
+        }
+        s->state = SLOT_CLAIMED;
+        s->seq = p->planned++;
+        struct gpu_ctx *gpu = engine_for_chunk(p);
+        /* Consecutive chunks take turns on the lanes. */
+        int lane = gpu ? (int)(s->seq % (uint64_t)p->gpu_lanes) : 0;
+        pthread_mutex_unlock(&p->mu);
+        code = fill(s);
+        if (code == NF4_OK)
+            code = compute(p, gpu, lane, &s->task);
+        pthread_mutex_lock(&p->mu);
+        if (s->task.kind == TASK_DEQUANT || s->task.kind == TASK_MERGE)
+            *(gpu ? &p->chunks_gpu : &p->chunks_cpu) += 1;
+        if (code != NF4_OK)
+            fail_locked(p, code);
+        s->state = SLOT_DONE;
+        pthread_cond_broadcast(&p->cv);
+    }
+}
+
+static void *worker_main(void *arg)
+{
+    struct pipeline *p = arg;
+    uint64_t seen = 0;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        while (!p->quit && p->run == seen)
+            pthread_cond_wait(&p->cv, &p->mu);
+        if (p->quit)
+            break;
+        seen = p->run;
+        p->busy++;
+        work_run(p);
+        p->busy--;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+/* The writer (the calling thread): appends chunk after chunk in sequence, and
+ * counts each tensor, with the overflows of all its chunks, once its last
+ * chunk is written. */
+static int write_in_order(struct pipeline *p)
+{
+    uint64_t tensor_overflow = 0;
+    for (uint64_t k = 0;; k++) {
+        struct slot *s = &p->slots[k % (uint64_t)p->nslots];
+        pthread_mutex_lock(&p->mu);
+        while (!p->failed && !(s->state == SLOT_DONE && s->seq == k) && !(p->plan_done && k == p->planned))
+            pthread_cond_wait(&p->cv, &p->mu);
+        int go = !p->failed && s->state == SLOT_DONE && s->seq == k;
+        pthread_mutex_unlock(&p->mu);
+        if (!go)
+            break;
+        struct task *t = &s->task;
+        int code = st_writer_write(p->wr, t->out, t->out_len);
+        if (code != NF4_OK) {
+            pthread_mutex_lock(&p->mu);
+            fail_locked(p, code);
+            pthread_mutex_unlock(&p->mu);
+            break;
+        }
+        if (t->kind == TASK_BATCH) {
+            for (int i = 0; i < t->nparts; i++)
+                finish_tensor(p, t->parts[i].it, t->parts[i].overflowed);
+        } else {
+            tensor_overflow += t->overflowed;
+            if (t->ends_tensor) {
+                finish_tensor(p, t->it, tensor_overflow);
+                tensor_overflow = 0;
+            }
+        }
+        if (p->progress)
+            progress_add(p->progress, t->out_len,
+                         t->kind == TASK_BATCH ? (uint64_t)t->nparts : (uint64_t)t->ends_tensor);
+        pthread_mutex_lock(&p->mu);
+        s->state = SLOT_FREE;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    pthread_mutex_lock(&p->mu);
+    int failed = p->failed;
+    pthread_mutex_unlock(&p->mu);
+    return failed ? p->fail_code : NF4_OK;
 }
 
 int pipeline_write(struct pipeline *p, struct st_writer *wr, const struct out_item *items, size_t n)
 {
+    pthread_mutex_lock(&p->mu);
     p->wr = wr;
     p->items = items;
     p->n = n;
-    p->produced = 0;
-    p->reader_done = 0;
+    p->cur = (struct plan_cursor){0};
+    p->planned = 0;
+    p->plan_done = 0;
     p->failed = 0;
-    for (int i = 0; i < PIPELINE_SLOTS; i++)
+    for (int i = 0; i < p->nslots; i++)
         p->slots[i].state = SLOT_FREE;
-    pthread_t reader, writer;
-    if (pthread_create(&reader, NULL, reader_main, p) != 0)
-        return nf4_fail(NF4_ESOFTWARE, p->path, NULL, "cannot start the reader thread");
-    if (pthread_create(&writer, NULL, writer_main, p) != 0) {
-        pipeline_fail(p, nf4_fail(NF4_ESOFTWARE, p->path, NULL, "cannot start the writer thread"));
-        pthread_join(reader, NULL);
-        return p->fail_code;
+    p->run++;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    int code = write_in_order(p);
+    /* The workers may still be reading or computing chunks of a failed run:
+     * they touch the caller's items and files until they leave it. */
+    pthread_mutex_lock(&p->mu);
+    p->plan_done = 1;
+    pthread_cond_broadcast(&p->cv);
+    while (p->busy > 0)
+        pthread_cond_wait(&p->cv, &p->mu);
+    if (code == NF4_OK) {
+        settle_gpu_locked(p);
+        code = p->failed ? p->fail_code : NF4_OK;
+        describe_engine(p);
     }
-    uint64_t overflow = 0;
-    for (uint64_t k = 0;; k++) {
-        struct slot *s = wait_slot(p, k, SLOT_FILLED, 0);
-        if (!s)
-            break;
-        int code = compute(p, &s->task, &overflow);
-        if (code != NF4_OK) {
-            pipeline_fail(p, code);
-            break;
-        }
-        set_state(p, s, SLOT_COMPUTED);
-    }
-    pthread_join(reader, NULL);
-    pthread_join(writer, NULL);
-    if (p->failed)
+    pthread_mutex_unlock(&p->mu);
+    if (code != NF4_OK)
         return nf4_fail(p->fail_code, NULL, NULL, "%s", p->fail_msg);
     return NF4_OK;
 }
@@ -568,36 +798,83 @@ static uint64_t resident_bytes(void)
     return (uint64_t)resident * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
-int pipeline_create(struct pipeline **out, const char *path, struct gpu_ctx *gpu, int threads, uint64_t mem_bytes,
-                    uint64_t max_chunk_elements, struct convert_stats *stats, struct progress *progress)
+/* Slots: one per worker and PIPELINE_SPARE_SLOTS more, so workers run ahead of
+ * the writer; fewer where --mem cannot hold that many of `min_slot` bytes. */
+static int slot_count(int workers, uint64_t for_slots, uint64_t min_slot)
+{
+    uint64_t n = (uint64_t)workers + PIPELINE_SPARE_SLOTS;
+    if (n > PIPELINE_MAX_SLOTS)
+        n = PIPELINE_MAX_SLOTS;
+    while (n > PIPELINE_MIN_SLOTS && for_slots / n < min_slot)
+        n--;
+    return (int)n;
+}
+
+int pipeline_create(struct pipeline **out, const char *path, const struct pipeline_opts *o,
+                    struct convert_stats *stats, struct progress *progress)
 {
     *out = NULL;
     struct pipeline *p = calloc(1, sizeof *p);
     if (!p)
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    p->gpu = gpu;
+    p->gpu_start = o->gpu_start;
+    p->require_gpu = o->require_gpu;
+    const char *only = getenv("NF4DEQ_GPU_ONLY");
+    p->gpu_only = o->require_gpu && only && strcmp(only, "1") == 0;
+    p->gpu_state = o->gpu_start ? GPU_STARTING : GPU_OFF;
+    p->threads = o->threads > 0 ? o->threads : 1;
     p->path = path;
-    p->threads = threads;
+    p->cpu_path = cpu_path_active();
     p->stats = stats;
     p->progress = progress;
-    p->max_chunk = max_chunk_elements ? max_chunk_elements : UINT64_MAX;
-    /* --mem bounds the whole process: the slots get what is left after what it
-     * already holds (the CUDA runtime alone is ~120 MB once a device is open). */
-    uint64_t held = resident_bytes() + PIPELINE_RESERVE_BYTES;
-    uint64_t for_slots = mem_bytes > held ? mem_bytes - held : 0;
-    p->slot_bytes = for_slots / PIPELINE_SLOTS / ARENA_ALIGN * ARENA_ALIGN;
-    if (p->slot_bytes < PIPELINE_MIN_SLOT_BYTES)
-        p->slot_bytes = PIPELINE_MIN_SLOT_BYTES;
+    p->max_chunk = o->max_chunk_elements ? o->max_chunk_elements : UINT64_MAX;
+    p->chunk_bytes = PIPELINE_CHUNK_BYTES;
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
-    for (int i = 0; i < PIPELINE_SLOTS; i++) {
-        p->slots[i].arena = gpu ? gpu_host_alloc(gpu, (size_t)p->slot_bytes) : malloc((size_t)p->slot_bytes);
+    for (int i = 0; i < PIPELINE_GPU_LANES; i++)
+        pthread_mutex_init(&p->lane_mu[i], NULL);
+    /* --mem bounds the whole process: the slots get what is left after what it
+     * already holds, and what the CUDA runtime will once the device is open. */
+    uint64_t held = resident_bytes() + PIPELINE_RESERVE_BYTES + (o->gpu_start ? PIPELINE_GPU_RUNTIME_BYTES : 0);
+    uint64_t for_slots = o->mem_bytes > held ? o->mem_bytes - held : 0;
+    uint64_t min_slot = o->merging ? PIPELINE_MIN_MERGE_SLOT_BYTES : PIPELINE_MIN_SLOT_BYTES;
+    int workers = p->threads;
+    /* Every slot is the smallest that holds any chunk: chunks aim at
+     * chunk_bytes whatever --mem allows, so more would only be pinned and
+     * resident for nothing. --mem bounds the count. */
+    p->nslots = slot_count(workers, for_slots, min_slot);
+    p->slot_bytes = min_slot;
+    if (workers > p->nslots - 1)
+        workers = p->nslots - 1;
+    p->slots = calloc((size_t)p->nslots, sizeof *p->slots);
+    p->workers = calloc((size_t)workers, sizeof *p->workers);
+    if (!p->slots || !p->workers) {
+        pipeline_destroy(p);
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    }
+    for (int i = 0; i < p->nslots; i++) {
+        /* Plain chunks touch only chunk_bytes and a little more of a slot: the
+         * rest is resident only for merges, or once pinned for the GPU. Page
+         * alignment lets the GPU pin it where it lies. */
+        void *arena = NULL;
+        if (posix_memalign(&arena, PAGE_ALIGN, (size_t)p->slot_bytes) != 0)
+            arena = NULL;
+        p->slots[i].arena = arena;
         p->slots[i].parts = calloc(BATCH_MAX_PARTS, sizeof *p->slots[i].parts);
         if (!p->slots[i].arena || !p->slots[i].parts) {
-            uint64_t mib = (p->slot_bytes * PIPELINE_SLOTS) >> 20; /* p is freed below */
+            uint64_t mib = (p->slot_bytes * (uint64_t)p->nslots) >> 20; /* p is freed below */
             pipeline_destroy(p);
             return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory for %" PRIu64 " MiB of buffers", mib);
         }
+    }
+    for (int i = 0; i < workers; i++) {
+        if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0)
+            break; /* fewer workers are slower, not wrong */
+        p->nworkers++;
+    }
+    if (p->nworkers == 0) {
+        pipeline_destroy(p);
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "cannot start a worker thread");
     }
     *out = p;
     return NF4_OK;
@@ -607,16 +884,25 @@ void pipeline_destroy(struct pipeline *p)
 {
     if (!p)
         return;
-    for (int i = 0; i < PIPELINE_SLOTS; i++) {
+    pthread_mutex_lock(&p->mu);
+    p->quit = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->nworkers; i++)
+        pthread_join(p->workers[i], NULL);
+    free(p->workers);
+    for (int i = 0; p->slots && i < p->nslots; i++) {
         free(p->slots[i].parts);
         if (!p->slots[i].arena)
             continue;
-        if (p->gpu)
-            gpu_host_free(p->gpu, p->slots[i].arena);
-        else
-            free(p->slots[i].arena);
+        if (p->slots_pinned)
+            gpu_host_unregister(p->gpu, p->slots[i].arena);
+        free(p->slots[i].arena);
     }
+    free(p->slots);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
+    for (int i = 0; i < PIPELINE_GPU_LANES; i++)
+        pthread_mutex_destroy(&p->lane_mu[i]);
     free(p);
 }

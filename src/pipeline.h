@@ -1,8 +1,11 @@
 /* Producing the tensor data of one output file, with reading, dequantizing and
- * writing overlapped: a reader thread fills a ring of slots with input chunks,
- * the calling thread dequantizes or casts them (CPU threads or the GPU), and a
- * writer thread writes them out in order. The ring's memory is all the host
- * memory the data ever takes, whatever the size of the model or its tensors. */
+ * writing overlapped. A pool of worker threads, started once, takes chunks in
+ * order: each plans the next chunk into a free slot of the ring, reads its
+ * input with pread and dequantizes or casts it (on its own core, or through
+ * the GPU), all while the calling thread writes finished chunks out in order.
+ * Chunks are a few MiB, so the writer copies them out of cache, and the
+ * ring's memory is all the host memory the data ever takes, whatever the size
+ * of the model or its tensors. */
 #ifndef NF4DEQ_PIPELINE_H
 #define NF4DEQ_PIPELINE_H
 
@@ -24,25 +27,61 @@ struct out_item {
     const struct lora_target *lora; /* NULL, or terms to merge (never a replacement: that is `src`) */
 };
 
-#define PIPELINE_SLOTS 3
-/* Below this a slot cannot hold one block of the largest blocksize with its
- * nested block in fp32; --mem is raised to it. */
+/* Output bytes a chunk aims at. Measured on the 1.1B preset into tmpfs
+ * (docs/PERFORMANCE.md): large enough that per-chunk costs vanish, small enough
+ * that a chunk is still in cache when written and the ring fills and drains
+ * fast. A chunk is never less than one block of blocksize x nested blocksize. */
+#define PIPELINE_CHUNK_BYTES (UINT64_C(4) << 20)
+/* Slots beyond one per worker: the chunk being written, and one ready next. */
+#define PIPELINE_SPARE_SLOTS 2
+#define PIPELINE_MIN_SLOTS 3
+#define PIPELINE_MAX_SLOTS 64
 /* Headroom under --mem for what grows after the slots are made: thread stacks,
  * headers and plans of later shards. */
 #define PIPELINE_RESERVE_BYTES (UINT64_C(24) << 20)
-#ifndef PIPELINE_MIN_SLOT_BYTES /* the fuzz build lowers it to fuzz faster */
-#define PIPELINE_MIN_SLOT_BYTES (UINT64_C(40) << 20)
+/* Chunks in flight through the GPU at once, each on a lane of its own
+ * (gpu_use_lanes): enough that one's copy-in, another's kernel and a third's
+ * copy-out overlap. */
+#define PIPELINE_GPU_LANES 4
+/* Host memory the CUDA runtime takes once a device is open (measured on the
+ * H200 host: docs/PERFORMANCE.md), kept out of the slots while it opens. */
+#define PIPELINE_GPU_RUNTIME_BYTES (UINT64_C(160) << 20)
+/* A slot's size: one holds any chunk, with its inputs; with merges its LoRA
+ * factors too (all of L with fan_in_fan_out, on a vocabulary-sized tensor).
+ * Where --mem cannot hold a slot per worker, there are fewer slots and
+ * workers, down to PIPELINE_MIN_SLOTS whatever --mem says. */
+#ifndef PIPELINE_MIN_SLOT_BYTES /* the fuzz build lowers both to fuzz faster */
+#define PIPELINE_MIN_SLOT_BYTES (UINT64_C(8) << 20)
+#define PIPELINE_MIN_MERGE_SLOT_BYTES (UINT64_C(40) << 20)
 #endif
 
-struct gpu_ctx;
+struct gpu_start;
 struct pipeline;
 
-/* Allocates the ring: PIPELINE_SLOTS slots sharing what `mem_bytes` leaves once
- * the process's current resident memory is counted (pinned through the GPU
- * when there is one). `path` (the output) names it in messages and
- * must outlive the pipeline. */
-int pipeline_create(struct pipeline **out, const char *path, struct gpu_ctx *gpu, int threads, uint64_t mem_bytes,
-                    uint64_t max_chunk_elements, struct convert_stats *stats, struct progress *progress);
+struct pipeline_opts {
+    int threads;                 /* workers (fewer when --mem allows fewer slots) */
+    uint64_t mem_bytes;          /* --mem: what the whole process may hold */
+    uint64_t max_chunk_elements; /* caps chunks (tests); 0: no cap */
+    int merging;                 /* LoRA deltas are merged: slots hold merge chunks */
+    /* NULL to convert on the CPU only. Otherwise the GPU being opened
+     * (gpu_start.h), which must outlive the pipeline: until it is open, the
+     * workers compute on their cores; from then on every chunk goes through
+     * it. If it fails to open, require_gpu (--device cuda) fails the run;
+     * otherwise the run goes on with the CPU and a warning. A file's output is
+     * not finished before the start has ended either way. With require_gpu
+     * and NF4DEQ_GPU_ONLY=1 in the environment, the workers wait for the GPU
+     * instead, and it computes every chunk (the GPU tests use it). */
+    struct gpu_start *gpu_start;
+    int require_gpu;
+};
+
+/* Allocates the ring and starts the workers: a slot per worker and
+ * PIPELINE_SPARE_SLOTS more, as many as fit in what o->mem_bytes leaves once
+ * the process's current resident memory (and the CUDA runtime's, with a GPU)
+ * is counted; pinned once the GPU is open. `path` (the output) names it in
+ * messages and must outlive the pipeline. stats->engine names what computed. */
+int pipeline_create(struct pipeline **out, const char *path, const struct pipeline_opts *o,
+                    struct convert_stats *stats, struct progress *progress);
 void pipeline_destroy(struct pipeline *p);
 /* Writes every tensor of `items` into `wr`, in the writer's order. */
 int pipeline_write(struct pipeline *p, struct st_writer *wr, const struct out_item *items, size_t n);

@@ -21,7 +21,7 @@ FUZZ_CORPUS   = tests/corpus
 FUZZ_SAN      = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS   = -std=c11 -D_GNU_SOURCE -ffp-contract=off -fno-fast-math -Iinclude -Isrc $(CJSON_CFLAGS) -pthread \
                 -g -O1 -DNF4DEQ_VERSION='"$(VERSION)"' $(FUZZ_SAN) \
-                -DPIPELINE_MIN_SLOT_BYTES='(UINT64_C(1) << 20)'
+                -DPIPELINE_MIN_SLOT_BYTES='(UINT64_C(1) << 20)' -DPIPELINE_MIN_MERGE_SLOT_BYTES='(UINT64_C(1) << 20)'
 FUZZ_LIB_SRCS = $(filter-out src/main.c,$(wildcard src/*.c))
 FUZZ_LIB_OBJS = $(FUZZ_LIB_SRCS:src/%.c=$(FUZZ_DIR)/obj/%.o)
 FUZZ_BINS     = $(FUZZ_TARGETS:%=$(FUZZ_DIR)/%)

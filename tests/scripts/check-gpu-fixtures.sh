@@ -8,6 +8,8 @@ build=${1:-build}
 bin="$build/nf4deq"
 # NF4DEQ_GPU_DEVICE=cpu runs the same script on the CPU, to test the script itself.
 gpu=${NF4DEQ_GPU_DEVICE:-cuda}
+# Every chunk through the GPU: no CPU chunks while it opens (see src/pipeline.h).
+export NF4DEQ_GPU_ONLY=1
 fx=tests/fixtures
 out=$(mktemp -d "${TMPDIR:-/tmp}/nf4deq-gpufx-XXXXXX")
 trap 'rm -rf "$out"' EXIT
@@ -60,5 +62,20 @@ for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4; 
     "$bin" convert -q --device cpu "$lf/base-llama-$base" "$out/lora-$case_-cpu" --lora "$lf/adapter-$case_"
     check "lora $case_ (gpu vs cpu)" "$out/lora-$case_-gpu" "$out/lora-$case_-cpu"
 done
+# Under NF4DEQ_GPU_ONLY the GPU computed every chunk: the engine line names no
+# share of the CPU. Without it, chunks before the GPU is open go to the CPU
+# (src/pipeline.h), and the output is the same bytes.
+if [ "$gpu" = cuda ]; then
+    line=$("$bin" convert --device cuda --progress none "$fx/tensors.bnb4.safetensors" "$out/engine.safetensors" 2>&1)
+    case $line in
+    *"on NVIDIA"*"while it started"* | *"on CPU"*) failed=$((failed + 1)); echo "FAIL: not all on the GPU: $line" ;;
+    *"on NVIDIA"*) passed=$((passed + 1)) ;;
+    *) failed=$((failed + 1)); echo "FAIL: engine line: $line" ;;
+    esac
+    NF4DEQ_GPU_ONLY=0 "$bin" convert -q --device cuda --dtype bf16 "$fx/tensors.bnb4.safetensors" "$out/hybrid.safetensors" ||
+        { failed=$((failed + 1)); echo "FAIL: convert without NF4DEQ_GPU_ONLY"; }
+    check "tensors, GPU opened while the CPU starts (vs bitsandbytes)" "$out/hybrid.safetensors" \
+        "$fx/tensors.expected-bf16.safetensors"
+fi
 echo "gpu fixtures: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
