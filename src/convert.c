@@ -35,6 +35,7 @@ struct ctx {
     struct lora_set *lora;
     struct convert_stats *stats;
     struct gpu_start *gpu_start; /* NULL: the CPU only */
+    enum cpu_path cpu_path;      /* NF4DEQ_CPU's, or the best this processor has */
     int threads;
     struct pipeline *pipeline;
     struct progress progress;
@@ -169,6 +170,7 @@ static int open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_
         .mem_bytes = mem,
         .max_chunk_elements = c->opts->chunk_elements,
         .merging = c->lora != NULL,
+        .cpu_path = c->cpu_path,
         .gpu_start = c->gpu_start,
         .require_gpu = c->opts->device == DEVICE_CUDA,
     };
@@ -178,6 +180,17 @@ static int open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_
     return code;
 }
 
+/* --device auto takes the GPU where it is the faster engine: for LoRA merges,
+ * whose arithmetic (2 x rank flops per element) it does many times faster,
+ * and where this processor has only the scalar kernel. A plain conversion
+ * with a vector kernel stays on the CPU: a few cores already outrun the
+ * writer, and the GPU would add its start (0.2-0.3 s, hidden) and its
+ * teardown at exit (0.1 s, not hidden): measured in docs/PERFORMANCE.md. */
+static int auto_wants_gpu(const struct ctx *c)
+{
+    return c->lora != NULL || c->cpu_path == CPU_PATH_SCALAR;
+}
+
 /* The CPU, or the GPU opened on a thread of its own while the pipeline starts
  * on the CPU (see pipeline.h): the fixed cost of starting CUDA never delays
  * the conversion. */
@@ -185,7 +198,7 @@ static int open_device(struct ctx *c)
 {
     const struct convert_opts *o = c->opts;
     c->threads = o->threads > 0 ? o->threads : default_threads(c);
-    if (o->device == DEVICE_CPU)
+    if (o->device == DEVICE_CPU || (o->device == DEVICE_AUTO && !auto_wants_gpu(c)))
         return NF4_OK;
     return gpu_start_begin(&c->gpu_start, o->gpu_mem);
 }
@@ -491,8 +504,7 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
     struct ctx c = {.opts = o, .stats = stats};
     struct stat in_st, out_st;
     /* A bad NF4DEQ_CPU is refused before anything is read or written. */
-    enum cpu_path path;
-    int path_code = cpu_path_from_env(&path);
+    int path_code = cpu_path_from_env(&c.cpu_path);
     if (path_code != NF4_OK)
         return path_code;
     if (stat(in, &in_st) != 0)

@@ -13,6 +13,18 @@ const char *cpu_path_name(enum cpu_path path)
     return (unsigned)path < CPU_PATH_COUNT ? PATH_NAMES[path] : "?";
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+/* F16C from CPUID directly: clang's __builtin_cpu_supports does not know it.
+ * It needs no OS support beyond the YMM state AVX2's check already covers. */
+static int has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+}
+#endif
+
 int cpu_path_supported(enum cpu_path path)
 {
     switch (path) {
@@ -20,10 +32,10 @@ int cpu_path_supported(enum cpu_path path)
 #if defined(__x86_64__) || defined(__i386__)
     /* libgcc's checks include the OS saving the wider registers (XGETBV). */
     case CPU_PATH_SSE: return __builtin_cpu_supports("ssse3");
-    case CPU_PATH_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    case CPU_PATH_AVX2: return __builtin_cpu_supports("avx2") && has_f16c();
     case CPU_PATH_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+               __builtin_cpu_supports("avx2") && has_f16c();
 #endif
 #if defined(__aarch64__)
     case CPU_PATH_NEON: return 1; /* Advanced SIMD is part of AArch64 */

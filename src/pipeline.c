@@ -824,7 +824,7 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
     p->gpu_state = o->gpu_start ? GPU_STARTING : GPU_OFF;
     p->threads = o->threads > 0 ? o->threads : 1;
     p->path = path;
-    p->cpu_path = cpu_path_active();
+    p->cpu_path = o->cpu_path;
     p->stats = stats;
     p->progress = progress;
     p->max_chunk = o->max_chunk_elements ? o->max_chunk_elements : UINT64_MAX;

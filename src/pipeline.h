@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "bnb_state.h"
+#include "cpu_path.h"
 #include "convert.h"
 #include "lora.h"
 #include "progress.h"
@@ -63,6 +64,7 @@ struct pipeline_opts {
     uint64_t mem_bytes;          /* --mem: what the whole process may hold */
     uint64_t max_chunk_elements; /* caps chunks (tests); 0: no cap */
     int merging;                 /* LoRA deltas are merged: slots hold merge chunks */
+    enum cpu_path cpu_path;      /* the CPU kernel */
     /* NULL to convert on the CPU only. Otherwise the GPU being opened
      * (gpu_start.h), which must outlive the pipeline: until it is open, the
      * workers compute on their cores; from then on every chunk goes through

@@ -1,5 +1,6 @@
 /* The command line as a user and a shell script see it: help, version, exit
  * codes, one-line errors on stderr, and never a touched input or a partial output. */
+#include "cpu_path.h"
 #include "test_util.h"
 
 #include <cJSON.h>
@@ -183,13 +184,23 @@ static void test_device_choice_without_gpu(void **state)
     assert_one_line_error(&r, NULL);
     tu_run_free(&r);
     assert_int_equal(tu_count_entries(s->dir), 0);
-    /* auto says it is falling back, then succeeds; --quiet silences both lines. */
+    /* auto keeps a plain conversion on a vector CPU kernel without asking for
+     * a GPU at all; with only the scalar kernel it looks for one, says it is
+     * falling back, then succeeds; --quiet silences both lines. */
     r = tu_run("convert", BNB4, out, NULL);
     assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.err, "no CUDA device"));
+    if (cpu_path_best() != CPU_PATH_SCALAR)
+        assert_null(strstr(r.err, "CUDA"));
     assert_non_null(strstr(r.err, "converted 9 tensors (8 dequantized)"));
     tu_run_free(&r);
+    assert_int_equal(setenv("NF4DEQ_CPU", "scalar", 1), 0);
+    r = tu_run("convert", "-f", BNB4, out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "no CUDA device"));
+    assert_non_null(strstr(r.err, "on CPU (") && strstr(r.err, "scalar)"));
+    tu_run_free(&r);
     r = tu_run("convert", "-q", "-f", BNB4, out, NULL);
+    unsetenv("NF4DEQ_CPU");
     assert_int_equal(r.status, 0);
     assert_string_equal(r.err, "");
     tu_run_free(&r);
