@@ -17,10 +17,12 @@
 #define EXIT_CODES_HELP                                                                                        \
     "Exit status:\n"                                                                                           \
     "   0  success\n"                                                                                          \
-    "   2  bad command line (unknown option, wrong arguments, OUT is IN)\n"                                    \
+    "   2  bad command line (unknown option, wrong arguments, OUT is IN), or an\n"                             \
+    "      NF4DEQ_CPU that names no CPU kernel\n"                                                              \
     "  65  the input is not a valid safetensors / bitsandbytes 4-bit checkpoint\n"                             \
     "  66  the input is missing or unreadable\n"                                                               \
-    "  69  a GPU was asked for (--device cuda) but none is usable\n"                                           \
+    "  69  a GPU was asked for (--device cuda) but none is usable, or NF4DEQ_CPU\n"                             \
+    "      names a CPU kernel this processor or build lacks\n"                                                    \
     "  70  internal error (including out of memory)\n"                                                         \
     "  73  the output cannot be created (exists without --force, permissions)\n"                               \
     "  74  read or write failed (I/O error, disk full)\n"
@@ -50,11 +52,15 @@ static const char CONVERT_HELP[] =
     "  -d, --dtype TYPE     fp16, bf16 or fp32 for every floating tensor; default:\n"
     "                       each weight's own dtype (what bitsandbytes returns),\n"
     "                       other tensors unchanged\n"
-    "      --device DEV     auto (default: CUDA if a GPU is present), cpu or cuda\n"
-    "  -j, --threads N      CPU threads (default: all online cores)\n"
+    "      --device DEV     auto (default), cpu or cuda. auto takes the GPU for --lora\n"
+    "                       merges and where the CPU has only the scalar kernel, and\n"
+    "                       the CPU otherwise; cuda converts on the CPU only while\n"
+    "                       the GPU starts up, then on the GPU\n"
+    "  -j, --threads N      worker threads, each reading and computing chunks\n"
+    "                       (default: every core with --lora, else up to 4)\n"
     "      --gpu-mem SIZE   GPU memory budget, e.g. 12G (default: half of free memory)\n"
-    "      --mem SIZE       host memory for tensor data (default 512M); it bounds the\n"
-    "                       chunks read, dequantized and written at once\n"
+    "      --mem SIZE       host memory of the whole process (default 512M); it\n"
+    "                       bounds the chunks in flight\n"
     "      --progress MODE  auto (a live line when stderr is a terminal), tty, plain\n"
     "                       (a line every 10 s, for logs) or none\n"
     "      --lora DIR       merge the PEFT LoRA adapter in DIR (adapter_config.json,\n"
@@ -63,6 +69,12 @@ static const char CONVERT_HELP[] =
     "  -f, --force          replace OUT if it exists\n"
     "  -q, --quiet          print nothing but errors\n"
     "  -h, --help           show this help\n"
+    "\n"
+    "Environment:\n"
+    "  NF4DEQ_CPU=KERNEL    the CPU kernel: scalar, sse, avx2, avx512 or neon\n"
+    "                       (default: the fastest this processor has)\n"
+    "  NF4DEQ_GPU_ONLY=1    with --device cuda, wait for the GPU to start instead of\n"
+    "                       converting on the CPU meanwhile (tests use it)\n"
     "\n" EXIT_CODES_HELP;
 
 static const char INSPECT_HELP[] =

@@ -386,31 +386,21 @@ TARGET_AVX512 static void blocks_avx512(const struct job_view *job, uint64_t fir
 
 /* ---- entry points ---------------------------------------------------------- */
 
-TARGET_SSSE3 void dequant_blocks_ssse3(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream)
-{
-    struct job_view view = job_view_of(job);
-    view.stream = stream;
-    blocks_ssse3(&view, first_block, blocks);
-    if (stream)
-        _mm_sfence(); /* the streamed stores are visible before another thread reads them */
-}
+/* Each entry point is compiled for its own instruction set (TARGET_*), so the
+ * kernel it calls inlines its helpers with those instructions. */
+#define DEQUANT_ENTRY(name, TARGET)                                                                                 \
+    TARGET void dequant_blocks_##name(const struct dequant_job *job, uint64_t first_block, uint64_t blocks,        \
+                                      int stream)                                                                  \
+    {                                                                                                              \
+        struct job_view view = job_view_of(job);                                                                   \
+        view.stream = stream;                                                                                      \
+        blocks_##name(&view, first_block, blocks);                                                                 \
+        if (stream)                                                                                                \
+            _mm_sfence(); /* the streamed stores are visible before another thread reads them */                   \
+    }
 
-TARGET_AVX2 void dequant_blocks_avx2(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream)
-{
-    struct job_view view = job_view_of(job);
-    view.stream = stream;
-    blocks_avx2(&view, first_block, blocks);
-    if (stream)
-        _mm_sfence(); /* the streamed stores are visible before another thread reads them */
-}
-
-TARGET_AVX512 void dequant_blocks_avx512(const struct dequant_job *job, uint64_t first_block, uint64_t blocks, int stream)
-{
-    struct job_view view = job_view_of(job);
-    view.stream = stream;
-    blocks_avx512(&view, first_block, blocks);
-    if (stream)
-        _mm_sfence(); /* the streamed stores are visible before another thread reads them */
-}
+DEQUANT_ENTRY(ssse3, TARGET_SSSE3)
+DEQUANT_ENTRY(avx2, TARGET_AVX2)
+DEQUANT_ENTRY(avx512, TARGET_AVX512)
 
 #endif
