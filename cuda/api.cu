@@ -65,3 +65,31 @@ extern "C" int nf4deq_dequantize_cuda(const void *packed, const void *absmax, co
     rc = nf4_launch_dequant(&d, nf4_pick_cfg(major, minor, n), 0, (cudaStream_t)stream);
     return api_status_from_internal(rc);
 }
+
+extern "C" int nf4deq_dequantize_cuda_state(const struct nf4deq_state *s, const void *packed, void *out,
+                                            void *stream)
+{
+    if (!s)
+        return nf4_fail(NF4DEQ_EINVAL, NULL, NULL, "state is NULL");
+    return nf4deq_dequantize_cuda(packed, s->absmax, s->nested_absmax, s->nested_code, s->nested_offset,
+                                  s->nested_offset_device, s->n, s->blocksize, s->nested_blocksize, s->quant_type,
+                                  s->out_dtype, out, stream);
+}
+
+// An empty kernel, launched as nf4deq_dequantize_cuda launches the real one.
+__global__ void nf4deq_empty_kernel() {}
+
+extern "C" int nf4deq_empty_cuda(void *stream)
+{
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, "no usable CUDA device");
+    int rc = device_cc(dev, &major, &minor);
+    if (rc != NF4DEQ_OK)
+        return rc;
+    nf4deq_empty_kernel<<<1, 32, 0, (cudaStream_t)stream>>>();
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return nf4_fail(NF4DEQ_ECUDA, NULL, NULL, "empty kernel launch: %s", cudaGetErrorString(err));
+    return NF4DEQ_OK;
+}

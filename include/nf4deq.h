@@ -53,6 +53,34 @@ int nf4deq_dequantize_cuda(const void *packed, const void *absmax, const float *
                            uint64_t n, uint32_t blocksize, uint32_t nested_blocksize, int quant_type,
                            int out_dtype, void *out, void *stream);
 
+/* The quantization-state half of nf4deq_dequantize_cuda's arguments, for a
+ * caller that dequantizes the same weights again and again (a training loop):
+ * it fills one of these per weight once, and each call then passes four
+ * arguments instead of thirteen. The fields mean what the arguments of the
+ * same names do. */
+struct nf4deq_state {
+    const void *absmax;
+    const float *nested_absmax;
+    const float *nested_code;
+    const float *nested_offset_device;
+    uint64_t n;
+    float nested_offset;
+    uint32_t blocksize;
+    uint32_t nested_blocksize;
+    int32_t quant_type;
+    int32_t out_dtype;
+};
+
+/* nf4deq_dequantize_cuda with its arguments taken from *state. */
+int nf4deq_dequantize_cuda_state(const struct nf4deq_state *state, const void *packed, void *out, void *stream);
+
+/* Launches an empty kernel on `stream` through the same steps as
+ * nf4deq_dequantize_cuda (current device, cached capability, launch, error
+ * check): the floor of a call into this library, for benchmarks that compare
+ * a dequantization's host cost with a bare launch. Returns NF4DEQ_OK, or
+ * NF4DEQ_ENODEV / NF4DEQ_ECUDA. */
+int nf4deq_empty_cuda(void *stream);
+
 /* The same on the CPU with HOST pointers, using up to `threads` threads (<= 0:
  * every online core). Returns when the output is written. The vector kernel is
  * the best the processor has; the environment variable NF4DEQ_CPU (scalar, sse,

@@ -154,3 +154,17 @@ int nf4deq_dequantize_cuda(const void *packed, const void *absmax, const float *
     nf4_clear_error();
     return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, NO_CUDA_MSG);
 }
+
+int nf4deq_empty_cuda(void *stream)
+{
+    (void)stream;
+    nf4_clear_error();
+    return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, NO_CUDA_MSG);
+}
+
+int nf4deq_dequantize_cuda_state(const struct nf4deq_state *state, const void *packed, void *out, void *stream)
+{
+    (void)state, (void)packed, (void)out, (void)stream;
+    nf4_clear_error();
+    return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, NO_CUDA_MSG);
+}

@@ -14,6 +14,24 @@ OK, EINVAL, ECUDA, ENODEV, ENOMEM = 0, 1, 2, 3, 4
 QUANT_TYPES = {"nf4": NF4, "fp4": FP4}
 
 
+class State(ctypes.Structure):
+    """struct nf4deq_state (include/nf4deq.h): a weight's quantization state,
+    filled once, passed by address to nf4deq_dequantize_cuda_state."""
+
+    _fields_ = [
+        ("absmax", ctypes.c_void_p),
+        ("nested_absmax", ctypes.c_void_p),
+        ("nested_code", ctypes.c_void_p),
+        ("nested_offset_device", ctypes.c_void_p),
+        ("n", ctypes.c_uint64),
+        ("nested_offset", ctypes.c_float),
+        ("blocksize", ctypes.c_uint32),
+        ("nested_blocksize", ctypes.c_uint32),
+        ("quant_type", ctypes.c_int32),
+        ("out_dtype", ctypes.c_int32),
+    ]
+
+
 class Nf4deqError(RuntimeError):
     """A call into libnf4deq returned an error status; .status holds it."""
 
@@ -45,6 +63,11 @@ def _declare(lib):
     lib.nf4deq_dequantize_cuda.restype = i
     lib.nf4deq_dequantize_cpu.argtypes = [vp, vp, fp, fp, f, u64, u32, u32, i, i, vp, i]
     lib.nf4deq_dequantize_cpu.restype = i
+    # Four pointer-sized integers: the cheapest call ctypes makes (see _torch.py).
+    lib.nf4deq_dequantize_cuda_state.argtypes = [vp, vp, vp, vp]
+    lib.nf4deq_dequantize_cuda_state.restype = i
+    lib.nf4deq_empty_cuda.argtypes = [vp]
+    lib.nf4deq_empty_cuda.restype = i
     for name in ("nf4deq_version", "nf4deq_last_error"):
         getattr(lib, name).argtypes = []
         getattr(lib, name).restype = ctypes.c_char_p
