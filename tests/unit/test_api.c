@@ -131,9 +131,34 @@ static void test_cuda_entry_point_without_gpu_fails_cleanly(void **state)
     assert_int_equal(tu_lines(nf4deq_last_error()), 0);
 }
 
+/* The state form checks what the long form checks, and the empty launch says
+ * why it cannot run. (On a GPU, bindings/python/tests/test_gpu.py drives the
+ * state form against bitsandbytes on every case.) */
+static void test_state_entry_and_empty_launch_without_gpu(void **state)
+{
+    (void)state;
+    assert_int_equal(nf4deq_dequantize_cuda_state(NULL, NULL, NULL, NULL), NF4DEQ_EINVAL);
+    assert_non_null(strstr(nf4deq_last_error(), "state"));
+    unsigned char packed[32] __attribute__((aligned(16))) = {0};
+    float scales[2] = {1, 1};
+    uint16_t out[64] __attribute__((aligned(16)));
+    struct nf4deq_state st = {.absmax = scales, .n = 64, .blocksize = 48, .quant_type = NF4DEQ_NF4,
+                              .out_dtype = NF4DEQ_BFLOAT16};
+    assert_int_equal(nf4deq_dequantize_cuda_state(&st, packed, out, NULL), NF4DEQ_EINVAL); /* blocksize 48 */
+    if (gpu_device_count() > 0)
+        return;
+    st.blocksize = 32;
+    int rc = nf4deq_dequantize_cuda_state(&st, packed, out, NULL);
+    assert_true(rc == NF4DEQ_ENODEV || rc == NF4DEQ_ECUDA);
+    rc = nf4deq_empty_cuda(NULL);
+    assert_true(rc == NF4DEQ_ENODEV || rc == NF4DEQ_ECUDA);
+    assert_int_equal(tu_lines(nf4deq_last_error()), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_state_entry_and_empty_launch_without_gpu),
         cmocka_unit_test(test_cpu_entry_point_gives_bitsandbytes_bytes),
         cmocka_unit_test(test_bad_arguments_return_einval_with_a_message),
         cmocka_unit_test(test_versions),
