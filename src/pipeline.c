@@ -86,7 +86,6 @@ struct pipeline {
     pthread_mutex_t lane_mu[PIPELINE_GPU_LANES]; /* one chunk at a time per lane */
     int slots_pinned;
     uint64_t chunks_gpu, chunks_cpu; /* dequantized or merged, for the engine line */
-    int threads;
     enum cpu_path cpu_path;
     uint64_t slot_bytes;
     uint64_t max_chunk;   /* elements; caps chunks below what a slot holds (tests use it) */
@@ -560,7 +559,7 @@ static void gpu_failed_locked(struct pipeline *p, int code)
     if (p->require_gpu) {
         fail_locked(p, code);
     } else if (!gpu_start_found_device(p->gpu_start)) {
-        nf4_warn("no CUDA device found; converting on the CPU with %d threads", p->threads);
+        nf4_warn("no CUDA device found; converting on the CPU with %d threads", p->nworkers);
     } else {
         nf4_warn("cannot use the GPU (%s); converting on the CPU", nf4_last_error());
     }
@@ -627,7 +626,7 @@ static void settle_gpu_locked(struct pipeline *p)
 static void describe_engine(const struct pipeline *p)
 {
     char cpu[96];
-    snprintf(cpu, sizeof cpu, "CPU (%d thread%s, %s)", p->threads, p->threads == 1 ? "" : "s",
+    snprintf(cpu, sizeof cpu, "CPU (%d thread%s, %s)", p->nworkers, p->nworkers == 1 ? "" : "s",
              cpu_path_name(p->cpu_path));
     struct convert_stats *st = p->stats;
     if (p->gpu_state == GPU_OFF)
@@ -822,7 +821,6 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
     const char *only = getenv("NF4DEQ_GPU_ONLY");
     p->gpu_only = o->require_gpu && only && strcmp(only, "1") == 0;
     p->gpu_state = o->gpu_start ? GPU_STARTING : GPU_OFF;
-    p->threads = o->threads > 0 ? o->threads : 1;
     p->path = path;
     p->cpu_path = o->cpu_path;
     p->stats = stats;
@@ -838,7 +836,7 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
     uint64_t held = resident_bytes() + PIPELINE_RESERVE_BYTES + (o->gpu_start ? PIPELINE_GPU_RUNTIME_BYTES : 0);
     uint64_t for_slots = o->mem_bytes > held ? o->mem_bytes - held : 0;
     uint64_t min_slot = o->merging ? PIPELINE_MIN_MERGE_SLOT_BYTES : PIPELINE_MIN_SLOT_BYTES;
-    int workers = p->threads;
+    int workers = o->threads > 0 ? o->threads : 1;
     /* Every slot is the smallest that holds any chunk: chunks aim at
      * chunk_bytes whatever --mem allows, so more would only be pinned and
      * resident for nothing. --mem bounds the count. */
