@@ -20,8 +20,17 @@ const char *cpu_path_name(enum cpu_path path)
  * It needs no OS support beyond the YMM state AVX2's check already covers. */
 static int has_f16c(void)
 {
-    unsigned a, b, c, d;
-    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+    /* CPUID traps to the hypervisor in a VM (microseconds), and the library's
+     * CPU entry resolves its path on every call: ask once. A race only asks
+     * twice and stores the same answer. */
+    static int known = -1;
+    int v = __atomic_load_n(&known, __ATOMIC_RELAXED);
+    if (v < 0) {
+        unsigned a, b, c, d;
+        v = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+        __atomic_store_n(&known, v, __ATOMIC_RELAXED);
+    }
+    return v;
 }
 #endif
 

@@ -52,7 +52,8 @@ extern const float FP4_VALUES[16];
 /* Dequantizes job on the CPU with up to `threads` threads (>= 1), on the
  * active CPU path (cpu_path.h). Cannot fail: the job must already be validated. */
 void dequant_cpu(const struct dequant_job *job, int threads);
-/* The same on a given path, which must be supported (tests and bench --cpu). */
+/* The same on a given path, which must be supported: the pipeline, the library
+ * and bench --cpu pass the path they resolved once. */
 void dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path);
 
 /* Single-threaded reference over elements [first, first + count) of the job. */
