@@ -23,7 +23,6 @@ Options: --shapes puzzle|issue|all (default all), --replays N (50), --calls N
 (200), --repeats N (5), --peers DIR (default ../shared/peers).
 """
 import argparse
-import ctypes
 import importlib.util
 import json
 import statistics

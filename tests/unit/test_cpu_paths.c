@@ -3,8 +3,12 @@
 #include "cpu_sweep.h"
 #include "test_util.h"
 
-static void sweep_one_path(enum cpu_path path)
+/* One test per path, the path in the test's state. The scalar path through
+ * dequant_cpu_path (threads, block shares) must equal the sweep's reference,
+ * dequant_cpu_range, too. */
+static void test_path_matches_scalar(void **state)
 {
+    enum cpu_path path = *(const enum cpu_path *)*state;
     if (!cpu_path_supported(path)) {
         print_message("%s: not supported here, skipped\n", cpu_path_name(path));
         skip();
@@ -15,37 +19,7 @@ static void sweep_one_path(enum cpu_path path)
     assert_int_equal(failed, 0);
 }
 
-static void test_sse_matches_scalar(void **state)
-{
-    (void)state;
-    sweep_one_path(CPU_PATH_SSE);
-}
-
-static void test_avx2_matches_scalar(void **state)
-{
-    (void)state;
-    sweep_one_path(CPU_PATH_AVX2);
-}
-
-static void test_avx512_matches_scalar(void **state)
-{
-    (void)state;
-    sweep_one_path(CPU_PATH_AVX512);
-}
-
-static void test_neon_matches_scalar(void **state)
-{
-    (void)state;
-    sweep_one_path(CPU_PATH_NEON);
-}
-
-/* The sweep's reference is dequant_cpu_range; the scalar path through
- * dequant_cpu_path (threads, block shares) must equal it too. */
-static void test_scalar_path_matches_reference(void **state)
-{
-    (void)state;
-    sweep_one_path(CPU_PATH_SCALAR);
-}
+static const enum cpu_path PATHS[] = {CPU_PATH_SCALAR, CPU_PATH_SSE, CPU_PATH_AVX2, CPU_PATH_AVX512, CPU_PATH_NEON};
 
 static void test_env_selects_and_refuses(void **state)
 {
@@ -81,11 +55,11 @@ static void test_env_selects_and_refuses(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_scalar_path_matches_reference),
-        cmocka_unit_test(test_sse_matches_scalar),
-        cmocka_unit_test(test_avx2_matches_scalar),
-        cmocka_unit_test(test_avx512_matches_scalar),
-        cmocka_unit_test(test_neon_matches_scalar),
+        {"scalar path matches the scalar reference", test_path_matches_scalar, NULL, NULL, (void *)&PATHS[0]},
+        {"sse path matches the scalar reference", test_path_matches_scalar, NULL, NULL, (void *)&PATHS[1]},
+        {"avx2 path matches the scalar reference", test_path_matches_scalar, NULL, NULL, (void *)&PATHS[2]},
+        {"avx512 path matches the scalar reference", test_path_matches_scalar, NULL, NULL, (void *)&PATHS[3]},
+        {"neon path matches the scalar reference", test_path_matches_scalar, NULL, NULL, (void *)&PATHS[4]},
         cmocka_unit_test(test_env_selects_and_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
