@@ -14,7 +14,7 @@ struct gpu_start {
     uint64_t mem_budget;
     enum gpu_start_state state;
     int code;
-    char msg[512]; /* the failure, from the opening thread's error buffer */
+    struct nf4_error error; /* the failure, from the opening thread's error buffer */
     struct gpu_ctx *ctx;
     int found_device;
 };
@@ -36,7 +36,7 @@ static void *start_main(void *arg)
     s->ctx = code == NF4_OK ? ctx : NULL;
     s->code = code;
     if (code != NF4_OK)
-        snprintf(s->msg, sizeof s->msg, "%s", nf4_last_error());
+        nf4_error_save(&s->error);
     s->state = code == NF4_OK ? GPU_START_READY : GPU_START_FAILED;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
@@ -68,7 +68,7 @@ static enum gpu_start_state report(struct gpu_start *s, int *code)
     enum gpu_start_state state = s->state;
     *code = NF4_OK;
     if (state == GPU_START_FAILED)
-        *code = nf4_fail(s->code, NULL, NULL, "%s", s->msg);
+        *code = nf4_error_restore(s->code, &s->error);
     return state;
 }
 

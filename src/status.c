@@ -1,32 +1,46 @@
 #include "status.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#define ERROR_MAX 1024
-
-static _Thread_local char last_error[ERROR_MAX];
+static _Thread_local struct nf4_error last;
 static _Thread_local int have_error;
 static int quiet;
+
+/* Warnings kept for convert --json, from any thread. */
+static pthread_mutex_t warn_mu = PTHREAD_MUTEX_INITIALIZER;
+static int capturing;
+static char **captured;
+static size_t ncaptured, captured_cap;
+
+/* The message must stay on one line whatever a hostile file name holds. */
+static void one_line(char *s)
+{
+    for (char *p = s; *p; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+}
 
 static void vrecord(const char *file, const char *tensor, const char *suffix, const char *fmt, va_list ap)
 {
     if (have_error)
         return;
+    char *t = last.text;
     size_t len = 0;
+    snprintf(last.file, sizeof last.file, "%s", file ? file : "");
+    snprintf(last.tensor, sizeof last.tensor, "%s", tensor ? tensor : "");
     if (file)
-        len += (size_t)snprintf(last_error + len, ERROR_MAX - len, "%s: ", file);
-    if (tensor && len < ERROR_MAX)
-        len += (size_t)snprintf(last_error + len, ERROR_MAX - len, "%s: ", tensor);
-    if (len < ERROR_MAX)
-        len += (size_t)vsnprintf(last_error + len, ERROR_MAX - len, fmt, ap);
-    if (suffix && len < ERROR_MAX)
-        snprintf(last_error + len, ERROR_MAX - len, ": %s", suffix);
-    /* The message must stay on one line whatever a hostile file name holds. */
-    for (char *p = last_error; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
+        len += (size_t)snprintf(t + len, NF4_ERROR_MAX - len, "%s: ", file);
+    if (tensor && len < NF4_ERROR_MAX)
+        len += (size_t)snprintf(t + len, NF4_ERROR_MAX - len, "%s: ", tensor);
+    if (len < NF4_ERROR_MAX)
+        len += (size_t)vsnprintf(t + len, NF4_ERROR_MAX - len, fmt, ap);
+    if (suffix && len < NF4_ERROR_MAX)
+        snprintf(t + len, NF4_ERROR_MAX - len, ": %s", suffix);
+    one_line(t);
     have_error = 1;
 }
 
@@ -50,13 +64,37 @@ int nf4_fail_errno(int code, int errnum, const char *file, const char *tensor, c
 
 const char *nf4_last_error(void)
 {
-    return have_error ? last_error : "unknown error";
+    return have_error ? last.text : "unknown error";
+}
+
+const struct nf4_error *nf4_last_error_record(void)
+{
+    return have_error ? &last : NULL;
+}
+
+void nf4_error_save(struct nf4_error *e)
+{
+    if (have_error) {
+        *e = last;
+        return;
+    }
+    memset(e, 0, sizeof *e);
+    snprintf(e->text, sizeof e->text, "unknown error");
+}
+
+int nf4_error_restore(int code, const struct nf4_error *e)
+{
+    if (!have_error) {
+        last = *e;
+        have_error = 1;
+    }
+    return code;
 }
 
 void nf4_clear_error(void)
 {
     have_error = 0;
-    last_error[0] = '\0';
+    memset(&last, 0, sizeof last);
 }
 
 void nf4_set_quiet(int q)
@@ -69,14 +107,49 @@ int nf4_is_quiet(void)
     return quiet;
 }
 
+void nf4_warn_capture(int on)
+{
+    pthread_mutex_lock(&warn_mu);
+    capturing = on;
+    pthread_mutex_unlock(&warn_mu);
+}
+
+static void capture(const char *text)
+{
+    pthread_mutex_lock(&warn_mu);
+    if (capturing && ncaptured < NF4_MAX_CAPTURED_WARNINGS) {
+        if (ncaptured == captured_cap) {
+            size_t cap = captured_cap ? 2 * captured_cap : 8;
+            char **grown = realloc(captured, cap * sizeof *grown);
+            if (grown) {
+                captured = grown;
+                captured_cap = cap;
+            }
+        }
+        char *copy = ncaptured < captured_cap ? strdup(text) : NULL;
+        if (copy)
+            captured[ncaptured++] = copy;
+    }
+    pthread_mutex_unlock(&warn_mu);
+}
+
+const char *const *nf4_warnings(size_t *n)
+{
+    pthread_mutex_lock(&warn_mu);
+    *n = ncaptured;
+    pthread_mutex_unlock(&warn_mu);
+    return (const char *const *)captured;
+}
+
 void nf4_warn(const char *fmt, ...)
 {
-    if (quiet)
-        return;
+    char text[NF4_ERROR_MAX];
     va_list ap;
     va_start(ap, fmt);
-    fputs("nf4deq: warning: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
+    one_line(text);
+    capture(text);
+    if (!quiet)
+        fprintf(stderr, "nf4deq: warning: %s\n", text);
 }

@@ -35,8 +35,27 @@ int nf4_fail_errno(int code, int errnum, const char *file, const char *tensor, c
 const char *nf4_last_error(void);
 void nf4_clear_error(void);
 
-/* Warnings go straight to stderr unless silenced by --quiet. */
+/* The first error with its parts, for machine-readable reports (convert
+ * --json), and to carry it from a worker thread to the one that reports. */
+#define NF4_ERROR_MAX 1024
+struct nf4_error {
+    char text[NF4_ERROR_MAX]; /* what nf4_last_error returns */
+    char file[512];           /* "" when none was named */
+    char tensor[256];
+};
+/* NULL when no error was recorded on this thread. */
+const struct nf4_error *nf4_last_error_record(void);
+void nf4_error_save(struct nf4_error *e);
+/* Records e as this thread's error (unless it has one already); returns code. */
+int nf4_error_restore(int code, const struct nf4_error *e);
+
+/* Warnings go straight to stderr unless silenced by --quiet; while capture is
+ * on they are also kept (the first NF4_MAX_CAPTURED_WARNINGS) for --json. */
 void nf4_warn(const char *fmt, ...) NF4_PRINTF(1, 2);
+#define NF4_MAX_CAPTURED_WARNINGS 1000
+void nf4_warn_capture(int on);
+/* The kept warnings, one line each, without the "nf4deq: warning: " prefix. */
+const char *const *nf4_warnings(size_t *n);
 void nf4_set_quiet(int quiet);
 int nf4_is_quiet(void);
 
