@@ -1,6 +1,7 @@
 #include "cli.h"
 
 #include <getopt.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,23 +10,25 @@
 
 #include "bench.h"
 #include "convert.h"
+#include "input.h"
 #include "inspect.h"
 #include "lora.h"
 #include "progress.h"
+#include "report.h"
 #include "status.h"
 
 #define EXIT_CODES_HELP                                                                                        \
     "Exit status:\n"                                                                                           \
     "   0  success\n"                                                                                          \
-    "   2  bad command line (unknown option, wrong arguments, OUT is IN), or an\n"                             \
-    "      NF4DEQ_CPU that names no CPU kernel\n"                                                              \
+    "   2  bad command line (unknown option, wrong arguments, OUT is IN, - where\n"                            \
+    "      it cannot work), or an NF4DEQ_CPU that names no CPU kernel\n"                                       \
     "  65  the input is not a valid safetensors / bitsandbytes 4-bit checkpoint\n"                             \
     "  66  the input is missing or unreadable\n"                                                               \
     "  69  a GPU was asked for (--device cuda) but none is usable, or NF4DEQ_CPU\n"                             \
     "      names a CPU kernel this processor or build lacks\n"                                                    \
     "  70  internal error (including out of memory)\n"                                                         \
     "  73  the output cannot be created (exists without --force, permissions)\n"                               \
-    "  74  read or write failed (I/O error, disk full)\n"
+    "  74  read or write failed (I/O error, disk full, closed standard output)\n"
 
 static const char MAIN_HELP[] =
     "Usage: nf4deq COMMAND [OPTIONS] ...\n"
@@ -33,7 +36,8 @@ static const char MAIN_HELP[] =
     "or fp32 safetensors, bit-identical to bitsandbytes' own dequantization.\n"
     "\n"
     "Commands:\n"
-    "  convert IN OUT     convert a .safetensors file, or a model directory\n"
+    "  convert IN OUT     convert a .safetensors file, a model directory, a diffusers\n"
+    "                     pipeline or a model in the Hugging Face cache\n"
     "  inspect IN         list tensors, quantization and sizes\n"
     "  bench              time the CUDA kernel (against bitsandbytes with --bnb-lib)\n"
     "\n"
@@ -44,9 +48,16 @@ static const char MAIN_HELP[] =
 static const char CONVERT_HELP[] =
     "Usage: nf4deq convert [OPTIONS] IN OUT\n"
     "Dequantize every bitsandbytes 4-bit weight of IN and write the result to OUT.\n"
-    "IN and OUT are both .safetensors files, or both model directories (with\n"
-    "model.safetensors.index.json, or a single model.safetensors). A directory keeps\n"
-    "its shard names and other files; config.json loses quantization_config.\n"
+    "IN is a .safetensors file, a model directory, a diffusers pipeline, ORG/NAME or -:\n"
+    "  file        OUT is a file, or - to stream it to standard output\n"
+    "  model dir   one *.safetensors.index.json (any prefix) and its shards, or\n"
+    "              *.safetensors files and no index; shard names and other files\n"
+    "              are kept, config.json loses quantization_config\n"
+    "  pipeline    a directory with model_index.json: each component with 4-bit\n"
+    "              weights converts as a model dir, everything else is copied\n"
+    "  ORG/NAME    a model downloaded with 'hf download' into the Hugging Face\n"
+    "              cache ($HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub)\n"
+    "  -           standard input, when it is a file (not a pipe)\n"
     "OUT appears complete or not at all: it is built beside OUT and renamed.\n"
     "\n"
     "  -d, --dtype TYPE     fp16, bf16 or fp32 for every floating tensor; default:\n"
@@ -66,6 +77,9 @@ static const char CONVERT_HELP[] =
     "      --lora DIR       merge the PEFT LoRA adapter in DIR (adapter_config.json,\n"
     "                       adapter_model.safetensors) into the dequantized weights;\n"
     "                       repeat to add several adapters' deltas, in order (at most 8)\n"
+    "      --revision REV   with ORG/NAME: the branch, tag or commit (default main)\n"
+    "      --json           print a JSON report on standard output when done\n"
+    "                       (also on failure, with error, exit_code, file, tensor)\n"
     "  -f, --force          replace OUT if it exists\n"
     "  -q, --quiet          print nothing but errors\n"
     "  -h, --help           show this help\n"
@@ -79,12 +93,14 @@ static const char CONVERT_HELP[] =
 
 static const char INSPECT_HELP[] =
     "Usage: nf4deq inspect [OPTIONS] IN\n"
-    "List the tensors of a .safetensors file or model directory: name, dtype, shape,\n"
+    "List the tensors of IN (as for convert: a file, a model directory, a diffusers\n"
+    "pipeline component by component, ORG/NAME or -): name, dtype, shape,\n"
     "bytes, and for 4-bit weights the quant type, blocksize, double quant, storage\n"
     "dtype and output dtype; then totals (parameters, bytes on disk, bytes after\n"
     "conversion).\n"
     "\n"
-    "      --json           machine-readable output\n"
+    "      --json           machine-readable output, indented as jq does\n"
+    "      --revision REV   with ORG/NAME: the branch, tag or commit (default main)\n"
     "  -d, --dtype TYPE     compute the size after conversion for this --dtype\n"
     "      --lora DIR       also list the tensors this adapter changes, with r, alpha\n"
     "                       and scaling (may repeat)\n"
@@ -142,18 +158,6 @@ static int parse_dtype_arg(const char *cmd, const char *arg, enum st_dtype *out)
     return NF4_OK;
 }
 
-static void human_bytes(char *buf, size_t cap, uint64_t bytes)
-{
-    static const char *const UNITS[] = {"B", "KB", "MB", "GB", "TB"};
-    double v = (double)bytes;
-    int u = 0;
-    while (v >= 1000 && u < 4) {
-        v /= 1000;
-        u++;
-    }
-    snprintf(buf, cap, u ? "%.2f %s" : "%.0f %s", v, UNITS[u]);
-}
-
 /* --lora may repeat, up to LORA_MAX_ADAPTERS times. */
 static int add_lora(const char *cmd, const char **dirs, size_t *n, const char *arg)
 {
@@ -173,12 +177,14 @@ static int cmd_convert(int argc, char **argv)
         {"force", no_argument, NULL, 'f'},         {"quiet", no_argument, NULL, 'q'},
         {"mem", required_argument, NULL, 'M'},     {"progress", required_argument, NULL, 'P'},
         {"lora", required_argument, NULL, 'L'},    {"help", no_argument, NULL, 'h'},
+        {"json", no_argument, NULL, 'J'},          {"revision", required_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
     struct convert_opts o;
     convert_opts_init(&o);
     const char *lora[LORA_MAX_ADAPTERS];
-    int quiet = 0, c;
+    const char *revision = NULL;
+    int quiet = 0, json = 0, c;
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(argc, argv, ":d:j:fqh", LONG, NULL)) != -1) {
@@ -224,6 +230,8 @@ static int cmd_convert(int argc, char **argv)
             if (add_lora("convert", lora, &o.nlora, optarg) != NF4_OK)
                 return NF4_EUSAGE;
             break;
+        case 'J': json = 1; break;
+        case 'R': revision = optarg; break;
         case 'f': o.force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': fputs(CONVERT_HELP, stdout); return NF4_OK;
@@ -232,25 +240,27 @@ static int cmd_convert(int argc, char **argv)
     }
     if (argc - optind != 2)
         return usage_error("convert", "%s", argc - optind < 2 ? "convert needs IN and OUT" : "too many arguments");
+    const char *in = argv[optind], *out = argv[optind + 1];
+    if (json && strcmp(out, "-") == 0)
+        return usage_error("convert", "%s", "--json prints on standard output, so OUT cannot be - with it");
     nf4_set_quiet(quiet);
+    nf4_warn_capture(json);
     o.lora_dirs = lora;
+    /* A reader that goes away is a failed write (exit 74), not a silent death. */
+    if (strcmp(out, "-") == 0)
+        signal(SIGPIPE, SIG_IGN);
     struct convert_stats stats;
-    int code = convert_run(argv[optind], argv[optind + 1], &o, &stats);
-    if (code == NF4_OK && !quiet) {
-        char in[32], out[32];
-        human_bytes(in, sizeof in, stats.bytes_in);
-        human_bytes(out, sizeof out, stats.bytes_out);
-        double rate = stats.seconds > 0 ? (double)stats.bytes_out / stats.seconds / 1e9 : 0;
-        struct rusage ru;
-        long rss_mb = getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_maxrss / 1024 : 0;
-        char merged[48] = "";
-        if (o.nlora)
-            snprintf(merged, sizeof merged, ", %" PRIu64 " with LoRA merged", stats.merged);
-        fprintf(stderr,
-                "nf4deq: converted %" PRIu64 " tensors (%" PRIu64 " dequantized%s), %s in, %s out, %.2f s, %.2f GB/s, "
-                "peak RSS %ld MB, on %s\n",
-                stats.tensors, stats.dequantized, merged, in, out, stats.seconds, rate, rss_mb, stats.engine);
-    }
+    memset(&stats, 0, sizeof stats);
+    char *path = NULL;
+    int code = input_resolve(in, revision, &path);
+    if (code == NF4_OK)
+        code = convert_run(path, out, &o, &stats);
+    struct convert_report r = {in, path, revision, out, code, &stats, (int)o.nlora};
+    if (code == NF4_OK && !quiet)
+        report_summary(stderr, &r);
+    if (json && report_json(stdout, &r) != NF4_OK && code == NF4_OK)
+        code = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory printing the report");
+    free(path);
     return code;
 }
 
@@ -260,10 +270,12 @@ static int cmd_inspect(int argc, char **argv)
         {"json", no_argument, NULL, 'J'},
         {"dtype", required_argument, NULL, 'd'},
         {"lora", required_argument, NULL, 'L'},
+        {"revision", required_argument, NULL, 'R'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *lora[LORA_MAX_ADAPTERS];
+    const char *revision = NULL;
     size_t nlora = 0;
     int json = 0, c;
     enum st_dtype dtype = DT_INVALID;
@@ -272,6 +284,7 @@ static int cmd_inspect(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":d:h", LONG, NULL)) != -1) {
         switch (c) {
         case 'J': json = 1; break;
+        case 'R': revision = optarg; break;
         case 'd':
             if (parse_dtype_arg("inspect", optarg, &dtype) != NF4_OK)
                 return NF4_EUSAGE;
@@ -286,7 +299,12 @@ static int cmd_inspect(int argc, char **argv)
     }
     if (argc - optind != 1)
         return usage_error("inspect", "%s", argc - optind < 1 ? "inspect needs IN" : "too many arguments");
-    return inspect_run(argv[optind], json, dtype, lora, nlora, stdout);
+    char *path = NULL;
+    int code = input_resolve(argv[optind], revision, &path);
+    if (code == NF4_OK)
+        code = inspect_run(path, json, dtype, lora, nlora, stdout);
+    free(path);
+    return code;
 }
 
 int cli_main(int argc, char **argv)

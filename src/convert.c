@@ -16,6 +16,7 @@
 #include "cpu_path.h"
 #include "fileio.h"
 #include "gpu_start.h"
+#include "layout.h"
 #include "lora.h"
 #include "model.h"
 #include "model_dir.h"
@@ -25,21 +26,11 @@
 #include "safetensors_writer.h"
 #include "status.h"
 #include "strutil.h"
+#include "convert_internal.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "nf4deq reads safetensors data in place and needs a little-endian host"
 #endif
-
-struct ctx {
-    const struct convert_opts *opts;
-    struct lora_set *lora;
-    struct convert_stats *stats;
-    struct gpu_start *gpu_start; /* NULL: the CPU only */
-    enum cpu_path cpu_path;      /* NF4DEQ_CPU's, or the best this processor has */
-    int threads;
-    struct pipeline *pipeline;
-    struct progress progress;
-};
 
 void convert_opts_init(struct convert_opts *o)
 {
@@ -66,7 +57,7 @@ static void plan_lora(struct out_item *it, const struct lora_target *t)
     }
 }
 
-static int plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
+int convert_plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
                      const struct lora_set *lora, enum st_dtype dtype, struct out_item **items_out, size_t *n_out)
 {
     const struct st_file *f = m->files[file_index];
@@ -99,7 +90,7 @@ static int plan_file(const struct model *m, size_t file_index, const struct bnb_
     return NF4_OK;
 }
 
-static int write_file(struct ctx *c, const char *path, const struct out_item *items, size_t n,
+int convert_write_file(struct ctx *c, const char *path, const struct out_item *items, size_t n,
                       const struct st_file *meta_from, uint64_t *bytes_written)
 {
     struct st_out_tensor *outs = calloc(n ? n : 1, sizeof *outs);
@@ -108,7 +99,8 @@ static int write_file(struct ctx *c, const char *path, const struct out_item *it
     for (size_t i = 0; i < n; i++)
         outs[i] = items[i].out;
     struct st_writer *wr;
-    int code = st_writer_begin(&wr, path, outs, n, meta_from->meta, meta_from->nmeta);
+    int code = c->to_stdout ? st_writer_begin_stream(&wr, STDOUT_FILENO, path, outs, n, meta_from->meta, meta_from->nmeta)
+                            : st_writer_begin(&wr, path, outs, n, meta_from->meta, meta_from->nmeta);
     free(outs);
     if (code != NF4_OK)
         return code;
@@ -121,7 +113,7 @@ static int write_file(struct ctx *c, const char *path, const struct out_item *it
 }
 
 /* The shapes were overflow-checked when the input was read. */
-static uint64_t item_elements(const struct out_item *it)
+uint64_t out_item_elements(const struct out_item *it)
 {
     uint64_t nelem = 1;
     for (size_t d = 0; d < it->out.ndim; d++)
@@ -129,11 +121,11 @@ static uint64_t item_elements(const struct out_item *it)
     return nelem;
 }
 
-static uint64_t items_bytes(const struct out_item *items, size_t n)
+uint64_t out_items_bytes(const struct out_item *items, size_t n)
 {
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++)
-        total += item_elements(&items[i]) * dtype_bits(items[i].out.dtype) / 8;
+        total += out_item_elements(&items[i]) * dtype_bits(items[i].out.dtype) / 8;
     return total;
 }
 
@@ -158,8 +150,7 @@ static int default_threads(const struct ctx *c)
     return c->lora || cores < PLAIN_THREADS ? cores : PLAIN_THREADS;
 }
 
-/* Opens the device and the pipeline; `tensors` and `bytes` size the progress line. */
-static int open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_t bytes)
+int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_t bytes)
 {
     int code = open_device(c);
     if (code != NF4_OK)
@@ -203,7 +194,7 @@ static int open_device(struct ctx *c)
     return gpu_start_begin(&c->gpu_start, o->gpu_mem);
 }
 
-static void close_engine(struct ctx *c)
+void convert_close_engine(struct ctx *c)
 {
     if (c->pipeline) {
         pipeline_destroy(c->pipeline);
@@ -216,8 +207,7 @@ static void close_engine(struct ctx *c)
 
 /* ---- file and directory conversions ---- */
 
-/* Opens the --lora adapters against the base, before anything is written. */
-static int open_lora(struct ctx *c, const struct model *m, const struct bnb_weight *weights, size_t nweights)
+int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_weight *weights, size_t nweights)
 {
     if (c->opts->nlora == 0)
         return NF4_OK;
@@ -236,253 +226,12 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
     size_t n = 0;
     uint64_t written = 0;
     if ((code = bnb_collect(m, &weights, &nweights)) == NF4_OK &&
-        (code = open_lora(c, m, weights, nweights)) == NF4_OK &&
-        (code = plan_file(m, 0, weights, nweights, c->lora, c->opts->dtype, &items, &n)) == NF4_OK &&
-        (code = open_engine(c, out, n, items_bytes(items, n))) == NF4_OK)
-        code = write_file(c, out, items, n, m->files[0], &written);
+        (code = convert_open_lora(c, m, weights, nweights)) == NF4_OK &&
+        (code = convert_plan_file(m, 0, weights, nweights, c->lora, c->opts->dtype, &items, &n)) == NF4_OK &&
+        (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK)
+        code = convert_write_file(c, out, items, n, m->files[0], &written);
     c->stats->bytes_out += written;
     free(items);
-    bnb_free(weights, nweights);
-    model_close(m);
-    return code;
-}
-
-/* The dtype config.json should name: --dtype, or the weights' common dtype. */
-static const char *config_dtype(const struct convert_opts *o, const struct bnb_weight *w, size_t n)
-{
-    if (o->dtype != DT_INVALID)
-        return dtype_torch_name(o->dtype);
-    for (size_t i = 1; i < n; i++)
-        if (w[i].state.dtype != w[0].state.dtype)
-            return NULL;
-    return n ? dtype_torch_name(w[0].state.dtype) : NULL;
-}
-
-static int cmp_index_entry(const void *a, const void *b)
-{
-    const struct index_out_entry *x = a, *y = b;
-    return strcmp(x->tensor, y->tensor);
-}
-
-static int write_index(const char *dir, const struct model *m, struct index_out_entry *entries, size_t n,
-                       uint64_t total_size, uint64_t total_params)
-{
-    char *path = path_join(dir, INDEX_FILE_NAME);
-    if (!path)
-        return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-    qsort(entries, n, sizeof *entries, cmp_index_entry);
-    char *text = NULL;
-    size_t len = 0;
-    int code = index_render(path, m->index_metadata_json, total_size, total_params, entries, n, &text, &len);
-    if (code == NF4_OK) {
-        temp_register(path, 0); /* before it exists, as for the shards */
-        code = write_file_atomic(path, text, len);
-    }
-    free(text);
-    free(path);
-    return code;
-}
-
-static int write_config(const char *in_dir, const char *dir, const char *dtype)
-{
-    char *from = path_join(in_dir, CONFIG_FILE_NAME), *to = path_join(dir, CONFIG_FILE_NAME);
-    char *json = NULL, *text = NULL;
-    size_t len = 0, text_len = 0;
-    int code = (from && to) ? NF4_OK : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-    if (code == NF4_OK)
-        code = read_small_file(from, MAX_JSON_FILE_BYTES, &json, &len);
-    if (code == NF4_OK)
-        code = config_rewrite(from, json, len, dtype, &text, &text_len);
-    if (code == NF4_OK) {
-        temp_register(to, 0); /* before it exists, as for the shards */
-        code = write_file_atomic(to, text, text_len);
-    }
-    free(json);
-    free(text);
-    free(from);
-    free(to);
-    return code;
-}
-
-static int is_model_file(const struct model *m, const char *name)
-{
-    if (strcmp(name, INDEX_FILE_NAME) == 0 || strcmp(name, CONFIG_FILE_NAME) == 0)
-        return 1;
-    for (size_t i = 0; i < m->nfiles; i++)
-        if (strcmp(m->file_names[i], name) == 0)
-            return 1;
-    return 0;
-}
-
-static int copy_other_files(const struct model *m, const char *in_dir, const char *dir)
-{
-    DIR *d = opendir(in_dir);
-    if (!d)
-        return nf4_fail_errno(NF4_ENOINPUT, errno, in_dir, NULL, "cannot list");
-    int code = NF4_OK;
-    struct dirent *ent;
-    while (code == NF4_OK && (ent = readdir(d)) != NULL) {
-        const char *name = ent->d_name;
-        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || is_model_file(m, name))
-            continue;
-        char *from = path_join(in_dir, name), *to = path_join(dir, name);
-        struct stat st;
-        if (!from || !to) {
-            code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
-        } else if (stat(from, &st) != 0) {
-            code = nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot stat");
-        } else if (S_ISREG(st.st_mode) && str_ends_with(name, ".safetensors")) {
-            /* A checkpoint file that is not part of this model (an older
-             * model.safetensors beside the shards, say) would be copied still
-             * quantized, and transformers may load it first. */
-            nf4_warn("%s: not part of the model (not in %s); not copied", from,
-                     m->sharded ? INDEX_FILE_NAME : SINGLE_FILE_NAME);
-        } else if (S_ISREG(st.st_mode) && !path_stays_in_model(in_dir, from)) {
-            nf4_warn("%s: links to a file outside the model directory; not copied", from);
-        } else if (S_ISREG(st.st_mode)) {
-            temp_register(to, 0);
-            code = copy_file(from, to);
-        } else if (strncmp(name, ".", 1) != 0) {
-            nf4_warn("%s: not a regular file; not copied", from);
-        }
-        free(from);
-        free(to);
-    }
-    closedir(d);
-    return code;
-}
-
-static int publish_dir(const char *tmp, const char *out, int replace)
-{
-    if (!replace) {
-        if (rename(tmp, out) != 0)
-            return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot rename the finished directory into place");
-        return NF4_OK;
-    }
-    /* Swap the new tree in atomically; the old one ends up at tmp and goes. */
-    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE) != 0) {
-        if (errno != EINVAL && errno != ENOSYS)
-            return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL,
-                                  "cannot swap the finished directory into place");
-        /* No RENAME_EXCHANGE here (NFS, some FUSE file systems): move the old
-         * tree aside first. For a moment OUT does not exist, but neither
-         * tree is ever lost. */
-        char *old = NULL;
-        if (create_temp_dir_beside(out, &old) != 0 || rmdir(old) != 0 || rename(out, old) != 0) {
-            int e = errno;
-            if (old)
-                temp_unregister(old);
-            free(old);
-            return nf4_fail_errno(NF4_ECANTCREAT, e, out, NULL, "cannot move the old directory aside");
-        }
-        if (rename(tmp, out) != 0) {
-            int e = errno;
-            rename(old, out);
-            temp_unregister(old);
-            free(old);
-            return nf4_fail_errno(NF4_ECANTCREAT, e, out, NULL, "cannot rename the finished directory into place");
-        }
-        temp_unregister(old);
-        if (remove_tree(old) != 0)
-            nf4_warn("%s: could not remove the replaced output: %s", old, strerror(errno));
-        free(old);
-        return NF4_OK;
-    }
-    if (remove_tree(tmp) != 0)
-        nf4_warn("%s: could not remove the replaced output: %s", tmp, strerror(errno));
-    return NF4_OK;
-}
-
-static int convert_dir(struct ctx *c, const char *in, const char *out, int replace)
-{
-    struct model *m;
-    int code = model_open_dir(in, &m);
-    if (code != NF4_OK)
-        return code;
-    struct bnb_weight *weights = NULL;
-    size_t nweights = 0, nentries = 0;
-    struct index_out_entry *entries = NULL;
-    struct out_item **plans = NULL;
-    size_t *nplan = NULL;
-    char *tmp = NULL;
-    uint64_t total_size = 0, total_params = 0;
-    if ((code = bnb_collect(m, &weights, &nweights)) != NF4_OK || (code = open_lora(c, m, weights, nweights)) != NF4_OK)
-        goto out;
-    entries = calloc(m->count ? m->count : 1, sizeof *entries);
-    plans = calloc(m->nfiles, sizeof *plans);
-    nplan = calloc(m->nfiles, sizeof *nplan);
-    if (!entries || !plans || !nplan) {
-        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
-        goto out;
-    }
-    /* Plan every shard first: the progress line needs the totals. */
-    uint64_t all_tensors = 0, all_bytes = 0;
-    for (size_t i = 0; i < m->nfiles; i++) {
-        if ((code = plan_file(m, i, weights, nweights, c->lora, c->opts->dtype, &plans[i], &nplan[i])) != NF4_OK)
-            goto out;
-        all_tensors += nplan[i];
-        all_bytes += items_bytes(plans[i], nplan[i]);
-    }
-    if ((code = open_engine(c, out, all_tensors, all_bytes)) != NF4_OK)
-        goto out;
-    if (create_temp_dir_beside(out, &tmp) != 0) {
-        code = nf4_fail_errno(errno == ENOMEM ? NF4_ESOFTWARE : NF4_ECANTCREAT, errno, out, NULL,
-                              "cannot create a temp directory beside it");
-        goto out;
-    }
-    for (size_t i = 0; i < m->nfiles && code == NF4_OK; i++) {
-        struct out_item *items = plans[i];
-        size_t n = nplan[i];
-        if (n > 0) {
-            char *path = path_join(tmp, m->file_names[i]);
-            uint64_t written = 0;
-            /* Registered before it exists: a signal right after the rename
-             * into tmp must still find it, or tmp cannot be removed. */
-            if (path)
-                temp_register(path, 0);
-            code = path ? write_file(c, path, items, n, m->files[i], &written)
-                        : nf4_fail(NF4_ESOFTWARE, tmp, NULL, "out of memory");
-            c->stats->bytes_out += written;
-            total_size += written;
-            for (size_t k = 0; k < n; k++) {
-                total_params += item_elements(&items[k]);
-                entries[nentries++] = (struct index_out_entry){items[k].out.name, m->file_names[i]};
-            }
-            free(path);
-        }
-    }
-    if (code == NF4_OK && m->sharded)
-        code = write_index(tmp, m, entries, nentries, total_size, total_params);
-    char *config = path_join(in, CONFIG_FILE_NAME);
-    struct stat st;
-    if (code == NF4_OK && !config)
-        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory"); /* not "there is no config.json" */
-    if (code == NF4_OK && stat(config, &st) == 0)
-        code = write_config(in, tmp, config_dtype(c->opts, weights, nweights));
-    free(config);
-    if (code == NF4_OK)
-        code = copy_other_files(m, in, tmp);
-    /* config.json, the index and the copies were renamed or created in tmp
-     * after the last shard's fsync: make the whole tree durable first. */
-    if (code == NF4_OK && fsync_dir(tmp) != 0)
-        code = nf4_fail_errno(NF4_EIO, errno, out, NULL, "fsync of the finished directory failed");
-    if (code == NF4_OK)
-        code = publish_dir(tmp, out, replace);
-    if (code == NF4_OK && fsync_parent_dir(out) != 0) {
-        code = nf4_fail_errno(NF4_EIO, errno, out, NULL, "fsync of its parent directory failed");
-        remove_tree(out); /* a failed run leaves no output, even one renamed into place */
-    }
-    if (code != NF4_OK && tmp)
-        remove_tree(tmp);
-out:
-    if (tmp)
-        temp_unregister_prefix(tmp);
-    free(tmp);
-    free(entries);
-    for (size_t i = 0; plans && i < m->nfiles; i++)
-        free(plans[i]);
-    free(plans);
-    free(nplan);
     bnb_free(weights, nweights);
     model_close(m);
     return code;
@@ -498,37 +247,76 @@ static int path_is_within(const char *inner, const char *outer)
     return strncmp(a, b, n) == 0 && (a[n] == '\0' || a[n] == '/' || (n == 1 && b[0] == '/'));
 }
 
+/* OUT is "-": a single file streams to standard output, which must be open
+ * and not a terminal. */
+static int check_stdout_output(enum input_layout layout, const char *in)
+{
+    if (layout != LAYOUT_FILE)
+        return nf4_fail(NF4_EUSAGE, in, NULL, "is a directory, so OUT must be a directory too: only a single file's "
+                        "output can go to standard output (-)");
+    if (std_stream_was_closed(STDOUT_FILENO))
+        return nf4_fail(NF4_EIO, NULL, NULL, "standard output is closed");
+    if (isatty(STDOUT_FILENO))
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "refusing to write safetensors data to a terminal: redirect standard "
+                        "output, or give OUT");
+    return NF4_OK;
+}
+
+/* OUT is a path: it may exist only with --force, and never be the input. */
+static int check_path_output(const char *in, int in_is_dir, const char *out, const struct convert_opts *o,
+                             int *out_exists)
+{
+    struct stat in_st, out_st;
+    if (stat(in, &in_st) != 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, in, NULL, "cannot open");
+    *out_exists = stat(out, &out_st) == 0;
+    if (!*out_exists && errno != ENOENT)
+        return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot stat");
+    if (!*out_exists)
+        return NF4_OK;
+    if (out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino)
+        return nf4_fail(NF4_EUSAGE, out, NULL, "is the input itself; refusing to overwrite it");
+    if (S_ISDIR(out_st.st_mode) != in_is_dir)
+        return nf4_fail(NF4_EUSAGE, out, NULL, "input is a %s but output is a %s: give both as files or both as "
+                        "directories", in_is_dir ? "directory" : "file", in_is_dir ? "file" : "directory");
+    if (!o->force)
+        return nf4_fail(NF4_ECANTCREAT, out, NULL, "already exists (use --force to replace it)");
+    if (in_is_dir && path_is_within(in, out))
+        return nf4_fail(NF4_EUSAGE, out, NULL, "contains the input; refusing to replace it");
+    return NF4_OK;
+}
+
 int convert_run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats)
 {
     memset(stats, 0, sizeof *stats);
-    struct ctx c = {.opts = o, .stats = stats};
-    struct stat in_st, out_st;
+    struct ctx c = {.opts = o, .stats = stats, .to_stdout = strcmp(out, "-") == 0};
     /* A bad NF4DEQ_CPU is refused before anything is read or written. */
-    int path_code = cpu_path_from_env(&c.cpu_path);
-    if (path_code != NF4_OK)
-        return path_code;
-    if (stat(in, &in_st) != 0)
-        return nf4_fail_errno(NF4_ENOINPUT, errno, in, NULL, "cannot open");
-    int in_is_dir = S_ISDIR(in_st.st_mode);
-    if (!in_is_dir && !S_ISREG(in_st.st_mode))
-        return nf4_fail(NF4_ENOINPUT, in, NULL, "neither a file nor a directory");
-    int out_exists = stat(out, &out_st) == 0;
-    if (!out_exists && errno != ENOENT)
-        return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot stat");
-    if (out_exists) {
-        if (out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino)
-            return nf4_fail(NF4_EUSAGE, out, NULL, "is the input itself; refusing to overwrite it");
-        if (S_ISDIR(out_st.st_mode) != in_is_dir)
-            return nf4_fail(NF4_EUSAGE, out, NULL, "input is a %s but output is a %s: give both as files or both as "
-                            "directories", in_is_dir ? "directory" : "file", in_is_dir ? "file" : "directory");
-        if (!o->force)
-            return nf4_fail(NF4_ECANTCREAT, out, NULL, "already exists (use --force to replace it)");
-        if (in_is_dir && path_is_within(in, out))
-            return nf4_fail(NF4_EUSAGE, out, NULL, "contains the input; refusing to replace it");
-    }
+    int code = cpu_path_from_env(&c.cpu_path);
+    enum input_layout layout = LAYOUT_FILE;
+    int out_exists = 0;
+    if (code == NF4_OK)
+        code = layout_of(in, &layout);
+    if (code != NF4_OK)
+        return code;
+    stats->layout = layout;
+    if (c.to_stdout)
+        code = check_stdout_output(layout, in);
+    else
+        code = check_path_output(in, layout != LAYOUT_FILE, out, o, &out_exists);
+    if (code == NF4_OK && layout == LAYOUT_PIPELINE && o->nlora)
+        code = nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline; --lora merges into one model: give the "
+                        "component's directory (such as %s/transformer)", in);
+    if (code != NF4_OK)
+        return code;
+    const char *target = c.to_stdout ? "standard output" : out;
     double t0 = progress_now();
-    int code = in_is_dir ? convert_dir(&c, in, out, out_exists) : convert_file(&c, in, out);
-    close_engine(&c);
+    if (layout == LAYOUT_PIPELINE)
+        code = convert_pipeline(&c, in, out, out_exists);
+    else if (layout == LAYOUT_MODEL_DIR)
+        code = convert_model_dir(&c, in, out, out_exists);
+    else
+        code = convert_file(&c, in, target);
+    convert_close_engine(&c);
     lora_close(c.lora);
     stats->seconds = progress_now() - t0;
     return code;

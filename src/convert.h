@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "dtype.h"
+#include "layout.h"
 #include "progress.h"
 
 enum device_choice { DEVICE_AUTO, DEVICE_CPU, DEVICE_CUDA };
@@ -27,16 +28,21 @@ struct convert_stats {
     uint64_t tensors;
     uint64_t dequantized;
     uint64_t merged;     /* tensors with a LoRA delta merged in */
+    uint64_t cast;       /* other tensors converted to another dtype (--dtype) */
+    uint64_t passed_through; /* other tensors written unchanged */
     uint64_t bytes_in;
     uint64_t bytes_out;
     uint64_t overflowed; /* finite values that became inf when cast to --dtype */
     double seconds;
     char engine[160]; /* "CPU (8 threads)" or the GPU's name */
+    enum input_layout layout; /* what IN was */
 };
 
 #define DEFAULT_MEM_BYTES (UINT64_C(512) << 20)
 
 void convert_opts_init(struct convert_opts *o);
+/* Converts IN (a file, a model directory or a diffusers pipeline) into OUT, or
+ * to standard output when OUT is "-" and IN is a file. */
 int convert_run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats);
 
 #endif

@@ -334,3 +334,26 @@ void install_signal_cleanup(void)
         sigaction(SIGNALS[i], &sa, NULL);
     }
 }
+
+static int closed_std_streams; /* bit fd for each of 0, 1, 2 found closed */
+
+void guard_std_streams(void)
+{
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) >= 0 || errno != EBADF)
+            continue;
+        /* stdout reopens on /dev/full, so whatever is printed to it fails as
+         * it would have; stdin and stderr on /dev/null. */
+        int got = open(fd == STDOUT_FILENO ? "/dev/full" : "/dev/null", fd == STDIN_FILENO ? O_RDONLY : O_WRONLY);
+        if (got >= 0 && got != fd) {
+            dup2(got, fd);
+            close(got);
+        }
+        closed_std_streams |= 1 << fd;
+    }
+}
+
+int std_stream_was_closed(int fd)
+{
+    return fd >= 0 && fd <= 2 && (closed_std_streams & (1 << fd)) != 0;
+}

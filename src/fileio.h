@@ -34,6 +34,13 @@ void temp_unregister_prefix(const char *prefix);
 void cleanup_temps(void);
 void install_signal_cleanup(void);
 
+/* At start-up: a closed stdin, stdout or stderr is reopened (stdout on
+ * /dev/full, the others on /dev/null), so no file nf4deq opens can take its
+ * number and receive what was meant for the stream (or be read as stdin).
+ * std_stream_was_closed then tells which were. */
+void guard_std_streams(void);
+int std_stream_was_closed(int fd);
+
 /* fsyncs the directory holding `path` so a rename into it is durable. */
 int fsync_parent_dir(const char *path);
 /* fsyncs a directory's own entries (what was created or renamed in it). */

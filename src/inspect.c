@@ -8,12 +8,23 @@
 #include <sys/stat.h>
 
 #include "bnb_state.h"
+#include "fileio.h"
+#include "json_util.h"
+#include "layout.h"
 #include "lora.h"
 #include "model.h"
 #include "status.h"
 
 struct totals {
-    uint64_t parameters, on_disk, converted;
+    uint64_t tensors, quantized, parameters, on_disk, converted;
+};
+
+struct inspect_opts {
+    int json;
+    enum st_dtype dtype;
+    const char *const *lora_dirs;
+    size_t nlora;
+    FILE *out;
 };
 
 static void shape_text(char *buf, size_t cap, size_t ndim, const uint64_t *shape)
@@ -105,31 +116,55 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
     }
 }
 
-int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const *lora_dirs, size_t nlora,
-                FILE *out)
+static void add_totals_json(cJSON *obj, const struct totals *t)
 {
-    struct stat st;
-    if (stat(in, &st) != 0)
-        return nf4_fail_errno(NF4_ENOINPUT, errno, in, NULL, "cannot open");
+    cJSON *jt = cJSON_AddObjectToObject(obj, "totals");
+    cJSON_AddNumberToObject(jt, "tensors", (double)t->tensors);
+    cJSON_AddNumberToObject(jt, "quantized_weights", (double)t->quantized);
+    cJSON_AddNumberToObject(jt, "parameters", (double)t->parameters);
+    cJSON_AddNumberToObject(jt, "bytes_on_disk", (double)t->on_disk);
+    cJSON_AddNumberToObject(jt, "bytes_after_conversion", (double)t->converted);
+}
+
+static void add_totals(struct totals *sum, const struct totals *t)
+{
+    sum->tensors += t->tensors;
+    sum->quantized += t->quantized;
+    sum->parameters += t->parameters;
+    sum->on_disk += t->on_disk;
+    sum->converted += t->converted;
+}
+
+/* One file or model directory: its tensor table and totals line, or its
+ * files, tensors and totals added to `obj`. `as_is`: it is copied unchanged
+ * (an unquantized pipeline component), so its size after conversion is its
+ * size now. */
+static int inspect_model(const char *in, int is_dir, const struct inspect_opts *o, cJSON *obj, struct totals *tot,
+                         int as_is)
+{
+    FILE *out = o->out;
+    int json = obj != NULL;
+    enum st_dtype dtype = as_is ? DT_INVALID : o->dtype;
     struct model *m;
-    int code = S_ISDIR(st.st_mode) ? model_open_dir(in, &m) : model_open_file(in, &m);
+    int code = is_dir ? model_open_dir(in, &m) : model_open_file(in, &m);
     if (code != NF4_OK)
         return code;
     struct bnb_weight *w = NULL;
     size_t nw = 0;
     struct lora_set *lora = NULL;
     if ((code = bnb_collect(m, &w, &nw)) != NF4_OK ||
-        (nlora && (code = lora_open(&lora, lora_dirs, nlora, m, w, nw)) != NF4_OK)) {
+        (o->nlora && (code = lora_open(&lora, o->lora_dirs, o->nlora, m, w, nw)) != NF4_OK)) {
         bnb_free(w, nw);
         model_close(m);
         return code;
     }
-    struct totals tot = {0};
+    memset(tot, 0, sizeof *tot);
+    tot->tensors = m->count;
+    tot->quantized = nw;
     for (size_t i = 0; i < m->nfiles; i++)
-        tot.on_disk += m->files[i]->file_size;
-    cJSON *root = json ? cJSON_CreateObject() : NULL;
-    cJSON *jfiles = json ? cJSON_AddArrayToObject(root, "files") : NULL;
-    cJSON *jtensors = json ? cJSON_AddArrayToObject(root, "tensors") : NULL;
+        tot->on_disk += m->files[i]->file_size;
+    cJSON *jfiles = json ? cJSON_AddArrayToObject(obj, "files") : NULL;
+    cJSON *jtensors = json ? cJSON_AddArrayToObject(obj, "tensors") : NULL;
     for (size_t i = 0; json && i < m->nfiles; i++) {
         cJSON *f = cJSON_CreateObject();
         cJSON_AddStringToObject(f, "path", m->files[i]->path);
@@ -154,8 +189,8 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
         }
         uint64_t out_bytes = out_dt == DT_INVALID ? 0 : nelem * dtype_bits(out_dt) / 8;
         if (!owner) {
-            tot.parameters += nelem;
-            tot.converted += out_bytes;
+            tot->parameters += nelem;
+            tot->converted += out_bytes;
         }
         char shape[128], qshape[128];
         shape_text(shape, sizeof shape, t->ndim, t->shape);
@@ -199,27 +234,17 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
             fprintf(out, "-> %s (%" PRIu64 " bytes)\n", dtype_name(out_dt), out_bytes);
         }
     }
+    if (as_is)
+        tot->converted = tot->on_disk;
     if (json) {
-        cJSON *jt = cJSON_AddObjectToObject(root, "totals");
-        cJSON_AddNumberToObject(jt, "tensors", (double)m->count);
-        cJSON_AddNumberToObject(jt, "quantized_weights", (double)nw);
-        cJSON_AddNumberToObject(jt, "parameters", (double)tot.parameters);
-        cJSON_AddNumberToObject(jt, "bytes_on_disk", (double)tot.on_disk);
-        cJSON_AddNumberToObject(jt, "bytes_after_conversion", (double)tot.converted);
+        add_totals_json(obj, tot);
         if (lora)
-            report_lora(lora, root, out);
-        char *text = cJSON_Print(root);
-        if (text)
-            fprintf(out, "%s\n", text);
-        else
-            code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
-        free(text);
-        cJSON_Delete(root);
+            report_lora(lora, obj, out);
     } else {
         fprintf(out,
                 "\n%zu tensors in %zu file%s, %zu quantized weights; %" PRIu64 " parameters; %" PRIu64
                 " bytes on disk; %" PRIu64 " bytes after conversion\n",
-                m->count, m->nfiles, m->nfiles == 1 ? "" : "s", nw, tot.parameters, tot.on_disk, tot.converted);
+                m->count, m->nfiles, m->nfiles == 1 ? "" : "s", nw, tot->parameters, tot->on_disk, tot->converted);
         if (lora) {
             report_lora(lora, NULL, out);
             fprintf(out, "\n%zu tensor%s changed by %zu adapter%s\n", lora->ntargets, lora->ntargets == 1 ? "" : "s",
@@ -229,5 +254,110 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
     lora_close(lora);
     bnb_free(w, nw);
     model_close(m);
+    return code;
+}
+
+/* A diffusers pipeline: each component as a model, what convert does with it,
+ * the other entries, and the totals over the components. */
+static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON *root)
+{
+    struct pipeline_entry *e = NULL;
+    size_t n = 0;
+    int code = pipeline_list(in, &e, &n);
+    if (code != NF4_OK)
+        return code;
+    struct totals sum = {0};
+    size_t ncomponents = 0, nquantized = 0;
+    cJSON *jcomponents = root ? cJSON_AddArrayToObject(root, "components") : NULL;
+    cJSON *jother = root ? cJSON_AddArrayToObject(root, "copied") : NULL;
+    for (size_t i = 0; i < n && code == NF4_OK; i++) {
+        char *path = path_join(in, e[i].name);
+        if (!path) {
+            code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+            break;
+        }
+        if (e[i].kind != ENTRY_COMPONENT) {
+            if (jother)
+                cJSON_AddItemToArray(jother, cJSON_CreateString(e[i].name));
+            free(path);
+            continue;
+        }
+        int quantized = 0;
+        /* Whether it has 4-bit weights decides what convert does with it. */
+        struct model *m;
+        if ((code = model_open_dir(path, &m)) == NF4_OK) {
+            struct bnb_weight *w = NULL;
+            size_t nw = 0;
+            code = bnb_collect(m, &w, &nw);
+            quantized = nw > 0;
+            bnb_free(w, nw);
+            model_close(m);
+        }
+        cJSON *jc = NULL;
+        if (code == NF4_OK && root) {
+            jc = cJSON_CreateObject();
+            cJSON_AddStringToObject(jc, "name", e[i].name);
+            cJSON_AddStringToObject(jc, "path", path);
+            cJSON_AddStringToObject(jc, "action", quantized ? "convert" : "copy");
+            cJSON_AddItemToArray(jcomponents, jc);
+        } else if (code == NF4_OK) {
+            fprintf(o->out, "%s== component %s: %s ==\n", ncomponents ? "\n" : "", e[i].name,
+                    quantized ? "converted" : "no 4-bit weights, copied as it is");
+        }
+        struct totals t = {0};
+        if (code == NF4_OK)
+            code = inspect_model(path, 1, o, jc, &t, !quantized);
+        free(path);
+        add_totals(&sum, &t);
+        ncomponents++;
+        nquantized += quantized;
+    }
+    if (code == NF4_OK && root) {
+        add_totals_json(root, &sum);
+        cJSON *jt = cJSON_GetObjectItemCaseSensitive(root, "totals");
+        cJSON_AddNumberToObject(jt, "components", (double)ncomponents);
+        cJSON_AddNumberToObject(jt, "converted_components", (double)nquantized);
+    } else if (code == NF4_OK) {
+        fprintf(o->out, "\npipeline: %zu component%s (%zu converted, %zu copied), %zu other entr%s copied; %" PRIu64
+                " tensors, %" PRIu64 " quantized weights, %" PRIu64 " parameters; %" PRIu64 " bytes on disk; %" PRIu64
+                " bytes after conversion\n", ncomponents, ncomponents == 1 ? "" : "s", nquantized,
+                ncomponents - nquantized, n - ncomponents, n - ncomponents == 1 ? "y" : "ies", sum.tensors,
+                sum.quantized, sum.parameters, sum.on_disk, sum.converted);
+    }
+    pipeline_entries_free(e, n);
+    return code;
+}
+
+int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const *lora_dirs, size_t nlora,
+                FILE *out)
+{
+    enum input_layout layout;
+    int code = layout_of(in, &layout);
+    if (code != NF4_OK)
+        return code;
+    if (layout == LAYOUT_PIPELINE && nlora)
+        return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline; --lora applies to one model: give the "
+                        "component's directory (such as %s/transformer)", in);
+    struct inspect_opts o = {json, dtype, lora_dirs, nlora, out};
+    cJSON *root = json ? cJSON_CreateObject() : NULL;
+    if (json && !root)
+        return nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    struct totals tot;
+    if (layout == LAYOUT_PIPELINE) {
+        if (root)
+            cJSON_AddStringToObject(root, "pipeline", in);
+        code = inspect_pipeline(in, &o, root);
+    } else {
+        code = inspect_model(in, layout == LAYOUT_MODEL_DIR, &o, root, &tot, 0);
+    }
+    if (code == NF4_OK && root) {
+        char *text = json_print_pretty(root);
+        if (text)
+            fputs(text, out);
+        else
+            code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+        free(text);
+    }
+    cJSON_Delete(root);
     return code;
 }

@@ -1,8 +1,11 @@
 #include "json_util.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "strbuf.h"
 
 /* cJSON returns NULL both for bad JSON and for a failed allocation; this hook
  * tells the two apart, so running out of memory is not reported as bad input. */
@@ -94,4 +97,74 @@ int json_has_duplicate_key(const cJSON *object)
             if (a->string && b->string && strcmp(a->string, b->string) == 0)
                 return 1;
     return 0;
+}
+
+/* The shortest decimal that reads back as the same double, as jq 1.7 prints
+ * numbers; integers (every size and count nf4deq reports) without a fraction. */
+static void put_number(struct strbuf *b, double v)
+{
+    if (v != v || v == 1.0 / 0.0 || v == -1.0 / 0.0) {
+        strbuf_puts(b, "null"); /* JSON has no NaN or infinity */
+        return;
+    }
+    if (v == (double)(long long)v && v > -9007199254740992.0 && v < 9007199254740992.0) {
+        strbuf_printf(b, "%lld", (long long)v);
+        return;
+    }
+    char text[32];
+    for (int digits = 1; digits <= 17; digits++) {
+        snprintf(text, sizeof text, "%.*g", digits, v);
+        if (strtod(text, NULL) == v)
+            break;
+    }
+    strbuf_puts(b, text);
+}
+
+static void put_indent(struct strbuf *b, int depth)
+{
+    for (int i = 0; i < depth; i++)
+        strbuf_puts(b, "  ");
+}
+
+static void put_value(struct strbuf *b, const cJSON *item, int depth)
+{
+    if (cJSON_IsObject(item) || cJSON_IsArray(item)) {
+        int object = cJSON_IsObject(item);
+        if (!item->child) {
+            strbuf_puts(b, object ? "{}" : "[]");
+            return;
+        }
+        strbuf_puts(b, object ? "{\n" : "[\n");
+        for (const cJSON *c = item->child; c; c = c->next) {
+            put_indent(b, depth + 1);
+            if (object) {
+                strbuf_json_string(b, c->string);
+                strbuf_puts(b, ": ");
+            }
+            put_value(b, c, depth + 1);
+            strbuf_puts(b, c->next ? ",\n" : "\n");
+        }
+        put_indent(b, depth);
+        strbuf_puts(b, object ? "}" : "]");
+    } else if (cJSON_IsString(item)) {
+        strbuf_json_string(b, item->valuestring);
+    } else if (cJSON_IsNumber(item)) {
+        put_number(b, item->valuedouble);
+    } else if (cJSON_IsBool(item)) {
+        strbuf_puts(b, cJSON_IsTrue(item) ? "true" : "false");
+    } else {
+        strbuf_puts(b, "null");
+    }
+}
+
+char *json_print_pretty(const cJSON *item)
+{
+    struct strbuf b = {0};
+    put_value(&b, item, 0);
+    strbuf_puts(&b, "\n");
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
 }

@@ -34,4 +34,9 @@ int json_ran_out_of_memory(void);
  * things to nf4deq and to bitsandbytes: it is refused. */
 int json_has_duplicate_key(const cJSON *object);
 
+/* Prints a document as jq does by default: two-space indentation, "key": value,
+ * empty containers as {} and [], one value per line, a final newline.
+ * NULL when out of memory. */
+char *json_print_pretty(const cJSON *item);
+
 #endif

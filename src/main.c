@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "fileio.h"
@@ -9,13 +10,15 @@
 
 int main(int argc, char **argv)
 {
+    guard_std_streams();
     install_signal_cleanup();
     int code = cli_main(argc, argv);
     cleanup_temps();
     /* A full disk or a closed pipe on stdout must not pass for success. */
     if (fflush(stdout) != 0 || ferror(stdout) || fclose(stdout) != 0) {
         if (code == 0) {
-            fprintf(stderr, "nf4deq: write error on standard output: %s\n", strerror(errno));
+            fprintf(stderr, "nf4deq: write error on standard output: %s\n",
+                    std_stream_was_closed(STDOUT_FILENO) ? "it is closed" : strerror(errno));
             code = 74;
         }
     }

@@ -3,6 +3,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <limits.h>
+#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -10,6 +11,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "status.h"
+#include "strutil.h"
 
 static int cmp_model_tensor(const void *a, const void *b)
 {
@@ -44,6 +46,25 @@ static int is_within(const char *inner, const char *outer)
     return strncmp(inner, outer, n) == 0 && (inner[n] == '/' || inner[n] == '\0' || (n == 1 && outer[0] == '/'));
 }
 
+/* In the Hugging Face cache, a snapshot (or a folder of one, for a pipeline's
+ * components) is .../models--ORG--NAME/snapshots/REV[/...], and its files link
+ * into .../models--ORG--NAME/blobs. Cuts real_dir down to that blobs directory;
+ * 0 when real_dir is not inside a snapshot. */
+static int cache_blobs_of(char *real_dir)
+{
+    char *snap = NULL;
+    for (char *p = strstr(real_dir, "/snapshots/"); p; p = strstr(p + 1, "/snapshots/"))
+        snap = p;
+    if (!snap || snap == real_dir || snap[strlen("/snapshots/")] == '\0')
+        return 0;
+    *snap = '\0';
+    const char *repo = strrchr(real_dir, '/');
+    if (!repo || strncmp(repo + 1, "models--", strlen("models--")) != 0)
+        return 0;
+    strcat(real_dir, "/blobs"); /* shorter than the "/snapshots/..." it replaces */
+    return 1;
+}
+
 int path_stays_in_model(const char *dir, const char *path)
 {
     char real_dir[PATH_MAX], real_path[PATH_MAX];
@@ -51,15 +72,7 @@ int path_stays_in_model(const char *dir, const char *path)
         return 0;
     if (is_within(real_path, real_dir))
         return 1;
-    char *slash = strrchr(real_dir, '/');
-    if (!slash || slash == real_dir)
-        return 0;
-    *slash = '\0'; /* .../snapshots */
-    char *parent = strrchr(real_dir, '/');
-    if (!parent || strcmp(parent + 1, "snapshots") != 0)
-        return 0;
-    strcpy(parent + 1, "blobs");
-    return is_within(real_path, real_dir);
+    return cache_blobs_of(real_dir) && is_within(real_path, real_dir);
 }
 
 void index_free(struct index_entry *entries, size_t nentries, char **files, size_t nfiles)
@@ -189,7 +202,14 @@ static int build_name_table(struct model *m)
             m->tensors[m->count++] = (struct model_tensor){m->files[i], &m->files[i]->tensors[k], i};
     qsort(m->tensors, m->count, sizeof *m->tensors, cmp_model_tensor);
     for (size_t i = 1; i < m->count; i++)
-        if (strcmp(m->tensors[i - 1].t->name, m->tensors[i].t->name) == 0)
+        if (strcmp(m->tensors[i - 1].t->name, m->tensors[i].t->name) != 0)
+            continue;
+        else if (m->dir && !m->sharded) /* no index says which file is the model */
+            return nf4_fail(NF4_EDATA, m->dir, m->tensors[i].t->name,
+                            "is ambiguous: %s and %s both hold this tensor (two variants of one model?); keep "
+                            "one of them, or convert each file on its own", m->file_names[m->tensors[i - 1].file_index],
+                            m->file_names[m->tensors[i].file_index]);
+        else
             return nf4_fail(NF4_EDATA, m->tensors[i].file->path, m->tensors[i].t->name,
                             "tensor is also in %s", m->tensors[i - 1].file->path);
     return NF4_OK;
@@ -221,6 +241,111 @@ fail:
     return code;
 }
 
+/* 1 for a regular file, through links (the Hugging Face cache links every
+ * file); 0 for anything else; -1 when out of memory. */
+static int is_regular_file(const char *dir, const char *name)
+{
+    char *p = path_join(dir, name);
+    if (!p)
+        return -1;
+    struct stat st;
+    int regular = stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    free(p);
+    return regular;
+}
+
+/* Appends a strdup of name; 0 when out of memory. */
+static int push_name(char ***names, size_t *n, size_t *cap, const char *name)
+{
+    if (*n == *cap) {
+        size_t grown = *cap ? 2 * *cap : 8;
+        char **p = realloc(*names, grown * sizeof *p);
+        if (!p)
+            return 0;
+        *names = p;
+        *cap = grown;
+    }
+    return ((*names)[*n] = strdup(name)) != NULL && ++*n;
+}
+
+static void free_names(char **names, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+int model_dir_scan(const char *dir, struct model_dir_files *out)
+{
+    memset(out, 0, sizeof *out);
+    DIR *d = opendir(dir);
+    if (!d)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "cannot list");
+    size_t icap = 0, wcap = 0;
+    int code = NF4_OK;
+    struct dirent *e;
+    while (code == NF4_OK && (e = readdir(d)) != NULL) {
+        const char *name = e->d_name;
+        int is_index = str_ends_with(name, INDEX_FILE_SUFFIX), is_weights = str_ends_with(name, WEIGHTS_FILE_SUFFIX);
+        if (name[0] == '.' || (!is_index && !is_weights))
+            continue;
+        int regular = is_regular_file(dir, name);
+        if (regular < 0) {
+            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+            break;
+        }
+        if (!regular)
+            continue;
+        if (!(is_index ? push_name(&out->indexes, &out->nindexes, &icap, name)
+                       : push_name(&out->weights, &out->nweights, &wcap, name)))
+            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    }
+    closedir(d);
+    if (code != NF4_OK) {
+        model_dir_files_free(out);
+        return code;
+    }
+    if (out->indexes)
+        qsort(out->indexes, out->nindexes, sizeof *out->indexes, cmp_str);
+    if (out->weights)
+        qsort(out->weights, out->nweights, sizeof *out->weights, cmp_str);
+    return NF4_OK;
+}
+
+void model_dir_files_free(struct model_dir_files *f)
+{
+    free_names(f->indexes, f->nindexes);
+    free_names(f->weights, f->nweights);
+    memset(f, 0, sizeof *f);
+}
+
+int model_dir_is_model(const struct model_dir_files *f)
+{
+    return f->nindexes > 0 || f->nweights > 0;
+}
+
+/* Which files make the model: the one index and its shards, or every
+ * *.safetensors file when there is no index. Two indexes cannot be told apart. */
+static int choose_model_files(const char *dir, struct model *m, struct model_dir_files *found)
+{
+    if (found->nindexes > 1)
+        return nf4_fail(NF4_EDATA, dir, NULL, "is ambiguous: it holds %zu index files (%s and %s); keep the one "
+                        "that describes the model", found->nindexes, found->indexes[0], found->indexes[1]);
+    if (found->nindexes == 1) {
+        m->index_name = found->indexes[0];
+        found->indexes[0] = NULL;
+        return NF4_OK;
+    }
+    if (found->nweights == 0)
+        return nf4_fail(NF4_ENOINPUT, dir, NULL, "is not a model directory: it has no *%s file and no *%s (such as %s)",
+                        WEIGHTS_FILE_SUFFIX, INDEX_FILE_SUFFIX, INDEX_FILE_NAME);
+    m->file_names = found->weights;
+    m->nfiles = found->nweights;
+    found->weights = NULL;
+    found->nweights = 0;
+    return NF4_OK;
+}
+
 int model_open_dir(const char *dir, struct model **out)
 {
     *out = NULL;
@@ -229,18 +354,23 @@ int model_open_dir(const char *dir, struct model **out)
         free(m);
         return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
     }
-    int code = NF4_OK;
-    char *index_path = path_join(dir, INDEX_FILE_NAME);
+    char *index_path = NULL;
     char *json = NULL;
     struct index_entry *entries = NULL;
     size_t nentries = 0;
-    struct stat st;
-    if (!index_path) {
-        code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    struct model_dir_files found;
+    int code = model_dir_scan(dir, &found);
+    if (code == NF4_OK)
+        code = choose_model_files(dir, m, &found);
+    model_dir_files_free(&found);
+    if (code != NF4_OK)
         goto out;
-    }
-    if (stat(index_path, &st) == 0) {
+    if (m->index_name) {
         size_t len;
+        if (!(index_path = path_join(dir, m->index_name))) {
+            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+            goto out;
+        }
         code = read_small_file(index_path, MAX_JSON_FILE_BYTES, &json, &len);
         if (code == NF4_OK)
             code = index_parse(index_path, json, len, &entries, &nentries, &m->file_names, &m->nfiles,
@@ -248,23 +378,6 @@ int model_open_dir(const char *dir, struct model **out)
         if (code != NF4_OK)
             goto out;
         m->sharded = 1;
-    } else if (errno != ENOENT) {
-        code = nf4_fail_errno(NF4_ENOINPUT, errno, index_path, NULL, "cannot stat");
-        goto out;
-    } else {
-        m->file_names = calloc(1, sizeof *m->file_names);
-        if (!m->file_names || !(m->file_names[0] = strdup(SINGLE_FILE_NAME))) {
-            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-            goto out;
-        }
-        m->nfiles = 1;
-        char *single = path_join(dir, SINGLE_FILE_NAME);
-        int missing = single && stat(single, &st) != 0 && errno == ENOENT;
-        free(single);
-        if (missing) {
-            code = nf4_fail(NF4_ENOINPUT, dir, NULL, "has neither %s nor %s", INDEX_FILE_NAME, SINGLE_FILE_NAME);
-            goto out;
-        }
     }
     m->files = calloc(m->nfiles, sizeof *m->files);
     if (!m->files) {
@@ -323,6 +436,7 @@ void model_close(struct model *m)
     free(m->file_names);
     free(m->tensors);
     free(m->index_metadata_json);
+    free(m->index_name);
     free(m->dir);
     free(m);
 }

@@ -1,7 +1,9 @@
 /* A checkpoint as a set of safetensors files with one tensor namespace: a single
- * file, or a model directory (model.safetensors, or shards listed by
- * model.safetensors.index.json). A bnb weight's parts may sit in different
- * shards; lookups here find them wherever they are. */
+ * file, or a model directory. A directory is a model when it holds exactly one
+ * *.safetensors.index.json (model., diffusion_pytorch_model., ...) with the
+ * shards it lists, or one or more *.safetensors files and no index. A bnb
+ * weight's parts may sit in different shards; lookups here find them wherever
+ * they are. */
 #ifndef NF4DEQ_MODEL_H
 #define NF4DEQ_MODEL_H
 
@@ -9,8 +11,9 @@
 
 #include "safetensors.h"
 
-#define INDEX_FILE_NAME "model.safetensors.index.json"
-#define SINGLE_FILE_NAME "model.safetensors"
+#define INDEX_FILE_NAME "model.safetensors.index.json" /* transformers' name, in messages */
+#define INDEX_FILE_SUFFIX ".safetensors.index.json"
+#define WEIGHTS_FILE_SUFFIX ".safetensors"
 #define CONFIG_FILE_NAME "config.json"
 /* index.json and config.json are small; anything larger is not one of them. */
 #define MAX_JSON_FILE_BYTES (64u << 20)
@@ -24,6 +27,7 @@ struct model_tensor {
 struct model {
     char *dir;           /* NULL when the model is one file */
     int sharded;         /* has an index.json */
+    char *index_name;    /* its file name in dir; NULL when not sharded */
     size_t nfiles;
     struct st_file **files;
     char **file_names;   /* names relative to dir (or the path itself for a single file) */
@@ -31,6 +35,19 @@ struct model {
     struct model_tensor *tensors; /* every tensor of every file, sorted by name */
     char *index_metadata_json;    /* the index's "metadata" object, printed compactly; NULL if none */
 };
+
+/* The candidate files of a directory, each list sorted by name. */
+struct model_dir_files {
+    char **indexes;  /* *.safetensors.index.json */
+    size_t nindexes;
+    char **weights;  /* *.safetensors */
+    size_t nweights;
+};
+/* Lists a directory's candidates (regular files through links; hidden names
+ * skipped). model_dir_is_model: any candidate at all. */
+int model_dir_scan(const char *dir, struct model_dir_files *out);
+void model_dir_files_free(struct model_dir_files *f);
+int model_dir_is_model(const struct model_dir_files *f);
 
 int model_open_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);
@@ -50,8 +67,9 @@ void index_free(struct index_entry *entries, size_t nentries, char **files, size
 
 /* 1 if `path` (a file in model directory `dir`, maybe a symlink) resolves to a
  * place inside `dir`, or inside the blobs/ of the Hugging Face cache repository
- * `dir` is a snapshot of (.../models--X/snapshots/REV -> .../models--X/blobs),
- * which is how the hub cache stores every file. Anything else escapes. */
+ * `dir` is a snapshot of, or a folder of (.../models--X/snapshots/REV[/...] ->
+ * .../models--X/blobs), which is how the hub cache stores every file.
+ * Anything else escapes. */
 int path_stays_in_model(const char *dir, const char *path);
 
 /* 1 if `name` is acceptable as a shard file name: a plain file name inside the

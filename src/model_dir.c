@@ -1,15 +1,10 @@
 #include "model_dir.h"
 
 #include <cJSON.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "fileio.h"
 #include "json_util.h"
@@ -159,6 +154,10 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
         if (i < len && json[i] == ',')
             i = skip_ws(json, i + 1, len);
     }
+    /* diffusers reads no dtype from a config; its keys stay as they are. */
+    for (size_t k = 0; k < count && dtype_name; k++)
+        if (key_is(json, &mem[k], "_diffusers_version"))
+            dtype_name = NULL;
     struct strbuf b = {0};
     char quoted[64] = "";
     if (dtype_name)
@@ -263,55 +262,4 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
     *out = b.p;
     *out_len = b.len;
     return NF4_OK;
-}
-
-int copy_file(const char *from, const char *to)
-{
-    int in = open(from, O_RDONLY | O_CLOEXEC);
-    if (in < 0)
-        return nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot open");
-    int outfd = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (outfd < 0) {
-        int e = errno;
-        close(in);
-        return nf4_fail_errno(NF4_ECANTCREAT, e, to, NULL, "cannot create");
-    }
-    int code = NF4_OK;
-    static char buf[1 << 16];
-    for (;;) {
-        ssize_t got = read(in, buf, sizeof buf);
-        if (got < 0 && errno == EINTR)
-            continue;
-        if (got < 0) {
-            code = nf4_fail_errno(NF4_EIO, errno, from, NULL, "read failed");
-            break;
-        }
-        if (got == 0)
-            break;
-        if (write_full(outfd, buf, (size_t)got) != 0) {
-            code = nf4_fail_errno(NF4_EIO, errno, to, NULL, "write failed");
-            break;
-        }
-    }
-    if (code == NF4_OK && fsync(outfd) != 0)
-        code = nf4_fail_errno(NF4_EIO, errno, to, NULL, "fsync failed");
-    if (close(outfd) != 0 && code == NF4_OK)
-        code = nf4_fail_errno(NF4_EIO, errno, to, NULL, "close failed");
-    close(in);
-    if (code != NF4_OK)
-        unlink(to);
-    return code;
-}
-
-static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    int rc = (type == FTW_DP) ? rmdir(path) : unlink(path);
-    return rc != 0 && errno != ENOENT ? -1 : 0;
-}
-
-int remove_tree(const char *path)
-{
-    return nftw(path, remove_entry, 32, FTW_DEPTH | FTW_PHYS);
 }

@@ -1,5 +1,5 @@
-/* The non-tensor files of a Hugging Face model directory: config.json,
- * model.safetensors.index.json, and everything else that is copied as it is. */
+/* The JSON files of a Hugging Face model directory: config.json and the
+ * *.safetensors.index.json, rewritten for the dequantized model. */
 #ifndef NF4DEQ_MODEL_DIR_H
 #define NF4DEQ_MODEL_DIR_H
 
@@ -7,7 +7,9 @@
 #include <stdint.h>
 
 /* Rewrites a config.json document: drops the top-level "quantization_config"
- * and, when dtype_name is not NULL, sets (or adds) "dtype" and "torch_dtype".
+ * and, when dtype_name is not NULL, sets (or adds) "dtype" and "torch_dtype",
+ * except in a diffusers config (one with "_diffusers_version"), which keeps
+ * every other key as it is.
  * Works on the text, so the rest of the file keeps its exact formatting.
  * Returns NF4_OK or NF4_EDATA (the document is not a JSON object). */
 int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, char **out,
@@ -23,11 +25,5 @@ struct index_out_entry {
  * sorted by tensor name. */
 int index_render(const char *path, const char *metadata_json, uint64_t total_size, uint64_t total_parameters,
                  const struct index_out_entry *entries, size_t n, char **out, size_t *out_len);
-
-/* Copies a regular file, fsyncing the copy. Returns an NF4_* code. */
-int copy_file(const char *from, const char *to);
-
-/* Removes a directory tree (for --force replacing an old output). */
-int remove_tree(const char *path);
 
 #endif

@@ -111,7 +111,7 @@ struct pipeline {
     uint64_t planned; /* chunks planned so far: the next one's sequence number */
     int plan_done;
     int failed, fail_code;
-    char fail_msg[1024];
+    struct nf4_error fail_error;
 };
 
 #define ARENA_ALIGN 64u
@@ -130,7 +130,7 @@ static void fail_locked(struct pipeline *p, int code)
     if (!p->failed) {
         p->failed = 1;
         p->fail_code = code;
-        snprintf(p->fail_msg, sizeof p->fail_msg, "%s", nf4_last_error());
+        nf4_error_save(&p->fail_error);
     }
     pthread_cond_broadcast(&p->cv);
 }
@@ -496,6 +496,10 @@ static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_
     p->stats->tensors++;
     if (it->lora)
         p->stats->merged++;
+    else if (!it->w && src->t->dtype != it->out.dtype)
+        p->stats->cast++;
+    else if (!it->w)
+        p->stats->passed_through++;
     p->stats->bytes_in += st_tensor_bytes(src->t);
     if (it->w) {
         p->stats->dequantized++;
@@ -780,7 +784,7 @@ int pipeline_write(struct pipeline *p, struct st_writer *wr, const struct out_it
     }
     pthread_mutex_unlock(&p->mu);
     if (code != NF4_OK)
-        return nf4_fail(p->fail_code, NULL, NULL, "%s", p->fail_msg);
+        return nf4_error_restore(p->fail_code, &p->fail_error);
     return NF4_OK;
 }
 

@@ -20,6 +20,7 @@ struct st_writer {
     uint64_t *sizes;    /* by caller's index */
     uint64_t total;     /* bytes of tensor data */
     uint64_t written;   /* bytes of tensor data written so far */
+    int stream;         /* fd is the caller's (standard output): no temp, no rename */
 };
 
 struct order_key {
@@ -87,8 +88,10 @@ static int build_header(struct strbuf *b, const struct st_out_tensor *tensors, c
     return b->oom ? NF4_ESOFTWARE : NF4_OK;
 }
 
-int st_writer_begin(struct st_writer **out, const char *path, const struct st_out_tensor *tensors, size_t n,
-                    const struct st_meta *meta, size_t nmeta)
+/* Plans the layout and writes the header: into a temp file beside `path`, or
+ * (stream_fd >= 0) straight into stream_fd, which `path` then only names. */
+static int begin(struct st_writer **out, const char *path, int stream_fd, const struct st_out_tensor *tensors,
+                 size_t n, const struct st_meta *meta, size_t nmeta)
 {
     *out = NULL;
     struct st_writer *w = calloc(1, sizeof *w);
@@ -130,7 +133,8 @@ int st_writer_begin(struct st_writer **out, const char *path, const struct st_ou
         w->order[k] = keys[k].index;
     if (build_header(&header, tensors, keys, n, w->sizes, meta, nmeta) != NF4_OK)
         goto oom;
-    w->fd = create_temp_beside(path, &w->tmp_path);
+    w->stream = stream_fd >= 0;
+    w->fd = w->stream ? stream_fd : create_temp_beside(path, &w->tmp_path);
     if (w->fd < 0) {
         code = nf4_fail_errno(errno == ENOMEM ? NF4_ESOFTWARE : NF4_ECANTCREAT, errno, path, NULL,
                               "cannot create a temp file beside it");
@@ -155,6 +159,18 @@ fail:
     if (w)
         st_writer_abort(w);
     return code;
+}
+
+int st_writer_begin(struct st_writer **out, const char *path, const struct st_out_tensor *tensors, size_t n,
+                    const struct st_meta *meta, size_t nmeta)
+{
+    return begin(out, path, -1, tensors, n, meta, nmeta);
+}
+
+int st_writer_begin_stream(struct st_writer **out, int fd, const char *name, const struct st_out_tensor *tensors,
+                           size_t n, const struct st_meta *meta, size_t nmeta)
+{
+    return begin(out, name, fd, tensors, n, meta, nmeta);
 }
 
 size_t st_writer_order(const struct st_writer *w, size_t k)
@@ -188,7 +204,11 @@ int st_writer_finish(struct st_writer *w)
     if (w->written != w->total)
         code = nf4_fail(NF4_ESOFTWARE, w->path, NULL, "%" PRIu64 " of %" PRIu64 " data bytes written", w->written,
                         w->total);
-    else if (fsync(w->fd) != 0)
+    if (w->stream) { /* a pipe cannot be fsync'd; the caller closes its stream */
+        st_writer_abort(w);
+        return code;
+    }
+    if (code == NF4_OK && fsync(w->fd) != 0)
         code = nf4_fail_errno(NF4_EIO, errno, w->path, NULL, "fsync failed");
     int fd = w->fd;
     w->fd = -1;
@@ -214,7 +234,7 @@ void st_writer_abort(struct st_writer *w)
 {
     if (!w)
         return;
-    if (w->fd >= 0)
+    if (w->fd >= 0 && !w->stream)
         close(w->fd);
     if (w->tmp_path) {
         unlink(w->tmp_path);

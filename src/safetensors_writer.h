@@ -24,6 +24,12 @@ struct st_writer;
  * "format":"pt" added when missing. */
 int st_writer_begin(struct st_writer **out, const char *path, const struct st_out_tensor *tensors, size_t n,
                     const struct st_meta *meta, size_t nmeta);
+/* The same, written straight into `fd` (standard output) with no temp file:
+ * the header needs only the shapes, so it goes first. `name` names the
+ * stream in messages. finish and abort leave fd open; after a failure, what
+ * was written stays written. */
+int st_writer_begin_stream(struct st_writer **out, int fd, const char *name, const struct st_out_tensor *tensors,
+                           size_t n, const struct st_meta *meta, size_t nmeta);
 /* Index (into the array given to st_writer_begin) of the k-th tensor in file order. */
 size_t st_writer_order(const struct st_writer *w, size_t k);
 uint64_t st_writer_tensor_bytes(const struct st_writer *w, size_t index);

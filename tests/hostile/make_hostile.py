@@ -432,8 +432,8 @@ def dir_cases(B):
     # git keeps no empty directory: path "-" asks check-hostile.sh for a fresh one.
     for k in ("convert", "inspect"):
         ROWS.append(("dir-empty" + ("" if k == "convert" else "--inspect"), "-", k, 66,
-                     "has neither model.safetensors.index.json nor model.safetensors"))
-    emit_dir("dir-only-config", {"config.json": shard_files(B)["config.json"]}, 66, "has neither")
+                     "is not a model directory: it has no *.safetensors file"))
+    emit_dir("dir-only-config", {"config.json": shard_files(B)["config.json"]}, 66, "is not a model directory")
 
 
 # ---- LoRA adapters for ok-baseline.safetensors -------------------------------

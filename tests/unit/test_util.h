@@ -19,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "file_copy.h"
 #include "model_dir.h"
 #include "safetensors.h"
 #include "safetensors_writer.h"

@@ -1,0 +1,402 @@
+/* Directory conversions: a model directory (its shards, index, config.json and
+ * other files), and a diffusers pipeline (each quantized component converted
+ * as a model directory, everything else copied). Either is built in a temp
+ * directory beside OUT and renamed into place once complete and durable. */
+#include "convert_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "file_copy.h"
+#include "fileio.h"
+#include "layout.h"
+#include "model_dir.h"
+#include "status.h"
+#include "strutil.h"
+
+/* The dtype config.json should name: --dtype, or the weights' common dtype. */
+static const char *config_dtype(const struct convert_opts *o, const struct bnb_weight *w, size_t n)
+{
+    if (o->dtype != DT_INVALID)
+        return dtype_torch_name(o->dtype);
+    for (size_t i = 1; i < n; i++)
+        if (w[i].state.dtype != w[0].state.dtype)
+            return NULL;
+    return n ? dtype_torch_name(w[0].state.dtype) : NULL;
+}
+
+static int cmp_index_entry(const void *a, const void *b)
+{
+    const struct index_out_entry *x = a, *y = b;
+    return strcmp(x->tensor, y->tensor);
+}
+
+/* The output index keeps the input's name (model., diffusion_pytorch_model.). */
+static int write_index(const char *dir, const struct model *m, struct index_out_entry *entries, size_t n,
+                       uint64_t total_size, uint64_t total_params)
+{
+    char *path = path_join(dir, m->index_name);
+    if (!path)
+        return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    qsort(entries, n, sizeof *entries, cmp_index_entry);
+    char *text = NULL;
+    size_t len = 0;
+    int code = index_render(path, m->index_metadata_json, total_size, total_params, entries, n, &text, &len);
+    if (code == NF4_OK) {
+        temp_register(path, 0); /* before it exists, as for the shards */
+        code = write_file_atomic(path, text, len);
+    }
+    free(text);
+    free(path);
+    return code;
+}
+
+static int write_config(const char *in_dir, const char *dir, const char *dtype)
+{
+    char *from = path_join(in_dir, CONFIG_FILE_NAME), *to = path_join(dir, CONFIG_FILE_NAME);
+    char *json = NULL, *text = NULL;
+    size_t len = 0, text_len = 0;
+    int code = (from && to) ? NF4_OK : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    if (code == NF4_OK)
+        code = read_small_file(from, MAX_JSON_FILE_BYTES, &json, &len);
+    if (code == NF4_OK)
+        code = config_rewrite(from, json, len, dtype, &text, &text_len);
+    if (code == NF4_OK) {
+        temp_register(to, 0); /* before it exists, as for the shards */
+        code = write_file_atomic(to, text, text_len);
+    }
+    free(json);
+    free(text);
+    free(from);
+    free(to);
+    return code;
+}
+
+static int is_model_file(const struct model *m, const char *name)
+{
+    if ((m->index_name && strcmp(name, m->index_name) == 0) || strcmp(name, CONFIG_FILE_NAME) == 0)
+        return 1;
+    for (size_t i = 0; i < m->nfiles; i++)
+        if (strcmp(m->file_names[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+static int copy_other_files(const struct model *m, const char *in_dir, const char *dir)
+{
+    DIR *d = opendir(in_dir);
+    if (!d)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, in_dir, NULL, "cannot list");
+    int code = NF4_OK;
+    struct dirent *ent;
+    while (code == NF4_OK && (ent = readdir(d)) != NULL) {
+        const char *name = ent->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || is_model_file(m, name))
+            continue;
+        char *from = path_join(in_dir, name), *to = path_join(dir, name);
+        struct stat st;
+        if (!from || !to) {
+            code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
+        } else if (stat(from, &st) != 0) {
+            code = nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot stat");
+        } else if (S_ISREG(st.st_mode) && str_ends_with(name, ".safetensors")) {
+            /* A checkpoint file that is not part of this model (an older
+             * model.safetensors beside the shards, say) would be copied still
+             * quantized, and transformers may load it first. */
+            nf4_warn("%s: not part of the model (not in %s); not copied", from,
+                     m->index_name ? m->index_name : "the directory's list of checkpoint files");
+        } else if (S_ISREG(st.st_mode) && !path_stays_in_model(in_dir, from)) {
+            nf4_warn("%s: links to a file outside the model directory; not copied", from);
+        } else if (S_ISREG(st.st_mode)) {
+            temp_register(to, 0);
+            code = copy_file(from, to);
+        } else if (strncmp(name, ".", 1) != 0) {
+            nf4_warn("%s: not a regular file; not copied", from);
+        }
+        free(from);
+        free(to);
+    }
+    closedir(d);
+    return code;
+}
+
+static int publish_dir(const char *tmp, const char *out, int replace)
+{
+    if (!replace) {
+        if (rename(tmp, out) != 0)
+            return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot rename the finished directory into place");
+        return NF4_OK;
+    }
+    /* Swap the new tree in atomically; the old one ends up at tmp and goes. */
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out, RENAME_EXCHANGE) != 0) {
+        if (errno != EINVAL && errno != ENOSYS)
+            return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL,
+                                  "cannot swap the finished directory into place");
+        /* No RENAME_EXCHANGE here (NFS, some FUSE file systems): move the old
+         * tree aside first. For a moment OUT does not exist, but neither
+         * tree is ever lost. */
+        char *old = NULL;
+        if (create_temp_dir_beside(out, &old) != 0 || rmdir(old) != 0 || rename(out, old) != 0) {
+            int e = errno;
+            if (old)
+                temp_unregister(old);
+            free(old);
+            return nf4_fail_errno(NF4_ECANTCREAT, e, out, NULL, "cannot move the old directory aside");
+        }
+        if (rename(tmp, out) != 0) {
+            int e = errno;
+            rename(old, out);
+            temp_unregister(old);
+            free(old);
+            return nf4_fail_errno(NF4_ECANTCREAT, e, out, NULL, "cannot rename the finished directory into place");
+        }
+        temp_unregister(old);
+        if (remove_tree(old) != 0)
+            nf4_warn("%s: could not remove the replaced output: %s", old, strerror(errno));
+        free(old);
+        return NF4_OK;
+    }
+    if (remove_tree(tmp) != 0)
+        nf4_warn("%s: could not remove the replaced output: %s", tmp, strerror(errno));
+    return NF4_OK;
+}
+
+/* One model directory, opened and planned: everything needed to write it. */
+struct model_job {
+    char *in;
+    struct model *m;
+    struct bnb_weight *weights;
+    size_t nweights;
+    struct out_item **plans; /* per shard */
+    size_t *nplan;
+    uint64_t tensors, bytes; /* output totals, for the progress line */
+};
+
+static void model_job_close(struct model_job *j)
+{
+    for (size_t i = 0; j->plans && i < j->m->nfiles; i++)
+        free(j->plans[i]);
+    free(j->plans);
+    free(j->nplan);
+    bnb_free(j->weights, j->nweights);
+    model_close(j->m);
+    free(j->in);
+    memset(j, 0, sizeof *j);
+}
+
+/* Opens the model in `in` and plans every shard (the progress line needs the
+ * totals before anything is written). `with_lora`: open --lora against it. */
+static int model_job_open(struct ctx *c, const char *in, int with_lora, struct model_job *j)
+{
+    memset(j, 0, sizeof *j);
+    if (!(j->in = strdup(in)))
+        return nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    int code = model_open_dir(in, &j->m);
+    if (code != NF4_OK)
+        goto fail;
+    if ((code = bnb_collect(j->m, &j->weights, &j->nweights)) != NF4_OK ||
+        (with_lora && (code = convert_open_lora(c, j->m, j->weights, j->nweights)) != NF4_OK))
+        goto fail;
+    j->plans = calloc(j->m->nfiles, sizeof *j->plans);
+    j->nplan = calloc(j->m->nfiles, sizeof *j->nplan);
+    if (!j->plans || !j->nplan) {
+        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < j->m->nfiles; i++) {
+        code = convert_plan_file(j->m, i, j->weights, j->nweights, c->lora, c->opts->dtype, &j->plans[i], &j->nplan[i]);
+        if (code != NF4_OK)
+            goto fail;
+        j->tensors += j->nplan[i];
+        j->bytes += out_items_bytes(j->plans[i], j->nplan[i]);
+    }
+    return NF4_OK;
+fail:
+    model_job_close(j);
+    return code;
+}
+
+/* Writes the planned model into directory `dir` (which exists and is a temp):
+ * shards under their own names, the index, config.json, the other files. */
+static int model_job_write(struct ctx *c, const struct model_job *j, const char *dir)
+{
+    const struct model *m = j->m;
+    struct index_out_entry *entries = calloc(m->count ? m->count : 1, sizeof *entries);
+    if (!entries)
+        return nf4_fail(NF4_ESOFTWARE, j->in, NULL, "out of memory");
+    size_t nentries = 0;
+    uint64_t total_size = 0, total_params = 0;
+    int code = NF4_OK;
+    for (size_t i = 0; i < m->nfiles && code == NF4_OK; i++) {
+        const struct out_item *items = j->plans[i];
+        size_t n = j->nplan[i];
+        if (n == 0)
+            continue;
+        char *path = path_join(dir, m->file_names[i]);
+        uint64_t written = 0;
+        /* Registered before it exists: a signal right after the rename
+         * into dir must still find it, or dir cannot be removed. */
+        if (path)
+            temp_register(path, 0);
+        code = path ? convert_write_file(c, path, items, n, m->files[i], &written)
+                    : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        c->stats->bytes_out += written;
+        total_size += written;
+        for (size_t k = 0; k < n; k++) {
+            total_params += out_item_elements(&items[k]);
+            entries[nentries++] = (struct index_out_entry){items[k].out.name, m->file_names[i]};
+        }
+        free(path);
+    }
+    if (code == NF4_OK && m->sharded)
+        code = write_index(dir, m, entries, nentries, total_size, total_params);
+    free(entries);
+    char *config = path_join(j->in, CONFIG_FILE_NAME);
+    struct stat st;
+    if (code == NF4_OK && !config)
+        code = nf4_fail(NF4_ESOFTWARE, j->in, NULL, "out of memory"); /* not "there is no config.json" */
+    if (code == NF4_OK && stat(config, &st) == 0)
+        code = write_config(j->in, dir, config_dtype(c->opts, j->weights, j->nweights));
+    free(config);
+    if (code == NF4_OK)
+        code = copy_other_files(m, j->in, dir);
+    /* config.json, the index and the copies were renamed or created in dir
+     * after the last shard's fsync: make the whole tree durable. */
+    if (code == NF4_OK && fsync_dir(dir) != 0)
+        code = nf4_fail_errno(NF4_EIO, errno, dir, NULL, "fsync failed");
+    return code;
+}
+
+static int make_temp_dir(const char *out, char **tmp)
+{
+    if (create_temp_dir_beside(out, tmp) == 0)
+        return NF4_OK;
+    *tmp = NULL;
+    return nf4_fail_errno(errno == ENOMEM ? NF4_ESOFTWARE : NF4_ECANTCREAT, errno, out, NULL,
+                          "cannot create a temp directory beside it");
+}
+
+/* Publishes a finished temp tree as `out`, or removes it after a failure. */
+static int finish_dir(int code, char *tmp, const char *out, int replace)
+{
+    if (!tmp)
+        return code;
+    if (code == NF4_OK)
+        code = publish_dir(tmp, out, replace);
+    if (code == NF4_OK && fsync_parent_dir(out) != 0) {
+        code = nf4_fail_errno(NF4_EIO, errno, out, NULL, "fsync of its parent directory failed");
+        remove_tree(out); /* a failed run leaves no output, even one renamed into place */
+    }
+    if (code != NF4_OK)
+        remove_tree(tmp);
+    temp_unregister_prefix(tmp);
+    free(tmp);
+    return code;
+}
+
+int convert_model_dir(struct ctx *c, const char *in, const char *out, int replace)
+{
+    struct model_job j;
+    int code = model_job_open(c, in, 1, &j);
+    if (code != NF4_OK)
+        return code;
+    char *tmp = NULL;
+    if ((code = convert_open_engine(c, out, j.tensors, j.bytes)) == NF4_OK &&
+        (code = make_temp_dir(out, &tmp)) == NF4_OK)
+        code = model_job_write(c, &j, tmp);
+    code = finish_dir(code, tmp, out, replace);
+    model_job_close(&j);
+    return code;
+}
+
+/* ---- diffusers pipelines ---- */
+
+/* A component with no 4-bit weight (a VAE, a CLIP text encoder) is copied as
+ * it is, byte for byte, whatever --dtype says: bitsandbytes never touched it,
+ * and a cast would change what the pipeline's author chose to ship. */
+static int pipeline_open_components(struct ctx *c, const char *in, const struct pipeline_entry *e, size_t n,
+                                    struct model_job *jobs, uint64_t *tensors, uint64_t *bytes)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (e[i].kind != ENTRY_COMPONENT)
+            continue;
+        char *path = path_join(in, e[i].name);
+        int code = path ? model_job_open(c, path, 0, &jobs[i]) : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+        free(path);
+        if (code != NF4_OK)
+            return code;
+        if (jobs[i].nweights == 0) {
+            model_job_close(&jobs[i]);
+            continue;
+        }
+        *tensors += jobs[i].tensors;
+        *bytes += jobs[i].bytes;
+    }
+    return NF4_OK;
+}
+
+/* One entry of the pipeline's root into dir: a converted component, or a copy. */
+static int pipeline_write_entry(struct ctx *c, const char *in, const struct pipeline_entry *e,
+                                const struct model_job *job, const char *dir)
+{
+    char *from = path_join(in, e->name), *to = path_join(dir, e->name);
+    int code = NF4_OK;
+    if (!from || !to) {
+        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    } else if (job->m) {
+        temp_register(to, 1);
+        if (mkdir(to, 0777) != 0)
+            code = nf4_fail_errno(NF4_ECANTCREAT, errno, to, NULL, "cannot create");
+        else
+            code = model_job_write(c, job, to);
+    } else if (e->kind == ENTRY_COMPONENT || e->kind == ENTRY_DIR) {
+        code = copy_tree(from, to, in);
+    } else if (e->kind == ENTRY_FILE && str_ends_with(e->name, WEIGHTS_FILE_SUFFIX)) {
+        /* A checkpoint beside the components (a single-file export) would be
+         * copied still quantized. */
+        nf4_warn("%s: a checkpoint outside every component; not copied (convert it on its own)", from);
+    } else if (e->kind == ENTRY_FILE && !path_stays_in_model(in, from)) {
+        nf4_warn("%s: links to a file outside the pipeline; not copied", from);
+    } else if (e->kind == ENTRY_FILE) {
+        temp_register(to, 0);
+        code = copy_file(from, to);
+    } else {
+        nf4_warn("%s: not a regular file or directory; not copied", from);
+    }
+    free(from);
+    free(to);
+    return code;
+}
+
+int convert_pipeline(struct ctx *c, const char *in, const char *out, int replace)
+{
+    struct pipeline_entry *e = NULL;
+    size_t n = 0;
+    int code = pipeline_list(in, &e, &n);
+    if (code != NF4_OK)
+        return code;
+    struct model_job *jobs = calloc(n ? n : 1, sizeof *jobs);
+    uint64_t tensors = 0, bytes = 0;
+    char *tmp = NULL;
+    if (!jobs)
+        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    if (code == NF4_OK && (code = pipeline_open_components(c, in, e, n, jobs, &tensors, &bytes)) == NF4_OK &&
+        (code = convert_open_engine(c, out, tensors, bytes)) == NF4_OK && (code = make_temp_dir(out, &tmp)) == NF4_OK) {
+        for (size_t i = 0; i < n && code == NF4_OK; i++)
+            code = pipeline_write_entry(c, in, &e[i], &jobs[i], tmp);
+        if (code == NF4_OK && fsync_dir(tmp) != 0)
+            code = nf4_fail_errno(NF4_EIO, errno, out, NULL, "fsync of the finished directory failed");
+    }
+    code = finish_dir(code, tmp, out, replace);
+    for (size_t i = 0; jobs && i < n; i++)
+        model_job_close(&jobs[i]);
+    free(jobs);
+    pipeline_entries_free(e, n);
+    return code;
+}

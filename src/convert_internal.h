@@ -1,0 +1,50 @@
+/* What the conversion modules share: convert.c (the run, the engine, one
+ * output file) and convert_dir.c (model directories and pipelines). */
+#ifndef NF4DEQ_CONVERT_INTERNAL_H
+#define NF4DEQ_CONVERT_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "bnb_state.h"
+#include "convert.h"
+#include "cpu_path.h"
+#include "lora.h"
+#include "model.h"
+#include "pipeline.h"
+#include "progress.h"
+
+struct ctx {
+    const struct convert_opts *opts;
+    struct lora_set *lora;
+    struct convert_stats *stats;
+    struct gpu_start *gpu_start; /* NULL: the CPU only */
+    enum cpu_path cpu_path;      /* NF4DEQ_CPU's, or the best this processor has */
+    int threads;
+    struct pipeline *pipeline;
+    struct progress progress;
+    int to_stdout;               /* OUT is "-": the one output file streams to standard output */
+};
+
+/* The output tensors of one input file: every tensor but quant-state parts,
+ * each a dequantization, a copy or a cast, with LoRA changes. */
+int convert_plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
+                      const struct lora_set *lora, enum st_dtype dtype, struct out_item **items_out, size_t *n_out);
+/* Writes one planned output file (atomically, or to standard output). */
+int convert_write_file(struct ctx *c, const char *path, const struct out_item *items, size_t n,
+                       const struct st_file *meta_from, uint64_t *bytes_written);
+uint64_t out_item_elements(const struct out_item *it);
+uint64_t out_items_bytes(const struct out_item *items, size_t n);
+
+/* Opens the --lora adapters against the base, before anything is written. */
+int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_weight *weights, size_t nweights);
+/* Opens the device and the pipeline; `tensors` and `bytes` size the progress line. */
+int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_t bytes);
+void convert_close_engine(struct ctx *c);
+
+/* A model directory, or a diffusers pipeline, into directory `out`, built in a
+ * temp directory beside it and renamed into place (swapped in if `replace`). */
+int convert_model_dir(struct ctx *c, const char *in, const char *out, int replace);
+int convert_pipeline(struct ctx *c, const char *in, const char *out, int replace);
+
+#endif

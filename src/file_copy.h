@@ -1,0 +1,21 @@
+/* Copies and removals of files and directory trees, for the parts of a model
+ * or pipeline that are not converted (tokenizers, schedulers, READMEs,
+ * unquantized components) and for replaced or failed outputs. */
+#ifndef NF4DEQ_FILE_COPY_H
+#define NF4DEQ_FILE_COPY_H
+
+/* Copies a regular file, fsyncing the copy. Returns an NF4_* code. */
+int copy_file(const char *from, const char *to);
+
+/* Creates `to` (registered as a temp) and copies directory `from` into it:
+ * regular files (through links that stay inside `root` or its Hugging Face
+ * cache repository, see path_stays_in_model) and sub-directories, each
+ * registered as a temp before it exists. Hidden directories (.cache, .git) are
+ * left out; links to directories, other file types and links that escape are
+ * left out with a warning. Every copy and directory is fsync'd. */
+int copy_tree(const char *from, const char *to, const char *root);
+
+/* Removes a directory tree (for --force replacing an old output). */
+int remove_tree(const char *path);
+
+#endif

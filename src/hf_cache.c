@@ -1,0 +1,186 @@
+#include "hf_cache.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "fileio.h"
+#include "status.h"
+#include "strbuf.h"
+
+/* A refs/ file is 40 bytes and a newline; anything much larger is not one. */
+#define HF_REF_FILE_MAX 4096
+#define HF_CACHE_DIRS 3
+
+static int repo_part_is_valid(const char *s, size_t n)
+{
+    if (n == 0 || s[0] == '-' || s[0] == '.' || s[n - 1] == '-' || s[n - 1] == '.')
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!isalnum(c) && c != '-' && c != '_' && c != '.')
+            return 0;
+        if (i > 0 && (c == '-' || c == '.') && s[i - 1] == c)
+            return 0;
+    }
+    return 1;
+}
+
+int hf_repo_id_is_valid(const char *id)
+{
+    size_t len = strlen(id);
+    const char *slash = strchr(id, '/');
+    if (len > HF_REPO_ID_MAX || !slash || strchr(slash + 1, '/'))
+        return 0;
+    return repo_part_is_valid(id, (size_t)(slash - id)) && repo_part_is_valid(slash + 1, strlen(slash + 1));
+}
+
+int hf_revision_is_valid(const char *rev)
+{
+    if (!rev[0] || rev[0] == '/' || strlen(rev) > 255)
+        return 0;
+    for (const unsigned char *p = (const unsigned char *)rev; *p; p++)
+        if (*p < 0x20 || *p == 0x7f || *p == '\\')
+            return 0;
+    for (const char *part = rev; part;) {
+        const char *end = strchr(part, '/');
+        size_t n = end ? (size_t)(end - part) : strlen(part);
+        if (n == 0 || (n == 1 && part[0] == '.') || (n == 2 && part[0] == '.' && part[1] == '.'))
+            return 0;
+        part = end ? end + 1 : NULL;
+    }
+    return 1;
+}
+
+int hf_ref_parse(const char *path, const char *text, size_t len, char commit[HF_COMMIT_HEX + 1])
+{
+    if (len < HF_COMMIT_HEX)
+        return nf4_fail(NF4_EDATA, path, NULL, "is not a commit hash (%zu bytes)", len);
+    for (size_t i = 0; i < HF_COMMIT_HEX; i++) {
+        char c = text[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return nf4_fail(NF4_EDATA, path, NULL, "is not a commit hash (byte %zu)", i);
+    }
+    for (size_t i = HF_COMMIT_HEX; i < len; i++)
+        if (text[i] != '\n' && text[i] != '\r' && text[i] != ' ' && text[i] != '\t')
+            return nf4_fail(NF4_EDATA, path, NULL, "holds more than one commit hash");
+    memcpy(commit, text, HF_COMMIT_HEX);
+    commit[HF_COMMIT_HEX] = '\0';
+    return NF4_OK;
+}
+
+/* The caches to look in, in order: malloc'd strings, NULL where unset. */
+static int cache_dirs(char *dirs[HF_CACHE_DIRS])
+{
+    const char *hub = getenv("HF_HUB_CACHE"), *home = getenv("HF_HOME"), *user = getenv("HOME");
+    dirs[0] = hub && *hub ? strdup(hub) : NULL;
+    dirs[1] = home && *home ? path_join(home, "hub") : NULL;
+    dirs[2] = user && *user ? path_join(user, ".cache/huggingface/hub") : NULL;
+    return (hub && *hub && !dirs[0]) || (home && *home && !dirs[1]) || (user && *user && !dirs[2]) ? -1 : 0;
+}
+
+static int is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int is_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* The one-line hint every "not there" message ends with. */
+static const char *download_hint(const char *repo_id, const char *revision, char *buf, size_t cap)
+{
+    snprintf(buf, cap, "hf download %s%s%s", repo_id, revision ? " --revision " : "", revision ? revision : "");
+    return buf;
+}
+
+/* The snapshot of repo directory `repo` at `revision`. */
+static int snapshot_of(const char *repo_id, const char *repo, const char *revision, char **snapshot)
+{
+    const char *rev = revision ? revision : HF_REVISION_DEFAULT;
+    char hint[HF_REPO_ID_MAX + 300], commit[HF_COMMIT_HEX + 1];
+    struct strbuf ref = {0}, snap = {0};
+    strbuf_printf(&ref, "%s/refs/%s", repo, rev);
+    char *text = NULL;
+    size_t len = 0;
+    int code = NF4_OK;
+    if (ref.oom) {
+        code = nf4_fail(NF4_ESOFTWARE, repo_id, NULL, "out of memory");
+    } else if (is_file(ref.p)) {
+        code = read_small_file(ref.p, HF_REF_FILE_MAX, &text, &len);
+        if (code == NF4_OK)
+            code = hf_ref_parse(ref.p, text, len, commit);
+        if (code == NF4_OK)
+            strbuf_printf(&snap, "%s/snapshots/%s", repo, commit);
+    } else {
+        strbuf_printf(&snap, "%s/snapshots/%s", repo, rev); /* a commit hash itself */
+    }
+    if (code == NF4_OK && snap.oom)
+        code = nf4_fail(NF4_ESOFTWARE, repo_id, NULL, "out of memory");
+    if (code == NF4_OK && !is_dir(snap.p))
+        code = nf4_fail(NF4_ENOINPUT, repo_id, NULL, "revision %s is not in the Hugging Face cache at %s; download it "
+                        "with: %s", rev, repo, download_hint(repo_id, revision, hint, sizeof hint));
+    free(text);
+    free(ref.p);
+    if (code != NF4_OK) {
+        free(snap.p);
+        return code;
+    }
+    *snapshot = snap.p;
+    return NF4_OK;
+}
+
+int hf_cache_resolve(const char *repo_id, const char *revision, char **snapshot)
+{
+    *snapshot = NULL;
+    char hint[HF_REPO_ID_MAX + 300];
+    if (!hf_repo_id_is_valid(repo_id))
+        return nf4_fail(NF4_ENOINPUT, repo_id, NULL, "neither a file nor a Hugging Face model id (ORG/NAME)");
+    if (revision && !hf_revision_is_valid(revision))
+        return nf4_fail(NF4_EUSAGE, repo_id, NULL, "invalid --revision '%s'", revision);
+    char *dirs[HF_CACHE_DIRS];
+    int code = cache_dirs(dirs) == 0 ? NF4_OK : nf4_fail(NF4_ESOFTWARE, repo_id, NULL, "out of memory");
+    struct strbuf looked = {0};
+    char folder[HF_REPO_ID_MAX + 16] = "models--";
+    size_t at = strlen(folder);
+    for (const char *p = repo_id; *p; p++) { /* ORG/NAME -> models--ORG--NAME */
+        if (*p == '/') {
+            folder[at++] = '-';
+            folder[at++] = '-';
+        } else {
+            folder[at++] = *p;
+        }
+    }
+    folder[at] = '\0';
+    int found = 0;
+    for (int i = 0; i < HF_CACHE_DIRS && code == NF4_OK && !found; i++) {
+        if (!dirs[i])
+            continue;
+        char *repo = path_join(dirs[i], folder);
+        if (!repo) {
+            code = nf4_fail(NF4_ESOFTWARE, repo_id, NULL, "out of memory");
+        } else if (is_dir(repo)) {
+            found = 1;
+            code = snapshot_of(repo_id, repo, revision, snapshot);
+        } else {
+            strbuf_puts(&looked, looked.len ? ", " : "");
+            strbuf_puts(&looked, dirs[i]);
+        }
+        free(repo);
+    }
+    if (code == NF4_OK && !found)
+        code = nf4_fail(NF4_ENOINPUT, repo_id, NULL, "not a file, and not in the Hugging Face cache (looked in %s); "
+                        "download it with: %s", looked.len ? looked.p : "no cache: HF_HUB_CACHE, HF_HOME and HOME "
+                        "are unset", download_hint(repo_id, revision, hint, sizeof hint));
+    free(looked.p);
+    for (int i = 0; i < HF_CACHE_DIRS; i++)
+        free(dirs[i]);
+    return code;
+}

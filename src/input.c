@@ -1,0 +1,44 @@
+#include "input.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "fileio.h"
+#include "hf_cache.h"
+#include "status.h"
+
+/* Standard input, reopened by name so that it reads like any file. */
+#define STDIN_PATH "/dev/stdin"
+
+static int owned(const char *s, char **out)
+{
+    if (!(*out = strdup(s)))
+        return nf4_fail(NF4_ESOFTWARE, s, NULL, "out of memory");
+    return NF4_OK;
+}
+
+int input_resolve(const char *arg, const char *revision, char **path)
+{
+    *path = NULL;
+    struct stat st;
+    if (strcmp(arg, "-") == 0) {
+        if (revision)
+            return nf4_fail(NF4_EUSAGE, NULL, NULL, "--revision applies to a Hugging Face model id (ORG/NAME), not to "
+                            "standard input");
+        if (std_stream_was_closed(STDIN_FILENO) || fstat(STDIN_FILENO, &st) != 0 || !S_ISREG(st.st_mode))
+            return nf4_fail(NF4_EUSAGE, NULL, NULL, "standard input (-) must be a file, not a pipe or a terminal: "
+                            "safetensors are read at random offsets; save it to a file first");
+        return owned(STDIN_PATH, path);
+    }
+    int exists = stat(arg, &st) == 0 || errno != ENOENT;
+    if (exists || !hf_repo_id_is_valid(arg)) {
+        if (revision)
+            return nf4_fail(NF4_EUSAGE, arg, NULL, "--revision applies to a Hugging Face model id (ORG/NAME) in the "
+                            "cache, and this is %s", exists ? "a path" : "not one");
+        return owned(arg, path); /* opening it reports what is wrong */
+    }
+    return hf_cache_resolve(arg, revision, path);
+}

@@ -1,0 +1,121 @@
+#include "layout.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "fileio.h"
+#include "model.h"
+#include "status.h"
+
+int layout_of(const char *path, enum input_layout *out)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot open");
+    if (S_ISREG(st.st_mode)) {
+        *out = LAYOUT_FILE;
+        return NF4_OK;
+    }
+    if (!S_ISDIR(st.st_mode))
+        return nf4_fail(NF4_ENOINPUT, path, NULL, "neither a file nor a directory");
+    char *index = path_join(path, PIPELINE_INDEX_NAME);
+    if (!index)
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    int pipeline = stat(index, &st) == 0 && S_ISREG(st.st_mode);
+    free(index);
+    *out = pipeline ? LAYOUT_PIPELINE : LAYOUT_MODEL_DIR;
+    return NF4_OK;
+}
+
+static int cmp_entry(const void *a, const void *b)
+{
+    return strcmp(((const struct pipeline_entry *)a)->name, ((const struct pipeline_entry *)b)->name);
+}
+
+static int classify(const char *root, const char *path, enum pipeline_entry_kind *kind)
+{
+    struct stat lst, st;
+    if (lstat(path, &lst) != 0 || stat(path, &st) != 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot stat");
+    if (S_ISREG(st.st_mode)) {
+        *kind = ENTRY_FILE;
+        return NF4_OK;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        *kind = ENTRY_OTHER;
+        return NF4_OK;
+    }
+    struct model_dir_files found;
+    int code = model_dir_scan(path, &found);
+    if (code != NF4_OK)
+        return code;
+    int is_model = model_dir_is_model(&found);
+    model_dir_files_free(&found);
+    if (S_ISLNK(lst.st_mode) && !path_stays_in_model(root, path)) {
+        if (is_model)
+            return nf4_fail(NF4_EDATA, path, NULL, "is a component that links outside the pipeline");
+        *kind = ENTRY_OTHER;
+        return NF4_OK;
+    }
+    *kind = is_model ? ENTRY_COMPONENT : S_ISLNK(lst.st_mode) ? ENTRY_OTHER : ENTRY_DIR;
+    return NF4_OK;
+}
+
+void pipeline_entries_free(struct pipeline_entry *e, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(e[i].name);
+    free(e);
+}
+
+int pipeline_list(const char *root, struct pipeline_entry **out, size_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    DIR *d = opendir(root);
+    if (!d)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, root, NULL, "cannot list");
+    struct pipeline_entry *e = NULL;
+    size_t n = 0, cap = 0;
+    int code = NF4_OK;
+    struct dirent *ent;
+    while (code == NF4_OK && (ent = readdir(d)) != NULL) {
+        const char *name = ent->d_name;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+            continue;
+        char *path = path_join(root, name);
+        enum pipeline_entry_kind kind = ENTRY_OTHER;
+        code = path ? classify(root, path, &kind) : nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
+        free(path);
+        if (code != NF4_OK || (name[0] == '.' && kind != ENTRY_FILE))
+            continue;
+        if (n == cap) {
+            size_t grown = cap ? 2 * cap : 16;
+            struct pipeline_entry *p = realloc(e, grown * sizeof *p);
+            if (!p) {
+                code = nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
+                break;
+            }
+            e = p;
+            cap = grown;
+        }
+        if (!(e[n].name = strdup(name))) {
+            code = nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
+            break;
+        }
+        e[n++].kind = kind;
+    }
+    closedir(d);
+    if (code != NF4_OK) {
+        pipeline_entries_free(e, n);
+        return code;
+    }
+    if (n)
+        qsort(e, n, sizeof *e, cmp_entry);
+    *out = e;
+    *n_out = n;
+    return NF4_OK;
+}

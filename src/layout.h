@@ -1,0 +1,36 @@
+/* What an input path is: one safetensors file, a model directory (model.h), or
+ * a diffusers pipeline, a directory with model_index.json whose sub-directories
+ * are its components. Used by convert and inspect alike. */
+#ifndef NF4DEQ_LAYOUT_H
+#define NF4DEQ_LAYOUT_H
+
+#include <stddef.h>
+
+#define PIPELINE_INDEX_NAME "model_index.json"
+
+enum input_layout { LAYOUT_FILE, LAYOUT_MODEL_DIR, LAYOUT_PIPELINE };
+
+/* Classifies an existing path. NF4_ENOINPUT for what is neither a file nor
+ * a directory. */
+int layout_of(const char *path, enum input_layout *out);
+
+enum pipeline_entry_kind {
+    ENTRY_COMPONENT, /* a sub-directory that is a model directory */
+    ENTRY_DIR,       /* any other sub-directory (tokenizer, scheduler) */
+    ENTRY_FILE,      /* a regular file (model_index.json, README.md, images) */
+    ENTRY_OTHER,     /* a link to a directory, a socket...: not copied */
+};
+
+struct pipeline_entry {
+    char *name;
+    enum pipeline_entry_kind kind;
+};
+
+/* The entries of a pipeline's root, sorted by name, without hidden
+ * directories (.cache of `hf download --local-dir`, .git). A component that is
+ * a link must stay inside the pipeline (or its Hugging Face cache
+ * repository): NF4_EDATA otherwise. */
+int pipeline_list(const char *root, struct pipeline_entry **out, size_t *n);
+void pipeline_entries_free(struct pipeline_entry *e, size_t n);
+
+#endif
