@@ -27,6 +27,21 @@ for m in bf16 fp16; do
     done
 done
 "$venv/bin/python" tests/python/check_outputs.py "$out" "$fx"
+# OUT = -: the safetensors file streams through a pipe, and the official
+# parser reads it from bytes (deserialize: numpy's load() lacks bfloat16).
+"$bin" convert -q --device cpu --dtype bf16 "$fx/tensors.bnb4.safetensors" - | "$venv/bin/python" -c '
+import sys
+import numpy as np, ml_dtypes  # noqa: F401
+from safetensors import deserialize
+from safetensors.numpy import load_file
+got = {name: t for name, t in deserialize(sys.stdin.buffer.read())}
+want = load_file(sys.argv[1])
+assert set(got) == set(want), "tensor names differ"
+for k, w in want.items():
+    assert got[k]["dtype"] == "BF16" and tuple(got[k]["shape"]) == w.shape, k
+    assert bytes(got[k]["data"]) == w.view(np.uint8).tobytes(), k
+print(f"python safetensors: {len(got)} tensors streamed through stdout, identical")
+' "$fx/tensors.expected-bf16.safetensors"
 # The C ABI's CPU path through ctypes, against the fixtures (no torch, no GPU).
 # A sanitized libnf4deq.so needs the ASan runtime loaded before python itself.
 preload=""
