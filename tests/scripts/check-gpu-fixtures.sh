@@ -62,6 +62,27 @@ for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4; 
     "$bin" convert -q --device cpu "$lf/base-llama-$base" "$out/lora-$case_-cpu" --lora "$lf/adapter-$case_"
     check "lora $case_ (gpu vs cpu)" "$out/lora-$case_-gpu" "$out/lora-$case_-cpu"
 done
+# A diffusers pipeline: each quantized component through the GPU against what
+# bitsandbytes returned, the unquantized VAE copied byte for byte; and a file
+# streamed to standard output, equal to the CPU's file.
+dx=$fx/diffusers
+convert "$gpu" "$dx/tiny-flux-bnb4" "$out/flux"
+check "flux pipeline transformer (gpu vs bitsandbytes)" "$out/flux/transformer" \
+    "$dx/tiny-flux-bnb4.transformer.expected.safetensors"
+check "flux pipeline text_encoder_2 (gpu vs bitsandbytes)" "$out/flux/text_encoder_2" \
+    "$dx/tiny-flux-bnb4.text_encoder_2.expected.safetensors"
+if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: flux pipeline vae not copied byte for byte"
+fi
+"$bin" convert -q --device "$gpu" "$fx/tensors.bnb4.safetensors" - > "$out/stdout.safetensors" ||
+    { failed=$((failed + 1)); echo "FAIL: convert to standard output"; }
+if cmp -s "$out/stdout.safetensors" "$out/t-natural-cpu.safetensors"; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1)); echo "FAIL: the stream on standard output differs from the CPU's file"
+fi
 # Under NF4DEQ_GPU_ONLY the GPU computed every chunk: the engine line names no
 # share of the CPU. Without it, chunks before the GPU is open go to the CPU
 # (src/pipeline.h), and the output is the same bytes.
