@@ -126,6 +126,42 @@ struct shape_result {
     struct gpu_bench_result r;
 };
 
+/* --sweep: the kernel variants and launch configurations again as CUDA-graph
+ * replays, where a launch's fixed cost no longer hides the small shapes. */
+static void print_graph_sweep(const struct shape_result *res, int nres, const struct gpu_bench_variant *var,
+                              int nvar, int first_cfg)
+{
+    printf("\nthe same as CUDA-graph replays (us per launch; launch = an empty kernel; - = not timed):\n"
+           "%-12s %-5s %9s %9s", "shape", "dtype", "default", "launch");
+    for (int v = 1; v < N_BASE_VARIANTS && v < nvar; v++)
+        printf(" %9.9s", VARIANT_NAMES[v]);
+    for (int v = first_cfg; v < nvar; v++) {
+        char cfg[24];
+        snprintf(cfg, sizeof cfg, "%s%dx%d%s%s", (var[v].flags & GPU_VARIANT_TRAFFIC) ? "T" : "", var[v].ept,
+                 var[v].threads, (var[v].flags & GPU_VARIANT_NO_STORE_HINT) ? "p" : "",
+                 (var[v].flags & GPU_VARIANT_ASM_VALUE) ? "a" : (var[v].flags & GPU_VARIANT_ASM_MUL) ? "m" : "");
+        printf(" %9s", cfg);
+    }
+    printf("\n");
+    for (int i = 0; i < nres; i++) {
+        char name[48];
+        const struct gpu_bench_result *r = &res[i].r;
+        snprintf(name, sizeof name, "%llux%llu", (unsigned long long)res[i].sh.rows,
+                 (unsigned long long)res[i].sh.cols);
+        printf("%-12s %-5s %9.2f %9.2f", name, dt_label(res[i].sh.dtype), r->graph_var_ms[0] * 1e3,
+               r->graph_var_ms[N_BASE_VARIANTS + 1] * 1e3);
+        for (int v = 1; v < N_BASE_VARIANTS && v < nvar; v++)
+            printf(" %9.2f", r->graph_var_ms[v] * 1e3);
+        for (int v = first_cfg; v < nvar; v++) {
+            if (r->graph_var_ms[v] > 0)
+                printf(" %9.2f", r->graph_var_ms[v] * 1e3);
+            else
+                printf(" %9s", "-");
+        }
+        printf("\n");
+    }
+}
+
 static void print_text(const char *dev, const char *date, int iters, double copy_bw,
                        const struct shape_result *res, int nres, const struct gpu_bench_variant *var,
                        int nvar, int have_bnb)
@@ -258,6 +294,7 @@ static void print_text(const char *dev, const char *date, int iters, double copy
                 printf(" %9.2f", res[i].r.ms[v] * 1e3);
             printf("\n");
         }
+        print_graph_sweep(res, nres, var, nvar, first_cfg);
     }
 }
 
@@ -511,6 +548,7 @@ int cmd_bench(int argc, char **argv)
             .bnb_fp32 = bnb_fp32,
             .bnb_4bit = shapes[i].dtype == DT_BF16 ? bnb_bf16 : bnb_fp16,
             .seed = 0x1234567ull + (uint64_t)i,
+            .graph_variants = sweep,
         };
         res[nres].sh = shapes[i];
         if ((rc = gpu_bench_shape(ctx, &o, &res[nres].r)))

@@ -52,6 +52,7 @@ struct gpu_bench_opts {
     bnb_dequant_fp32_fn bnb_fp32; /* NULL: no bitsandbytes comparison */
     bnb_dequant_4bit_fn bnb_4bit; /* the fp16 or bf16 nf4 entry point */
     uint64_t seed;
+    int graph_variants; /* also time each kernel variant (and the empty launch) as graph replays */
 };
 
 struct gpu_bench_result {
@@ -60,6 +61,9 @@ struct gpu_bench_result {
     /* The same two, per launch, from replays of a CUDA graph of back-to-back
      * launches (rotating input sets): no per-launch event and launch gaps. */
     double graph_ms, bnb_graph_ms;
+    /* With graph_variants: per variant, the same from graph replays; 0 where
+     * not timed (the traffic, memset and read floors). */
+    double graph_var_ms[GPU_BENCH_MAX_VARIANTS];
     int bnb_identical; /* 1 if bitsandbytes' output equals nf4deq's byte for byte */
     uint64_t bytes;    /* bytes the fused kernel must move */
     int input_sets;    /* rotated input sets */
