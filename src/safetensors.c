@@ -357,6 +357,7 @@ int st_open(const char *path, struct st_file **out)
         goto fail;
     }
     f->file_size = (uint64_t)st.st_size;
+    f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     if (f->file_size < 8) {
         code = nf4_fail(NF4_EDATA, path, NULL, "file is %" PRIu64 " bytes, too small for a safetensors header",
                         f->file_size);
@@ -435,7 +436,26 @@ int st_read(const struct st_file *f, const struct st_tensor *t, uint64_t offset,
     if (offset > size || len > size - offset)
         return nf4_fail(NF4_ESOFTWARE, f->path, t->name, "read of %" PRIu64 " bytes at %" PRIu64
                         " is outside the tensor", len, offset);
-    if (read_full_at(f->fd, buf, (size_t)len, f->data_start + t->begin + offset) != 0)
-        return nf4_fail_errno(NF4_EIO, errno, f->path, t->name, "read failed");
+    if (read_full_at(f->fd, buf, (size_t)len, f->data_start + t->begin + offset) != 0) {
+        int e = errno;
+        int code = st_check_unchanged(f); /* a file cut short reads as an I/O error: say what happened */
+        return code != NF4_OK ? code : nf4_fail_errno(NF4_EIO, e, f->path, t->name, "read failed");
+    }
+    return NF4_OK;
+}
+
+int st_check_unchanged(const struct st_file *f)
+{
+    struct stat st;
+    if (fstat(f->fd, &st) != 0)
+        return nf4_fail_errno(NF4_EIO, errno, f->path, NULL, "cannot stat");
+    int64_t mtime = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+    if ((uint64_t)st.st_size != f->file_size)
+        return nf4_fail(NF4_EIO, f->path, NULL, "changed while it was being converted: it %s from %" PRIu64
+                        " to %" PRIu64 " bytes", (uint64_t)st.st_size < f->file_size ? "shrank" : "grew",
+                        f->file_size, (uint64_t)st.st_size);
+    if (mtime != f->mtime_ns)
+        return nf4_fail(NF4_EIO, f->path, NULL, "changed while it was being converted: modified again (%" PRIu64
+                        " bytes, the same size)", f->file_size);
     return NF4_OK;
 }

@@ -32,6 +32,7 @@ struct st_file {
     char *path;
     int fd;
     uint64_t file_size;
+    int64_t mtime_ns;    /* at open: a later fstat that differs means the file changed */
     uint64_t data_start; /* 8 + header length */
     size_t count;
     struct st_tensor *tensors; /* in header order */
@@ -46,6 +47,10 @@ struct st_file {
  * there is one, the tensor). */
 int st_open(const char *path, struct st_file **out);
 void st_close(struct st_file *f);
+/* NF4_OK while the file has the size and mtime it had at open; otherwise
+ * NF4_EIO naming it, with the sizes before and now. A file replaced or
+ * truncated mid-conversion must not pass for a complete input. */
+int st_check_unchanged(const struct st_file *f);
 
 /* Validates a header already in memory: `len` bytes of JSON followed by
  * `data_len` bytes of tensor data. Used by st_open, the tests and the fuzzer.
