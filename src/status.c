@@ -141,15 +141,28 @@ const char *const *nf4_warnings(size_t *n)
     return (const char *const *)captured;
 }
 
-void nf4_warn(const char *fmt, ...)
+static void vsay(const char *prefix, const char *fmt, va_list ap)
 {
     char text[NF4_ERROR_MAX];
-    va_list ap;
-    va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
     one_line(text);
     capture(text);
     if (!quiet)
-        fprintf(stderr, "nf4deq: warning: %s\n", text);
+        fprintf(stderr, "nf4deq: %s%s\n", prefix, text);
+}
+
+void nf4_warn(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsay("warning: ", fmt, ap);
+    va_end(ap);
+}
+
+void nf4_note(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsay("", fmt, ap);
+    va_end(ap);
 }

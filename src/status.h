@@ -52,6 +52,10 @@ int nf4_error_restore(int code, const struct nf4_error *e);
 /* Warnings go straight to stderr unless silenced by --quiet; while capture is
  * on they are also kept (the first NF4_MAX_CAPTURED_WARNINGS) for --json. */
 void nf4_warn(const char *fmt, ...) NF4_PRINTF(1, 2);
+/* A notice ("nf4deq: MSG"), not a problem: what nf4deq did on its own
+ * (removed a dead run's partial output, resumed one). Silenced and kept as
+ * warnings are. */
+void nf4_note(const char *fmt, ...) NF4_PRINTF(1, 2);
 #define NF4_MAX_CAPTURED_WARNINGS 1000
 void nf4_warn_capture(int on);
 /* The kept warnings, one line each, without the "nf4deq: warning: " prefix. */
