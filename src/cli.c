@@ -13,6 +13,7 @@
 #include "input.h"
 #include "inspect.h"
 #include "lora.h"
+#include "out_lock.h"
 #include "progress.h"
 #include "report.h"
 #include "status.h"
@@ -40,6 +41,7 @@ static const char MAIN_HELP[] =
     "                     pipeline or a model in the Hugging Face cache\n"
     "  inspect IN         list tensors, quantization and sizes\n"
     "  bench              time the CUDA kernel (against bitsandbytes with --bnb-lib)\n"
+    "  clean [DIR]        remove the partial outputs of runs that did not finish\n"
     "\n"
     "  -h, --help         show this help; 'nf4deq COMMAND --help' for a command\n"
     "  -V, --version      show the version\n"
@@ -78,6 +80,8 @@ static const char CONVERT_HELP[] =
     "                       adapter_model.safetensors) into the dequantized weights;\n"
     "                       repeat to add several adapters' deltas, in order (at most 8)\n"
     "      --revision REV   with ORG/NAME: the branch, tag or commit (default main)\n"
+    "      --resume         keep the shards a run that did not finish (killed,\n"
+    "                       pre-empted) wrote for this directory OUT, redo the rest\n"
     "      --json           print a JSON report on standard output when done\n"
     "                       (also on failure, with error, exit_code, file, tensor)\n"
     "  -f, --force          replace OUT if it exists\n"
@@ -89,6 +93,18 @@ static const char CONVERT_HELP[] =
     "                       (default: the fastest this processor has)\n"
     "  NF4DEQ_GPU_ONLY=1    with --device cuda, wait for the GPU to start instead of\n"
     "                       converting on the CPU meanwhile (tests use it)\n"
+    "\n" EXIT_CODES_HELP;
+
+static const char CLEAN_HELP[] =
+    "Usage: nf4deq clean [OPTIONS] [DIR]\n"
+    "Remove what nf4deq runs that did not finish (killed, out of memory, a machine\n"
+    "pre-empted) left under DIR (default: the current directory, and up to 4 levels\n"
+    "below): their temps .OUT.nf4deq-XXXXXX and lock files .OUT.nf4deq-lock. Those\n"
+    "of a run still alive are kept, and nothing else is ever touched. Prints one\n"
+    "line per item.\n"
+    "\n"
+    "  -n, --dry-run        list what would be removed; remove nothing\n"
+    "  -h, --help           show this help\n"
     "\n" EXIT_CODES_HELP;
 
 static const char INSPECT_HELP[] =
@@ -178,6 +194,7 @@ static int cmd_convert(int argc, char **argv)
         {"mem", required_argument, NULL, 'M'},     {"progress", required_argument, NULL, 'P'},
         {"lora", required_argument, NULL, 'L'},    {"help", no_argument, NULL, 'h'},
         {"json", no_argument, NULL, 'J'},          {"revision", required_argument, NULL, 'R'},
+        {"resume", no_argument, NULL, 'r'},
         {NULL, 0, NULL, 0},
     };
     struct convert_opts o;
@@ -232,6 +249,7 @@ static int cmd_convert(int argc, char **argv)
             break;
         case 'J': json = 1; break;
         case 'R': revision = optarg; break;
+        case 'r': o.resume = 1; break;
         case 'f': o.force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': fputs(CONVERT_HELP, stdout); return NF4_OK;
@@ -262,6 +280,28 @@ static int cmd_convert(int argc, char **argv)
         code = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory printing the report");
     free(path);
     return code;
+}
+
+static int cmd_clean(int argc, char **argv)
+{
+    static const struct option LONG[] = {
+        {"dry-run", no_argument, NULL, 'n'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int dry_run = 0, c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":nh", LONG, NULL)) != -1) {
+        switch (c) {
+        case 'n': dry_run = 1; break;
+        case 'h': fputs(CLEAN_HELP, stdout); return NF4_OK;
+        default: return bad_option("clean", argv, c);
+        }
+    }
+    if (argc - optind > 1)
+        return usage_error("clean", "%s", "too many arguments");
+    return clean_run(argc - optind == 1 ? argv[optind] : ".", dry_run, stdout);
 }
 
 static int cmd_inspect(int argc, char **argv)
@@ -328,6 +368,8 @@ int cli_main(int argc, char **argv)
         code = cmd_inspect(argc - 1, argv + 1);
     else if (strcmp(cmd, "bench") == 0)
         code = cmd_bench(argc - 1, argv + 1);
+    else if (strcmp(cmd, "clean") == 0)
+        code = cmd_clean(argc - 1, argv + 1);
     else
         return usage_error(NULL, "unknown command '%s'", cmd);
     /* Usage errors print themselves; everything else left a message. */

@@ -20,6 +20,8 @@
 #include "lora.h"
 #include "model.h"
 #include "model_dir.h"
+#include "out_lock.h"
+#include "resume.h"
 #include "pipeline.h"
 #include "progress.h"
 #include "safetensors.h"
@@ -90,9 +92,22 @@ int convert_plan_file(const struct model *m, size_t file_index, const struct bnb
     return NF4_OK;
 }
 
-int convert_write_file(struct ctx *c, const char *path, const struct out_item *items, size_t n,
-                      const struct st_file *meta_from, uint64_t *bytes_written)
+/* Every file of the model as it was opened: a shard truncated, grown or
+ * rewritten while it was read would make this output a mix of two inputs. */
+static int check_inputs_unchanged(const struct model *m)
 {
+    for (size_t i = 0; i < m->nfiles; i++) {
+        int code = st_check_unchanged(m->files[i]);
+        if (code != NF4_OK)
+            return code;
+    }
+    return NF4_OK;
+}
+
+int convert_write_file(struct ctx *c, const char *path, const struct out_item *items, size_t n,
+                       const struct model *m, size_t file_index, uint64_t *bytes_written)
+{
+    const struct st_file *meta_from = m->files[file_index];
     struct st_out_tensor *outs = calloc(n ? n : 1, sizeof *outs);
     if (!outs)
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
@@ -106,6 +121,8 @@ int convert_write_file(struct ctx *c, const char *path, const struct out_item *i
         return code;
     code = pipeline_write(c->pipeline, wr, items, n);
     *bytes_written = st_writer_total_bytes(wr);
+    if (code == NF4_OK)
+        code = check_inputs_unchanged(m);
     if (code == NF4_OK)
         return st_writer_finish(wr);
     st_writer_abort(wr);
@@ -229,7 +246,7 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
         (code = convert_open_lora(c, m, weights, nweights)) == NF4_OK &&
         (code = convert_plan_file(m, 0, weights, nweights, c->lora, c->opts->dtype, &items, &n)) == NF4_OK &&
         (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK)
-        code = convert_write_file(c, out, items, n, m->files[0], &written);
+        code = convert_write_file(c, out, items, n, m, 0, &written);
     c->stats->bytes_out += written;
     free(items);
     bnb_free(weights, nweights);
@@ -286,6 +303,32 @@ static int check_path_output(const char *in, int in_is_dir, const char *out, con
     return NF4_OK;
 }
 
+/* One writer per OUT (out_lock.h): the lock, before any work; then what runs
+ * that died left: with --resume, the newest resumable temp of a model
+ * directory is kept for this run; every other stale temp goes. */
+static int take_output(struct ctx *c, enum input_layout layout, const char *out, int out_existed,
+                       struct out_lock **lock)
+{
+    int code = out_lock_acquire(out, lock);
+    if (code != NF4_OK)
+        return code;
+    struct stat st;
+    /* Checked again under the lock: a run that finished meanwhile made it. */
+    if (!out_existed && !c->opts->force && stat(out, &st) == 0)
+        code = nf4_fail(NF4_ECANTCREAT, out, NULL, "already exists (use --force to replace it)");
+    if (code == NF4_OK && c->opts->resume && layout == LAYOUT_MODEL_DIR)
+        c->resume_dir = out_lock_find_resumable(*lock, RESUME_MANIFEST_NAME);
+    if (code == NF4_OK)
+        code = out_lock_remove_stale(*lock, c->resume_dir);
+    if (code != NF4_OK) {
+        out_lock_release(*lock);
+        *lock = NULL;
+        free(c->resume_dir);
+        c->resume_dir = NULL;
+    }
+    return code;
+}
+
 int convert_run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats)
 {
     memset(stats, 0, sizeof *stats);
@@ -308,6 +351,9 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
                         "component's directory (such as %s/transformer)", in);
     if (code != NF4_OK)
         return code;
+    struct out_lock *lock = NULL;
+    if (!c.to_stdout && (code = take_output(&c, layout, out, out_exists, &lock)) != NF4_OK)
+        return code;
     const char *target = c.to_stdout ? "standard output" : out;
     double t0 = progress_now();
     if (layout == LAYOUT_PIPELINE)
@@ -318,6 +364,8 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
         code = convert_file(&c, in, target);
     convert_close_engine(&c);
     lora_close(c.lora);
+    free(c.resume_dir);
+    out_lock_release(lock);
     stats->seconds = progress_now() - t0;
     return code;
 }

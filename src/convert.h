@@ -16,6 +16,7 @@ struct convert_opts {
     enum device_choice device;
     int threads;            /* CPU threads; 0: all online cores */
     int force;              /* replace an existing OUT */
+    int resume;             /* --resume: keep the shards a run that died finished */
     uint64_t gpu_mem;       /* device-memory budget in bytes; 0: default */
     uint64_t mem;           /* host memory for tensor data in bytes; 0: DEFAULT_MEM_BYTES */
     uint64_t chunk_elements; /* caps the elements per chunk (tests); 0: what --mem allows */
@@ -30,6 +31,7 @@ struct convert_stats {
     uint64_t merged;     /* tensors with a LoRA delta merged in */
     uint64_t cast;       /* other tensors converted to another dtype (--dtype) */
     uint64_t passed_through; /* other tensors written unchanged */
+    uint64_t resumed_shards; /* --resume: shards a dead run finished, kept (not counted above) */
     uint64_t bytes_in;
     uint64_t bytes_out;
     uint64_t overflowed; /* finite values that became inf when cast to --dtype */

@@ -17,6 +17,7 @@
 #include "fileio.h"
 #include "layout.h"
 #include "model_dir.h"
+#include "resume.h"
 #include "status.h"
 #include "strutil.h"
 
@@ -223,8 +224,10 @@ fail:
 }
 
 /* Writes the planned model into directory `dir` (which exists and is a temp):
- * shards under their own names, the index, config.json, the other files. */
-static int model_job_write(struct ctx *c, const struct model_job *j, const char *dir)
+ * shards under their own names, the index, config.json, the other files.
+ * With `record`, each shard it lists is already there (resumed) and each one
+ * written is added to it, in dir's resume manifest, which goes at the end. */
+static int model_job_write(struct ctx *c, const struct model_job *j, const char *dir, struct resume_manifest *record)
 {
     const struct model *m = j->m;
     struct index_out_entry *entries = calloc(m->count ? m->count : 1, sizeof *entries);
@@ -240,12 +243,20 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
             continue;
         char *path = path_join(dir, m->file_names[i]);
         uint64_t written = 0;
-        /* Registered before it exists: a signal right after the rename
-         * into dir must still find it, or dir cannot be removed. */
-        if (path)
-            temp_register(path, 0);
-        code = path ? convert_write_file(c, path, items, n, m->files[i], &written)
-                    : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        int64_t resumed = record ? resume_shard_bytes(record, m->file_names[i]) : -1;
+        if (resumed >= 0) { /* its file is there, with the recorded size */
+            written = out_items_bytes(items, n);
+            c->stats->resumed_shards++;
+        } else {
+            /* Registered before it exists: a signal right after the rename
+             * into dir must still find it, or dir cannot be removed. */
+            if (path)
+                temp_register(path, 0);
+            code = path ? convert_write_file(c, path, items, n, m, i, &written)
+                        : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+            if (code == NF4_OK && record)
+                code = resume_record_shard(dir, record, m->file_names[i]);
+        }
         c->stats->bytes_out += written;
         total_size += written;
         for (size_t k = 0; k < n; k++) {
@@ -266,6 +277,11 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     free(config);
     if (code == NF4_OK)
         code = copy_other_files(m, j->in, dir);
+    char *manifest = record ? path_join(dir, RESUME_MANIFEST_NAME) : NULL;
+    if (code == NF4_OK && record && (!manifest || (unlink(manifest) != 0 && errno != ENOENT)))
+        code = manifest ? nf4_fail_errno(NF4_ECANTCREAT, errno, manifest, NULL, "cannot remove")
+                        : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    free(manifest);
     /* config.json, the index and the copies were renamed or created in dir
      * after the last shard's fsync: make the whole tree durable. */
     if (code == NF4_OK && fsync_dir(dir) != 0)
@@ -300,6 +316,26 @@ static int finish_dir(int code, char *tmp, const char *out, int replace)
     return code;
 }
 
+/* The temp directory: a dead run's, taken over with --resume (out_lock.h
+ * found it), or a new one. */
+static int open_temp_dir(struct ctx *c, const char *out, size_t shards, struct resume_manifest *record, char **tmp)
+{
+    if (!c->resume_dir) {
+        /* A manifest from the start: whenever this run dies, --resume finds it. */
+        int code = make_temp_dir(out, tmp);
+        return code == NF4_OK ? resume_record_shard(*tmp, record, NULL) : code;
+    }
+    *tmp = strdup(c->resume_dir);
+    if (!*tmp)
+        return nf4_fail(NF4_ESOFTWARE, out, NULL, "out of memory");
+    size_t kept = 0;
+    int code = resume_adopt(*tmp, record, &kept);
+    if (code == NF4_OK)
+        nf4_note("%s: resuming from %s: kept %zu of %zu shards finished by a run that did not finish", out, *tmp,
+                 kept, shards);
+    return code;
+}
+
 int convert_model_dir(struct ctx *c, const char *in, const char *out, int replace)
 {
     struct model_job j;
@@ -307,10 +343,16 @@ int convert_model_dir(struct ctx *c, const char *in, const char *out, int replac
     if (code != NF4_OK)
         return code;
     char *tmp = NULL;
-    if ((code = convert_open_engine(c, out, j.tensors, j.bytes)) == NF4_OK &&
-        (code = make_temp_dir(out, &tmp)) == NF4_OK)
-        code = model_job_write(c, &j, tmp);
+    struct resume_manifest record = {0};
+    size_t shards = 0;
+    for (size_t i = 0; i < j.m->nfiles; i++)
+        shards += j.nplan[i] > 0;
+    if ((code = resume_fingerprint(j.m, c->opts, &record)) == NF4_OK &&
+        (code = convert_open_engine(c, out, j.tensors, j.bytes)) == NF4_OK &&
+        (code = open_temp_dir(c, out, shards, &record, &tmp)) == NF4_OK)
+        code = model_job_write(c, &j, tmp, &record);
     code = finish_dir(code, tmp, out, replace);
+    resume_manifest_free(&record);
     model_job_close(&j);
     return code;
 }
@@ -354,7 +396,7 @@ static int pipeline_write_entry(struct ctx *c, const char *in, const struct pipe
         if (mkdir(to, 0777) != 0)
             code = nf4_fail_errno(NF4_ECANTCREAT, errno, to, NULL, "cannot create");
         else
-            code = model_job_write(c, job, to);
+            code = model_job_write(c, job, to, NULL);
     } else if (e->kind == ENTRY_COMPONENT || e->kind == ENTRY_DIR) {
         code = copy_tree(from, to, in);
     } else if (e->kind == ENTRY_FILE && str_ends_with(e->name, WEIGHTS_FILE_SUFFIX)) {

@@ -24,15 +24,19 @@ struct ctx {
     struct pipeline *pipeline;
     struct progress progress;
     int to_stdout;               /* OUT is "-": the one output file streams to standard output */
+    char *resume_dir;            /* --resume: a dead run's temp directory to continue, or NULL */
 };
+
 
 /* The output tensors of one input file: every tensor but quant-state parts,
  * each a dequantization, a copy or a cast, with LoRA changes. */
 int convert_plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
                       const struct lora_set *lora, enum st_dtype dtype, struct out_item **items_out, size_t *n_out);
-/* Writes one planned output file (atomically, or to standard output). */
+/* Writes one planned output file of model m's file_index-th input (its
+ * metadata is carried over), atomically or to standard output. Fails with
+ * NF4_EIO, before the file is published, if any input file of m changed. */
 int convert_write_file(struct ctx *c, const char *path, const struct out_item *items, size_t n,
-                       const struct st_file *meta_from, uint64_t *bytes_written);
+                       const struct model *m, size_t file_index, uint64_t *bytes_written);
 uint64_t out_item_elements(const struct out_item *it);
 uint64_t out_items_bytes(const struct out_item *items, size_t n);
 

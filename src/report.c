@@ -133,6 +133,7 @@ static void add_success(cJSON *root, const struct convert_report *r)
     cJSON_AddNumberToObject(t, "merged", (double)s->merged);
     cJSON_AddNumberToObject(t, "cast", (double)s->cast);
     cJSON_AddNumberToObject(t, "passed_through", (double)s->passed_through);
+    cJSON_AddNumberToObject(root, "resumed_shards", (double)s->resumed_shards);
     cJSON_AddNumberToObject(root, "bytes_in", (double)s->bytes_in);
     cJSON_AddNumberToObject(root, "bytes_out", (double)s->bytes_out);
     cJSON_AddNumberToObject(root, "seconds", (double)(int64_t)(s->seconds * 1e6 + 0.5) / 1e6);

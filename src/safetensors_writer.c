@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +23,38 @@ struct st_writer {
     uint64_t total;     /* bytes of tensor data */
     uint64_t written;   /* bytes of tensor data written so far */
     int stream;         /* fd is the caller's (standard output): no temp, no rename */
+    long index;         /* output files begun before this one (NF4DEQ_TEST_STOP) */
 };
+
+/* ---- NF4DEQ_TEST_STOP: a fixed point to stop at, for the tests ----
+ * "K" stops the process (SIGSTOP) just before the K-th output file of the run
+ * (from 0) begins, "K.5" once half of that file's tensor data is written. The
+ * tests of docs/RELIABILITY.md then SIGKILL, truncate an input or start a
+ * second run at exactly that point, instead of racing a timer. */
+static long test_stop_file = -1;
+static int test_stop_half;
+static long files_begun;
+static pthread_once_t test_stop_once = PTHREAD_ONCE_INIT;
+
+static void read_test_stop(void)
+{
+    const char *v = getenv("NF4DEQ_TEST_STOP");
+    char *end;
+    if (!v || !*v)
+        return;
+    long k = strtol(v, &end, 10);
+    if (end == v || k < 0 || (*end && strcmp(end, ".5") != 0))
+        return;
+    test_stop_file = k;
+    test_stop_half = *end != '\0';
+}
+
+static void test_stop_at(long file, int half)
+{
+    pthread_once(&test_stop_once, read_test_stop);
+    if (file == test_stop_file && half == test_stop_half)
+        raise(SIGSTOP);
+}
 
 struct order_key {
     const struct st_out_tensor *t;
@@ -94,6 +127,8 @@ static int begin(struct st_writer **out, const char *path, int stream_fd, const 
                  size_t n, const struct st_meta *meta, size_t nmeta)
 {
     *out = NULL;
+    long index = __atomic_fetch_add(&files_begun, 1, __ATOMIC_RELAXED);
+    test_stop_at(index, 0);
     struct st_writer *w = calloc(1, sizeof *w);
     struct order_key *keys = calloc(n ? n : 1, sizeof *keys);
     struct strbuf header = {0};
@@ -102,6 +137,7 @@ static int begin(struct st_writer **out, const char *path, int stream_fd, const 
         goto oom;
     w->fd = -1;
     w->n = n;
+    w->index = index;
     w->path = strdup(path);
     w->order = calloc(n ? n : 1, sizeof *w->order);
     w->sizes = calloc(n ? n : 1, sizeof *w->sizes);
@@ -194,7 +230,10 @@ int st_writer_write(struct st_writer *w, const void *buf, size_t len)
         return nf4_fail(NF4_ESOFTWARE, w->path, NULL, "more tensor data written than the header declares");
     if (write_full(w->fd, buf, len) != 0)
         return nf4_fail_errno(NF4_EIO, errno, w->path, NULL, "write failed");
+    int crossed_half = w->written < w->total / 2 && w->written + len >= w->total / 2;
     w->written += len;
+    if (crossed_half)
+        test_stop_at(w->index, 1);
     return NF4_OK;
 }
 

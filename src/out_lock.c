@@ -1,0 +1,506 @@
+#include "out_lock.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "file_copy.h"
+#include "fileio.h"
+#include "status.h"
+#include "strbuf.h"
+
+#define OWNER_MAGIC "nf4deq-owner 1"
+/* A lock file that vanishes or is replaced between open and flock is retried
+ * (another run was just ending); this bounds the retries. */
+#define LOCK_ATTEMPTS 16
+/* `clean` looks this deep below DIR: OUTs sit in DIR or a few levels down. */
+#define CLEAN_MAX_DEPTH 4
+
+struct out_lock {
+    char *path;   /* the lock file */
+    char *dir;    /* OUT's directory */
+    char *prefix; /* ".BASE.nf4deq-" */
+    int fd;
+    int have_previous;
+    struct owner_record previous; /* the run that left the lock file, if it did not finish */
+};
+
+/* ---- the owner record ---- */
+
+static int parse_ll(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < 0)
+        return 0;
+    *out = v;
+    return 1;
+}
+
+/* The parser itself, without messages: 0 when the text is not a record. */
+static int parse_record(const char *text, size_t len, struct owner_record *out)
+{
+    memset(out, 0, sizeof *out);
+    out->pid = -1;
+    out->started = -1;
+    if (len > OWNER_RECORD_MAX)
+        return 0;
+    char buf[OWNER_RECORD_MAX + 1];
+    memcpy(buf, text, len);
+    buf[len] = '\0';
+    if (strlen(buf) != len || len == 0 || buf[len - 1] != '\n')
+        return 0;
+    char *save = NULL;
+    int line_no = 0;
+    for (char *line = strtok_r(buf, "\n", &save); line; line = strtok_r(NULL, "\n", &save), line_no++) {
+        if (line_no == 0) {
+            if (strcmp(line, OWNER_MAGIC) != 0)
+                return 0;
+            continue;
+        }
+        char *space = strchr(line, ' ');
+        if (!space)
+            return 0;
+        *space = '\0';
+        const char *key = line, *value = space + 1;
+        int ok;
+        if (strcmp(key, "pid") == 0) {
+            ok = out->pid < 0 && parse_ll(value, &out->pid);
+        } else if (strcmp(key, "started") == 0) {
+            ok = out->started < 0 && parse_ll(value, &out->started);
+        } else if (strcmp(key, "host") == 0) {
+            ok = !out->host[0] && value[0] && strlen(value) < sizeof out->host;
+            for (const unsigned char *p = (const unsigned char *)value; ok && *p; p++)
+                ok = *p > 0x20 && *p != 0x7f;
+            if (ok)
+                strcpy(out->host, value);
+        } else {
+            ok = 0;
+        }
+        if (!ok)
+            return 0;
+    }
+    return line_no == 4 && out->pid >= 0 && out->started >= 0 && out->host[0];
+}
+
+int owner_record_parse(const char *path, const char *text, size_t len, struct owner_record *out)
+{
+    if (!parse_record(text, len, out))
+        return nf4_fail(NF4_EDATA, path, NULL, "not a valid nf4deq owner record");
+    return NF4_OK;
+}
+
+static void this_host(char *buf, size_t cap)
+{
+    if (gethostname(buf, cap) != 0 || !buf[0])
+        snprintf(buf, cap, "unknown");
+    buf[cap - 1] = '\0';
+    for (char *p = buf; *p; p++) /* one word, as the record's syntax needs */
+        if ((unsigned char)*p <= 0x20 || *p == 0x7f)
+            *p = '_';
+}
+
+void owner_record_describe(const struct owner_record *r, char *buf, size_t cap)
+{
+    char host[256], when[64] = "at an unknown time";
+    this_host(host, sizeof host);
+    time_t t = (time_t)r->started;
+    struct tm tm;
+    if (r->started >= 0 && gmtime_r(&t, &tm))
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S UTC", &tm);
+    int other = strcmp(host, r->host) != 0;
+    snprintf(buf, cap, "pid %lld%s%s, started %s", r->pid, other ? " on " : "", other ? r->host : "", when);
+}
+
+/* ---- names ---- */
+
+static int is_random_char(char c)
+{
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9');
+}
+
+enum temp_name_kind temp_name_classify(const char *name, size_t *base_len)
+{
+    size_t n = strlen(name), marker = strlen(TEMP_MARKER);
+    if (n < 1 + 1 + marker || name[0] != '.')
+        return TEMP_NAME_NONE;
+    size_t tail = n >= strlen(LOCK_SUFFIX) && strcmp(name + n - strlen(LOCK_SUFFIX), LOCK_SUFFIX) == 0
+                      ? strlen(LOCK_SUFFIX)
+                      : TEMP_RANDOM_LEN;
+    if (n < 1 + 1 + marker + tail || strncmp(name + n - tail - marker, TEMP_MARKER, marker) != 0)
+        return TEMP_NAME_NONE;
+    *base_len = n - tail - marker - 1;
+    if (tail == strlen(LOCK_SUFFIX) && strcmp(name + n - tail, LOCK_SUFFIX) == 0)
+        return TEMP_NAME_LOCK;
+    for (size_t i = n - tail; i < n; i++)
+        if (!is_random_char(name[i]))
+            return TEMP_NAME_NONE;
+    return TEMP_NAME_TEMP;
+}
+
+/* ---- the lock ---- */
+
+static void lock_free(struct out_lock *lk)
+{
+    if (!lk)
+        return;
+    if (lk->fd >= 0)
+        close(lk->fd);
+    free(lk->path);
+    free(lk->dir);
+    free(lk->prefix);
+    free(lk);
+}
+
+/* Reads the record in an open lock file; 0 if there is none or it is not
+ * valid (a damaged record is no reason to fail: it only names the owner). */
+static int read_record(int fd, struct owner_record *r)
+{
+    char buf[OWNER_RECORD_MAX + 1];
+    ssize_t got = pread(fd, buf, sizeof buf, 0);
+    return got > 0 && parse_record(buf, (size_t)got, r);
+}
+
+static int write_record(int fd)
+{
+    char host[256], text[OWNER_RECORD_MAX];
+    this_host(host, sizeof host);
+    int len = snprintf(text, sizeof text, OWNER_MAGIC "\npid %lld\nhost %s\nstarted %lld\n", (long long)getpid(), host,
+                       (long long)time(NULL));
+    if (ftruncate(fd, 0) != 0)
+        return -1;
+    return len > 0 && pwrite(fd, text, (size_t)len, 0) == len ? 0 : -1;
+}
+
+/* Opens and flocks the lock file, retrying when it was replaced meanwhile. */
+static int take(struct out_lock *lk, const char *out)
+{
+    for (int attempt = 0; attempt < LOCK_ATTEMPTS; attempt++) {
+        temp_register(lk->path, 0); /* before it may exist: a signal must not leave it */
+        int fd = open(lk->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        if (fd < 0)
+            return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot create its lock file %s", lk->path);
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            struct owner_record r;
+            int known = read_record(fd, &r);
+            close(fd);
+            temp_unregister(lk->path); /* not ours to remove */
+            if (e != EWOULDBLOCK)
+                return nf4_fail_errno(NF4_ECANTCREAT, e, out, NULL, "cannot lock %s", lk->path);
+            char who[400] = "";
+            if (known)
+                owner_record_describe(&r, who, sizeof who);
+            return nf4_fail(NF4_ECANTCREAT, out, NULL, "another nf4deq (%s) is writing it", known ? who : "pid unknown");
+        }
+        struct stat held, now;
+        if (fstat(fd, &held) == 0 && stat(lk->path, &now) == 0 && held.st_dev == now.st_dev &&
+            held.st_ino == now.st_ino) {
+            lk->fd = fd;
+            return NF4_OK;
+        }
+        close(fd); /* the run that held it removed it as we opened it: start again */
+    }
+    return nf4_fail(NF4_ECANTCREAT, out, NULL, "cannot take its lock file %s: it keeps being replaced", lk->path);
+}
+
+int out_lock_acquire(const char *out, struct out_lock **out_lk)
+{
+    *out_lk = NULL;
+    struct out_lock *lk = calloc(1, sizeof *lk);
+    if (!lk)
+        return nf4_fail(NF4_ESOFTWARE, out, NULL, "out of memory");
+    lk->fd = -1;
+    const char *slash = strrchr(out, '/');
+    const char *base = slash ? slash + 1 : out;
+    struct strbuf prefix = {0}, path = {0};
+    lk->dir = path_dirname(out);
+    strbuf_printf(&prefix, "." "%s" TEMP_MARKER, base);
+    if (lk->dir && !prefix.oom)
+        strbuf_printf(&path, "%s/%s" LOCK_SUFFIX, lk->dir, prefix.p);
+    lk->prefix = prefix.p;
+    lk->path = path.p;
+    if (!lk->dir || prefix.oom || path.oom || !lk->prefix || !lk->path) {
+        lock_free(lk);
+        return nf4_fail(NF4_ESOFTWARE, out, NULL, "out of memory");
+    }
+    int code = take(lk, out);
+    if (code != NF4_OK) {
+        lock_free(lk);
+        return code;
+    }
+    lk->have_previous = read_record(lk->fd, &lk->previous);
+    if (write_record(lk->fd) != 0) {
+        code = nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot write its lock file %s", lk->path);
+        out_lock_release(lk);
+        return code;
+    }
+    *out_lk = lk;
+    return NF4_OK;
+}
+
+/* Calls fn on every stale temp of OUT (we hold the lock: all of them are). */
+static int each_temp(const struct out_lock *lk, int (*fn)(const struct out_lock *, const char *, void *), void *arg)
+{
+    DIR *d = opendir(lk->dir);
+    if (!d)
+        return nf4_fail_errno(NF4_ECANTCREAT, errno, lk->dir, NULL, "cannot list");
+    size_t plen = strlen(lk->prefix);
+    int code = NF4_OK;
+    struct dirent *e;
+    while (code == NF4_OK && (e = readdir(d)) != NULL) {
+        size_t base_len;
+        if (strncmp(e->d_name, lk->prefix, plen) != 0 || strlen(e->d_name) != plen + TEMP_RANDOM_LEN ||
+            temp_name_classify(e->d_name, &base_len) != TEMP_NAME_TEMP)
+            continue;
+        char *p = path_join(lk->dir, e->d_name);
+        code = p ? fn(lk, p, arg) : nf4_fail(NF4_ESOFTWARE, lk->dir, NULL, "out of memory");
+        free(p);
+    }
+    closedir(d);
+    return code;
+}
+
+struct resumable {
+    const char *manifest;
+    char *best;
+    int64_t best_mtime;
+};
+
+static int consider_resumable(const struct out_lock *lk, const char *temp, void *arg)
+{
+    (void)lk;
+    struct resumable *r = arg;
+    char *m = path_join(temp, r->manifest);
+    struct stat st;
+    if (m && stat(m, &st) == 0 && S_ISREG(st.st_mode)) {
+        int64_t t = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
+        char *copy = (!r->best || t > r->best_mtime) ? strdup(temp) : NULL;
+        if (copy) {
+            free(r->best);
+            r->best = copy;
+            r->best_mtime = t;
+        }
+    }
+    free(m);
+    return NF4_OK;
+}
+
+char *out_lock_find_resumable(const struct out_lock *lk, const char *manifest)
+{
+    struct resumable r = {manifest, NULL, 0};
+    if (each_temp(lk, consider_resumable, &r) != NF4_OK) {
+        free(r.best);
+        return NULL;
+    }
+    return r.best;
+}
+
+static int remove_one(const struct out_lock *lk, const char *temp, void *arg)
+{
+    const char *keep = arg;
+    if (keep && strcmp(keep, temp) == 0)
+        return NF4_OK;
+    char who[400] = "pid unknown";
+    if (lk->have_previous)
+        owner_record_describe(&lk->previous, who, sizeof who);
+    struct stat st;
+    int is_dir = lstat(temp, &st) == 0 && S_ISDIR(st.st_mode);
+    if ((is_dir ? remove_tree(temp) : unlink(temp)) != 0 && errno != ENOENT)
+        return nf4_fail_errno(NF4_ECANTCREAT, errno, temp, NULL, "cannot remove stale partial output");
+    nf4_note("%s: removed stale partial output from a run that did not finish (%s)", temp, who);
+    return NF4_OK;
+}
+
+int out_lock_remove_stale(struct out_lock *lk, const char *keep)
+{
+    return each_temp(lk, remove_one, (void *)keep);
+}
+
+void out_lock_release(struct out_lock *lk)
+{
+    if (!lk)
+        return;
+    /* Unlinked while still held: a run that opened it meanwhile sees the
+     * inode is gone and starts again with a new file. */
+    unlink(lk->path);
+    temp_unregister(lk->path);
+    lock_free(lk);
+}
+
+/* ---- nf4deq clean ---- */
+
+struct clean_ctx {
+    int dry_run;
+    FILE *out;
+    int removed, kept;
+};
+
+/* The lock of the OUT that a temp or lock file named `name` in `dir` belongs
+ * to: 1 if a live run holds it (*who filled), 0 if free or absent. */
+static int held_by_live_run(const char *dir, const char *name, size_t base_len, char *who, size_t cap)
+{
+    struct strbuf lock = {0};
+    strbuf_printf(&lock, "%s/%.*s" TEMP_MARKER LOCK_SUFFIX, dir, (int)(base_len + 1), name);
+    if (lock.oom)
+        return 1; /* when in doubt, touch nothing */
+    int fd = open(lock.p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int held = 0;
+    if (fd >= 0) {
+        if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
+            struct owner_record r;
+            held = 1;
+            if (read_record(fd, &r))
+                owner_record_describe(&r, who, cap);
+            else
+                snprintf(who, cap, "pid unknown");
+        }
+        close(fd); /* releases the probe's own lock */
+    }
+    free(lock.p);
+    return held;
+}
+
+static int clean_dir(struct clean_ctx *cc, const char *dir, int depth);
+
+/* A lock file goes only while this process holds it, and only if it is still
+ * the file at that path: never from under a run that has just taken it. */
+static int clean_lock(struct clean_ctx *cc, const char *path)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return NF4_OK; /* gone meanwhile */
+    struct owner_record r;
+    char who[400] = "pid unknown";
+    if (read_record(fd, &r))
+        owner_record_describe(&r, who, sizeof who);
+    struct stat held, now;
+    int code = NF4_OK;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        fprintf(cc->out, "kept %s: a live run is writing it (%s)\n", path, who);
+        cc->kept++;
+    } else if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev &&
+               held.st_ino == now.st_ino) {
+        if (!cc->dry_run && unlink(path) != 0 && errno != ENOENT)
+            code = nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot remove");
+        else
+            fprintf(cc->out, "%s %s (stale lock file of %s)\n", cc->dry_run ? "would remove" : "removed", path, who);
+        cc->removed++;
+    }
+    close(fd);
+    return code;
+}
+
+static int clean_entry(struct clean_ctx *cc, const char *dir, const char *name, int depth)
+{
+    char *path = path_join(dir, name);
+    if (!path)
+        return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    struct stat st;
+    int code = NF4_OK;
+    size_t base_len;
+    enum temp_name_kind kind = temp_name_classify(name, &base_len);
+    if (lstat(path, &st) != 0) {
+        /* gone meanwhile */
+    } else if (kind == TEMP_NAME_NONE) {
+        if (S_ISDIR(st.st_mode) && depth < CLEAN_MAX_DEPTH)
+            code = clean_dir(cc, path, depth + 1);
+    } else if (kind == TEMP_NAME_LOCK) {
+        code = clean_lock(cc, path);
+    } else {
+        char who[400] = "";
+        if (held_by_live_run(dir, name, base_len, who, sizeof who)) {
+            fprintf(cc->out, "kept %s: a live run is writing it (%s)\n", path, who);
+            cc->kept++;
+        } else {
+            const char *what = S_ISDIR(st.st_mode) ? "directory" : "file";
+            int rc = 0;
+            if (!cc->dry_run)
+                rc = S_ISDIR(st.st_mode) ? remove_tree(path) : unlink(path);
+            if (rc != 0 && errno != ENOENT)
+                code = nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot remove");
+            else
+                fprintf(cc->out, "%s %s (stale %s)\n", cc->dry_run ? "would remove" : "removed", path, what);
+            cc->removed++;
+        }
+    }
+    free(path);
+    return code;
+}
+
+static int cmp_names(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int clean_dir(struct clean_ctx *cc, const char *dir, int depth)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return depth == 0 ? nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "cannot list") : NF4_OK;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int code = NF4_OK;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (n == cap) {
+            size_t grown = cap ? 2 * cap : 32;
+            char **p = realloc(names, grown * sizeof *p);
+            if (!p) {
+                code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+                break;
+            }
+            names = p;
+            cap = grown;
+        }
+        if (!(names[n] = strdup(e->d_name))) {
+            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+            break;
+        }
+        n++;
+    }
+    closedir(d);
+    /* Temps before lock files (sorted names put "XXXXXX" after "lock" at
+     * random), so a lock goes only once its temps are gone. */
+    if (n)
+        qsort(names, n, sizeof *names, cmp_names);
+    for (int pass = 0; pass < 2 && code == NF4_OK; pass++)
+        for (size_t i = 0; i < n && code == NF4_OK; i++) {
+            size_t base_len;
+            int is_lock = temp_name_classify(names[i], &base_len) == TEMP_NAME_LOCK;
+            if (is_lock == pass)
+                code = clean_entry(cc, dir, names[i], depth);
+        }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return code;
+}
+
+int clean_run(const char *dir, int dry_run, void *out_file)
+{
+    struct clean_ctx cc = {dry_run, out_file, 0, 0};
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "cannot open");
+    if (!S_ISDIR(st.st_mode))
+        return nf4_fail(NF4_EUSAGE, dir, NULL, "not a directory");
+    int code = clean_dir(&cc, dir, 0);
+    if (code == NF4_OK)
+        fprintf(cc.out, "%s %d stale item%s%s", dry_run ? "would remove" : "removed", cc.removed,
+                cc.removed == 1 ? "" : "s", cc.kept ? "" : "\n");
+    if (code == NF4_OK && cc.kept)
+        fprintf(cc.out, "; kept %d of live runs\n", cc.kept);
+    return code;
+}
