@@ -14,14 +14,6 @@
 
 /* ---- adapter_config.json ---- */
 
-struct lora_config {
-    uint32_t r;
-    double alpha;
-    int use_rslora, fan_in_fan_out;
-    int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
-    const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
-    cJSON *root;
-};
 
 static int config_fail(const char *path, const char *what)
 {
@@ -68,18 +60,13 @@ static int config_patterns(const char *path, const cJSON *root, const char *key,
     return NF4_OK;
 }
 
-static int parse_config(const char *path, struct lora_config *c)
+int lora_config_parse(const char *path, const char *json, size_t len, struct lora_config *c)
 {
-    char *json = NULL;
-    size_t len = 0;
     memset(c, 0, sizeof *c);
-    int code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len);
-    if (code != NF4_OK)
-        return code;
+    int code;
     c->root = json_parse_whole(json, len);
     /* Python's json module writes a NaN or infinite lora_alpha as NaN / Infinity. */
     int non_finite = !c->root && (memmem(json, len, "NaN", 3) || memmem(json, len, "Infinity", 8));
-    free(json);
     if (!c->root)
         return json_ran_out_of_memory() ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
                : non_finite ? config_fail(path, "is not valid JSON: it holds NaN or Infinity, and r, lora_alpha and "
@@ -135,6 +122,24 @@ static int parse_config(const char *path, struct lora_config *c)
         c->modules_to_save = mts;
     }
     return NF4_OK;
+}
+
+void lora_config_free(struct lora_config *c)
+{
+    cJSON_Delete(c->root);
+    memset(c, 0, sizeof *c);
+}
+
+static int parse_config(const char *path, struct lora_config *c)
+{
+    char *json = NULL;
+    size_t len = 0;
+    memset(c, 0, sizeof *c);
+    int code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len);
+    if (code == NF4_OK)
+        code = lora_config_parse(path, json, len, c);
+    free(json);
+    return code;
 }
 
 int lora_pattern_matches(const char *pattern, const char *module)
@@ -448,7 +453,7 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
         if (code == NF4_OK && (code = parse_config(ad->config_path, &c)) == NF4_OK &&
             (code = model_open_file(wpath, &ad->weights)) == NF4_OK)
             code = bind_adapter(&b, ad, i, &c);
-        cJSON_Delete(c.root);
+        lora_config_free(&c);
         free(wpath);
     }
     if (code == NF4_OK)

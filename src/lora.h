@@ -17,6 +17,7 @@
 #ifndef NF4DEQ_LORA_H
 #define NF4DEQ_LORA_H
 
+#include <cJSON.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,22 @@ struct lora_set {
     size_t ntargets;
     struct lora_target *targets; /* sorted by name */
 };
+
+/* An adapter_config.json, validated: what the merge needs from it. */
+struct lora_config {
+    uint32_t r;
+    double alpha;
+    int use_rslora, fan_in_fan_out;
+    int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
+    const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
+    cJSON *root;
+};
+/* Parses and checks an adapter config's text (`path` names it in messages):
+ * NF4_EDATA for what is not a LoRA config nf4deq can merge (DoRA, trained
+ * LoRA biases, other adapter types, bad ranks or patterns). The lora_open
+ * path and the fuzzer use it. Free with lora_config_free, even on failure. */
+int lora_config_parse(const char *path, const char *json, size_t len, struct lora_config *c);
+void lora_config_free(struct lora_config *c);
 
 /* Opens each adapter directory, validates its config and binds every key of its
  * weights to a base tensor: `weights` are the base's 4-bit weights, the other
