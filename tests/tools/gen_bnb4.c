@@ -1,7 +1,7 @@
 /* Writes a synthetic bitsandbytes 4-bit checkpoint with real Llama shapes, so
  * memory and speed can be measured without downloading a model.
  *
- *   gen_bnb4 [--preset tinyllama|llama3-8b|llama3-70b] [--layers N]
+ *   gen_bnb4 [--preset tinyllama|llama3-8b|llama3-70b|tiny] [--layers N]
  *            [--shard-size SIZE] [--seed N] [--lora-rank R] OUTDIR
  *
  * Every linear layer is nf4 with double quant (blocksize 64, nested 256), as
@@ -39,6 +39,7 @@ static const struct preset PRESETS[] = {
     {"tinyllama", 2048, 5632, 22, 32000, 32, 4},
     {"llama3-8b", 4096, 14336, 32, 128256, 32, 8},
     {"llama3-70b", 8192, 28672, 80, 128256, 64, 8},
+    {"tiny", 512, 1408, 8, 4096, 8, 2}, /* tests: ~25 MB in, ~55 MB out */
 };
 
 #define BLOCKSIZE 64u

@@ -1,0 +1,415 @@
+/* What really happens to long conversions: a run SIGKILLed at several points
+ * (then rerun plainly, or with --resume), two runs to one OUT, inputs
+ * truncated or grown while they are read, and `nf4deq clean`.
+ *
+ * The runs stop themselves at a fixed point (NF4DEQ_TEST_STOP, see
+ * safetensors_writer.c: just before an output file begins, or halfway
+ * through its data), so each case kills or races them there, not after a
+ * guessed delay. The model is generated: 5 shards (gen_bnb4 --preset tiny). */
+#include "test_util.h"
+
+#include <cJSON.h>
+#include <signal.h>
+
+#define GEN_BNB4 "build/tools/gen_bnb4"
+#define SHARDS 5
+
+struct scene {
+    char *dir; /* scratch */
+    char *in, *ref, *out;
+};
+
+static void sh(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *cmd = NULL;
+    assert_true(vasprintf(&cmd, fmt, ap) >= 0);
+    va_end(ap);
+    int rc = system(cmd);
+    if (rc != 0)
+        fail_msg("'%s' exited %d", cmd, rc);
+    free(cmd);
+}
+
+/* The exit status of a command line, its output discarded. */
+static int sh_status_quiet(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *cmd = NULL;
+    assert_true(vasprintf(&cmd, fmt, ap) >= 0);
+    va_end(ap);
+    char *quiet = tu_strdupf("%s > /dev/null 2>&1", cmd);
+    int rc = system(quiet);
+    free(quiet);
+    free(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static int scene_setup(void **state)
+{
+    struct scene *s = calloc(1, sizeof *s);
+    s->dir = tu_mkdtemp();
+    s->in = tu_strdupf("%s/in", s->dir);
+    s->ref = tu_strdupf("%s/ref", s->dir);
+    s->out = tu_strdupf("%s/out", s->dir);
+    sh(GEN_BNB4 " --preset tiny --shard-size 4M %s > /dev/null", s->in);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", s->in, s->ref, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    *state = s;
+    return 0;
+}
+
+static int scene_teardown(void **state)
+{
+    struct scene *s = *state;
+    tu_rmtree(s->dir);
+    free(s->dir);
+    free(s->in);
+    free(s->ref);
+    free(s->out);
+    free(s);
+    return 0;
+}
+
+/* Starts nf4deq with NF4DEQ_TEST_STOP=stop and waits until it has stopped
+ * itself there; its stderr goes to DIR/err-PID. */
+static pid_t start_stopped(const struct scene *s, const char *stop, char *const *args)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char *err = tu_strdupf("%s/.stderr-%d", s->dir, (int)getpid());
+        int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, 2);
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        setenv("NF4DEQ_TEST_STOP", stop, 1);
+        int n = 0;
+        while (args[n])
+            n++;
+        char **argv = calloc((size_t)n + 2, sizeof *argv);
+        argv[0] = (char *)NF4DEQ_BIN;
+        for (int i = 0; i < n; i++)
+            argv[i + 1] = args[i];
+        execv(NF4DEQ_BIN, argv);
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, WUNTRACED) < 0 && errno == EINTR)
+        ;
+    if (!WIFSTOPPED(st))
+        fail_msg("the run did not stop at NF4DEQ_TEST_STOP=%s (status 0x%x)", stop, st);
+    return pid;
+}
+
+static int reap(pid_t pid)
+{
+    int st;
+    while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static void kill_stopped(pid_t pid)
+{
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    assert_int_equal(reap(pid), 128 + SIGKILL);
+}
+
+static int continue_stopped(pid_t pid)
+{
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    return reap(pid);
+}
+
+static char *stderr_of(const struct scene *s, pid_t pid)
+{
+    char *p = tu_strdupf("%s/.stderr-%d", s->dir, (int)pid);
+    char *text = tu_read_file(p, NULL);
+    unlink(p);
+    free(p);
+    return text;
+}
+
+/* Entries of the scratch dir other than the runs' stderr files. */
+static int entries(const struct scene *s)
+{
+    DIR *d = opendir(s->dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strncmp(e->d_name, ".stderr-", 8))
+            n++;
+    closedir(d);
+    return n;
+}
+
+/* The temp directory a killed run left for OUT ("" if none). */
+static char *temp_dir_of_out(const struct scene *s)
+{
+    DIR *d = opendir(s->dir);
+    char *found = NULL;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, ".out.nf4deq-", 12) == 0 && strlen(e->d_name) == 12 + 6)
+            found = tu_strdupf("%s/%s", s->dir, e->d_name);
+    closedir(d);
+    return found;
+}
+
+static void assert_out_is_ref(const struct scene *s)
+{
+    assert_int_equal(sh_status_quiet("diff -r %s %s", s->out, s->ref), 0);
+}
+
+static int manifest_shards(const char *temp)
+{
+    char *p = tu_strdupf("%s/.nf4deq-resume.json", temp);
+    char *json = tu_read_file(p, NULL);
+    free(p);
+    if (!json)
+        return 0; /* killed before the first shard was finished */
+    cJSON *root = cJSON_Parse(json);
+    assert_non_null(root);
+    int n = cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(root, "shards"));
+    cJSON_Delete(root);
+    free(json);
+    return n;
+}
+
+/* ---- a run killed at several points ---- */
+
+static void test_sigkill_then_rerun_or_resume(void **state)
+{
+    struct scene *s = *state;
+    /* Before the first shard; halfway through the second; between the third
+     * and the fourth; halfway through the last. */
+    static const char *const STOPS[] = {"0", "1.5", "3", "4.5"};
+    static const int FINISHED[] = {0, 1, 3, 4};
+    char *args[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
+    for (size_t i = 0; i < sizeof STOPS / sizeof *STOPS; i++) {
+        /* A plain rerun removes what the dead run left, and says whose it was. */
+        pid_t pid = start_stopped(s, STOPS[i], args);
+        kill_stopped(pid);
+        free(stderr_of(s, pid));
+        char *temp = temp_dir_of_out(s);
+        assert_non_null(temp);
+        free(temp);
+        struct tu_run r = tu_run("convert", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
+        assert_int_equal(r.status, 0);
+        char *said = tu_strdupf("removed stale partial output from a run that did not finish (pid %d", (int)pid);
+        if (!strstr(r.err, said))
+            fail_msg("stop %s: stderr lacks \"%s\": %s", STOPS[i], said, r.err);
+        free(said);
+        tu_run_free(&r);
+        assert_out_is_ref(s);
+        assert_int_equal(entries(s), 3); /* in, ref, out: no temp, no lock */
+        tu_rmtree(s->out);
+
+        /* --resume keeps what the dead run finished and redoes the rest. */
+        pid = start_stopped(s, STOPS[i], args);
+        kill_stopped(pid);
+        free(stderr_of(s, pid));
+        temp = temp_dir_of_out(s);
+        int finished = manifest_shards(temp);
+        assert_int_equal(finished, FINISHED[i]);
+        free(temp);
+        r = tu_run("convert", "--resume", "--json", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
+        assert_int_equal(r.status, 0);
+        said = tu_strdupf("kept %d of %d shards", finished, SHARDS);
+        if (!strstr(r.err, said))
+            fail_msg("stop %s: stderr lacks \"%s\": %s", STOPS[i], said, r.err);
+        free(said);
+        cJSON *report = cJSON_Parse(r.out);
+        assert_non_null(report);
+        assert_int_equal(cJSON_GetObjectItemCaseSensitive(report, "resumed_shards")->valuedouble, finished);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(report, "tensors");
+        assert_true(cJSON_GetObjectItemCaseSensitive(t, "total")->valuedouble > 0 || finished == SHARDS);
+        cJSON_Delete(report);
+        tu_run_free(&r);
+        assert_out_is_ref(s);
+        assert_int_equal(entries(s), 3);
+        tu_rmtree(s->out);
+    }
+}
+
+/* A resume whose inputs changed since the dead run keeps nothing. */
+static void test_resume_redoes_shards_whose_record_differs(void **state)
+{
+    struct scene *s = *state;
+    char *args[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
+    pid_t pid = start_stopped(s, "3", args);
+    kill_stopped(pid);
+    free(stderr_of(s, pid));
+    /* The same bytes, a new mtime: the record no longer matches. */
+    sh("touch -d '2001-01-01' %s/model-00002-of-00005.safetensors", s->in);
+    sh("rm -rf %s && " NF4DEQ_BIN " convert -q --device cpu %s %s", s->ref, s->in, s->ref);
+    struct tu_run r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "every shard is redone"));
+    assert_non_null(strstr(r.err, "kept 0 of 5 shards"));
+    tu_run_free(&r);
+    assert_out_is_ref(s);
+    /* --dtype is part of the record too. */
+    tu_rmtree(s->out);
+    char *fp16[] = {"convert", "-q", "--device", "cpu", "--dtype", "fp16", s->in, s->out, NULL};
+    pid = start_stopped(s, "2", fp16);
+    kill_stopped(pid);
+    free(stderr_of(s, pid));
+    r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "kept 0 of 5 shards"));
+    tu_run_free(&r);
+    assert_out_is_ref(s);
+    assert_int_equal(entries(s), 3);
+}
+
+/* ---- one writer per OUT ---- */
+
+static void test_second_run_to_one_out_exits_73_at_once(void **state)
+{
+    struct scene *s = *state;
+    char *args[] = {"convert", "-q", "--device", "cpu", "--force", s->in, s->out, NULL};
+    pid_t pid = start_stopped(s, "1.5", args);
+    char *said = tu_strdupf("%s: another nf4deq (pid %d", s->out, (int)pid);
+    for (int force = 0; force < 2; force++) {
+        struct tu_run r = force ? tu_run("convert", "--force", s->in, s->out, NULL) : tu_run("convert", s->in, s->out, NULL);
+        assert_int_equal(r.status, NF4_ECANTCREAT);
+        assert_int_equal(tu_lines(r.err), 1);
+        if (!strstr(r.err, said) || !strstr(r.err, "is writing it"))
+            fail_msg("stderr: %s", r.err);
+        tu_run_free(&r);
+    }
+    free(said);
+    assert_int_equal(continue_stopped(pid), 0);
+    free(stderr_of(s, pid));
+    assert_out_is_ref(s);
+    assert_int_equal(entries(s), 3);
+}
+
+/* ---- inputs that change during the run ---- */
+
+static void change_during_run(struct scene *s, const char *stop, char *const *args, const char *change,
+                              const char *named, const char *how, int left)
+{
+    pid_t pid = start_stopped(s, stop, args);
+    sh("%s", change);
+    assert_int_equal(continue_stopped(pid), NF4_EIO);
+    char *err = stderr_of(s, pid);
+    assert_int_equal(tu_lines(err), 1);
+    if (!strstr(err, named) || !strstr(err, how))
+        fail_msg("stderr does not name %s (%s): %s", named, how, err);
+    free(err);
+    assert_int_equal(entries(s), left); /* no output, no temp, no lock */
+}
+
+static void test_inputs_that_shrink_or_grow_exit_74(void **state)
+{
+    struct scene *s = *state;
+    char *args[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
+    char *shard3 = tu_strdupf("%s/model-00003-of-00005.safetensors", s->in);
+    char *shard1 = tu_strdupf("%s/model-00001-of-00005.safetensors", s->in);
+    char *keep = tu_strdupf("%s/keep.safetensors", s->dir);
+    sh("cp %s %s", shard3, keep);
+    /* A shard not read yet is cut short. */
+    char *cmd = tu_strdupf("truncate -s 1000000 %s", shard3);
+    change_during_run(s, "1", args, cmd, "model-00003-of-00005.safetensors", "shrank from", 3); /* in, ref, keep */
+    free(cmd);
+    sh("mv %s %s", keep, shard3);
+    /* A shard already converted grows: its output would no longer match it. */
+    sh("cp %s %s", shard1, keep);
+    cmd = tu_strdupf("printf 'more' >> %s", shard1);
+    change_during_run(s, "1.5", args, cmd, "model-00001-of-00005.safetensors", "grew from", 3);
+    free(cmd);
+    sh("mv %s %s", keep, shard1);
+    /* One file, cut short halfway through its own conversion. */
+    char *file = tu_strdupf("%s/one.safetensors", s->dir), *out = tu_strdupf("%s/one-out.safetensors", s->dir);
+    sh("cp %s %s", shard3, file);
+    char *one[] = {"convert", "-q", "--device", "cpu", file, out, NULL};
+    cmd = tu_strdupf("truncate -s 100000 %s", file);
+    pid_t pid = start_stopped(s, "0.5", one);
+    sh("%s", cmd);
+    assert_int_equal(continue_stopped(pid), NF4_EIO);
+    char *err = stderr_of(s, pid);
+    assert_non_null(strstr(err, "one.safetensors"));
+    assert_non_null(strstr(err, "shrank from"));
+    free(err);
+    assert_false(tu_exists(out));
+    assert_int_equal(entries(s), 3); /* in, ref and the truncated copy */
+    free(cmd);
+    free(file);
+    free(out);
+    free(shard1);
+    free(shard3);
+    free(keep);
+}
+
+/* ---- nf4deq clean ---- */
+
+static void test_clean_removes_only_stale_nf4deq_temps(void **state)
+{
+    struct scene *s = *state;
+    /* A dead run's temp directory and lock file, for OUT. */
+    char *dead[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
+    pid_t pid = start_stopped(s, "2", dead);
+    kill_stopped(pid);
+    free(stderr_of(s, pid));
+    /* A live run's, for another OUT. */
+    char *live_out = tu_strdupf("%s/live", s->dir);
+    char *live[] = {"convert", "-q", "--device", "cpu", s->in, live_out, NULL};
+    pid_t live_pid = start_stopped(s, "1.5", live);
+    /* And names that are not nf4deq's own, or only look alike. */
+    static const char *const DECOYS[] = {"notes.txt", ".out.nf4deq-abc", "out.nf4deq-ABCDEF", ".out.nf4deq-lockX",
+                                         ".nf4deq-ABCDEF"};
+    for (size_t i = 0; i < sizeof DECOYS / sizeof *DECOYS; i++) {
+        char *p = tu_strdupf("%s/%s", s->dir, DECOYS[i]);
+        tu_write_file(p, "mine", 4);
+        free(p);
+    }
+    int before = entries(s);
+    struct tu_run r = tu_run("clean", "-n", s->dir, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "would remove"));
+    assert_non_null(strstr(r.out, "/.out.nf4deq-lock (stale lock file of pid"));
+    assert_non_null(strstr(r.out, "would remove 2 stale items; kept 2 of live runs"));
+    tu_run_free(&r);
+    assert_int_equal(entries(s), before);
+    r = tu_run("clean", s->dir, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "removed 2 stale items; kept 2 of live runs"));
+    tu_run_free(&r);
+    assert_int_equal(entries(s), before - 2);
+    assert_null(temp_dir_of_out(s));
+    for (size_t i = 0; i < sizeof DECOYS / sizeof *DECOYS; i++) {
+        char *p = tu_strdupf("%s/%s", s->dir, DECOYS[i]);
+        size_t len;
+        char *kept = tu_read_file(p, &len);
+        assert_int_equal(len, 4);
+        free(kept);
+        free(p);
+    }
+    /* The live run was not disturbed. */
+    assert_int_equal(continue_stopped(live_pid), 0);
+    free(stderr_of(s, live_pid));
+    assert_int_equal(sh_status_quiet("diff -r %s %s", live_out, s->ref), 0);
+    r = tu_run("clean", s->dir, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "removed 0 stale items\n"));
+    tu_run_free(&r);
+    free(live_out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_sigkill_then_rerun_or_resume, scene_setup, scene_teardown),
+        cmocka_unit_test_setup_teardown(test_resume_redoes_shards_whose_record_differs, scene_setup, scene_teardown),
+        cmocka_unit_test_setup_teardown(test_second_run_to_one_out_exits_73_at_once, scene_setup, scene_teardown),
+        cmocka_unit_test_setup_teardown(test_inputs_that_shrink_or_grow_exit_74, scene_setup, scene_teardown),
+        cmocka_unit_test_setup_teardown(test_clean_removes_only_stale_nf4deq_temps, scene_setup, scene_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
