@@ -28,8 +28,10 @@
     "  69  a GPU was asked for (--device cuda) but none is usable, or NF4DEQ_CPU\n"                             \
     "      names a CPU kernel this processor or build lacks\n"                                                    \
     "  70  internal error (including out of memory)\n"                                                         \
-    "  73  the output cannot be created (exists without --force, permissions)\n"                               \
-    "  74  read or write failed (I/O error, disk full, closed standard output)\n"
+    "  73  the output cannot be created (exists without --force, another nf4deq\n"                             \
+    "      is writing it, permissions)\n"                                                                      \
+    "  74  read or write failed (I/O error, disk full, closed standard output,\n"                              \
+    "      an input that changed while it was read)\n"
 
 static const char MAIN_HELP[] =
     "Usage: nf4deq COMMAND [OPTIONS] ...\n"
