@@ -372,6 +372,16 @@ static int held_by_live_run(const char *dir, const char *name, size_t base_len, 
 
 static int clean_dir(struct clean_ctx *cc, const char *dir, int depth);
 
+/* Removes (or with -n only lists) one stale item, and says so. */
+static int remove_stale(struct clean_ctx *cc, const char *path, int is_dir, const char *what)
+{
+    if (!cc->dry_run && (is_dir ? remove_tree(path) : unlink(path)) != 0 && errno != ENOENT)
+        return nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot remove");
+    fprintf(cc->out, "%s %s (stale %s)\n", cc->dry_run ? "would remove" : "removed", path, what);
+    cc->removed++;
+    return NF4_OK;
+}
+
 /* A lock file goes only while this process holds it, and only if it is still
  * the file at that path: never from under a run that has just taken it. */
 static int clean_lock(struct clean_ctx *cc, const char *path)
@@ -390,11 +400,9 @@ static int clean_lock(struct clean_ctx *cc, const char *path)
         cc->kept++;
     } else if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev &&
                held.st_ino == now.st_ino) {
-        if (!cc->dry_run && unlink(path) != 0 && errno != ENOENT)
-            code = nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot remove");
-        else
-            fprintf(cc->out, "%s %s (stale lock file of %s)\n", cc->dry_run ? "would remove" : "removed", path, who);
-        cc->removed++;
+        char what[450];
+        snprintf(what, sizeof what, "lock file of %s", who);
+        code = remove_stale(cc, path, 0, what);
     }
     close(fd);
     return code;
@@ -422,15 +430,7 @@ static int clean_entry(struct clean_ctx *cc, const char *dir, const char *name, 
             fprintf(cc->out, "kept %s: a live run is writing it (%s)\n", path, who);
             cc->kept++;
         } else {
-            const char *what = S_ISDIR(st.st_mode) ? "directory" : "file";
-            int rc = 0;
-            if (!cc->dry_run)
-                rc = S_ISDIR(st.st_mode) ? remove_tree(path) : unlink(path);
-            if (rc != 0 && errno != ENOENT)
-                code = nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot remove");
-            else
-                fprintf(cc->out, "%s %s (stale %s)\n", cc->dry_run ? "would remove" : "removed", path, what);
-            cc->removed++;
+            code = remove_stale(cc, path, S_ISDIR(st.st_mode), S_ISDIR(st.st_mode) ? "directory" : "file");
         }
     }
     free(path);

@@ -17,33 +17,6 @@
 #define COMMIT "0123456789abcdef0123456789abcdef01234567"
 #define COMMIT2 "89abcdef0123456789abcdef0123456789abcdef"
 
-static void sh(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *cmd = NULL;
-    assert_true(vasprintf(&cmd, fmt, ap) >= 0);
-    va_end(ap);
-    int rc = system(cmd);
-    if (rc != 0)
-        fail_msg("'%s' exited %d", cmd, rc);
-    free(cmd);
-}
-
-/* The exit code of a shell command line (redirections are the point). */
-static int sh_status(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *cmd = NULL;
-    assert_true(vasprintf(&cmd, fmt, ap) >= 0);
-    va_end(ap);
-    int rc = system(cmd);
-    free(cmd);
-    assert_true(WIFEXITED(rc));
-    return WEXITSTATUS(rc);
-}
-
 static void assert_same_file(const char *got, const char *want)
 {
     size_t a_len = 0, b_len = 0;
@@ -132,13 +105,13 @@ static void assert_converted_ok(struct tu_run *r)
 static char *pipeline_with_extras(const char *scratch)
 {
     char *p = tu_strdupf("%s/flux-in", scratch);
-    sh("cp -r %s %s && chmod -R u+w %s", FLUX, p, p);
-    sh("mkdir -p %s/tokenizer_2/extra %s/scheduler %s/.cache/huggingface", p, p, p);
-    sh("printf '{\"model_max_length\": 512}\\n' > %s/tokenizer_2/tokenizer_config.json", p);
-    sh("printf 'spiece model bytes' > %s/tokenizer_2/spiece.model", p);
-    sh("printf 'nested' > %s/tokenizer_2/extra/notes.txt", p);
-    sh("printf '{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\"}\\n' > %s/scheduler/scheduler_config.json", p);
-    sh("printf '# tiny flux\\n' > %s/README.md && printf 'x' > %s/.cache/huggingface/download.lock", p, p);
+    tu_sh("cp -r %s %s && chmod -R u+w %s", FLUX, p, p);
+    tu_sh("mkdir -p %s/tokenizer_2/extra %s/scheduler %s/.cache/huggingface", p, p, p);
+    tu_sh("printf '{\"model_max_length\": 512}\\n' > %s/tokenizer_2/tokenizer_config.json", p);
+    tu_sh("printf 'spiece model bytes' > %s/tokenizer_2/spiece.model", p);
+    tu_sh("printf 'nested' > %s/tokenizer_2/extra/notes.txt", p);
+    tu_sh("printf '{\"_class_name\": \"FlowMatchEulerDiscreteScheduler\"}\\n' > %s/scheduler/scheduler_config.json", p);
+    tu_sh("printf '# tiny flux\\n' > %s/README.md && printf 'x' > %s/.cache/huggingface/download.lock", p, p);
     return p;
 }
 
@@ -187,7 +160,7 @@ static void test_pipeline_output_is_all_or_nothing(void **state)
     struct tu_scratch *s = *state;
     char *in = pipeline_with_extras(s->dir), *out = tu_strdupf("%s/flux-out", s->dir);
     /* A corrupt shard in the last component converted: nothing may be left. */
-    sh("printf 'garbage' > %s/transformer/diffusion_pytorch_model.safetensors", in);
+    tu_sh("printf 'garbage' > %s/transformer/diffusion_pytorch_model.safetensors", in);
     struct tu_run r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
     assert_int_equal(r.status, NF4_EDATA);
     assert_non_null(strstr(r.err, "transformer/diffusion_pytorch_model.safetensors"));
@@ -205,7 +178,7 @@ static void test_pipeline_refuses_lora_and_stdout(void **state)
     assert_int_equal(r.status, NF4_EUSAGE);
     assert_non_null(strstr(r.err, "transformer"));
     tu_run_free(&r);
-    assert_int_equal(sh_status("%s convert %s - > %s/x 2>/dev/null", NF4DEQ_BIN, FLUX, s->dir), NF4_EUSAGE);
+    assert_int_equal(tu_sh_status("%s convert %s - > %s/x 2>/dev/null", NF4DEQ_BIN, FLUX, s->dir), NF4_EUSAGE);
     char *x = tu_strdupf("%s/x", s->dir);
     struct stat st;
     assert_int_equal(stat(x, &st), 0);
@@ -272,8 +245,8 @@ static void test_index_of_any_prefix_keeps_its_names(void **state)
 {
     struct tu_scratch *s = *state;
     char *in = tu_strdupf("%s/in", s->dir), *out = tu_strdupf("%s/out", s->dir);
-    sh("cp -r " FIXTURES "/tiny-llama-bf16-bnb4-sharded %s && chmod -R u+w %s", in, in);
-    sh("mv %s/model.safetensors.index.json %s/diffusion_pytorch_model.safetensors.index.json", in, in);
+    tu_sh("cp -r " FIXTURES "/tiny-llama-bf16-bnb4-sharded %s && chmod -R u+w %s", in, in);
+    tu_sh("mv %s/model.safetensors.index.json %s/diffusion_pytorch_model.safetensors.index.json", in, in);
     struct tu_run r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
     assert_converted_ok(&r);
     char *index = tu_strdupf("%s/diffusion_pytorch_model.safetensors.index.json", out);
@@ -290,7 +263,7 @@ static void test_several_unindexed_files_are_one_model(void **state)
 {
     struct tu_scratch *s = *state;
     char *in = tu_strdupf("%s/in", s->dir), *out = tu_strdupf("%s/out", s->dir);
-    sh("mkdir %s && cp " BNB4 " %s/part-a.safetensors && cp " DIFFUSERS
+    tu_sh("mkdir %s && cp " BNB4 " %s/part-a.safetensors && cp " DIFFUSERS
        "/tiny-flux-transformer.bnb4.safetensors %s/part-b.safetensors", in, in, in);
     struct tu_run r = tu_run("convert", "-q", "--device", "cpu", "--dtype", "bf16", in, out, NULL);
     assert_converted_ok(&r);
@@ -308,8 +281,8 @@ static void test_ambiguous_directories_exit_65_naming_the_candidates(void **stat
     struct tu_scratch *s = *state;
     char *in = tu_strdupf("%s/in", s->dir), *out = tu_strdupf("%s/out", s->dir);
     /* Two indexes. */
-    sh("cp -r " FIXTURES "/tiny-llama-bf16-bnb4-sharded %s && chmod -R u+w %s", in, in);
-    sh("cp %s/model.safetensors.index.json %s/diffusion_pytorch_model.safetensors.index.json", in, in);
+    tu_sh("cp -r " FIXTURES "/tiny-llama-bf16-bnb4-sharded %s && chmod -R u+w %s", in, in);
+    tu_sh("cp %s/model.safetensors.index.json %s/diffusion_pytorch_model.safetensors.index.json", in, in);
     struct tu_run r = tu_run("convert", "-q", in, out, NULL);
     assert_int_equal(r.status, NF4_EDATA);
     assert_int_equal(tu_lines(r.err), 1);
@@ -317,7 +290,7 @@ static void test_ambiguous_directories_exit_65_naming_the_candidates(void **stat
     assert_non_null(strstr(r.err, "model.safetensors.index.json and"));
     tu_run_free(&r);
     /* Two unindexed variants of one model (diffusers' fp16 variant files). */
-    sh("rm -rf %s && mkdir %s && cp " DIFFUSERS "/tiny-flux-transformer.bnb4.safetensors %s/diffusion_pytorch_model.safetensors"
+    tu_sh("rm -rf %s && mkdir %s && cp " DIFFUSERS "/tiny-flux-transformer.bnb4.safetensors %s/diffusion_pytorch_model.safetensors"
        " && cp " DIFFUSERS "/tiny-flux-transformer.bnb4.safetensors %s/diffusion_pytorch_model.fp16.safetensors",
        in, in, in, in);
     r = tu_run("convert", "-q", in, out, NULL);
@@ -337,21 +310,21 @@ static char *fake_hub(const char *scratch)
 {
     char *hub = tu_strdupf("%s/hub", scratch);
     char *repo = tu_strdupf("%s/models--acme--tiny", hub);
-    sh("mkdir -p %s/refs %s/blobs %s/snapshots/" COMMIT " %s/snapshots/" COMMIT2, repo, repo, repo, repo);
-    sh("cp " BNB4 " %s/blobs/1111 && ln -s ../../blobs/1111 %s/snapshots/" COMMIT "/model.safetensors", repo, repo);
-    sh("cp " DIFFUSERS "/tiny-flux-transformer.bnb4.safetensors %s/blobs/2222 && "
+    tu_sh("mkdir -p %s/refs %s/blobs %s/snapshots/" COMMIT " %s/snapshots/" COMMIT2, repo, repo, repo, repo);
+    tu_sh("cp " BNB4 " %s/blobs/1111 && ln -s ../../blobs/1111 %s/snapshots/" COMMIT "/model.safetensors", repo, repo);
+    tu_sh("cp " DIFFUSERS "/tiny-flux-transformer.bnb4.safetensors %s/blobs/2222 && "
        "ln -s ../../blobs/2222 %s/snapshots/" COMMIT2 "/diffusion_pytorch_model.safetensors", repo, repo);
-    sh("printf '" COMMIT "' > %s/refs/main && printf '" COMMIT2 "\\n' > %s/refs/v2", repo, repo);
+    tu_sh("printf '" COMMIT "' > %s/refs/main && printf '" COMMIT2 "\\n' > %s/refs/v2", repo, repo);
     /* A pipeline whose component files link into blobs/ too. */
     char *flux = tu_strdupf("%s/models--acme--flux", hub);
-    sh("mkdir -p %s/refs %s/blobs %s/snapshots/" COMMIT "/transformer %s/snapshots/" COMMIT "/vae", flux, flux, flux, flux);
-    sh("printf '" COMMIT "' > %s/refs/main", flux);
+    tu_sh("mkdir -p %s/refs %s/blobs %s/snapshots/" COMMIT "/transformer %s/snapshots/" COMMIT "/vae", flux, flux, flux, flux);
+    tu_sh("printf '" COMMIT "' > %s/refs/main", flux);
     static const char *const FILES[] = {"model_index.json", "transformer/config.json",
                                         "transformer/diffusion_pytorch_model.safetensors", "vae/config.json",
                                         "vae/diffusion_pytorch_model.safetensors"};
     for (int i = 0; i < 5; i++) {
         const char *up = strchr(FILES[i], '/') ? "../../../blobs" : "../../blobs";
-        sh("cp " FLUX "/%s %s/blobs/b%d && ln -s %s/b%d %s/snapshots/" COMMIT "/%s", FILES[i], flux, i, up, i, flux,
+        tu_sh("cp " FLUX "/%s %s/blobs/b%d && ln -s %s/b%d %s/snapshots/" COMMIT "/%s", FILES[i], flux, i, up, i, flux,
            FILES[i]);
     }
     free(flux);
@@ -394,7 +367,7 @@ static void test_model_ids_resolve_in_the_cache(void **state)
     /* HF_HOME/hub when HF_HUB_CACHE is unset. */
     unsetenv("HF_HUB_CACHE");
     char *home = tu_strdupf("%s/hfhome", s->dir);
-    sh("mkdir -p %s && mv %s %s/hub", home, hub, home);
+    tu_sh("mkdir -p %s && mv %s %s/hub", home, hub, home);
     setenv("HF_HOME", home, 1);
     r = tu_run("inspect", "acme/tiny", NULL);
     assert_int_equal(r.status, 0);
@@ -420,7 +393,7 @@ static void test_models_missing_from_the_cache_give_the_download_command(void **
     assert_non_null(strstr(r.err, "hf download acme/tiny --revision v9\n"));
     tu_run_free(&r);
     /* A refs/ file that is not a commit hash is bad data; --revision with a path is a usage error. */
-    sh("printf 'not a hash' > %s/models--acme--tiny/refs/main", hub);
+    tu_sh("printf 'not a hash' > %s/models--acme--tiny/refs/main", hub);
     r = tu_run("convert", "acme/tiny", out, NULL);
     assert_int_equal(r.status, NF4_EDATA);
     assert_non_null(strstr(r.err, "refs/main"));
@@ -471,14 +444,14 @@ static void test_stdout_streams_the_file(void **state)
     struct tu_run r = tu_run("convert", "-q", "--device", "cpu", BNB4, file, NULL);
     assert_converted_ok(&r);
     /* Through a pipe, so nothing can seek. */
-    assert_int_equal(sh_status("%s convert -q --device cpu %s - | cat > %s", NF4DEQ_BIN, BNB4, piped), 0);
+    assert_int_equal(tu_sh_status("%s convert -q --device cpu %s - | cat > %s", NF4DEQ_BIN, BNB4, piped), 0);
     assert_same_file(piped, file);
     /* Standard input, when it is a file. */
     char *from_stdin = tu_strdupf("%s/stdin.safetensors", s->dir);
-    assert_int_equal(sh_status("%s convert -q --device cpu - %s < %s", NF4DEQ_BIN, from_stdin, BNB4), 0);
+    assert_int_equal(tu_sh_status("%s convert -q --device cpu - %s < %s", NF4DEQ_BIN, from_stdin, BNB4), 0);
     assert_same_file(from_stdin, file);
     free(from_stdin);
-    assert_int_equal(sh_status("cat %s | %s convert -q - %s/never 2>/dev/null", BNB4, NF4DEQ_BIN, s->dir), NF4_EUSAGE);
+    assert_int_equal(tu_sh_status("cat %s | %s convert -q - %s/never 2>/dev/null", BNB4, NF4DEQ_BIN, s->dir), NF4_EUSAGE);
     free(file);
     free(piped);
 }
@@ -487,19 +460,19 @@ static void test_stdout_failures_exit_74_and_never_create_a_dash_file(void **sta
 {
     struct tu_scratch *s = *state;
     char *err = tu_strdupf("%s/err", s->dir);
-    assert_int_equal(sh_status("cd %s && %s/%s convert %s/%s - > /dev/full 2> %s", s->dir, getenv("PWD"), NF4DEQ_BIN,
+    assert_int_equal(tu_sh_status("cd %s && %s/%s convert %s/%s - > /dev/full 2> %s", s->dir, getenv("PWD"), NF4DEQ_BIN,
                                getenv("PWD"), BNB4, err), NF4_EIO);
     char *msg = tu_read_file(err, NULL);
     assert_int_equal(tu_lines(msg), 1);
     assert_non_null(strstr(msg, "standard output"));
     free(msg);
-    assert_int_equal(sh_status("cd %s && %s/%s convert %s/%s - >&- 2> %s", s->dir, getenv("PWD"), NF4DEQ_BIN,
+    assert_int_equal(tu_sh_status("cd %s && %s/%s convert %s/%s - >&- 2> %s", s->dir, getenv("PWD"), NF4DEQ_BIN,
                                getenv("PWD"), BNB4, err), NF4_EIO);
     msg = tu_read_file(err, NULL);
     assert_non_null(strstr(msg, "standard output is closed"));
     free(msg);
     /* A reader that leaves early. */
-    assert_int_equal(sh_status("cd %s && { %s/%s convert %s/%s - 2> %s; echo $? > rc; } | head -c 10 > /dev/null; "
+    assert_int_equal(tu_sh_status("cd %s && { %s/%s convert %s/%s - 2> %s; echo $? > rc; } | head -c 10 > /dev/null; "
                                "exit $(cat rc)", s->dir, getenv("PWD"), NF4DEQ_BIN, getenv("PWD"), BNB4, err), NF4_EIO);
     /* --json needs standard output for itself. */
     struct tu_run r = tu_run("convert", "--json", BNB4, "-", NULL);

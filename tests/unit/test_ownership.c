@@ -19,34 +19,6 @@ struct scene {
     char *in, *ref, *out;
 };
 
-static void sh(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *cmd = NULL;
-    assert_true(vasprintf(&cmd, fmt, ap) >= 0);
-    va_end(ap);
-    int rc = system(cmd);
-    if (rc != 0)
-        fail_msg("'%s' exited %d", cmd, rc);
-    free(cmd);
-}
-
-/* The exit status of a command line, its output discarded. */
-static int sh_status_quiet(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    char *cmd = NULL;
-    assert_true(vasprintf(&cmd, fmt, ap) >= 0);
-    va_end(ap);
-    char *quiet = tu_strdupf("%s > /dev/null 2>&1", cmd);
-    int rc = system(quiet);
-    free(quiet);
-    free(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
 static int scene_setup(void **state)
 {
     struct scene *s = calloc(1, sizeof *s);
@@ -54,7 +26,7 @@ static int scene_setup(void **state)
     s->in = tu_strdupf("%s/in", s->dir);
     s->ref = tu_strdupf("%s/ref", s->dir);
     s->out = tu_strdupf("%s/out", s->dir);
-    sh(GEN_BNB4 " --preset tiny --shard-size 4M %s > /dev/null", s->in);
+    tu_sh(GEN_BNB4 " --preset tiny --shard-size 4M %s > /dev/null", s->in);
     struct tu_run r = tu_run("convert", "-q", "--device", "cpu", s->in, s->ref, NULL);
     assert_int_equal(r.status, 0);
     tu_run_free(&r);
@@ -87,15 +59,7 @@ static pid_t start_stopped(const struct scene *s, const char *stop, char *const 
         int devnull = open("/dev/null", O_WRONLY);
         dup2(devnull, 1);
         setenv("NF4DEQ_TEST_STOP", stop, 1);
-        int n = 0;
-        while (args[n])
-            n++;
-        char **argv = calloc((size_t)n + 2, sizeof *argv);
-        argv[0] = (char *)NF4DEQ_BIN;
-        for (int i = 0; i < n; i++)
-            argv[i + 1] = args[i];
-        execv(NF4DEQ_BIN, argv);
-        _exit(127);
+        tu_exec_nf4deq(args);
     }
     int st;
     while (waitpid(pid, &st, WUNTRACED) < 0 && errno == EINTR)
@@ -162,7 +126,7 @@ static char *temp_dir_of_out(const struct scene *s)
 
 static void assert_out_is_ref(const struct scene *s)
 {
-    assert_int_equal(sh_status_quiet("diff -r %s %s", s->out, s->ref), 0);
+    assert_int_equal(tu_sh_status("diff -r %s %s > /dev/null", s->out, s->ref), 0);
 }
 
 static int manifest_shards(const char *temp)
@@ -245,8 +209,8 @@ static void test_resume_redoes_shards_whose_record_differs(void **state)
     kill_stopped(pid);
     free(stderr_of(s, pid));
     /* The same bytes, a new mtime: the record no longer matches. */
-    sh("touch -d '2001-01-01' %s/model-00002-of-00005.safetensors", s->in);
-    sh("rm -rf %s && " NF4DEQ_BIN " convert -q --device cpu %s %s", s->ref, s->in, s->ref);
+    tu_sh("touch -d '2001-01-01' %s/model-00002-of-00005.safetensors", s->in);
+    tu_sh("rm -rf %s && " NF4DEQ_BIN " convert -q --device cpu %s %s", s->ref, s->in, s->ref);
     struct tu_run r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.err, "every shard is redone"));
@@ -296,7 +260,7 @@ static void change_during_run(struct scene *s, const char *stop, char *const *ar
                               const char *named, const char *how, int left)
 {
     pid_t pid = start_stopped(s, stop, args);
-    sh("%s", change);
+    tu_sh("%s", change);
     assert_int_equal(continue_stopped(pid), NF4_EIO);
     char *err = stderr_of(s, pid);
     assert_int_equal(tu_lines(err), 1);
@@ -313,25 +277,25 @@ static void test_inputs_that_shrink_or_grow_exit_74(void **state)
     char *shard3 = tu_strdupf("%s/model-00003-of-00005.safetensors", s->in);
     char *shard1 = tu_strdupf("%s/model-00001-of-00005.safetensors", s->in);
     char *keep = tu_strdupf("%s/keep.safetensors", s->dir);
-    sh("cp %s %s", shard3, keep);
+    tu_sh("cp %s %s", shard3, keep);
     /* A shard not read yet is cut short. */
     char *cmd = tu_strdupf("truncate -s 1000000 %s", shard3);
     change_during_run(s, "1", args, cmd, "model-00003-of-00005.safetensors", "shrank from", 3); /* in, ref, keep */
     free(cmd);
-    sh("mv %s %s", keep, shard3);
+    tu_sh("mv %s %s", keep, shard3);
     /* A shard already converted grows: its output would no longer match it. */
-    sh("cp %s %s", shard1, keep);
+    tu_sh("cp %s %s", shard1, keep);
     cmd = tu_strdupf("printf 'more' >> %s", shard1);
     change_during_run(s, "1.5", args, cmd, "model-00001-of-00005.safetensors", "grew from", 3);
     free(cmd);
-    sh("mv %s %s", keep, shard1);
+    tu_sh("mv %s %s", keep, shard1);
     /* One file, cut short halfway through its own conversion. */
     char *file = tu_strdupf("%s/one.safetensors", s->dir), *out = tu_strdupf("%s/one-out.safetensors", s->dir);
-    sh("cp %s %s", shard3, file);
+    tu_sh("cp %s %s", shard3, file);
     char *one[] = {"convert", "-q", "--device", "cpu", file, out, NULL};
     cmd = tu_strdupf("truncate -s 100000 %s", file);
     pid_t pid = start_stopped(s, "0.5", one);
-    sh("%s", cmd);
+    tu_sh("%s", cmd);
     assert_int_equal(continue_stopped(pid), NF4_EIO);
     char *err = stderr_of(s, pid);
     assert_non_null(strstr(err, "one.safetensors"));
@@ -394,7 +358,7 @@ static void test_clean_removes_only_stale_nf4deq_temps(void **state)
     /* The live run was not disturbed. */
     assert_int_equal(continue_stopped(live_pid), 0);
     free(stderr_of(s, live_pid));
-    assert_int_equal(sh_status_quiet("diff -r %s %s", live_out, s->ref), 0);
+    assert_int_equal(tu_sh_status("diff -r %s %s > /dev/null", live_out, s->ref), 0);
     r = tu_run("clean", s->dir, NULL);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "removed 0 stale items\n"));

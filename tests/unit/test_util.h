@@ -152,6 +152,37 @@ struct tu_run {
     char *err;  /* captured stderr */
 };
 
+/* In a child: execs the nf4deq binary with a NULL-terminated argument list
+ * (without argv[0]); exits 127 if it cannot. */
+static inline void tu_exec_nf4deq(char *const *args)
+{
+    int n = 0;
+    while (args[n])
+        n++;
+    char **argv = calloc((size_t)n + 2, sizeof *argv);
+    argv[0] = (char *)NF4DEQ_BIN;
+    for (int i = 0; i < n; i++)
+        argv[i + 1] = args[i];
+    execv(NF4DEQ_BIN, argv);
+    _exit(127);
+}
+
+/* The exit status of a shell command line (a signal gives -1). */
+static inline int tu_sh_status(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *cmd = NULL;
+    assert_true(vasprintf(&cmd, fmt, ap) >= 0);
+    va_end(ap);
+    int rc = system(cmd);
+    free(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+/* Runs a shell command line that must succeed. */
+#define tu_sh(...) assert_int_equal(tu_sh_status(__VA_ARGS__), 0)
+
 /* Runs the nf4deq binary with a NULL-terminated argument list (without argv[0]). */
 static inline struct tu_run tu_run_argv(char *const *args)
 {
@@ -163,15 +194,7 @@ static inline struct tu_run tu_run_argv(char *const *args)
     if (pid == 0) {
         dup2(ofd, 1);
         dup2(efd, 2);
-        int n = 0;
-        while (args[n])
-            n++;
-        char **argv = calloc((size_t)n + 2, sizeof *argv);
-        argv[0] = (char *)NF4DEQ_BIN;
-        for (int i = 0; i < n; i++)
-            argv[i + 1] = args[i];
-        execv(NF4DEQ_BIN, argv);
-        _exit(127);
+        tu_exec_nf4deq(args);
     }
     int st;
     while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
