@@ -33,13 +33,25 @@ void strbuf_puts(struct strbuf *b, const char *s)
 
 void strbuf_printf(struct strbuf *b, const char *fmt, ...)
 {
+    /* Short texts (numbers, most names) format on the stack; longer ones
+     * (paths) get the exact size: nothing is ever cut. */
     char tmp[128];
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
+    va_copy(again, ap);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n > 0)
-        strbuf_put(b, tmp, (size_t)n < sizeof tmp ? (size_t)n : sizeof tmp - 1);
+    if (n >= 0 && (size_t)n < sizeof tmp) {
+        strbuf_put(b, tmp, (size_t)n);
+    } else if (n > 0) {
+        char *big = malloc((size_t)n + 1);
+        if (big && vsnprintf(big, (size_t)n + 1, fmt, again) == n)
+            strbuf_put(b, big, (size_t)n);
+        else
+            b->oom = 1;
+        free(big);
+    }
+    va_end(again);
 }
 
 void strbuf_json_string(struct strbuf *b, const char *s)
