@@ -143,7 +143,7 @@ const char *const *nf4_warnings(size_t *n)
 
 static void vsay(const char *prefix, const char *fmt, va_list ap)
 {
-    char text[NF4_ERROR_MAX];
+    static _Thread_local char text[NF4_ERROR_MAX]; /* off the stack: the pipeline's threads warn too */
     vsnprintf(text, sizeof text, fmt, ap);
     one_line(text);
     capture(text);

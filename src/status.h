@@ -37,11 +37,11 @@ void nf4_clear_error(void);
 
 /* The first error with its parts, for machine-readable reports (convert
  * --json), and to carry it from a worker thread to the one that reports. */
-#define NF4_ERROR_MAX 1024
+#define NF4_ERROR_MAX 8192 /* room for two paths of PATH_MAX */
 struct nf4_error {
     char text[NF4_ERROR_MAX]; /* what nf4_last_error returns */
-    char file[512];           /* "" when none was named */
-    char tensor[256];
+    char file[4096];          /* "" when none was named */
+    char tensor[1024];
 };
 /* NULL when no error was recorded on this thread. */
 const struct nf4_error *nf4_last_error_record(void);
