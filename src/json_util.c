@@ -107,7 +107,7 @@ static void put_number(struct strbuf *b, double v)
         strbuf_puts(b, "null"); /* JSON has no NaN or infinity */
         return;
     }
-    if (v == (double)(long long)v && v > -9007199254740992.0 && v < 9007199254740992.0) {
+    if (v > -9007199254740992.0 && v < 9007199254740992.0 && v == (double)(long long)v) { /* range first: no UB */
         strbuf_printf(b, "%lld", (long long)v);
         return;
     }
