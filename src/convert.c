@@ -303,10 +303,23 @@ static int check_path_output(const char *in, int in_is_dir, const char *out, con
     return NF4_OK;
 }
 
+/* A directory OUT inside IN would be read as part of IN by the next run, and
+ * its temps and lock would sit among IN's files. */
+static int check_out_outside_in(const char *in, const char *out)
+{
+    char *parent = path_dirname(out);
+    if (!parent)
+        return nf4_fail(NF4_ESOFTWARE, out, NULL, "out of memory");
+    int inside = path_is_within(parent, in);
+    free(parent);
+    return inside ? nf4_fail(NF4_EUSAGE, out, NULL, "is inside the input directory %s; write it elsewhere", in)
+                  : NF4_OK;
+}
+
 /* One writer per OUT (out_lock.h): the lock, before any work; then what runs
  * that died left: with --resume, the newest resumable temp of a model
  * directory is kept for this run; every other stale temp goes. */
-static int take_output(struct ctx *c, enum input_layout layout, const char *out, int out_existed,
+static int take_output(struct ctx *c, enum input_layout layout, const char *out, int *out_exists,
                        struct out_lock **lock)
 {
     int code = out_lock_acquire(out, lock);
@@ -314,10 +327,18 @@ static int take_output(struct ctx *c, enum input_layout layout, const char *out,
         return code;
     struct stat st;
     /* Checked again under the lock: a run that finished meanwhile made it. */
-    if (!out_existed && !c->opts->force && stat(out, &st) == 0)
-        code = nf4_fail(NF4_ECANTCREAT, out, NULL, "already exists (use --force to replace it)");
-    if (code == NF4_OK && c->opts->resume && layout == LAYOUT_MODEL_DIR)
+    if (!*out_exists && stat(out, &st) == 0) {
+        if (!c->opts->force)
+            code = nf4_fail(NF4_ECANTCREAT, out, NULL, "already exists (use --force to replace it)");
+        else if (S_ISDIR(st.st_mode) != (layout != LAYOUT_FILE))
+            code = nf4_fail(NF4_ECANTCREAT, out, NULL, "appeared as a %s while this run started",
+                            S_ISDIR(st.st_mode) ? "directory" : "file");
+        *out_exists = 1;
+    }
+    if (code == NF4_OK && c->opts->resume && layout == LAYOUT_MODEL_DIR) {
         c->resume_dir = out_lock_find_resumable(*lock, RESUME_MANIFEST_NAME);
+        out_lock_describe_previous(*lock, c->dead_run, sizeof c->dead_run);
+    }
     if (code == NF4_OK)
         code = out_lock_remove_stale(*lock, c->resume_dir);
     if (code != NF4_OK) {
@@ -329,7 +350,25 @@ static int take_output(struct ctx *c, enum input_layout layout, const char *out,
     return code;
 }
 
+static int run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats);
+
 int convert_run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats)
+{
+    /* "out/" names the directory "out": its temps and lock go beside it. */
+    size_t n = strlen(out);
+    while (n > 1 && out[n - 1] == '/')
+        n--;
+    char *clean = strndup(out, n);
+    if (!clean) {
+        memset(stats, 0, sizeof *stats);
+        return nf4_fail(NF4_ESOFTWARE, out, NULL, "out of memory");
+    }
+    int code = run(in, clean, o, stats);
+    free(clean);
+    return code;
+}
+
+static int run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats)
 {
     memset(stats, 0, sizeof *stats);
     struct ctx c = {.opts = o, .stats = stats, .to_stdout = strcmp(out, "-") == 0};
@@ -346,13 +385,17 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
         code = check_stdout_output(layout, in);
     else
         code = check_path_output(in, layout != LAYOUT_FILE, out, o, &out_exists);
+    if (code == NF4_OK && layout == LAYOUT_MODEL_DIR)
+        code = model_dir_require(in); /* "not a model" before anything about OUT */
+    if (code == NF4_OK && !c.to_stdout && layout != LAYOUT_FILE)
+        code = check_out_outside_in(in, out);
     if (code == NF4_OK && layout == LAYOUT_PIPELINE && o->nlora)
         code = nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline; --lora merges into one model: give the "
                         "component's directory (such as %s/transformer)", in);
     if (code != NF4_OK)
         return code;
     struct out_lock *lock = NULL;
-    if (!c.to_stdout && (code = take_output(&c, layout, out, out_exists, &lock)) != NF4_OK)
+    if (!c.to_stdout && (code = take_output(&c, layout, out, &out_exists, &lock)) != NF4_OK)
         return code;
     const char *target = c.to_stdout ? "standard output" : out;
     double t0 = progress_now();

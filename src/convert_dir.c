@@ -17,6 +17,7 @@
 #include "fileio.h"
 #include "layout.h"
 #include "model_dir.h"
+#include "out_lock.h"
 #include "resume.h"
 #include "status.h"
 #include "strutil.h"
@@ -98,7 +99,9 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
     struct dirent *ent;
     while (code == NF4_OK && (ent = readdir(d)) != NULL) {
         const char *name = ent->d_name;
-        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || is_model_file(m, name))
+        size_t base_len;
+        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || is_model_file(m, name) ||
+            temp_name_classify(name, &base_len) != TEMP_NAME_NONE) /* another run's temp or lock */
             continue;
         char *from = path_join(in_dir, name), *to = path_join(dir, name);
         struct stat st;
@@ -140,8 +143,9 @@ static int publish_dir(const char *tmp, const char *out, int replace)
             return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL,
                                   "cannot swap the finished directory into place");
         /* No RENAME_EXCHANGE here (NFS, some FUSE file systems): move the old
-         * tree aside first. For a moment OUT does not exist, but neither
-         * tree is ever lost. */
+         * tree aside first. For a moment OUT does not exist; if the process
+         * dies in that moment, the old tree waits beside OUT under a temp name
+         * (and the next run to OUT removes it as a dead run's). */
         char *old = NULL;
         if (create_temp_dir_beside(out, &old) != 0 || rmdir(old) != 0 || rename(out, old) != 0) {
             int e = errno;
@@ -320,20 +324,28 @@ static int finish_dir(int code, char *tmp, const char *out, int replace)
  * found it), or a new one. */
 static int open_temp_dir(struct ctx *c, const char *out, size_t shards, struct resume_manifest *record, char **tmp)
 {
+    int code;
+    size_t kept = 0;
     if (!c->resume_dir) {
         /* A manifest from the start: whenever this run dies, --resume finds it. */
-        int code = make_temp_dir(out, tmp);
-        return code == NF4_OK ? resume_record_shard(*tmp, record, NULL) : code;
+        if ((code = make_temp_dir(out, tmp)) == NF4_OK)
+            code = resume_record_shard(*tmp, record, NULL);
+    } else if (!(*tmp = strdup(c->resume_dir))) {
+        code = nf4_fail(NF4_ESOFTWARE, out, NULL, "out of memory");
+    } else if ((code = resume_adopt(*tmp, record, &kept)) == NF4_OK) {
+        nf4_note("%s: resuming from %s: kept %zu of %zu shards finished by a run that did not finish (%s)", out,
+                 *tmp, kept, shards, c->dead_run);
     }
-    *tmp = strdup(c->resume_dir);
-    if (!*tmp)
-        return nf4_fail(NF4_ESOFTWARE, out, NULL, "out of memory");
-    size_t kept = 0;
-    int code = resume_adopt(*tmp, record, &kept);
-    if (code == NF4_OK)
-        nf4_note("%s: resuming from %s: kept %zu of %zu shards finished by a run that did not finish", out, *tmp,
-                 kept, shards);
-    return code;
+    if (code != NF4_OK)
+        return code;
+    /* A machine or service stopping (SIGTERM, SIGHUP) leaves the finished
+     * shards for --resume; Ctrl-C and failures still remove everything. */
+    temp_keep_on_stop(*tmp);
+    char note[1024];
+    snprintf(note, sizeof note, "nf4deq: %s: stopped by a signal; the shards finished so far stay in %s: rerun with "
+             "--resume to continue them, or without it to start over\n", out, *tmp);
+    temp_set_stop_note(note);
+    return NF4_OK;
 }
 
 int convert_model_dir(struct ctx *c, const char *in, const char *out, int replace)

@@ -25,6 +25,7 @@ struct ctx {
     struct progress progress;
     int to_stdout;               /* OUT is "-": the one output file streams to standard output */
     char *resume_dir;            /* --resume: a dead run's temp directory to continue, or NULL */
+    char dead_run[400];          /* the run that left it: "pid 1234, started ..." */
 };
 
 

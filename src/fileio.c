@@ -249,7 +249,14 @@ int write_file_atomic(const char *path, const void *data, size_t len)
 
 static char *temps[MAX_TEMPS];
 static unsigned char temp_is_dir[MAX_TEMPS];
+/* What SIGTERM and SIGHUP leave (temp_keep_on_stop): KEEP_ON_STOP always,
+ * KEEP_WITH_OTHERS only beside something kept (the lock file, whose record
+ * then names the run that left it). */
+enum { KEEP_NEVER, KEEP_ON_STOP, KEEP_WITH_OTHERS };
+static unsigned char temp_keep[MAX_TEMPS];
 static volatile sig_atomic_t temp_count;
+static char stop_note[1024];
+static volatile sig_atomic_t stop_note_len;
 
 void temp_register(const char *path, int is_dir)
 {
@@ -259,11 +266,13 @@ void temp_register(const char *path, int is_dir)
     for (int i = 0; i < temp_count; i++)
         if (!temps[i]) {
             temp_is_dir[i] = (unsigned char)is_dir;
+            temp_keep[i] = KEEP_NEVER;
             temps[i] = copy;
             return;
         }
     if (temp_count < MAX_TEMPS) {
         temp_is_dir[temp_count] = (unsigned char)is_dir;
+        temp_keep[temp_count] = KEEP_NEVER;
         temps[temp_count] = copy;
         temp_count = temp_count + 1;
     } else {
@@ -293,12 +302,44 @@ void temp_unregister_prefix(const char *prefix)
         }
 }
 
-static void remove_temps_unsafe(int free_names)
+static void mark_keep(const char *path, unsigned char how)
 {
+    for (int i = 0; i < temp_count; i++)
+        if (temps[i] && strcmp(temps[i], path) == 0)
+            temp_keep[i] = how;
+}
+
+void temp_keep_on_stop(const char *path)
+{
+    mark_keep(path, KEEP_ON_STOP);
+}
+
+void temp_keep_with_others(const char *path)
+{
+    mark_keep(path, KEEP_WITH_OTHERS);
+}
+
+void temp_set_stop_note(const char *note)
+{
+    stop_note_len = 0; /* a signal meanwhile prints nothing rather than half a note */
+    size_t n = strlen(note);
+    if (n >= sizeof stop_note)
+        n = sizeof stop_note - 1;
+    memcpy(stop_note, note, n);
+    stop_note_len = (sig_atomic_t)n;
+}
+
+/* keep_marked: a stopping signal; what is marked to be kept stays. Returns
+ * whether anything was kept. */
+static int remove_temps_unsafe(int free_names, int keep_marked)
+{
+    int kept = 0; /* only what is still there: a published temp was renamed away */
+    for (int i = 0; keep_marked && i < temp_count; i++)
+        kept |= temps[i] && temp_keep[i] == KEEP_ON_STOP && access(temps[i], F_OK) == 0;
     /* Newest first: files inside a temp directory were registered after it. */
     for (int i = temp_count - 1; i >= 0; i--) {
         char *p = temps[i];
-        if (!p)
+        if (!p || (kept && temp_keep[i] != KEEP_NEVER))
             continue;
         if (temp_is_dir[i])
             rmdir(p);
@@ -309,29 +350,46 @@ static void remove_temps_unsafe(int free_names)
             free(p);
         }
     }
+    return kept;
 }
 
 void cleanup_temps(void)
 {
-    remove_temps_unsafe(1);
+    remove_temps_unsafe(1, 0);
 }
 
 static void on_fatal_signal(int sig)
 {
-    remove_temps_unsafe(0);
+    int kept = remove_temps_unsafe(0, sig == SIGTERM || sig == SIGHUP);
+    if (kept && stop_note_len > 0 && write(STDERR_FILENO, stop_note, (size_t)stop_note_len) < 0) {
+        /* nothing more can be done in a signal handler */
+    }
     signal(sig, SIG_DFL);
     raise(sig);
 }
 
+static const int CLEANUP_SIGNALS[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+
+int thread_create_blocking_signals(pthread_t *thread, void *(*fn)(void *), void *arg)
+{
+    sigset_t set, old;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof CLEANUP_SIGNALS / sizeof CLEANUP_SIGNALS[0]; i++)
+        sigaddset(&set, CLEANUP_SIGNALS[i]);
+    pthread_sigmask(SIG_BLOCK, &set, &old);
+    int rc = pthread_create(thread, NULL, fn, arg);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
 void install_signal_cleanup(void)
 {
-    static const int SIGNALS[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-    for (size_t i = 0; i < sizeof SIGNALS / sizeof SIGNALS[0]; i++) {
+    for (size_t i = 0; i < sizeof CLEANUP_SIGNALS / sizeof CLEANUP_SIGNALS[0]; i++) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_fatal_signal;
         sigemptyset(&sa.sa_mask);
-        sigaction(SIGNALS[i], &sa, NULL);
+        sigaction(CLEANUP_SIGNALS[i], &sa, NULL);
     }
 }
 

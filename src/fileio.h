@@ -5,6 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <sys/types.h>
 
 /* 0 on success; -1 with errno set (a read past EOF sets errno to EIO... see
@@ -33,6 +34,18 @@ void temp_unregister(const char *path);
 void temp_unregister_prefix(const char *prefix);
 void cleanup_temps(void);
 void install_signal_cleanup(void);
+/* pthread_create for nf4deq's own threads (workers, the GPU start): they
+ * never take SIGINT, SIGTERM, SIGHUP or SIGPIPE, so the cleanup handler runs
+ * on the calling thread, whose temp registrations it cannot race. */
+int thread_create_blocking_signals(pthread_t *thread, void *(*fn)(void *), void *arg);
+/* SIGTERM and SIGHUP (a machine or service stopping) leave what is marked
+ * here, and print the note: a directory conversion's temp directory, its
+ * resume manifest and its finished shards, for --resume (resume.h). The lock
+ * file is kept only beside them (temp_keep_with_others). SIGINT and any
+ * failure still remove everything. */
+void temp_keep_on_stop(const char *path);
+void temp_keep_with_others(const char *path);
+void temp_set_stop_note(const char *note);
 
 /* At start-up: a closed stdin, stdout or stderr is reopened (stdout on
  * /dev/full, the others on /dev/null), so no file nf4deq opens can take its

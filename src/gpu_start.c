@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "gpu.h"
+#include "fileio.h"
 #include "status.h"
 
 struct gpu_start {
@@ -53,7 +54,7 @@ int gpu_start_begin(struct gpu_start **out, uint64_t mem_budget)
     s->state = GPU_START_PENDING;
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
-    if (pthread_create(&s->thread, NULL, start_main, s) != 0) {
+    if (thread_create_blocking_signals(&s->thread, start_main, s) != 0) {
         pthread_mutex_destroy(&s->mu);
         pthread_cond_destroy(&s->cv);
         free(s);

@@ -324,6 +324,22 @@ int model_dir_is_model(const struct model_dir_files *f)
     return f->nindexes > 0 || f->nweights > 0;
 }
 
+static int not_a_model(const char *dir)
+{
+    return nf4_fail(NF4_ENOINPUT, dir, NULL, "is not a model directory: it has no *%s file and no *%s (such as %s)",
+                    WEIGHTS_FILE_SUFFIX, INDEX_FILE_SUFFIX, INDEX_FILE_NAME);
+}
+
+int model_dir_require(const char *dir)
+{
+    struct model_dir_files found;
+    int code = model_dir_scan(dir, &found);
+    if (code == NF4_OK && !model_dir_is_model(&found))
+        code = not_a_model(dir);
+    model_dir_files_free(&found);
+    return code;
+}
+
 /* Which files make the model: the one index and its shards, or every
  * *.safetensors file when there is no index. Two indexes cannot be told apart. */
 static int choose_model_files(const char *dir, struct model *m, struct model_dir_files *found)
@@ -337,8 +353,7 @@ static int choose_model_files(const char *dir, struct model *m, struct model_dir
         return NF4_OK;
     }
     if (found->nweights == 0)
-        return nf4_fail(NF4_ENOINPUT, dir, NULL, "is not a model directory: it has no *%s file and no *%s (such as %s)",
-                        WEIGHTS_FILE_SUFFIX, INDEX_FILE_SUFFIX, INDEX_FILE_NAME);
+        return not_a_model(dir);
     m->file_names = found->weights;
     m->nfiles = found->nweights;
     found->weights = NULL;

@@ -48,6 +48,8 @@ struct model_dir_files {
 int model_dir_scan(const char *dir, struct model_dir_files *out);
 void model_dir_files_free(struct model_dir_files *f);
 int model_dir_is_model(const struct model_dir_files *f);
+/* NF4_ENOINPUT, as model_open_dir says it, when dir holds no candidate at all. */
+int model_dir_require(const char *dir);
 
 int model_open_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);

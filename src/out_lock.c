@@ -19,8 +19,10 @@
 
 #define OWNER_MAGIC "nf4deq-owner 1"
 /* A lock file that vanishes or is replaced between open and flock is retried
- * (another run was just ending); this bounds the retries. */
-#define LOCK_ATTEMPTS 16
+ * (another run was just ending), and so is one held for a moment (by `nf4deq
+ * clean`): LOCK_ATTEMPTS tries LOCK_RETRY_NS apart, about a second in all. */
+#define LOCK_ATTEMPTS 20
+#define LOCK_RETRY_NS 50000000L
 /* `clean` looks this deep below DIR: OUTs sit in DIR or a few levels down. */
 #define CLEAN_MAX_DEPTH 4
 
@@ -133,14 +135,17 @@ enum temp_name_kind temp_name_classify(const char *name, size_t *base_len)
     size_t n = strlen(name), marker = strlen(TEMP_MARKER);
     if (n < 1 + 1 + marker || name[0] != '.')
         return TEMP_NAME_NONE;
-    size_t tail = n >= strlen(LOCK_SUFFIX) && strcmp(name + n - strlen(LOCK_SUFFIX), LOCK_SUFFIX) == 0
-                      ? strlen(LOCK_SUFFIX)
-                      : TEMP_RANDOM_LEN;
+    size_t lock = strlen(LOCK_SUFFIX);
+    /* ".B.nf4deq-lock"; a random part may end in "lock" too (".B.nf4deq-ablock"). */
+    if (n >= 1 + 1 + marker + lock && strcmp(name + n - lock, LOCK_SUFFIX) == 0 &&
+        strncmp(name + n - lock - marker, TEMP_MARKER, marker) == 0) {
+        *base_len = n - lock - marker - 1;
+        return TEMP_NAME_LOCK;
+    }
+    size_t tail = TEMP_RANDOM_LEN;
     if (n < 1 + 1 + marker + tail || strncmp(name + n - tail - marker, TEMP_MARKER, marker) != 0)
         return TEMP_NAME_NONE;
     *base_len = n - tail - marker - 1;
-    if (tail == strlen(LOCK_SUFFIX) && strcmp(name + n - tail, LOCK_SUFFIX) == 0)
-        return TEMP_NAME_LOCK;
     for (size_t i = n - tail; i < n; i++)
         if (!is_random_char(name[i]))
             return TEMP_NAME_NONE;
@@ -181,36 +186,77 @@ static int write_record(int fd)
     return len > 0 && pwrite(fd, text, (size_t)len, 0) == len ? 0 : -1;
 }
 
-/* Opens and flocks the lock file, retrying when it was replaced meanwhile. */
-static int take(struct out_lock *lk, const char *out)
+enum lock_result { LOCK_TAKEN, LOCK_HELD_BY_OTHER, LOCK_ERROR };
+
+/* Opens (creating it if `create`) and flocks a lock file, retrying when it
+ * was replaced meanwhile, and for a moment when someone holds it: `nf4deq
+ * clean` holds a dead run's lock briefly, a live run for as long as it lives.
+ * LOCK_TAKEN: *fd is ours and *created says whether this call made the file.
+ * LOCK_HELD_BY_OTHER: *holder filled when its record is readable (*known).
+ * LOCK_ERROR: errno says why (ENOENT without `create` when there is none). */
+static enum lock_result open_locked(const char *path, int create, int *fd_out, int *created,
+                                    struct owner_record *holder, int *known)
 {
+    *known = 0;
     for (int attempt = 0; attempt < LOCK_ATTEMPTS; attempt++) {
-        temp_register(lk->path, 0); /* before it may exist: a signal must not leave it */
-        int fd = open(lk->path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+        *created = 0;
+        int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+        if (fd < 0 && errno == ENOENT && create) {
+            fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+            *created = fd >= 0;
+            if (fd < 0 && errno == EEXIST)
+                continue; /* made by another run just now */
+        }
         if (fd < 0)
-            return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot create its lock file %s", lk->path);
+            return LOCK_ERROR;
         if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
             int e = errno;
-            struct owner_record r;
-            int known = read_record(fd, &r);
+            *known = read_record(fd, holder);
             close(fd);
-            temp_unregister(lk->path); /* not ours to remove */
-            if (e != EWOULDBLOCK)
-                return nf4_fail_errno(NF4_ECANTCREAT, e, out, NULL, "cannot lock %s", lk->path);
-            char who[400] = "";
-            if (known)
-                owner_record_describe(&r, who, sizeof who);
-            return nf4_fail(NF4_ECANTCREAT, out, NULL, "another nf4deq (%s) is writing it", known ? who : "pid unknown");
+            if (e != EWOULDBLOCK) {
+                errno = e;
+                return LOCK_ERROR;
+            }
+            if (attempt + 1 < LOCK_ATTEMPTS) {
+                struct timespec pause = {0, LOCK_RETRY_NS};
+                nanosleep(&pause, NULL);
+                continue;
+            }
+            return LOCK_HELD_BY_OTHER;
         }
         struct stat held, now;
-        if (fstat(fd, &held) == 0 && stat(lk->path, &now) == 0 && held.st_dev == now.st_dev &&
+        if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev &&
             held.st_ino == now.st_ino) {
-            lk->fd = fd;
-            return NF4_OK;
+            *fd_out = fd;
+            return LOCK_TAKEN;
         }
         close(fd); /* the run that held it removed it as we opened it: start again */
     }
-    return nf4_fail(NF4_ECANTCREAT, out, NULL, "cannot take its lock file %s: it keeps being replaced", lk->path);
+    errno = EAGAIN;
+    return LOCK_ERROR;
+}
+
+/* Takes OUT's lock for this run. The path becomes a temp of this run only
+ * once the run holds it: a failed attempt must never remove another run's. */
+static int take(struct out_lock *lk, const char *out)
+{
+    struct owner_record r;
+    int fd = -1, created, known;
+    switch (open_locked(lk->path, 1, &fd, &created, &r, &known)) {
+    case LOCK_TAKEN:
+        lk->fd = fd;
+        temp_register(lk->path, 0);
+        temp_keep_with_others(lk->path); /* its record names the run beside what a stop keeps */
+        return NF4_OK;
+    case LOCK_HELD_BY_OTHER: {
+        char who[400] = "pid unknown";
+        if (known)
+            owner_record_describe(&r, who, sizeof who);
+        return nf4_fail(NF4_ECANTCREAT, out, NULL, "another nf4deq (%s) is writing it", who);
+    }
+    default:
+        return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot take its lock file %s", lk->path);
+    }
 }
 
 int out_lock_acquire(const char *out, struct out_lock **out_lk)
@@ -281,8 +327,10 @@ static int consider_resumable(const struct out_lock *lk, const char *temp, void 
     (void)lk;
     struct resumable *r = arg;
     char *m = path_join(temp, r->manifest);
-    struct stat st;
-    if (m && stat(m, &st) == 0 && S_ISREG(st.st_mode)) {
+    struct stat st, dir;
+    /* Only a real directory of this user: never a link into somewhere else. */
+    if (lstat(temp, &dir) == 0 && S_ISDIR(dir.st_mode) && dir.st_uid == geteuid() && m && lstat(m, &st) == 0 &&
+        S_ISREG(st.st_mode)) {
         int64_t t = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
         char *copy = (!r->best || t > r->best_mtime) ? strdup(temp) : NULL;
         if (copy) {
@@ -326,14 +374,25 @@ int out_lock_remove_stale(struct out_lock *lk, const char *keep)
     return each_temp(lk, remove_one, (void *)keep);
 }
 
+void out_lock_describe_previous(const struct out_lock *lk, char *buf, size_t cap)
+{
+    if (lk->have_previous)
+        owner_record_describe(&lk->previous, buf, cap);
+    else
+        snprintf(buf, cap, "pid unknown");
+}
+
 void out_lock_release(struct out_lock *lk)
 {
     if (!lk)
         return;
     /* Unlinked while still held: a run that opened it meanwhile sees the
-     * inode is gone and starts again with a new file. */
-    unlink(lk->path);
-    temp_unregister(lk->path);
+     * inode is gone and starts again with a new file. Forgotten as a temp
+     * first: a signal in between must not unlink the next run's lock. */
+    if (lk->fd >= 0) {
+        temp_unregister(lk->path);
+        unlink(lk->path);
+    }
     lock_free(lk);
 }
 
@@ -344,31 +403,6 @@ struct clean_ctx {
     FILE *out;
     int removed, kept;
 };
-
-/* The lock of the OUT that a temp or lock file named `name` in `dir` belongs
- * to: 1 if a live run holds it (*who filled), 0 if free or absent. */
-static int held_by_live_run(const char *dir, const char *name, size_t base_len, char *who, size_t cap)
-{
-    struct strbuf lock = {0};
-    strbuf_printf(&lock, "%s/%.*s" TEMP_MARKER LOCK_SUFFIX, dir, (int)(base_len + 1), name);
-    if (lock.oom)
-        return 1; /* when in doubt, touch nothing */
-    int fd = open(lock.p, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    int held = 0;
-    if (fd >= 0) {
-        if (flock(fd, LOCK_SH | LOCK_NB) != 0) {
-            struct owner_record r;
-            held = 1;
-            if (read_record(fd, &r))
-                owner_record_describe(&r, who, cap);
-            else
-                snprintf(who, cap, "pid unknown");
-        }
-        close(fd); /* releases the probe's own lock */
-    }
-    free(lock.p);
-    return held;
-}
 
 static int clean_dir(struct clean_ctx *cc, const char *dir, int depth);
 
@@ -382,29 +416,65 @@ static int remove_stale(struct clean_ctx *cc, const char *path, int is_dir, cons
     return NF4_OK;
 }
 
-/* A lock file goes only while this process holds it, and only if it is still
- * the file at that path: never from under a run that has just taken it. */
+static void report_kept(struct clean_ctx *cc, const char *path, int known, const struct owner_record *r)
+{
+    char who[400] = "pid unknown";
+    if (known)
+        owner_record_describe(r, who, sizeof who);
+    fprintf(cc->out, "kept %s: a live run is writing it (%s)\n", path, who);
+    cc->kept++;
+}
+
+/* A temp goes only while `clean` holds its OUT's lock, exactly as a run
+ * would: a run starting meanwhile waits, then finds the temp gone, and a
+ * live run's lock is never taken from it. */
+static int clean_temp(struct clean_ctx *cc, const char *dir, const char *name, size_t base_len, const char *path,
+                      int is_dir)
+{
+    struct strbuf lock = {0};
+    strbuf_printf(&lock, "%s/%.*s" TEMP_MARKER LOCK_SUFFIX, dir, (int)(base_len + 1), name);
+    if (lock.oom) {
+        free(lock.p);
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    }
+    struct owner_record r;
+    int fd = -1, created = 0, known = 0, code = NF4_OK;
+    enum lock_result got = open_locked(lock.p, 1, &fd, &created, &r, &known);
+    if (got == LOCK_HELD_BY_OTHER) {
+        report_kept(cc, path, known, &r);
+    } else if (got == LOCK_ERROR) {
+        fprintf(cc->out, "kept %s: cannot take its lock %s: %s\n", path, lock.p, strerror(errno));
+        cc->kept++;
+    } else {
+        code = remove_stale(cc, path, is_dir, is_dir ? "directory" : "file");
+        if (created)
+            unlink(lock.p); /* made only to hold it: not left behind, even by -n */
+        close(fd);
+    }
+    free(lock.p);
+    return code;
+}
+
+/* A lock file goes only while `clean` holds it, and only if it is still the
+ * file at that path: never from under a run that has just taken it. */
 static int clean_lock(struct clean_ctx *cc, const char *path)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0)
-        return NF4_OK; /* gone meanwhile */
     struct owner_record r;
-    char who[400] = "pid unknown";
-    if (read_record(fd, &r))
-        owner_record_describe(&r, who, sizeof who);
-    struct stat held, now;
-    int code = NF4_OK;
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        fprintf(cc->out, "kept %s: a live run is writing it (%s)\n", path, who);
+    int fd = -1, created = 0, known = 0, code = NF4_OK;
+    enum lock_result got = open_locked(path, 0, &fd, &created, &r, &known);
+    if (got == LOCK_HELD_BY_OTHER) {
+        report_kept(cc, path, known, &r);
+    } else if (got == LOCK_ERROR && errno != ENOENT) {
+        fprintf(cc->out, "kept %s: %s\n", path, strerror(errno));
         cc->kept++;
-    } else if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev &&
-               held.st_ino == now.st_ino) {
-        char what[450];
+    } else if (got == LOCK_TAKEN) {
+        char who[400] = "pid unknown", what[450];
+        if (read_record(fd, &r))
+            owner_record_describe(&r, who, sizeof who);
         snprintf(what, sizeof what, "lock file of %s", who);
         code = remove_stale(cc, path, 0, what);
+        close(fd);
     }
-    close(fd);
     return code;
 }
 
@@ -425,13 +495,7 @@ static int clean_entry(struct clean_ctx *cc, const char *dir, const char *name, 
     } else if (kind == TEMP_NAME_LOCK) {
         code = clean_lock(cc, path);
     } else {
-        char who[400] = "";
-        if (held_by_live_run(dir, name, base_len, who, sizeof who)) {
-            fprintf(cc->out, "kept %s: a live run is writing it (%s)\n", path, who);
-            cc->kept++;
-        } else {
-            code = remove_stale(cc, path, S_ISDIR(st.st_mode), S_ISDIR(st.st_mode) ? "directory" : "file");
-        }
+        code = clean_temp(cc, dir, name, base_len, path, S_ISDIR(st.st_mode));
     }
     free(path);
     return code;

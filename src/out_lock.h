@@ -8,8 +8,9 @@
  * it lives, and writes its owner record into it (pid, host, start time). So:
  *   - a second run for the same OUT finds the lock held and stops at once;
  *   - a run that finds the lock free owns every temp of OUT: any left there
- *     is from a run that did not finish (SIGKILL, an OOM kill, a pre-empted
- *     machine), whose record is still in the lock file;
+ *     is from a run that did not finish (a stop that kept it for --resume,
+ *     SIGKILL, an OOM kill, a machine that vanished), whose record is still
+ *     in the lock file;
  *   - the kernel releases a flock when its process dies, however it dies.
  * The lock file goes when its run ends. */
 #ifndef NF4DEQ_OUT_LOCK_H
@@ -57,6 +58,10 @@ char *out_lock_find_resumable(const struct out_lock *lk, const char *manifest);
 /* Removes OUT's stale temps but `keep` (may be NULL), each with a line on
  * stderr naming the run that left it. */
 int out_lock_remove_stale(struct out_lock *lk, const char *keep);
+
+/* The run that left the lock file without finishing ("pid 1234, started
+ * ..."), or "pid unknown". */
+void out_lock_describe_previous(const struct out_lock *lk, char *buf, size_t cap);
 
 /* Removes the lock file and releases the lock (NULL is fine). */
 void out_lock_release(struct out_lock *lk);

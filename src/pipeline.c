@@ -13,6 +13,7 @@
 #include "gpu.h"
 #include "gpu_start.h"
 #include "lora_merge.h"
+#include "fileio.h"
 #include "status.h"
 
 /* TASK_MERGE: a chunk of a tensor with LoRA deltas, dequantized (or read) in the
@@ -870,7 +871,7 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
         }
     }
     for (int i = 0; i < workers; i++) {
-        if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0)
+        if (thread_create_blocking_signals(&p->workers[i], worker_main, p) != 0)
             break; /* fewer workers are slower, not wrong */
         p->nworkers++;
     }

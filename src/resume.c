@@ -285,10 +285,22 @@ int resume_fingerprint(const struct model *m, const struct convert_opts *o, stru
     return NF4_OK;
 }
 
-/* Keeps in `now` each shard of `old` that is in dir with its recorded size. */
+static int is_input_name(const struct resume_manifest *now, const char *name)
+{
+    for (size_t i = 0; i < now->ninputs; i++)
+        if (strcmp(now->inputs[i].file, name) == 0)
+            return 1;
+    return 0;
+}
+
+/* Keeps in `now` each shard of `old` that is in dir with its recorded size.
+ * Shards are named as the input files they come from: a manifest naming
+ * anything else (it is hostile input) keeps nothing of it. */
 static int keep_finished(const char *dir, const struct resume_manifest *old, struct resume_manifest *now)
 {
     for (size_t i = 0; i < old->nshards; i++) {
+        if (!is_input_name(now, old->shards[i].file))
+            continue;
         char *p = path_join(dir, old->shards[i].file);
         struct stat st;
         int ok = p && lstat(p, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size == old->shards[i].bytes;
@@ -319,10 +331,12 @@ static int prune(const char *dir, const struct resume_manifest *now)
             break;
         }
         struct stat st;
-        int keep = strcmp(name, RESUME_MANIFEST_NAME) == 0 || resume_shard_bytes(now, name) >= 0;
-        if (keep)
+        if (resume_shard_bytes(now, name) >= 0) { /* kept: a temp of this run now */
             temp_register(p, 0);
-        else if (lstat(p, &st) == 0 && (S_ISDIR(st.st_mode) ? remove_tree(p) : unlink(p)) != 0 && errno != ENOENT)
+            temp_keep_on_stop(p);
+        }
+        else if (strcmp(name, RESUME_MANIFEST_NAME) != 0 && lstat(p, &st) == 0 && /* the manifest is rewritten */
+                 (S_ISDIR(st.st_mode) ? remove_tree(p) : unlink(p)) != 0 && errno != ENOENT)
             code = nf4_fail_errno(NF4_ECANTCREAT, errno, p, NULL, "cannot remove");
         free(p);
     }
@@ -353,6 +367,11 @@ int resume_adopt(const char *dir, struct resume_manifest *now, size_t *kept)
     }
     if (code == NF4_OK)
         code = prune(dir, now);
+    /* The manifest describes this run from now on: one left from a run with
+     * other inputs or options must not outlive it, or a later --resume
+     * matching it would keep shards this run rewrote. */
+    if (code == NF4_OK)
+        code = resume_record_shard(dir, now, NULL);
     *kept = now->nshards;
     resume_manifest_free(&old);
     free(json);
@@ -375,9 +394,15 @@ int resume_record_shard(const char *dir, struct resume_manifest *now, const char
     if (code == NF4_OK)
         code = resume_manifest_render(now, path, &text, &len);
     if (code == NF4_OK) {
-        temp_register(path, 0);
+        if (!file) { /* the first write: registered once, not once per shard */
+            temp_register(path, 0);
+            temp_keep_on_stop(path);
+        }
         code = write_file_atomic(path, text, len);
     }
+    /* Finished and recorded: a stopping signal leaves it for --resume. */
+    if (code == NF4_OK && file)
+        temp_keep_on_stop(shard);
     free(text);
     free(path);
     free(shard);

@@ -1,6 +1,8 @@
 /* --resume: the record a directory conversion keeps, inside its temp
- * directory, of the shards it has finished, so that a run that dies (SIGKILL,
- * an OOM kill, a pre-empted machine) can be continued instead of redone.
+ * directory, of the shards it has finished, so that a run that dies (SIGTERM
+ * or SIGHUP from a machine or service stopping, which keep them: fileio.h;
+ * SIGKILL, an OOM kill, a machine that vanished) can be continued instead of
+ * redone. SIGINT and failures remove them.
  *
  * The manifest (RESUME_MANIFEST_NAME, JSON) holds what shapes the output:
  *   - "options": nf4deq's version, --dtype and each --lora adapter (path,

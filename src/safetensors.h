@@ -48,8 +48,10 @@ struct st_file {
 int st_open(const char *path, struct st_file **out);
 void st_close(struct st_file *f);
 /* NF4_OK while the file has the size and mtime it had at open; otherwise
- * NF4_EIO naming it, with the sizes before and now. A file replaced or
- * truncated mid-conversion must not pass for a complete input. */
+ * NF4_EIO naming it, with the sizes before and now. A file truncated, grown
+ * or rewritten in place mid-conversion must not pass for a complete input.
+ * (A file replaced by a rename is not seen: the open descriptor still reads
+ * the old one, whole and consistent.) */
 int st_check_unchanged(const struct st_file *f);
 
 /* Validates a header already in memory: `len` bytes of JSON followed by

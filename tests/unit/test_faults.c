@@ -13,7 +13,10 @@
  *
  * The last tests deliver SIGTERM/SIGINT: to the real binary in the middle of a
  * ~1 s conversion of a synthetic model, and (deterministically) from inside a
- * forked in-process conversion right after each fsync/rename/mkostemp. */
+ * forked in-process conversion right after each fsync/rename/mkostemp. A stop
+ * (SIGTERM, SIGHUP) of a directory conversion may leave only its lock file and
+ * its finished shards with their resume manifest, each shard as the clean
+ * conversion wrote it. */
 #include "test_util.h"
 
 #include <cJSON.h>
@@ -807,6 +810,50 @@ static void test_alloc_sweep_dir(void **state)
 
 /* ---- signals ------------------------------------------------------------- */
 
+/* What SIGTERM and SIGHUP may leave of a directory conversion (fileio.h):
+ * OUT's lock file, and its temp directory holding only the resume manifest
+ * and finished shards, each byte-identical to the clean conversion's
+ * (`ref` NULL: shards only checked to be there). Returns the entries seen. */
+static int assert_resumable_leftovers(const char *scratch, const struct snap *ref)
+{
+    DIR *d = opendir(scratch);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
+            continue;
+        n++;
+        if (strstr(e->d_name, ".nf4deq-lock"))
+            continue;
+        char *temp = tu_strdupf("%s/%s", scratch, e->d_name);
+        DIR *t = opendir(temp);
+        if (!t || !strstr(e->d_name, ".nf4deq-"))
+            case_fail("%s: left, and not a resumable temp directory", temp);
+        struct dirent *f;
+        while (t && (f = readdir(t)) != NULL) {
+            if (!strcmp(f->d_name, ".") || !strcmp(f->d_name, "..") || !strcmp(f->d_name, ".nf4deq-resume.json"))
+                continue;
+            char *p = tu_strdupf("%s/%s", temp, f->d_name);
+            int same = !ref && strstr(f->d_name, ".safetensors") && f->d_name[0] != '.';
+            for (int i = 0; ref && i < ref->n && !same; i++)
+                if (!strcmp(strrchr(ref->name[i], '/') + 1, f->d_name)) {
+                    size_t len = 0;
+                    char *got = tu_read_file(p, &len);
+                    same = got && len == ref->len[i] && memcmp(got, ref->data[i], len) == 0;
+                    free(got);
+                }
+            if (!same)
+                case_fail("%s: kept by a stop, but not a finished shard of the clean conversion", p);
+            free(p);
+        }
+        if (t)
+            closedir(t);
+        free(temp);
+    }
+    closedir(d);
+    return n;
+}
+
 /* In a forked child, a conversion raises `sig` right after the nth call of fn
  * (after a temp file, a rename, an fsync...). The signal handler must leave no
  * temp file; OUT may exist only if it was already complete. */
@@ -843,6 +890,9 @@ static void signal_sweep(const struct io *io, enum fn fn, int sig)
         if (left == 1 && tu_exists(out)) {
             /* Only a finished output may remain: the signal came after it was published. */
             assert_same_as_ref(out, io->dir);
+        } else if (left != 0 && io->dir && (sig == SIGTERM || sig == SIGHUP) && !tu_exists(out)) {
+            /* A stop keeps a directory's finished shards for --resume. */
+            assert_resumable_leftovers(scratch, &ref_dir_snap);
         } else if (left != 0) {
             DIR *d = opendir(scratch);
             struct dirent *e;
@@ -961,7 +1011,9 @@ static void kill_binary(const char *in, int dir, int sig)
         ;
     if (!(WIFSIGNALED(st) && WTERMSIG(st) == sig) && !(WIFEXITED(st) && WEXITSTATUS(st) != 0))
         fail_msg("after signal %d the child ended with status 0x%x", sig, st);
-    if (tu_count_entries(scratch) != 0)
+    if (dir && sig == SIGTERM)
+        assert_resumable_leftovers(scratch, NULL); /* a stop keeps finished shards for --resume */
+    else if (tu_count_entries(scratch) != 0)
         fail_msg("signal %d after %.2f s left %d entries in %s", sig, now_s() - t0, tu_count_entries(scratch),
                  scratch);
     tu_rmtree(scratch);

@@ -170,6 +170,29 @@ static void test_pipeline_output_is_all_or_nothing(void **state)
     free(out);
 }
 
+/* "out/" is the directory out; an OUT inside IN is refused before anything is written. */
+static void test_trailing_slash_and_out_inside_in(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *out = tu_strdupf("%s/flux/", s->dir), *in = tu_strdupf("%s/in", s->dir);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", FLUX, out, NULL);
+    assert_converted_ok(&r);
+    char *vae = tu_strdupf("%s/flux/vae/config.json", s->dir);
+    assert_true(tu_exists(vae));
+    free(vae);
+    assert_int_equal(tu_count_entries(s->dir), 1); /* no lock or temp named after "" */
+    tu_sh("cp -r %s %s && chmod -R u+w %s", FLUX, in, in);
+    char *inside = tu_strdupf("%s/converted", in);
+    r = tu_run("convert", "-q", in, inside, NULL);
+    assert_int_equal(r.status, NF4_EUSAGE);
+    assert_non_null(strstr(r.err, "inside the input directory"));
+    tu_run_free(&r);
+    assert_false(tu_exists(inside));
+    free(inside);
+    free(in);
+    free(out);
+}
+
 static void test_pipeline_refuses_lora_and_stdout(void **state)
 {
     struct tu_scratch *s = *state;
@@ -580,6 +603,7 @@ int main(void)
         SCRATCH(test_pipeline_converts_components_and_copies_the_rest),
         SCRATCH(test_pipeline_output_is_all_or_nothing),
         SCRATCH(test_pipeline_refuses_lora_and_stdout),
+        SCRATCH(test_trailing_slash_and_out_inside_in),
         cmocka_unit_test(test_inspect_shows_components_and_totals),
         SCRATCH(test_diffusers_component_and_single_file_convert),
         SCRATCH(test_index_of_any_prefix_keeps_its_names),

@@ -200,6 +200,38 @@ static void test_sigkill_then_rerun_or_resume(void **state)
     }
 }
 
+/* A machine or service stopping (SIGTERM) leaves the finished shards for
+ * --resume, and says so; Ctrl-C (SIGINT) leaves nothing. */
+static void test_sigterm_keeps_finished_shards_sigint_does_not(void **state)
+{
+    struct scene *s = *state;
+    char *args[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
+    pid_t pid = start_stopped(s, "3", args);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    assert_int_equal(continue_stopped(pid), 128 + SIGTERM);
+    char *err = stderr_of(s, pid);
+    assert_non_null(strstr(err, "stopped by a signal; the shards finished so far stay in"));
+    free(err);
+    char *temp = temp_dir_of_out(s);
+    assert_non_null(temp);
+    assert_int_equal(manifest_shards(temp), 3);
+    assert_int_equal(tu_count_entries(temp), 4); /* the manifest and three shards, nothing partial */
+    free(temp);
+    struct tu_run r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "kept 3 of 5 shards"));
+    assert_non_null(strstr(r.err, "(pid "));
+    tu_run_free(&r);
+    assert_out_is_ref(s);
+    assert_int_equal(entries(s), 3);
+    tu_rmtree(s->out);
+    pid = start_stopped(s, "3", args);
+    assert_int_equal(kill(pid, SIGINT), 0);
+    assert_int_equal(continue_stopped(pid), 128 + SIGINT);
+    free(stderr_of(s, pid));
+    assert_int_equal(entries(s), 2); /* in and ref */
+}
+
 /* A resume whose inputs changed since the dead run keeps nothing. */
 static void test_resume_redoes_shards_whose_record_differs(void **state)
 {
@@ -229,6 +261,48 @@ static void test_resume_redoes_shards_whose_record_differs(void **state)
     tu_run_free(&r);
     assert_out_is_ref(s);
     assert_int_equal(entries(s), 3);
+    /* A resume with other options takes the dead temp over and dies at once:
+     * the manifest must describe it now, so a third run with the first
+     * run's options keeps nothing the second could have rewritten. */
+    tu_rmtree(s->out);
+    pid = start_stopped(s, "3", args);
+    kill_stopped(pid);
+    free(stderr_of(s, pid));
+    char *fp16_resume[] = {"convert", "-q", "--resume", "--device", "cpu", "--dtype", "fp16", s->in, s->out, NULL};
+    pid = start_stopped(s, "0", fp16_resume);
+    kill_stopped(pid);
+    free(stderr_of(s, pid));
+    r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "kept 0 of 5 shards"));
+    tu_run_free(&r);
+    assert_out_is_ref(s);
+    assert_int_equal(entries(s), 3);
+}
+
+/* Paths longer than any fixed buffer: the lock, the stale temps and the
+ * resume manifest are all found beside an OUT deep in long names. */
+static void test_long_paths(void **state)
+{
+    struct scene *s = *state;
+    char name[201];
+    memset(name, 'd', 200);
+    name[200] = '\0';
+    char *deep = tu_strdupf("%s/%s/%s", s->dir, name, name);
+    tu_sh("mkdir -p %s", deep);
+    char *out = tu_strdupf("%s/%s-out", deep, name);
+    char *args[] = {"convert", "-q", "--device", "cpu", s->in, out, NULL};
+    pid_t pid = start_stopped(s, "2", args);
+    kill_stopped(pid);
+    free(stderr_of(s, pid));
+    struct tu_run r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "kept 2 of 5 shards"));
+    tu_run_free(&r);
+    assert_int_equal(tu_sh_status("diff -r %s %s > /dev/null", out, s->ref), 0);
+    assert_int_equal(tu_count_entries(deep), 1); /* OUT alone: no lock, no temp */
+    free(out);
+    free(deep);
 }
 
 /* ---- one writer per OUT ---- */
@@ -370,7 +444,10 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_sigkill_then_rerun_or_resume, scene_setup, scene_teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_keeps_finished_shards_sigint_does_not, scene_setup,
+                                        scene_teardown),
         cmocka_unit_test_setup_teardown(test_resume_redoes_shards_whose_record_differs, scene_setup, scene_teardown),
+        cmocka_unit_test_setup_teardown(test_long_paths, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_second_run_to_one_out_exits_73_at_once, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_inputs_that_shrink_or_grow_exit_74, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_clean_removes_only_stale_nf4deq_temps, scene_setup, scene_teardown),
