@@ -144,6 +144,30 @@ static int manifest_shards(const char *temp)
     return n;
 }
 
+/* Starts a run that stops itself at `stop`, and SIGKILLs it there. */
+static pid_t kill_at(const struct scene *s, const char *stop, char *const *args)
+{
+    pid_t pid = start_stopped(s, stop, args);
+    kill_stopped(pid);
+    free(stderr_of(s, pid));
+    return pid;
+}
+
+/* A --resume rerun must keep `kept` shards and write the reference output,
+ * leaving nothing else. */
+static void resume_keeping(struct scene *s, int kept)
+{
+    struct tu_run r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
+    assert_int_equal(r.status, 0);
+    char *said = tu_strdupf("kept %d of %d shards", kept, SHARDS);
+    if (!strstr(r.err, said))
+        fail_msg("stderr lacks \"%s\": %s", said, r.err);
+    free(said);
+    tu_run_free(&r);
+    assert_out_is_ref(s);
+    assert_int_equal(entries(s), 3);
+}
+
 /* ---- a run killed at several points ---- */
 
 static void test_sigkill_then_rerun_or_resume(void **state)
@@ -237,9 +261,7 @@ static void test_resume_redoes_shards_whose_record_differs(void **state)
 {
     struct scene *s = *state;
     char *args[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
-    pid_t pid = start_stopped(s, "3", args);
-    kill_stopped(pid);
-    free(stderr_of(s, pid));
+    kill_at(s, "3", args);
     /* The same bytes, a new mtime: the record no longer matches. */
     tu_sh("touch -d '2001-01-01' %s/model-00002-of-00005.safetensors", s->in);
     tu_sh("rm -rf %s && " NF4DEQ_BIN " convert -q --device cpu %s %s", s->ref, s->in, s->ref);
@@ -252,32 +274,16 @@ static void test_resume_redoes_shards_whose_record_differs(void **state)
     /* --dtype is part of the record too. */
     tu_rmtree(s->out);
     char *fp16[] = {"convert", "-q", "--device", "cpu", "--dtype", "fp16", s->in, s->out, NULL};
-    pid = start_stopped(s, "2", fp16);
-    kill_stopped(pid);
-    free(stderr_of(s, pid));
-    r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
-    assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.err, "kept 0 of 5 shards"));
-    tu_run_free(&r);
-    assert_out_is_ref(s);
-    assert_int_equal(entries(s), 3);
+    kill_at(s, "2", fp16);
+    resume_keeping(s, 0);
     /* A resume with other options takes the dead temp over and dies at once:
      * the manifest must describe it now, so a third run with the first
      * run's options keeps nothing the second could have rewritten. */
     tu_rmtree(s->out);
-    pid = start_stopped(s, "3", args);
-    kill_stopped(pid);
-    free(stderr_of(s, pid));
+    kill_at(s, "3", args);
     char *fp16_resume[] = {"convert", "-q", "--resume", "--device", "cpu", "--dtype", "fp16", s->in, s->out, NULL};
-    pid = start_stopped(s, "0", fp16_resume);
-    kill_stopped(pid);
-    free(stderr_of(s, pid));
-    r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
-    assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.err, "kept 0 of 5 shards"));
-    tu_run_free(&r);
-    assert_out_is_ref(s);
-    assert_int_equal(entries(s), 3);
+    kill_at(s, "0", fp16_resume);
+    resume_keeping(s, 0);
 }
 
 /* Paths longer than any fixed buffer: the lock, the stale temps and the
@@ -292,9 +298,7 @@ static void test_long_paths(void **state)
     tu_sh("mkdir -p %s", deep);
     char *out = tu_strdupf("%s/%s-out", deep, name);
     char *args[] = {"convert", "-q", "--device", "cpu", s->in, out, NULL};
-    pid_t pid = start_stopped(s, "2", args);
-    kill_stopped(pid);
-    free(stderr_of(s, pid));
+    kill_at(s, "2", args);
     struct tu_run r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, out, NULL);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.err, "kept 2 of 5 shards"));
@@ -392,9 +396,7 @@ static void test_clean_removes_only_stale_nf4deq_temps(void **state)
     struct scene *s = *state;
     /* A dead run's temp directory and lock file, for OUT. */
     char *dead[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
-    pid_t pid = start_stopped(s, "2", dead);
-    kill_stopped(pid);
-    free(stderr_of(s, pid));
+    kill_at(s, "2", dead);
     /* A live run's, for another OUT. */
     char *live_out = tu_strdupf("%s/live", s->dir);
     char *live[] = {"convert", "-q", "--device", "cpu", s->in, live_out, NULL};
