@@ -109,17 +109,14 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
         } else if (stat(from, &st) != 0) {
             code = nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot stat");
-        } else if (S_ISREG(st.st_mode) && str_ends_with(name, ".safetensors")) {
+        } else if (S_ISREG(st.st_mode) && str_ends_with(name, WEIGHTS_FILE_SUFFIX)) {
             /* A checkpoint file that is not part of this model (an older
              * model.safetensors beside the shards, say) would be copied still
              * quantized, and transformers may load it first. */
             nf4_warn("%s: not part of the model (not in %s); not copied", from,
                      m->index_name ? m->index_name : "the directory's list of checkpoint files");
-        } else if (S_ISREG(st.st_mode) && !path_stays_in_model(in_dir, from)) {
-            nf4_warn("%s: links to a file outside the model directory; not copied", from);
         } else if (S_ISREG(st.st_mode)) {
-            temp_register(to, 0);
-            code = copy_file(from, to);
+            code = copy_path(from, to, in_dir); /* a model directory is flat: files only */
         } else if (strncmp(name, ".", 1) != 0) {
             nf4_warn("%s: not a regular file; not copied", from);
         }
@@ -415,13 +412,8 @@ static int pipeline_write_entry(struct ctx *c, const char *in, const struct pipe
         /* A checkpoint beside the components (a single-file export) would be
          * copied still quantized. */
         nf4_warn("%s: a checkpoint outside every component; not copied (convert it on its own)", from);
-    } else if (e->kind == ENTRY_FILE && !path_stays_in_model(in, from)) {
-        nf4_warn("%s: links to a file outside the pipeline; not copied", from);
-    } else if (e->kind == ENTRY_FILE) {
-        temp_register(to, 0);
-        code = copy_file(from, to);
     } else {
-        nf4_warn("%s: not a regular file or directory; not copied", from);
+        code = copy_path(from, to, in); /* a file, or a warning */
     }
     free(from);
     free(to);

@@ -116,6 +116,12 @@ int copy_tree(const char *from, const char *to, const char *root)
     return copy_tree_at(from, to, root, 0);
 }
 
+int copy_path(const char *from, const char *to, const char *root)
+{
+    const char *slash = strrchr(from, '/');
+    return copy_entry(from, to, slash ? slash + 1 : from, root, 0);
+}
+
 static int remove_entry(const char *path, const struct stat *st, int type, struct FTW *ftw)
 {
     (void)st;
@@ -127,4 +133,13 @@ static int remove_entry(const char *path, const struct stat *st, int type, struc
 int remove_tree(const char *path)
 {
     return nftw(path, remove_entry, 32, FTW_DEPTH | FTW_PHYS);
+}
+
+int remove_path(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) != 0)
+        return errno == ENOENT ? 0 : -1;
+    int rc = S_ISDIR(st.st_mode) ? remove_tree(path) : unlink(path);
+    return rc != 0 && errno != ENOENT ? -1 : 0;
 }

@@ -15,7 +15,14 @@ int copy_file(const char *from, const char *to);
  * left out with a warning. Every copy and directory is fsync'd. */
 int copy_tree(const char *from, const char *to, const char *root);
 
+/* One entry of a directory, as copy_tree copies it: a regular file (links
+ * checked against `root`), a directory (a tree), or, with a warning, nothing. */
+int copy_path(const char *from, const char *to, const char *root);
+
 /* Removes a directory tree (for --force replacing an old output). */
 int remove_tree(const char *path);
+/* Removes a file, or a directory with everything in it (never through a
+ * link). 0 (also when it is already gone), or -1 with errno. */
+int remove_path(const char *path);
 
 #endif

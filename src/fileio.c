@@ -1,5 +1,6 @@
 #include "fileio.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -414,4 +415,58 @@ void guard_std_streams(void)
 int std_stream_was_closed(int fd)
 {
     return fd >= 0 && fd <= 2 && (closed_std_streams & (1 << fd)) != 0;
+}
+
+static int cmp_dir_name(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int dir_names(const char *dir, char ***names_out, size_t *n_out)
+{
+    *names_out = NULL;
+    *n_out = 0;
+    DIR *d = opendir(dir);
+    if (!d)
+        return -1;
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int failed = 0;
+    struct dirent *e;
+    while (!failed && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        if (n == cap) {
+            size_t grown = cap ? 2 * cap : 32;
+            char **p = realloc(names, grown * sizeof *p);
+            if (!p) {
+                failed = 1;
+                break;
+            }
+            names = p;
+            cap = grown;
+        }
+        if (!(names[n] = strdup(e->d_name)))
+            failed = 1;
+        else
+            n++;
+    }
+    closedir(d);
+    if (failed) {
+        dir_names_free(names, n);
+        errno = ENOMEM;
+        return -1;
+    }
+    if (n)
+        qsort(names, n, sizeof *names, cmp_dir_name);
+    *names_out = names;
+    *n_out = n;
+    return 0;
+}
+
+void dir_names_free(char **names, size_t n)
+{
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
 }

@@ -59,6 +59,11 @@ int fsync_parent_dir(const char *path);
 /* fsyncs a directory's own entries (what was created or renamed in it). */
 int fsync_dir(const char *dir);
 
+/* The entries of a directory but "." and "..", sorted by name (malloc'd).
+ * 0, or -1 with errno (ENOMEM when out of memory). */
+int dir_names(const char *dir, char ***names, size_t *n);
+void dir_names_free(char **names, size_t n);
+
 /* Directory part and base name of a path, malloc'd ("." for a bare name). */
 char *path_dirname(const char *path);
 char *path_join(const char *dir, const char *name);

@@ -1,6 +1,5 @@
 #include "layout.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,11 +27,6 @@ int layout_of(const char *path, enum input_layout *out)
     free(index);
     *out = pipeline ? LAYOUT_PIPELINE : LAYOUT_MODEL_DIR;
     return NF4_OK;
-}
-
-static int cmp_entry(const void *a, const void *b)
-{
-    return strcmp(((const struct pipeline_entry *)a)->name, ((const struct pipeline_entry *)b)->name);
 }
 
 static int classify(const char *root, const char *path, enum pipeline_entry_kind *kind)
@@ -75,47 +69,31 @@ int pipeline_list(const char *root, struct pipeline_entry **out, size_t *n_out)
 {
     *out = NULL;
     *n_out = 0;
-    DIR *d = opendir(root);
-    if (!d)
-        return nf4_fail_errno(NF4_ENOINPUT, errno, root, NULL, "cannot list");
-    struct pipeline_entry *e = NULL;
-    size_t n = 0, cap = 0;
-    int code = NF4_OK;
-    struct dirent *ent;
-    while (code == NF4_OK && (ent = readdir(d)) != NULL) {
-        const char *name = ent->d_name;
-        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-            continue;
-        char *path = path_join(root, name);
+    char **names;
+    size_t n;
+    if (dir_names(root, &names, &n) != 0)
+        return errno == ENOMEM ? nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory")
+                               : nf4_fail_errno(NF4_ENOINPUT, errno, root, NULL, "cannot list");
+    struct pipeline_entry *e = calloc(n ? n : 1, sizeof *e);
+    size_t kept = 0;
+    int code = e ? NF4_OK : nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
+    for (size_t i = 0; i < n && code == NF4_OK; i++) { /* sorted: so are the entries */
+        char *path = path_join(root, names[i]);
         enum pipeline_entry_kind kind = ENTRY_OTHER;
         code = path ? classify(root, path, &kind) : nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
         free(path);
-        if (code != NF4_OK || (name[0] == '.' && kind != ENTRY_FILE))
+        if (code != NF4_OK || (names[i][0] == '.' && kind != ENTRY_FILE))
             continue;
-        if (n == cap) {
-            size_t grown = cap ? 2 * cap : 16;
-            struct pipeline_entry *p = realloc(e, grown * sizeof *p);
-            if (!p) {
-                code = nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
-                break;
-            }
-            e = p;
-            cap = grown;
-        }
-        if (!(e[n].name = strdup(name))) {
-            code = nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
-            break;
-        }
-        e[n++].kind = kind;
+        e[kept].name = names[i]; /* moved, not copied */
+        names[i] = NULL;
+        e[kept++].kind = kind;
     }
-    closedir(d);
+    dir_names_free(names, n);
     if (code != NF4_OK) {
-        pipeline_entries_free(e, n);
+        pipeline_entries_free(e, kept);
         return code;
     }
-    if (n)
-        qsort(e, n, sizeof *e, cmp_entry);
     *out = e;
-    *n_out = n;
+    *n_out = kept;
     return NF4_OK;
 }

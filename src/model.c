@@ -3,7 +3,6 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <limits.h>
-#include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -254,68 +253,49 @@ static int is_regular_file(const char *dir, const char *name)
     return regular;
 }
 
-/* Appends a strdup of name; 0 when out of memory. */
-static int push_name(char ***names, size_t *n, size_t *cap, const char *name)
+/* Moves names[i] to the end of list (sized for every name): no copy, no failure. */
+static void take_name(char **names, size_t i, char ***list, size_t *n)
 {
-    if (*n == *cap) {
-        size_t grown = *cap ? 2 * *cap : 8;
-        char **p = realloc(*names, grown * sizeof *p);
-        if (!p)
-            return 0;
-        *names = p;
-        *cap = grown;
-    }
-    return ((*names)[*n] = strdup(name)) != NULL && ++*n;
-}
-
-static void free_names(char **names, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
+    (*list)[(*n)++] = names[i];
+    names[i] = NULL;
 }
 
 int model_dir_scan(const char *dir, struct model_dir_files *out)
 {
     memset(out, 0, sizeof *out);
-    DIR *d = opendir(dir);
-    if (!d)
-        return nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "cannot list");
-    size_t icap = 0, wcap = 0;
+    char **names;
+    size_t n;
+    if (dir_names(dir, &names, &n) != 0)
+        return errno == ENOMEM ? nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory")
+                               : nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "cannot list");
     int code = NF4_OK;
-    struct dirent *e;
-    while (code == NF4_OK && (e = readdir(d)) != NULL) {
-        const char *name = e->d_name;
+    out->indexes = calloc(n ? n : 1, sizeof *out->indexes);
+    out->weights = calloc(n ? n : 1, sizeof *out->weights);
+    if (!out->indexes || !out->weights)
+        code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    for (size_t i = 0; i < n && code == NF4_OK; i++) { /* sorted: so are both lists */
+        const char *name = names[i];
         int is_index = str_ends_with(name, INDEX_FILE_SUFFIX), is_weights = str_ends_with(name, WEIGHTS_FILE_SUFFIX);
         if (name[0] == '.' || (!is_index && !is_weights))
             continue;
         int regular = is_regular_file(dir, name);
-        if (regular < 0) {
+        if (regular < 0)
             code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-            break;
-        }
-        if (!regular)
-            continue;
-        if (!(is_index ? push_name(&out->indexes, &out->nindexes, &icap, name)
-                       : push_name(&out->weights, &out->nweights, &wcap, name)))
-            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        else if (regular && is_index)
+            take_name(names, i, &out->indexes, &out->nindexes);
+        else if (regular)
+            take_name(names, i, &out->weights, &out->nweights);
     }
-    closedir(d);
-    if (code != NF4_OK) {
+    dir_names_free(names, n);
+    if (code != NF4_OK)
         model_dir_files_free(out);
-        return code;
-    }
-    if (out->indexes)
-        qsort(out->indexes, out->nindexes, sizeof *out->indexes, cmp_str);
-    if (out->weights)
-        qsort(out->weights, out->nweights, sizeof *out->weights, cmp_str);
-    return NF4_OK;
+    return code;
 }
 
 void model_dir_files_free(struct model_dir_files *f)
 {
-    free_names(f->indexes, f->nindexes);
-    free_names(f->weights, f->nweights);
+    dir_names_free(f->indexes, f->nindexes);
+    dir_names_free(f->weights, f->nweights);
     memset(f, 0, sizeof *f);
 }
 

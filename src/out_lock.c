@@ -361,9 +361,7 @@ static int remove_one(const struct out_lock *lk, const char *temp, void *arg)
     char who[400] = "pid unknown";
     if (lk->have_previous)
         owner_record_describe(&lk->previous, who, sizeof who);
-    struct stat st;
-    int is_dir = lstat(temp, &st) == 0 && S_ISDIR(st.st_mode);
-    if ((is_dir ? remove_tree(temp) : unlink(temp)) != 0 && errno != ENOENT)
+    if (remove_path(temp) != 0)
         return nf4_fail_errno(NF4_ECANTCREAT, errno, temp, NULL, "cannot remove stale partial output");
     nf4_note("%s: removed stale partial output from a run that did not finish (%s)", temp, who);
     return NF4_OK;
@@ -407,9 +405,9 @@ struct clean_ctx {
 static int clean_dir(struct clean_ctx *cc, const char *dir, int depth);
 
 /* Removes (or with -n only lists) one stale item, and says so. */
-static int remove_stale(struct clean_ctx *cc, const char *path, int is_dir, const char *what)
+static int remove_stale(struct clean_ctx *cc, const char *path, const char *what)
 {
-    if (!cc->dry_run && (is_dir ? remove_tree(path) : unlink(path)) != 0 && errno != ENOENT)
+    if (!cc->dry_run && remove_path(path) != 0)
         return nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot remove");
     fprintf(cc->out, "%s %s (stale %s)\n", cc->dry_run ? "would remove" : "removed", path, what);
     cc->removed++;
@@ -446,7 +444,7 @@ static int clean_temp(struct clean_ctx *cc, const char *dir, const char *name, s
         fprintf(cc->out, "kept %s: cannot take its lock %s: %s\n", path, lock.p, strerror(errno));
         cc->kept++;
     } else {
-        code = remove_stale(cc, path, is_dir, is_dir ? "directory" : "file");
+        code = remove_stale(cc, path, is_dir ? "directory" : "file");
         if (created)
             unlink(lock.p); /* made only to hold it: not left behind, even by -n */
         close(fd);
@@ -472,7 +470,7 @@ static int clean_lock(struct clean_ctx *cc, const char *path)
         if (read_record(fd, &r))
             owner_record_describe(&r, who, sizeof who);
         snprintf(what, sizeof what, "lock file of %s", who);
-        code = remove_stale(cc, path, 0, what);
+        code = remove_stale(cc, path, what);
         close(fd);
     }
     return code;
@@ -501,44 +499,18 @@ static int clean_entry(struct clean_ctx *cc, const char *dir, const char *name, 
     return code;
 }
 
-static int cmp_names(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 static int clean_dir(struct clean_ctx *cc, const char *dir, int depth)
 {
-    DIR *d = opendir(dir);
-    if (!d)
+    char **names;
+    size_t n;
+    if (dir_names(dir, &names, &n) != 0) {
+        if (errno == ENOMEM)
+            return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
         return depth == 0 ? nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "cannot list") : NF4_OK;
-    char **names = NULL;
-    size_t n = 0, cap = 0;
-    int code = NF4_OK;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        if (n == cap) {
-            size_t grown = cap ? 2 * cap : 32;
-            char **p = realloc(names, grown * sizeof *p);
-            if (!p) {
-                code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-                break;
-            }
-            names = p;
-            cap = grown;
-        }
-        if (!(names[n] = strdup(e->d_name))) {
-            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-            break;
-        }
-        n++;
     }
-    closedir(d);
+    int code = NF4_OK;
     /* Temps before lock files (sorted names put "XXXXXX" after "lock" at
      * random), so a lock goes only once its temps are gone. */
-    if (n)
-        qsort(names, n, sizeof *names, cmp_names);
     for (int pass = 0; pass < 2 && code == NF4_OK; pass++)
         for (size_t i = 0; i < n && code == NF4_OK; i++) {
             size_t base_len;
@@ -546,9 +518,7 @@ static int clean_dir(struct clean_ctx *cc, const char *dir, int depth)
             if (is_lock == pass)
                 code = clean_entry(cc, dir, names[i], depth);
         }
-    for (size_t i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
+    dir_names_free(names, n);
     return code;
 }
 

@@ -330,14 +330,12 @@ static int prune(const char *dir, const struct resume_manifest *now)
             code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
             break;
         }
-        struct stat st;
         if (resume_shard_bytes(now, name) >= 0) { /* kept: a temp of this run now */
             temp_register(p, 0);
             temp_keep_on_stop(p);
-        }
-        else if (strcmp(name, RESUME_MANIFEST_NAME) != 0 && lstat(p, &st) == 0 && /* the manifest is rewritten */
-                 (S_ISDIR(st.st_mode) ? remove_tree(p) : unlink(p)) != 0 && errno != ENOENT)
+        } else if (strcmp(name, RESUME_MANIFEST_NAME) != 0 && remove_path(p) != 0) { /* the manifest is rewritten */
             code = nf4_fail_errno(NF4_ECANTCREAT, errno, p, NULL, "cannot remove");
+        }
         free(p);
     }
     closedir(d);
