@@ -15,8 +15,13 @@
 // contiguous bytes: whole sectors, no partial writes for L2 to merge.
 // A warp tile spans at most 32 quantization blocks (WT <= 1024, blocksize >= 32):
 // lane l computes block (first + l)'s absmax once and the others read it by shuffle.
+//
+// BULK (a bench variant, sm_90 only; BULK_NONE elsewhere): a whole warp tile is
+// staged in shared memory and written by one bulk asynchronous copy (TMA,
+// bulk_store_warp), instead of Q 16-byte stores per lane. The launch then gives
+// each CTA threads * EPT * sizeof(T) bytes of dynamic shared memory.
 
-template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM>
+template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK>
 __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_log2)
 {
     constexpr int U = 16 / (int)sizeof(T); // elements per 16-byte store: 8 (16-bit) or 4 (fp32)
@@ -52,6 +57,11 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
         return;
 
     char *out = reinterpret_cast<char *>(j.out);
+    // Bulk stores take whole tiles only (uniform per warp); a tile that crosses n
+    // is stored unit by unit as in the default kernel.
+    extern __shared__ uint4 s_stage[];
+    const bool bulk = BULK_AVAILABLE && BULK != BULK_NONE && wbase + WT <= n;
+    uint4 *stage = s_stage + (threadIdx.x >> 5) * (WT * sizeof(T) / 16);
 #pragma unroll
     for (int q = 0; q < Q; q++) {
         const uint64_t e0 = wbase + (uint64_t)(q * 32 + lane) * U;
@@ -72,7 +82,10 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
                 o = make_uint4(Out<T>::pack2(v[0], v[1]), Out<T>::pack2(v[2], v[3]),
                                Out<T>::pack2(v[4], v[5]), Out<T>::pack2(v[6], v[7]));
             }
-            st_out16<STH>(out + e0 * sizeof(T), o);
+            if (bulk)
+                stage[q * 32 + lane] = o; // the unit's 16 bytes at its offset in the tile
+            else
+                st_out16<STH>(out + e0 * sizeof(T), o);
         } else if (e0 < n) {
             // Tail: the one unit that crosses n, element by element.
             for (uint64_t e = e0; e < n; e++) {
@@ -82,4 +95,6 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
             }
         }
     }
+    if (bulk)
+        bulk_store_warp<BULK>(out + wbase * sizeof(T), stage, WT * sizeof(T), lane);
 }

@@ -12,7 +12,11 @@
 
 // ---- launcher -------------------------------------------------------------------
 
-template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM>
+// Bulk-store variants stage a warp tile per warp in dynamic shared memory; kept
+// under the 48 KiB a launch gets without opting in (cudaFuncSetAttribute).
+#define BULK_MAX_STAGE_BYTES (48u << 10)
+
+template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK = BULK_NONE>
 static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
 {
     const uint64_t warps = CEIL_DIV(j.n, (uint64_t)(32 * EPT));
@@ -20,8 +24,12 @@ static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
     if (blocks > 0x7fffffffull)
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "tensor too large for one launch (%llu elements)",
                         (unsigned long long)j.n);
-    dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM>
-        <<<(unsigned)blocks, cfg.threads, 0, stream>>>(j, log2u(j.blocksize), log2u(j.nested_blocksize));
+    const size_t stage = BULK != BULK_NONE ? (size_t)cfg.threads * EPT * sizeof(T) : 0;
+    if (stage > BULK_MAX_STAGE_BYTES)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bulk stores: %d threads x %d elements stage more than 48 KiB",
+                        cfg.threads, EPT);
+    dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK>
+        <<<(unsigned)blocks, cfg.threads, stage, stream>>>(j, log2u(j.blocksize), log2u(j.nested_blocksize));
     cudaCheck(cudaGetLastError());
     return NF4_OK;
 }
@@ -38,6 +46,12 @@ static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cu
                                                              : DEFAULT_ASM;
     const bool hints_on = !(variant & GPU_VARIANT_NO_HINTS);
     const bool st_hint = cfg.store_hint && hints_on && !(variant & GPU_VARIANT_NO_STORE_HINT);
+    // Bulk stores (every type; hinted loads, the default value path). The
+    // units a bulk tile does not cover still take streaming stores.
+    if (variant & GPU_VARIANT_BULK_EVICT_FIRST)
+        return launch_one<T, QT, EPT, NESTED, true, true, DEFAULT_ASM, BULK_EVICT_FIRST>(j, cfg, stream);
+    if (variant & GPU_VARIANT_BULK_STORE)
+        return launch_one<T, QT, EPT, NESTED, true, true, DEFAULT_ASM, BULK_PLAIN>(j, cfg, stream);
     if constexpr (QT == QT_NF4 && NESTED && sizeof(T) == 2) {
 #define NF4_LAUNCH_ASM(H, S)                                                                       \
     switch (asm_bits) {                                                                            \

@@ -85,6 +85,52 @@ template <bool HINTS> __device__ __forceinline__ void st_out16(void *p, uint4 v)
     }
 }
 
+// ---- bulk asynchronous stores (TMA, sm_90) ---------------------------------------
+// A bench variant (docs/KERNEL-NOTES.md): a warp stages its output tile in shared
+// memory and one lane hands it to the copy engine with cp.async.bulk. Elsewhere
+// (older GPUs, the compute_75 PTX, NF4DEQ_ASM=0) the kernel stores unit by unit.
+
+#define BULK_NONE 0
+#define BULK_PLAIN 1       // cp.async.bulk, no L2 hint
+#define BULK_EVICT_FIRST 2 // with an L2 evict_first policy, as st.global.cs asks
+#if NF4DEQ_ASM && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define BULK_AVAILABLE 1
+#else
+#define BULK_AVAILABLE 0
+#endif
+
+// dst: 16-byte aligned global address; bytes: a multiple of 16. Every lane of
+// the warp has written its part of src. Returns once the copy engine has read
+// src (so the CTA may exit); the global writes complete by the kernel's end.
+template <int BULK>
+__device__ __forceinline__ void bulk_store_warp(void *dst, const void *src, uint32_t bytes, uint32_t lane)
+{
+#if BULK_AVAILABLE
+    // Make this lane's shared-memory writes visible to the async proxy, then
+    // wait for the whole warp before one lane issues the copy.
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncwarp();
+    if (lane == 0) {
+        const uint32_t s = (uint32_t)__cvta_generic_to_shared(src);
+        if (BULK == BULK_EVICT_FIRST) {
+            uint64_t policy;
+            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
+                         ::"l"(dst), "r"(s), "r"(bytes), "l"(policy)
+                         : "memory");
+        } else {
+            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(s),
+                         "r"(bytes)
+                         : "memory");
+        }
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+        asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    }
+#else
+    (void)dst, (void)src, (void)bytes, (void)lane;
+#endif
+}
+
 // ---- nibble -> table offset ----------------------------------------------------
 // A 32-bit word holds 8 elements: byte k = (e[2k] << 4) | e[2k+1]. off[j] is the
 // byte offset of element j's value in the 16-float shared table (4 * nibble).

@@ -126,6 +126,23 @@ struct shape_result {
     struct gpu_bench_result r;
 };
 
+/* A swept configuration's column label: [T]EPTxTHREADS and suffixes. Kernel:
+ * p = plain stores, a = asm value path, m = asm multiply only, b = TMA bulk
+ * stores, B = bulk stores with an L2 evict_first policy. Traffic floor (T):
+ * EPT = 4-byte loads per lane, p = plain stores, n = no L2::256B prefetch. */
+static const char *config_label(const struct gpu_bench_variant *v, char *buf, size_t size)
+{
+    unsigned f = v->flags;
+    if (f & GPU_VARIANT_TRAFFIC)
+        snprintf(buf, size, "T%dx%d%s%s", v->ept, v->threads, (f & GPU_VARIANT_NO_HINTS) ? "p" : "",
+                 (f & GPU_VARIANT_L2_NOPF) ? "n" : "");
+    else
+        snprintf(buf, size, "%dx%d%s%s%s", v->ept, v->threads, (f & GPU_VARIANT_NO_STORE_HINT) ? "p" : "",
+                 (f & GPU_VARIANT_ASM_VALUE) ? "a" : (f & GPU_VARIANT_ASM_MUL) ? "m" : "",
+                 (f & GPU_VARIANT_BULK_EVICT_FIRST) ? "B" : (f & GPU_VARIANT_BULK_STORE) ? "b" : "");
+    return buf;
+}
+
 /* --sweep: the kernel variants and launch configurations again as CUDA-graph
  * replays, where a launch's fixed cost no longer hides the small shapes. */
 static void print_graph_sweep(const struct shape_result *res, int nres, const struct gpu_bench_variant *var,
@@ -137,10 +154,7 @@ static void print_graph_sweep(const struct shape_result *res, int nres, const st
         printf(" %9.9s", VARIANT_NAMES[v]);
     for (int v = first_cfg; v < nvar; v++) {
         char cfg[24];
-        snprintf(cfg, sizeof cfg, "%s%dx%d%s%s", (var[v].flags & GPU_VARIANT_TRAFFIC) ? "T" : "", var[v].ept,
-                 var[v].threads, (var[v].flags & GPU_VARIANT_NO_STORE_HINT) ? "p" : "",
-                 (var[v].flags & GPU_VARIANT_ASM_VALUE) ? "a" : (var[v].flags & GPU_VARIANT_ASM_MUL) ? "m" : "");
-        printf(" %9s", cfg);
+        printf(" %9s", config_label(&var[v], cfg, sizeof cfg));
     }
     printf("\n");
     for (int i = 0; i < nres; i++) {
@@ -269,20 +283,12 @@ static void print_text(const char *dev, const char *date, int iters, double copy
     const int first_cfg = N_BASE_VARIANTS + N_DIAG_VARIANTS;
     if (nvar > first_cfg) {
         printf("\nlaunch configurations, same run (us; elements/lane x threads/CTA, p = plain stores,\n"
-               "a = asm value path, m = asm multiply only;\n"
+               "a = asm value path, m = asm multiply only, b = TMA bulk stores, B = bulk + L2 evict_first;\n"
                "TKxN = traffic floor with K loads per lane and N threads, n = no L2::256B prefetch):\n%-12s %-5s",
                "shape", "dtype");
         for (int v = first_cfg; v < nvar; v++) {
             char cfg[24];
-            if (var[v].flags & GPU_VARIANT_TRAFFIC)
-                snprintf(cfg, sizeof cfg, "T%dx%d%s%s", var[v].ept, var[v].threads,
-                         (var[v].flags & GPU_VARIANT_NO_HINTS) ? "p" : "",
-                         (var[v].flags & GPU_VARIANT_L2_NOPF) ? "n" : "");
-            else
-                snprintf(cfg, sizeof cfg, "%dx%d%s%s", var[v].ept, var[v].threads,
-                         (var[v].flags & GPU_VARIANT_NO_STORE_HINT) ? "p" : "",
-                         (var[v].flags & GPU_VARIANT_ASM_VALUE) ? "a" : (var[v].flags & GPU_VARIANT_ASM_MUL) ? "m" : "");
-            printf(" %9s", cfg);
+            printf(" %9s", config_label(&var[v], cfg, sizeof cfg));
         }
         printf("\n");
         for (int i = 0; i < nres; i++) {
@@ -531,6 +537,12 @@ int cmd_bench(int argc, char **argv)
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_TRAFFIC | GPU_VARIANT_L2_NOPF, 4, 256};
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_TRAFFIC, 2, 256};
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_TRAFFIC | GPU_VARIANT_NO_HINTS, 4, 256};
+        /* Hopper bulk (TMA) stores of each warp's tile, at the default shape and with more bytes per CTA. */
+        var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_STORE, 32, 64};
+        var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_EVICT_FIRST, 32, 64};
+        var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_STORE, 32, 256};
+        var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_EVICT_FIRST, 32, 256};
+        var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_EVICT_FIRST, 16, 128};
     }
 
     double copy_bw = 0;

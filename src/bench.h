@@ -25,6 +25,8 @@ int cmd_bench(int argc, char **argv);
 /* (TRAFFIC: ept = 4-byte loads per lane, threads = CTA size, NO_HINTS = plain stores) */
 #define GPU_VARIANT_NO_STORE_HINT 256u /* loads hinted, plain stores */
 #define GPU_VARIANT_ASM_MUL 512u /* only the multiply in asm (mul.rn.ftz), C unpack */
+#define GPU_VARIANT_BULK_STORE 1024u /* sm_90: each warp's tile through shared memory, one TMA bulk store */
+#define GPU_VARIANT_BULK_EVICT_FIRST 2048u /* the same with an L2 evict_first policy */
 /* (NF4DEQ_ASM=0 builds ignore the ASM variants: no inline asm at all) */
 
 /* bitsandbytes entry points, as exported by libbitsandbytes_cuda*.so
@@ -41,7 +43,7 @@ struct gpu_bench_variant {
     int ept, threads;
 };
 
-#define GPU_BENCH_MAX_VARIANTS 32
+#define GPU_BENCH_MAX_VARIANTS 40
 
 struct gpu_bench_opts {
     uint64_t n;              /* elements (blocksize 64, nested blocksize 256) */

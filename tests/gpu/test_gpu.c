@@ -112,6 +112,45 @@ static void test_special(struct gpu_ctx *ctx)
                 }
 }
 
+/* The TMA bulk-store variants (sm_90; plain stores elsewhere): sizes of exactly
+ * one and several warp tiles, a tile and a bit, odd tails, every type. A tile the
+ * copy engine failed to write stays poisoned and fails the comparison. */
+static void test_bulk_stores(struct gpu_ctx *ctx)
+{
+    static const uint64_t SIZES[] = {1, 511, 512, 1024, 1025, 3 * 1024 + 17, 65536, (1u << 20) + 3};
+    static const enum st_dtype DTS[] = {DT_F16, DT_BF16, DT_F32};
+    static const struct { unsigned variant; int ept, threads; } CFGS[] = {
+        {GPU_VARIANT_BULK_STORE, 32, 64},
+        {GPU_VARIANT_BULK_EVICT_FIRST, 32, 256},
+        {GPU_VARIANT_BULK_EVICT_FIRST, 16, 128},
+        {GPU_VARIANT_BULK_STORE, 16, 64},
+    };
+    int k = 0;
+    for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++)
+        for (int di = 0; di < 3; di++)
+            for (int nested = 0; nested < 2; nested++, k++) {
+                struct tensor t;
+                char what[200];
+                const uint64_t n = SIZES[si];
+                const uint32_t bs = (k % 3 == 0) ? 32 : 64;
+                const enum quant_type qt = (k % 4 == 1) ? QUANT_FP4 : QUANT_NF4;
+                if (tensor_make(ctx, &t, n, bs, nested, 256, qt, DTS[di], k % 5 == 0, 1)) {
+                    CHECK(0, "bulk stores n=%llu: out of host memory", (unsigned long long)n);
+                    tensor_free(ctx, &t);
+                    continue;
+                }
+                cpu_reference(&t);
+                for (size_t c = 0; c < sizeof CFGS / sizeof CFGS[0]; c++) {
+                    snprintf(what, sizeof what, "bulk stores n=%llu bs=%u %s %s %s variant=%u cfg=%dx%d",
+                             (unsigned long long)n, bs, qt == QUANT_FP4 ? "fp4" : "nf4",
+                             nested ? "nested" : "single", dtn(DTS[di]), CFGS[c].variant, CFGS[c].ept,
+                             CFGS[c].threads);
+                    run_and_compare(ctx, &t, CFGS[c].variant, CFGS[c].ept, CFGS[c].threads, what);
+                }
+                tensor_free(ctx, &t);
+            }
+}
+
 /* A small budget forces many sub-chunks through the two-stream pipeline. */
 static void test_subchunks(void)
 {
@@ -234,6 +273,7 @@ int main(int argc, char **argv)
     printf("device: %s, budget %llu MiB\n", gpu_name(ctx), (unsigned long long)(gpu_mem_budget(ctx) >> 20));
     test_errors(ctx);
     test_special(ctx);
+    test_bulk_stores(ctx);
     test_subchunks();
     test_matrix(ctx, quick);
     if (big)
