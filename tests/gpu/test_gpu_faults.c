@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include "convert.h"
+#include "file_copy.h"
 #include "gpu.h"
 #include "model_dir.h"
 #include "status.h"
