@@ -69,8 +69,10 @@ extern "C" int nf4deq_dequantize_cuda(const void *packed, const void *absmax, co
 extern "C" int nf4deq_dequantize_cuda_state(const struct nf4deq_state *s, const void *packed, void *out,
                                             void *stream)
 {
-    if (!s)
+    if (!s) {
+        nf4_clear_error(); // every entry point reports its own failure, not an earlier one
         return nf4_fail(NF4DEQ_EINVAL, NULL, NULL, "state is NULL");
+    }
     return nf4deq_dequantize_cuda(packed, s->absmax, s->nested_absmax, s->nested_code, s->nested_offset,
                                   s->nested_offset_device, s->n, s->blocksize, s->nested_blocksize, s->quant_type,
                                   s->out_dtype, out, stream);
@@ -81,6 +83,7 @@ __global__ void nf4deq_empty_kernel() {}
 
 extern "C" int nf4deq_empty_cuda(void *stream)
 {
+    nf4_clear_error();
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess)
         return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, "no usable CUDA device");
