@@ -74,9 +74,26 @@ TOOL_BINS = $(TOOL_SRCS:tests/tools/%.c=$(BUILD)/tools/%)
 PYTHON ?= python3
 VENV    = $(BUILD)/venv
 
-.PHONY: all deps test-deps check check-unit check-cli check-python check-gpu demo install uninstall clean tools
+.PHONY: all deps test-deps check check-unit check-cli check-python check-gpu demo install uninstall clean tools python-ext
 
-all: $(BUILD)/nf4deq $(BUILD)/libnf4deq.so
+# The Python package's eager-call extension (bindings/python/nf4deq/_launch.c),
+# built beside libnf4deq.so when pkg-config finds the Python headers; without it
+# the package calls through ctypes.
+PY_EXT_CFLAGS := $(shell pkg-config --cflags python3 2>/dev/null)
+PY_HAVE_HEADERS := $(shell pkg-config --exists python3 2>/dev/null && echo yes)
+PY_EXT = $(BUILD)/_nf4deq_launch.abi3.so
+
+all: $(BUILD)/nf4deq $(BUILD)/libnf4deq.so $(if $(PY_HAVE_HEADERS),$(PY_EXT))
+
+$(PY_EXT): bindings/python/nf4deq/_launch.c
+	@mkdir -p $(@D)
+	$(CC) -shared -fPIC -O2 -Wall -Wextra $(PY_EXT_CFLAGS) $(CFLAGS) -o $@ $<
+
+# After test-deps installed python3-dev on a fresh machine: a new make reads
+# pkg-config again.
+python-ext:
+	@if pkg-config --exists python3; then $(MAKE) --no-print-directory $(PY_EXT); \
+	 else echo "nf4deq: no Python headers (python3-dev): the Python package will use ctypes"; fi
 
 # Installs what the build needs when it is missing: as root through apt-get,
 # otherwise by printing the exact command and stopping.
@@ -123,6 +140,7 @@ $(BUILD)/tools/%: tests/tools/%.c $(BUILD)/libnf4deq.a
 tools: $(TOOL_BINS)
 
 check: test-deps all tools $(TEST_BINS)
+	@$(MAKE) --no-print-directory python-ext
 	@sh tests/scripts/run-unit.sh $(BUILD) $(TEST_BINS)
 	@sh tests/scripts/check-hostile.sh $(BUILD)
 	@sh tests/scripts/check-python.sh $(BUILD) $(PYTHON)

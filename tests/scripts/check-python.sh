@@ -42,6 +42,12 @@ for k, w in want.items():
     assert bytes(got[k]["data"]) == w.view(np.uint8).tobytes(), k
 print(f"python safetensors: {len(got)} tensors streamed through stdout, identical")
 ' "$fx/tensors.expected-bf16.safetensors"
+# Where the Python headers are, make built the eager-call extension, and the
+# ABI test below must exercise it.
+if pkg-config --exists python3 && [ ! -f "$build/_nf4deq_launch.abi3.so" ]; then
+    echo "check-python: $build/_nf4deq_launch.abi3.so is missing (run make python-ext)" >&2
+    exit 1
+fi
 # The C ABI's CPU path through ctypes, against the fixtures (no torch, no GPU).
 # A sanitized libnf4deq.so needs the ASan runtime loaded before python itself.
 preload=""

@@ -2,7 +2,8 @@
 # Installs the Debian packages a stage needs when they are missing: as root with
 # apt-get, otherwise it prints the exact command and fails.
 #   ensure-deps.sh build   cJSON, pkg-config, a C compiler
-#   ensure-deps.sh test    CMocka, and python3 with venv for the safetensors check
+#   ensure-deps.sh test    CMocka, python3 with venv for the safetensors check, and
+#                          python3-dev for the Python package's extension
 #   ensure-deps.sh fuzz    clang with libFuzzer and the sanitizer runtimes (make fuzz)
 #   ensure-deps.sh cross   an AArch64 cross compiler and qemu-user (make check-aarch64)
 set -eu
@@ -20,6 +21,8 @@ if [ "$stage" = test ]; then
     need libcmocka-dev pkg-config --exists cmocka
     need python3 command -v python3
     need python3-venv python3 -c 'import venv, ensurepip'
+    # The headers the Python package's eager-call extension builds against.
+    need python3-dev pkg-config --exists python3
 fi
 if [ "$stage" = fuzz ]; then
     # libFuzzer ships in libclang-rt-dev, only a Recommends of clang: link a

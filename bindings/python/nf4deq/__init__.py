@@ -20,6 +20,7 @@ from ._lib import (  # noqa: F401
     Nf4deqError,
     check,
     last_error,
+    launch_route,
     library_path,
     load_library,
     strerror,

@@ -114,6 +114,56 @@ def load_library():
     )
 
 
+EXTENSION_FILE = "_nf4deq_launch.abi3.so"
+EXTENSION_API = 1  # _launch.c's EXT_API_VERSION
+_ext = False  # False: not looked for yet; None: not in use
+
+
+def load_launch_extension():
+    """The _nf4deq_launch module (bindings/python/nf4deq/_launch.c) bound to the
+    loaded library, or None: when NF4DEQ_CTYPES=1, or when it was not built.
+    It makes the eager CUDA call without ctypes' argument conversion; the
+    results are the same either way. Looked for beside the loaded library, then
+    beside this package. A file that is there but does not load raises."""
+    global _ext
+    if _ext is not False:
+        return _ext
+    lib = load_library()
+    _ext = None
+    if os.environ.get("NF4DEQ_CTYPES") == "1":
+        return None
+    places = []
+    if "/" in _path:  # a path, not a bare soname that dlopen searched for
+        places.append(Path(_path).resolve().parent / EXTENSION_FILE)
+    places.append(Path(__file__).resolve().parent / EXTENSION_FILE)
+    for path in places:
+        if not path.is_file():
+            continue
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("nf4deq._nf4deq_launch", path)
+        mod = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(mod)
+        except ImportError as e:
+            raise OSError(f"nf4deq: {path} does not load ({e}); rebuild it with `make`, "
+                          f"or set NF4DEQ_CTYPES=1 to call through ctypes") from None
+        if getattr(mod, "API_VERSION", None) != EXTENSION_API:
+            raise OSError(f"nf4deq: {path} has API version {getattr(mod, 'API_VERSION', None)}, "
+                          f"these bindings need {EXTENSION_API}; rebuild it with `make`")
+        mod.bind(ctypes.cast(lib.nf4deq_dequantize_cuda_state, ctypes.c_void_p).value,
+                 ctypes.cast(lib.nf4deq_empty_cuda, ctypes.c_void_p).value)
+        _ext = mod
+        break
+    return _ext
+
+
+def launch_route():
+    """How the eager CUDA call reaches the library: "extension PATH" or "ctypes"."""
+    ext = load_launch_extension()
+    return f"extension {ext.__file__}" if ext is not None else "ctypes"
+
+
 def library_path():
     load_library()
     return _path

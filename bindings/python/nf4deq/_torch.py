@@ -21,8 +21,12 @@ import torch
 from . import _lib
 
 _L = _lib.load_library()
-_cuda_state_fn = _L.nf4deq_dequantize_cuda_state
 _cpu_fn = _L.nf4deq_dequantize_cpu
+# The eager CUDA call: through the _nf4deq_launch extension where it was built
+# (0.3-0.4 us a call less than ctypes' argument conversion), else ctypes. Both
+# take the same four integers and return the library's status.
+_ext = _lib.load_launch_extension()
+_cuda_state_fn = _ext.dequantize_cuda_state if _ext is not None else _L.nf4deq_dequantize_cuda_state
 
 _OUT_DTYPE = {torch.float16: _lib.FLOAT16, torch.bfloat16: _lib.BFLOAT16, torch.float32: _lib.FLOAT32}
 _BLOCKSIZES = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes accepts
@@ -38,6 +42,9 @@ _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None) 
 _no_torch_function = torch._C.DisableTorchFunctionSubclass
 
 _vp, _f32, _u32, _u64, _int = ctypes.c_void_p, ctypes.c_float, ctypes.c_uint32, ctypes.c_uint64, ctypes.c_int
+# Bound once: the eager path reads these on every call, and a module global is
+# one lookup where torch.nn.Parameter is three.
+_Tensor, _Parameter, _Module = torch.Tensor, torch.nn.Parameter, torch.nn.Module
 
 
 def _unpack(qs):
@@ -287,18 +294,18 @@ def _cached_entry(qs):
 
 
 def _eager(w, qs, out, use_global_buffer):
-    if type(qs) in (list, tuple):  # old list form: nothing stable to cache on
-        e = _build(_unpack(qs))
-    else:
-        e = _cache.get(id(qs))
-        if e is None or e.qs_ref() is not qs or not e.sources_match(qs):
+    e = _cache.get(id(qs))  # a list-form state is never cached: a miss
+    if e is None or e.qs_ref() is not qs or not e.sources_match(qs):
+        if type(qs) in (list, tuple):  # old list form: nothing stable to cache on
+            e = _build(_unpack(qs))
+        else:
             e = _cached_entry(qs)
     # The weight: one pointer read per call; the checks run again only when
     # the weight object or its storage changed.
     tw = type(w)
-    if tw is torch.Tensor or tw is torch.nn.Parameter:
+    if tw is _Tensor or tw is _Parameter:
         wptr = w.data_ptr()
-    elif isinstance(w, torch.Tensor):
+    elif isinstance(w, _Tensor):
         with _no_torch_function():
             wptr = w.data_ptr()
     else:
@@ -429,7 +436,7 @@ def dequantize(weight, quant_state=None, out=None):
     out: optional tensor of quant_state.dtype with the weight's element count.
     CUDA tensors run on the current stream, CPU tensors on the CPU.
     """
-    if isinstance(weight, torch.nn.Module):
+    if isinstance(weight, _Module):
         weight = weight.weight
     if quant_state is None:
         quant_state = getattr(weight, "quant_state", None)

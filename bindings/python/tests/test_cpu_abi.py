@@ -187,6 +187,40 @@ def main():
     rc = cuda(None, None, None, None, 0.0, None, 0, 64, 1, nf4deq.NF4, nf4deq.FLOAT16, None, None)
     check(rc == nf4deq.OK, "cuda: n=0 -> OK without touching the device", f"status {rc}")
 
+    # The eager-call extension, where make built it: the same statuses and
+    # messages as the ctypes route, and Python errors for wrong arguments.
+    ext_file = Path(nf4deq.library_path()).resolve().parent / "_nf4deq_launch.abi3.so"
+    if ext_file.is_file():
+        check(nf4deq.launch_route() == f"extension {ext_file}", "the extension beside the library is used",
+              nf4deq.launch_route())
+        ext = nf4deq._lib.load_launch_extension()
+        state = nf4deq._lib.State(a, None, None, None, 128, 0.0, 64, 1, nf4deq.NF4, nf4deq.FLOAT16)
+        expect(ext.dequantize_cuda_state(0, p, o, None), nf4deq.EINVAL, "ext: NULL state -> EINVAL", ("state",))
+        expect(ext.empty_cuda(None), (nf4deq.ENODEV, nf4deq.ECUDA), "ext: empty launch without a GPU -> ENODEV")
+        check("state" not in nf4deq.last_error(), "each entry point reports its own failure", nf4deq.last_error())
+        rc = ext.dequantize_cuda_state(ctypes.addressof(state), p, o, 0)
+        expect(rc, (nf4deq.ENODEV, nf4deq.ECUDA), "ext: a real state without a GPU -> ENODEV/ECUDA")
+        rc2 = lib.nf4deq_dequantize_cuda_state(ctypes.addressof(state), p, o, None)
+        check(rc2 == rc, "ext and ctypes return the same status", f"{rc} vs {rc2}")
+        for bad, label in (((0, 0, 0), "three arguments"), (("x", 0, 0, 0), "a str"), ((1.5, 0, 0, 0), "a float")):
+            try:
+                ext.dequantize_cuda_state(*bad)
+                check(False, f"ext: {label} raises TypeError")
+            except TypeError:
+                check(True, f"ext: {label} raises TypeError")
+        try:
+            ext.dequantize_cuda_state(-1 << 70, 0, 0, 0)
+            check(False, "ext: an address out of range raises OverflowError")
+        except OverflowError:
+            check(True, "ext: an address out of range raises OverflowError")
+        import subprocess
+        env = dict(os.environ, NF4DEQ_CTYPES="1", PYTHONPATH=str(HERE.parent))
+        route = subprocess.run([sys.executable, "-c", "import nf4deq; print(nf4deq.launch_route())"], env=env,
+                               capture_output=True, text=True).stdout.strip()
+        check(route == "ctypes", "NF4DEQ_CTYPES=1 -> ctypes", route)
+    else:
+        check(nf4deq.launch_route() == "ctypes", "no extension built -> ctypes", nf4deq.launch_route())
+
     # The package must not have pulled torch in.
     check("torch" not in sys.modules, "import nf4deq does not import torch")
 

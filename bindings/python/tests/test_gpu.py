@@ -363,6 +363,33 @@ def test_stream():
         check("weights on cuda:1 while cuda:0 is current", other_device)
 
 
+def test_routes():
+    """The eager call through the _nf4deq_launch extension and through ctypes:
+    the same bytes into poisoned outputs, on the current stream, and the
+    extension in use wherever make built it."""
+    from nf4deq import _lib, _torch as nf4t
+    ext_file = Path(nf4deq.library_path()).resolve().parent / _lib.EXTENSION_FILE
+    check("the extension beside the library is the eager route",
+          lambda: not ext_file.is_file() or nf4deq.launch_route() == f"extension {ext_file}")
+    ctypes_fn = nf4deq.load_library().nf4deq_dequantize_cuda_state
+    routes = {"default": nf4t._cuda_state_fn, "ctypes": ctypes_fn}
+    for (shape, dt, nested) in (((4097, 33), torch.bfloat16, True), ((1, 4096), torch.float16, False),
+                               ((129, 257), torch.float32, True)):
+        W, qs = quantize(shape, dt, 64, "nf4", nested, seed=7)
+        ref = reference(W, qs)
+        for name, fn in routes.items():
+            def run(fn=fn):
+                saved = nf4t._cuda_state_fn
+                nf4t._cuda_state_fn = fn
+                try:
+                    out = torch.full_like(ref, float("nan"))
+                    nf4deq.dequantize(W, qs, out=out)
+                    return same(out, ref)
+                finally:
+                    nf4t._cuda_state_fn = saved
+            check(f"route {name}: {shape} {dt} nested={nested}", run)
+
+
 def test_raw_abi():
     """The C ABI itself, with torch's device pointers."""
     lib = nf4deq.load_library()
@@ -512,12 +539,13 @@ def main():
         print("FAIL: no CUDA device (--device cpu checks the script alone)")
         print("0 passed, 1 failed")
         return 1
-    print(f"torch {torch.__version__}; nf4deq {nf4deq.version()} ({nf4deq.library_path()}); "
+    print(f"torch {torch.__version__}; nf4deq {nf4deq.version()} ({nf4deq.library_path()}, "
+          f"{nf4deq.launch_route()}); "
           f"device {torch.cuda.get_device_name() if DEV == 'cuda' else 'cpu'}")
     tests = [test_sweep, test_storage, test_modules, test_out, test_list_form, test_cache_invalidation, test_errors,
              test_compile]
     if DEV == "cuda":
-        tests[1:1] = [test_cpu_path, test_stream, test_raw_abi]
+        tests[1:1] = [test_cpu_path, test_stream, test_routes, test_raw_abi]
     for t in tests:
         before = (passed, failed)
         try:
