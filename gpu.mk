@@ -8,6 +8,7 @@
 #                         and the same test from an NF4DEQ_ASM=0 build (pure CUDA C,
 #                         identical output)
 #   make gpu-tests        just build them
+#   make perf-tools       build/perf/launch_cost: host cost of a kernel launch by route
 #   GPU_BIG=0             skip the > 2^31-element tensor (needs ~13 GB host memory)
 
 GPU_BINS     = $(BUILD)/gpu/test_gpu $(BUILD)/gpu/nf4bench $(BUILD)/gpu/test_gpu_faults $(BUILD)/gpu/test_gpu_merge
@@ -16,7 +17,7 @@ PTX75_BUILD ?= build/ptx75
 NOASM_BUILD ?= build/noasm
 GPU_BIG     ?= 1
 
-.PHONY: gpu-tests gpu-tests-ptx75 gpu-tests-noasm check-gpu
+.PHONY: gpu-tests gpu-tests-ptx75 gpu-tests-noasm check-gpu perf-tools
 
 $(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/check.h tests/gpu/gpu_tensor.h $(BUILD)/libnf4deq.a $(wildcard include/*.h src/*.h)
 	@mkdir -p $(@D)
@@ -24,6 +25,12 @@ $(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/check.h tests/gpu/gpu_tensor.h $(BUILD)/
 	    $(NF4_LDFLAGS) $(GPU_WRAPS_$*)
 
 gpu-tests: $(GPU_BINS)
+
+$(BUILD)/perf/launch_cost: tests/perf/launch_cost.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NF4_NVCCFLAGS) $(NVCCFLAGS) -o $@ $<
+
+perf-tools: $(BUILD)/perf/launch_cost
 
 # Same sources, device code = compute_75 PTX only.
 gpu-tests-ptx75:

@@ -13,7 +13,8 @@ Two timings per candidate and shape:
          (median over repeats). Where the host is slower than the device, this
          is the host cost.
 The floor of the eager path is measured in the same run: an empty kernel
-launched through the same route (ctypes, the current raw stream) as nf4deq's.
+launched through the same route as nf4deq's (the _nf4deq_launch extension, or
+ctypes where it was not built; the ctypes floor is printed beside it).
 
 Every output is compared byte for byte with dequantize_4bit's.
 
@@ -23,6 +24,7 @@ Options: --shapes puzzle|issue|all (default all), --replays N (50), --calls N
 (200), --repeats N (5), --peers DIR (default ../shared/peers).
 """
 import argparse
+import ctypes
 import importlib.util
 import json
 import statistics
@@ -136,10 +138,13 @@ def eager_us(fn, sets, calls, repeats):
     return statistics.median(per_call)
 
 
-def floor_us(calls, repeats):
-    """An empty kernel through nf4deq's route: ctypes, the current raw stream."""
+def floor_us(calls, repeats, route=None):
+    """An empty kernel through nf4deq's route (the extension, or ctypes where it
+    was not built; route="ctypes" forces ctypes) on the current raw stream."""
     lib = nf4deq.load_library()
-    empty, raw_stream, dev = lib.nf4deq_empty_cuda, nf4t._raw_stream, torch.cuda.current_device()
+    ext = nf4t._ext if route != "ctypes" else None
+    empty = ext.empty_cuda if ext is not None else lib.nf4deq_empty_cuda
+    raw_stream, dev = nf4t._raw_stream, torch.cuda.current_device()
     per_call = []
     for _ in range(repeats + 1):
         t0 = time.perf_counter()
@@ -170,13 +175,38 @@ def host_breakdown(s, calls):
 
     cuda_dev = torch.device("cuda", dev)
     template = torch.empty(0, dtype=s.dtype, device=cuda_dev)
-    return {
+    # A 64-element job: the device is never the limit, so this is the host
+    # cost of the library call itself, by each route.
+    tiny = nf4t._lib.State(e.state.absmax, e.state.nested_absmax, e.state.nested_code,
+                           e.state.nested_offset_device, 64, e.state.nested_offset, e.state.blocksize,
+                           e.state.nested_blocksize, e.state.quant_type, e.state.out_dtype)
+    tiny_addr, ctypes_fn = ctypes.addressof(tiny), nf4deq.load_library().nf4deq_dequantize_cuda_state
+    routes = {}
+    if nf4t._ext is not None:
+        routes["extension call, 64 elements"] = per_call(
+            lambda: nf4t._ext.dequantize_cuda_state(tiny_addr, wptr, optr, nf4t._raw_stream(dev)))
+    routes["ctypes call, 64 elements"] = per_call(
+        lambda: ctypes_fn(tiny_addr, wptr, optr, nf4t._raw_stream(dev)))
+    # The Python wrapper and the allocation without the launch: min() stands in
+    # for the library call (four integers in, 0 out: the default stream's handle).
+    def wrapper_only():
+        saved = nf4t._cuda_state_fn
+        nf4t._cuda_state_fn = min
+        try:
+            return per_call(lambda: nf4deq.dequantize(s.q, s.qs)) if nf4t._raw_stream(dev) == 0 else float("nan")
+        finally:
+            nf4t._cuda_state_fn = saved
+    routes["dequantize() without the launch"] = wrapper_only()
+    routes["is_compiling"] = per_call(nf4t._is_compiling)
+    routes["empty launch"] = per_call(lambda: (nf4t._ext.empty_cuda if nf4t._ext is not None else
+                                               nf4deq.load_library().nf4deq_empty_cuda)(nf4t._raw_stream(dev)))
+    return {**routes,
         "torch.empty(device=torch.device)": per_call(lambda: torch.empty(s.shape, dtype=s.dtype, device=cuda_dev)),
         "torch.empty(device=int)": per_call(lambda: torch.empty(s.shape, dtype=s.dtype, device=dev)),
         "new_empty": per_call(lambda: template.new_empty(s.shape)),
         "raw stream": per_call(lambda: nf4t._raw_stream(dev)),
-        "ctypes call, state": per_call(lambda: nf4t._cuda_state_fn(e.state_addr, wptr, optr,
-                                                                   nf4t._raw_stream(dev))),
+        "library call, state": per_call(lambda: nf4t._cuda_state_fn(e.state_addr, wptr, optr,
+                                                                    nf4t._raw_stream(dev))),
         "cache check": per_call(lambda: e.sources_match(s.qs)),
         "dequantize(out=)": per_call(lambda: nf4deq.dequantize(s.q, s.qs, out=out)),
         "dequantize()": per_call(lambda: nf4deq.dequantize(s.q, s.qs)),
@@ -213,9 +243,12 @@ def main():
     if shapes is None:
         shapes = PUZZLE + [s for s in ISSUE if s not in PUZZLE]
     floor = floor_us(a.calls, a.repeats)
+    floor_ctypes = floor_us(a.calls, a.repeats, "ctypes")
     print(f"bench.py: {props.name}, torch {torch.__version__}, nf4deq {nf4deq.version()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    print(f"empty kernel through nf4deq's route (ctypes, raw stream): {floor:.2f} us per call")
+    print(f"nf4deq's eager route: {nf4deq.launch_route()}")
+    print(f"empty kernel through nf4deq's route (raw stream): {floor:.2f} us per call; "
+          f"through ctypes: {floor_ctypes:.2f}")
     rows, seen = [], set()
     for si, (shape, dtype) in enumerate(shapes):
         key = (shape, dtype)
@@ -276,7 +309,8 @@ def main():
             and "graph_us" in r["results"].get("nf4deq", {})))
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"device": props.name, "floor_us": floor, "rows": rows}, f, indent=2)
+            json.dump({"device": props.name, "route": nf4deq.launch_route(), "floor_us": floor,
+                       "floor_ctypes_us": floor_ctypes, "rows": rows}, f, indent=2)
     return 0 if all(x.get("identical", True) for r in rows for n, x in r["results"].items()
                     if n in ("nf4deq", "fast_dequantize seq")) else 1
 
