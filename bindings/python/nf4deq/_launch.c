@@ -1,9 +1,9 @@
 /* _nf4deq_launch: the eager CUDA call of the Python package without ctypes.
  *
  * Why: an eager dequantization's host time is what a QLoRA training loop pays
- * on every weight, and ctypes' per-call argument conversion costs about 0.4 us
- * of it (four pointer-sized integers; docs/PERFORMANCE.md). A METH_FASTCALL
- * function takes the same four integers for about 0.1 us.
+ * on every weight, and ctypes' per-call argument conversion costs 0.4-0.8 us
+ * of it on an H200 host (four pointer-sized integers; docs/PERFORMANCE.md).
+ * A METH_FASTCALL function takes the same four integers for a fraction of that.
  *
  * It does not link libnf4deq. nf4deq/_torch.py hands bind() the addresses of
  * nf4deq_dequantize_cuda_state and nf4deq_empty_cuda in the library ctypes
@@ -16,7 +16,7 @@
 #define Py_LIMITED_API 0x030A0000
 #include <Python.h>
 
-#define EXT_API_VERSION 1 /* what _torch.py checks before using the module */
+#define EXT_API_VERSION 1 /* what nf4deq/_lib.py checks before using the module */
 #define STATE_ARGS 4
 
 /* include/nf4deq.h's signatures; struct nf4deq_state is passed through opaque. */
