@@ -4,7 +4,6 @@
  * directory beside OUT and renamed into place once complete and durable. */
 #include "convert_internal.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -92,15 +91,13 @@ static int is_model_file(const struct model *m, const char *name)
 
 static int copy_other_files(const struct model *m, const char *in_dir, const char *dir)
 {
-    DIR *d = opendir(in_dir);
-    if (!d)
-        return nf4_fail_errno(NF4_ENOINPUT, errno, in_dir, NULL, "cannot list");
-    int code = NF4_OK;
-    struct dirent *ent;
-    while (code == NF4_OK && (ent = readdir(d)) != NULL) {
-        const char *name = ent->d_name;
+    char **names;
+    size_t n;
+    int code = dir_list(in_dir, NF4_ENOINPUT, &names, &n);
+    for (size_t i = 0; code == NF4_OK && i < n; i++) {
+        const char *name = names[i];
         size_t base_len;
-        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0 || is_model_file(m, name) ||
+        if (is_model_file(m, name) ||
             temp_name_classify(name, &base_len) != TEMP_NAME_NONE) /* another run's temp or lock */
             continue;
         char *from = path_join(in_dir, name), *to = path_join(dir, name);
@@ -123,7 +120,7 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
         free(from);
         free(to);
     }
-    closedir(d);
+    dir_names_free(names, n);
     return code;
 }
 

@@ -1,6 +1,5 @@
 #include "file_copy.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -91,21 +90,17 @@ static int copy_tree_at(const char *from, const char *to, const char *root, int 
     temp_register(to, 1);
     if (mkdir(to, 0777) != 0)
         return nf4_fail_errno(NF4_ECANTCREAT, errno, to, NULL, "cannot create");
-    DIR *d = opendir(from);
-    if (!d)
-        return nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot list");
-    int code = NF4_OK;
-    struct dirent *e;
-    while (code == NF4_OK && (e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        char *src = path_join(from, e->d_name), *dst = path_join(to, e->d_name);
-        code = src && dst ? copy_entry(src, dst, e->d_name, root, depth)
+    char **names;
+    size_t n;
+    int code = dir_list(from, NF4_ENOINPUT, &names, &n);
+    for (size_t i = 0; code == NF4_OK && i < n; i++) {
+        char *src = path_join(from, names[i]), *dst = path_join(to, names[i]);
+        code = src && dst ? copy_entry(src, dst, names[i], root, depth)
                           : nf4_fail(NF4_ESOFTWARE, from, NULL, "out of memory");
         free(src);
         free(dst);
     }
-    closedir(d);
+    dir_names_free(names, n);
     if (code == NF4_OK && fsync_dir(to) != 0)
         code = nf4_fail_errno(NF4_EIO, errno, to, NULL, "fsync failed");
     return code;

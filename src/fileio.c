@@ -464,6 +464,14 @@ int dir_names(const char *dir, char ***names_out, size_t *n_out)
     return 0;
 }
 
+int dir_list(const char *dir, int code, char ***names, size_t *n)
+{
+    if (dir_names(dir, names, n) == 0)
+        return NF4_OK;
+    return errno == ENOMEM ? nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory")
+                           : nf4_fail_errno(code, errno, dir, NULL, "cannot list");
+}
+
 void dir_names_free(char **names, size_t n)
 {
     for (size_t i = 0; names && i < n; i++)

@@ -63,6 +63,10 @@ int fsync_dir(const char *dir);
  * 0, or -1 with errno (ENOMEM when out of memory). */
 int dir_names(const char *dir, char ***names, size_t *n);
 void dir_names_free(char **names, size_t n);
+/* dir_names for callers that report: NF4_OK, or `code` with "DIR: cannot list"
+ * and the system's reason (NF4_ESOFTWARE "out of memory" when that was it).
+ * On failure *names is NULL and *n 0: a loop over them and the free are no-ops. */
+int dir_list(const char *dir, int code, char ***names, size_t *n);
 
 /* Directory part and base name of a path, malloc'd ("." for a bare name). */
 char *path_dirname(const char *path);

@@ -71,12 +71,13 @@ int pipeline_list(const char *root, struct pipeline_entry **out, size_t *n_out)
     *n_out = 0;
     char **names;
     size_t n;
-    if (dir_names(root, &names, &n) != 0)
-        return errno == ENOMEM ? nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory")
-                               : nf4_fail_errno(NF4_ENOINPUT, errno, root, NULL, "cannot list");
+    int code = dir_list(root, NF4_ENOINPUT, &names, &n);
+    if (code != NF4_OK)
+        return code;
     struct pipeline_entry *e = calloc(n ? n : 1, sizeof *e);
     size_t kept = 0;
-    int code = e ? NF4_OK : nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
+    if (!e)
+        code = nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
     for (size_t i = 0; i < n && code == NF4_OK; i++) { /* sorted: so are the entries */
         char *path = path_join(root, names[i]);
         enum pipeline_entry_kind kind = ENTRY_OTHER;

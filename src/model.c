@@ -265,10 +265,9 @@ int model_dir_scan(const char *dir, struct model_dir_files *out)
     memset(out, 0, sizeof *out);
     char **names;
     size_t n;
-    if (dir_names(dir, &names, &n) != 0)
-        return errno == ENOMEM ? nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory")
-                               : nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "cannot list");
-    int code = NF4_OK;
+    int code = dir_list(dir, NF4_ENOINPUT, &names, &n);
+    if (code != NF4_OK)
+        return code;
     out->indexes = calloc(n ? n : 1, sizeof *out->indexes);
     out->weights = calloc(n ? n : 1, sizeof *out->weights);
     if (!out->indexes || !out->weights)

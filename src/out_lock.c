@@ -1,6 +1,5 @@
 #include "out_lock.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -297,22 +296,20 @@ int out_lock_acquire(const char *out, struct out_lock **out_lk)
 /* Calls fn on every stale temp of OUT (we hold the lock: all of them are). */
 static int each_temp(const struct out_lock *lk, int (*fn)(const struct out_lock *, const char *, void *), void *arg)
 {
-    DIR *d = opendir(lk->dir);
-    if (!d)
-        return nf4_fail_errno(NF4_ECANTCREAT, errno, lk->dir, NULL, "cannot list");
+    char **names;
+    size_t n;
+    int code = dir_list(lk->dir, NF4_ECANTCREAT, &names, &n);
     size_t plen = strlen(lk->prefix);
-    int code = NF4_OK;
-    struct dirent *e;
-    while (code == NF4_OK && (e = readdir(d)) != NULL) {
+    for (size_t i = 0; code == NF4_OK && i < n; i++) {
         size_t base_len;
-        if (strncmp(e->d_name, lk->prefix, plen) != 0 || strlen(e->d_name) != plen + TEMP_RANDOM_LEN ||
-            temp_name_classify(e->d_name, &base_len) != TEMP_NAME_TEMP)
+        if (strncmp(names[i], lk->prefix, plen) != 0 || strlen(names[i]) != plen + TEMP_RANDOM_LEN ||
+            temp_name_classify(names[i], &base_len) != TEMP_NAME_TEMP)
             continue;
-        char *p = path_join(lk->dir, e->d_name);
+        char *p = path_join(lk->dir, names[i]);
         code = p ? fn(lk, p, arg) : nf4_fail(NF4_ESOFTWARE, lk->dir, NULL, "out of memory");
         free(p);
     }
-    closedir(d);
+    dir_names_free(names, n);
     return code;
 }
 

@@ -1,7 +1,6 @@
 #include "resume.h"
 
 #include <cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -316,15 +315,11 @@ static int keep_finished(const char *dir, const struct resume_manifest *old, str
  * kept ones become this run's temps. */
 static int prune(const char *dir, const struct resume_manifest *now)
 {
-    DIR *d = opendir(dir);
-    if (!d)
-        return nf4_fail_errno(NF4_ECANTCREAT, errno, dir, NULL, "cannot list");
-    int code = NF4_OK;
-    struct dirent *e;
-    while (code == NF4_OK && (e = readdir(d)) != NULL) {
-        const char *name = e->d_name;
-        if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
-            continue;
+    char **names;
+    size_t n;
+    int code = dir_list(dir, NF4_ECANTCREAT, &names, &n);
+    for (size_t i = 0; code == NF4_OK && i < n; i++) {
+        const char *name = names[i];
         char *p = path_join(dir, name);
         if (!p) {
             code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
@@ -338,7 +333,7 @@ static int prune(const char *dir, const struct resume_manifest *now)
         }
         free(p);
     }
-    closedir(d);
+    dir_names_free(names, n);
     return code;
 }
 
