@@ -143,6 +143,23 @@ static const char *config_label(const struct gpu_bench_variant *v, char *buf, si
     return buf;
 }
 
+/* The swept configurations' column headers, after a table's fixed columns. */
+static void print_config_headers(const struct gpu_bench_variant *var, int first_cfg, int nvar)
+{
+    for (int v = first_cfg; v < nvar; v++) {
+        char cfg[24];
+        printf(" %9s", config_label(&var[v], cfg, sizeof cfg));
+    }
+}
+
+/* A row's first two columns: the shape as MxK, and its output type. */
+static void print_shape_columns(const struct shape *sh)
+{
+    char name[48];
+    snprintf(name, sizeof name, "%llux%llu", (unsigned long long)sh->rows, (unsigned long long)sh->cols);
+    printf("%-12s %-5s", name, dt_label(sh->dtype));
+}
+
 /* --sweep: the kernel variants and launch configurations again as CUDA-graph
  * replays, where a launch's fixed cost no longer hides the small shapes. */
 static void print_graph_sweep(const struct shape_result *res, int nres, const struct gpu_bench_variant *var,
@@ -152,18 +169,12 @@ static void print_graph_sweep(const struct shape_result *res, int nres, const st
            "%-12s %-5s %9s %9s", "shape", "dtype", "default", "launch");
     for (int v = 1; v < N_BASE_VARIANTS && v < nvar; v++)
         printf(" %9.9s", VARIANT_NAMES[v]);
-    for (int v = first_cfg; v < nvar; v++) {
-        char cfg[24];
-        printf(" %9s", config_label(&var[v], cfg, sizeof cfg));
-    }
+    print_config_headers(var, first_cfg, nvar);
     printf("\n");
     for (int i = 0; i < nres; i++) {
-        char name[48];
         const struct gpu_bench_result *r = &res[i].r;
-        snprintf(name, sizeof name, "%llux%llu", (unsigned long long)res[i].sh.rows,
-                 (unsigned long long)res[i].sh.cols);
-        printf("%-12s %-5s %9.2f %9.2f", name, dt_label(res[i].sh.dtype), r->graph_var_ms[0] * 1e3,
-               r->graph_var_ms[N_BASE_VARIANTS + 1] * 1e3);
+        print_shape_columns(&res[i].sh);
+        printf(" %9.2f %9.2f", r->graph_var_ms[0] * 1e3, r->graph_var_ms[N_BASE_VARIANTS + 1] * 1e3);
         for (int v = 1; v < N_BASE_VARIANTS && v < nvar; v++)
             printf(" %9.2f", r->graph_var_ms[v] * 1e3);
         for (int v = first_cfg; v < nvar; v++) {
@@ -191,11 +202,9 @@ static void print_text(const char *dev, const char *date, int iters, double copy
      * compared with comes from a large copy, where that cost vanishes. */
     for (int i = 0; i < nres; i++) {
         const struct shape_result *s = &res[i];
-        char name[48];
-        snprintf(name, sizeof name, "%llux%llu", (unsigned long long)s->sh.rows, (unsigned long long)s->sh.cols);
         double us = s->r.ms[0] * 1e3, gbs = (double)s->r.bytes / (s->r.ms[0] * 1e-3) / 1e9;
-        printf("%-12s %-5s %9.2f %10.2f %8.1f %6.1f%%", name, dt_label(s->sh.dtype), s->r.bytes / 1e6, us, gbs,
-               100.0 * gbs * 1e9 / copy_bw);
+        print_shape_columns(&s->sh);
+        printf(" %9.2f %10.2f %8.1f %6.1f%%", s->r.bytes / 1e6, us, gbs, 100.0 * gbs * 1e9 / copy_bw);
         if (have_bnb)
             printf(" %9.2f %7.2fx %9s", s->r.bnb_ms * 1e3, s->r.bnb_ms / s->r.ms[0],
                    s->r.bnb_identical ? "yes" : "NO");
@@ -231,11 +240,9 @@ static void print_text(const char *dev, const char *date, int iters, double copy
     double gtot = 0, gtot_bnb = 0;
     for (int i = 0; i < nres; i++) {
         const struct shape_result *s = &res[i];
-        char name[48];
-        snprintf(name, sizeof name, "%llux%llu", (unsigned long long)s->sh.rows, (unsigned long long)s->sh.cols);
         double gbs = (double)s->r.bytes / (s->r.graph_ms * 1e-3) / 1e9;
-        printf("%-12s %-5s %10.2f %8.1f %6.1f%%", name, dt_label(s->sh.dtype), s->r.graph_ms * 1e3, gbs,
-               100.0 * gbs * 1e9 / copy_bw);
+        print_shape_columns(&s->sh);
+        printf(" %10.2f %8.1f %6.1f%%", s->r.graph_ms * 1e3, gbs, 100.0 * gbs * 1e9 / copy_bw);
         if (have_bnb)
             printf(" %9.2f %7.2fx", s->r.bnb_graph_ms * 1e3, s->r.bnb_graph_ms / s->r.graph_ms);
         printf("\n");
@@ -259,10 +266,7 @@ static void print_text(const char *dev, const char *date, int iters, double copy
         printf(" %20s", VARIANT_NAMES[v]);
     printf("\n");
     for (int i = 0; i < nres; i++) {
-        char name[48];
-        snprintf(name, sizeof name, "%llux%llu", (unsigned long long)res[i].sh.rows,
-                 (unsigned long long)res[i].sh.cols);
-        printf("%-12s %-5s", name, dt_label(res[i].sh.dtype));
+        print_shape_columns(&res[i].sh);
         for (int v = 0; v < N_BASE_VARIANTS && v < nvar; v++)
             printf(" %11.2f (%5.3f)", res[i].r.ms[v] * 1e3, res[i].r.ms[v] / res[i].r.ms[0]);
         printf("\n");
@@ -272,11 +276,9 @@ static void print_text(const char *dev, const char *date, int iters, double copy
     printf("%-12s %-5s %10s %10s %10s %10s %10s %15s\n", "shape", "dtype", "default", "traffic", "launch",
            "memset", "read", "default/traffic");
     for (int i = 0; i < nres; i++) {
-        char name[48];
-        snprintf(name, sizeof name, "%llux%llu", (unsigned long long)res[i].sh.rows,
-                 (unsigned long long)res[i].sh.cols);
-        printf("%-12s %-5s %10.2f %10.2f %10.2f %10.2f %10.2f %15.3f\n", name, dt_label(res[i].sh.dtype),
-               res[i].r.ms[0] * 1e3, res[i].r.ms[N_BASE_VARIANTS] * 1e3, res[i].r.ms[N_BASE_VARIANTS + 1] * 1e3,
+        print_shape_columns(&res[i].sh);
+        printf(" %10.2f %10.2f %10.2f %10.2f %10.2f %15.3f\n", res[i].r.ms[0] * 1e3,
+               res[i].r.ms[N_BASE_VARIANTS] * 1e3, res[i].r.ms[N_BASE_VARIANTS + 1] * 1e3,
                res[i].r.ms[N_BASE_VARIANTS + 2] * 1e3, res[i].r.ms[N_BASE_VARIANTS + 3] * 1e3,
                res[i].r.ms[0] / res[i].r.ms[N_BASE_VARIANTS]);
     }
@@ -286,16 +288,10 @@ static void print_text(const char *dev, const char *date, int iters, double copy
                "a = asm value path, m = asm multiply only, b = TMA bulk stores, B = bulk + L2 evict_first;\n"
                "TKxN = traffic floor with K loads per lane and N threads, n = no L2::256B prefetch):\n%-12s %-5s",
                "shape", "dtype");
-        for (int v = first_cfg; v < nvar; v++) {
-            char cfg[24];
-            printf(" %9s", config_label(&var[v], cfg, sizeof cfg));
-        }
+        print_config_headers(var, first_cfg, nvar);
         printf("\n");
         for (int i = 0; i < nres; i++) {
-            char name[48];
-            snprintf(name, sizeof name, "%llux%llu", (unsigned long long)res[i].sh.rows,
-                     (unsigned long long)res[i].sh.cols);
-            printf("%-12s %-5s", name, dt_label(res[i].sh.dtype));
+            print_shape_columns(&res[i].sh);
             for (int v = first_cfg; v < nvar; v++)
                 printf(" %9.2f", res[i].r.ms[v] * 1e3);
             printf("\n");
