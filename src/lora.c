@@ -2,13 +2,13 @@
 
 #include <cJSON.h>
 #include <math.h>
-#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fileio.h"
 #include "json_util.h"
+#include "pattern.h"
 #include "status.h"
 #include "strutil.h"
 
@@ -39,8 +39,25 @@ static int valid_rank(const cJSON *v)
            v->valuedouble == floor(v->valuedouble);
 }
 
-/* A pattern object: absent, null or {}; string keys that compile, values checked by `ok`. */
-static int config_patterns(const char *path, const cJSON *root, const char *key, int ranks, const cJSON **out)
+/* PEFT's question for a pattern key: re.match(rf"(.*\.)?({key})$", module). */
+static int compile_peft_pattern(const char *key, struct pattern **out, const char **why)
+{
+    size_t n = strlen(key);
+    char *full = malloc(n + 16);
+    if (!full) {
+        *out = NULL;
+        return PATTERN_NOMEM;
+    }
+    snprintf(full, n + 16, "(.*\\.)?(%s)$", key);
+    int code = pattern_compile(full, out, why);
+    free(full);
+    return code;
+}
+
+/* A pattern object: absent, null or {}; string keys that compile, values checked
+ * by `ranks`. Each key is compiled once, into (*compiled)[i] for the i-th key. */
+static int config_patterns(const char *path, const cJSON *root, const char *key, int ranks, const cJSON **out,
+                           struct pattern ***compiled)
 {
     const cJSON *obj = cJSON_GetObjectItemCaseSensitive(root, key);
     *out = NULL;
@@ -48,15 +65,23 @@ static int config_patterns(const char *path, const cJSON *root, const char *key,
         return NF4_OK;
     if (!cJSON_IsObject(obj))
         return nf4_fail(NF4_EDATA, path, NULL, "\"%s\" must be an object", key);
-    for (const cJSON *e = obj->child; e; e = e->next) {
+    *out = obj;
+    *compiled = calloc((size_t)cJSON_GetArraySize(obj) + 1, sizeof **compiled);
+    if (!*compiled)
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    size_t i = 0;
+    for (const cJSON *e = obj->child; e; e = e->next, i++) {
         if (ranks ? !valid_rank(e) : !(cJSON_IsNumber(e) && isfinite(e->valuedouble)))
             return nf4_fail(NF4_EDATA, path, NULL, "\"%s\": \"%s\" must be %s", key, e->string,
                             ranks ? "a whole number from 1 to 65536" : "a finite number");
-        if (lora_pattern_matches(e->string, "") < 0)
-            return nf4_fail(NF4_EDATA, path, NULL, "\"%s\": \"%s\" is not a regular expression nf4deq can use", key,
-                            e->string);
+        const char *why = NULL;
+        int code = compile_peft_pattern(e->string, &(*compiled)[i], &why);
+        if (code == PATTERN_NOMEM)
+            return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+        if (code != PATTERN_OK)
+            return nf4_fail(NF4_EDATA, path, NULL, "\"%s\": \"%s\" is not a regular expression nf4deq can use: %s",
+                            key, e->string, why);
     }
-    *out = obj;
     return NF4_OK;
 }
 
@@ -101,8 +126,8 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
     if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble))
         return config_fail(path, "\"lora_alpha\" must be a finite number");
     c->alpha = alpha->valuedouble;
-    if ((code = config_patterns(path, root, "rank_pattern", 1, &c->rank_pattern)) != NF4_OK ||
-        (code = config_patterns(path, root, "alpha_pattern", 0, &c->alpha_pattern)) != NF4_OK)
+    if ((code = config_patterns(path, root, "rank_pattern", 1, &c->rank_pattern, &c->rank_compiled)) != NF4_OK ||
+        (code = config_patterns(path, root, "alpha_pattern", 0, &c->alpha_pattern, &c->alpha_compiled)) != NF4_OK)
         return code;
     const cJSON *bias_mode = cJSON_GetObjectItemCaseSensitive(root, "bias");
     if (bias_mode && !cJSON_IsNull(bias_mode)) {
@@ -124,8 +149,17 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
     return NF4_OK;
 }
 
+static void free_compiled(struct pattern **compiled)
+{
+    for (size_t i = 0; compiled && compiled[i]; i++)
+        pattern_free(compiled[i]);
+    free(compiled);
+}
+
 void lora_config_free(struct lora_config *c)
 {
+    free_compiled(c->rank_compiled);
+    free_compiled(c->alpha_compiled);
     cJSON_Delete(c->root);
     memset(c, 0, sizeof *c);
 }
@@ -144,28 +178,21 @@ static int parse_config(const char *path, struct lora_config *c)
 
 int lora_pattern_matches(const char *pattern, const char *module)
 {
-    /* PEFT: re.match(rf"(.*\.)?({pattern})$", module). POSIX extended regular
-     * expressions cover what adapter configs use (names, '.', '*', classes). */
-    size_t n = strlen(pattern);
-    char *full = malloc(n + 16);
-    if (!full)
+    struct pattern *p;
+    const char *why;
+    if (compile_peft_pattern(pattern, &p, &why) != PATTERN_OK)
         return -1;
-    snprintf(full, n + 16, "^(.*\\.)?(%s)$", pattern);
-    regex_t re;
-    int rc = regcomp(&re, full, REG_EXTENDED | REG_NOSUB);
-    free(full);
-    if (rc != 0)
-        return -1;
-    int match = regexec(&re, module, 0, NULL, 0) == 0;
-    regfree(&re);
+    int match = pattern_match(p, module);
+    pattern_free(p);
     return match;
 }
 
 /* The first pattern key (in the config's order) that matches, as PEFT takes it. */
-static const cJSON *pattern_for(const cJSON *patterns, const char *module)
+static const cJSON *pattern_for(const cJSON *patterns, struct pattern **compiled, const char *module)
 {
-    for (const cJSON *e = patterns ? patterns->child : NULL; e; e = e->next)
-        if (lora_pattern_matches(e->string, module) == 1)
+    size_t i = 0;
+    for (const cJSON *e = patterns ? patterns->child : NULL; e; e = e->next, i++)
+        if (pattern_match(compiled[i], module))
             return e;
     return NULL;
 }
@@ -266,7 +293,8 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         code = nf4_fail(NF4_EDATA, file, aname, "has no matching %s", bname);
         goto out;
     }
-    const cJSON *rp = pattern_for(c->rank_pattern, module), *ap = pattern_for(c->alpha_pattern, module);
+    const cJSON *rp = pattern_for(c->rank_pattern, c->rank_compiled, module),
+                *ap = pattern_for(c->alpha_pattern, c->alpha_compiled, module);
     uint32_t r = rp ? (uint32_t)rp->valuedouble : c->r;
     double alpha = ap ? ap->valuedouble : c->alpha;
     const struct st_tensor *at = a->t, *btt = bt->t;

@@ -66,6 +66,8 @@ struct lora_set {
     struct lora_target *targets; /* sorted by name */
 };
 
+struct pattern;
+
 /* An adapter_config.json, validated: what the merge needs from it. */
 struct lora_config {
     uint32_t r;
@@ -73,6 +75,8 @@ struct lora_config {
     int use_rslora, fan_in_fan_out;
     int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
     const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
+    /* Each pattern key compiled, in the object's order, NULL-terminated. */
+    struct pattern **rank_compiled, **alpha_compiled;
     cJSON *root;
 };
 /* Parses and checks an adapter config's text (`path` names it in messages):
@@ -95,9 +99,9 @@ const struct lora_target *lora_find(const struct lora_set *s, const char *name);
 float lora_scaling(double alpha, uint32_t r, int use_rslora);
 
 /* 1 if module name `module` matches a rank_pattern / alpha_pattern key as PEFT
- * matches them: the whole pattern, as a regular expression, against the end of
- * the name at a '.' boundary ("(.*\.)?(PATTERN)$"). -1 if the pattern is not a
- * regular expression nf4deq can evaluate. */
+ * matches them: the whole pattern, as a Python regular expression, against the
+ * end of the name at a '.' boundary ("(.*\.)?(PATTERN)$"); see pattern.h. -1
+ * if the pattern is not one nf4deq can evaluate, or memory ran out. */
 int lora_pattern_matches(const char *pattern, const char *module);
 
 #endif

@@ -512,6 +512,12 @@ def lora_cases():
     emit_lora("lora-rank-pattern-zero", 65, '"rank_pattern": "d" must be a whole number',
               config=adapter_config(rank_pattern={"d": 0}))
     emit_lora("lora-pattern-not-regex", 65, "is not a regular expression", config=adapter_config(alpha_pattern={"(": 2}))
+    # regcomp(3) took minutes on the first and 200 MB on the second; now each
+    # is refused at once, or matched in linear time.
+    emit_lora("lora-pattern-expands", 65, "its repeats expand past 2048 states",
+              config=adapter_config(rank_pattern={"((x{40}){40}){40}": 8}))
+    emit_lora("lora-pattern-lookahead", 65, "look-ahead and look-behind are not supported",
+              config=adapter_config(alpha_pattern={"^(?!.*vision).*q_proj": 8}))
     emit_lora("lora-peft-type", 65, "is a PREFIX_TUNING adapter; only LoRA adapters can be merged",
               config=adapter_config(peft_type="PREFIX_TUNING"), kinds=both)
     emit_lora("lora-no-peft-type", 65, 'has no "peft_type"', config=adapter_config(peft_type=None))

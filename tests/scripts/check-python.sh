@@ -56,3 +56,5 @@ if ldd "$build/libnf4deq.so" 2>/dev/null | grep -q libasan; then
 fi
 NF4DEQ_LIBRARY="$build/libnf4deq.so" LD_PRELOAD="$preload" ASAN_OPTIONS=detect_leaks=0 \
     "$venv/bin/python" bindings/python/tests/test_cpu_abi.py
+# Pattern keys of adapter configs: nf4deq's matcher against Python's own re.
+"$venv/bin/python" tests/python/check_patterns.py "$build"

@@ -13,6 +13,7 @@
 
 #include "bnb_state.h"
 #include "json_util.h"
+#include "lora.h"
 #include "model.h"
 #include "test_util.h"
 
@@ -164,6 +165,38 @@ static void test_quant_state_and_index_control_bytes_refused(void **state)
     assert_int_equal(index_parse("index.json", idx_ws, strlen(idx_ws), &e, &ne, &files, &nf, &meta), NF4_EDATA);
 }
 
+/* fuzz_adapter_config ran out of its 2 GiB in CI (libFuzzer's rss limit):
+ * pattern keys went to regcomp(3), and glibc expands counted repeats and builds
+ * DFA states that grow with the square of the pattern. "(.*){1,333}x" took 3 s
+ * and 200 MB, "((.*)*){1,250}" minutes. Now the first file's patterns are
+ * read as Python reads them and matched in linear time; the second's expands
+ * to 64,000 states and is refused. */
+static void test_adapter_config_patterns_bounded(void **state)
+{
+    (void)state;
+    size_t len;
+    char *json = read_crash("adapter-config-regex-blowup", &len);
+    struct lora_config c;
+    nf4_clear_error();
+    assert_int_equal(lora_config_parse("adapter_config.json", json, len, &c), NF4_OK);
+    assert_non_null(c.rank_compiled);
+    assert_non_null(c.rank_compiled[1]);
+    assert_null(c.rank_compiled[2]);
+    lora_config_free(&c);
+    free(json);
+    assert_int_equal(lora_pattern_matches("((.*)*){1,250}", "model.layers.0.mlp"), 1);
+    assert_int_equal(lora_pattern_matches("(.*){1,333}x", "model.layers.0.mlp"), 0);
+    assert_int_equal(lora_pattern_matches("(.*){1,333}x", "model.layers.0.x"), 1);
+
+    json = read_crash("adapter-config-regex-expansion", &len);
+    nf4_clear_error();
+    assert_int_equal(lora_config_parse("adapter_config.json", json, len, &c), NF4_EDATA);
+    assert_string_equal(nf4_last_error(), "adapter_config.json: \"rank_pattern\": \"((x{40}){40}){40}\" is not a "
+                                          "regular expression nf4deq can use: its repeats expand past 2048 states");
+    lora_config_free(&c);
+    free(json);
+}
+
 /* Whatever else lands in crashes/: every API must survive every file (the
  * sanitized build, make check SANITIZE=1, turns a memory error into a failure). */
 static void test_every_reproducer_through_every_parser(void **state)
@@ -198,6 +231,10 @@ static void test_every_reproducer_through_every_parser(void **state)
         size_t out_len;
         if (rewrite(data, len, "float16", &out, &out_len) == NF4_OK)
             free(out);
+        struct lora_config c;
+        nf4_clear_error();
+        lora_config_parse("adapter_config.json", data, len, &c);
+        lora_config_free(&c);
         free(data);
         n++;
     }
@@ -216,6 +253,7 @@ int main(void)
         cmocka_unit_test(test_config_escaped_keys_are_recognised),
         cmocka_unit_test(test_header_control_byte_and_u0000_refused),
         cmocka_unit_test(test_quant_state_and_index_control_bytes_refused),
+        cmocka_unit_test(test_adapter_config_patterns_bounded),
         cmocka_unit_test(test_every_reproducer_through_every_parser),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
