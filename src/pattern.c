@@ -171,7 +171,8 @@ static int complement(struct parser *p, size_t first)
         p->nomem = 1;
         return 0;
     }
-    memcpy(old, p->ranges + first, n * sizeof *old);
+    if (n)
+        memcpy(old, p->ranges + first, n * sizeof *old);
     p->nranges = first;
     uint32_t lo = 0;
     int ok = 1, open = 1;
@@ -756,8 +757,11 @@ int pattern_compile(const char *src, struct pattern **out, const char **why)
             pt = NULL;
             code = PATTERN_NOMEM;
         } else {
-            memcpy(pt->ranges, p.ranges, p.nranges * sizeof *pt->ranges);
-            memcpy(pt->sets, p.sets, p.nsets * sizeof *pt->sets);
+            /* "()" has no set, "[^\0-\U0010ffff]" no range; memcpy takes no NULL. */
+            if (p.nranges)
+                memcpy(pt->ranges, p.ranges, p.nranges * sizeof *pt->ranges);
+            if (p.nsets)
+                memcpy(pt->sets, p.sets, p.nsets * sizeof *pt->sets);
             emit(pt, &p, root);
             pt->prog[pt->nprog++] = (struct inst){OP_MATCH, 0, 0};
         }

@@ -53,6 +53,8 @@ static void test_answers_as_python(void **state)
         {"[\\b]", "\b", 1},
         {"[\\1]", "\x01", 1},
         {"[\\D]", "5", 0},
+        {"[^\\x00-\\U0010ffff]", "a", 0}, /* a set of nothing */
+        {"a[^\\x00-\\U0010ffff]?b", "ab", 1},
         {"[\\s]", "\xe3\x80\x80", 1}, /* U+3000 is white space to Python */
         {"\\S", "\xc2\xa0", 0},       /* and so is U+00A0 */
         /* Escapes. */
