@@ -200,16 +200,20 @@ static int add_ranges(struct parser *p, const struct range *r, size_t n, int neg
     return !negate || complement(p, first);
 }
 
-/* Adds \d \D \w \W \s \S; 0 if `c` is not one of them. */
+static int is_class_escape(uint32_t c)
+{
+    return c == 'd' || c == 'D' || c == 'w' || c == 'W' || c == 's' || c == 'S';
+}
+
+/* Adds the ranges of \d \D \w \W \s or \S (`c` is the letter); 0 if memory ran out. */
 static int add_class_escape(struct parser *p, uint32_t c)
 {
-    switch (c) {
-    case 'd': case 'D': return add_ranges(p, DIGIT_RANGES, 1, c == 'D') ? 1 : -1;
-    case 'w': case 'W': return add_ranges(p, WORD_RANGES, 4, c == 'W') ? 1 : -1;
-    case 's': case 'S':
-        return add_ranges(p, SPACE_RANGES, sizeof SPACE_RANGES / sizeof *SPACE_RANGES, c == 'S') ? 1 : -1;
-    default: return 0;
-    }
+    int negate = c == 'D' || c == 'W' || c == 'S';
+    if (c == 'd' || c == 'D')
+        return add_ranges(p, DIGIT_RANGES, sizeof DIGIT_RANGES / sizeof *DIGIT_RANGES, negate);
+    if (c == 'w' || c == 'W')
+        return add_ranges(p, WORD_RANGES, sizeof WORD_RANGES / sizeof *WORD_RANGES, negate);
+    return add_ranges(p, SPACE_RANGES, sizeof SPACE_RANGES / sizeof *SPACE_RANGES, negate);
 }
 
 /* A set node over the ranges added since `first`. */
@@ -317,6 +321,29 @@ static uint32_t set_escape(struct parser *p, uint32_t c)
 }
 
 /* [...] from after the '['. */
+/* One member of a set at p->i: a code point (1, in *cp), or \d \w \s or a
+ * negation (2; with `add`, its ranges are added). 0 after a failure. */
+static int set_member(struct parser *p, int add, uint32_t *cp)
+{
+    uint32_t c = p->cp[p->i++];
+    if (c != '\\') {
+        *cp = c;
+        return 1;
+    }
+    if (p->i >= p->n) {
+        fail(p, "it ends in a backslash");
+        return 0;
+    }
+    c = p->cp[p->i++];
+    if (is_class_escape(c)) {
+        if (add && !add_class_escape(p, c))
+            return 0;
+        return 2;
+    }
+    return (*cp = set_escape(p, c)) == CP_END ? 0 : 1;
+}
+
+/* [...] from after the '['. */
 static uint32_t parse_set(struct parser *p)
 {
     int negate = 0;
@@ -328,39 +355,28 @@ static uint32_t parse_set(struct parser *p)
     for (;;) {
         if (p->i >= p->n)
             return fail(p, "a [ set is not closed");
-        uint32_t c = p->cp[p->i++], lo;
-        if (c == ']' && p->i - 1 != start)
-            break;
-        if (c == '\\') {
-            if (p->i >= p->n)
-                return fail(p, "it ends in a backslash");
-            c = p->cp[p->i++];
-            int shorthand = add_class_escape(p, c);
-            if (shorthand < 0)
-                return out_of_memory(p);
-            if (shorthand) {
-                if (at(p, '-') && p->i + 1 < p->n && p->cp[p->i + 1] != ']')
-                    return fail(p, "a set has a range that starts at \\d, \\w or \\s");
-                continue;
-            }
-            if ((lo = set_escape(p, c)) == CP_END)
-                return NODE_NONE;
-        } else {
-            lo = c;
-        }
-        uint32_t hi = lo;
-        if (at(p, '-') && p->i + 1 < p->n && p->cp[p->i + 1] != ']') {
+        if (at(p, ']') && p->i != start) { /* a ']' first is a member */
             p->i++;
-            hi = p->cp[p->i++];
-            if (hi == '\\') {
-                if (p->i >= p->n)
-                    return fail(p, "it ends in a backslash");
-                uint32_t e = p->cp[p->i++];
-                if (e == 'd' || e == 'D' || e == 'w' || e == 'W' || e == 's' || e == 'S')
-                    return fail(p, "a set has a range that ends at \\d, \\w or \\s");
-                if ((hi = set_escape(p, e)) == CP_END)
-                    return NODE_NONE;
-            }
+            break;
+        }
+        uint32_t lo, hi;
+        int kind = set_member(p, 1, &lo);
+        if (!kind)
+            return NODE_NONE;
+        /* '-' makes a range unless it comes last. */
+        int range = at(p, '-') && p->i + 1 < p->n && p->cp[p->i + 1] != ']';
+        if (kind == 2) {
+            if (range)
+                return fail(p, "a set has a range that starts at \\d, \\w or \\s");
+            continue;
+        }
+        hi = lo;
+        if (range) {
+            p->i++;
+            if (!(kind = set_member(p, 0, &hi)))
+                return NODE_NONE;
+            if (kind == 2)
+                return fail(p, "a set has a range that ends at \\d, \\w or \\s");
             if (hi < lo)
                 return fail(p, "a set has a range that runs backwards");
         }
@@ -424,11 +440,8 @@ static uint32_t parse_escape(struct parser *p)
         return fail(p, "it ends in a backslash");
     uint32_t c = p->cp[p->i++];
     size_t first = p->nranges;
-    int shorthand = add_class_escape(p, c);
-    if (shorthand < 0)
-        return out_of_memory(p);
-    if (shorthand)
-        return set_node(p, first, 0);
+    if (is_class_escape(c))
+        return add_class_escape(p, c) ? set_node(p, first, 0) : NODE_NONE;
     switch (c) {
     case 'A': return new_node(p, N_BOL);
     case 'Z': return new_node(p, N_EOS);
