@@ -55,9 +55,10 @@ static int compile_peft_pattern(const char *key, struct pattern **out, const cha
 }
 
 /* A pattern object: absent, null or {}; string keys that compile, values checked
- * by `ranks`. Each key is compiled once, into (*compiled)[i] for the i-th key. */
+ * by `ranks`. Each key is compiled once, into (*compiled)[i] for the i-th key;
+ * *states adds up the programs' states across both objects. */
 static int config_patterns(const char *path, const cJSON *root, const char *key, int ranks, const cJSON **out,
-                           struct pattern ***compiled)
+                           struct pattern ***compiled, size_t *states)
 {
     const cJSON *obj = cJSON_GetObjectItemCaseSensitive(root, key);
     *out = NULL;
@@ -81,6 +82,9 @@ static int config_patterns(const char *path, const cJSON *root, const char *key,
         if (code != PATTERN_OK)
             return nf4_fail(NF4_EDATA, path, NULL, "\"%s\": \"%s\" is not a regular expression nf4deq can use: %s",
                             key, e->string, why);
+        if ((*states += pattern_states((*compiled)[i])) > LORA_MAX_PATTERN_STATES)
+            return nf4_fail(NF4_EDATA, path, NULL, "\"%s\": the pattern keys compile to more than %u states in all, "
+                            "at \"%s\"", key, LORA_MAX_PATTERN_STATES, e->string);
     }
     return NF4_OK;
 }
@@ -126,8 +130,11 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
     if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble))
         return config_fail(path, "\"lora_alpha\" must be a finite number");
     c->alpha = alpha->valuedouble;
-    if ((code = config_patterns(path, root, "rank_pattern", 1, &c->rank_pattern, &c->rank_compiled)) != NF4_OK ||
-        (code = config_patterns(path, root, "alpha_pattern", 0, &c->alpha_pattern, &c->alpha_compiled)) != NF4_OK)
+    size_t states = 0;
+    if ((code = config_patterns(path, root, "rank_pattern", 1, &c->rank_pattern, &c->rank_compiled, &states)) !=
+            NF4_OK ||
+        (code = config_patterns(path, root, "alpha_pattern", 0, &c->alpha_pattern, &c->alpha_compiled, &states)) !=
+            NF4_OK)
         return code;
     const cJSON *bias_mode = cJSON_GetObjectItemCaseSensitive(root, "bias");
     if (bias_mode && !cJSON_IsNull(bias_mode)) {

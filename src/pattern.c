@@ -641,6 +641,9 @@ static uint64_t expanded_size(struct parser *p, uint32_t k)
 
 static void emit(struct pattern *pt, struct parser *p, uint32_t k)
 {
+    /* Nothing to write ("()", "x{0}"): not walked again for each repeated copy. */
+    if (node_size(p, k) == 0)
+        return;
     const struct node *nd = &p->nodes[k];
     struct inst *prog = pt->prog;
     switch (nd->kind) {
@@ -680,8 +683,6 @@ static void emit(struct pattern *pt, struct parser *p, uint32_t k)
     }
     case N_REPEAT: {
         uint32_t body = nd->child;
-        if (node_size(p, body) == 0)
-            return;
         if (nd->max == REPEAT_INF) {
             if (nd->min == 0) { /* L: SPLIT body, out; body; JMP L */
                 uint32_t loop = pt->nprog++;
@@ -737,6 +738,10 @@ int pattern_compile(const char *src, struct pattern **out, const char **why)
     *out = NULL;
     *why = NULL;
     size_t len = strlen(src), n = 0;
+    if (len > PATTERN_MAX_SOURCE) {
+        *why = "it is longer than 4096 bytes";
+        return PATTERN_INVALID;
+    }
     struct parser p = {0};
     uint32_t *cps = malloc((len ? len : 1) * sizeof *cps);
     if (!cps)
@@ -787,6 +792,11 @@ int pattern_compile(const char *src, struct pattern **out, const char **why)
     free(p.sets);
     *out = pt;
     return code;
+}
+
+unsigned pattern_states(const struct pattern *pt)
+{
+    return pt->nprog;
 }
 
 /* ---- matching ---- */

@@ -26,6 +26,10 @@
 #define PATTERN_MAX_PROGRAM 2048u
 /* Groups nested deeper than this are refused: the parser recurses per group. */
 #define PATTERN_MAX_NESTING 100u
+/* Longer patterns are refused before parsing: the parse takes about 70 bytes of
+ * memory per byte of pattern, and emitting walks the tree once per repeated
+ * copy. Adapter config keys are tens of bytes. */
+#define PATTERN_MAX_SOURCE 4096u
 
 enum { PATTERN_OK = 0, PATTERN_INVALID = -1, PATTERN_NOMEM = -2 };
 
@@ -38,6 +42,10 @@ int pattern_compile(const char *src, struct pattern **out, const char **why);
 /* 1 if Python's re.match(src, name) finds a match (anchored at the start, not
  * at the end), else 0. Allocates nothing; one pattern serves one thread. */
 int pattern_match(struct pattern *p, const char *name);
+
+/* The states the program holds: what it costs in memory (about 32 bytes a
+ * state) and in time per character matched. */
+unsigned pattern_states(const struct pattern *p);
 
 void pattern_free(struct pattern *p);
 

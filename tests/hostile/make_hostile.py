@@ -516,6 +516,9 @@ def lora_cases():
     # is refused at once, or matched in linear time.
     emit_lora("lora-pattern-expands", 65, "its repeats expand past 2048 states",
               config=adapter_config(rank_pattern={"((x{40}){40}){40}": 8}))
+    # Each key fits 2048 states; nine of them pass the config's 16384.
+    emit_lora("lora-pattern-states", 65, "the pattern keys compile to more than 16384 states in all",
+              config=adapter_config(rank_pattern={f"k{i}.{{2000}}": 8 for i in range(9)}))
     emit_lora("lora-pattern-lookahead", 65, "look-ahead and look-behind are not supported",
               config=adapter_config(alpha_pattern={"^(?!.*vision).*q_proj": 8}))
     emit_lora("lora-peft-type", 65, "is a PREFIX_TUNING adapter; only LoRA adapters can be merged",

@@ -191,6 +191,40 @@ static void test_budget_edge(void **state)
     assert_int_equal(pattern_compile("a{2048}$", &p, &why), PATTERN_INVALID);
     /* A repeat of nothing costs nothing, however large its count. */
     assert_int_equal(answer("(?:){4294967294}a", "a"), 1);
+    assert_int_equal(pattern_compile("a{5}", &p, &why), PATTERN_OK);
+    assert_int_equal(pattern_states(p), 6); /* and the final match */
+    pattern_free(p);
+}
+
+/* The source is capped at 4096 bytes, before parsing: the parse takes memory
+ * per byte, and a repeat's copies walk its body again. */
+static void test_length_cap(void **state)
+{
+    (void)state;
+    char src[4098];
+    for (size_t k = 0; k < 4096; k += 4)
+        memcpy(src + k, "(?:)", 4);
+    src[4096] = '\0';
+    assert_int_equal(answer(src, "x"), 1);
+    src[4096] = 'a';
+    src[4097] = '\0';
+    struct pattern *p;
+    const char *why;
+    assert_int_equal(pattern_compile(src, &p, &why), PATTERN_INVALID);
+    assert_string_equal(why, "it is longer than 4096 bytes");
+    /* Empty groups inside a repeated body: emitted once per copy, not walked per copy. */
+    char big[4096];
+    size_t n = 0;
+    n += (size_t)sprintf(big + n, "(?:");
+    while (n < 4000)
+        n += (size_t)sprintf(big + n, "()");
+    sprintf(big + n, "a){2040}$");
+    char name[2041];
+    memset(name, 'a', 2040);
+    name[2040] = '\0';
+    assert_int_equal(answer(big, name), 1);
+    name[2039] = '\0';
+    assert_int_equal(answer(big, name), 0);
 }
 
 /* A long name, and one pattern reused for many names (the marks must reset). */
@@ -235,6 +269,7 @@ int main(void)
         cmocka_unit_test(test_answers_as_python),
         cmocka_unit_test(test_refusals_name_the_reason),
         cmocka_unit_test(test_budget_edge),
+        cmocka_unit_test(test_length_cap),
         cmocka_unit_test(test_long_names_and_reuse),
         cmocka_unit_test(test_invalid_utf8),
     };
