@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "strbuf.h"
+#include "strutil.h"
 
 /* cJSON returns NULL both for bad JSON and for a failed allocation; this hook
  * tells the two apart, so running out of memory is not reported as bad input. */
@@ -41,6 +42,12 @@ int json_text_is_strict(const char *json, size_t len)
                 in_string = 0;
             else if (c < 0x20)
                 return 0;
+            else if (c >= 0x80) {
+                size_t n = utf8_sequence((const unsigned char *)json + i, len - i);
+                if (n == 0)
+                    return 0;
+                i += n - 1;
+            }
             else if (c == '\\' && i + 1 < len && json[++i] == 'u') {
                 /* cJSON reads a malformed \uXXXX as U+0000 instead of failing. */
                 unsigned v = 0;

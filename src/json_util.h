@@ -12,8 +12,11 @@
  * outside a string (a UTF-8 byte-order mark, which cJSON skips). It also
  * refuses the escape \u0000, which would cut a C string short ("a\u0000b"
  * would silently become "a"), and a \u not followed by four hex digits, which
- * cJSON decodes as \u0000 instead of failing. Python's json module rejects
- * all of these but \u0000. */
+ * cJSON decodes as \u0000 instead of failing. Inside a string, bytes of 0x80
+ * or more must be well-formed UTF-8 (RFC 3629: no overlong form, surrogate
+ * or code point past U+10FFFF): cJSON copies any bytes, and the official
+ * safetensors reader (serde_json) and Python's json refuse a file that is
+ * not UTF-8. Python's json module rejects all of these but \u0000. */
 int json_text_is_strict(const char *json, size_t len);
 
 /* Parses exactly one JSON value spanning the whole buffer (surrounding white

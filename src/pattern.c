@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "strutil.h"
+
 #define CP_MAX 0x10FFFFu
 #define CP_END UINT32_MAX      /* past the last code point of the name */
 #define NODE_NONE UINT32_MAX
@@ -20,25 +22,15 @@
  * UTF-8 sequence becomes U+DC80..U+DCFF, as Python's surrogateescape reads it. */
 static uint32_t utf8_next(const unsigned char *s, size_t len, size_t *i)
 {
-    unsigned char b = s[*i];
-    size_t need = b < 0x80 ? 0 : (b & 0xE0) == 0xC0 ? 1 : (b & 0xF0) == 0xE0 ? 2 : (b & 0xF8) == 0xF0 ? 3 : 4;
-    static const uint32_t lowest[4] = {0, 0x80, 0x800, 0x10000};
-    if (need == 0) {
-        (*i)++;
-        return b;
-    }
-    if (need < 4 && *i + need < len) {
-        uint32_t cp = b & (0x3F >> need);
-        size_t k;
-        for (k = 1; k <= need && (s[*i + k] & 0xC0) == 0x80; k++)
-            cp = (cp << 6) | (s[*i + k] & 0x3F);
-        if (k > need && cp >= lowest[need] && cp <= CP_MAX && (cp < 0xD800 || cp > 0xDFFF)) {
-            *i += need + 1;
-            return cp;
-        }
-    }
-    (*i)++;
-    return 0xDC00u + b;
+    static const unsigned char LEAD_BITS[5] = {0, 0x7F, 0x1F, 0x0F, 0x07};
+    size_t n = utf8_sequence(s + *i, len - *i);
+    if (n == 0)
+        return 0xDC00u + s[(*i)++];
+    uint32_t cp = s[*i] & LEAD_BITS[n];
+    for (size_t k = 1; k < n; k++)
+        cp = (cp << 6) | (s[*i + k] & 0x3F);
+    *i += n;
+    return cp;
 }
 
 struct range {

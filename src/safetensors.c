@@ -13,6 +13,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "status.h"
+#include "strutil.h"
 
 /* JSON numbers are doubles in cJSON: integers above 2^53 cannot be told apart. */
 #define MAX_EXACT_JSON_INT (UINT64_C(1) << 53)
@@ -21,39 +22,9 @@
 
 static int is_valid_utf8(const unsigned char *s, size_t len)
 {
-    size_t i = 0;
-    while (i < len) {
-        unsigned char c = s[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t extra;
-        uint32_t cp;
-        if ((c & 0xe0) == 0xc0) {
-            extra = 1;
-            cp = c & 0x1f;
-        } else if ((c & 0xf0) == 0xe0) {
-            extra = 2;
-            cp = c & 0x0f;
-        } else if ((c & 0xf8) == 0xf0) {
-            extra = 3;
-            cp = c & 0x07;
-        } else {
+    for (size_t i = 0, n; i < len; i += n)
+        if ((n = utf8_sequence(s + i, len - i)) == 0)
             return 0;
-        }
-        if (len - i <= extra)
-            return 0;
-        for (size_t k = 1; k <= extra; k++) {
-            if ((s[i + k] & 0xc0) != 0x80)
-                return 0;
-            cp = (cp << 6) | (s[i + k] & 0x3f);
-        }
-        static const uint32_t MIN_FOR_LENGTH[4] = {0, 0x80, 0x800, 0x10000};
-        if (cp < MIN_FOR_LENGTH[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-            return 0;
-        i += extra + 1;
-    }
     return 1;
 }
 

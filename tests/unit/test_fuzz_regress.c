@@ -130,13 +130,53 @@ static void test_header_control_byte_and_u0000_refused(void **state)
         assert_non_null(strstr(nf4_last_error(), "mem: header is not valid JSON"));
         st_free_header(&f);
     }
-    /* Escapes other than \u0000 stay valid. */
+    /* Escapes other than \u0000 stay valid, and so does UTF-8 up to U+10FFFF. */
     struct st_file f = {.path = "mem", .fd = -1};
     const char *ok = "{\"w\\u0001\\u00e9\\\"\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}";
     nf4_clear_error();
     assert_int_equal(st_parse_header(&f, ok, strlen(ok), 1), NF4_OK);
     assert_string_equal(f.tensors[0].name, "w\x01\xc3\xa9\"");
     st_free_header(&f);
+    const char *raw = "{\"\xc3\xa9\xe2\x82\xac\xed\x9f\xbf\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf\":"
+                      "{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}";
+    f = (struct st_file){.path = "mem", .fd = -1};
+    nf4_clear_error();
+    assert_int_equal(st_parse_header(&f, raw, strlen(raw), 1), NF4_OK);
+    assert_string_equal(f.tensors[0].name, "\xc3\xa9\xe2\x82\xac\xed\x9f\xbf\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf");
+    st_free_header(&f);
+}
+
+/* Every JSON file nf4deq reads must be UTF-8, as Python's json and the
+ * safetensors reader require: before, a config.json or an index with a stray
+ * byte in a string was accepted and its bytes copied into the output. */
+static void test_json_that_is_not_utf8_refused(void **state)
+{
+    (void)state;
+    static const char *const BAD[] = {
+        "{\"a\":\"w\xff\"}",             /* a stray byte */
+        "{\"a\":\"w\xc0\xaf\"}",         /* an overlong '/' */
+        "{\"a\":\"w\xed\xa0\x80\"}",     /* a surrogate */
+        "{\"a\":\"w\xf4\x90\x80\x80\"}", /* past U+10FFFF */
+        "{\"a\":\"w\xe2\x82\"}",         /* cut short */
+        "{\"w\x80\":1}",                 /* in a key */
+    };
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        assert_false(json_text_is_strict(BAD[i], strlen(BAD[i])));
+        char *out;
+        size_t out_len;
+        if (rewrite(BAD[i], strlen(BAD[i]), "bfloat16", &out, &out_len) != NF4_EDATA)
+            fail_msg("config %zu: accepted", i);
+        struct st_file f = {.path = "mem", .fd = -1};
+        char header[128];
+        snprintf(header, sizeof header, "{\"w\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+                                        "\"__metadata__\":%s}", BAD[i]);
+        nf4_clear_error();
+        assert_int_equal(st_parse_header(&f, header, strlen(header), 1), NF4_EDATA);
+        assert_non_null(strstr(nf4_last_error(), "mem: header is not valid UTF-8"));
+        st_free_header(&f);
+    }
+    const char *ok = "{\"a\":\"\xc3\xa9\xe2\x82\xac\xed\x9f\xbf\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf\"}";
+    assert_true(json_text_is_strict(ok, strlen(ok)));
 }
 
 static void test_quant_state_and_index_control_bytes_refused(void **state)
@@ -252,6 +292,7 @@ int main(void)
         cmocka_unit_test(test_config_malformed_u_escape),
         cmocka_unit_test(test_config_escaped_keys_are_recognised),
         cmocka_unit_test(test_header_control_byte_and_u0000_refused),
+        cmocka_unit_test(test_json_that_is_not_utf8_refused),
         cmocka_unit_test(test_quant_state_and_index_control_bytes_refused),
         cmocka_unit_test(test_adapter_config_patterns_bounded),
         cmocka_unit_test(test_every_reproducer_through_every_parser),
