@@ -47,8 +47,7 @@ int json_text_is_strict(const char *json, size_t len)
                 if (n == 0)
                     return 0;
                 i += n - 1;
-            }
-            else if (c == '\\' && i + 1 < len && json[++i] == 'u') {
+            } else if (c == '\\' && i + 1 < len && json[++i] == 'u') {
                 /* cJSON reads a malformed \uXXXX as U+0000 instead of failing. */
                 unsigned v = 0;
                 for (int k = 1; k <= 4; k++) {
