@@ -192,6 +192,9 @@ def stop_backtracking(*_):
 
 # nf4deq reads \d and \w (so \b) as ASCII; Python as Unicode. Module names are ASCII.
 UNICODE_CLASSES = re.compile(r"\\[dDwWbB]")
+# Python 3.14 lets \B match an empty string; before, neither \b nor \B did, as
+# in nf4deq. Module names are never empty.
+NEW_EMPTY_B = sys.version_info >= (3, 14)
 
 
 def python_answer(pattern, name):
@@ -227,6 +230,8 @@ def main():
     refused = slow = unicode = 0
     for (pattern, name), ours in zip(cases, answers):
         want, why = python_answer(pattern, name)
+        if want != "E" and NEW_EMPTY_B and not name and "\\B" in pattern:
+            continue
         if want == "T" or (not name.isascii() and UNICODE_CLASSES.search(pattern) and want != "E"):
             slow += want == "T"
             unicode += want != "T"
