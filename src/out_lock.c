@@ -112,6 +112,10 @@ static void this_host(char *buf, size_t cap)
 
 void owner_record_describe(const struct owner_record *r, char *buf, size_t cap)
 {
+    if (!r) {
+        snprintf(buf, cap, "pid unknown");
+        return;
+    }
     char host[256], when[64] = "at an unknown time";
     this_host(host, sizeof host);
     time_t t = (time_t)r->started;
@@ -248,9 +252,8 @@ static int take(struct out_lock *lk, const char *out)
         temp_keep_with_others(lk->path); /* its record names the run beside what a stop keeps */
         return NF4_OK;
     case LOCK_HELD_BY_OTHER: {
-        char who[400] = "pid unknown";
-        if (known)
-            owner_record_describe(&r, who, sizeof who);
+        char who[400];
+        owner_record_describe(known ? &r : NULL, who, sizeof who);
         return nf4_fail(NF4_ECANTCREAT, out, NULL, "another nf4deq (%s) is writing it", who);
     }
     default:
@@ -355,9 +358,8 @@ static int remove_one(const struct out_lock *lk, const char *temp, void *arg)
     const char *keep = arg;
     if (keep && strcmp(keep, temp) == 0)
         return NF4_OK;
-    char who[400] = "pid unknown";
-    if (lk->have_previous)
-        owner_record_describe(&lk->previous, who, sizeof who);
+    char who[400];
+    out_lock_describe_previous(lk, who, sizeof who);
     if (remove_path(temp) != 0)
         return nf4_fail_errno(NF4_ECANTCREAT, errno, temp, NULL, "cannot remove stale partial output");
     nf4_note("%s: removed stale partial output from a run that did not finish (%s)", temp, who);
@@ -371,10 +373,7 @@ int out_lock_remove_stale(struct out_lock *lk, const char *keep)
 
 void out_lock_describe_previous(const struct out_lock *lk, char *buf, size_t cap)
 {
-    if (lk->have_previous)
-        owner_record_describe(&lk->previous, buf, cap);
-    else
-        snprintf(buf, cap, "pid unknown");
+    owner_record_describe(lk->have_previous ? &lk->previous : NULL, buf, cap);
 }
 
 void out_lock_release(struct out_lock *lk)
@@ -413,9 +412,8 @@ static int remove_stale(struct clean_ctx *cc, const char *path, const char *what
 
 static void report_kept(struct clean_ctx *cc, const char *path, int known, const struct owner_record *r)
 {
-    char who[400] = "pid unknown";
-    if (known)
-        owner_record_describe(r, who, sizeof who);
+    char who[400];
+    owner_record_describe(known ? r : NULL, who, sizeof who);
     fprintf(cc->out, "kept %s: a live run is writing it (%s)\n", path, who);
     cc->kept++;
 }
@@ -463,9 +461,8 @@ static int clean_lock(struct clean_ctx *cc, const char *path)
         fprintf(cc->out, "kept %s: %s\n", path, strerror(errno));
         cc->kept++;
     } else if (got == LOCK_TAKEN) {
-        char who[400] = "pid unknown", what[450];
-        if (read_record(fd, &r))
-            owner_record_describe(&r, who, sizeof who);
+        char who[400], what[450];
+        owner_record_describe(read_record(fd, &r) ? &r : NULL, who, sizeof who);
         snprintf(what, sizeof what, "lock file of %s", who);
         code = remove_stale(cc, path, what);
         close(fd);

@@ -34,7 +34,8 @@ struct owner_record {
 /* Parses a lock file's text ("nf4deq-owner 1", then "pid N", "host H",
  * "started T" lines). NF4_EDATA for anything else; `path` names it. */
 int owner_record_parse(const char *path, const char *text, size_t len, struct owner_record *out);
-/* "pid 123 on host, started 2026-11-23 10:01:02 UTC" (host only if not this one). */
+/* "pid 123 on host, started 2026-11-23 10:01:02 UTC" (host only if not this
+ * one), or "pid unknown" for a NULL record (a lock file that could not be read). */
 void owner_record_describe(const struct owner_record *r, char *buf, size_t cap);
 
 /* Kinds of nf4deq names in a directory (see above). */
