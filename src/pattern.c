@@ -51,7 +51,7 @@ static int is_word(uint32_t cp)
 
 /* ---- the tree ---- */
 
-enum node_kind { N_EMPTY, N_SET, N_BOL, N_EOL, N_EOS, N_WORDB, N_NWORDB, N_CAT, N_ALT, N_REPEAT };
+enum node_kind { N_SET, N_BOL, N_EOL, N_EOS, N_WORDB, N_NWORDB, N_CAT, N_ALT, N_REPEAT };
 
 struct node {
     uint8_t kind;
@@ -612,7 +612,6 @@ static uint64_t expanded_size(struct parser *p, uint32_t k)
     const struct node *nd = &p->nodes[k];
     uint64_t sum = 0, count = 0;
     switch (nd->kind) {
-    case N_EMPTY: return 0;
     case N_CAT:
     case N_ALT:
         for (uint32_t c = nd->child; c != NODE_NONE; c = p->nodes[c].next, count++)
@@ -639,7 +638,6 @@ static void emit(struct pattern *pt, struct parser *p, uint32_t k)
     const struct node *nd = &p->nodes[k];
     struct inst *prog = pt->prog;
     switch (nd->kind) {
-    case N_EMPTY: return;
     case N_SET: prog[pt->nprog++] = (struct inst){OP_SET, nd->set, 0}; return;
     case N_BOL: prog[pt->nprog++] = (struct inst){OP_BOL, 0, 0}; return;
     case N_EOL: prog[pt->nprog++] = (struct inst){OP_EOL, 0, 0}; return;
@@ -812,7 +810,7 @@ static int set_has(const struct pattern *pt, uint32_t set, uint32_t cp)
 /* Where the simulation stands between two code points of the name. */
 struct position {
     uint32_t before, here; /* CP_END before the first and after the last */
-    int start, last_is_newline_here, empty_name;
+    int start, last_is_newline_here;
 };
 
 static int assertion_holds(enum op op, const struct position *at)
@@ -824,7 +822,7 @@ static int assertion_holds(enum op op, const struct position *at)
     case OP_WORDB:
     case OP_NWORDB: {
         /* As Python's SRE_AT_BOUNDARY: neither holds in an empty name. */
-        if (at->empty_name)
+        if (at->start && at->here == CP_END)
             return 0;
         int before = at->before != CP_END && is_word(at->before), here = at->here != CP_END && is_word(at->here);
         return op == OP_WORDB ? before != here : before == here;
@@ -875,7 +873,7 @@ int pattern_match(struct pattern *pt, const char *name)
 {
     const unsigned char *s = (const unsigned char *)name;
     size_t len = strlen(name), off = 0;
-    struct position at = {.before = CP_END, .start = 1, .empty_name = len == 0};
+    struct position at = {.before = CP_END, .start = 1};
     at.here = len ? utf8_next(s, len, &off) : CP_END;
     at.last_is_newline_here = at.here == '\n' && off == len;
     uint32_t nnow = 0, nnext;
