@@ -46,13 +46,24 @@ static inline void fuzz_check_failure(int code)
     FUZZ_ASSERT(strchr(msg, '\n') == NULL && strchr(msg, '\r') == NULL, "message spans lines: %s", msg);
 }
 
-/* A NUL-terminated private copy of the input: the parsers take (ptr, len), and
- * a copy of exactly len bytes lets ASan catch any read past the end. */
+/* A private copy of the input, not NUL-terminated: the parsers take (ptr, len),
+ * and a copy of exactly len bytes lets ASan catch any read past the end. */
 static inline char *fuzz_copy(const uint8_t *data, size_t size)
 {
     char *p = malloc(size ? size : 1);
     if (p && size)
         memcpy(p, data, size);
+    return p;
+}
+
+/* The input as a C string, for the APIs that take one (NULL if out of memory). */
+static inline char *fuzz_copy_string(const uint8_t *data, size_t size)
+{
+    char *p = malloc(size + 1);
+    if (p) {
+        memcpy(p, data, size);
+        p[size] = '\0';
+    }
     return p;
 }
 

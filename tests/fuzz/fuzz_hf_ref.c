@@ -53,10 +53,8 @@ static void check_names(const char *s)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char *text = fuzz_copy(data, size); /* exactly size bytes: ASan sees any overread */
-    char *name = malloc(size + 1);      /* the names are C strings */
+    char *name = fuzz_copy_string(data, size); /* the names are C strings */
     if (text && name) {
-        memcpy(name, data, size);
-        name[size] = '\0';
         check_ref(text, size);
         check_names(name);
     }

@@ -8,11 +8,9 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    char *text = malloc(size + 1);
+    char *text = fuzz_copy_string(data, size);
     if (!text)
         return 0;
-    memcpy(text, data, size);
-    text[size] = '\0';
     size_t plen = strlen(text);
     const char *name = plen < size ? text + plen + 1 : "model.layers.0.self_attn.q_proj";
     struct pattern *p;
