@@ -153,16 +153,18 @@ static pid_t kill_at(const struct scene *s, const char *stop, char *const *args)
     return pid;
 }
 
-/* A --resume rerun must keep `kept` shards and write the reference output,
- * leaving nothing else. */
-static void resume_keeping(struct scene *s, int kept)
+/* A --resume rerun must keep `kept` shards, name the run that left them (and
+ * say `also`, unless NULL), and write the reference output, leaving nothing else. */
+static void resume_keeping(struct scene *s, int kept, const char *also)
 {
     struct tu_run r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
     assert_int_equal(r.status, 0);
-    char *said = tu_strdupf("kept %d of %d shards", kept, SHARDS);
+    char *said = tu_strdupf("kept %d of %d shards finished by a run that did not finish (pid ", kept, SHARDS);
     if (!strstr(r.err, said))
         fail_msg("stderr lacks \"%s\": %s", said, r.err);
     free(said);
+    if (also && !strstr(r.err, also))
+        fail_msg("stderr lacks \"%s\": %s", also, r.err);
     tu_run_free(&r);
     assert_out_is_ref(s);
     assert_int_equal(entries(s), 3);
@@ -180,9 +182,7 @@ static void test_sigkill_then_rerun_or_resume(void **state)
     char *args[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
     for (size_t i = 0; i < sizeof STOPS / sizeof *STOPS; i++) {
         /* A plain rerun removes what the dead run left, and says whose it was. */
-        pid_t pid = start_stopped(s, STOPS[i], args);
-        kill_stopped(pid);
-        free(stderr_of(s, pid));
+        pid_t pid = kill_at(s, STOPS[i], args);
         char *temp = temp_dir_of_out(s);
         assert_non_null(temp);
         free(temp);
@@ -198,9 +198,7 @@ static void test_sigkill_then_rerun_or_resume(void **state)
         tu_rmtree(s->out);
 
         /* --resume keeps what the dead run finished and redoes the rest. */
-        pid = start_stopped(s, STOPS[i], args);
-        kill_stopped(pid);
-        free(stderr_of(s, pid));
+        kill_at(s, STOPS[i], args);
         temp = temp_dir_of_out(s);
         int finished = manifest_shards(temp);
         assert_int_equal(finished, FINISHED[i]);
@@ -241,13 +239,7 @@ static void test_sigterm_keeps_finished_shards_sigint_does_not(void **state)
     assert_int_equal(manifest_shards(temp), 3);
     assert_int_equal(tu_count_entries(temp), 4); /* the manifest and three shards, nothing partial */
     free(temp);
-    struct tu_run r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
-    assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.err, "kept 3 of 5 shards"));
-    assert_non_null(strstr(r.err, "(pid "));
-    tu_run_free(&r);
-    assert_out_is_ref(s);
-    assert_int_equal(entries(s), 3);
+    resume_keeping(s, 3, NULL);
     tu_rmtree(s->out);
     pid = start_stopped(s, "3", args);
     assert_int_equal(kill(pid, SIGINT), 0);
@@ -265,17 +257,12 @@ static void test_resume_redoes_shards_whose_record_differs(void **state)
     /* The same bytes, a new mtime: the record no longer matches. */
     tu_sh("touch -d '2001-01-01' %s/model-00002-of-00005.safetensors", s->in);
     tu_sh("rm -rf %s && " NF4DEQ_BIN " convert -q --device cpu %s %s", s->ref, s->in, s->ref);
-    struct tu_run r = tu_run("convert", "--resume", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
-    assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.err, "every shard is redone"));
-    assert_non_null(strstr(r.err, "kept 0 of 5 shards"));
-    tu_run_free(&r);
-    assert_out_is_ref(s);
+    resume_keeping(s, 0, "every shard is redone");
     /* --dtype is part of the record too. */
     tu_rmtree(s->out);
     char *fp16[] = {"convert", "-q", "--device", "cpu", "--dtype", "fp16", s->in, s->out, NULL};
     kill_at(s, "2", fp16);
-    resume_keeping(s, 0);
+    resume_keeping(s, 0, NULL);
     /* A resume with other options takes the dead temp over and dies at once:
      * the manifest must describe it now, so a third run with the first
      * run's options keeps nothing the second could have rewritten. */
@@ -283,7 +270,7 @@ static void test_resume_redoes_shards_whose_record_differs(void **state)
     kill_at(s, "3", args);
     char *fp16_resume[] = {"convert", "-q", "--resume", "--device", "cpu", "--dtype", "fp16", s->in, s->out, NULL};
     kill_at(s, "0", fp16_resume);
-    resume_keeping(s, 0);
+    resume_keeping(s, 0, NULL);
 }
 
 /* Paths longer than any fixed buffer: the lock, the stale temps and the
