@@ -138,12 +138,17 @@ def eager_us(fn, sets, calls, repeats):
     return statistics.median(per_call)
 
 
-def floor_us(calls, repeats, route=None):
-    """An empty kernel through nf4deq's route (the extension, or ctypes where it
-    was not built; route="ctypes" forces ctypes) on the current raw stream."""
-    lib = nf4deq.load_library()
+def empty_launch_fn(route=None):
+    """nf4deq's empty-kernel entry through its eager route (the extension, or
+    ctypes where it was not built); route="ctypes" forces ctypes."""
     ext = nf4t._ext if route != "ctypes" else None
-    empty = ext.empty_cuda if ext is not None else lib.nf4deq_empty_cuda
+    return ext.empty_cuda if ext is not None else nf4deq.load_library().nf4deq_empty_cuda
+
+
+def floor_us(calls, repeats, route=None):
+    """An empty kernel through nf4deq's route (see empty_launch_fn) on the
+    current raw stream."""
+    empty = empty_launch_fn(route)
     raw_stream, dev = nf4t._raw_stream, torch.cuda.current_device()
     per_call = []
     for _ in range(repeats + 1):
@@ -198,8 +203,8 @@ def host_breakdown(s, calls):
             nf4t._cuda_state_fn = saved
     routes["dequantize() without the launch"] = wrapper_only()
     routes["is_compiling"] = per_call(nf4t._is_compiling)
-    routes["empty launch"] = per_call(lambda: (nf4t._ext.empty_cuda if nf4t._ext is not None else
-                                               nf4deq.load_library().nf4deq_empty_cuda)(nf4t._raw_stream(dev)))
+    empty = empty_launch_fn()
+    routes["empty launch"] = per_call(lambda: empty(nf4t._raw_stream(dev)))
     return {**routes,
         "torch.empty(device=torch.device)": per_call(lambda: torch.empty(s.shape, dtype=s.dtype, device=cuda_dev)),
         "torch.empty(device=int)": per_call(lambda: torch.empty(s.shape, dtype=s.dtype, device=dev)),
