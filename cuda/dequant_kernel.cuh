@@ -20,12 +20,8 @@
 // staged in shared memory and written by one bulk asynchronous copy (TMA,
 // bulk_store_warp), instead of Q 16-byte stores per lane. The launch then gives
 // each CTA threads * EPT * sizeof(T) bytes of dynamic shared memory.
-//
-// SMEM_CODE (a bench variant, double quant only): the CTA copies the nested code
-// table into shared memory beside the value table, before the barrier, so a
-// block's absmax waits for one global load (its code byte), not two in a row.
 
-template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK, bool SMEM_CODE>
+template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK>
 __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_log2)
 {
     constexpr int U = 16 / (int)sizeof(T); // elements per 16-byte store: 8 (16-bit) or 4 (fp32)
@@ -48,32 +44,17 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
         const uint64_t e0 = wbase + (uint64_t)(q * 32 + lane) * U;
         w[q] = e0 + U <= n ? ld_packed_unit<U / 2, HINTS>(j.packed + e0 / 2) : 0u;
     }
-    constexpr bool CODE_IN_SMEM = NESTED && SMEM_CODE;
-    __shared__ float s_code[CODE_IN_SMEM ? NESTED_CODE_ENTRIES : 1];
-    if constexpr (CODE_IN_SMEM)
-        for (uint32_t i = threadIdx.x; i < NESTED_CODE_ENTRIES; i += blockDim.x)
-            s_code[i] = ld_f32_keep<HINTS>(j.nested_code + i);
     // Lane l: absmax of block (first + l); at most 32 blocks per warp tile.
     const uint64_t first = wbase >> bs_log2;
     float my_am = 0.0f;
-    block_absmax_parts parts = {};
-    bool has_block = false;
     if (wbase < n) {
         const uint64_t last = (wbase + WT < n ? wbase + WT : n) - 1;
-        has_block = lane <= (last >> bs_log2) - first;
-        if (has_block) {
-            if constexpr (CODE_IN_SMEM)
-                parts = block_absmax_load<HINTS>(j, first + lane, nbs_log2);
-            else
-                my_am = block_absmax<NESTED, HINTS, ASM>(j, first + lane, nbs_log2);
-        }
+        if (lane <= (last >> bs_log2) - first)
+            my_am = block_absmax<NESTED, HINTS, ASM>(j, first + lane, nbs_log2);
     }
     __syncthreads();
     if (wbase >= n) // uniform per warp: the shuffles below see full warps
         return;
-    if constexpr (CODE_IN_SMEM)
-        if (has_block)
-            my_am = block_absmax_finish<ASM>(parts, s_code);
 
     char *out = reinterpret_cast<char *>(j.out);
     // Bulk stores take whole tiles only (uniform per warp); a tile that crosses n

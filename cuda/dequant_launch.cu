@@ -16,8 +16,7 @@
 // under the 48 KiB a launch gets without opting in (cudaFuncSetAttribute).
 #define BULK_MAX_STAGE_BYTES (48u << 10)
 
-template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK = BULK_NONE,
-          bool SMEM_CODE = false>
+template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK = BULK_NONE>
 static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
 {
     const uint64_t warps = CEIL_DIV(j.n, (uint64_t)(32 * EPT));
@@ -29,7 +28,7 @@ static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
     if (stage > BULK_MAX_STAGE_BYTES)
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bulk stores: %d threads x %d elements stage more than 48 KiB",
                         cfg.threads, EPT);
-    dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK, SMEM_CODE>
+    dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK>
         <<<(unsigned)blocks, cfg.threads, stage, stream>>>(j, log2u(j.blocksize), log2u(j.nested_blocksize));
     cudaCheck(cudaGetLastError());
     return NF4_OK;
@@ -54,9 +53,6 @@ static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cu
     if (variant & GPU_VARIANT_BULK_STORE)
         return launch_one<T, QT, EPT, NESTED, true, true, DEFAULT_ASM, BULK_PLAIN>(j, cfg, stream);
     if constexpr (QT == QT_NF4 && NESTED && sizeof(T) == 2) {
-        // The nested code table in shared memory (hinted loads and stores, C value path).
-        if ((variant & GPU_VARIANT_SMEM_CODE) && hints_on && st_hint)
-            return launch_one<T, QT, EPT, NESTED, true, true, DEFAULT_ASM, BULK_NONE, true>(j, cfg, stream);
 #define NF4_LAUNCH_ASM(H, S)                                                                       \
     switch (asm_bits) {                                                                            \
     case ASM_UNPACK | ASM_MUL: return launch_one<T, QT, EPT, NESTED, H, S, ASM_UNPACK | ASM_MUL>(j, cfg, stream); \

@@ -247,29 +247,6 @@ template <> struct Out<float> {
 
 // ---- absmax ---------------------------------------------------------------------
 
-// The global loads of a double-quant block's absmax that do not depend on each
-// other; block_absmax_finish looks the code up in a table already at hand.
-struct block_absmax_parts {
-    uint32_t code;
-    float scale, offset;
-};
-
-template <bool HINTS>
-__device__ __forceinline__ block_absmax_parts block_absmax_load(const dev_job &j, uint64_t block, uint32_t nbs_log2)
-{
-    block_absmax_parts p;
-    p.code = ld_code_u8<HINTS>(j.absmax_code + block);
-    p.scale = ld_f32_keep<HINTS>(j.nested_absmax + (block >> nbs_log2));
-    p.offset = j.nested_offset_ptr ? ld_f32_keep<HINTS>(j.nested_offset_ptr) : j.nested_offset;
-    return p;
-}
-
-template <int ASM>
-__device__ __forceinline__ float block_absmax_finish(const block_absmax_parts &p, const float *code_table)
-{
-    return flush_subnormal(__fadd_rn(mul_ftz<ASM>(code_table[p.code], p.scale), p.offset));
-}
-
 // Returns the block's absmax already flushed (as mul.ftz would see it).
 template <bool NESTED, bool HINTS, int ASM>
 __device__ __forceinline__ float block_absmax(const dev_job &j, uint64_t block, uint32_t nbs_log2)

@@ -128,8 +128,7 @@ struct shape_result {
 
 /* A swept configuration's column label: [T]EPTxTHREADS and suffixes. Kernel:
  * p = plain stores, a = asm value path, m = asm multiply only, b = TMA bulk
- * stores, B = bulk stores with an L2 evict_first policy, c = the nested code
- * table in shared memory. Traffic floor (T):
+ * stores, B = bulk stores with an L2 evict_first policy. Traffic floor (T):
  * EPT = 4-byte loads per lane, p = plain stores, n = no L2::256B prefetch. */
 static const char *config_label(const struct gpu_bench_variant *v, char *buf, size_t size)
 {
@@ -138,10 +137,9 @@ static const char *config_label(const struct gpu_bench_variant *v, char *buf, si
         snprintf(buf, size, "T%dx%d%s%s", v->ept, v->threads, (f & GPU_VARIANT_NO_HINTS) ? "p" : "",
                  (f & GPU_VARIANT_L2_NOPF) ? "n" : "");
     else
-        snprintf(buf, size, "%dx%d%s%s%s%s", v->ept, v->threads, (f & GPU_VARIANT_NO_STORE_HINT) ? "p" : "",
+        snprintf(buf, size, "%dx%d%s%s%s", v->ept, v->threads, (f & GPU_VARIANT_NO_STORE_HINT) ? "p" : "",
                  (f & GPU_VARIANT_ASM_VALUE) ? "a" : (f & GPU_VARIANT_ASM_MUL) ? "m" : "",
-                 (f & GPU_VARIANT_BULK_EVICT_FIRST) ? "B" : (f & GPU_VARIANT_BULK_STORE) ? "b" : "",
-                 (f & GPU_VARIANT_SMEM_CODE) ? "c" : "");
+                 (f & GPU_VARIANT_BULK_EVICT_FIRST) ? "B" : (f & GPU_VARIANT_BULK_STORE) ? "b" : "");
     return buf;
 }
 
@@ -541,10 +539,6 @@ int cmd_bench(int argc, char **argv)
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_STORE, 32, 256};
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_EVICT_FIRST, 32, 256};
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_EVICT_FIRST, 16, 128};
-        /* The nested code table in shared memory: one dependent global load less per block. */
-        var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_SMEM_CODE, 32, 64};
-        var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_SMEM_CODE, 16, 64};
-        var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_SMEM_CODE, 32, 128};
     }
 
     double copy_bw = 0;

@@ -105,11 +105,6 @@ static void test_special(struct gpu_ctx *ctx)
                     if (tensor_make(ctx, &t, 100003, 64, nested, 4, (enum quant_type)qt, DTS[di], 1, 1) == 0) {
                         cpu_reference(&t);
                         run_and_compare(ctx, &t, var | grid, 0, 0, what);
-                        if (var == 0) {
-                            snprintf(what, sizeof what, "special values: %s %s %s code table in smem",
-                                     nested ? "nested" : "single", qt ? "fp4" : "nf4", dtn(DTS[di]));
-                            run_and_compare(ctx, &t, GPU_VARIANT_SMEM_CODE, 0, 0, what);
-                        }
                     } else {
                         CHECK(0, "%s: out of host memory", what);
                     }
@@ -117,20 +112,19 @@ static void test_special(struct gpu_ctx *ctx)
                 }
 }
 
-struct variant_cfg {
-    unsigned variant;
-    int ept, threads;
-};
-
-/* Variants that change how a tile reaches memory or where its tables live, on
- * sizes of exactly one and several warp tiles, a tile and a bit, odd tails,
- * every type; a unit the variant failed to write stays poisoned and fails the
- * comparison. */
-static void test_variants_on_tiles(struct gpu_ctx *ctx, const char *label, const struct variant_cfg *cfgs,
-                                   size_t ncfgs)
+/* The TMA bulk-store variants (sm_90; plain stores elsewhere): sizes of exactly
+ * one and several warp tiles, a tile and a bit, odd tails, every type. A tile the
+ * copy engine failed to write stays poisoned and fails the comparison. */
+static void test_bulk_stores(struct gpu_ctx *ctx)
 {
     static const uint64_t SIZES[] = {1, 511, 512, 1024, 1025, 3 * 1024 + 17, 65536, (1u << 20) + 3};
     static const enum st_dtype DTS[] = {DT_F16, DT_BF16, DT_F32};
+    static const struct { unsigned variant; int ept, threads; } CFGS[] = {
+        {GPU_VARIANT_BULK_STORE, 32, 64},
+        {GPU_VARIANT_BULK_EVICT_FIRST, 32, 256},
+        {GPU_VARIANT_BULK_EVICT_FIRST, 16, 128},
+        {GPU_VARIANT_BULK_STORE, 16, 64},
+    };
     int k = 0;
     for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++)
         for (int di = 0; di < 3; di++)
@@ -141,45 +135,20 @@ static void test_variants_on_tiles(struct gpu_ctx *ctx, const char *label, const
                 const uint32_t bs = (k % 3 == 0) ? 32 : 64;
                 const enum quant_type qt = (k % 4 == 1) ? QUANT_FP4 : QUANT_NF4;
                 if (tensor_make(ctx, &t, n, bs, nested, 256, qt, DTS[di], k % 5 == 0, 1)) {
-                    CHECK(0, "%s n=%llu: out of host memory", label, (unsigned long long)n);
+                    CHECK(0, "bulk stores n=%llu: out of host memory", (unsigned long long)n);
                     tensor_free(ctx, &t);
                     continue;
                 }
                 cpu_reference(&t);
-                for (size_t c = 0; c < ncfgs; c++) {
-                    snprintf(what, sizeof what, "%s n=%llu bs=%u %s %s %s variant=%u cfg=%dx%d", label,
+                for (size_t c = 0; c < sizeof CFGS / sizeof CFGS[0]; c++) {
+                    snprintf(what, sizeof what, "bulk stores n=%llu bs=%u %s %s %s variant=%u cfg=%dx%d",
                              (unsigned long long)n, bs, qt == QUANT_FP4 ? "fp4" : "nf4",
-                             nested ? "nested" : "single", dtn(DTS[di]), cfgs[c].variant, cfgs[c].ept,
-                             cfgs[c].threads);
-                    run_and_compare(ctx, &t, cfgs[c].variant, cfgs[c].ept, cfgs[c].threads, what);
+                             nested ? "nested" : "single", dtn(DTS[di]), CFGS[c].variant, CFGS[c].ept,
+                             CFGS[c].threads);
+                    run_and_compare(ctx, &t, CFGS[c].variant, CFGS[c].ept, CFGS[c].threads, what);
                 }
                 tensor_free(ctx, &t);
             }
-}
-
-/* The TMA bulk-store variants (sm_90; plain stores elsewhere). */
-static void test_bulk_stores(struct gpu_ctx *ctx)
-{
-    static const struct variant_cfg CFGS[] = {
-        {GPU_VARIANT_BULK_STORE, 32, 64},
-        {GPU_VARIANT_BULK_EVICT_FIRST, 32, 256},
-        {GPU_VARIANT_BULK_EVICT_FIRST, 16, 128},
-        {GPU_VARIANT_BULK_STORE, 16, 64},
-    };
-    test_variants_on_tiles(ctx, "bulk stores", CFGS, sizeof CFGS / sizeof CFGS[0]);
-}
-
-/* The nested code table in shared memory (NF4 double quant to 16 bits; the
- * default kernel elsewhere), with CTAs smaller and larger than the table. */
-static void test_code_table_in_smem(struct gpu_ctx *ctx)
-{
-    static const struct variant_cfg CFGS[] = {
-        {GPU_VARIANT_SMEM_CODE, 32, 64},
-        {GPU_VARIANT_SMEM_CODE, 16, 64},
-        {GPU_VARIANT_SMEM_CODE, 32, 32},
-        {GPU_VARIANT_SMEM_CODE, 16, 512},
-    };
-    test_variants_on_tiles(ctx, "code table in smem", CFGS, sizeof CFGS / sizeof CFGS[0]);
 }
 
 /* A small budget forces many sub-chunks through the two-stream pipeline. */
@@ -305,7 +274,6 @@ int main(int argc, char **argv)
     test_errors(ctx);
     test_special(ctx);
     test_bulk_stores(ctx);
-    test_code_table_in_smem(ctx);
     test_subchunks();
     test_matrix(ctx, quick);
     if (big)
