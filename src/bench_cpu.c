@@ -6,6 +6,9 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 #include "cpu_path.h"
 #include "dequant.h"
@@ -15,7 +18,10 @@
 /* The GPU bench's tensor: NF4, blocksize 64, double quant with nested blocks of 256. */
 #define BENCH_BLOCKSIZE 64u
 #define BENCH_NESTED_BLOCKSIZE 256u
-/* memcpy's work unit across threads. */
+/* Output buffers start on a cache line, as a tensor's storage does (PyTorch
+ * aligns to 64 bytes): dequant_cpu streams a large output only from there. */
+#define OUT_ALIGN 64u
+/* memcpy's and the write floor's work unit across threads. */
 #define COPY_UNIT_BYTES (UINT64_C(1) << 20)
 
 struct copy_job {
@@ -31,6 +37,63 @@ static void copy_units(void *ctx, uint64_t first, uint64_t count)
     if (end > c->bytes)
         end = c->bytes;
     memcpy(c->dst + begin, c->src + begin, end - begin);
+}
+
+/* The write floor: the output's size written as the vector kernels write it.
+ * A large aligned output (dequant_cpu_streams) goes out with the widest
+ * non-temporal store the processor has: the kernel reads a quarter of what it
+ * writes, so it can outrun memcpy, but not this. Otherwise, and for what is
+ * left after the whole lines, memset. */
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f"))) static void stream_fill_64(unsigned char *p, uint64_t bytes)
+{
+    const __m512i v = _mm512_set1_epi8(0x3c);
+    for (uint64_t i = 0; i < bytes; i += 64)
+        _mm512_stream_si512((void *)(p + i), v);
+    _mm_sfence();
+}
+
+__attribute__((target("avx"))) static void stream_fill_32(unsigned char *p, uint64_t bytes)
+{
+    const __m256i v = _mm256_set1_epi8(0x3c);
+    for (uint64_t i = 0; i < bytes; i += 32)
+        _mm256_stream_si256((__m256i *)(p + i), v);
+    _mm_sfence();
+}
+#endif
+
+/* How the floor writes: 64 or 32 (bytes per non-temporal store) or 0 (memset). */
+static int fill_store_bytes(const struct dequant_job *job)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    if (dequant_cpu_streams(job))
+        return cpu_path_supported(CPU_PATH_AVX512) ? 64 : cpu_path_supported(CPU_PATH_AVX2) ? 32 : 0;
+#endif
+    (void)job;
+    return 0;
+}
+
+struct fill_job {
+    unsigned char *dst;
+    uint64_t bytes;
+    int store_bytes; /* fill_store_bytes */
+};
+
+/* Units [first, first + count): each starts on a cache line. */
+static void fill_units(void *ctx, uint64_t first, uint64_t count)
+{
+    const struct fill_job *f = ctx;
+    uint64_t begin = first * COPY_UNIT_BYTES, end = (first + count) * COPY_UNIT_BYTES;
+    if (end > f->bytes)
+        end = f->bytes;
+    uint64_t lines = f->store_bytes ? (end - begin) / 64 * 64 : 0;
+#if defined(__x86_64__) || defined(__i386__)
+    if (f->store_bytes == 64)
+        stream_fill_64(f->dst + begin, lines);
+    else if (f->store_bytes == 32)
+        stream_fill_32(f->dst + begin, lines);
+#endif
+    memset(f->dst + begin + lines, 0x3c, end - begin - lines);
 }
 
 static double now_seconds(void)
@@ -81,8 +144,9 @@ static uint64_t next_random(uint64_t *s)
     return *s;
 }
 
-/* Columns of the table: memcpy, then every supported path. */
-#define MAX_COLUMNS (1 + CPU_PATH_COUNT)
+/* Columns of the table: memcpy, the write floor, then every supported path. */
+#define FLOOR_COLUMNS 2
+#define MAX_COLUMNS (FLOOR_COLUMNS + CPU_PATH_COUNT)
 
 int bench_cpu_run(const struct bench_cpu_opts *o)
 {
@@ -93,7 +157,8 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
     uint64_t in_bytes = (n + 1) / 2 + blocks + nested_blocks * 4 + NESTED_CODE_ENTRIES * 4;
     unsigned char *packed = malloc((size_t)(n + 1) / 2), *codes = malloc((size_t)blocks);
     float *nested = malloc((size_t)nested_blocks * sizeof *nested);
-    unsigned char *out = malloc((size_t)out_bytes), *ref = malloc((size_t)out_bytes);
+    size_t out_alloc = ((size_t)out_bytes + OUT_ALIGN - 1) / OUT_ALIGN * OUT_ALIGN;
+    unsigned char *out = aligned_alloc(OUT_ALIGN, out_alloc), *ref = aligned_alloc(OUT_ALIGN, out_alloc);
     float code_table[NESTED_CODE_ENTRIES];
     int rc = NF4_OK;
     if (!packed || !codes || !nested || !out || !ref) {
@@ -165,19 +230,22 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
         goto done;
     }
     struct copy_job copy = {out, ref, out_bytes};
+    struct fill_job fill = {out, out_bytes, fill_store_bytes(&job)};
     uint64_t copy_units_total = (out_bytes + COPY_UNIT_BYTES - 1) / COPY_UNIT_BYTES;
     for (int it = 0; it < o->iters; it++)
         for (int t = 0; t < nthreads; t++)
-            for (int col = 0; col <= npaths; col++) {
+            for (int col = 0; col < FLOOR_COLUMNS + npaths; col++) {
                 double t0 = now_seconds();
                 if (col == 0)
                     parallel_for(copy_units_total, threads[t], 1, copy_units, &copy);
+                else if (col == 1)
+                    parallel_for(copy_units_total, threads[t], 1, fill_units, &fill);
                 else
-                    dequant_cpu_path(&job, threads[t], paths[col - 1]);
+                    dequant_cpu_path(&job, threads[t], paths[col - FLOOR_COLUMNS]);
                 runs[((size_t)t * MAX_COLUMNS + (size_t)col) * (size_t)o->iters + (size_t)it] = now_seconds() - t0;
             }
     for (int t = 0; t < nthreads; t++)
-        for (int col = 0; col <= npaths; col++)
+        for (int col = 0; col < FLOOR_COLUMNS + npaths; col++)
             med[t][col] = median(&runs[((size_t)t * MAX_COLUMNS + (size_t)col) * (size_t)o->iters], o->iters);
     free(runs);
 
@@ -194,10 +262,11 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
                ",\n  \"in_bytes\": %" PRIu64 ",\n  \"identical\": %s,\n  \"results\": [",
                model, cores, date, o->iters, o->rows, o->cols, dt, out_bytes, in_bytes, identical ? "true" : "false");
         for (int t = 0; t < nthreads; t++) {
-            printf("%s\n    {\"threads\": %d, \"memcpy_gbps\": %.3f", t ? "," : "", threads[t],
-                   out_bytes / med[t][0] / 1e9);
+            printf("%s\n    {\"threads\": %d, \"memcpy_gbps\": %.3f, \"write_floor_gbps\": %.3f", t ? "," : "",
+                   threads[t], out_bytes / med[t][0] / 1e9, out_bytes / med[t][1] / 1e9);
             for (int p = 0; p < npaths; p++)
-                printf(", \"%s_gbps\": %.3f", cpu_path_name(paths[p]), out_bytes / med[t][p + 1] / 1e9);
+                printf(", \"%s_gbps\": %.3f", cpu_path_name(paths[p]),
+                       out_bytes / med[t][p + FLOOR_COLUMNS] / 1e9);
             printf("}");
         }
         printf("\n  ]\n}\n");
@@ -205,18 +274,25 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
         printf("nf4deq bench --cpu: %s, %d online cores, %s, median of %d runs\n", model, cores, date, o->iters);
         printf("%" PRIu64 "x%" PRIu64 " nf4 (blocksize %u, double quant) -> %s: %.2f MB out, %.2f MB in\n",
                o->rows, o->cols, BENCH_BLOCKSIZE, dt, out_bytes / 1e6, in_bytes / 1e6);
-        printf("GB/s of output; in brackets: x the scalar path, and the share of memcpy (%.2f MB copied)\n\n",
+        printf("GB/s of output; in brackets: x the scalar path, and the share of memcpy (%.2f MB copied)\n",
                out_bytes / 1e6);
-        printf("%-8s %12s", "threads", "memcpy");
+        if (fill.store_bytes)
+            printf("write: the output's size in %d-byte non-temporal stores, as the kernels stream it\n\n",
+                   fill.store_bytes);
+        else
+            printf("write: memset of the output's size%s\n\n",
+                   dequant_cpu_streams(&job) ? "" : " (the kernels write it through the cache)");
+        printf("%-8s %12s %12s", "threads", "memcpy", "write");
         for (int p = 0; p < npaths; p++)
             printf(" %24s", cpu_path_name(paths[p]));
         printf("\n");
         for (int t = 0; t < nthreads; t++) {
-            printf("%-8d %12.2f", threads[t], out_bytes / med[t][0] / 1e9);
+            printf("%-8d %12.2f %12.2f", threads[t], out_bytes / med[t][0] / 1e9, out_bytes / med[t][1] / 1e9);
             for (int p = 0; p < npaths; p++) {
+                const double path_s = med[t][p + FLOOR_COLUMNS], scalar_s = med[t][FLOOR_COLUMNS];
                 char cell[64];
-                snprintf(cell, sizeof cell, "%.2f (%.2fx, %3.0f%%)", out_bytes / med[t][p + 1] / 1e9,
-                         med[t][1] / med[t][p + 1], 100.0 * med[t][0] / med[t][p + 1]);
+                snprintf(cell, sizeof cell, "%.2f (%.2fx, %3.0f%%)", out_bytes / path_s / 1e9, scalar_s / path_s,
+                         100.0 * med[t][0] / path_s);
                 printf(" %24s", cell);
             }
             printf("\n");

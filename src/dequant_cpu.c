@@ -107,15 +107,19 @@ static void block_range(void *ctx, uint64_t first_block, uint64_t blocks)
     }
 }
 
-void dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path)
+int dequant_cpu_streams(const struct dequant_job *job)
 {
     /* An output larger than a last-level cache cannot still be in cache when
      * it is next read: stream it to memory (as memcpy does at that size), so
      * each line is written without first being read. The pipeline's chunks
      * are smaller, and stay in cache for the writer. */
     uint64_t out_bytes = job->n * (dtype_bits(job->out_dtype) / 8);
-    int stream = out_bytes >= DEQUANT_STREAM_BYTES && ((uintptr_t)job->out & 63) == 0;
-    struct path_job pj = {job, path_kernel(path), stream};
+    return out_bytes >= DEQUANT_STREAM_BYTES && ((uintptr_t)job->out & 63) == 0;
+}
+
+void dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path)
+{
+    struct path_job pj = {job, path_kernel(path), dequant_cpu_streams(job)};
     uint64_t blocks = (job->n + job->blocksize - 1) / job->blocksize;
     uint64_t min_blocks = MIN_ELEMENTS_PER_THREAD / job->blocksize;
     parallel_for(blocks, threads, min_blocks ? min_blocks : 1, block_range, &pj);

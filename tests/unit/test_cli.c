@@ -251,6 +251,38 @@ static void test_inspect_text_and_json(void **state)
     tu_run_free(&r);
 }
 
+/* bench --cpu compares every path with the scalar one: an odd shape whose
+ * output is large enough to be streamed (non-temporal stores from a cache-line
+ * start) and ends mid-block. Its timings are not checked, only that it ran
+ * every path and found them identical. */
+static void test_bench_cpu_checks_every_path(void **state)
+{
+    (void)state;
+    struct tu_run r = tu_run("bench", "--cpu", "--shape", "4099x4097", "--threads", "1,2", "--iters", "3", "--json", NULL);
+    if (r.status != 0)
+        fail_msg("bench --cpu exited %d: %s", r.status, r.err);
+    cJSON *root = cJSON_Parse(r.out);
+    assert_non_null(root);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "identical")));
+    assert_int_equal((uint64_t)cJSON_GetObjectItemCaseSensitive(root, "out_bytes")->valuedouble, 4099ull * 4097 * 2);
+    const cJSON *row;
+    int rows = 0;
+    cJSON_ArrayForEach(row, cJSON_GetObjectItemCaseSensitive(root, "results"))
+    {
+        rows++;
+        assert_true(cJSON_GetObjectItemCaseSensitive(row, "memcpy_gbps")->valuedouble > 0);
+        assert_true(cJSON_GetObjectItemCaseSensitive(row, "write_floor_gbps")->valuedouble > 0);
+        for (int p = 0; p < CPU_PATH_COUNT; p++) {
+            char key[32];
+            snprintf(key, sizeof key, "%s_gbps", cpu_path_name((enum cpu_path)p));
+            assert_int_equal(cJSON_GetObjectItemCaseSensitive(row, key) != NULL, cpu_path_supported((enum cpu_path)p) != 0);
+        }
+    }
+    assert_int_equal(rows, 2);
+    cJSON_Delete(root);
+    tu_run_free(&r);
+}
+
 /* A full stdout is an error, not a silent success. */
 static void test_stdout_write_error_exits_74(void **state)
 {
@@ -371,6 +403,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_file_and_directory_do_not_mix, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_text_and_json, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_bench_cpu_checks_every_path, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_stdout_write_error_exits_74, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_symlinks_inside_the_hub_cache_are_followed, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, tu_scratch_setup, tu_scratch_teardown),
