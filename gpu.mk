@@ -8,7 +8,8 @@
 #                         and the same test from an NF4DEQ_ASM=0 build (pure CUDA C,
 #                         identical output)
 #   make gpu-tests        just build them
-#   make perf-tools       build/perf/launch_cost: host cost of a kernel launch by route
+#   make perf-tools       build/perf/launch_cost: host cost of a kernel launch by route;
+#                         build/perf/cuda_teardown: what a process pays at exit for CUDA
 #   GPU_BIG=0             skip the > 2^31-element tensor (needs ~13 GB host memory)
 
 GPU_BINS     = $(BUILD)/gpu/test_gpu $(BUILD)/gpu/nf4bench $(BUILD)/gpu/test_gpu_faults $(BUILD)/gpu/test_gpu_merge
@@ -30,7 +31,11 @@ $(BUILD)/perf/launch_cost: tests/perf/launch_cost.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NF4_NVCCFLAGS) $(NVCCFLAGS) -o $@ $<
 
-perf-tools: $(BUILD)/perf/launch_cost
+$(BUILD)/perf/cuda_teardown: tests/perf/cuda_teardown.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NF4_NVCCFLAGS) $(NVCCFLAGS) -o $@ $< -lpthread
+
+perf-tools: $(BUILD)/perf/launch_cost $(BUILD)/perf/cuda_teardown
 
 # Same sources, device code = compute_75 PTX only.
 gpu-tests-ptx75:
