@@ -87,8 +87,9 @@ int nf4deq_empty_cuda(void *stream);
  * avx2, avx512 or neon) forces one, and NF4DEQ_EINVAL comes back when it names
  * no path or one this processor lacks. An output of 32 MiB or more that starts
  * on a 64-byte boundary (as a PyTorch tensor's does) is written with
- * non-temporal stores by the x86 vector paths (twice as fast from one thread on
- * the Xeon in docs/PERFORMANCE.md); any other is written through the cache. */
+ * non-temporal stores by the x86 vector paths, 1.4-2x faster from one thread
+ * than through the cache (docs/PERFORMANCE.md); any other is written through
+ * the cache. */
 int nf4deq_dequantize_cpu(const void *packed, const void *absmax, const float *nested_absmax,
                           const float *nested_code, float nested_offset, uint64_t n, uint32_t blocksize,
                           uint32_t nested_blocksize, int quant_type, int out_dtype, void *out, int threads);

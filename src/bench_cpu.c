@@ -42,8 +42,8 @@ static void copy_units(void *ctx, uint64_t first, uint64_t count)
 /* The write floor: the output's size written as the vector kernels write it.
  * A large aligned output (dequant_cpu_streams) goes out with the widest
  * non-temporal store the processor has: the kernel reads a quarter of what it
- * writes, so it can outrun memcpy, but not this. Otherwise, and for what is
- * left after the whole lines, memset. */
+ * writes, so it can outrun memcpy, but not this. Otherwise (the kernels write
+ * through the cache), and for what is left after the whole lines, memset. */
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("avx512f"))) static void stream_fill_64(unsigned char *p, uint64_t bytes)
 {
@@ -60,14 +60,23 @@ __attribute__((target("avx"))) static void stream_fill_32(unsigned char *p, uint
         _mm256_stream_si256((__m256i *)(p + i), v);
     _mm_sfence();
 }
+
+/* The SSSE3 kernel's 16-byte streamed stores. */
+__attribute__((target("sse2"))) static void stream_fill_16(unsigned char *p, uint64_t bytes)
+{
+    const __m128i v = _mm_set1_epi8(0x3c);
+    for (uint64_t i = 0; i < bytes; i += 16)
+        _mm_stream_si128((__m128i *)(p + i), v);
+    _mm_sfence();
+}
 #endif
 
-/* How the floor writes: 64 or 32 (bytes per non-temporal store) or 0 (memset). */
+/* How the floor writes: 64, 32 or 16 (bytes per non-temporal store), or 0 (memset). */
 static int fill_store_bytes(const struct dequant_job *job)
 {
 #if defined(__x86_64__) || defined(__i386__)
     if (dequant_cpu_streams(job))
-        return cpu_path_supported(CPU_PATH_AVX512) ? 64 : cpu_path_supported(CPU_PATH_AVX2) ? 32 : 0;
+        return cpu_path_supported(CPU_PATH_AVX512) ? 64 : cpu_path_supported(CPU_PATH_AVX2) ? 32 : 16;
 #endif
     (void)job;
     return 0;
@@ -92,6 +101,8 @@ static void fill_units(void *ctx, uint64_t first, uint64_t count)
         stream_fill_64(f->dst + begin, lines);
     else if (f->store_bytes == 32)
         stream_fill_32(f->dst + begin, lines);
+    else if (f->store_bytes == 16)
+        stream_fill_16(f->dst + begin, lines);
 #endif
     memset(f->dst + begin + lines, 0x3c, end - begin - lines);
 }
@@ -259,8 +270,9 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
     if (o->json) {
         printf("{\n  \"cpu\": \"%s\",\n  \"online_cores\": %d,\n  \"date\": \"%s\",\n  \"iters\": %d,\n"
                "  \"rows\": %" PRIu64 ",\n  \"cols\": %" PRIu64 ",\n  \"dtype\": \"%s\",\n  \"out_bytes\": %" PRIu64
-               ",\n  \"in_bytes\": %" PRIu64 ",\n  \"identical\": %s,\n  \"results\": [",
-               model, cores, date, o->iters, o->rows, o->cols, dt, out_bytes, in_bytes, identical ? "true" : "false");
+               ",\n  \"in_bytes\": %" PRIu64 ",\n  \"identical\": %s,\n  \"streamed\": %s,\n  \"results\": [",
+               model, cores, date, o->iters, o->rows, o->cols, dt, out_bytes, in_bytes, identical ? "true" : "false",
+               fill.store_bytes ? "true" : "false");
         for (int t = 0; t < nthreads; t++) {
             printf("%s\n    {\"threads\": %d, \"memcpy_gbps\": %.3f, \"write_floor_gbps\": %.3f", t ? "," : "",
                    threads[t], out_bytes / med[t][0] / 1e9, out_bytes / med[t][1] / 1e9);
@@ -280,8 +292,7 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
             printf("write: the output's size in %d-byte non-temporal stores, as the kernels stream it\n\n",
                    fill.store_bytes);
         else
-            printf("write: memset of the output's size%s\n\n",
-                   dequant_cpu_streams(&job) ? "" : " (the kernels write it through the cache)");
+            printf("write: memset of the output's size (the kernels write it through the cache)\n\n");
         printf("%-8s %12s %12s", "threads", "memcpy", "write");
         for (int p = 0; p < npaths; p++)
             printf(" %24s", cpu_path_name(paths[p]));

@@ -55,8 +55,9 @@ void dequant_cpu(const struct dequant_job *job, int threads);
 /* The same on a given path, which must be supported: the pipeline, the library
  * and bench --cpu pass the path they resolved once. */
 void dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path);
-/* Whether the vector paths write this job's output with non-temporal stores:
- * an output too large to stay in cache, starting on a cache line. */
+/* Whether the x86 vector paths write this job's output with non-temporal
+ * stores: an output too large to stay in cache, starting on a cache line. The
+ * scalar and NEON paths write through the cache whatever this says. */
 int dequant_cpu_streams(const struct dequant_job *job);
 
 /* Single-threaded reference over elements [first, first + count) of the job. */

@@ -2,7 +2,8 @@
 // context's teardown at exit (docs/PERFORMANCE.md, issue 10: the GPU path
 // against the CPU path on a sub-second conversion). For each mode it runs
 // itself as a child 7 times and prints medians of
-//   work    exec to the end of main's work (CUDA start, allocations, the mode's step)
+//   work    fork to the end of main's work (exec, CUDA start, allocations, the step)
+//   step    the mode's step alone (the reset, or the 0.2 s that hides it)
 //   exit    the end of main's work to the parent's waitpid: what exit() and the
 //           driver still take after the program is done
 // Modes (each holds 128 MiB pinned host memory and 1 GiB of device memory,
@@ -48,16 +49,21 @@ static double now()
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+static cudaError_t thread_status;
+
 static void *reset_on_thread(void *)
 {
-    cudaSetDevice(0);
-    cudaDeviceReset();
+    thread_status = cudaSetDevice(0);
+    if (thread_status == cudaSuccess)
+        thread_status = cudaDeviceReset();
     return NULL;
 }
 
-// The child: the mode's work, then the monotonic time it ended, on fd 3.
+// The child: the mode's work, then on fd 3 the step's length and the monotonic
+// time the work ended.
 static int child(const char *mode)
 {
+    double step = 0;
     if (strcmp(mode, "none") != 0) {
         void *pinned = NULL, *dev = NULL;
         cudaCheck(cudaHostAlloc(&pinned, PINNED_BYTES, cudaHostAllocDefault));
@@ -65,6 +71,7 @@ static int child(const char *mode)
         cudaCheck(cudaMalloc(&dev, DEVICE_BYTES));
         cudaCheck(cudaMemcpy(dev, pinned, PINNED_BYTES, cudaMemcpyHostToDevice));
         cudaCheck(cudaDeviceSynchronize());
+        const double t0 = now();
         if (!strcmp(mode, "reset")) {
             cudaCheck(cudaDeviceReset());
         } else if (!strcmp(mode, "overlap")) {
@@ -73,13 +80,15 @@ static int child(const char *mode)
                 return 1;
             usleep(OTHER_WORK_US);
             pthread_join(th, NULL);
+            cudaCheck(thread_status);
         } else if (strcmp(mode, "exit") != 0) {
             fprintf(stderr, "cuda_teardown: no mode '%s'\n", mode);
             return 2;
         }
+        step = now() - t0;
     }
-    double done = now();
-    return write(3, &done, sizeof done) == (ssize_t)sizeof done ? 0 : 1;
+    const double report[2] = {step, now()};
+    return write(3, report, sizeof report) == (ssize_t)sizeof report ? 0 : 1;
 }
 
 static double median(std::vector<double> v)
@@ -93,36 +102,44 @@ int main(int argc, char **argv)
     if (argc == 3 && !strcmp(argv[1], "--child"))
         return child(argv[2]);
     static const char *const MODES[] = {"none", "exit", "reset", "overlap"};
-    printf("%-8s %10s %10s   (seconds, median of %d processes)\n", "mode", "work", "exit", RUNS);
+    printf("%-8s %10s %10s %10s   (seconds, median of %d processes)\n", "mode", "work", "step", "exit", RUNS);
     fflush(stdout);
     for (const char *mode : MODES) {
-        std::vector<double> work, exit_cost;
+        std::vector<double> work, step, exit_cost;
         for (int r = 0; r < RUNS; r++) {
             int fds[2];
             if (pipe(fds) != 0)
                 return 1;
             double t0 = now();
             pid_t pid = fork();
+            if (pid < 0)
+                return 1;
             if (pid == 0) {
-                dup2(fds[1], 3);
+                // The write end becomes fd 3; no other end of the pipe stays open.
+                if (fds[1] != 3 && dup2(fds[1], 3) != 3)
+                    _exit(127);
+                for (int k = 0; k < 2; k++)
+                    if (fds[k] != 3)
+                        close(fds[k]);
                 execl("/proc/self/exe", argv[0], "--child", mode, (char *)NULL);
                 _exit(127);
             }
             close(fds[1]);
-            double done = 0;
-            ssize_t got = read(fds[0], &done, sizeof done);
+            double report[2] = {0, 0}; // the step's length, the end of the work
+            ssize_t got = read(fds[0], report, sizeof report);
             int st = 0;
             waitpid(pid, &st, 0);
             double t1 = now();
             close(fds[0]);
-            if (got != (ssize_t)sizeof done || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            if (got != (ssize_t)sizeof report || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
                 fprintf(stderr, "cuda_teardown: the %s child failed\n", mode);
                 return 1;
             }
-            work.push_back(done - t0);
-            exit_cost.push_back(t1 - done);
+            work.push_back(report[1] - t0);
+            step.push_back(report[0]);
+            exit_cost.push_back(t1 - report[1]);
         }
-        printf("%-8s %10.3f %10.3f\n", mode, median(work), median(exit_cost));
+        printf("%-8s %10.3f %10.3f %10.3f\n", mode, median(work), median(step), median(exit_cost));
         fflush(stdout);
     }
     return 0;
