@@ -76,7 +76,10 @@ static int fill_store_bytes(const struct dequant_job *job)
 {
 #if defined(__x86_64__) || defined(__i386__)
     if (dequant_cpu_streams(job))
-        return cpu_path_supported(CPU_PATH_AVX512) ? 64 : cpu_path_supported(CPU_PATH_AVX2) ? 32 : 16;
+        return cpu_path_supported(CPU_PATH_AVX512) ? 64
+               : cpu_path_supported(CPU_PATH_AVX2) ? 32
+               : cpu_path_supported(CPU_PATH_SSE)  ? 16
+                                                   : 0; /* only the scalar kernel, which never streams */
 #endif
     (void)job;
     return 0;
