@@ -312,7 +312,6 @@ static uint32_t set_escape(struct parser *p, uint32_t c)
     return c == 'b' ? 8 : char_escape(p, c, 1);
 }
 
-/* [...] from after the '['. */
 /* One member of a set at p->i: a code point (1, in *cp), or \d \w \s or a
  * negation (2; with `add`, its ranges are added). 0 after a failure. */
 static int set_member(struct parser *p, int add, uint32_t *cp)
