@@ -24,19 +24,29 @@
 /* memcpy's and the write floor's work unit across threads. */
 #define COPY_UNIT_BYTES (UINT64_C(1) << 20)
 
-struct copy_job {
+/* The floors' job: memcpy of src into dst, or the write floor into dst. */
+struct floor_job {
     unsigned char *dst;
     const unsigned char *src;
     uint64_t bytes;
+    int store_bytes; /* the write floor's: fill_store_bytes */
 };
+
+/* Bytes [*begin, *end) of units [first, first + count); *begin is a multiple of OUT_ALIGN. */
+static void unit_range(const struct floor_job *f, uint64_t first, uint64_t count, uint64_t *begin, uint64_t *end)
+{
+    *begin = first * COPY_UNIT_BYTES;
+    *end = (first + count) * COPY_UNIT_BYTES;
+    if (*end > f->bytes)
+        *end = f->bytes;
+}
 
 static void copy_units(void *ctx, uint64_t first, uint64_t count)
 {
-    const struct copy_job *c = ctx;
-    uint64_t begin = first * COPY_UNIT_BYTES, end = (first + count) * COPY_UNIT_BYTES;
-    if (end > c->bytes)
-        end = c->bytes;
-    memcpy(c->dst + begin, c->src + begin, end - begin);
+    const struct floor_job *f = ctx;
+    uint64_t begin, end;
+    unit_range(f, first, count, &begin, &end);
+    memcpy(f->dst + begin, f->src + begin, end - begin);
 }
 
 /* The write floor: the output's size written as the vector kernels write it.
@@ -85,20 +95,12 @@ static int fill_store_bytes(const struct dequant_job *job)
     return 0;
 }
 
-struct fill_job {
-    unsigned char *dst;
-    uint64_t bytes;
-    int store_bytes; /* fill_store_bytes */
-};
-
-/* Units [first, first + count): each starts on a cache line. */
 static void fill_units(void *ctx, uint64_t first, uint64_t count)
 {
-    const struct fill_job *f = ctx;
-    uint64_t begin = first * COPY_UNIT_BYTES, end = (first + count) * COPY_UNIT_BYTES;
-    if (end > f->bytes)
-        end = f->bytes;
-    uint64_t lines = f->store_bytes ? (end - begin) / 64 * 64 : 0;
+    const struct floor_job *f = ctx;
+    uint64_t begin, end;
+    unit_range(f, first, count, &begin, &end);
+    uint64_t lines = f->store_bytes ? (end - begin) / OUT_ALIGN * OUT_ALIGN : 0;
 #if defined(__x86_64__) || defined(__i386__)
     if (f->store_bytes == 64)
         stream_fill_64(f->dst + begin, lines);
@@ -243,17 +245,16 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
         rc = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bench: out of memory");
         goto done;
     }
-    struct copy_job copy = {out, ref, out_bytes};
-    struct fill_job fill = {out, out_bytes, fill_store_bytes(&job)};
+    struct floor_job floors = {out, ref, out_bytes, fill_store_bytes(&job)};
     uint64_t copy_units_total = (out_bytes + COPY_UNIT_BYTES - 1) / COPY_UNIT_BYTES;
     for (int it = 0; it < o->iters; it++)
         for (int t = 0; t < nthreads; t++)
             for (int col = 0; col < FLOOR_COLUMNS + npaths; col++) {
                 double t0 = now_seconds();
                 if (col == 0)
-                    parallel_for(copy_units_total, threads[t], 1, copy_units, &copy);
+                    parallel_for(copy_units_total, threads[t], 1, copy_units, &floors);
                 else if (col == 1)
-                    parallel_for(copy_units_total, threads[t], 1, fill_units, &fill);
+                    parallel_for(copy_units_total, threads[t], 1, fill_units, &floors);
                 else
                     dequant_cpu_path(&job, threads[t], paths[col - FLOOR_COLUMNS]);
                 runs[((size_t)t * MAX_COLUMNS + (size_t)col) * (size_t)o->iters + (size_t)it] = now_seconds() - t0;
@@ -275,7 +276,7 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
                "  \"rows\": %" PRIu64 ",\n  \"cols\": %" PRIu64 ",\n  \"dtype\": \"%s\",\n  \"out_bytes\": %" PRIu64
                ",\n  \"in_bytes\": %" PRIu64 ",\n  \"identical\": %s,\n  \"streamed\": %s,\n  \"results\": [",
                model, cores, date, o->iters, o->rows, o->cols, dt, out_bytes, in_bytes, identical ? "true" : "false",
-               fill.store_bytes ? "true" : "false");
+               floors.store_bytes ? "true" : "false");
         for (int t = 0; t < nthreads; t++) {
             printf("%s\n    {\"threads\": %d, \"memcpy_gbps\": %.3f, \"write_floor_gbps\": %.3f", t ? "," : "",
                    threads[t], out_bytes / med[t][0] / 1e9, out_bytes / med[t][1] / 1e9);
@@ -291,9 +292,9 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
                o->rows, o->cols, BENCH_BLOCKSIZE, dt, out_bytes / 1e6, in_bytes / 1e6);
         printf("GB/s of output; in brackets: x the scalar path, and the share of memcpy (%.2f MB copied)\n",
                out_bytes / 1e6);
-        if (fill.store_bytes)
+        if (floors.store_bytes)
             printf("write: the output's size in %d-byte non-temporal stores, as the kernels stream it\n\n",
-                   fill.store_bytes);
+                   floors.store_bytes);
         else
             printf("write: memset of the output's size (the kernels write it through the cache)\n\n");
         printf("%-8s %12s %12s", "threads", "memcpy", "write");
