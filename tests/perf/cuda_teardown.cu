@@ -6,9 +6,12 @@
 //   step    the mode's step alone (the reset, or the 0.2 s that hides it)
 //   exit    the end of main's work to the parent's waitpid: what exit() and the
 //           driver still take after the program is done
-// Modes (each holds 128 MiB pinned host memory and 1 GiB of device memory,
-// as a GPU conversion does; `none` uses no CUDA):
+// Modes (from `exit` on, each holds 128 MiB pinned host memory and 1 GiB of
+// device memory, as a GPU conversion does):
 //   none     no CUDA: the bare cost of a process exit
+//   driver   the driver initialised (cudaGetDeviceCount), no context
+//   context  the primary context created (cudaFree(0)), nothing allocated: the
+//            least any process that runs a kernel pays
 //   exit     return from main with the context alive
 //   reset    cudaDeviceReset() on the main thread, then return
 //   overlap  cudaDeviceReset() on a helper thread while main does 0.2 s of other
@@ -64,7 +67,13 @@ static void *reset_on_thread(void *)
 static int child(const char *mode)
 {
     double step = 0;
-    if (strcmp(mode, "none") != 0) {
+    if (!strcmp(mode, "driver")) {
+        int count = 0;
+        cudaCheck(cudaGetDeviceCount(&count));
+    } else if (!strcmp(mode, "context")) {
+        cudaCheck(cudaFree(0));
+        cudaCheck(cudaDeviceSynchronize());
+    } else if (strcmp(mode, "none") != 0) {
         void *pinned = NULL, *dev = NULL;
         cudaCheck(cudaHostAlloc(&pinned, PINNED_BYTES, cudaHostAllocDefault));
         memset(pinned, 1, PINNED_BYTES);
@@ -101,7 +110,7 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--child"))
         return child(argv[2]);
-    static const char *const MODES[] = {"none", "exit", "reset", "overlap"};
+    static const char *const MODES[] = {"none", "driver", "context", "exit", "reset", "overlap"};
     printf("%-8s %10s %10s %10s   (seconds, median of %d processes)\n", "mode", "work", "step", "exit", RUNS);
     fflush(stdout);
     for (const char *mode : MODES) {
