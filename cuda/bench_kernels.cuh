@@ -80,15 +80,16 @@ __global__ void read_kernel(const uint4 *in, uint64_t n16, uint32_t *sink)
 }
 
 template <int K>
-static int launch_traffic(const uint8_t *packed, uint4 *out, uint64_t units, int threads, bool cs, bool pf)
+static int launch_traffic(const uint8_t *packed, uint4 *out, uint64_t units, int threads, bool cs, bool pf,
+                          cudaStream_t stream)
 {
     unsigned blocks = (unsigned)CEIL_DIV(units, (uint64_t)threads * K);
     if (cs && pf)
-        traffic_kernel<K, true, true><<<blocks, threads>>>(packed, out, units);
+        traffic_kernel<K, true, true><<<blocks, threads, 0, stream>>>(packed, out, units);
     else if (cs)
-        traffic_kernel<K, true, false><<<blocks, threads>>>(packed, out, units);
+        traffic_kernel<K, true, false><<<blocks, threads, 0, stream>>>(packed, out, units);
     else
-        traffic_kernel<K, false, true><<<blocks, threads>>>(packed, out, units);
+        traffic_kernel<K, false, true><<<blocks, threads, 0, stream>>>(packed, out, units);
     cudaCheck(cudaGetLastError());
     return NF4_OK;
 }

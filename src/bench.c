@@ -161,29 +161,35 @@ static void print_shape_columns(const struct shape *sh)
     printf("%-12s %-5s", name, dt_label(sh->dtype));
 }
 
+/* A base variant's column width: its whole name, at least 9. */
+static int variant_width(int v)
+{
+    int len = (int)strlen(VARIANT_NAMES[v]);
+    return len > 9 ? len : 9;
+}
+
 /* --sweep: the kernel variants and launch configurations again as CUDA-graph
  * replays, where a launch's fixed cost no longer hides the small shapes. */
 static void print_graph_sweep(const struct shape_result *res, int nres, const struct gpu_bench_variant *var,
                               int nvar, int first_cfg)
 {
-    printf("\nthe same as CUDA-graph replays (us per launch; launch = an empty kernel; - = not timed):\n"
-           "%-12s %-5s %9s %9s", "shape", "dtype", "default", "launch");
+    printf("\nthe same as CUDA-graph replays (us per launch; launch = an empty kernel; traffic, memset and\n"
+           "read = the floors above):\n"
+           "%-12s %-5s %9s %9s %9s %9s %9s", "shape", "dtype", "default", "launch", "traffic", "memset", "read");
     for (int v = 1; v < N_BASE_VARIANTS && v < nvar; v++)
-        printf(" %9.9s", VARIANT_NAMES[v]);
+        printf(" %*s", variant_width(v), VARIANT_NAMES[v]);
     print_config_headers(var, first_cfg, nvar);
     printf("\n");
     for (int i = 0; i < nres; i++) {
         const struct gpu_bench_result *r = &res[i].r;
         print_shape_columns(&res[i].sh);
-        printf(" %9.2f %9.2f", r->graph_var_ms[0] * 1e3, r->graph_var_ms[N_BASE_VARIANTS + 1] * 1e3);
+        printf(" %9.2f %9.2f %9.2f %9.2f %9.2f", r->graph_var_ms[0] * 1e3, r->graph_var_ms[N_BASE_VARIANTS + 1] * 1e3,
+               r->graph_var_ms[N_BASE_VARIANTS] * 1e3, r->graph_var_ms[N_BASE_VARIANTS + 2] * 1e3,
+               r->graph_var_ms[N_BASE_VARIANTS + 3] * 1e3);
         for (int v = 1; v < N_BASE_VARIANTS && v < nvar; v++)
+            printf(" %*.2f", variant_width(v), r->graph_var_ms[v] * 1e3);
+        for (int v = first_cfg; v < nvar; v++)
             printf(" %9.2f", r->graph_var_ms[v] * 1e3);
-        for (int v = first_cfg; v < nvar; v++) {
-            if (r->graph_var_ms[v] > 0)
-                printf(" %9.2f", r->graph_var_ms[v] * 1e3);
-            else
-                printf(" %9s", "-");
-        }
         printf("\n");
     }
 }
