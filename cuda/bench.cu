@@ -208,6 +208,7 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
     r->ept = table.ept;
     r->threads = table.threads;
     r->store_hint = table.store_hint;
+    r->shuffle_values = table.shuffle_values;
 
     uint64_t set_bytes = r->bytes + (bnb ? blocks * 4 + n * osz : 0);
     uint64_t want = (uint64_t)BENCH_L2_MULTIPLE * (c->l2_bytes ? c->l2_bytes : (64u << 20));

@@ -20,20 +20,32 @@
 // staged in shared memory and written by one bulk asynchronous copy (TMA,
 // bulk_store_warp), instead of Q 16-byte stores per lane. The launch then gives
 // each CTA threads * EPT * sizeof(T) bytes of dynamic shared memory.
+//
+// VALUES: where the 16 code values are read from. VALUES_SHARED: a table in shared
+// memory, filled by the first 16 threads before a CTA barrier, one shared load per
+// element. VALUES_SHUFFLE: each lane holds one value and the others read it by
+// shuffle: no table to fill and no CTA barrier, which a launch of a single wave of
+// CTAs (10 MB) waits for (docs/KERNEL-NOTES.md). The shuffles are taken before the
+// per-unit bounds check, by the whole warp, and that keeps the 16-bit kernels at 32
+// registers (inside the branch they needed 39, and lost a fifth of the CTA slots).
 
-template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK>
+template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK, int VALUES>
 __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_log2)
 {
     constexpr int U = 16 / (int)sizeof(T); // elements per 16-byte store: 8 (16-bit) or 4 (fp32)
     constexpr int Q = EPT / U;             // units per lane
     constexpr int WT = 32 * EPT;           // elements per warp tile
+    constexpr bool SHUFFLE = VALUES == VALUES_SHUFFLE;
     static_assert(EPT % U == 0 && WT <= 32 * 32, "EPT: 16 or 32");
 
-    __shared__ float s_tbl[VALUES_PER_CODE];
-    if (threadIdx.x < VALUES_PER_CODE)
+    const uint32_t lane = threadIdx.x & 31u;
+    __shared__ float s_tbl[SHUFFLE ? 1 : VALUES_PER_CODE];
+    float lane_value = 0.0f; // VALUES_SHUFFLE: the value of code lane % 16
+    if constexpr (SHUFFLE)
+        lane_value = c_values[QT][lane & 15u];
+    else if (threadIdx.x < VALUES_PER_CODE)
         s_tbl[threadIdx.x] = c_values[QT][threadIdx.x];
 
-    const uint32_t lane = threadIdx.x & 31u;
     const uint64_t wbase = (((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * WT;
     const uint64_t n = j.n;
 
@@ -52,7 +64,8 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
         if (lane <= (last >> bs_log2) - first)
             my_am = block_absmax<NESTED, HINTS, ASM>(j, first + lane, nbs_log2);
     }
-    __syncthreads();
+    if constexpr (!SHUFFLE)
+        __syncthreads(); // the shared value table is filled
     if (wbase >= n) // uniform per warp: the shuffles below see full warps
         return;
 
@@ -67,13 +80,22 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
         const uint64_t e0 = wbase + (uint64_t)(q * 32 + lane) * U;
         const uint32_t rel = (uint32_t)((e0 >> bs_log2) - first); // < 32
         const float am = __shfl_sync(0xffffffffu, my_am, rel);
-        if (e0 + U <= n) {
-            uint32_t off[8];
-            unpack8<ASM>(w[q], off);
-            float v[U];
+        // Shuffles need the whole warp, so the shuffle path reads its values before
+        // the branch below (a unit past n has w[q] == 0: value 0, never stored).
+        float v[U];
+        if constexpr (SHUFFLE) {
 #pragma unroll
             for (int i = 0; i < U; i++)
-                v[i] = mul_value<ASM>(table_at(s_tbl, off[i]), am);
+                v[i] = mul_value<ASM>(value_by_shuffle(lane_value, w[q], i), am);
+        }
+        if (e0 + U <= n) {
+            if constexpr (!SHUFFLE) {
+                uint32_t off[8];
+                unpack8<ASM>(w[q], off);
+#pragma unroll
+                for (int i = 0; i < U; i++)
+                    v[i] = mul_value<ASM>(table_at(s_tbl, off[i]), am);
+            }
             uint4 o;
             if constexpr (sizeof(T) == 4) {
                 o = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
@@ -91,7 +113,8 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
             for (uint64_t e = e0; e < n; e++) {
                 uint32_t byte = j.packed[e / 2];
                 uint32_t nib = (e & 1) ? (byte & 15u) : (byte >> 4);
-                Out<T>::store1(out + e * sizeof(T), mul_value<ASM>(s_tbl[nib], am));
+                const float value = SHUFFLE ? c_values[QT][nib] : s_tbl[nib];
+                Out<T>::store1(out + e * sizeof(T), mul_value<ASM>(value, am));
             }
         }
     }

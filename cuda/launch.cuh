@@ -30,6 +30,8 @@ struct launch_cfg {
     int ept;     // elements per lane: 16 or 32 (a warp owns 32 * ept consecutive elements)
     int threads; // threads per CTA
     int store_hint; // 1: streaming stores (st.global.cs); 0: plain (output stays in L2)
+    int shuffle_values; // 1: each warp holds the value table in its lanes and reads it by shuffles
+                        // (no shared table, no CTA barrier); 0: the table in shared memory
 };
 
 // A dequant job whose pointers are all DEVICE memory (packed and out 16-byte aligned).

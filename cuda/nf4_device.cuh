@@ -23,6 +23,8 @@
 #define QT_NF4 0
 #define QT_FP4 1
 #define VALUES_PER_CODE 16
+#define VALUES_SHARED 0  // the value table in shared memory, one load per element
+#define VALUES_SHUFFLE 1 // the value table in the lanes of each warp, one shuffle per element
 
 // bitsandbytes' NF4 table, and FP4 as sign * magnitude (bit 3 is the sign).
 __constant__ float c_values[2][VALUES_PER_CODE] = {
@@ -177,6 +179,16 @@ template <int ASM> __device__ __forceinline__ void unpack8(uint32_t w, uint32_t 
 __device__ __forceinline__ float table_at(const float *s_tbl, uint32_t byte_off)
 {
     return *reinterpret_cast<const float *>(reinterpret_cast<const char *>(s_tbl) + byte_off);
+}
+
+// The value of element i (0..7) of a unit whose packed word is w, read by a shuffle
+// from the lane of its nibble: lanes k and k + 16 hold value k (lane_value =
+// values[lane & 15]). Width-16 shuffles take the source index modulo 16, so the
+// shifted word needs no mask. Every lane of the warp must take part.
+__device__ __forceinline__ float value_by_shuffle(float lane_value, uint32_t w, int i)
+{
+    const int shift = 8 * (i / 2) + ((i & 1) ? 0 : 4); // byte i/2: high nibble first
+    return __shfl_sync(0xffffffffu, lane_value, (int)(w >> shift), 16);
 }
 
 // ---- arithmetic ------------------------------------------------------------------

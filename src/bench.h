@@ -27,6 +27,9 @@ int cmd_bench(int argc, char **argv);
 #define GPU_VARIANT_ASM_MUL 512u /* only the multiply in asm (mul.rn.ftz), C unpack */
 #define GPU_VARIANT_BULK_STORE 1024u /* sm_90: each warp's tile through shared memory, one TMA bulk store */
 #define GPU_VARIANT_BULK_EVICT_FIRST 2048u /* the same with an L2 evict_first policy */
+#define GPU_VARIANT_SHUFFLE_VALUES 4096u /* the value table in each warp's lanes, read by shuffles */
+#define GPU_VARIANT_SHARED_VALUES 8192u  /* the value table in shared memory (either way, whatever
+                                            the per-architecture table picks for the size) */
 /* (NF4DEQ_ASM=0 builds ignore the ASM variants: no inline asm at all) */
 
 /* bitsandbytes entry points, as exported by libbitsandbytes_cuda*.so
@@ -69,7 +72,7 @@ struct gpu_bench_result {
     int bnb_identical; /* 1 if bitsandbytes' output equals nf4deq's byte for byte */
     uint64_t bytes;    /* bytes the fused kernel must move */
     int input_sets;    /* rotated input sets */
-    int ept, threads, store_hint; /* the per-arch table's config for this size */
+    int ept, threads, store_hint, shuffle_values; /* the per-arch table's config for this size */
 };
 
 /* Device-to-device copy bandwidth (bytes read + written per second), median. */

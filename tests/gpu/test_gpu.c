@@ -151,6 +151,49 @@ static void test_bulk_stores(struct gpu_ctx *ctx)
             }
 }
 
+/* Both places the code values come from, forced whatever the per-architecture
+ * table picks for the size: by shuffle from the lanes of each warp, and from the
+ * shared table. Sizes of a partial warp tile (where the shuffle path reads values
+ * for units past the end, which must never be stored), tails, one and many tiles;
+ * every type, both codes, single and nested, blocksizes 32 to 4096, subnormal and
+ * special values. */
+static void test_value_paths(struct gpu_ctx *ctx)
+{
+    static const uint64_t SIZES[] = {1, 7, 511, 512, 1025, 3 * 1024 + 17, 65536 + 9, (1u << 20) + 3};
+    static const enum st_dtype DTS[] = {DT_F16, DT_BF16, DT_F32};
+    static const uint32_t BS[] = {32, 64, 4096, 256};
+    static const struct { unsigned variant; int ept, threads; } CFGS[] = {
+        {GPU_VARIANT_SHUFFLE_VALUES, 0, 0},
+        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_NO_STORE_HINT, 16, 128},
+        {GPU_VARIANT_SHUFFLE_VALUES, 32, 256},
+        {GPU_VARIANT_SHARED_VALUES, 0, 0},
+    };
+    int k = 0;
+    for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++)
+        for (int di = 0; di < 3; di++)
+            for (int nested = 0; nested < 2; nested++, k++) {
+                struct tensor t;
+                char what[200];
+                const uint64_t n = SIZES[si];
+                const uint32_t bs = BS[k % 4];
+                const enum quant_type qt = (k % 3 == 1) ? QUANT_FP4 : QUANT_NF4;
+                const int special = k % 4 == 0;
+                if (tensor_make(ctx, &t, n, bs, nested, 16, qt, DTS[di], special, 1)) {
+                    CHECK(0, "value paths n=%llu: out of host memory", (unsigned long long)n);
+                    tensor_free(ctx, &t);
+                    continue;
+                }
+                cpu_reference(&t);
+                for (size_t c = 0; c < sizeof CFGS / sizeof CFGS[0]; c++) {
+                    snprintf(what, sizeof what, "value paths n=%llu bs=%u %s %s %s%s variant=%u cfg=%dx%d",
+                             (unsigned long long)n, bs, qt == QUANT_FP4 ? "fp4" : "nf4", nested ? "nested" : "single",
+                             dtn(DTS[di]), special ? " special" : "", CFGS[c].variant, CFGS[c].ept, CFGS[c].threads);
+                    run_and_compare(ctx, &t, CFGS[c].variant, CFGS[c].ept, CFGS[c].threads, what);
+                }
+                tensor_free(ctx, &t);
+            }
+}
+
 /* A small budget forces many sub-chunks through the two-stream pipeline. */
 static void test_subchunks(void)
 {
@@ -274,6 +317,7 @@ int main(int argc, char **argv)
     test_errors(ctx);
     test_special(ctx);
     test_bulk_stores(ctx);
+    test_value_paths(ctx);
     test_subchunks();
     test_matrix(ctx, quick);
     if (big)
