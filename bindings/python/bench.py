@@ -7,7 +7,10 @@ bitsandbytes calls, examples/unsloth_puzzle_harness.py).
 
 Two timings per candidate and shape:
   graph  device time: CUDA-graph replays of one call per rotated input set,
-         timed with events, per call (median over replays);
+         queued back to back behind an untimed replay, each between its own
+         pair of events, per call (median over replays). Queued, the device
+         never waits for the host to launch the next replay, so the time is
+         the kernels' alone;
   eager  what a Python loop pays: 200 calls back to back, no sync in between,
          host clock from the first call to the end of the last, per call
          (median over repeats). Where the host is slower than the device, this
@@ -111,14 +114,19 @@ def graph_us(fn, sets, replays, stream):
     del outs
     g.replay()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    per_call = []
-    for _ in range(replays):
+    # Every replay is queued at once, behind an untimed one: a replay that is
+    # launched only after the previous one finished would leave the device idle
+    # between its start event and its first kernel for as long as the host takes
+    # to launch it, and count that as device time.
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(replays)]
+    g.replay()
+    for start, end in events:
         start.record()
         g.replay()
         end.record()
-        end.synchronize()
-        per_call.append(start.elapsed_time(end) * 1000.0 / len(sets))
+    torch.cuda.synchronize()
+    per_call = [start.elapsed_time(end) * 1000.0 / len(sets) for start, end in events]
     return statistics.median(per_call)
 
 
