@@ -112,43 +112,72 @@ static void test_special(struct gpu_ctx *ctx)
                 }
 }
 
+/* A table of forced variants, each run on every size x output type x single and
+ * nested double quant. Case k picks the blocksize (blocksizes[k % nblocksizes]),
+ * FP4 where k % fp4_mod == 1 (NF4 otherwise), and special values where
+ * k % special_mod == 0. */
+struct variant_cfg {
+    unsigned variant;
+    int ept, threads;
+};
+struct variant_cases {
+    const char *label;
+    const uint64_t *sizes;
+    size_t nsizes;
+    const uint32_t *blocksizes;
+    size_t nblocksizes;
+    uint32_t nested_blocksize;
+    int fp4_mod, special_mod;
+    const struct variant_cfg *cfgs;
+    size_t ncfgs;
+};
+
+static void run_variant_cases(struct gpu_ctx *ctx, const struct variant_cases *vc)
+{
+    static const enum st_dtype DTS[] = {DT_F16, DT_BF16, DT_F32};
+    int k = 0;
+    for (size_t si = 0; si < vc->nsizes; si++)
+        for (int di = 0; di < 3; di++)
+            for (int nested = 0; nested < 2; nested++, k++) {
+                struct tensor t;
+                char what[200];
+                const uint64_t n = vc->sizes[si];
+                const uint32_t bs = vc->blocksizes[(size_t)k % vc->nblocksizes];
+                const enum quant_type qt = (k % vc->fp4_mod == 1) ? QUANT_FP4 : QUANT_NF4;
+                const int special = k % vc->special_mod == 0;
+                if (tensor_make(ctx, &t, n, bs, nested, vc->nested_blocksize, qt, DTS[di], special, 1)) {
+                    CHECK(0, "%s n=%llu: out of host memory", vc->label, (unsigned long long)n);
+                    tensor_free(ctx, &t);
+                    continue;
+                }
+                cpu_reference(&t);
+                for (size_t c = 0; c < vc->ncfgs; c++) {
+                    const struct variant_cfg *cfg = &vc->cfgs[c];
+                    snprintf(what, sizeof what, "%s n=%llu bs=%u %s %s %s%s variant=%u cfg=%dx%d", vc->label,
+                             (unsigned long long)n, bs, qt == QUANT_FP4 ? "fp4" : "nf4", nested ? "nested" : "single",
+                             dtn(DTS[di]), special ? " special" : "", cfg->variant, cfg->ept, cfg->threads);
+                    run_and_compare(ctx, &t, cfg->variant, cfg->ept, cfg->threads, what);
+                }
+                tensor_free(ctx, &t);
+            }
+}
+
 /* The TMA bulk-store variants (sm_90; plain stores elsewhere): sizes of exactly
  * one and several warp tiles, a tile and a bit, odd tails, every type. A tile the
  * copy engine failed to write stays poisoned and fails the comparison. */
 static void test_bulk_stores(struct gpu_ctx *ctx)
 {
     static const uint64_t SIZES[] = {1, 511, 512, 1024, 1025, 3 * 1024 + 17, 65536, (1u << 20) + 3};
-    static const enum st_dtype DTS[] = {DT_F16, DT_BF16, DT_F32};
-    static const struct { unsigned variant; int ept, threads; } CFGS[] = {
+    static const uint32_t BS[] = {32, 64, 64};
+    static const struct variant_cfg CFGS[] = {
         {GPU_VARIANT_BULK_STORE, 32, 64},
         {GPU_VARIANT_BULK_EVICT_FIRST, 32, 256},
         {GPU_VARIANT_BULK_EVICT_FIRST, 16, 128},
         {GPU_VARIANT_BULK_STORE, 16, 64},
     };
-    int k = 0;
-    for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++)
-        for (int di = 0; di < 3; di++)
-            for (int nested = 0; nested < 2; nested++, k++) {
-                struct tensor t;
-                char what[200];
-                const uint64_t n = SIZES[si];
-                const uint32_t bs = (k % 3 == 0) ? 32 : 64;
-                const enum quant_type qt = (k % 4 == 1) ? QUANT_FP4 : QUANT_NF4;
-                if (tensor_make(ctx, &t, n, bs, nested, 256, qt, DTS[di], k % 5 == 0, 1)) {
-                    CHECK(0, "bulk stores n=%llu: out of host memory", (unsigned long long)n);
-                    tensor_free(ctx, &t);
-                    continue;
-                }
-                cpu_reference(&t);
-                for (size_t c = 0; c < sizeof CFGS / sizeof CFGS[0]; c++) {
-                    snprintf(what, sizeof what, "bulk stores n=%llu bs=%u %s %s %s variant=%u cfg=%dx%d",
-                             (unsigned long long)n, bs, qt == QUANT_FP4 ? "fp4" : "nf4",
-                             nested ? "nested" : "single", dtn(DTS[di]), CFGS[c].variant, CFGS[c].ept,
-                             CFGS[c].threads);
-                    run_and_compare(ctx, &t, CFGS[c].variant, CFGS[c].ept, CFGS[c].threads, what);
-                }
-                tensor_free(ctx, &t);
-            }
+    const struct variant_cases vc = {"bulk stores", SIZES, sizeof SIZES / sizeof SIZES[0], BS, 3, 256, 4, 5,
+                                     CFGS, sizeof CFGS / sizeof CFGS[0]};
+    run_variant_cases(ctx, &vc);
 }
 
 /* Both places the code values come from, forced whatever the per-architecture
@@ -160,38 +189,16 @@ static void test_bulk_stores(struct gpu_ctx *ctx)
 static void test_value_paths(struct gpu_ctx *ctx)
 {
     static const uint64_t SIZES[] = {1, 7, 511, 512, 1025, 3 * 1024 + 17, 65536 + 9, (1u << 20) + 3};
-    static const enum st_dtype DTS[] = {DT_F16, DT_BF16, DT_F32};
     static const uint32_t BS[] = {32, 64, 4096, 256};
-    static const struct { unsigned variant; int ept, threads; } CFGS[] = {
+    static const struct variant_cfg CFGS[] = {
         {GPU_VARIANT_SHUFFLE_VALUES, 0, 0},
         {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_NO_STORE_HINT, 16, 128},
         {GPU_VARIANT_SHUFFLE_VALUES, 32, 256},
         {GPU_VARIANT_SHARED_VALUES, 0, 0},
     };
-    int k = 0;
-    for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++)
-        for (int di = 0; di < 3; di++)
-            for (int nested = 0; nested < 2; nested++, k++) {
-                struct tensor t;
-                char what[200];
-                const uint64_t n = SIZES[si];
-                const uint32_t bs = BS[k % 4];
-                const enum quant_type qt = (k % 3 == 1) ? QUANT_FP4 : QUANT_NF4;
-                const int special = k % 4 == 0;
-                if (tensor_make(ctx, &t, n, bs, nested, 16, qt, DTS[di], special, 1)) {
-                    CHECK(0, "value paths n=%llu: out of host memory", (unsigned long long)n);
-                    tensor_free(ctx, &t);
-                    continue;
-                }
-                cpu_reference(&t);
-                for (size_t c = 0; c < sizeof CFGS / sizeof CFGS[0]; c++) {
-                    snprintf(what, sizeof what, "value paths n=%llu bs=%u %s %s %s%s variant=%u cfg=%dx%d",
-                             (unsigned long long)n, bs, qt == QUANT_FP4 ? "fp4" : "nf4", nested ? "nested" : "single",
-                             dtn(DTS[di]), special ? " special" : "", CFGS[c].variant, CFGS[c].ept, CFGS[c].threads);
-                    run_and_compare(ctx, &t, CFGS[c].variant, CFGS[c].ept, CFGS[c].threads, what);
-                }
-                tensor_free(ctx, &t);
-            }
+    const struct variant_cases vc = {"value paths", SIZES, sizeof SIZES / sizeof SIZES[0], BS, 4, 16, 3, 4,
+                                     CFGS, sizeof CFGS / sizeof CFGS[0]};
+    run_variant_cases(ctx, &vc);
 }
 
 /* A small budget forces many sub-chunks through the two-stream pipeline. */
