@@ -287,7 +287,7 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
             if (v.flags & GPU_VARIANT_READ) {
                 const uint64_t n16 = n / 32; // n/2 bytes in 16-byte loads
                 read_kernel<<<(unsigned)CEIL_DIV(n16, 1024ull), 256, 0, stream>>>((const uint4 *)s.packed, n16,
-                                                                        (uint32_t *)s.codes);
+                                                                                  (uint32_t *)s.codes);
                 cudaCheck(cudaGetLastError());
                 return NF4_OK;
             }

@@ -27,9 +27,9 @@ int cmd_bench(int argc, char **argv);
 #define GPU_VARIANT_ASM_MUL 512u /* only the multiply in asm (mul.rn.ftz), C unpack */
 #define GPU_VARIANT_BULK_STORE 1024u /* sm_90: each warp's tile through shared memory, one TMA bulk store */
 #define GPU_VARIANT_BULK_EVICT_FIRST 2048u /* the same with an L2 evict_first policy */
-#define GPU_VARIANT_SHUFFLE_VALUES 4096u /* the value table in each warp's lanes, read by shuffles */
-#define GPU_VARIANT_SHARED_VALUES 8192u  /* the value table in shared memory (either way, whatever
-                                            the per-architecture table picks for the size) */
+/* These two force where the code values come from, whatever the per-architecture table picks: */
+#define GPU_VARIANT_SHUFFLE_VALUES 4096u /* from each warp's lanes, by shuffle */
+#define GPU_VARIANT_SHARED_VALUES 8192u  /* from a table in shared memory */
 /* (NF4DEQ_ASM=0 builds ignore the ASM variants: no inline asm at all) */
 
 /* bitsandbytes entry points, as exported by libbitsandbytes_cuda*.so
