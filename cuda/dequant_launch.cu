@@ -7,7 +7,9 @@
 // The inline-asm steps of the nibble->value path the default kernel uses. Measured
 // on H200 (docs/KERNEL-NOTES.md): the CUDA C path was 2-4% faster on mid and large
 // tensors and equal on small ones, so the default is C; the asm path stays as a
-// bench variant (GPU_VARIANT_ASM_VALUE / _ASM_MUL). The cache-hint asm helps and stays.
+// bench variant (GPU_VARIANT_ASM_VALUE / _ASM_MUL). The one exception is the asm
+// multiply, which the per-architecture table can pick by size (launch_cfg.asm_mul).
+// The cache-hint asm helps and stays.
 #define DEFAULT_ASM 0
 
 // ---- launcher -------------------------------------------------------------------
@@ -40,10 +42,15 @@ static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
 template <typename T, int QT, int EPT, bool NESTED>
 static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
 {
-    // ASM bits: DEFAULT_ASM unless the variant asks for the asm value path.
+    // The asm kernels are instantiated for the bench's case only; elsewhere the
+    // configuration's asm multiply is ignored and CUDA C is used.
+    constexpr bool ASM_KERNELS = QT == QT_NF4 && NESTED && sizeof(T) == 2;
+    // ASM bits: what a variant asks for, else the configuration's multiply.
     const int asm_bits = !NF4DEQ_ASM                          ? 0
                          : (variant & GPU_VARIANT_ASM_VALUE) ? ASM_UNPACK | ASM_MUL
                          : (variant & GPU_VARIANT_ASM_MUL)   ? ASM_MUL
+                         : (variant & GPU_VARIANT_C_MUL)     ? DEFAULT_ASM
+                         : (cfg.asm_mul && ASM_KERNELS)      ? ASM_MUL
                                                              : DEFAULT_ASM;
     const bool hints_on = !(variant & GPU_VARIANT_NO_HINTS);
     const bool st_hint = cfg.store_hint && hints_on && !(variant & GPU_VARIANT_NO_STORE_HINT);
@@ -63,7 +70,12 @@ static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cu
             return launch_one<T, QT, EPT, NESTED, true, true, DEFAULT_ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
         return launch_one<T, QT, EPT, NESTED, true, false, DEFAULT_ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
     }
-    if constexpr (QT == QT_NF4 && NESTED && sizeof(T) == 2) {
+    if constexpr (ASM_KERNELS) {
+        if (shuffle && hints_on && asm_bits == ASM_MUL) {
+            if (st_hint)
+                return launch_one<T, QT, EPT, NESTED, true, true, ASM_MUL, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
+            return launch_one<T, QT, EPT, NESTED, true, false, ASM_MUL, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
+        }
 #define NF4_LAUNCH_ASM(H, S)                                                                       \
     switch (asm_bits) {                                                                            \
     case ASM_UNPACK | ASM_MUL: return launch_one<T, QT, EPT, NESTED, H, S, ASM_UNPACK | ASM_MUL>(j, cfg, stream); \
@@ -129,24 +141,30 @@ int nf4_launch_dequant(const dev_job *j, launch_cfg cfg, unsigned variant, cudaS
 // ---- per-architecture launch table ------------------------------------------------
 // Chosen from measurements (docs/KERNEL-NOTES.md). sm_75 (T4): 1024-element tiles.
 
+// sm_90: jobs of up to 5 Mi elements (a 5120 x 1024 projection) take the asm multiply.
+#define SM90_ASM_MUL_MAX_N (5ull << 20)
+
 struct arch_entry {
     int major, minor;
     uint64_t small_max_n; // jobs up to this many elements use `small`
     launch_cfg small, large;
 };
-// {elements per lane, threads per CTA, streaming stores, values by shuffle}
+// {elements per lane, threads per CTA, streaming stores, values by shuffle, asm multiply}
 static const arch_entry ARCH_TABLE[] = {
     // T4: 64 threads x 16 elements = 1024-element CTA tiles.
-    {7, 5, 0, {16, 64, 1, 0}, {16, 64, 1, 0}},
+    {7, 5, 0, {16, 64, 1, 0, 0}, {16, 64, 1, 0, 0}},
     // Ampere / Ada: not measured; the Hopper tile, and the shared value table.
-    {8, 0, 0, {32, 64, 1, 0}, {32, 64, 1, 0}},
-    {8, 6, 0, {32, 64, 1, 0}, {32, 64, 1, 0}},
-    {8, 9, 0, {32, 64, 1, 0}, {32, 64, 1, 0}},
+    {8, 0, 0, {32, 64, 1, 0, 0}, {32, 64, 1, 0, 0}},
+    {8, 6, 0, {32, 64, 1, 0, 0}, {32, 64, 1, 0, 0}},
+    {8, 9, 0, {32, 64, 1, 0, 0}, {32, 64, 1, 0, 0}},
     // H100 / H200, measured (docs/KERNEL-NOTES.md): 32 x 64 was best or within 1% of
     // the best at every bench size; streaming stores won at every size (plain stores,
     // which leave the output in L2, did not help even where it fits); values by
-    // shuffle were 4% faster at 10 MB and no slower at any larger size.
-    {9, 0, 0, {32, 64, 1, 1}, {32, 64, 1, 1}},
+    // shuffle were 4% faster at 10 MB and no slower at any larger size. With the
+    // shuffle, the asm multiply is 2-5% faster up to 5 Mi elements and 2-8% slower
+    // from 6 Mi up (not profiled: the C flushes cost nothing measurable there):
+    // hence the small configuration.
+    {9, 0, SM90_ASM_MUL_MAX_N, {32, 64, 1, 1, 1}, {32, 64, 1, 1, 0}},
 };
 
 launch_cfg nf4_pick_cfg(int major, int minor, uint64_t n)

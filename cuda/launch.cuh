@@ -32,6 +32,8 @@ struct launch_cfg {
     int store_hint; // 1: streaming stores (st.global.cs); 0: plain (output stays in L2)
     int shuffle_values; // 1: each warp holds the value table in its lanes and reads it by shuffles
                         // (no shared table, no CTA barrier); 0: the table in shared memory
+    int asm_mul;        // 1: each product is one mul.rn.ftz.f32 (inline asm, NF4 with double quant
+                        // and 16-bit output, the bench's case); 0: __fmul_rn with explicit flushes
 };
 
 // A dequant job whose pointers are all DEVICE memory (packed and out 16-byte aligned).

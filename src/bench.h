@@ -25,6 +25,7 @@ int cmd_bench(int argc, char **argv);
 /* (TRAFFIC: ept = 4-byte loads per lane, threads = CTA size, NO_HINTS = plain stores) */
 #define GPU_VARIANT_NO_STORE_HINT 256u /* loads hinted, plain stores */
 #define GPU_VARIANT_ASM_MUL 512u /* only the multiply in asm (mul.rn.ftz), C unpack */
+#define GPU_VARIANT_C_MUL 16384u /* the multiply in CUDA C, whatever the table picks */
 #define GPU_VARIANT_BULK_STORE 1024u /* sm_90: each warp's tile through shared memory, one TMA bulk store */
 #define GPU_VARIANT_BULK_EVICT_FIRST 2048u /* the same with an L2 evict_first policy */
 /* These two force where the code values come from, whatever the per-architecture table picks: */
@@ -72,7 +73,7 @@ struct gpu_bench_result {
     int bnb_identical; /* 1 if bitsandbytes' output equals nf4deq's byte for byte */
     uint64_t bytes;    /* bytes the fused kernel must move */
     int input_sets;    /* rotated input sets */
-    int ept, threads, store_hint, shuffle_values; /* the per-arch table's config for this size */
+    int ept, threads, store_hint, shuffle_values, asm_mul; /* the per-arch table's config for this size */
 };
 
 /* Device-to-device copy bandwidth (bytes read + written per second), median. */

@@ -180,23 +180,40 @@ static void test_bulk_stores(struct gpu_ctx *ctx)
     run_variant_cases(ctx, &vc);
 }
 
-/* Both places the code values come from, forced whatever the per-architecture
- * table picks for the size: by shuffle from the lanes of each warp, and from the
- * shared table. Sizes of a partial warp tile (where the shuffle path reads values
- * for units past the end, which must never be stored), tails, one and many tiles;
- * every type, both codes, single and nested, blocksizes 32 to 4096, subnormal and
- * special values. */
+/* Both places the code values come from and both multiplies, each forced whatever
+ * the per-architecture table picks for the size: values by shuffle from the lanes
+ * of each warp or from the shared table, products by one mul.rn.ftz (asm) or by
+ * __fmul_rn and explicit flushes (C). Sizes of a partial warp tile (where the
+ * shuffle path reads values for units past the end, which must never be stored),
+ * tails, one and many tiles; every type, both codes, single and nested, blocksizes
+ * 32 to 4096, subnormal and special values (which the two multiplies must flush
+ * alike). */
 static void test_value_paths(struct gpu_ctx *ctx)
 {
     static const uint64_t SIZES[] = {1, 7, 511, 512, 1025, 3 * 1024 + 17, 65536 + 9, (1u << 20) + 3};
     static const uint32_t BS[] = {32, 64, 4096, 256};
     static const struct variant_cfg CFGS[] = {
-        {GPU_VARIANT_SHUFFLE_VALUES, 0, 0},
-        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_NO_STORE_HINT, 16, 128},
-        {GPU_VARIANT_SHUFFLE_VALUES, 32, 256},
-        {GPU_VARIANT_SHARED_VALUES, 0, 0},
+        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_C_MUL, 0, 0},
+        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_ASM_MUL, 0, 0},
+        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_C_MUL | GPU_VARIANT_NO_STORE_HINT, 16, 128},
+        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_ASM_MUL | GPU_VARIANT_NO_STORE_HINT, 16, 128},
+        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_ASM_MUL, 32, 256},
+        {GPU_VARIANT_SHARED_VALUES | GPU_VARIANT_C_MUL, 0, 0},
+        {GPU_VARIANT_SHARED_VALUES | GPU_VARIANT_ASM_MUL, 0, 0},
     };
     const struct variant_cases vc = {"value paths", SIZES, sizeof SIZES / sizeof SIZES[0], BS, 4, 16, 3, 4,
+                                     CFGS, sizeof CFGS / sizeof CFGS[0]};
+    run_variant_cases(ctx, &vc);
+}
+
+/* The default kernel on both sides of the per-architecture table's size split
+ * (on sm_90: up to 5 Mi elements the asm multiply, above it C). */
+static void test_table_split(struct gpu_ctx *ctx)
+{
+    static const uint64_t SIZES[] = {5u << 20, (5u << 20) + 1, (5u << 20) + 1027};
+    static const uint32_t BS[] = {64, 128};
+    static const struct variant_cfg CFGS[] = {{0, 0, 0}};
+    const struct variant_cases vc = {"table split", SIZES, sizeof SIZES / sizeof SIZES[0], BS, 2, 256, 5, 3,
                                      CFGS, sizeof CFGS / sizeof CFGS[0]};
     run_variant_cases(ctx, &vc);
 }
@@ -325,6 +342,7 @@ int main(int argc, char **argv)
     test_special(ctx);
     test_bulk_stores(ctx);
     test_value_paths(ctx);
+    test_table_split(ctx);
     test_subchunks();
     test_matrix(ctx, quick);
     if (big)
