@@ -7,10 +7,13 @@ bitsandbytes calls, examples/unsloth_puzzle_harness.py).
 
 Two timings per candidate and shape:
   graph  device time: CUDA-graph replays of one call per rotated input set,
-         queued back to back behind an untimed replay, each between its own
-         pair of events, per call (median over replays). Queued, the device
-         never waits for the host to launch the next replay, so the time is
-         the kernels' alone;
+         the rotation repeated to at least 48 calls per graph (fewer where
+         their outputs would pass 2 GiB), queued back to back behind an
+         untimed replay, each between its own pair of events, per call (median
+         over replays). Queued, the device never waits for the host to launch
+         the next replay; each replay's own fixed cost on the device is
+         spread over its calls, as the 24 launches of a replay in `nf4deq
+         bench` spread it, so the time is nearly the kernels' alone;
   eager  what a Python loop pays: 200 calls back to back, no sync in between,
          host clock from the first call to the end of the last, per call
          (median over repeats). Where the host is slower than the device, this
@@ -98,10 +101,17 @@ def candidates(peers, unsloth):
     return c
 
 
-def graph_us(fn, sets, replays, stream):
-    """Device time per call: a graph of one call per input set, replayed.
-    Captured on `stream`, the one the candidates were made on (the
-    fast_dequantize sequence reads its stream once, as Unsloth's does)."""
+GRAPH_CALLS = 48                 # calls per captured graph, at least
+GRAPH_OUT_BYTES = 2 << 30        # ... unless their outputs (each kept) pass this
+
+
+def graph_us(fn, sets, replays, stream, out_bytes):
+    """Device time per call: a graph of the input sets' calls, the rotation
+    repeated to GRAPH_CALLS calls, replayed. Every call keeps its own output, as
+    eager calls would. Captured on `stream`, the one the candidates were made on
+    (the fast_dequantize sequence reads its stream once, as Unsloth's does)."""
+    passes = max(1, min(-(-GRAPH_CALLS // len(sets)), GRAPH_OUT_BYTES // (len(sets) * out_bytes)))
+    calls = [s for _ in range(passes) for s in sets]
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for s in sets:  # warm-up outside the capture (compiles, caches)
@@ -110,7 +120,7 @@ def graph_us(fn, sets, replays, stream):
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=stream):
-        outs = [fn(s) for s in sets]
+        outs = [fn(s) for s in calls]
     del outs
     g.replay()
     torch.cuda.synchronize()
@@ -126,7 +136,7 @@ def graph_us(fn, sets, replays, stream):
         g.replay()
         end.record()
     torch.cuda.synchronize()
-    per_call = [start.elapsed_time(end) * 1000.0 / len(sets) for start, end in events]
+    per_call = [start.elapsed_time(end) * 1000.0 / len(calls) for start, end in events]
     return statistics.median(per_call)
 
 
@@ -275,7 +285,7 @@ def main():
         for name, fn in cands.items():
             try:
                 ident = all(same_bytes(fn(s), s.ref) for s in sets[:2])
-                g = graph_us(graph_cands[name], sets, a.replays, capture)
+                g = graph_us(graph_cands[name], sets, a.replays, capture, out_bytes)
                 e = eager_us(fn, sets, a.calls, a.repeats)
             except Exception as ex:  # a peer that cannot run here is reported, not fatal
                 row["results"][name] = {"error": f"{type(ex).__name__}: {ex}"}
