@@ -161,9 +161,9 @@ static const arch_entry ARCH_TABLE[] = {
     // the best at every bench size; streaming stores won at every size (plain stores,
     // which leave the output in L2, did not help even where it fits); values by
     // shuffle were 4% faster at 10 MB and no slower at any larger size. With the
-    // shuffle, the asm multiply is 2-5% faster up to 5 Mi elements and 2-8% slower
-    // from 6 Mi up (not profiled: the C flushes cost nothing measurable there):
-    // hence the small configuration.
+    // shuffle, the asm multiply is 2-5% faster up to 5 Mi elements, even at 5.25 Mi,
+    // and 2-8% slower from 6 Mi up (why was not established): hence the small
+    // configuration.
     {9, 0, SM90_ASM_MUL_MAX_N, {32, 64, 1, 1, 1}, {32, 64, 1, 1, 0}},
 };
 
