@@ -89,6 +89,7 @@ struct input_set {
 struct bench_state {
     std::vector<input_set> sets;
     float *d_code = NULL;
+    float *d_offset = NULL; // the nested offset in device memory (GPU_VARIANT_DEVICE_OFFSET)
     std::vector<cudaEvent_t> ev;
     ~bench_state()
     {
@@ -97,12 +98,16 @@ struct bench_state {
             cudaFree(s.out); cudaFree(s.bnb_absmax); cudaFree(s.bnb_out);
         }
         cudaFree(d_code);
+        cudaFree(d_offset);
         for (auto e : ev)
             cudaEventDestroy(e);
     }
 };
 
-static dev_job job_for(const input_set &s, const float *d_code, uint64_t n, enum st_dtype dt, float offset)
+// offset_dev: NULL for the offset by value (the CLI), else where the PyTorch route
+// keeps it, in device memory.
+static dev_job job_for(const input_set &s, const float *d_code, uint64_t n, enum st_dtype dt, float offset,
+                       const float *offset_dev = NULL)
 {
     dev_job j;
     memset(&j, 0, sizeof j);
@@ -111,6 +116,7 @@ static dev_job job_for(const input_set &s, const float *d_code, uint64_t n, enum
     j.nested_absmax = s.nested;
     j.nested_code = d_code;
     j.nested_offset = offset;
+    j.nested_offset_ptr = offset_dev;
     j.n = n;
     j.blocksize = BENCH_BLOCKSIZE;
     j.nested_blocksize = BENCH_NESTED_BLOCKSIZE;
@@ -222,6 +228,8 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
     make_nested_code(h_code.data());
     cudaCheck(cudaMalloc(&st.d_code, 256 * sizeof(float)));
     cudaCheck(cudaMemcpy(st.d_code, h_code.data(), 256 * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMalloc(&st.d_offset, sizeof(float)));
+    cudaCheck(cudaMemcpy(st.d_offset, &offset, sizeof(float), cudaMemcpyHostToDevice));
     uint64_t seed = o->seed ? o->seed : 0x9e3779b97f4a7c15ull;
     for (int k = 0; k < nsets; k++) {
         input_set s;
@@ -292,7 +300,8 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
                 cudaCheck(cudaGetLastError());
                 return NF4_OK;
             }
-            dev_job j = job_for(s, st.d_code, n, o->out_dtype, offset);
+            dev_job j = job_for(s, st.d_code, n, o->out_dtype, offset,
+                                (v.flags & GPU_VARIANT_DEVICE_OFFSET) ? st.d_offset : NULL);
             return nf4_launch_dequant(&j, cfg, v.flags, stream);
         }
         return run_bnb(o, s, st.d_code, n, offset, stream);
@@ -364,21 +373,22 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
 
     if (bnb) {
         r->bnb_ms = median(times[o->n_variants]);
-        // Byte-for-byte comparison on set 0 with the default variant.
-        dev_job j = job_for(st.sets[0], st.d_code, n, o->out_dtype, offset);
-        cudaCheck(cudaMemset(st.sets[0].out, 0xA5, n * osz));
-        cudaCheck(cudaMemset(st.sets[0].bnb_out, 0x5A, n * osz));
-        int rc = nf4_launch_dequant(&j, table, 0, 0);
+        // Byte-for-byte comparison on set 0 with the default kernel, given the offset
+        // by value (the CLI) and in device memory (the PyTorch route).
+        int rc = run_bnb(o, st.sets[0], st.d_code, n, offset);
         if (rc)
             return rc;
-        rc = run_bnb(o, st.sets[0], st.d_code, n, offset);
-        if (rc)
-            return rc;
-        cudaCheck(cudaDeviceSynchronize());
         std::vector<uint8_t> a(n * osz), b(n * osz);
-        cudaCheck(cudaMemcpy(a.data(), st.sets[0].out, n * osz, cudaMemcpyDeviceToHost));
         cudaCheck(cudaMemcpy(b.data(), st.sets[0].bnb_out, n * osz, cudaMemcpyDeviceToHost));
-        r->bnb_identical = memcmp(a.data(), b.data(), n * osz) == 0;
+        r->bnb_identical = 1;
+        for (const float *offset_dev : {(const float *)NULL, (const float *)st.d_offset}) {
+            dev_job j = job_for(st.sets[0], st.d_code, n, o->out_dtype, offset, offset_dev);
+            cudaCheck(cudaMemset(st.sets[0].out, 0xA5, n * osz));
+            if ((rc = nf4_launch_dequant(&j, table, 0, 0)))
+                return rc;
+            cudaCheck(cudaMemcpy(a.data(), st.sets[0].out, n * osz, cudaMemcpyDeviceToHost));
+            r->bnb_identical &= memcmp(a.data(), b.data(), n * osz) == 0;
+        }
     }
     return NF4_OK;
 }

@@ -19,7 +19,7 @@
 #define BENCH_CPU_DEFAULT_ITERS 10
 #define BENCH_CPU_MIN_ITERS 3
 #define MAX_SHAPES 32
-#define N_BASE_VARIANTS 9
+#define N_BASE_VARIANTS 10
 #define N_DIAG_VARIANTS 4
 
 struct shape {
@@ -43,7 +43,7 @@ static const struct shape PUZZLE_MATRICES[] = {
 
 static const char *VARIANT_NAMES[N_BASE_VARIANTS] = {"default",       "asm-value",      "no-hints",      "asm-value+no-hints",
                                                     "no-store-hint", "asm-mul",        "shuffle-values", "shared-values",
-                                                    "c-mul"};
+                                                    "c-mul",         "device-offset"};
 
 static void usage(FILE *f)
 {
@@ -55,9 +55,11 @@ static void usage(FILE *f)
             "events), bytes moved, GB/s and the share of device-to-device copy bandwidth\n"
             "measured in the same run. Kernel variants (the asm value path, cache hints\n"
             "off, the code values read by shuffle or from shared memory, the multiply in\n"
-            "asm or in C) are timed side by side, interleaved. The config column ends in\n"
+            "asm or in C, the nested offset read from device memory as the PyTorch route\n"
+            "passes it) are timed side by side, interleaved. The config column ends in\n"
             "s where the values come by shuffle, m where the multiply is asm, p where\n"
-            "stores are plain.\n"
+            "stores are plain. With --bnb-lib, identical means with the offset given\n"
+            "both ways.\n"
             "\n"
             "  --shape MxK[:fp16|bf16]  a matrix to time (repeatable); default: the Unsloth\n"
             "                           puzzle matrices and 8192x4096\n"
@@ -529,6 +531,7 @@ int cmd_bench(int argc, char **argv)
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_SHUFFLE_VALUES, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_SHARED_VALUES, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_C_MUL, 0, 0};
+    var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_DEVICE_OFFSET, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_TRAFFIC, 4, 256};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_EMPTY, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_MEMSET, 0, 0};

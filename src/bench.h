@@ -26,6 +26,8 @@ int cmd_bench(int argc, char **argv);
 #define GPU_VARIANT_NO_STORE_HINT 256u /* loads hinted, plain stores */
 #define GPU_VARIANT_ASM_MUL 512u /* only the multiply in asm (mul.rn.ftz), C unpack */
 #define GPU_VARIANT_C_MUL 16384u /* the multiply in CUDA C, whatever the table picks */
+/* Bench only: the nested offset read from device memory, as the PyTorch route passes it */
+#define GPU_VARIANT_DEVICE_OFFSET 32768u
 #define GPU_VARIANT_BULK_STORE 1024u /* sm_90: each warp's tile through shared memory, one TMA bulk store */
 #define GPU_VARIANT_BULK_EVICT_FIRST 2048u /* the same with an L2 evict_first policy */
 /* These two force where the code values come from, whatever the per-architecture table picks: */
@@ -47,7 +49,7 @@ struct gpu_bench_variant {
     int ept, threads;
 };
 
-#define GPU_BENCH_MAX_VARIANTS 40
+#define GPU_BENCH_MAX_VARIANTS 48
 
 struct gpu_bench_opts {
     uint64_t n;              /* elements (blocksize 64, nested blocksize 256) */
