@@ -11,6 +11,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <cuda_runtime_api.h>
+
+#include "nf4deq.h"
+
 #include "bench.h"
 #include "dequant.h"
 #include "fpconv.h"
@@ -218,6 +222,89 @@ static void test_table_split(struct gpu_ctx *ctx)
     run_variant_cases(ctx, &vc);
 }
 
+/* Copies n bytes of host memory to a new device buffer; NULL for NULL. */
+static void *to_device(const void *host, size_t n)
+{
+    void *d = NULL;
+    if (!host)
+        return NULL;
+    if (cudaMalloc(&d, n) != cudaSuccess)
+        return NULL;
+    if (cudaMemcpy(d, host, n, cudaMemcpyHostToDevice) != cudaSuccess) {
+        cudaFree(d);
+        return NULL;
+    }
+    return d;
+}
+
+/* The public ABI with device pointers, as the PyTorch route calls it: the nested
+ * offset by value and from device memory (read beside the packed loads), on
+ * poisoned outputs with a guard; partial tiles, tails, both sides of the table's
+ * size split, every type, both codes, special values. */
+static void test_abi_offsets(struct gpu_ctx *ctx)
+{
+    static const uint64_t SIZES[] = {1, 7, 1025, 65536 + 9, (1u << 20) + 3, (5u << 20) + 3};
+    static const enum st_dtype DTS[] = {DT_F16, DT_BF16, DT_F32};
+    int k = 0;
+    for (size_t si = 0; si < sizeof SIZES / sizeof SIZES[0]; si++)
+        for (int di = 0; di < 3; di++, k++) {
+            struct tensor t;
+            const uint64_t n = SIZES[si];
+            const enum quant_type qt = k % 4 == 1 ? QUANT_FP4 : QUANT_NF4;
+            const int special = k % 3 == 0;
+            char what[160];
+            if (tensor_make(ctx, &t, n, 64, 1, 256, qt, DTS[di], special, 1)) {
+                CHECK(0, "abi offsets n=%llu: out of host memory", (unsigned long long)n);
+                tensor_free(ctx, &t);
+                continue;
+            }
+            cpu_reference(&t);
+            const uint64_t blocks = (n + 63) / 64, nblocks = (blocks + 255) / 256;
+            const float offset = t.job.nested_offset;
+            uint8_t *d_packed = to_device(t.packed, (size_t)((n + 1) / 2));
+            uint8_t *d_codes = to_device(t.codes, blocks);
+            float *d_nested = to_device(t.nested_absmax, nblocks * sizeof(float));
+            float *d_code = to_device(t.nested_code, NESTED_CODE_ENTRIES * sizeof(float));
+            float *d_offset = to_device(&offset, sizeof offset);
+            void *d_out = NULL;
+            if (cudaMalloc(&d_out, t.out_bytes + GUARD_BYTES) != cudaSuccess)
+                d_out = NULL;
+            if (!d_packed || !d_codes || !d_nested || !d_code || !d_offset || !d_out) {
+                CHECK(0, "abi offsets n=%llu: out of device memory", (unsigned long long)n);
+            } else {
+                for (int by_ptr = 0; by_ptr < 2; by_ptr++) {
+                    snprintf(what, sizeof what, "abi offset %s: n=%llu %s %s%s", by_ptr ? "in device memory" : "by value",
+                             (unsigned long long)n, qt == QUANT_FP4 ? "fp4" : "nf4", dtn(DTS[di]),
+                             special ? " special" : "");
+                    int ok = cudaMemset(d_out, POISON, t.out_bytes + GUARD_BYTES) == cudaSuccess;
+                    /* By pointer, the value argument is wrong on purpose: it must be ignored. */
+                    int rc = nf4deq_dequantize_cuda(d_packed, d_codes, d_nested, d_code, by_ptr ? 1234.5f : offset,
+                                                    by_ptr ? d_offset : NULL, n, 64, 256,
+                                                    qt == QUANT_FP4 ? NF4DEQ_FP4 : NF4DEQ_NF4,
+                                                    DTS[di] == DT_F16    ? NF4DEQ_FLOAT16
+                                                    : DTS[di] == DT_BF16 ? NF4DEQ_BFLOAT16
+                                                                         : NF4DEQ_FLOAT32,
+                                                    d_out, NULL);
+                    ok = ok && rc == NF4DEQ_OK &&
+                         cudaMemcpy(t.out_gpu, d_out, t.out_bytes + GUARD_BYTES, cudaMemcpyDeviceToHost) == cudaSuccess;
+                    CHECK(ok, "%s: call failed (status %d)", what, rc);
+                    if (!ok)
+                        continue;
+                    uint64_t d = first_diff(t.out_gpu, t.out_cpu, t.out_bytes, osize(DTS[di]));
+                    CHECK(d == UINT64_MAX, "%s: element %llu differs", what, (unsigned long long)d);
+                    CHECK(guard_ok(t.out_gpu, t.out_bytes), "%s: wrote past the end", what);
+                }
+            }
+            cudaFree(d_packed);
+            cudaFree(d_codes);
+            cudaFree(d_nested);
+            cudaFree(d_code);
+            cudaFree(d_offset);
+            cudaFree(d_out);
+            tensor_free(ctx, &t);
+        }
+}
+
 /* A small budget forces many sub-chunks through the two-stream pipeline. */
 static void test_subchunks(void)
 {
@@ -343,6 +430,7 @@ int main(int argc, char **argv)
     test_bulk_stores(ctx);
     test_value_paths(ctx);
     test_table_split(ctx);
+    test_abi_offsets(ctx);
     test_subchunks();
     test_matrix(ctx, quick);
     if (big)
