@@ -238,9 +238,9 @@ static void *to_device(const void *host, size_t n)
 }
 
 /* The public ABI with device pointers, as the PyTorch route calls it: the nested
- * offset by value and from device memory (read beside the packed loads), on
- * poisoned outputs with a guard; partial tiles, tails, both sides of the table's
- * size split, every type, both codes, special values. */
+ * offset by value and from device memory (with a wrong value beside it, which must
+ * be ignored), on poisoned outputs with a guard; partial tiles, tails, both sides
+ * of the table's size split, every type, both codes, special values. */
 static void test_abi_offsets(struct gpu_ctx *ctx)
 {
     static const uint64_t SIZES[] = {1, 7, 1025, 65536 + 9, (1u << 20) + 3, (5u << 20) + 3};
