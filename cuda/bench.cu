@@ -215,7 +215,7 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
     r->threads = table.threads;
     r->store_hint = table.store_hint;
     r->shuffle_values = table.shuffle_values;
-    r->asm_mul = table.asm_mul && o->out_dtype != DT_F32 && NF4DEQ_ASM;
+    r->asm_mul = NF4DEQ_ASM && table.asm_mul && asm_kernel_case(true, true, osz); // bench jobs: NF4, nested
 
     uint64_t set_bytes = r->bytes + (bnb ? blocks * 4 + n * osz : 0);
     uint64_t want = (uint64_t)BENCH_L2_MULTIPLE * (c->l2_bytes ? c->l2_bytes : (64u << 20));

@@ -37,14 +37,21 @@ static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
     return NF4_OK;
 }
 
+// The value table in the lanes, with cache hints, and streaming stores or not.
+template <typename T, int QT, int EPT, bool NESTED, int ASM>
+static int launch_shuffle(const dev_job &j, launch_cfg cfg, bool st_hint, cudaStream_t stream)
+{
+    if (st_hint)
+        return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
+    return launch_one<T, QT, EPT, NESTED, true, false, ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
+}
+
 // Every variant for the bench's case (NF4, double quant, fp16/bf16); for everything
 // else the default kernel (cache hints, C value path), with or without streaming stores.
 template <typename T, int QT, int EPT, bool NESTED>
 static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
 {
-    // The asm kernels are instantiated for the bench's case only; elsewhere the
-    // configuration's asm multiply is ignored and CUDA C is used.
-    constexpr bool ASM_KERNELS = QT == QT_NF4 && NESTED && sizeof(T) == 2;
+    constexpr bool ASM_KERNELS = asm_kernel_case(QT == QT_NF4, NESTED, sizeof(T));
     // ASM bits: what a variant asks for, else the configuration's multiply.
     const int asm_bits = !NF4DEQ_ASM                          ? 0
                          : (variant & GPU_VARIANT_ASM_VALUE) ? ASM_UNPACK | ASM_MUL
@@ -61,21 +68,16 @@ static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cu
     if (variant & GPU_VARIANT_BULK_STORE)
         return launch_one<T, QT, EPT, NESTED, true, true, DEFAULT_ASM, BULK_PLAIN>(j, cfg, stream);
     // The value table in the lanes (the configuration's choice, or forced either way
-    // by a bench variant): with the default arithmetic and cache hints only.
+    // by a bench variant): with cache hints, and the C or (where asm kernels exist)
+    // the asm multiply.
     const bool shuffle = (variant & GPU_VARIANT_SHUFFLE_VALUES)  ? true
                          : (variant & GPU_VARIANT_SHARED_VALUES) ? false
                                                                  : cfg.shuffle_values != 0;
-    if (shuffle && hints_on && asm_bits == DEFAULT_ASM) {
-        if (st_hint)
-            return launch_one<T, QT, EPT, NESTED, true, true, DEFAULT_ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
-        return launch_one<T, QT, EPT, NESTED, true, false, DEFAULT_ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
-    }
+    if (shuffle && hints_on && asm_bits == DEFAULT_ASM)
+        return launch_shuffle<T, QT, EPT, NESTED, DEFAULT_ASM>(j, cfg, st_hint, stream);
     if constexpr (ASM_KERNELS) {
-        if (shuffle && hints_on && asm_bits == ASM_MUL) {
-            if (st_hint)
-                return launch_one<T, QT, EPT, NESTED, true, true, ASM_MUL, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
-            return launch_one<T, QT, EPT, NESTED, true, false, ASM_MUL, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
-        }
+        if (shuffle && hints_on && asm_bits == ASM_MUL)
+            return launch_shuffle<T, QT, EPT, NESTED, ASM_MUL>(j, cfg, st_hint, stream);
 #define NF4_LAUNCH_ASM(H, S)                                                                       \
     switch (asm_bits) {                                                                            \
     case ASM_UNPACK | ASM_MUL: return launch_one<T, QT, EPT, NESTED, H, S, ASM_UNPACK | ASM_MUL>(j, cfg, stream); \

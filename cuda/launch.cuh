@@ -36,6 +36,15 @@ struct launch_cfg {
                         // and 16-bit output, the bench's case); 0: __fmul_rn with explicit flushes
 };
 
+// The one case the launcher instantiates asm kernels for (launch_cfg.asm_mul, the
+// asm bench variants): NF4 with double quant and 16-bit output, the bench's. For
+// every other job it ignores the configuration's asm multiply and runs CUDA C, as
+// NF4DEQ_ASM=0 builds do for every job.
+constexpr bool asm_kernel_case(bool nf4, bool nested, size_t out_bytes)
+{
+    return nf4 && nested && out_bytes == 2;
+}
+
 // A dequant job whose pointers are all DEVICE memory (packed and out 16-byte aligned).
 struct dev_job {
     const uint8_t *packed;
