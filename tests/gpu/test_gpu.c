@@ -23,6 +23,23 @@
 
 #include "gpu_tensor.h"
 
+/* Compares the GPU's output in t->out_gpu with the CPU reference in t->out_cpu,
+ * byte for byte, and checks that the guard after it is still poisoned. */
+static void compare_with_cpu(const struct tensor *t, const char *what)
+{
+    const size_t esz = osize(t->job.out_dtype);
+    uint64_t d = first_diff(t->out_gpu, t->out_cpu, t->out_bytes, esz);
+    if (d != UINT64_MAX) {
+        uint32_t g = 0, c = 0;
+        memcpy(&g, (const char *)t->out_gpu + d * esz, esz);
+        memcpy(&c, (const char *)t->out_cpu + d * esz, esz);
+        CHECK(0, "%s: element %llu differs: gpu %08x cpu %08x", what, (unsigned long long)d, g, c);
+    } else {
+        CHECK(1, "%s", what);
+    }
+    CHECK(guard_ok(t->out_gpu, t->out_bytes), "%s: wrote past the end", what);
+}
+
 /* Runs the GPU (variant/config) and compares with the CPU reference in t->out_cpu. */
 static void run_and_compare(struct gpu_ctx *ctx, struct tensor *t, unsigned variant, int ept, int threads,
                             const char *what)
@@ -35,16 +52,7 @@ static void run_and_compare(struct gpu_ctx *ctx, struct tensor *t, unsigned vari
     CHECK(rc == NF4_OK, "%s: gpu_dequant failed: %s", what, nf4_last_error());
     if (rc)
         return;
-    uint64_t d = first_diff(t->out_gpu, t->out_cpu, t->out_bytes, osize(j.out_dtype));
-    if (d != UINT64_MAX) {
-        uint32_t g = 0, c = 0;
-        memcpy(&g, (char *)t->out_gpu + d * osize(j.out_dtype), osize(j.out_dtype));
-        memcpy(&c, (char *)t->out_cpu + d * osize(j.out_dtype), osize(j.out_dtype));
-        CHECK(0, "%s: element %llu differs: gpu %08x cpu %08x", what, (unsigned long long)d, g, c);
-    } else {
-        CHECK(1, "%s", what);
-    }
-    CHECK(guard_ok(t->out_gpu, t->out_bytes), "%s: wrote past the end", what);
+    compare_with_cpu(t, what);
 }
 
 static void cpu_reference(struct tensor *t)
@@ -288,11 +296,8 @@ static void test_abi_offsets(struct gpu_ctx *ctx)
                     ok = ok && rc == NF4DEQ_OK &&
                          cudaMemcpy(t.out_gpu, d_out, t.out_bytes + GUARD_BYTES, cudaMemcpyDeviceToHost) == cudaSuccess;
                     CHECK(ok, "%s: call failed (status %d)", what, rc);
-                    if (!ok)
-                        continue;
-                    uint64_t d = first_diff(t.out_gpu, t.out_cpu, t.out_bytes, osize(DTS[di]));
-                    CHECK(d == UINT64_MAX, "%s: element %llu differs", what, (unsigned long long)d);
-                    CHECK(guard_ok(t.out_gpu, t.out_bytes), "%s: wrote past the end", what);
+                    if (ok)
+                        compare_with_cpu(&t, what);
                 }
             }
             cudaFree(d_packed);
