@@ -2,11 +2,14 @@
 custom ops, all calling libnf4deq through ctypes.
 
 Two paths, one kernel:
-- eager (the common QLoRA case): a direct ctypes call. QLoRA dequantizes every
-  weight on every forward and backward pass, so the host cost per call matters
-  as much as the kernel: the pointers and sizes of each quant state are worked
-  out once and cached, the offset is read on the GPU (never .item(), which
-  would synchronize), and nothing goes through the dispatcher.
+- eager (the common QLoRA case): a direct call into the library. QLoRA
+  dequantizes every weight on every forward and backward pass, so the host cost
+  per call matters as much as the kernel: the pointers and sizes of each quant
+  state are worked out once and cached, the offset is read on the GPU (never
+  .item(), which would synchronize), and nothing goes through the dispatcher.
+  Where the _nf4deq_launch extension was built, a cached call (same quant
+  state, same weight, output allocated) is made by the extension in C; the
+  Python path below makes every other call, and fills the extension's cache.
 - torch.compile: torch.ops.nf4deq.dequantize_4bit, a custom op with a fake
   implementation, so Dynamo traces it without a graph break. Its real
   implementation calls the same ctypes function.
@@ -274,13 +277,26 @@ def _global_out(e):
 # so is not hashable; the weakref in the entry guards against a reused id, and
 # its callback drops the entry when the quant state goes away.
 _cache = {}
+# id(quant state) -> the extension's fast entry (_register_fast), for calls
+# that return a new tensor; dropped with the _cache entry.
+_fast_cache = {}
+_eager_cached = None
+if _ext is not None:
+    _ext.bind_eager(_fast_cache, _Tensor, _Parameter, _Tensor.data_ptr, _current_device, _raw_stream,
+                    _no_torch_function, _lib.check)
+    _eager_cached = _ext.eager_cached
+
+
+def _drop(key):
+    _cache.pop(key, None)
+    _fast_cache.pop(key, None)
 
 
 def _cached_entry(qs):
     key = id(qs)
     e = _build(_unpack(qs))
     try:
-        e.qs_ref = weakref.ref(qs, lambda _r, key=key: _cache.pop(key, None))
+        e.qs_ref = weakref.ref(qs, lambda _r, key=key: _drop(key))
     except TypeError:  # an object that takes no weak reference: not cached
         e.qs_ref = lambda: None
         return e
@@ -291,6 +307,18 @@ def _cached_entry(qs):
              st2.blocksize if st2 is not None else None)
     _cache[key] = e
     return e
+
+
+FAST_STATE_ADDR = 15  # where the tuple below holds the state's address (_launch.c's FAST_STATE_ADDR)
+
+
+def _register_fast(e, qs):
+    """Hands the extension what it needs to make this call again by itself
+    (the tuple's layout: FAST_* in _launch.c). Only for an entry in _cache
+    whose weight binding is cached, on a CUDA device."""
+    s = e.src
+    _fast_cache[id(qs)] = (e.qs_ref, *s, e.w_ref, e.wptr, e.template.new_empty, e.shape, e.state_addr, e.dev,
+                           e.transposed, e)
 
 
 def _eager(w, qs, out, use_global_buffer):
@@ -310,7 +338,8 @@ def _eager(w, qs, out, use_global_buffer):
             wptr = w.data_ptr()
     else:
         raise TypeError(f"nf4deq: the weight must be a tensor, got {tw.__name__}")
-    if wptr != e.wptr or e.w_ref is None or e.w_ref() is not w:
+    bound_before = not (wptr != e.wptr or e.w_ref is None or e.w_ref() is not w)
+    if not bound_before:
         src, transposed, cacheable = _bind_weight(e, w)
         if cacheable:
             e.w_ref, e.wptr, e.transposed = weakref.ref(w), wptr, transposed
@@ -338,6 +367,12 @@ def _eager(w, qs, out, use_global_buffer):
             rc = _cuda_state_fn(e.state_addr, wptr, res.data_ptr(), _raw_stream(dev))
             if rc:
                 _lib.check(rc, "nf4deq_dequantize_cuda")
+            # A call the extension did not make, with a cached entry and the
+            # weight it was bound to before: the extension makes the next one.
+            # Not on a weight's first call, so that a weight seen once (a new
+            # W.t() view on every call) costs no registration.
+            if _eager_cached is not None and not use_global_buffer and bound_before and _cache.get(id(qs)) is e:
+                _register_fast(e, qs)
         else:
             _launch(e, wptr, res.data_ptr())
     elif _out_ok(e, out):
@@ -444,6 +479,10 @@ def dequantize(weight, quant_state=None, out=None):
             raise ValueError("nf4deq: no quant_state given and the weight has none")
     if _is_compiling():
         return _traced(weight, quant_state, out)
+    if out is None and _eager_cached is not None:
+        res = _eager_cached(weight, quant_state)
+        if res is not None:
+            return res
     return _eager(weight, quant_state, out, False)
 
 
@@ -462,4 +501,8 @@ def fast_dequantize(W, quant_state=None, out=None, use_global_buffer=False):
             return W
     if _is_compiling():
         return _traced(W, quant_state, out)
+    if out is None and not use_global_buffer and _eager_cached is not None:
+        res = _eager_cached(W, quant_state)
+        if res is not None:
+            return res
     return _eager(W, quant_state, out, use_global_buffer)

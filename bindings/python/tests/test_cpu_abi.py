@@ -95,6 +95,176 @@ def run_cpu(lib, qs, arrays, out_dtype, threads=0, first_block=0, blocks=None):
     return rc, out
 
 
+class FakeTensor:
+    """Stands in for torch.Tensor in the extension's cached call: it only needs
+    a data pointer, a type, weak references and t()."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def t(self):
+        return ("transposed", self)
+
+
+class FakeParameter(FakeTensor):
+    pass
+
+
+class FakeSubclass(FakeTensor):  # as bitsandbytes' Params4bit: read with torch functions off
+    pass
+
+
+class FakeQuantState:
+    def __init__(self, nested):
+        self.absmax, self.shape, self.dtype, self.blocksize, self.quant_type = object(), (3, 5), "bf16", 4096, "nf4"
+        self.state2 = self.offset = None
+        if nested:
+            self.state2 = FakeQuantState(False)
+            self.state2.code, self.state2.blocksize = object(), 256
+            self.offset = object()
+
+
+def check_eager_cached(ext, lib):
+    """_launch.c's eager_cached() without torch: bound to stand-ins, it must
+    take a call only when everything the Python path would check still holds,
+    launch through the library (n=0 returns OK without a GPU; n>0 finds none),
+    raise the library's error through check(), and never crash when the cache
+    changes under it."""
+    import gc
+    import weakref
+
+    cache, calls = {}, []
+
+    class Guard:  # torch._C.DisableTorchFunctionSubclass
+        def __enter__(self):
+            calls.append("enter")
+
+        def __exit__(self, *exc):
+            calls.append("exit")
+
+    class Slotted:  # a quant state without an instance dictionary
+        __slots__ = ("__weakref__",)
+
+    device = [0]
+    ext.bind_eager(cache, FakeTensor, FakeParameter, lambda t: t.ptr, lambda: device[0],
+                   lambda dev: 0, Guard, nf4deq._lib.check)
+    out_buf = aligned_empty(256)
+
+    def new_empty(shape):
+        calls.append(("new_empty", shape))
+        return FakeTensor(out_buf.ctypes.data)
+
+    absmax_buf = np.ones(4, dtype=np.float32)
+
+    def entry(qs, w, n=0, transposed=False, dev=0):
+        state = nf4deq._lib.State(absmax_buf.ctypes.data, None, None, None, n, 0.0, 64, 1, nf4deq.NF4,
+                                  nf4deq.BFLOAT16)
+        st2 = qs.state2
+        src = (qs.absmax, qs.shape, qs.dtype, qs.blocksize, qs.quant_type, st2,
+               qs.offset if st2 else None, st2.absmax if st2 else None, st2.code if st2 else None,
+               st2.blocksize if st2 else None)
+        cache[id(qs)] = (weakref.ref(qs), *src, weakref.ref(w), w.ptr, new_empty, qs.shape,
+                         ctypes.addressof(state), dev, transposed, state)
+
+    w_buf = aligned_empty(64)
+    for nested in (False, True):
+        qs, w = FakeQuantState(nested), FakeTensor(w_buf.ctypes.data)
+        tag = f"ext cached (nested={nested})"
+        check(ext.eager_cached(w, qs) is None, f"{tag}: not in the cache -> None")
+        entry(qs, w)
+        calls.clear()
+        got = ext.eager_cached(w, qs)
+        check(isinstance(got, FakeTensor) and got.ptr == out_buf.ctypes.data and calls == [("new_empty", (3, 5))],
+              f"{tag}: a hit allocates once and returns the output", f"{got!r} {calls}")
+        qs.blocksize = int("4096")  # equal, another object
+        check(isinstance(ext.eager_cached(w, qs), FakeTensor), f"{tag}: an equal blocksize still hits")
+
+        def miss(label, change, undo):
+            change()
+            calls.clear()
+            got = ext.eager_cached(w2[0], qs)
+            check(got is None and not any(isinstance(c, tuple) for c in calls), f"{tag}: {label} -> None",
+                  f"{got!r} {calls}")
+            undo()
+
+        w2 = [w]
+        # What _Entry.sources_match compares (the offset only with a state2).
+        for attr in ("absmax", "shape", "dtype", "blocksize", "quant_type", "state2") + (("offset",) if nested else ()):
+            old = getattr(qs, attr)
+            miss(f"{attr} replaced", lambda a=attr: setattr(qs, a, object()), lambda a=attr, o=old: setattr(qs, a, o))
+        if nested:
+            for attr in ("absmax", "code", "blocksize"):
+                old = getattr(qs.state2, attr)
+                miss(f"state2.{attr} replaced", lambda a=attr: setattr(qs.state2, a, object()),
+                     lambda a=attr, o=old: setattr(qs.state2, a, o))
+            old2 = qs.state2
+            miss("state2 removed", lambda: setattr(qs, "state2", None), lambda: setattr(qs, "state2", old2))
+        miss("another weight object", lambda: w2.__setitem__(0, FakeTensor(w.ptr)), lambda: w2.__setitem__(0, w))
+        miss("the weight's storage moved", lambda: setattr(w, "ptr", w.ptr + 16),
+             lambda: setattr(w, "ptr", w.ptr - 16))
+        miss("not a tensor", lambda: w2.__setitem__(0, object()), lambda: w2.__setitem__(0, w))
+        miss("another current device", lambda: device.__setitem__(0, 1), lambda: device.__setitem__(0, 0))
+        check(ext.eager_cached(w, [1, 2]) is None, f"{tag}: a list quant state -> None")
+        slotted = Slotted()
+        cache[id(slotted)] = (weakref.ref(slotted),) + cache[id(qs)][1:]
+        check(ext.eager_cached(w, slotted) is None, f"{tag}: a quant state without a __dict__ -> None")
+        del cache[id(slotted)]
+
+        # A subclass weight is read inside the guard, which is left again.
+        sub = FakeSubclass(w_buf.ctypes.data)
+        entry(qs, sub, transposed=True)
+        calls.clear()
+        got = ext.eager_cached(sub, qs)
+        check(isinstance(got, tuple) and got[0] == "transposed" and calls[:2] == ["enter", "exit"],
+              f"{tag}: a subclass weight, read with torch functions off, returned transposed", f"{got!r} {calls}")
+
+        # A real job with no GPU: the library's status, raised by check().
+        entry(qs, w, n=128)
+        try:
+            ext.eager_cached(w, qs)
+            check(False, f"{tag}: no GPU raises Nf4deqError")
+        except nf4deq.Nf4deqError as e:
+            check(e.status in (nf4deq.ENODEV, nf4deq.ECUDA), f"{tag}: no GPU raises Nf4deqError", str(e))
+
+        # The entry dropped from the cache while the call checks it.
+        entry(qs, w)
+        device_fn = lambda: (cache.clear(), 0)[1]  # noqa: E731
+        ext.bind_eager(cache, FakeTensor, FakeParameter, lambda t: t.ptr, device_fn, lambda dev: 0, Guard,
+                       nf4deq._lib.check)
+        got = ext.eager_cached(w, qs)
+        gc.collect()
+        check(isinstance(got, FakeTensor) and not cache, f"{tag}: the cache emptied during the call", f"{got!r}")
+        ext.bind_eager(cache, FakeTensor, FakeParameter, lambda t: t.ptr, lambda: device[0], lambda dev: 0, Guard,
+                       nf4deq._lib.check)
+
+        # A quant state that died: its id may come back on another object.
+        entry(qs, w)
+        key = id(qs)
+        del qs
+        gc.collect()
+        ghost = FakeQuantState(nested)
+        if id(ghost) == key:
+            check(ext.eager_cached(w, ghost) is None, f"{tag}: a reused id -> None")
+        cache.clear()
+
+    bad = FakeQuantState(False)
+    cache[id(bad)] = (1, 2, 3)
+    for args, exc, label in (((w, bad), TypeError, "a malformed cache entry"), ((w,), TypeError, "one argument"),
+                             ((w, bad, None), TypeError, "three arguments")):
+        try:
+            ext.eager_cached(*args)
+            check(False, f"ext cached: {label} raises {exc.__name__}")
+        except exc:
+            check(True, f"ext cached: {label} raises {exc.__name__}")
+    for args, label in (((cache,), "one argument"), ((list(), *[len] * 7), "a list for the cache"),
+                        ((cache, *[len] * 6, 3), "a number for check")):
+        try:
+            ext.bind_eager(*args)
+            check(False, f"bind_eager: {label} raises TypeError")
+        except TypeError:
+            check(True, f"bind_eager: {label} raises TypeError")
+
+
 def main():
     try:
         lib = nf4deq.load_library()
@@ -213,6 +383,7 @@ def main():
             check(False, "ext: an address out of range raises OverflowError")
         except OverflowError:
             check(True, "ext: an address out of range raises OverflowError")
+        check_eager_cached(ext, lib)
         import subprocess
         env = dict(os.environ, NF4DEQ_CTYPES="1", PYTHONPATH=str(HERE.parent))
         route = subprocess.run([sys.executable, "-c", "import nf4deq; print(nf4deq.launch_route())"], env=env,

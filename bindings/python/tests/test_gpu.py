@@ -238,9 +238,15 @@ def test_list_form():
 def test_cache_invalidation():
     W, qs = quantize((512, 256), torch.float16, 64, "nf4", True)
     ref = reference(W, qs)
-    nf4deq.dequantize(W, qs)  # cached now
+
+    def warm(w):
+        """Cached, and the next call handed to the extension where it was built:
+        each change below must then be seen by the extension's checks too."""
+        nf4deq.dequantize(w, qs)
+        nf4deq.dequantize(w, qs)
 
     def new_absmax():
+        warm(W)
         old = qs.absmax
         qs.absmax = old.clone()
         old.zero_()  # the stale pointer would now read zeros
@@ -249,6 +255,7 @@ def test_cache_invalidation():
     check("cache: quant_state.absmax replaced", new_absmax)
 
     def new_offset():
+        warm(W)
         old = qs.offset
         qs.offset = old.clone() + 1.0
         try:
@@ -260,7 +267,7 @@ def test_cache_invalidation():
 
     def new_data():
         P = Params4bit(W.clone(), requires_grad=False, quant_state=qs, bnb_quantized=True, quant_type="nf4")
-        nf4deq.dequantize(P, qs)
+        warm(P)
         old = P.data
         P.data = old.clone()  # same Python object, new storage
         old.zero_()
@@ -269,6 +276,7 @@ def test_cache_invalidation():
     check("cache: weight.data swapped", new_data)
 
     def two_weights_one_state():
+        warm(W)
         W2 = W.clone()
         return same(nf4deq.dequantize(W, qs), ref) and same(nf4deq.dequantize(W2, qs), ref) \
             and same(nf4deq.dequantize(W, qs), ref)
@@ -276,6 +284,7 @@ def test_cache_invalidation():
     check("cache: two weights sharing one quant state", two_weights_one_state)
 
     def deepcopied():
+        warm(W)
         qs2 = copy.deepcopy(qs)
         return same(nf4deq.dequantize(W, qs2), ref)
 
@@ -388,6 +397,91 @@ def test_routes():
                 finally:
                     nf4t._cuda_state_fn = saved
             check(f"route {name}: {shape} {dt} nested={nested}", run)
+
+
+def test_cached_path():
+    """A call repeated with the same quant state and weight is made by the
+    extension in C (_launch.c eager_cached) where it was built. Each case runs
+    twice through the Python path (the second call hands it to the extension),
+    then again with the Python path made to fail, so the result can only come
+    from the extension. The
+    output is allocated where a tensor of the same size was just filled with NaN
+    and freed (the caching allocator hands that block back), so a launch that
+    did not happen, or wrote short, fails the comparison."""
+    from nf4deq import _torch as nf4t
+    if nf4t._eager_cached is None:
+        skip("cached path", "the _nf4deq_launch extension was not built")
+        return
+
+    def refuse(*args):
+        raise AssertionError("the Python path took a call the extension should have made")
+
+    def by_extension(call, like):
+        torch.full_like(like, float("nan"))  # allocated and freed: the next block of this size is poisoned
+        saved = nf4t._eager
+        nf4t._eager = refuse
+        try:
+            return call()
+        finally:
+            nf4t._eager = saved
+
+    cases = [((4097, 33), torch.bfloat16, "nf4", True), ((129, 257), torch.float32, "fp4", True),
+             ((3, 5), torch.float16, "fp4", False), ((300, 301), torch.float16, "nf4", False),
+             ((4096, 1024), torch.bfloat16, "nf4", True)]
+    for shape, dt, qt, nested in cases:
+        W, qs = quantize(shape, dt, 64, qt, nested, seed=11)
+        for name, w in (("weight", W), ("weight.t() (returned transposed)", W.t())):
+            ref = reference(w, qs)
+
+            def run(w=w, qs=qs, ref=ref):
+                first, second = nf4deq.dequantize(w, qs), nf4deq.dequantize(w, qs)
+                return same(first, ref) and same(second, ref) and same(by_extension(lambda: nf4deq.dequantize(w, qs), ref), ref) \
+                    and same(by_extension(lambda: nf4deq.fast_dequantize(w, qs), ref), ref)
+            check(f"cached path: {shape} {dt} {qt} nested={nested}, {name}", run)
+
+    W, qs = quantize((257, 129), torch.bfloat16, 64, "nf4", True, seed=12)
+    ref = reference(W, qs)
+
+    def params4bit():
+        P = Params4bit(W.clone(), requires_grad=False, quant_state=qs, bnb_quantized=True, quant_type="nf4")
+        nf4deq.fast_dequantize(P, P.quant_state)
+        nf4deq.fast_dequantize(P, P.quant_state)
+        return same(by_extension(lambda: nf4deq.fast_dequantize(P, P.quant_state), ref), ref)
+
+    check("cached path: a Params4bit (torch functions off for its data pointer)", params4bit)
+
+    def dtype_changed():
+        nf4deq.dequantize(W, qs)
+        qs.dtype = torch.float16  # as the Unsloth puzzle does: the cached call must not be taken
+        try:
+            got = nf4deq.dequantize(W, qs)
+            want = reference(W, qs)
+        finally:
+            qs.dtype = torch.bfloat16
+        back = nf4deq.dequantize(W, qs)  # rebuilt for bf16 by the Python path
+        nf4deq.dequantize(W, qs)
+        again = by_extension(lambda: nf4deq.dequantize(W, qs), ref)
+        return same(got, want) and same(back, ref) and same(again, ref)
+
+    check("cached path: quant_state.dtype changed and changed back", dtype_changed)
+
+    def side_stream():
+        W2, qs2 = quantize((4096, 1024), torch.bfloat16, 64, "nf4", True, seed=13)
+        ref2 = reference(W2, qs2)
+        target = torch.zeros_like(W2)
+        nf4deq.dequantize(target, qs2)  # cached, on the default stream
+        nf4deq.dequantize(target, qs2)
+        torch.cuda.synchronize()
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            torch.cuda._sleep(100_000_000)  # ~50 ms of GPU time on s
+            target.copy_(W2)
+            out = by_extension(lambda: nf4deq.dequantize(target, qs2), ref2)
+        pending = not s.query()
+        s.synchronize()
+        return same(out, ref2) and pending
+
+    check("cached path: on a side stream, ordered after earlier work on it", side_stream)
 
 
 def test_raw_abi():
@@ -545,7 +639,7 @@ def main():
     tests = [test_sweep, test_storage, test_modules, test_out, test_list_form, test_cache_invalidation, test_errors,
              test_compile]
     if DEV == "cuda":
-        tests[1:1] = [test_cpu_path, test_stream, test_routes, test_raw_abi]
+        tests[1:1] = [test_cpu_path, test_stream, test_routes, test_cached_path, test_raw_abi]
     for t in tests:
         before = (passed, failed)
         try:
