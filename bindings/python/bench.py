@@ -210,7 +210,17 @@ def host_breakdown(s, calls):
             lambda: nf4t._ext.dequantize_cuda_state(tiny_addr, wptr, optr, nf4t._raw_stream(dev)))
     routes["ctypes call, 64 elements"] = per_call(
         lambda: ctypes_fn(tiny_addr, wptr, optr, nf4t._raw_stream(dev)))
-    # The Python wrapper and the allocation without the launch: min() stands in
+    def python_path(fn):
+        """fn timed with the extension's cached call switched off: every call
+        through nf4deq/_torch.py's Python path, as before the extension made them."""
+        saved = nf4t._eager_cached
+        nf4t._eager_cached = None
+        try:
+            return fn()
+        finally:
+            nf4t._eager_cached = saved
+
+    # The Python path and the allocation without the launch: min() stands in
     # for the library call (four integers in, 0 out: the default stream's handle).
     def wrapper_only():
         saved = nf4t._cuda_state_fn
@@ -219,7 +229,7 @@ def host_breakdown(s, calls):
             return per_call(lambda: nf4deq.dequantize(s.q, s.qs)) if nf4t._raw_stream(dev) == 0 else float("nan")
         finally:
             nf4t._cuda_state_fn = saved
-    routes["dequantize() without the launch"] = wrapper_only()
+    routes["Python path without the launch"] = python_path(wrapper_only)
     routes["is_compiling"] = per_call(nf4t._is_compiling)
     empty = empty_launch_fn()
     routes["empty launch"] = per_call(lambda: empty(nf4t._raw_stream(dev)))
@@ -232,8 +242,36 @@ def host_breakdown(s, calls):
                                                                     nf4t._raw_stream(dev))),
         "cache check": per_call(lambda: e.sources_match(s.qs)),
         "dequantize(out=)": per_call(lambda: nf4deq.dequantize(s.q, s.qs, out=out)),
+        "dequantize(), Python path": python_path(lambda: per_call(lambda: nf4deq.dequantize(s.q, s.qs))),
+        **cached_call_pieces(s, per_call),
         "dequantize()": per_call(lambda: nf4deq.dequantize(s.q, s.qs)),
     }
+
+
+def cached_call_pieces(s, per_call):
+    """The extension's cached call (nf4deq/_launch.c eager_cached) on its own,
+    without dequantize() around it; and once more with its entry pointing at a
+    copy of the state with n = 0, which the library returns from before any
+    CUDA call: the checks and the allocation without the launch."""
+    if nf4t._eager_cached is None:
+        return {}
+    nf4deq.dequantize(s.q, s.qs)
+    nf4deq.dequantize(s.q, s.qs)  # the second call with this weight hands it to the extension
+    key = id(s.qs)
+    entry = nf4t._fast_cache.get(key)
+    if entry is None:
+        return {}
+    i = nf4t.FAST_STATE_ADDR
+    real = nf4t._lib.State.from_address(entry[i])
+    zero = nf4t._lib.State.from_buffer_copy(real)
+    zero.n = 0
+    pieces = {"cached call alone": per_call(lambda: nf4t._eager_cached(s.q, s.qs))}
+    nf4t._fast_cache[key] = entry[:i] + (ctypes.addressof(zero),) + entry[i + 1:]
+    try:
+        pieces["cached call, n = 0 (no launch)"] = per_call(lambda: nf4t._eager_cached(s.q, s.qs))
+    finally:
+        nf4t._fast_cache[key] = entry
+    return pieces
 
 
 def same_bytes(x, y):

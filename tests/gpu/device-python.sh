@@ -1,9 +1,11 @@
 #!/bin/bash
 # The device half of the Python bindings: the package against bitsandbytes,
 # then the Unsloth puzzle harness; with `bench` or `all`, also bindings/python/bench.py
-# against the peers carried in .carry/peers. Logs under $OUT. Run after unpacking
-# .carry/bins.tar.xz (tests/gpu/device-run.sh does that).
-#   bash tests/gpu/device-python.sh [tests|bench|all]
+# against the peers carried in .carry/peers. `harness-ab [ROUNDS]` runs the harness
+# with and without the extension's cached call (nf4deq/_launch.c eager_cached),
+# alternating, so both ratios to fast_dequantize come from one host. Logs under
+# $OUT. Run after unpacking .carry/bins.tar.xz (tests/gpu/device-run.sh does that).
+#   bash tests/gpu/device-python.sh [tests|bench|all|harness-ab [ROUNDS]]
 set -o pipefail
 what=${1:-tests}
 OUT=${OUT:-/tmp/nf4deq-out}
@@ -18,6 +20,25 @@ rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
     python3 bindings/python/tests/test_gpu.py 2>&1 | tee "$OUT/test_gpu_py.txt" | tail -15 || rc=1
     python3 examples/unsloth_puzzle_harness.py 2>&1 | tee "$OUT/harness.txt" | tail -40 || rc=1
+fi
+if [ "$what" = harness-ab ]; then
+    harness() {  # $1: cached (the default) or python (the extension's cached call off)
+        python3 - "$1" <<'PY'
+import runpy, sys
+if sys.argv[1] == "python":
+    import nf4deq._torch as t
+    t._eager_cached = None
+sys.argv = ["unsloth_puzzle_harness.py"]
+runpy.run_path("examples/unsloth_puzzle_harness.py", run_name="__main__")
+PY
+    }
+    : > "$OUT/harness-ab.txt"
+    for i in $(seq "${2:-2}"); do
+        for mode in cached python; do
+            echo "== round $i: $mode" | tee -a "$OUT/harness-ab.txt"
+            harness $mode 2>&1 | grep -E "^(speedup|TOTAL|RESULT)" | tee -a "$OUT/harness-ab.txt" || rc=1
+        done
+    done
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 bindings/python/bench.py --peers .carry/peers --json "$OUT/pytorch-bench.json" 2>&1 |
