@@ -136,8 +136,9 @@ enum {
     FAST_NESTED_BLOCKSIZE,
     FAST_WEIGHT_REF,       /* weakref to the packed weight */
     FAST_WEIGHT_PTR,       /* its data pointer when it was bound (int) */
-    FAST_NEW_EMPTY,        /* new_empty bound to a 0-element tensor of the output's dtype and device */
-    FAST_OUT_SHAPE,        /* tuple */
+    FAST_ALLOC,            /* allocates the output: FAST_ALLOC(*FAST_ALLOC_ARGS, **FAST_ALLOC_KWARGS) */
+    FAST_ALLOC_ARGS,       /* tuple */
+    FAST_ALLOC_KWARGS,     /* dict, or None */
     FAST_STATE_ADDR,       /* address of the entry's struct nf4deq_state (int) */
     FAST_DEVICE,           /* CUDA device index (int) */
     FAST_TRANSPOSED,       /* True: return out.t(), as bitsandbytes does for a [1, n] weight */
@@ -361,7 +362,12 @@ static PyObject *launch_into_new(PyObject *entry, void *wptr, void *stream)
     void *state = NULL, *optr = NULL;
     if (as_pointer(field(entry, FAST_STATE_ADDR), &state))
         return NULL;
-    PyObject *out = call1(field(entry, FAST_NEW_EMPTY), field(entry, FAST_OUT_SHAPE));
+    PyObject *args = field(entry, FAST_ALLOC_ARGS), *kwargs = field(entry, FAST_ALLOC_KWARGS);
+    if (!PyTuple_Check(args) || (kwargs != Py_None && !PyDict_Check(kwargs))) {
+        PyErr_SetString(PyExc_TypeError, "_nf4deq_launch: a cache entry's allocation needs a tuple and a dict or None");
+        return NULL;
+    }
+    PyObject *out = PyObject_Call(field(entry, FAST_ALLOC), args, kwargs == Py_None ? NULL : kwargs);
     if (!out)
         return NULL;
     PyObject *p = call1(torch_fns.data_ptr, out);

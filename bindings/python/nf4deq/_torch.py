@@ -259,6 +259,25 @@ def _out_ok(e, out):
     return out.is_contiguous() and (e.dev < 0 or out.data_ptr() % 16 == 0)
 
 
+# How a new output is allocated: torch.empty_like of the entry's template, a
+# 0-dim tensor expanded (no memory of its own) to the output's shape. On an H200
+# host that takes 1.85 us a call against 2.43 for new_empty(shape), which parses
+# the shape each time (docs/PERFORMANCE.md). The memory format is given, so the
+# output is contiguous whatever the (all-zero) strides of the template suggest.
+_empty_like = torch.empty_like
+_CONTIGUOUS = torch.contiguous_format
+_ALLOC_KWARGS = {"memory_format": _CONTIGUOUS}
+_scalars = {}  # (dtype, device) -> the 0-dim tensor the templates expand
+
+
+def _out_template(e):
+    key = (e.dtype, e.device)
+    base = _scalars.get(key)
+    if base is None:
+        base = _scalars[key] = torch.empty((), dtype=e.dtype, device=e.device)
+    return base.expand(e.shape)
+
+
 # Per-device reusable output, like Unsloth's WEIGHT_BUFFERS (use_global_buffer=True).
 _global_buffers = {}
 
@@ -309,7 +328,7 @@ def _cached_entry(qs):
     return e
 
 
-FAST_STATE_ADDR = 15  # where the tuple below holds the state's address (_launch.c's FAST_STATE_ADDR)
+FAST_STATE_ADDR = 16  # where the tuple below holds the state's address (_launch.c's FAST_STATE_ADDR)
 
 
 def _register_fast(e, qs):
@@ -317,8 +336,8 @@ def _register_fast(e, qs):
     (the tuple's layout: FAST_* in _launch.c). Only for an entry in _cache
     whose weight binding is cached, on a CUDA device."""
     s = e.src
-    _fast_cache[id(qs)] = (e.qs_ref, *s, e.w_ref, e.wptr, e.template.new_empty, e.shape, e.state_addr, e.dev,
-                           e.transposed, e)
+    _fast_cache[id(qs)] = (e.qs_ref, *s, e.w_ref, e.wptr, _empty_like, (e.template,), _ALLOC_KWARGS, e.state_addr,
+                           e.dev, e.transposed, e)
 
 
 def _eager(w, qs, out, use_global_buffer):
@@ -355,12 +374,10 @@ def _eager(w, qs, out, use_global_buffer):
         if use_global_buffer:
             res = _global_out(e)
         else:
-            # new_empty on a cached empty tensor skips torch.empty's argument
-            # parsing (0.6 us a call, H200 host).
             t = e.template
             if t is None:
-                t = e.template = torch.empty(0, dtype=e.dtype, device=e.device)
-            res = t.new_empty(e.shape)
+                t = e.template = _out_template(e)
+            res = _empty_like(t, memory_format=_CONTIGUOUS)
         dev = e.dev
         if dev >= 0 and _current_device() == dev:
             # _launch's common case, inlined: a Python call less per weight.

@@ -150,20 +150,20 @@ def check_eager_cached(ext, lib):
                    lambda dev: 0, Guard, nf4deq._lib.check)
     out_buf = aligned_empty(256)
 
-    def new_empty(shape):
-        calls.append(("new_empty", shape))
+    def new_empty(shape, **kwargs):
+        calls.append(("new_empty", shape, kwargs))
         return FakeTensor(out_buf.ctypes.data)
 
     absmax_buf = np.ones(4, dtype=np.float32)
 
-    def entry(qs, w, n=0, transposed=False, dev=0):
+    def entry(qs, w, n=0, transposed=False, dev=0, kwargs=None):
         state = nf4deq._lib.State(absmax_buf.ctypes.data, None, None, None, n, 0.0, 64, 1, nf4deq.NF4,
                                   nf4deq.BFLOAT16)
         st2 = qs.state2
         src = (qs.absmax, qs.shape, qs.dtype, qs.blocksize, qs.quant_type, st2,
                qs.offset if st2 else None, st2.absmax if st2 else None, st2.code if st2 else None,
                st2.blocksize if st2 else None)
-        cache[id(qs)] = (weakref.ref(qs), *src, weakref.ref(w), w.ptr, new_empty, qs.shape,
+        cache[id(qs)] = (weakref.ref(qs), *src, weakref.ref(w), w.ptr, new_empty, (qs.shape,), kwargs,
                          ctypes.addressof(state), dev, transposed, state)
 
     w_buf = aligned_empty(64)
@@ -174,8 +174,14 @@ def check_eager_cached(ext, lib):
         entry(qs, w)
         calls.clear()
         got = ext.eager_cached(w, qs)
-        check(isinstance(got, FakeTensor) and got.ptr == out_buf.ctypes.data and calls == [("new_empty", (3, 5))],
+        check(isinstance(got, FakeTensor) and got.ptr == out_buf.ctypes.data and calls == [("new_empty", (3, 5), {})],
               f"{tag}: a hit allocates once and returns the output", f"{got!r} {calls}")
+        entry(qs, w, kwargs={"memory_format": "contiguous"})
+        calls.clear()
+        got = ext.eager_cached(w, qs)
+        check(isinstance(got, FakeTensor) and calls == [("new_empty", (3, 5), {"memory_format": "contiguous"})],
+              f"{tag}: the allocation's keyword arguments are passed", f"{calls}")
+        entry(qs, w)
         qs.blocksize = int("4096")  # equal, another object
         check(isinstance(ext.eager_cached(w, qs), FakeTensor), f"{tag}: an equal blocksize still hits")
 
@@ -247,6 +253,15 @@ def check_eager_cached(ext, lib):
             check(ext.eager_cached(w, ghost) is None, f"{tag}: a reused id -> None")
         cache.clear()
 
+    qs, w = FakeQuantState(False), FakeTensor(w_buf.ctypes.data)
+    entry(qs, w)
+    cache[id(qs)] = cache[id(qs)][:14] + ([(3, 5)],) + cache[id(qs)][15:]
+    try:
+        ext.eager_cached(w, qs)
+        check(False, "ext cached: allocation arguments not in a tuple raise TypeError")
+    except TypeError:
+        check(True, "ext cached: allocation arguments not in a tuple raise TypeError")
+    cache.clear()
     bad = FakeQuantState(False)
     cache[id(bad)] = (1, 2, 3)
     for args, exc, label in (((w, bad), TypeError, "a malformed cache entry"), ((w,), TypeError, "one argument"),

@@ -407,7 +407,8 @@ def test_cached_path():
     from the extension. The
     output is allocated where a tensor of the same size was just filled with NaN
     and freed (the caching allocator hands that block back), so a launch that
-    did not happen, or wrote short, fails the comparison."""
+    did not happen, or wrote short, fails the comparison; and it must be
+    contiguous, as bitsandbytes' is, for 2-, 3- and 4-D quant shapes."""
     from nf4deq import _torch as nf4t
     if nf4t._eager_cached is None:
         skip("cached path", "the _nf4deq_launch extension was not built")
@@ -427,10 +428,15 @@ def test_cached_path():
 
     cases = [((4097, 33), torch.bfloat16, "nf4", True), ((129, 257), torch.float32, "fp4", True),
              ((3, 5), torch.float16, "fp4", False), ((300, 301), torch.float16, "nf4", False),
-             ((4096, 1024), torch.bfloat16, "nf4", True)]
+             ((4096, 1024), torch.bfloat16, "nf4", True), ((1024, 4096), torch.bfloat16, "nf4", True),
+             ((5, 7, 33), torch.bfloat16, "nf4", True), ((2, 3, 4, 5), torch.float16, "fp4", False),
+             ((3, 1, 7, 9), torch.float32, "nf4", True)]
     for shape, dt, qt, nested in cases:
         W, qs = quantize(shape, dt, 64, qt, nested, seed=11)
-        for name, w in (("weight", W), ("weight.t() (returned transposed)", W.t())):
+        views = [("weight", W)]
+        if len(shape) == 2:  # bitsandbytes returns out.t(), which only a 2-D output has
+            views.append(("weight.t() (returned transposed)", W.t()))
+        for name, w in views:
             ref = reference(w, qs)
 
             def run(w=w, qs=qs, ref=ref):
