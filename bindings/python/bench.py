@@ -198,6 +198,7 @@ def host_breakdown(s, calls):
 
     cuda_dev = torch.device("cuda", dev)
     template = torch.empty(0, dtype=s.dtype, device=cuda_dev)
+    expanded = torch.empty((), dtype=s.dtype, device=cuda_dev).expand(s.shape)
     # A 64-element job: the device is never the limit, so this is the host
     # cost of the library call itself, by each route.
     tiny = nf4t._lib.State(e.state.absmax, e.state.nested_absmax, e.state.nested_code,
@@ -237,6 +238,8 @@ def host_breakdown(s, calls):
         "torch.empty(device=torch.device)": per_call(lambda: torch.empty(s.shape, dtype=s.dtype, device=cuda_dev)),
         "torch.empty(device=int)": per_call(lambda: torch.empty(s.shape, dtype=s.dtype, device=dev)),
         "new_empty": per_call(lambda: template.new_empty(s.shape)),
+        "empty_like of the expanded template (what nf4deq allocates with)":
+            per_call(lambda: torch.empty_like(expanded, memory_format=torch.contiguous_format)),
         "raw stream": per_call(lambda: nf4t._raw_stream(dev)),
         "library call, state": per_call(lambda: nf4t._cuda_state_fn(e.state_addr, wptr, optr,
                                                                     nf4t._raw_stream(dev))),
