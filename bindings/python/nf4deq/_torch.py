@@ -104,7 +104,7 @@ class _Entry:
     retyped (the Unsloth puzzle sets quant_state.dtype) is worked out again."""
 
     __slots__ = ("qs_ref", "src", "keep", "dev", "device", "n", "shape", "dtype", "cpu_args", "state",
-                 "state_addr", "template", "w_ref", "wptr", "transposed")
+                 "state_addr", "template", "w_ref", "wptr", "wsig", "transposed")
 
     def sources_match(self, qs):
         # Straight from the instance dictionaries: QuantState defines
@@ -211,14 +211,19 @@ def _build(unpacked):
         e.cpu_args = (_vp(absmax.data_ptr()), _vp(nabs_ptr), _vp(ncode_ptr), _f32(off_val), _u64(n),
                       _u32(blocksize), _u32(nbs), _int(qt), _int(odt))
     e.template = None
-    e.w_ref, e.wptr, e.transposed = None, None, False
+    e.w_ref, e.wptr, e.wsig, e.transposed = None, None, None, False
     return e
+
+
+def _layout(w):
+    """Everything _bind_weight's outcome depends on besides the data pointer."""
+    return w.shape, w.stride(), w.dtype, w.get_device()
 
 
 def _bind_weight(e, w):
     """Checks the packed weight against the entry. Returns (tensor to read,
-    transposed, cacheable): a non-contiguous or (on the GPU) misaligned weight
-    is copied, and then not cached."""
+    transposed, cacheable, layout): a non-contiguous or (on the GPU) misaligned
+    weight is copied, and then not cached."""
     if not isinstance(w, torch.Tensor):
         raise TypeError(f"nf4deq: the weight must be a tensor, got {type(w).__name__}")
     with _no_torch_function():
@@ -229,9 +234,10 @@ def _bind_weight(e, w):
             raise ValueError(f"nf4deq: the packed weight has {nbytes} bytes, {e.n} values need {(e.n + 1) // 2}")
         transposed = w.dim() > 0 and w.shape[0] == 1  # bitsandbytes then returns out.t()
         cacheable = w.is_contiguous() and (e.dev < 0 or w.data_ptr() % 16 == 0)
+        layout = _layout(w)
         if not cacheable:
             w = w.contiguous() if not w.is_contiguous() else w.clone()  # fresh allocations are aligned
-        return w, transposed, cacheable
+        return w, transposed, cacheable, layout
 
 
 def _launch(e, wptr, optr):
@@ -280,16 +286,28 @@ def _out_template(e):
 
 # Per-device reusable output, like Unsloth's WEIGHT_BUFFERS (use_global_buffer=True).
 _global_buffers = {}
+# Per device, (dtype, shape) -> buffer[:n].view(shape) of that device's current
+# buffer, emptied whenever the buffer is replaced. Each call returns a new tensor
+# over the cached view's memory (its detach()): 0.5 us against 1.9-5 us for
+# slicing and viewing the buffer again (H200 host, tests/perf/eager_patterns.py).
+_global_views = {}
 
 
 def _global_out(e):
     key = e.dev
-    buf = _global_buffers.get(key)
-    if buf is None or buf.dtype is not e.dtype or buf.numel() < e.n:
-        buf = torch.empty(max(e.n, buf.numel() if buf is not None and buf.dtype is e.dtype else 0),
-                          dtype=e.dtype, device=e.device)
-        _global_buffers[key] = buf
-    return buf[: e.n].view(e.shape)
+    views = _global_views.get(key)
+    v = views.get((e.dtype, e.shape)) if views is not None else None
+    if v is None:
+        buf = _global_buffers.get(key)
+        if buf is None or buf.dtype is not e.dtype or buf.numel() < e.n:
+            buf = torch.empty(max(e.n, buf.numel() if buf is not None and buf.dtype is e.dtype else 0),
+                              dtype=e.dtype, device=e.device)
+            _global_buffers[key] = buf
+            views = None
+        if views is None:
+            views = _global_views[key] = {}
+        v = views[(e.dtype, e.shape)] = buf[: e.n].view(e.shape)
+    return v.detach()
 
 
 # id(quant state) -> _Entry. Keyed by id because QuantState defines __eq__ and
@@ -357,18 +375,23 @@ def _eager(w, qs, out, use_global_buffer):
             wptr = w.data_ptr()
     else:
         raise TypeError(f"nf4deq: the weight must be a tensor, got {tw.__name__}")
-    bound_before = not (wptr != e.wptr or e.w_ref is None or e.w_ref() is not w)
-    if not bound_before:
-        src, transposed, cacheable = _bind_weight(e, w)
+    bound_before = wptr == e.wptr and e.w_ref is not None and e.w_ref() is w
+    if bound_before:
+        transposed = e.transposed
+    elif wptr == e.wptr and e.wsig is not None and (tw is _Tensor or tw is _Parameter) and _layout(w) == e.wsig:
+        # Another tensor over the same bytes with the same layout, such as the
+        # W.t() view Unsloth's matmul_lora makes on every call: _bind_weight
+        # would find what it found for the bound one.
+        transposed = e.transposed
+    else:
+        src, transposed, cacheable, layout = _bind_weight(e, w)
         if cacheable:
-            e.w_ref, e.wptr, e.transposed = weakref.ref(w), wptr, transposed
+            e.w_ref, e.wptr, e.wsig, e.transposed = weakref.ref(w), wptr, layout, transposed
         else:
             # A copy: alive in this frame until the launch is queued, and freed
             # in stream order after it, so it is never cached.
-            e.w_ref = e.wptr = None
+            e.w_ref = e.wptr = e.wsig = None
             wptr = src.data_ptr()
-    else:
-        transposed = e.transposed
 
     if out is None:
         if use_global_buffer:
@@ -414,7 +437,7 @@ def _op_run(packed, absmax, nested_absmax, nested_code, offset, offset_value, sh
     off = offset if offset is not None else offset_value
     e = _build((absmax, shape, dtype, blocksize, qt, off, nested_absmax, nested_code,
                 nested_blocksize if nested_absmax is not None else None))
-    src, _, _ = _bind_weight(e, packed)
+    src = _bind_weight(e, packed)[0]
     if out is None:
         out = torch.empty(e.shape, dtype=e.dtype, device=e.device)
     elif not _out_ok(e, out):

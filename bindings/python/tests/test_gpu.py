@@ -219,6 +219,48 @@ def test_out():
     check("use_global_buffer: right bytes, one shared buffer", global_buffer)
 
 
+def test_unsloth_patterns():
+    """Unsloth's matmul_lora calls fast_dequantize(W.t(), qs, use_global_buffer=True)
+    with a new W.t() view each time. Here those calls alternate with the same
+    weights untransposed and into new tensors, so a layout taken over from the
+    bound weight would show, over weights that grow the global buffer and one of
+    another dtype that replaces it: every output must be bitsandbytes', and every
+    global-buffer output a view of the buffer in use."""
+    from nf4deq import _torch as nf4t
+    cases = [quantize((300, 64), torch.bfloat16, 64, "nf4", True, seed=21),
+             quantize((128, 64), torch.bfloat16, 64, "fp4", True, seed=22),
+             quantize((640, 96), torch.bfloat16, 64, "nf4", False, seed=23),   # the largest: the buffer grows
+             quantize((64, 33), torch.float16, 64, "nf4", True, seed=24)]      # another dtype: replaced
+    refs = [(reference(W.t(), qs), reference(W, qs)) for W, qs in cases]
+    order = [0, 1, 2, 0, 3, 1, 2, 3, 0]
+
+    def run():
+        for _ in range(3):
+            for i in order:
+                (W, qs), (t_ref, ref) = cases[i], refs[i]
+                g = nf4deq.fast_dequantize(W.t(), qs, use_global_buffer=True)
+                buf = nf4t._global_buffers[W.get_device()]
+                if not (same(g, t_ref) and g.data_ptr() == buf.data_ptr()):
+                    return False
+                if not (same(nf4deq.fast_dequantize(W.t(), qs), t_ref) and same(nf4deq.fast_dequantize(W, qs), ref)
+                        and same(nf4deq.dequantize(W.t(), qs), t_ref)):
+                    return False
+        return True
+
+    check("Unsloth patterns: W.t() each call, global buffer grown and replaced, layouts alternating", run)
+
+    def too_short_view():
+        W, qs = cases[0]
+        nf4deq.fast_dequantize(W.t(), qs)  # bound
+        try:
+            nf4deq.fast_dequantize(W[:10], qs)  # same data pointer, another layout
+        except ValueError:
+            return True
+        return False
+
+    check("a shorter view at the bound weight's address still raises ValueError", too_short_view)
+
+
 def test_list_form():
     """The quant state as a list (bitsandbytes < 0.41), as Unsloth still accepts."""
     for nested in (True, False):
@@ -642,8 +684,8 @@ def main():
     print(f"torch {torch.__version__}; nf4deq {nf4deq.version()} ({nf4deq.library_path()}, "
           f"{nf4deq.launch_route()}); "
           f"device {torch.cuda.get_device_name() if DEV == 'cuda' else 'cpu'}")
-    tests = [test_sweep, test_storage, test_modules, test_out, test_list_form, test_cache_invalidation, test_errors,
-             test_compile]
+    tests = [test_sweep, test_storage, test_modules, test_out, test_unsloth_patterns, test_list_form,
+             test_cache_invalidation, test_errors, test_compile]
     if DEV == "cuda":
         tests[1:1] = [test_cpu_path, test_stream, test_routes, test_cached_path, test_raw_abi]
     for t in tests:
