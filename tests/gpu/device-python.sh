@@ -4,8 +4,11 @@
 # against the peers carried in .carry/peers. `harness-ab [ROUNDS]` runs the harness
 # with and without the extension's cached call (nf4deq/_launch.c eager_cached),
 # alternating, so both ratios to fast_dequantize come from one host. Logs under
-# $OUT. Run after unpacking .carry/bins.tar.xz (tests/gpu/device-run.sh does that).
-#   bash tests/gpu/device-python.sh [tests|bench|all|harness-ab [ROUNDS]]
+# $OUT. `patterns [DIR]` times the eager call patterns (tests/perf/eager_patterns.py),
+# alternating with the package under DIR (a directory holding another version's
+# nf4deq/) where one is given. Run after unpacking .carry/bins.tar.xz
+# (tests/gpu/device-run.sh does that).
+#   bash tests/gpu/device-python.sh [tests|bench|all|harness-ab [ROUNDS]|patterns [DIR]]
 set -o pipefail
 what=${1:-tests}
 OUT=${OUT:-/tmp/nf4deq-out}
@@ -37,6 +40,15 @@ PY
         for mode in cached python; do
             echo "== round $i: $mode" | tee -a "$OUT/harness-ab.txt"
             harness $mode 2>&1 | grep -E "^(speedup|TOTAL|RESULT)" | tee -a "$OUT/harness-ab.txt" || rc=1
+        done
+    done
+fi
+if [ "$what" = patterns ]; then
+    : > "$OUT/eager-patterns.txt"
+    for i in 1 2; do
+        for pkg in $PWD/bindings/python ${2:+$(cd "$2" && pwd)}; do
+            PYTHONPATH=$PWD/.carry/py:$pkg python3 tests/perf/eager_patterns.py 2>&1 |
+                tee -a "$OUT/eager-patterns.txt" || rc=1
         done
     done
 fi
