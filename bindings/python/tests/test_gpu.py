@@ -446,11 +446,11 @@ def test_cached_path():
     extension in C (_launch.c eager_cached) where it was built. Each case runs
     twice through the Python path (the second call hands it to the extension),
     then again with the Python path made to fail, so the result can only come
-    from the extension. The
-    output is allocated where a tensor of the same size was just filled with NaN
-    and freed (the caching allocator hands that block back), so a launch that
-    did not happen, or wrote short, fails the comparison; and it must be
-    contiguous, as bitsandbytes' is, for 2-, 3- and 4-D quant shapes."""
+    from the extension. The output is allocated where a tensor of the same size
+    was just filled with NaN and freed (the caching allocator hands that block
+    back), so a launch that did not happen, or wrote short, fails the
+    comparison; and it must be contiguous, as bitsandbytes' is, for 2-, 3- and
+    4-D quant shapes."""
     from nf4deq import _torch as nf4t
     if nf4t._eager_cached is None:
         skip("cached path", "the _nf4deq_launch extension was not built")
@@ -483,8 +483,9 @@ def test_cached_path():
 
             def run(w=w, qs=qs, ref=ref):
                 first, second = nf4deq.dequantize(w, qs), nf4deq.dequantize(w, qs)
-                return same(first, ref) and same(second, ref) and same(by_extension(lambda: nf4deq.dequantize(w, qs), ref), ref) \
-                    and same(by_extension(lambda: nf4deq.fast_dequantize(w, qs), ref), ref)
+                third = by_extension(lambda: nf4deq.dequantize(w, qs), ref)
+                fourth = by_extension(lambda: nf4deq.fast_dequantize(w, qs), ref)
+                return same(first, ref) and same(second, ref) and same(third, ref) and same(fourth, ref)
             check(f"cached path: {shape} {dt} {qt} nested={nested}, {name}", run)
 
     W, qs = quantize((257, 129), torch.bfloat16, 64, "nf4", True, seed=12)
