@@ -264,7 +264,7 @@ def cached_call_pieces(s, per_call):
     entry = nf4t._fast_cache.get(key)
     if entry is None:
         return {}
-    i = nf4t.FAST_STATE_ADDR
+    i = nf4t._ext.FAST_STATE_ADDR
     real = nf4t._lib.State.from_address(entry[i])
     zero = nf4t._lib.State.from_buffer_copy(real)
     zero.n = 0

@@ -464,7 +464,12 @@ PyMODINIT_FUNC PyInit__nf4deq_launch(void)
     if (intern_names())
         return NULL;
     PyObject *m = PyModule_Create(&MODULE);
-    if (m && PyModule_AddIntConstant(m, "API_VERSION", EXT_API_VERSION) != 0) {
+    /* The fast entry's size and the positions a caller may need to patch (bench.py
+     * swaps the state, tests/ the allocation's arguments), from the enum itself. */
+    if (m && (PyModule_AddIntConstant(m, "API_VERSION", EXT_API_VERSION) != 0 ||
+              PyModule_AddIntConstant(m, "FAST_FIELDS", FAST_FIELDS) != 0 ||
+              PyModule_AddIntConstant(m, "FAST_ALLOC_ARGS", FAST_ALLOC_ARGS) != 0 ||
+              PyModule_AddIntConstant(m, "FAST_STATE_ADDR", FAST_STATE_ADDR) != 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -346,9 +346,6 @@ def _cached_entry(qs):
     return e
 
 
-FAST_STATE_ADDR = 16  # where the tuple below holds the state's address (_launch.c's FAST_STATE_ADDR)
-
-
 def _register_fast(e, qs):
     """Hands the extension what it needs to make this call again by itself
     (the tuple's layout: FAST_* in _launch.c). Only for an entry in _cache

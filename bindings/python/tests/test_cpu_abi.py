@@ -172,6 +172,7 @@ def check_eager_cached(ext, lib):
         tag = f"ext cached (nested={nested})"
         check(ext.eager_cached(w, qs) is None, f"{tag}: not in the cache -> None")
         entry(qs, w)
+        check(len(cache[id(qs)]) == ext.FAST_FIELDS, f"{tag}: the test's entries have the extension's FAST_FIELDS items")
         calls.clear()
         got = ext.eager_cached(w, qs)
         check(isinstance(got, FakeTensor) and got.ptr == out_buf.ctypes.data and calls == [("new_empty", (3, 5), {})],
@@ -255,7 +256,8 @@ def check_eager_cached(ext, lib):
 
     qs, w = FakeQuantState(False), FakeTensor(w_buf.ctypes.data)
     entry(qs, w)
-    cache[id(qs)] = cache[id(qs)][:14] + ([(3, 5)],) + cache[id(qs)][15:]
+    i = ext.FAST_ALLOC_ARGS
+    cache[id(qs)] = cache[id(qs)][:i] + ([(3, 5)],) + cache[id(qs)][i + 1:]
     try:
         ext.eager_cached(w, qs)
         check(False, "ext cached: allocation arguments not in a tuple raise TypeError")
