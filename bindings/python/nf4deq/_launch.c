@@ -10,10 +10,13 @@
  *   (METH_FASTCALL), for the Python path in nf4deq/_torch.py;
  * - eager_cached(): the whole cached call. nf4deq/_torch.py keeps, per quant
  *   state it has launched for, a tuple with everything the launch needs and
- *   everything the Python path would check (see FAST_* below). This function
- *   makes those checks in C, allocates the output through PyTorch, launches,
- *   and returns the tensor. Anything it does not find as cached returns None,
- *   and the Python path takes the call, so what a call returns or raises is the
+ *   everything the Python path would check (see FAST_* below): one cache for
+ *   calls that return a new tensor, one for calls into the per-device global
+ *   buffer (fast_dequantize's use_global_buffer=True, Unsloth's matmul_lora
+ *   call). This function makes those checks in C, gets the output through
+ *   PyTorch (a new tensor, or a view of the global buffer), launches, and
+ *   returns the tensor. Anything it does not find as cached returns None, and
+ *   the Python path takes the call, so what a call returns or raises is the
  *   Python path's by construction.
  *
  * It does not link libnf4deq or libtorch. nf4deq/_lib.py hands bind() the
@@ -29,7 +32,7 @@
 #define Py_LIMITED_API 0x030A0000
 #include <Python.h>
 
-#define EXT_API_VERSION 2 /* what nf4deq/_lib.py checks before using the module */
+#define EXT_API_VERSION 3 /* what nf4deq/_lib.py checks before using the module */
 #define STATE_ARGS 4
 
 /* include/nf4deq.h's signatures; struct nf4deq_state is passed through opaque. */
@@ -136,19 +139,24 @@ enum {
     FAST_NESTED_BLOCKSIZE,
     FAST_WEIGHT_REF,       /* weakref to the packed weight */
     FAST_WEIGHT_PTR,       /* its data pointer when it was bound (int) */
-    FAST_ALLOC,            /* allocates the output: FAST_ALLOC(*FAST_ALLOC_ARGS, **FAST_ALLOC_KWARGS) */
+    FAST_WEIGHT_LAYOUT,    /* its (shape, stride(), dtype, get_device()), _torch.py's _layout: another
+                              tensor over the same bytes with this layout is taken as the bound one */
+    FAST_ALLOC,            /* returns the output: FAST_ALLOC(*FAST_ALLOC_ARGS, **FAST_ALLOC_KWARGS), a new
+                              tensor, or for the global buffer its cached view's detach() */
     FAST_ALLOC_ARGS,       /* tuple */
     FAST_ALLOC_KWARGS,     /* dict, or None */
     FAST_STATE_ADDR,       /* address of the entry's struct nf4deq_state (int) */
     FAST_DEVICE,           /* CUDA device index (int) */
-    FAST_TRANSPOSED,       /* True: return out.t(), as bitsandbytes does for a [1, n] weight */
+    FAST_TRANSPOSED,       /* True: return out.t(), as bitsandbytes does for a [1, n] weight (a global-buffer
+                              entry's view is transposed already, and says False) */
     FAST_KEEP,             /* the Python entry: keeps the state struct and its tensors alive */
     FAST_FIELDS
 };
 
 /* What nf4deq/_torch.py binds: the cache and PyTorch's callables. */
 static struct {
-    PyObject *cache;             /* dict: id(quant state) -> fast entry */
+    PyObject *cache;             /* dict: id(quant state) -> fast entry, calls that return a new tensor */
+    PyObject *global_cache;      /* the same for calls into the global buffer */
     PyObject *tensor_type;       /* torch.Tensor */
     PyObject *parameter_type;    /* torch.nn.Parameter */
     PyObject *data_ptr;          /* torch.Tensor.data_ptr, unbound */
@@ -158,10 +166,10 @@ static struct {
     PyObject *check;             /* nf4deq._lib.check(status, what): raises */
 } torch_fns;
 
-enum { BIND_EAGER_ARGS = 8 };
+enum { BIND_EAGER_ARGS = 9, LAYOUT_FIELDS = 4 };
 
 static PyObject *s_absmax, *s_shape, *s_dtype, *s_blocksize, *s_quant_type, *s_state2, *s_offset, *s_code,
-    *s_enter, *s_exit, *s_t;
+    *s_enter, *s_exit, *s_t, *s_stride, *s_get_device;
 
 static int intern_names(void)
 {
@@ -171,7 +179,8 @@ static int intern_names(void)
     } names[] = {
         {&s_absmax, "absmax"},         {&s_shape, "shape"},   {&s_dtype, "dtype"},   {&s_blocksize, "blocksize"},
         {&s_quant_type, "quant_type"}, {&s_state2, "state2"}, {&s_offset, "offset"}, {&s_code, "code"},
-        {&s_enter, "__enter__"},       {&s_exit, "__exit__"}, {&s_t, "t"},
+        {&s_enter, "__enter__"},       {&s_exit, "__exit__"}, {&s_t, "t"},       {&s_stride, "stride"},
+        {&s_get_device, "get_device"},
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!*names[i].slot && !(*names[i].slot = PyUnicode_InternFromString(names[i].text)))
@@ -179,28 +188,29 @@ static int intern_names(void)
     return 0;
 }
 
-/* bind_eager(cache, Tensor, Parameter, data_ptr, current_device, raw_stream,
- * DisableTorchFunctionSubclass, check) */
+/* bind_eager(cache, global_cache, Tensor, Parameter, data_ptr, current_device,
+ * raw_stream, DisableTorchFunctionSubclass, check) */
 static PyObject *bind_eager(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     if (nargs != BIND_EAGER_ARGS) {
-        PyErr_SetString(PyExc_TypeError, "_nf4deq_launch.bind_eager: eight arguments (cache, Tensor, Parameter, "
-                                         "data_ptr, current_device, raw_stream, no_torch_function, check)");
+        PyErr_SetString(PyExc_TypeError, "_nf4deq_launch.bind_eager: nine arguments (cache, global_cache, Tensor, "
+                                         "Parameter, data_ptr, current_device, raw_stream, no_torch_function, check)");
         return NULL;
     }
-    if (!PyDict_Check(args[0])) {
-        PyErr_SetString(PyExc_TypeError, "_nf4deq_launch.bind_eager: the cache must be a dict");
+    if (!PyDict_Check(args[0]) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_nf4deq_launch.bind_eager: the caches must be dicts");
         return NULL;
     }
-    for (Py_ssize_t i = 1; i < nargs; i++)
+    for (Py_ssize_t i = 2; i < nargs; i++)
         if (!PyCallable_Check(args[i])) {
             PyErr_Format(PyExc_TypeError, "_nf4deq_launch.bind_eager: argument %d is not callable", (int)i + 1);
             return NULL;
         }
     PyObject **slots[BIND_EAGER_ARGS] = {
-        &torch_fns.cache,          &torch_fns.tensor_type, &torch_fns.parameter_type,    &torch_fns.data_ptr,
-        &torch_fns.current_device, &torch_fns.raw_stream,  &torch_fns.no_torch_function, &torch_fns.check,
+        &torch_fns.cache,          &torch_fns.global_cache,   &torch_fns.tensor_type,
+        &torch_fns.parameter_type, &torch_fns.data_ptr,       &torch_fns.current_device,
+        &torch_fns.raw_stream,     &torch_fns.no_torch_function, &torch_fns.check,
     };
     for (int i = 0; i < BIND_EAGER_ARGS; i++) {
         PyObject *old = *slots[i];
@@ -300,48 +310,78 @@ static int ref_is(PyObject *ref, PyObject *obj)
     return ok;
 }
 
-/* The weight's data pointer, read as the Python path reads it: directly for a
- * plain Tensor or Parameter; with torch functions off for a subclass
- * (bitsandbytes' Params4bit overrides __torch_function__, which would route
- * even data_ptr() through Python). 0: not a tensor, or the read failed. */
-static int weight_data_ptr(PyObject *w, void **ptr)
+/* One part of the weight's layout equals the bound one's, compared as the
+ * tuple comparison in _torch.py compares items. Takes the reference to got. */
+static int part_equals(PyObject *got, PyObject *want)
 {
-    PyObject *type = (PyObject *)Py_TYPE(w), *p = NULL;
+    if (!got)
+        return 0;
+    int eq = got == want ? 1 : PyObject_RichCompareBool(got, want, Py_EQ);
+    Py_DECREF(got);
+    return eq == 1;
+}
+
+/* w's (shape, stride(), dtype, get_device()) equals want, _torch.py's _layout. */
+static int layout_matches(PyObject *w, PyObject *want)
+{
+    if (!PyTuple_Check(want) || PyTuple_Size(want) != LAYOUT_FIELDS)
+        return 0;
+    return part_equals(PyObject_GetAttr(w, s_shape), PyTuple_GetItem(want, 0)) &&
+           part_equals(PyObject_CallMethodObjArgs(w, s_stride, NULL), PyTuple_GetItem(want, 1)) &&
+           part_equals(PyObject_GetAttr(w, s_dtype), PyTuple_GetItem(want, 2)) &&
+           part_equals(PyObject_CallMethodObjArgs(w, s_get_device, NULL), PyTuple_GetItem(want, 3));
+}
+
+/* The weight is at the bound address and, where it is not the bound object
+ * itself (layout != NULL), has the bound layout. */
+static int weight_reads_as_bound(PyObject *w, void *bound, PyObject *layout)
+{
+    void *ptr = NULL;
+    PyObject *p = call1(torch_fns.data_ptr, w);
+    int ok = p && as_pointer(p, &ptr) == 0 && ptr == bound && (!layout || layout_matches(w, layout));
+    Py_XDECREF(p);
+    return ok;
+}
+
+/* The weight, read as the Python path reads it: directly for a plain Tensor or
+ * Parameter; with torch functions off for a subclass (bitsandbytes' Params4bit
+ * overrides __torch_function__, which would route even data_ptr() and shape
+ * through Python). 0: not a tensor, a read failed, or it does not match. */
+static int weight_is_bound(PyObject *w, void *bound, PyObject *layout)
+{
+    PyObject *type = (PyObject *)Py_TYPE(w);
+    int ok = 0;
     if (type == torch_fns.tensor_type || type == torch_fns.parameter_type) {
-        p = call1(torch_fns.data_ptr, w);
+        ok = weight_reads_as_bound(w, bound, layout);
     } else if (PyObject_IsInstance(w, torch_fns.tensor_type) == 1) {
         PyObject *guard = PyObject_CallNoArgs(torch_fns.no_torch_function);
         PyObject *entered = guard ? PyObject_CallMethodObjArgs(guard, s_enter, NULL) : NULL;
         if (entered) {
             Py_DECREF(entered);
-            p = call1(torch_fns.data_ptr, w);
-            if (!p)
-                PyErr_Clear(); /* nothing may be pending across __exit__ */
+            ok = weight_reads_as_bound(w, bound, layout);
+            PyErr_Clear(); /* nothing may be pending across __exit__ */
             PyObject *exited = PyObject_CallMethodObjArgs(guard, s_exit, Py_None, Py_None, Py_None, NULL);
             if (!exited)
-                Py_CLEAR(p);
+                ok = 0;
             Py_XDECREF(exited);
         }
         Py_XDECREF(guard);
     }
-    int ok = p && as_pointer(p, ptr) == 0;
-    Py_XDECREF(p);
-    if (!ok)
-        PyErr_Clear();
+    PyErr_Clear();
     return ok;
 }
 
-/* The quant state and the weight are the ones the entry was built for, the
+/* The quant state and the weight are the ones the entry was built for (the
+ * weight object itself, or a tensor over the same bytes with the same layout,
+ * such as the W.t() view Unsloth's matmul_lora makes on every call), the
  * entry's device is current, and its stream is known. */
 static int entry_holds(PyObject *entry, PyObject *w, PyObject *qs, void **wptr, void **stream)
 {
-    void *bound = NULL;
-    /* The identities first: the cheapest way to miss (a weight passed as a new
-     * view on every call never hits). */
-    if (!ref_is(field(entry, FAST_QS_REF), qs) || !ref_is(field(entry, FAST_WEIGHT_REF), w) ||
-        !sources_match(entry, qs))
+    /* The identities first: the cheapest way to miss. */
+    if (!ref_is(field(entry, FAST_QS_REF), qs) || !sources_match(entry, qs))
         return 0;
-    if (!weight_data_ptr(w, wptr) || as_pointer(field(entry, FAST_WEIGHT_PTR), &bound) || *wptr != bound) {
+    PyObject *layout = ref_is(field(entry, FAST_WEIGHT_REF), w) ? NULL : field(entry, FAST_WEIGHT_LAYOUT);
+    if (layout == Py_None || as_pointer(field(entry, FAST_WEIGHT_PTR), wptr) || !weight_is_bound(w, *wptr, layout)) {
         PyErr_Clear();
         return 0;
     }
@@ -356,8 +396,8 @@ static int entry_holds(PyObject *entry, PyObject *w, PyObject *qs, void **wptr, 
     return ok;
 }
 
-/* The allocation and the launch; from here on, failures raise. */
-static PyObject *launch_into_new(PyObject *entry, void *wptr, void *stream)
+/* The output (FAST_ALLOC) and the launch; from here on, failures raise. */
+static PyObject *launch_into_output(PyObject *entry, void *wptr, void *stream)
 {
     void *state = NULL, *optr = NULL;
     if (as_pointer(field(entry, FAST_STATE_ADDR), &state))
@@ -398,13 +438,16 @@ static PyObject *launch_into_new(PyObject *entry, void *wptr, void *stream)
     return out;
 }
 
-/* eager_cached(weight, quant_state) -> the dequantized tensor, or None when the
- * call is not cached (the caller then takes the Python path). */
+/* eager_cached(weight, quant_state[, use_global_buffer]) -> the dequantized
+ * tensor, or None when the call is not cached (the caller then takes the
+ * Python path). use_global_buffer is taken by its truth, as the Python path
+ * takes it. */
 static PyObject *eager_cached(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "eager_cached(weight, quant_state): two arguments");
+    if (nargs != 2 && nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "eager_cached(weight, quant_state[, use_global_buffer]): two or three "
+                                         "arguments");
         return NULL;
     }
     if (require_bound())
@@ -413,10 +456,13 @@ static PyObject *eager_cached(PyObject *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_RuntimeError, "_nf4deq_launch: bind_eager() was not called");
         return NULL;
     }
+    const int global = nargs == 3 ? PyObject_IsTrue(args[2]) : 0;
+    if (global < 0)
+        return NULL;
     PyObject *key = PyLong_FromVoidPtr(args[1]); /* id(quant_state) */
     if (!key)
         return NULL;
-    PyObject *entry = PyDict_GetItemWithError(torch_fns.cache, key);
+    PyObject *entry = PyDict_GetItemWithError(global ? torch_fns.global_cache : torch_fns.cache, key);
     Py_DECREF(key);
     if (!entry) {
         if (PyErr_Occurred())
@@ -431,7 +477,7 @@ static PyObject *eager_cached(PyObject *self, PyObject *const *args, Py_ssize_t 
     void *wptr = NULL, *stream = NULL;
     PyObject *res;
     if (entry_holds(entry, args[0], args[1], &wptr, &stream)) {
-        res = launch_into_new(entry, wptr, stream);
+        res = launch_into_output(entry, wptr, stream);
     } else {
         res = Py_None;
         Py_INCREF(res);
@@ -448,9 +494,11 @@ static PyMethodDef METHODS[] = {
      "dequantize_cuda_state(state, packed, out, stream) -> status (nf4deq_dequantize_cuda_state)"},
     {"empty_cuda", empty_cuda, METH_O, "empty_cuda(stream) -> status (nf4deq_empty_cuda)"},
     {"bind_eager", FASTCALL(bind_eager), METH_FASTCALL,
-     "bind_eager(cache, Tensor, Parameter, data_ptr, current_device, raw_stream, no_torch_function, check)"},
+     "bind_eager(cache, global_cache, Tensor, Parameter, data_ptr, current_device, raw_stream, "
+     "no_torch_function, check)"},
     {"eager_cached", FASTCALL(eager_cached), METH_FASTCALL,
-     "eager_cached(weight, quant_state) -> the output tensor, or None when the call is not cached"},
+     "eager_cached(weight, quant_state[, use_global_buffer]) -> the output tensor, or None when the call is "
+     "not cached"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -464,10 +512,12 @@ PyMODINIT_FUNC PyInit__nf4deq_launch(void)
     if (intern_names())
         return NULL;
     PyObject *m = PyModule_Create(&MODULE);
-    /* The fast entry's size and the positions a caller may need to patch (bench.py
-     * swaps the state, tests/ the allocation's arguments), from the enum itself. */
+    /* The fast entry's size and the positions a caller may need to read or patch
+     * (bench.py swaps the state, tests/ the allocation and its arguments), from
+     * the enum itself. */
     if (m && (PyModule_AddIntConstant(m, "API_VERSION", EXT_API_VERSION) != 0 ||
               PyModule_AddIntConstant(m, "FAST_FIELDS", FAST_FIELDS) != 0 ||
+              PyModule_AddIntConstant(m, "FAST_ALLOC", FAST_ALLOC) != 0 ||
               PyModule_AddIntConstant(m, "FAST_ALLOC_ARGS", FAST_ALLOC_ARGS) != 0 ||
               PyModule_AddIntConstant(m, "FAST_STATE_ADDR", FAST_STATE_ADDR) != 0)) {
         Py_DECREF(m);

@@ -8,8 +8,9 @@ Two paths, one kernel:
   state are worked out once and cached, the offset is read on the GPU (never
   .item(), which would synchronize), and nothing goes through the dispatcher.
   Where the _nf4deq_launch extension was built, a cached call (same quant
-  state, same weight, output allocated) is made by the extension in C; the
-  Python path below makes every other call, and fills the extension's cache.
+  state, the same weight or a view of it with the same layout, output
+  allocated or in the global buffer) is made by the extension in C; the
+  Python path below makes every other call, and fills the extension's caches.
 - torch.compile: torch.ops.nf4deq.dequantize_4bit, a custom op with a fake
   implementation, so Dynamo traces it without a graph break. Its real
   implementation calls the same ctypes function.
@@ -220,6 +221,13 @@ def _layout(w):
     return w.shape, w.stride(), w.dtype, w.get_device()
 
 
+def _layout_unwrapped(w):
+    """_layout of a Tensor subclass, read with torch functions off as
+    _bind_weight reads it (a subclass's t() may be of the subclass again)."""
+    with _no_torch_function():
+        return _layout(w)
+
+
 def _bind_weight(e, w):
     """Checks the packed weight against the entry. Returns (tensor to read,
     transposed, cacheable, layout): a non-contiguous or (on the GPU) misaligned
@@ -286,17 +294,21 @@ def _out_template(e):
 
 # Per-device reusable output, like Unsloth's WEIGHT_BUFFERS (use_global_buffer=True).
 _global_buffers = {}
-# Per device, (dtype, shape) -> buffer[:n].view(shape) of that device's current
-# buffer, emptied whenever the buffer is replaced. Each call returns a new tensor
-# over the cached view's memory (its detach()): 0.5 us against 1.9-5 us for
-# slicing and viewing the buffer again (H200 host, tests/perf/eager_patterns.py).
+# Per device, (dtype, shape, transposed) -> buffer[:n].view(shape), or its t(),
+# of that device's current buffer, emptied whenever the buffer is replaced.
+# Each call returns a new tensor over the cached view's memory (its detach()):
+# 0.5 us against 1.9-5 us for slicing and viewing the buffer again, and 1 us
+# more for the t() of a transposed result (H200 host, tests/perf/eager_patterns.py).
 _global_views = {}
 
 
-def _global_out(e):
+def _global_view(e, transposed):
+    """The cached view of the current global buffer that e's output is,
+    transposed as the call returns it."""
     key = e.dev
     views = _global_views.get(key)
-    v = views.get((e.dtype, e.shape)) if views is not None else None
+    vkey = (e.dtype, e.shape, transposed)
+    v = views.get(vkey) if views is not None else None
     if v is None:
         buf = _global_buffers.get(key)
         if buf is None or buf.dtype is not e.dtype or buf.numel() < e.n:
@@ -304,10 +316,14 @@ def _global_out(e):
                               dtype=e.dtype, device=e.device)
             _global_buffers[key] = buf
             views = None
+            # The extension's global-buffer entries hold views of the old
+            # buffer: dropped, so that no call writes there and its memory is freed.
+            _fast_global_cache.clear()
         if views is None:
             views = _global_views[key] = {}
-        v = views[(e.dtype, e.shape)] = buf[: e.n].view(e.shape)
-    return v.detach()
+        v = buf[: e.n].view(e.shape)
+        v = views[vkey] = v.t() if transposed else v
+    return v
 
 
 # id(quant state) -> _Entry. Keyed by id because QuantState defines __eq__ and
@@ -317,16 +333,19 @@ _cache = {}
 # id(quant state) -> the extension's fast entry (_register_fast), for calls
 # that return a new tensor; dropped with the _cache entry.
 _fast_cache = {}
+# The same for calls into the global buffer; emptied when a buffer is replaced.
+_fast_global_cache = {}
 _eager_cached = None
 if _ext is not None:
-    _ext.bind_eager(_fast_cache, _Tensor, _Parameter, _Tensor.data_ptr, _current_device, _raw_stream,
-                    _no_torch_function, _lib.check)
+    _ext.bind_eager(_fast_cache, _fast_global_cache, _Tensor, _Parameter, _Tensor.data_ptr, _current_device,
+                    _raw_stream, _no_torch_function, _lib.check)
     _eager_cached = _ext.eager_cached
 
 
 def _drop(key):
     _cache.pop(key, None)
     _fast_cache.pop(key, None)
+    _fast_global_cache.pop(key, None)
 
 
 def _cached_entry(qs):
@@ -346,13 +365,19 @@ def _cached_entry(qs):
     return e
 
 
-def _register_fast(e, qs):
+def _register_fast(e, qs, global_view):
     """Hands the extension what it needs to make this call again by itself
     (the tuple's layout: FAST_* in _launch.c). Only for an entry in _cache
-    whose weight binding is cached, on a CUDA device."""
+    whose weight binding is cached, on a CUDA device. global_view: the
+    global buffer's view the call returned (detached), already transposed
+    where the call transposes, else None."""
     s = e.src
-    _fast_cache[id(qs)] = (e.qs_ref, *s, e.w_ref, e.wptr, _empty_like, (e.template,), _ALLOC_KWARGS, e.state_addr,
-                           e.dev, e.transposed, e)
+    if global_view is None:
+        _fast_cache[id(qs)] = (e.qs_ref, *s, e.w_ref, e.wptr, e.wsig, _empty_like, (e.template,), _ALLOC_KWARGS,
+                               e.state_addr, e.dev, e.transposed, e)
+    else:
+        _fast_global_cache[id(qs)] = (e.qs_ref, *s, e.w_ref, e.wptr, e.wsig, global_view.detach, (), None,
+                                      e.state_addr, e.dev, False, e)
 
 
 def _eager(w, qs, out, use_global_buffer):
@@ -365,20 +390,20 @@ def _eager(w, qs, out, use_global_buffer):
     # The weight: one pointer read per call; the checks run again only when
     # the weight object or its storage changed.
     tw = type(w)
-    if tw is _Tensor or tw is _Parameter:
+    plain = tw is _Tensor or tw is _Parameter
+    if plain:
         wptr = w.data_ptr()
     elif isinstance(w, _Tensor):
         with _no_torch_function():
             wptr = w.data_ptr()
     else:
         raise TypeError(f"nf4deq: the weight must be a tensor, got {tw.__name__}")
-    bound_before = wptr == e.wptr and e.w_ref is not None and e.w_ref() is w
-    if bound_before:
-        transposed = e.transposed
-    elif wptr == e.wptr and e.wsig is not None and (tw is _Tensor or tw is _Parameter) and _layout(w) == e.wsig:
-        # Another tensor over the same bytes with the same layout, such as the
-        # W.t() view Unsloth's matmul_lora makes on every call: _bind_weight
-        # would find what it found for the bound one.
+    # bound: the weight is the bound one, or another tensor over the same
+    # bytes with the same layout, such as the W.t() view Unsloth's matmul_lora
+    # makes on every call: _bind_weight would find what it found for the bound one.
+    bound = wptr == e.wptr and e.w_ref is not None and (
+        e.w_ref() is w or (_layout(w) if plain else _layout_unwrapped(w)) == e.wsig)
+    if bound:
         transposed = e.transposed
     else:
         src, transposed, cacheable, layout = _bind_weight(e, w)
@@ -390,9 +415,11 @@ def _eager(w, qs, out, use_global_buffer):
             e.w_ref = e.wptr = e.wsig = None
             wptr = src.data_ptr()
 
+    view = None  # the global buffer's view, transposed as returned
     if out is None:
         if use_global_buffer:
-            res = _global_out(e)
+            view = _global_view(e, transposed)
+            res = view.detach()
         else:
             t = e.template
             if t is None:
@@ -406,10 +433,10 @@ def _eager(w, qs, out, use_global_buffer):
                 _lib.check(rc, "nf4deq_dequantize_cuda")
             # A call the extension did not make, with a cached entry and the
             # weight it was bound to before: the extension makes the next one.
-            # Not on a weight's first call, so that a weight seen once (a new
-            # W.t() view on every call) costs no registration.
-            if _eager_cached is not None and not use_global_buffer and bound_before and _cache.get(id(qs)) is e:
-                _register_fast(e, qs)
+            # Not on a weight's first call, so that a weight seen once costs no
+            # registration.
+            if _eager_cached is not None and bound and _cache.get(id(qs)) is e:
+                _register_fast(e, qs, view)
         else:
             _launch(e, wptr, res.data_ptr())
     elif _out_ok(e, out):
@@ -420,7 +447,7 @@ def _eager(w, qs, out, use_global_buffer):
         _launch(e, wptr, tmp.data_ptr())
         out.copy_(tmp.view(out.shape))
         res = out
-    return res.t() if transposed else res
+    return res.t() if transposed and view is None else res
 
 
 # ---------------------------------------------------------------------------
@@ -538,8 +565,8 @@ def fast_dequantize(W, quant_state=None, out=None, use_global_buffer=False):
             return W
     if _is_compiling():
         return _traced(W, quant_state, out)
-    if out is None and not use_global_buffer and _eager_cached is not None:
-        res = _eager_cached(W, quant_state)
+    if out is None and _eager_cached is not None:
+        res = _eager_cached(W, quant_state, use_global_buffer)
         if res is not None:
             return res
     return _eager(W, quant_state, out, use_global_buffer)

@@ -97,10 +97,28 @@ def run_cpu(lib, qs, arrays, out_dtype, threads=0, first_block=0, blocks=None):
 
 class FakeTensor:
     """Stands in for torch.Tensor in the extension's cached call: it only needs
-    a data pointer, a type, weak references and t()."""
+    a data pointer, a type, weak references, t() and what _torch.py's _layout
+    reads (shape, stride(), dtype, get_device()), which it logs in `reads`."""
+    reads = []
 
-    def __init__(self, ptr):
-        self.ptr = ptr
+    def __init__(self, ptr, shape=(8, 1), stride=(1, 1), dtype="uint8", device=0):
+        self.ptr, self._shape, self._stride, self.dtype, self._device = ptr, shape, stride, dtype, device
+
+    @property
+    def shape(self):
+        FakeTensor.reads.append("shape")
+        return self._shape
+
+    def stride(self):
+        FakeTensor.reads.append("stride")
+        return self._stride
+
+    def get_device(self):
+        FakeTensor.reads.append("get_device")
+        return self._device
+
+    def layout(self):
+        return self._shape, self._stride, self.dtype, self._device
 
     def t(self):
         return ("transposed", self)
@@ -133,7 +151,7 @@ def check_eager_cached(ext, lib):
     import gc
     import weakref
 
-    cache, calls = {}, []
+    cache, global_cache, calls = {}, {}, []
 
     class Guard:  # torch._C.DisableTorchFunctionSubclass
         def __enter__(self):
@@ -142,12 +160,15 @@ def check_eager_cached(ext, lib):
         def __exit__(self, *exc):
             calls.append("exit")
 
+    def bind(current_device):
+        ext.bind_eager(cache, global_cache, FakeTensor, FakeParameter, lambda t: t.ptr, current_device,
+                       lambda dev: 0, Guard, nf4deq._lib.check)
+
     class Slotted:  # a quant state without an instance dictionary
         __slots__ = ("__weakref__",)
 
     device = [0]
-    ext.bind_eager(cache, FakeTensor, FakeParameter, lambda t: t.ptr, lambda: device[0],
-                   lambda dev: 0, Guard, nf4deq._lib.check)
+    bind(lambda: device[0])
     out_buf = aligned_empty(256)
 
     def new_empty(shape, **kwargs):
@@ -156,15 +177,17 @@ def check_eager_cached(ext, lib):
 
     absmax_buf = np.ones(4, dtype=np.float32)
 
-    def entry(qs, w, n=0, transposed=False, dev=0, kwargs=None):
+    def entry(qs, w, n=0, transposed=False, dev=0, kwargs=None, layout="bound", into=None, alloc=None):
         state = nf4deq._lib.State(absmax_buf.ctypes.data, None, None, None, n, 0.0, 64, 1, nf4deq.NF4,
                                   nf4deq.BFLOAT16)
         st2 = qs.state2
         src = (qs.absmax, qs.shape, qs.dtype, qs.blocksize, qs.quant_type, st2,
                qs.offset if st2 else None, st2.absmax if st2 else None, st2.code if st2 else None,
                st2.blocksize if st2 else None)
-        cache[id(qs)] = (weakref.ref(qs), *src, weakref.ref(w), w.ptr, new_empty, (qs.shape,), kwargs,
-                         ctypes.addressof(state), dev, transposed, state)
+        (cache if into is None else into)[id(qs)] = (
+            weakref.ref(qs), *src, weakref.ref(w), w.ptr, w.layout() if layout == "bound" else layout,
+            alloc or new_empty, (qs.shape,) if alloc is None else (), kwargs, ctypes.addressof(state), dev,
+            transposed, state)
 
     w_buf = aligned_empty(64)
     for nested in (False, True):
@@ -206,7 +229,31 @@ def check_eager_cached(ext, lib):
                      lambda a=attr, o=old: setattr(qs.state2, a, o))
             old2 = qs.state2
             miss("state2 removed", lambda: setattr(qs, "state2", None), lambda: setattr(qs, "state2", old2))
-        miss("another weight object", lambda: w2.__setitem__(0, FakeTensor(w.ptr)), lambda: w2.__setitem__(0, w))
+        # Another object over the same bytes (a W.t() view made on each call)
+        # stands for the bound weight only with the bound layout.
+        for label, other in (("another shape", FakeTensor(w.ptr, shape=(1, 8))),
+                             ("other strides", FakeTensor(w.ptr, stride=(2, 1))),
+                             ("another dtype", FakeTensor(w.ptr, dtype="int8")),
+                             ("another device", FakeTensor(w.ptr, device=1)),
+                             ("another address", FakeTensor(w.ptr + 16)),
+                             ("a Parameter at another address", FakeParameter(w.ptr + 16))):
+            miss(f"another weight object, {label}", lambda o=other: w2.__setitem__(0, o), lambda: w2.__setitem__(0, w))
+        calls.clear()
+        got = ext.eager_cached(FakeTensor(w.ptr), qs)
+        check(isinstance(got, FakeTensor) and calls == [("new_empty", (3, 5), {})],
+              f"{tag}: another weight object with the bound address and layout hits", f"{got!r} {calls}")
+        got = ext.eager_cached(FakeParameter(w.ptr), qs)
+        check(isinstance(got, FakeTensor), f"{tag}: a Parameter with the bound address and layout hits", f"{got!r}")
+        entry(qs, w, layout=None)
+        check(ext.eager_cached(FakeTensor(w.ptr), qs) is None, f"{tag}: an entry with no layout takes no other object")
+        for bad in ((1, 2, 3), [w.shape, w.stride(), w.dtype, 0]):
+            entry(qs, w, layout=bad)
+            check(ext.eager_cached(FakeTensor(w.ptr), qs) is None,
+                  f"{tag}: a malformed layout {type(bad).__name__} of {len(bad)} -> None")
+        entry(qs, w)
+        FakeTensor.reads.clear()
+        check(isinstance(ext.eager_cached(w, qs), FakeTensor) and not FakeTensor.reads,
+              f"{tag}: the bound object itself: its layout is not read", f"{FakeTensor.reads}")
         miss("the weight's storage moved", lambda: setattr(w, "ptr", w.ptr + 16),
              lambda: setattr(w, "ptr", w.ptr - 16))
         miss("not a tensor", lambda: w2.__setitem__(0, object()), lambda: w2.__setitem__(0, w))
@@ -224,6 +271,52 @@ def check_eager_cached(ext, lib):
         got = ext.eager_cached(sub, qs)
         check(isinstance(got, tuple) and got[0] == "transposed" and calls[:2] == ["enter", "exit"],
               f"{tag}: a subclass weight, read with torch functions off, returned transposed", f"{got!r} {calls}")
+        # Another subclass object at its address (Params4bit.t() is a Params4bit):
+        # its layout is read inside the guard too.
+        other_sub = FakeSubclass(sub.ptr)
+        calls.clear()
+        FakeTensor.reads.clear()
+        guarded = []
+        real_stride = FakeSubclass.stride
+        FakeSubclass.stride = lambda self: (guarded.append(calls[-1:] == ["enter"]), real_stride(self))[1]
+        try:
+            got = ext.eager_cached(other_sub, qs)
+        finally:
+            FakeSubclass.stride = real_stride
+        check(isinstance(got, tuple) and calls[:2] == ["enter", "exit"] and guarded == [True]
+              and FakeTensor.reads == ["shape", "stride", "get_device"],
+              f"{tag}: another subclass object, its layout read with torch functions off",
+              f"{got!r} {calls} {guarded} {FakeTensor.reads}")
+        calls.clear()
+        got = ext.eager_cached(FakeSubclass(sub.ptr, shape=(2, 4)), qs)
+        check(got is None and calls == ["enter", "exit"], f"{tag}: another subclass object, another shape -> None, "
+              "the guard left", f"{got!r} {calls}")
+
+        # The global buffer's cache: the output is what its entry returns (the
+        # view's detach() in _torch.py), and each cache serves its own calls.
+        cache.clear()
+        view = FakeTensor(out_buf.ctypes.data)
+        entry(qs, w, into=global_cache, alloc=lambda: (calls.append("detach"), view)[1])
+        calls.clear()
+        check(ext.eager_cached(w, qs) is None and ext.eager_cached(w, qs, False) is None and not calls,
+              f"{tag}: a global-buffer entry does not serve a call for a new tensor")
+        for flag in (True, 1):
+            calls.clear()
+            got = ext.eager_cached(FakeTensor(w.ptr), qs, flag)
+            check(got is view and calls == ["detach"], f"{tag}: a global-buffer call ({flag!r}) hits its entry",
+                  f"{got!r} {calls}")
+        entry(qs, w)
+        global_cache.clear()
+        check(ext.eager_cached(w, qs, True) is None, f"{tag}: a new-tensor entry does not serve a global-buffer call")
+
+        class Untruthful:
+            def __bool__(self):
+                raise ZeroDivisionError("no truth")
+        try:
+            ext.eager_cached(w, qs, Untruthful())
+            check(False, f"{tag}: use_global_buffer whose truth raises, raises it")
+        except ZeroDivisionError:
+            check(True, f"{tag}: use_global_buffer whose truth raises, raises it")
 
         # A real job with no GPU: the library's status, raised by check().
         entry(qs, w, n=128)
@@ -235,14 +328,11 @@ def check_eager_cached(ext, lib):
 
         # The entry dropped from the cache while the call checks it.
         entry(qs, w)
-        device_fn = lambda: (cache.clear(), 0)[1]  # noqa: E731
-        ext.bind_eager(cache, FakeTensor, FakeParameter, lambda t: t.ptr, device_fn, lambda dev: 0, Guard,
-                       nf4deq._lib.check)
+        bind(lambda: (cache.clear(), 0)[1])
         got = ext.eager_cached(w, qs)
         gc.collect()
         check(isinstance(got, FakeTensor) and not cache, f"{tag}: the cache emptied during the call", f"{got!r}")
-        ext.bind_eager(cache, FakeTensor, FakeParameter, lambda t: t.ptr, lambda: device[0], lambda dev: 0, Guard,
-                       nf4deq._lib.check)
+        bind(lambda: device[0])
 
         # A quant state that died: its id may come back on another object.
         entry(qs, w)
@@ -267,14 +357,16 @@ def check_eager_cached(ext, lib):
     bad = FakeQuantState(False)
     cache[id(bad)] = (1, 2, 3)
     for args, exc, label in (((w, bad), TypeError, "a malformed cache entry"), ((w,), TypeError, "one argument"),
-                             ((w, bad, None), TypeError, "three arguments")):
+                             ((w, bad, None, None), TypeError, "four arguments")):
         try:
             ext.eager_cached(*args)
             check(False, f"ext cached: {label} raises {exc.__name__}")
         except exc:
             check(True, f"ext cached: {label} raises {exc.__name__}")
-    for args, label in (((cache,), "one argument"), ((list(), *[len] * 7), "a list for the cache"),
-                        ((cache, *[len] * 6, 3), "a number for check")):
+    for args, label in (((cache,), "one argument"), ((list(), {}, *[len] * 7), "a list for the cache"),
+                        ((cache, None, *[len] * 7), "None for the global cache"),
+                        ((cache, {}, *[len] * 6, 3), "a number for check"),
+                        ((cache, *[len] * 7), "eight arguments (API 2's)")):
         try:
             ext.bind_eager(*args)
             check(False, f"bind_eager: {label} raises TypeError")
