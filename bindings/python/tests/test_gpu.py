@@ -231,8 +231,11 @@ def test_unsloth_patterns():
              quantize((128, 64), torch.bfloat16, 64, "fp4", True, seed=22),
              quantize((640, 96), torch.bfloat16, 64, "nf4", False, seed=23),   # the largest: the buffer grows
              quantize((64, 33), torch.float16, 64, "nf4", True, seed=24)]      # another dtype: replaced
+    W5, qs5 = quantize((200, 64), torch.bfloat16, 64, "nf4", True, seed=25)
+    cases.append((Params4bit(W5, requires_grad=False, quant_state=qs5, bnb_quantized=True, quant_type="nf4"), qs5))
     refs = [(reference(W.t(), qs), reference(W, qs)) for W, qs in cases]
-    order = [0, 1, 2, 0, 3, 1, 2, 3, 0]
+    order = [0, 1, 2, 0, 3, 4, 1, 2, 3, 4, 0]
+    alloc = nf4t._ext.FAST_ALLOC if nf4t._ext is not None else None
 
     def run():
         for _ in range(3):
@@ -241,6 +244,11 @@ def test_unsloth_patterns():
                 g = nf4deq.fast_dequantize(W.t(), qs, use_global_buffer=True)
                 buf = nf4t._global_buffers[W.get_device()]
                 if not (same(g, t_ref) and g.data_ptr() == buf.data_ptr()):
+                    return False
+                # What the extension would return next: views of this buffer only.
+                if alloc is not None and any(f[alloc].__self__.untyped_storage().data_ptr() !=
+                                             buf.untyped_storage().data_ptr()
+                                             for f in nf4t._fast_global_cache.values()):
                     return False
                 if not (same(nf4deq.fast_dequantize(W.t(), qs), t_ref) and same(nf4deq.fast_dequantize(W, qs), ref)
                         and same(nf4deq.dequantize(W.t(), qs), t_ref)):
@@ -441,6 +449,11 @@ def test_routes():
             check(f"route {name}: {shape} {dt} nested={nested}", run)
 
 
+class KeptSubclass(torch.Tensor):
+    """A Tensor subclass with torch's default __torch_function__: what its
+    methods return (t() included) is of the subclass again."""
+
+
 def test_cached_path():
     """A call repeated with the same quant state and weight is made by the
     extension in C (_launch.c eager_cached) where it was built. Each case runs
@@ -498,6 +511,39 @@ def test_cached_path():
         return same(by_extension(lambda: nf4deq.fast_dequantize(P, P.quant_state), ref), ref)
 
     check("cached path: a Params4bit (torch functions off for its data pointer)", params4bit)
+
+    def unsloth_call(kind, global_buffer):
+        """Unsloth's matmul_lora call, fast_dequantize(W.t(), qs, use_global_buffer=True),
+        and the same into a new tensor: a new W.t() on every call, which the
+        extension takes for the bound weight by its address and layout. W: a
+        plain tensor; a Params4bit, as matmul_lora gets it (its t() is a plain
+        tensor: Parameter switches torch functions off); a Tensor subclass whose
+        t() stays one, read with torch functions off. The global buffer is filled
+        with NaN before the extension's call, which must leave bitsandbytes'
+        output in it."""
+        W3, qs3 = quantize((513, 130), torch.bfloat16, 64, "nf4", True, seed=14)
+        w = {"tensor": lambda: W3,
+             "Params4bit": lambda: Params4bit(W3.clone(), requires_grad=False, quant_state=qs3,
+                                              bnb_quantized=True, quant_type="nf4"),
+             "subclass": lambda: W3.clone().as_subclass(KeptSubclass)}[kind]()
+        ref3 = reference(W3.t(), qs3)
+
+        def call():
+            return nf4deq.fast_dequantize(w.t(), qs3, use_global_buffer=global_buffer)
+        python_calls = [same(call(), ref3) for _ in range(2)]  # bound, then handed to the extension
+        if global_buffer:
+            buf = nf4t._global_buffers[torch.cuda.current_device()]
+            buf.fill_(float("nan"))
+            got = by_extension(call, ref3)
+            ok = same(got, ref3) and got.data_ptr() == buf.data_ptr()
+        else:
+            ok = same(by_extension(call, ref3), ref3)
+        return all(python_calls) and ok and (kind != "subclass" or type(w.t()) is KeptSubclass)
+
+    for kind in ("tensor", "Params4bit", "subclass"):
+        for global_buffer in (True, False):
+            check(f"cached path: fast_dequantize({kind}.t(), qs, use_global_buffer={global_buffer}), "
+                  "a new view each call", lambda k=kind, g=global_buffer: unsloth_call(k, g))
 
     def dtype_changed():
         nf4deq.dequantize(W, qs)
