@@ -5,9 +5,12 @@
 # with and without the extension's cached call (nf4deq/_launch.c eager_cached),
 # alternating, so both ratios to fast_dequantize come from one host. Logs under
 # $OUT. `patterns [DIR]` times the eager call patterns (tests/perf/eager_patterns.py),
-# alternating with the package under DIR (a directory holding another version's
-# nf4deq/) where one is given. Run after unpacking .carry/bins.tar.xz
-# (tests/gpu/device-run.sh does that).
+# ROUNDS times (default 2), alternating with the package under DIR (a directory
+# holding another version's nf4deq/, and its libnf4deq.so with the extension beside
+# it, if that version's library differs) where one is given. PIN=CPU runs every
+# such process on that CPU (taskset): processes placed by the scheduler differed
+# by up to 2x in PyTorch's own pieces on one machine. Run after unpacking
+# .carry/bins.tar.xz (tests/gpu/device-run.sh does that).
 #   bash tests/gpu/device-python.sh [tests|bench|all|harness-ab [ROUNDS]|patterns [DIR]]
 set -o pipefail
 what=${1:-tests}
@@ -45,9 +48,12 @@ PY
 fi
 if [ "$what" = patterns ]; then
     : > "$OUT/eager-patterns.txt"
-    for i in 1 2; do
+    for i in $(seq "${ROUNDS:-2}"); do
         for pkg in $PWD/bindings/python ${2:+$(cd "$2" && pwd)}; do
-            PYTHONPATH=$PWD/.carry/py:$pkg python3 tests/perf/eager_patterns.py 2>&1 |
+            lib=$NF4DEQ_LIBRARY
+            [ -f "$pkg/libnf4deq.so" ] && lib=$pkg/libnf4deq.so
+            NF4DEQ_LIBRARY=$lib PYTHONPATH=$PWD/.carry/py:$pkg ${PIN:+taskset -c $PIN} \
+                python3 tests/perf/eager_patterns.py 2>&1 |
                 tee -a "$OUT/eager-patterns.txt" || rc=1
         done
     done
