@@ -9,7 +9,9 @@
 #                         identical output)
 #   make gpu-tests        just build them
 #   make perf-tools       build/perf/launch_cost: host cost of a kernel launch by route;
-#                         build/perf/cuda_teardown: what a process pays at exit for CUDA
+#                         build/perf/cuda_teardown: what a process pays at exit for CUDA;
+#                         build/perf/tmpfs_write: how fast each way of filling one
+#                         output file is (write(2), threads through a mapping, the GPU)
 #   GPU_BIG=0             skip the > 2^31-element tensor (needs ~13 GB host memory)
 
 GPU_BINS     = $(BUILD)/gpu/test_gpu $(BUILD)/gpu/nf4bench $(BUILD)/gpu/test_gpu_faults $(BUILD)/gpu/test_gpu_merge
@@ -35,7 +37,11 @@ $(BUILD)/perf/cuda_teardown: tests/perf/cuda_teardown.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NF4_NVCCFLAGS) $(NVCCFLAGS) -o $@ $< -lpthread
 
-perf-tools: $(BUILD)/perf/launch_cost $(BUILD)/perf/cuda_teardown
+$(BUILD)/perf/tmpfs_write: tests/perf/tmpfs_write.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NF4_NVCCFLAGS) $(NVCCFLAGS) -o $@ $< -lpthread
+
+perf-tools: $(BUILD)/perf/launch_cost $(BUILD)/perf/cuda_teardown $(BUILD)/perf/tmpfs_write
 
 # Same sources, device code = compute_75 PTX only.
 gpu-tests-ptx75:
