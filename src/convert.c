@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "gpu_start.h"
 #include "layout.h"
 #include "lora.h"
+#include "mapped_writer.h"
 #include "model.h"
 #include "model_dir.h"
 #include "out_lock.h"
@@ -154,22 +156,32 @@ static int online_cores(void)
     return n > 0 ? (int)n : 1;
 }
 
-static int open_device(struct ctx *c);
+static int open_device(struct ctx *c, const char *out);
 
 /* Without --threads: every core for merges, whose arithmetic is the limit;
  * for plain conversions at most PLAIN_THREADS. Four vector-kernel threads
- * outrun any writer, and more only evict the chunks that wait to be written
- * from the caches (measured: docs/PERFORMANCE.md). */
+ * outrun one writer, and more only evict the chunks that wait to be written
+ * from the caches (measured: docs/PERFORMANCE.md). Where the workers place
+ * their chunks in the output themselves (mapped_writer.h: on tmpfs), each
+ * copy faults in fresh pages and the copies scale to MAPPED_PLAIN_THREADS. */
 #define PLAIN_THREADS 4
-static int default_threads(const struct ctx *c)
+#define MAPPED_PLAIN_THREADS 8
+static int default_threads(const struct ctx *c, const char *out)
 {
     int cores = online_cores();
-    return c->lora || cores < PLAIN_THREADS ? cores : PLAIN_THREADS;
+    if (c->lora)
+        return cores;
+    int plain = PLAIN_THREADS;
+    char *dir = c->to_stdout ? NULL : strdup(out);
+    if (dir && mapped_writer_wanted(-1, dirname(dir), MAPPED_PLAIN_THREADS))
+        plain = MAPPED_PLAIN_THREADS;
+    free(dir);
+    return cores < plain ? cores : plain;
 }
 
 int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_t bytes)
 {
-    int code = open_device(c);
+    int code = open_device(c, out);
     if (code != NF4_OK)
         return code;
     uint64_t mem = c->opts->mem ? c->opts->mem : DEFAULT_MEM_BYTES;
@@ -202,10 +214,10 @@ static int auto_wants_gpu(const struct ctx *c)
 /* The CPU, or the GPU opened on a thread of its own while the pipeline starts
  * on the CPU (see pipeline.h): the fixed cost of starting CUDA never delays
  * the conversion. */
-static int open_device(struct ctx *c)
+static int open_device(struct ctx *c, const char *out)
 {
     const struct convert_opts *o = c->opts;
-    c->threads = o->threads > 0 ? o->threads : default_threads(c);
+    c->threads = o->threads > 0 ? o->threads : default_threads(c, out);
     if (o->device == DEVICE_CPU || (o->device == DEVICE_AUTO && !auto_wants_gpu(c)))
         return NF4_OK;
     return gpu_start_begin(&c->gpu_start, o->gpu_mem);

@@ -46,6 +46,7 @@ struct task {
     void *in, *out;
     uint64_t count;    /* elements (cast), or bytes (copy) */
     size_t out_len;    /* bytes to write */
+    uint64_t at;       /* where they go in the file's tensor data */
     int ends_tensor;
     uint64_t overflowed; /* finite values of this chunk that became infinite */
     struct part *parts; /* TASK_BATCH: whole tensors, outputs back to back from `out` */
@@ -110,6 +111,8 @@ struct pipeline {
     size_t n;
     struct plan_cursor cur;
     uint64_t planned; /* chunks planned so far: the next one's sequence number */
+    uint64_t planned_bytes; /* their output bytes: where the next one's output goes */
+    int mapped;       /* workers place their output in the file (st_writer_map) */
     int plan_done;
     int failed, fail_code;
     struct nf4_error fail_error;
@@ -408,6 +411,20 @@ static int plan_next(struct pipeline *p, struct slot *s, int *planned)
     return NF4_OK;
 }
 
+/* The output bytes of a planned chunk, known before it is read: fill sets
+ * out_len to the same. */
+static uint64_t task_out_bytes(const struct task *t)
+{
+    switch (t->kind) {
+    case TASK_BATCH:
+        return t->out_len;
+    case TASK_COPY:
+        return t->count;
+    default:
+        return t->count * elem_bytes(t->it->out.dtype);
+    }
+}
+
 /* ---- reading and computing a chunk: a worker, without the lock ---- */
 
 static int fill(struct slot *s)
@@ -671,6 +688,8 @@ static void work_run(struct pipeline *p)
         }
         s->state = SLOT_CLAIMED;
         s->seq = p->planned++;
+        s->task.at = p->planned_bytes;
+        p->planned_bytes += task_out_bytes(&s->task);
         struct gpu_ctx *gpu = engine_for_chunk(p);
         /* Consecutive chunks take turns on the lanes. */
         int lane = gpu ? (int)(s->seq % (uint64_t)p->gpu_lanes) : 0;
@@ -678,6 +697,9 @@ static void work_run(struct pipeline *p)
         code = fill(s);
         if (code == NF4_OK)
             code = compute(p, gpu, lane, &s->task);
+        /* Every worker places its own output: no single writer copies it all. */
+        if (code == NF4_OK && p->mapped)
+            code = st_writer_write_at(p->wr, s->task.at, s->task.out, s->task.out_len);
         pthread_mutex_lock(&p->mu);
         if (s->task.kind == TASK_DEQUANT || s->task.kind == TASK_MERGE)
             *(gpu ? &p->chunks_gpu : &p->chunks_cpu) += 1;
@@ -724,7 +746,7 @@ static int write_in_order(struct pipeline *p)
         if (!go)
             break;
         struct task *t = &s->task;
-        int code = st_writer_write(p->wr, t->out, t->out_len);
+        int code = p->mapped ? st_writer_account(p->wr, t->out_len) : st_writer_write(p->wr, t->out, t->out_len);
         if (code != NF4_OK) {
             pthread_mutex_lock(&p->mu);
             fail_locked(p, code);
@@ -763,6 +785,8 @@ int pipeline_write(struct pipeline *p, struct st_writer *wr, const struct out_it
     p->n = n;
     p->cur = (struct plan_cursor){0};
     p->planned = 0;
+    p->planned_bytes = 0;
+    p->mapped = st_writer_map(wr, p->nworkers);
     p->plan_done = 0;
     p->failed = 0;
     for (int i = 0; i < p->nslots; i++)

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "fileio.h"
+#include "mapped_writer.h"
 #include "status.h"
 #include "strbuf.h"
 
@@ -23,6 +24,8 @@ struct st_writer {
     uint64_t total;     /* bytes of tensor data */
     uint64_t written;   /* bytes of tensor data written so far */
     int stream;         /* fd is the caller's (standard output): no temp, no rename */
+    uint64_t data_start; /* file offset of the tensor data */
+    struct mapped_writer *map; /* tensor data goes through a mapping (st_writer_map), or NULL */
     long index;         /* output files begun before this one (NF4DEQ_TEST_STOP) */
 };
 
@@ -183,6 +186,7 @@ static int begin(struct st_writer **out, const char *path, int stream_fd, const 
         code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "write failed");
         goto fail;
     }
+    w->data_start = 8 + (uint64_t)header.len;
     free(header.p);
     free(keys);
     *out = w;
@@ -224,14 +228,41 @@ uint64_t st_writer_total_bytes(const struct st_writer *w)
     return w->total;
 }
 
+int st_writer_map(struct st_writer *w, int threads)
+{
+    /* Anything that stops the mapping from being set up leaves the plain writes. */
+    if (!w->map && !w->stream && w->total > 0 && w->written == 0 && mapped_writer_wanted(w->fd, NULL, threads))
+        mapped_writer_open(&w->map, w->fd, w->data_start, w->total);
+    return w->map != NULL;
+}
+
+int st_writer_write_at(struct st_writer *w, uint64_t at, const void *buf, size_t len)
+{
+    if (!w->map || at > w->total || len > w->total - at)
+        return nf4_fail(NF4_ESOFTWARE, w->path, NULL, "tensor data written outside the data the header declares");
+    int err = mapped_writer_write(w->map, at, buf, len);
+    if (err)
+        return nf4_fail_errno(NF4_EIO, err, w->path, NULL, "write failed");
+    return NF4_OK;
+}
+
 int st_writer_write(struct st_writer *w, const void *buf, size_t len)
 {
     if (len > w->total - w->written)
         return nf4_fail(NF4_ESOFTWARE, w->path, NULL, "more tensor data written than the header declares");
     if (write_full(w->fd, buf, len) != 0)
         return nf4_fail_errno(NF4_EIO, errno, w->path, NULL, "write failed");
+    return st_writer_account(w, len);
+}
+
+int st_writer_account(struct st_writer *w, size_t len)
+{
+    if (len > w->total - w->written)
+        return nf4_fail(NF4_ESOFTWARE, w->path, NULL, "more tensor data written than the header declares");
     int crossed_half = w->written < w->total / 2 && w->written + len >= w->total / 2;
     w->written += len;
+    if (w->map)
+        mapped_writer_release(w->map, w->written);
     if (crossed_half)
         test_stop_at(w->index, 1);
     return NF4_OK;
@@ -247,6 +278,11 @@ int st_writer_finish(struct st_writer *w)
         st_writer_abort(w);
         return code;
     }
+    /* Unmapped first: fsync then covers what went through the mapping too. */
+    int err = mapped_writer_close(w->map);
+    w->map = NULL;
+    if (err && code == NF4_OK)
+        code = nf4_fail_errno(NF4_EIO, err, w->path, NULL, "cannot unmap the written data");
     if (code == NF4_OK && fsync(w->fd) != 0)
         code = nf4_fail_errno(NF4_EIO, errno, w->path, NULL, "fsync failed");
     int fd = w->fd;
@@ -273,6 +309,7 @@ void st_writer_abort(struct st_writer *w)
 {
     if (!w)
         return;
+    mapped_writer_close(w->map);
     if (w->fd >= 0 && !w->stream)
         close(w->fd);
     if (w->tmp_path) {

@@ -33,7 +33,20 @@ int st_writer_begin_stream(struct st_writer **out, int fd, const char *name, con
 /* Index (into the array given to st_writer_begin) of the k-th tensor in file order. */
 size_t st_writer_order(const struct st_writer *w, size_t k);
 uint64_t st_writer_tensor_bytes(const struct st_writer *w, size_t index);
+/* Appends the next `len` bytes of tensor data, in file order. */
 int st_writer_write(struct st_writer *w, const void *buf, size_t len);
+/* Before any tensor data is written: sends it through a mapping instead of
+ * write(2) where that is faster for `threads` threads placing pieces at once
+ * (mapped_writer.h: on tmpfs). Returns whether it now does. Then each piece
+ * is placed with st_writer_write_at, from any thread and in any order, and
+ * counted, in file order, with st_writer_account; st_writer_write is not used. */
+int st_writer_map(struct st_writer *w, int threads);
+/* Places `len` bytes at offset `at` of the tensor data. Safe from several
+ * threads at once for disjoint ranges. */
+int st_writer_write_at(struct st_writer *w, uint64_t at, const void *buf, size_t len);
+/* Counts the next `len` bytes of tensor data as written (st_writer_write does
+ * it for its own bytes); finish checks that every byte was. */
+int st_writer_account(struct st_writer *w, size_t len);
 /* Checks every byte was written, fsyncs, renames over `path`, fsyncs the directory. */
 int st_writer_finish(struct st_writer *w);
 /* Removes the temp file. Safe after a failed write or finish; frees w. */

@@ -51,6 +51,10 @@ fi
 if [ -f tests/scripts/check-gpu-fixtures.sh ]; then
     echo "== check-gpu: tests/scripts/check-gpu-fixtures.sh"
     sh tests/scripts/check-gpu-fixtures.sh "$BUILD" || status=1
+    # Again with every output's data placed through a mapping by the workers,
+    # as on tmpfs, whatever file system TMPDIR is on.
+    echo "== check-gpu: tests/scripts/check-gpu-fixtures.sh, output through a mapping (NF4DEQ_OUTPUT_MAP=1)"
+    NF4DEQ_OUTPUT_MAP=1 sh tests/scripts/check-gpu-fixtures.sh "$BUILD" || status=1
 fi
 
 if [ $status = 0 ]; then echo "check-gpu: PASS"; else echo "check-gpu: FAIL"; fi

@@ -532,5 +532,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_awkward_sizes_match_reference, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_many_small_tensors_in_batches, tu_scratch_setup, tu_scratch_teardown),
     };
-    return cmocka_run_group_tests_name("convert", tests, NULL, NULL);
+    /* Once with the output written as this file system wants it (write(2), or
+     * a mapping on tmpfs), then again through a mapping whatever the file
+     * system, then again with write(2) alone: each way must give the same bytes. */
+    int failed = cmocka_run_group_tests_name("convert", tests, NULL, NULL);
+    setenv("NF4DEQ_OUTPUT_MAP", "1", 1);
+    failed += cmocka_run_group_tests_name("convert, output through a mapping", tests, NULL, NULL);
+    setenv("NF4DEQ_OUTPUT_MAP", "0", 1);
+    failed += cmocka_run_group_tests_name("convert, output with write(2)", tests, NULL, NULL);
+    return failed;
 }

@@ -22,6 +22,7 @@
 #include <cJSON.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "convert.h"
@@ -41,9 +42,9 @@
 /* ---- the fault table ------------------------------------------------------ */
 
 enum fn { FN_WRITE, FN_PREAD, FN_READ, FN_FSYNC, FN_CLOSE, FN_RENAME, FN_RENAMEAT2, FN_MKOSTEMP, FN_MKDTEMP,
-          FN_ALLOC, FN_COUNT };
+          FN_ALLOC, FN_FALLOCATE, FN_MMAP, FN_COUNT };
 static const char *const FN_NAMES[FN_COUNT] = {"write", "pread", "read", "fsync", "close", "rename", "renameat2",
-                                               "mkostemp", "mkdtemp", "alloc"};
+                                               "mkostemp", "mkdtemp", "alloc", "fallocate", "mmap"};
 
 enum mode {
     M_COUNT,  /* only count the matching calls */
@@ -84,6 +85,8 @@ int __real_rename(const char *from, const char *to);
 int __real_renameat2(int dfd1, const char *from, int dfd2, const char *to, unsigned flags);
 int __real_mkostemp(char *tmpl, int flags);
 char *__real_mkdtemp(char *tmpl);
+int __real_fallocate(int fd, int mode, off_t off, off_t len);
+void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t n, size_t size);
 void *__real_realloc(void *p, size_t n);
@@ -285,6 +288,26 @@ char *__wrap_mkdtemp(char *tmpl)
     return __real_mkdtemp(tmpl);
 }
 
+/* The output through a mapping (src/mapped_writer.c): space reserved with
+ * fallocate, then the mapping itself. */
+int __wrap_fallocate(int fd, int mode, off_t off, off_t len);
+int __wrap_fallocate(int fd, int mode, off_t off, off_t len)
+{
+    if (hit(FN_FALLOCATE, fd, NULL) && g.f.mode == M_ERR)
+        return fail_with(g.f.err);
+    return __real_fallocate(fd, mode, off, len);
+}
+
+void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    if (hit(FN_MMAP, fd, NULL) && g.f.mode == M_ERR) {
+        errno = g.f.err;
+        return MAP_FAILED;
+    }
+    return __real_mmap(addr, len, prot, flags, fd, off);
+}
+
 /* Allocations: malloc, calloc, realloc, strdup, strndup and asprintf called
  * from nf4deq's objects, and cJSON's through its hooks. */
 static _Thread_local int in_cjson;
@@ -362,11 +385,16 @@ struct io {
     const char *in;
     const char *expected;
     int dir;
+    int map; /* the output's data through a mapping (NF4DEQ_OUTPUT_MAP=1), whatever the file system */
 };
 static const struct io FILE_IO = {FIXTURES "/tensors.bnb4.safetensors", FIXTURES "/tensors.expected-bf16.safetensors",
-                                  0};
+                                  0, 0};
 static const struct io DIR_IO = {FIXTURES "/tiny-llama-bf16-bnb4-sharded",
-                                 FIXTURES "/tiny-llama-bf16-bnb4.expected-bf16.safetensors", 1};
+                                 FIXTURES "/tiny-llama-bf16-bnb4.expected-bf16.safetensors", 1, 0};
+static const struct io MAPPED_FILE_IO = {FIXTURES "/tensors.bnb4.safetensors",
+                                         FIXTURES "/tensors.expected-bf16.safetensors", 0, 1};
+static const struct io MAPPED_DIR_IO = {FIXTURES "/tiny-llama-bf16-bnb4-sharded",
+                                        FIXTURES "/tiny-llama-bf16-bnb4.expected-bf16.safetensors", 1, 1};
 
 /* Byte snapshot of a file, or of every file of a directory. */
 #define SNAP_MAX 32
@@ -597,6 +625,8 @@ static int run_case(const struct fcase *c, int check_code)
         snap_take(&old_out, out);
     }
     int entries_before = tu_count_entries(scratch);
+    if (c->io->map)
+        setenv("NF4DEQ_OUTPUT_MAP", "1", 1);
 
     g.f = c->f;
     if (c->f.nth == 0 || c->f.nth == -1) {
@@ -634,6 +664,7 @@ static int run_case(const struct fcase *c, int check_code)
             case_fail("%s: exit %d left %d entries in the scratch directory, expected %d (%s)", c->name, rc,
                      tu_count_entries(scratch), entries_before, nf4_last_error());
     }
+    unsetenv("NF4DEQ_OUTPUT_MAP");
     snap_check(&in_before, c->io->in, "the input");
     snap_free(&in_before);
     snap_free(&old_out);
@@ -744,6 +775,23 @@ static const struct fcase CASES[] = {
     {"dir --force: renameat2 EXDEV keeps the old OUT", &DIR_IO, F(FN_RENAMEAT2, M_ERR, EXDEV, 1, NULL), 73, 1},
     {"dir --force: renameat2 EACCES keeps the old OUT", &DIR_IO, F(FN_RENAMEAT2, M_ERR, EACCES, 1, NULL), 73, 1},
     {"dir --force: short writes replace the old OUT", &DIR_IO, F(FN_WRITE, M_SHORT, 0, 1, "outdir"), 0, 1},
+    /* ---- the output's data through a mapping, as on tmpfs ---- */
+    {"file, mapped: ENOSPC reserving the data", &MAPPED_FILE_IO, F(FN_FALLOCATE, M_ERR, ENOSPC, 1, "out.safetensors"),
+     74, 0},
+    {"file, mapped: EIO reserving the data", &MAPPED_FILE_IO, F(FN_FALLOCATE, M_ERR, EIO, -1, "out.safetensors"), 74,
+     0},
+    {"file, mapped: no mapping, written with write(2)", &MAPPED_FILE_IO,
+     F(FN_MMAP, M_ERR, ENOMEM, 1, "out.safetensors"), 0, 0},
+    {"file, mapped: EIO from fsync of the output", &MAPPED_FILE_IO, FK(FN_FSYNC, M_ERR, EIO, 1, NULL, K_FILE), 74, 0},
+    {"file, mapped: rename EXDEV", &MAPPED_FILE_IO, F(FN_RENAME, M_ERR, EXDEV, 1, "out.safetensors"), 73, 0},
+    {"file --force, mapped: ENOSPC keeps the old OUT", &MAPPED_FILE_IO,
+     F(FN_FALLOCATE, M_ERR, ENOSPC, 1, "out.safetensors"), 74, 1},
+    {"dir, mapped: ENOSPC reserving a shard's data", &MAPPED_DIR_IO,
+     F(FN_FALLOCATE, M_ERR, ENOSPC, 0, "/.model-0000"), 74, 0},
+    {"dir, mapped: no mapping for a shard, written with write(2)", &MAPPED_DIR_IO,
+     F(FN_MMAP, M_ERR, ENODEV, 0, "/.model-0000"), 0, 0},
+    {"dir --force, mapped: ENOSPC keeps the old OUT", &MAPPED_DIR_IO, F(FN_FALLOCATE, M_ERR, ENOSPC, -1, "outdir"),
+     74, 1},
 };
 #undef F
 #undef FK
@@ -762,7 +810,10 @@ static void alloc_sweep(const struct io *io, long stride)
     char *probe = tu_mkdtemp();
     char *pout = tu_strdupf("%s/%s", probe, io->dir ? "outdir" : "out.safetensors");
     g.f = (struct fault){.fn = FN_ALLOC, .mode = M_COUNT};
+    if (io->map)
+        setenv("NF4DEQ_OUTPUT_MAP", "1", 1);
     assert_int_equal(convert(io->in, pout, 0), 0);
+    unsetenv("NF4DEQ_OUTPUT_MAP");
     long total = g.matched;
     tu_rmtree(probe);
     free(probe);
@@ -806,6 +857,12 @@ static void test_alloc_sweep_dir(void **state)
 {
     (void)state;
     alloc_sweep(&DIR_IO, 1);
+}
+
+static void test_alloc_sweep_mapped_file(void **state)
+{
+    (void)state;
+    alloc_sweep(&MAPPED_FILE_IO, 1);
 }
 
 /* ---- signals ------------------------------------------------------------- */
@@ -1044,13 +1101,14 @@ static void test_sigint_file(void **state)
 
 int main(void)
 {
-    static struct CMUnitTest faults[3 + NCASES + NSIG_CASES];
+    static struct CMUnitTest faults[4 + NCASES + NSIG_CASES];
     size_t n = 0;
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_wraps_intercept);
     for (size_t i = 0; i < NCASES; i++)
         faults[n++] = (struct CMUnitTest){CASES[i].name, test_fault_case, NULL, NULL, (void *)&CASES[i]};
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_file);
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_dir);
+    faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_mapped_file);
     for (size_t i = 0; i < NSIG_CASES; i++)
         faults[n++] = (struct CMUnitTest){SIG_CASES[i].name, test_signal_case, NULL, NULL, (void *)&SIG_CASES[i]};
     const struct CMUnitTest signals[] = {

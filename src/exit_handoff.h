@@ -1,0 +1,33 @@
+/* Exiting without waiting for the GPU driver.
+ *
+ * The CUDA driver tears a context down when the process closes its device
+ * files: 0.04-0.12 s after the work is done, every run (docs/PERFORMANCE.md,
+ * "How much of the teardown could hide"), which is as long as a whole small
+ * conversion into tmpfs. When the output is complete, a child can take over
+ * the device files: the process that the caller waits for then exits at once,
+ * and the driver does its teardown when the child, the last holder, closes
+ * them after the parent has gone. The child holds nothing else: not the
+ * standard streams (a shell reading OUT=$(nf4deq ...) sees EOF with the
+ * parent's exit), not the output, not any pipe the caller passed in. */
+#ifndef NF4DEQ_EXIT_HANDOFF_H
+#define NF4DEQ_EXIT_HANDOFF_H
+
+#include <sys/types.h>
+
+/* The files CUDA holds open: /dev/nvidiactl, /dev/nvidia0, /dev/nvidia-uvm. */
+#define HANDOFF_DEVICE_PREFIX "/dev/nvidia"
+
+/* Whether the hand-off is wanted: yes, unless NF4DEQ_GPU_HANDOFF=0 (then the
+ * process pays the teardown itself before it exits; the benchmarks compare). */
+int handoff_wanted(void);
+
+/* If this process has open files whose path begins with `prefix`, forks a
+ * child that keeps exactly those open until this process has exited, then
+ * exits itself, running no exit handlers. Returns the child's pid when it
+ * holds them: the caller must then leave with _exit, since exit() would run
+ * the CUDA runtime's own teardown here all the same. Returns 0, with no child,
+ * when there is nothing to hand off or the fork failed: the caller exits as
+ * usual. */
+pid_t handoff_device_files(const char *prefix);
+
+#endif

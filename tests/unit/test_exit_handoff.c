@@ -1,0 +1,227 @@
+/* src/exit_handoff.c: the process the caller waits for exits at once, while a
+ * child keeps the device files, and nothing else, open until it has gone.
+ *
+ * A FIFO in a scratch directory stands in for the device files: the process
+ * under test (P) opens its write end, as CUDA opens /dev/nvidia*, and the
+ * hand-off is asked for that directory's prefix. The keeper is stopped before
+ * P exits, so what it holds can be read from /proc without a race; this test
+ * process is a subreaper, so the keeper comes back to it to be reaped. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "exit_handoff.h"
+#include "test_util.h"
+
+#define P_EXIT_CODE 42
+#define WAIT_MS 10000
+
+/* Reads from fd until EOF into buf (NUL-terminated); fails the test on a
+ * timeout, so a keeper that still held the pipe would show. */
+static size_t read_to_eof(int fd, char *buf, size_t cap)
+{
+    size_t got = 0;
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int r = poll(&pfd, 1, WAIT_MS);
+        if (r < 0 && errno == EINTR)
+            continue;
+        assert_int_equal(r, 1);
+        ssize_t n = read(fd, buf + got, cap - 1 - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        assert_true(n >= 0);
+        if (n == 0)
+            break;
+        got += (size_t)n;
+        assert_true(got < cap - 1);
+    }
+    buf[got] = '\0';
+    return got;
+}
+
+/* The targets of a process's open descriptors, one per line. */
+static char *fd_targets(pid_t pid, int *count)
+{
+    char dir[64], *all = calloc(1, 4096);
+    assert_non_null(all);
+    snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    *count = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char link[300], target[512];
+        snprintf(link, sizeof link, "%s/%.32s", dir, e->d_name);
+        ssize_t n = readlink(link, target, sizeof target - 1);
+        assert_true(n > 0);
+        target[n] = '\0';
+        strncat(all, target, 4096 - strlen(all) - 2);
+        strcat(all, "\n");
+        (*count)++;
+    }
+    closedir(d);
+    return all;
+}
+
+/* Waits until /proc says `pid` is stopped. */
+static void wait_stopped(pid_t pid)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    for (int ms = 0; ms < WAIT_MS; ms++) {
+        char stat[512] = {0};
+        int fd = open(path, O_RDONLY);
+        assert_true(fd >= 0);
+        ssize_t n = read(fd, stat, sizeof stat - 1); /* /proc files have no size to seek to */
+        close(fd);
+        assert_true(n > 0);
+        const char *end = strrchr(stat, ')'); /* the state follows the command name */
+        int stopped = end && end[1] == ' ' && end[2] == 'T';
+        if (stopped)
+            return;
+        usleep(1000);
+    }
+    fail_msg("the keeper %d did not stop", (int)pid);
+}
+
+/* P: opens the stand-in device file and an unrelated file, hands off, tells
+ * the test the keeper's pid, waits for the word to exit, and _exits. */
+static void run_p(const char *fifo, const char *prefix, int to_test, int from_test)
+{
+    int dev = open(fifo, O_WRONLY);
+    int other = open("/dev/null", O_RDONLY);
+    if (dev < 0 || other < 0)
+        _exit(100);
+    pid_t keeper = handoff_device_files(prefix);
+    dprintf(to_test, "%d\n", (int)keeper);
+    char c;
+    if (read(from_test, &c, 1) != 1)
+        _exit(101);
+    _exit(keeper > 0 ? P_EXIT_CODE : 102);
+}
+
+static void test_keeper_holds_only_the_device_files(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *fifo = tu_strdupf("%s/nvidia-stand-in", s->dir);
+    char *prefix = tu_strdupf("%s/nvidia", s->dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    /* Our read end, open first so that P's open for writing does not block. */
+    int dev_r = open(fifo, O_RDONLY | O_NONBLOCK);
+    assert_true(dev_r >= 0);
+    assert_int_equal(prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), 0);
+
+    int out[2], in[2];
+    assert_int_equal(pipe(out), 0);
+    assert_int_equal(pipe(in), 0);
+    pid_t p = fork();
+    assert_true(p >= 0);
+    if (p == 0) {
+        close(out[0]);
+        close(in[1]);
+        close(dev_r);
+        run_p(fifo, prefix, out[1], in[0]);
+    }
+    close(out[1]);
+    close(in[0]);
+
+    /* P reports the keeper; stop it before P exits. */
+    char line[64] = {0};
+    size_t got = 0;
+    while (!strchr(line, '\n')) {
+        ssize_t n = read(out[0], line + got, sizeof line - 1 - got);
+        assert_true(n > 0);
+        got += (size_t)n;
+    }
+    pid_t keeper = (pid_t)atoi(line);
+    assert_true(keeper > 0);
+    assert_int_equal(kill(keeper, SIGSTOP), 0);
+    wait_stopped(keeper); /* P's child until P exits: not ours to waitpid yet */
+    int st = 0;
+
+    /* P exits; its stdout reaches EOF although the keeper lives on. */
+    assert_int_equal(write(in[1], "x", 1), 1);
+    char rest[64];
+    read_to_eof(out[0], rest, sizeof rest);
+    assert_int_equal(waitpid(p, &st, 0), p);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), P_EXIT_CODE);
+
+    /* The keeper holds the stand-in device file, and the pipe on which it
+     * waits for P to go; nothing else. */
+    int nfds = 0;
+    char *targets = fd_targets(keeper, &nfds);
+    char *fifo_line = tu_strdupf("%s\n", fifo);
+    assert_int_equal(nfds, 2);
+    char *at = strstr(targets, fifo_line);
+    assert_non_null(at);
+    memmove(at, at + strlen(fifo_line), strlen(at + strlen(fifo_line)) + 1);
+    assert_int_equal(strncmp(targets, "pipe:", 5), 0);
+    free(fifo_line);
+    free(targets);
+    char c;
+    assert_int_equal(read(dev_r, &c, 1), -1); /* a writer is still there: EAGAIN, not EOF */
+    assert_int_equal(errno, EAGAIN);
+
+    /* Let go, it sees that P has gone and exits 0; the device file closes. */
+    assert_int_equal(kill(keeper, SIGCONT), 0);
+    assert_int_equal(waitpid(keeper, &st, 0), keeper);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    assert_int_equal(read(dev_r, &c, 1), 0);
+
+    close(dev_r);
+    close(out[0]);
+    close(in[1]);
+    free(fifo);
+    free(prefix);
+}
+
+/* Without a matching file there is nothing to hand off, and no child. */
+static void test_nothing_to_hand_off(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *prefix = tu_strdupf("%s/no-such-device", s->dir);
+    assert_int_equal(handoff_device_files(prefix), 0); /* 0: it forked nothing */
+    free(prefix);
+}
+
+static void test_wanted_unless_switched_off(void **state)
+{
+    (void)state;
+    unsetenv("NF4DEQ_GPU_HANDOFF");
+    assert_true(handoff_wanted());
+    setenv("NF4DEQ_GPU_HANDOFF", "1", 1);
+    assert_true(handoff_wanted());
+    setenv("NF4DEQ_GPU_HANDOFF", "0", 1);
+    assert_false(handoff_wanted());
+    unsetenv("NF4DEQ_GPU_HANDOFF");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_keeper_holds_only_the_device_files, tu_scratch_setup,
+                                        tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_nothing_to_hand_off, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test(test_wanted_unless_switched_off),
+    };
+    return cmocka_run_group_tests_name("exit_handoff", tests, NULL, NULL);
+}
