@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "exit_handoff.h"
 #include "fileio.h"
 #include "status.h"
 
@@ -22,5 +23,9 @@ int main(int argc, char **argv)
             code = 74;
         }
     }
+    /* The output is complete and renamed: a child pays the CUDA driver's
+     * teardown, not whoever waits for this process (exit_handoff.h). */
+    if (handoff_wanted() && handoff_device_files(HANDOFF_DEVICE_PREFIX))
+        _exit(code);
     return code;
 }
