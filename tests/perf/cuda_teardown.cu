@@ -17,6 +17,12 @@
 //   overlap  cudaDeviceReset() on a helper thread while main does 0.2 s of other
 //            work (a sleep), then join and return: how much of the teardown can
 //            hide behind the end of a conversion
+//   handoff  fork a child that keeps the device files open until this process
+//            has gone, then _exit: the driver tears the context down when the
+//            last reference to them closes, which is then the child's, after
+//            the parent has been reaped (the step is the fork)
+//   handoff-exit  the same fork, then return from main: exit() runs the CUDA
+//            runtime's own teardown in the parent all the same
 //
 //   make perf-tools && build/perf/cuda_teardown
 #include <cuda_runtime.h>
@@ -26,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -53,6 +60,32 @@ static double now()
 }
 
 static cudaError_t thread_status;
+
+// Forks a child that holds every open file of this process, the device files
+// included, until this process has exited, and then exits itself without
+// running any of CUDA's exit handlers. Returns 0, or -1 with no child.
+static int hand_off_device_files()
+{
+    int gone[2];
+    if (pipe(gone) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        for (int fd = 0; fd <= 3; fd++)
+            if (null >= 0 && fd != null)
+                dup2(null, fd);
+        close(gone[1]);
+        char c;
+        while (read(gone[0], &c, 1) < 0) // EOF: the parent's end closed as it exited
+            ;
+        _exit(0);
+    }
+    close(gone[0]); // gone[1] stays open until this process exits
+    return 0;
+}
 
 static void *reset_on_thread(void *)
 {
@@ -90,6 +123,9 @@ static int child(const char *mode)
             usleep(OTHER_WORK_US);
             pthread_join(th, NULL);
             cudaCheck(thread_status);
+        } else if (!strcmp(mode, "handoff") || !strcmp(mode, "handoff-exit")) {
+            if (hand_off_device_files() != 0)
+                return 1;
         } else if (strcmp(mode, "exit") != 0) {
             fprintf(stderr, "cuda_teardown: no mode '%s'\n", mode);
             return 2;
@@ -97,7 +133,10 @@ static int child(const char *mode)
         step = now() - t0;
     }
     const double report[2] = {step, now()};
-    return write(3, report, sizeof report) == (ssize_t)sizeof report ? 0 : 1;
+    int rc = write(3, report, sizeof report) == (ssize_t)sizeof report ? 0 : 1;
+    if (!strcmp(mode, "handoff"))
+        _exit(rc);
+    return rc;
 }
 
 static double median(std::vector<double> v)
@@ -110,7 +149,7 @@ int main(int argc, char **argv)
 {
     if (argc == 3 && !strcmp(argv[1], "--child"))
         return child(argv[2]);
-    static const char *const MODES[] = {"none", "driver", "context", "exit", "reset", "overlap"};
+    static const char *const MODES[] = {"none", "driver", "context", "exit", "reset", "overlap", "handoff", "handoff-exit"};
     printf("%-8s %10s %10s %10s   (seconds, median of %d processes)\n", "mode", "work", "step", "exit", RUNS);
     fflush(stdout);
     for (const char *mode : MODES) {
