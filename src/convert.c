@@ -203,9 +203,11 @@ int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64
 /* --device auto takes the GPU where it is the faster engine: for LoRA merges,
  * whose arithmetic (2 x rank flops per element) it does many times faster,
  * and where this processor has only the scalar kernel. A plain conversion
- * with a vector kernel stays on the CPU: a few cores already outrun the
- * writer, and the GPU would add its start (0.2-0.3 s, hidden) and its
- * teardown at exit (0.1 s, not hidden): measured in docs/PERFORMANCE.md. */
+ * with a vector kernel stays on the CPU: a few cores already compute faster
+ * than the chunks can be copied into the page cache, which both engines do on
+ * the CPU, and the GPU would add its start (0.2-0.3 s, hidden), pinned memory
+ * and a device round trip per chunk: 3-8% slower into tmpfs, measured in
+ * docs/PERFORMANCE.md. */
 static int auto_wants_gpu(const struct ctx *c)
 {
     return c->lora != NULL || c->cpu_path == CPU_PATH_SCALAR;
