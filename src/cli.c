@@ -95,8 +95,8 @@ static const char CONVERT_HELP[] =
     "Environment:\n"
     "  NF4DEQ_CPU=KERNEL    the CPU kernel: scalar, sse, avx2, avx512 or neon\n"
     "                       (default: the fastest this processor has)\n"
-    "  NF4DEQ_GPU_ONLY=1    with --device cuda, wait for the GPU to start instead of\n"
-    "                       converting on the CPU meanwhile (tests use it)\n"
+    "  NF4DEQ_GPU_ONLY=1    with --device cuda, wait for the GPU (its start, a free\n"
+    "                       lane) instead of converting on the CPU (tests use it)\n"
     "\n" EXIT_CODES_HELP;
 
 static const char CLEAN_HELP[] =

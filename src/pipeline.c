@@ -81,7 +81,7 @@ enum gpu_state { GPU_OFF, GPU_STARTING, GPU_PINNING, GPU_ON };
 struct pipeline {
     struct gpu_start *gpu_start;
     int require_gpu;        /* a GPU that fails to open fails the run */
-    int gpu_only;           /* NF4DEQ_GPU_ONLY=1: no chunk on the CPU while it opens */
+    int gpu_only;           /* NF4DEQ_GPU_ONLY=1: every chunk on the GPU, none on the CPU */
     enum gpu_state gpu_state;
     struct gpu_ctx *gpu;    /* once ON */
     int gpu_lanes;          /* chunks through the device at once */
@@ -526,9 +526,31 @@ static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_
     }
 }
 
+/* A free GPU lane for a dequantization, starting at `lane`, or -1 when every
+ * lane is busy: the worker then converts its chunk on its own core, where
+ * waiting would only idle that core. With eight workers on four lanes, waiting
+ * made the GPU run 1.05x the CPU run's time into tmpfs (docs/PERFORMANCE.md,
+ * "The GPU path against the CPU path"). Under gpu_only it waits for `lane`, so
+ * that the GPU computes every chunk. The lane returned is held; the caller
+ * unlocks it. */
+static int take_lane(struct pipeline *p, int lane)
+{
+    if (p->gpu_only) {
+        pthread_mutex_lock(&p->lane_mu[lane]);
+        return lane;
+    }
+    for (int k = 0; k < p->gpu_lanes; k++) {
+        int l = (lane + k) % p->gpu_lanes;
+        if (pthread_mutex_trylock(&p->lane_mu[l]) == 0)
+            return l;
+    }
+    return -1;
+}
+
 /* Computes a filled chunk in place: on the GPU (one chunk at a time through
- * it), or on this worker's thread with the CPU kernels. */
-static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct task *t)
+ * each lane), or on this worker's thread with the CPU kernels. Sets *on_gpu
+ * to whether the GPU computed it. */
+static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct task *t, int *on_gpu)
 {
     const struct out_item *it = t->it;
     int code = NF4_OK;
@@ -541,21 +563,26 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
                                                  part->count);
         }
         break;
-    case TASK_DEQUANT:
-        if (gpu) {
-            pthread_mutex_lock(&p->lane_mu[lane]);
-            code = gpu_dequant_lane(gpu, lane, &t->job);
-            pthread_mutex_unlock(&p->lane_mu[lane]);
+    case TASK_DEQUANT: {
+        int held = gpu ? take_lane(p, lane) : -1;
+        if (held >= 0) {
+            code = gpu_dequant_lane(gpu, held, &t->job);
+            pthread_mutex_unlock(&p->lane_mu[held]);
+            *on_gpu = 1;
         } else {
             dequant_cpu_path(&t->job, 1, p->cpu_path);
         }
         break;
+    }
     case TASK_MERGE:
         if (gpu && t->merge.w_dtype != DT_F64) {
-            /* One fused kernel: the dequantized base never leaves the device. */
+            /* One fused kernel: the dequantized base never leaves the device.
+             * A merge waits for its lane: on a core it takes several times
+             * as long (docs/PERFORMANCE.md, "QLoRA merge"). */
             pthread_mutex_lock(&p->lane_mu[lane]);
             code = gpu_merge_lane(gpu, lane, it->w ? &t->job : NULL, &t->merge, &t->overflowed);
             pthread_mutex_unlock(&p->lane_mu[lane]);
+            *on_gpu = 1;
         } else {
             if (it->w)
                 dequant_cpu_path(&t->job, 1, p->cpu_path);
@@ -644,7 +671,8 @@ static void settle_gpu_locked(struct pipeline *p)
         gpu_failed_locked(p, code);
 }
 
-/* The engine line: the device, and the CPU's share while it started. */
+/* The engine line: the device, and the CPU's share: the chunks converted
+ * while it started, and those whose worker found every lane busy. */
 static void describe_engine(const struct pipeline *p)
 {
     char cpu[96];
@@ -656,7 +684,7 @@ static void describe_engine(const struct pipeline *p)
     else if (p->chunks_cpu == 0)
         snprintf(st->engine, sizeof st->engine, "%s", gpu_name(gpu_start_ctx(p->gpu_start)));
     else
-        snprintf(st->engine, sizeof st->engine, "%s; the %s did %" PRIu64 " of %" PRIu64 " chunks while it started",
+        snprintf(st->engine, sizeof st->engine, "%s; the %s did %" PRIu64 " of %" PRIu64 " chunks",
                  gpu_name(gpu_start_ctx(p->gpu_start)), cpu, p->chunks_cpu, p->chunks_cpu + p->chunks_gpu);
 }
 
@@ -695,14 +723,15 @@ static void work_run(struct pipeline *p)
         int lane = gpu ? (int)(s->seq % (uint64_t)p->gpu_lanes) : 0;
         pthread_mutex_unlock(&p->mu);
         code = fill(s);
+        int on_gpu = 0;
         if (code == NF4_OK)
-            code = compute(p, gpu, lane, &s->task);
+            code = compute(p, gpu, lane, &s->task, &on_gpu);
         /* Every worker places its own output: no single writer copies it all. */
         if (code == NF4_OK && p->mapped)
             code = st_writer_write_at(p->wr, s->task.at, s->task.out, s->task.out_len);
         pthread_mutex_lock(&p->mu);
         if (s->task.kind == TASK_DEQUANT || s->task.kind == TASK_MERGE)
-            *(gpu ? &p->chunks_gpu : &p->chunks_cpu) += 1;
+            *(on_gpu ? &p->chunks_gpu : &p->chunks_cpu) += 1;
         if (code != NF4_OK)
             fail_locked(p, code);
         s->state = SLOT_DONE;

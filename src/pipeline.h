@@ -67,12 +67,14 @@ struct pipeline_opts {
     enum cpu_path cpu_path;      /* the CPU kernel */
     /* NULL to convert on the CPU only. Otherwise the GPU being opened
      * (gpu_start.h), which must outlive the pipeline: until it is open, the
-     * workers compute on their cores; from then on every chunk goes through
-     * it. If it fails to open, require_gpu (--device cuda) fails the run;
+     * workers compute on their cores; from then on chunks go through its
+     * lanes, and a worker that finds every lane busy dequantizes its chunk on
+     * its core instead of waiting (merges wait). If it fails to open, require_gpu (--device cuda) fails the run;
      * otherwise the run goes on with the CPU and a warning. A file's output is
      * not finished before the start has ended either way. With require_gpu
      * and NF4DEQ_GPU_ONLY=1 in the environment, the workers wait for the GPU
-     * instead, and it computes every chunk (the GPU tests use it). */
+     * and its lanes instead, and it computes every chunk (the GPU tests use
+     * it). */
     struct gpu_start *gpu_start;
     int require_gpu;
 };
