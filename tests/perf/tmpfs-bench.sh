@@ -70,9 +70,13 @@ for c in $configs; do med[$c]=$(printf '%s\n' ${times[$c]} | median); done
 for c in $configs; do
     printf '%-9s median %6.3f s  vs cp %5.3f  runs:%s\n' "$c" "${med[$c]}" "$(calc "${med[$c]} / ${med[cp]}")" "${times[$c]}" | tee -a "$table"
 done
-[ -n "${med[cpu-stream]:-}" ] && printf 'cpu/cpu-stream %.3f\n' "$(calc "${med[cpu]} / ${med[cpu-stream]}")" | tee -a "$table"
-[ -n "${med[cuda-exit]:-}" ] && printf 'cuda/cpu %.3f  cuda/cuda-stream %.3f  cuda/cuda-exit %.3f\n' \
-    "$(calc "${med[cuda]} / ${med[cpu]}")" "$(calc "${med[cuda]} / ${med[cuda-stream]}")" \
-    "$(calc "${med[cuda]} / ${med[cuda-exit]}")" | tee -a "$table"
+# ratio A B: A's median over B's, for the pairs this run timed
+ratio() { [ -n "${med[$1]:-}" ] && [ -n "${med[$2]:-}" ] && printf '%s/%s %.3f\n' "$1" "$2" "$(calc "${med[$1]} / ${med[$2]}")" | tee -a "$table"; }
+ratio cpu cpu-stream
+ratio cuda cpu
+ratio cuda cuda-stream
+ratio cuda cuda-exit
+ratio cuda base-cuda
+ratio cpu base-cpu
 grep -h "engine\|converted" "$log/runs.log" | tail -4 >> "$table"
 rm -rf "$work"
