@@ -3,10 +3,11 @@
  *
  * On tmpfs every write(2) to a file holds the file's lock, so one stream is as
  * fast as any number (measured on the H200 host, tests/perf/tmpfs_write.cu:
- * one thread 2.43 GB/s, four threads with pwrite(2) 2.24), while copies into a
- * shared mapping of the same file reach 3.70 GB/s from 4 threads and 4.36 from
- * 8 (docs/PERFORMANCE.md). One thread alone copies into a mapping at 1.43 GB/s,
- * and two cores gain nothing, so it takes at least MAPPED_WRITER_MIN_THREADS.
+ * one thread 2.63 GB/s, four threads with pwrite(2) 2.62), while copies into a
+ * shared mapping of the same file reach 3.56 GB/s from 4 threads and 4.40 from
+ * 8 (docs/PERFORMANCE.md, "The GPU path against the CPU path"). One thread
+ * alone copies into a mapping at 1.32 GB/s, so it takes at least
+ * MAPPED_WRITER_MIN_THREADS.
  * On a disk file system the page cache's own write path wins, so it is used
  * only on tmpfs.
  *
