@@ -171,6 +171,7 @@ clean:
 -include gpu.mk
 -include tests/fuzz/fuzz.mk
 -include tests/faults.mk
+-include tests/gpu_lanes.mk
 
 # ---- AArch64: the NEON kernel, cross-built and run under qemu-user ----------
 CROSS_CC ?= aarch64-linux-gnu-gcc

@@ -1,0 +1,200 @@
+/* How the pipeline routes chunks between the GPU's lanes and the CPU's cores,
+ * checked on a machine without a GPU. The gpu.h calls the pipeline and
+ * gpu_start.c make are bound to a stand-in device with the linker's --wrap
+ * (tests/gpu_lanes.mk): it opens at once, and each lane computes its chunk
+ * with the CPU kernel (the same bytes) while holding the lane for
+ * FAKE_LANE_MICROS, as a real round trip through the device does. Eight
+ * workers on four lanes then find every lane busy, and:
+ *   - by default such a worker dequantizes its chunk on its own core
+ *     (pipeline.c take_lane);
+ *   - under NF4DEQ_GPU_ONLY=1 it waits, and the device computes every chunk.
+ * Either way the output is the bytes bitsandbytes wrote, and no lane ever
+ * carries two chunks at once. The real device's side of this is
+ * tests/scripts/check-gpu-fixtures.sh and tests/perf/tmpfs-bench.sh. */
+#include "test_util.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
+
+#include "convert.h"
+#include "dequant.h"
+#include "gpu.h"
+
+#define FAKE_LANES 4
+#define FAKE_LANE_MICROS 20000
+#define WORKERS 8
+
+static struct {
+    atomic_int lanes_in_use;  /* lanes set by gpu_use_lanes */
+    atomic_int busy[FAKE_LANES]; /* chunks on each lane now: never above 1 */
+    atomic_int busy_lanes;    /* lanes with a chunk on them now */
+    atomic_long lane_chunks;  /* chunks the stand-in device computed */
+    atomic_long cpu_chunks;   /* chunks dequantized on a core */
+    atomic_long cpu_while_busy; /* ... that began while every lane was busy */
+    atomic_int overlap;       /* a lane carried two chunks at once */
+    atomic_int registered;    /* slots page-locked and not yet released */
+} fake;
+
+/* Any non-NULL pointer stands for the opened device: the pipeline only hands it back. */
+static int fake_device;
+
+void __real_dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path);
+
+int __wrap_gpu_device_count(void)
+{
+    return 1;
+}
+
+int __wrap_gpu_open(struct gpu_ctx **out, int device, uint64_t mem_budget)
+{
+    (void)device;
+    (void)mem_budget;
+    *out = (struct gpu_ctx *)&fake_device;
+    return NF4_OK;
+}
+
+void __wrap_gpu_close(struct gpu_ctx *ctx)
+{
+    (void)ctx;
+}
+
+const char *__wrap_gpu_name(const struct gpu_ctx *ctx)
+{
+    (void)ctx;
+    return "stand-in GPU";
+}
+
+int __wrap_gpu_use_lanes(struct gpu_ctx *ctx, int lanes)
+{
+    (void)ctx;
+    if (lanes > FAKE_LANES)
+        lanes = FAKE_LANES;
+    atomic_store(&fake.lanes_in_use, lanes);
+    return lanes;
+}
+
+int __wrap_gpu_host_register(struct gpu_ctx *ctx, void *p, size_t bytes)
+{
+    (void)ctx;
+    (void)p;
+    (void)bytes;
+    atomic_fetch_add(&fake.registered, 1);
+    return 0;
+}
+
+void __wrap_gpu_host_unregister(struct gpu_ctx *ctx, void *p)
+{
+    (void)ctx;
+    (void)p;
+    atomic_fetch_sub(&fake.registered, 1);
+}
+
+int __wrap_gpu_dequant_lane(struct gpu_ctx *ctx, int lane, const struct dequant_job *job)
+{
+    assert_ptr_equal(ctx, &fake_device);
+    int lanes = atomic_load(&fake.lanes_in_use);
+    assert_true(lanes > 0);
+    int l = lane % lanes;
+    if (atomic_fetch_add(&fake.busy[l], 1) != 0)
+        atomic_store(&fake.overlap, 1);
+    atomic_fetch_add(&fake.busy_lanes, 1);
+    __real_dequant_cpu_path(job, 1, CPU_PATH_SCALAR);
+    struct timespec hold = {0, FAKE_LANE_MICROS * 1000L};
+    nanosleep(&hold, NULL);
+    atomic_fetch_sub(&fake.busy_lanes, 1);
+    atomic_fetch_sub(&fake.busy[l], 1);
+    atomic_fetch_add(&fake.lane_chunks, 1);
+    return NF4_OK;
+}
+
+int __wrap_gpu_merge_lane(struct gpu_ctx *ctx, int lane, const struct dequant_job *dq, const struct merge_job *mj,
+                          uint64_t *overflowed)
+{
+    (void)ctx;
+    (void)lane;
+    (void)dq;
+    (void)mj;
+    (void)overflowed;
+    fail_msg("a plain conversion merged through the GPU");
+    return NF4_ESOFTWARE;
+}
+
+void __wrap_dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path)
+{
+    int lanes = atomic_load(&fake.lanes_in_use);
+    if (lanes > 0 && atomic_load(&fake.busy_lanes) == lanes)
+        atomic_fetch_add(&fake.cpu_while_busy, 1);
+    atomic_fetch_add(&fake.cpu_chunks, 1);
+    __real_dequant_cpu_path(job, threads, path);
+}
+
+static void fake_reset(void)
+{
+    memset(&fake, 0, sizeof fake);
+}
+
+/* Converts the tiny Llama fixture on the stand-in device in its smallest chunks
+ * (one nested block, 16384 elements: about 30 chunks) with WORKERS workers,
+ * and checks the bytes. */
+static void convert_on_fake_gpu(const char *dir, struct convert_stats *st)
+{
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CUDA;
+    o.dtype = DT_BF16;
+    o.threads = WORKERS;
+    o.chunk_elements = 1;
+    o.progress = PROGRESS_NONE;
+    char *out = tu_strdupf("%s/out", dir);
+    nf4_set_quiet(1);
+    fake_reset();
+    assert_int_equal(convert_run(FIXTURES "/tiny-llama-fp16-bnb4", out, &o, st), NF4_OK);
+    char *got = tu_strdupf("%s/model.safetensors", out);
+    tu_assert_same_tensors(got, FIXTURES "/tiny-llama-fp16-bnb4.expected-bf16.safetensors");
+    assert_int_equal(atomic_load(&fake.overlap), 0);
+    assert_int_equal(atomic_load(&fake.lanes_in_use), FAKE_LANES);
+    assert_int_equal(atomic_load(&fake.registered), 0); /* every pinned slot released */
+    free(got);
+    free(out);
+}
+
+static void test_busy_lanes_leave_chunks_to_the_cpu(void **state)
+{
+    struct tu_scratch *s = *state;
+    unsetenv("NF4DEQ_GPU_ONLY");
+    struct convert_stats st;
+    convert_on_fake_gpu(s->dir, &st);
+    long on_lanes = atomic_load(&fake.lane_chunks), on_cpu = atomic_load(&fake.cpu_chunks);
+    print_message("lanes %ld, cores %ld (%ld while every lane was busy)\n", on_lanes, on_cpu,
+                  atomic_load(&fake.cpu_while_busy));
+    assert_true(on_lanes > 0);
+    /* A worker that waited for a lane would never dequantize on its core while all were busy. */
+    assert_true(atomic_load(&fake.cpu_while_busy) > 0);
+    char want[64];
+    snprintf(want, sizeof want, "; the CPU (%d threads, ", WORKERS);
+    if (!strstr(st.engine, "stand-in GPU") || !strstr(st.engine, want))
+        fail_msg("engine line: %s", st.engine);
+}
+
+static void test_gpu_only_waits_for_a_lane(void **state)
+{
+    struct tu_scratch *s = *state;
+    setenv("NF4DEQ_GPU_ONLY", "1", 1);
+    struct convert_stats st;
+    convert_on_fake_gpu(s->dir, &st);
+    unsetenv("NF4DEQ_GPU_ONLY");
+    assert_true(atomic_load(&fake.lane_chunks) > 0);
+    assert_int_equal(atomic_load(&fake.cpu_chunks), 0);
+    assert_string_equal(st.engine, "stand-in GPU");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_busy_lanes_leave_chunks_to_the_cpu, tu_scratch_setup,
+                                        tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_gpu_only_waits_for_a_lane, tu_scratch_setup, tu_scratch_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
