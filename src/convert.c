@@ -206,8 +206,8 @@ int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64
  * with a vector kernel stays on the CPU: a few cores already compute faster
  * than the chunks can be copied into the page cache, which both engines do on
  * the CPU, and the GPU would add its start (0.2-0.3 s, hidden), pinned memory
- * and a device round trip per chunk: 3-8% slower into tmpfs, measured in
- * docs/PERFORMANCE.md. */
+ * and a device round trip per chunk: 1.010-1.023x the CPU's time into tmpfs
+ * (docs/PERFORMANCE.md, "The GPU path against the CPU path"). */
 static int auto_wants_gpu(const struct ctx *c)
 {
     return c->lora != NULL || c->cpu_path == CPU_PATH_SCALAR;
