@@ -76,7 +76,13 @@ static int reserve(struct mapped_writer *m, uint64_t end)
     while (reserved < end) {
         uint64_t step = m->len - reserved < MAPPED_WRITER_RESERVE_STEP ? m->len - reserved
                                                                        : MAPPED_WRITER_RESERVE_STEP;
-        if (fallocate(m->fd, 0, (off_t)(m->start + reserved), (off_t)step) != 0) {
+        /* A stop and continue (Ctrl-Z, a cgroup freezer) can interrupt it on
+         * some kernels; reserving the same range again is harmless. */
+        int r;
+        do
+            r = fallocate(m->fd, 0, (off_t)(m->start + reserved), (off_t)step);
+        while (r != 0 && errno == EINTR);
+        if (r != 0) {
             err = errno;
             break;
         }

@@ -293,8 +293,13 @@ char *__wrap_mkdtemp(char *tmpl)
 int __wrap_fallocate(int fd, int mode, off_t off, off_t len);
 int __wrap_fallocate(int fd, int mode, off_t off, off_t len)
 {
-    if (hit(FN_FALLOCATE, fd, NULL) && g.f.mode == M_ERR)
-        return fail_with(g.f.err);
+    if (hit(FN_FALLOCATE, fd, NULL)) {
+        switch (g.f.mode) {
+        case M_ERR: return fail_with(g.f.err);
+        case M_EINTR: return fail_with(EINTR);
+        default: break;
+        }
+    }
     return __real_fallocate(fd, mode, off, len);
 }
 
@@ -780,6 +785,8 @@ static const struct fcase CASES[] = {
      74, 0},
     {"file, mapped: EIO reserving the data", &MAPPED_FILE_IO, F(FN_FALLOCATE, M_ERR, EIO, -1, "out.safetensors"), 74,
      0},
+    {"file, mapped: EINTR on every other reservation (retried, identical output)", &MAPPED_FILE_IO,
+     F(FN_FALLOCATE, M_EINTR, 0, 1, "out.safetensors"), 0, 0},
     {"file, mapped: no mapping, written with write(2)", &MAPPED_FILE_IO,
      F(FN_MMAP, M_ERR, ENOMEM, 1, "out.safetensors"), 0, 0},
     {"file, mapped: EIO from fsync of the output", &MAPPED_FILE_IO, FK(FN_FSYNC, M_ERR, EIO, 1, NULL, K_FILE), 74, 0},
