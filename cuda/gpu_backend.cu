@@ -64,6 +64,10 @@ extern "C" int gpu_open(struct gpu_ctx **out, int device, uint64_t mem_budget)
     c->budget = mem_budget ? mem_budget : (uint64_t)(free_b * DEFAULT_BUDGET_FRACTION);
     c->subchunk_cap = SUBCHUNK_CAP_ELEMS;
     snprintf(c->name, sizeof c->name, "%s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    int mode = cudaComputeModeExclusiveProcess; // what a failed query is taken for
+    if (cudaDeviceGetAttribute(&mode, cudaDevAttrComputeMode, device) != cudaSuccess)
+        cudaGetLastError();
+    c->exclusive = mode != cudaComputeModeDefault;
     c->nlanes = 1;
     for (int l = 0; l < GPU_MAX_LANES; l++) {
         gpu_lane *ln = &c->lanes[l];
@@ -109,6 +113,7 @@ extern "C" void gpu_close(struct gpu_ctx *c)
 }
 
 extern "C" const char *gpu_name(const struct gpu_ctx *c) { return c->name; }
+extern "C" int gpu_exclusive(const struct gpu_ctx *c) { return c->exclusive; }
 extern "C" uint64_t gpu_mem_budget(const struct gpu_ctx *c) { return c->budget; }
 extern "C" void gpu_set_subchunk_limit(struct gpu_ctx *c, uint64_t max_elems) { c->subchunk_cap = max_elems; }
 extern "C" uint64_t gpu_last_subchunks(const struct gpu_ctx *c) { return c->lanes[0].last_subchunks; }

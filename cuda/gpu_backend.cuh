@@ -34,6 +34,7 @@ struct gpu_ctx {
     uint64_t budget; // shared by the lanes in use
     uint64_t subchunk_cap;
     int nlanes;      // lanes in use (gpu_use_lanes), 1 by default
+    int exclusive;   // one process at a time (gpu_exclusive)
     char name[320];
     gpu_lane lanes[GPU_MAX_LANES];
 };

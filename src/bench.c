@@ -11,6 +11,7 @@
 #include "bench.h"
 #include "bench_cpu.h"
 #include "cpu_path.h"
+#include "exit_handoff.h"
 #include "gpu.h"
 #include "status.h"
 
@@ -519,6 +520,8 @@ int cmd_bench(int argc, char **argv)
             dlclose(lib);
         return rc;
     }
+    if (gpu_exclusive(ctx))
+        handoff_forbid();
 
     struct gpu_bench_variant var[GPU_BENCH_MAX_VARIANTS];
     int nvar = 0;

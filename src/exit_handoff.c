@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
@@ -13,8 +14,17 @@
  * plain exit (nf4deq holds a handful by the time it exits). */
 #define HANDOFF_MAX_FDS 256
 
+static atomic_int forbidden;
+
+void handoff_forbid(void)
+{
+    atomic_store(&forbidden, 1);
+}
+
 int handoff_wanted(void)
 {
+    if (atomic_load(&forbidden))
+        return 0;
     const char *v = getenv("NF4DEQ_GPU_HANDOFF");
     return !(v && strcmp(v, "0") == 0);
 }

@@ -18,8 +18,16 @@
 #define HANDOFF_DEVICE_PREFIX "/dev/nvidia"
 
 /* Whether the hand-off is wanted: yes, unless NF4DEQ_GPU_HANDOFF=0 (then the
- * process pays the teardown itself before it exits; the benchmarks compare). */
+ * process pays the teardown itself before it exits; the benchmarks compare),
+ * or handoff_forbid was called. */
 int handoff_wanted(void);
+
+/* Called by whoever opens a device that admits one process at a time
+ * (gpu_exclusive): there a command run right after nf4deq, such as
+ * `nf4deq convert ... && python train.py`, could not open the GPU while the
+ * child still held it, so this process waits for the teardown itself. Safe
+ * from any thread. */
+void handoff_forbid(void);
 
 /* If this process has open files whose path begins with `prefix`, forks a
  * child that keeps exactly those open until this process has exited, then

@@ -21,6 +21,10 @@ int gpu_open(struct gpu_ctx **out, int device, uint64_t mem_budget);
 void gpu_close(struct gpu_ctx *ctx);
 /* "NVIDIA H100 80GB HBM3 (sm_90)" */
 const char *gpu_name(const struct gpu_ctx *ctx);
+/* Whether the device admits one process at a time (an exclusive compute mode,
+ * or a mode that could not be read): there the next process can open it only
+ * once this process's context is torn down. */
+int gpu_exclusive(const struct gpu_ctx *ctx);
 uint64_t gpu_mem_budget(const struct gpu_ctx *ctx);
 
 /* Page-locked host memory, so transfers run at full speed and asynchronously.

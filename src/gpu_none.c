@@ -36,6 +36,12 @@ const char *gpu_name(const struct gpu_ctx *ctx)
     return "none";
 }
 
+int gpu_exclusive(const struct gpu_ctx *ctx)
+{
+    (void)ctx;
+    return 0;
+}
+
 uint64_t gpu_mem_budget(const struct gpu_ctx *ctx)
 {
     (void)ctx;

@@ -4,8 +4,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "gpu.h"
+#include "exit_handoff.h"
 #include "fileio.h"
+#include "gpu.h"
 #include "status.h"
 
 struct gpu_start {
@@ -32,6 +33,8 @@ static void *start_main(void *arg)
         ctx = NULL;
         code = nf4_fail(NF4_EUNAVAILABLE, NULL, NULL, "no CUDA device found");
     }
+    if (code == NF4_OK && gpu_exclusive(ctx))
+        handoff_forbid();
     pthread_mutex_lock(&s->mu);
     s->found_device = found;
     s->ctx = code == NF4_OK ? ctx : NULL;

@@ -21,7 +21,7 @@ BENCH=build/gpu/nf4bench
 
 {
     date -u
-    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
+    nvidia-smi --query-gpu=name,driver_version,compute_mode,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
     bin=build/nf4deq; [ -x $bin ] || bin=build/gpu/nf4bench
     echo "cuobjdump --list-elf $bin"; cuobjdump --list-elf $bin
     cuobjdump --list-ptx $bin 2>/dev/null

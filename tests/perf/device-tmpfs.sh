@@ -15,7 +15,8 @@ mkdir -p "$OUT"
 export LD_LIBRARY_PATH=$PWD/.carry/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 {
     date -u
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+    # compute_mode: the teardown hand-off is off on an exclusive one (exit_handoff.h)
+    nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv,noheader
     echo "$(nproc) cores: $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
     uname -r
     df -h /dev/shm | tail -1

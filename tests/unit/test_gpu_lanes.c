@@ -9,7 +9,8 @@
  *     (pipeline.c take_lane);
  *   - under NF4DEQ_GPU_ONLY=1 it waits, and the device computes every chunk.
  * Either way the output is the bytes bitsandbytes wrote, and no lane ever
- * carries two chunks at once. The real device's side of this is
+ * carries two chunks at once. A stand-in in an exclusive compute mode must
+ * keep the CUDA teardown in the process (exit_handoff.h). The real device's side of this is
  * tests/scripts/check-gpu-fixtures.sh and tests/perf/tmpfs-bench.sh. */
 #include "test_util.h"
 
@@ -19,6 +20,7 @@
 
 #include "convert.h"
 #include "dequant.h"
+#include "exit_handoff.h"
 #include "gpu.h"
 
 #define FAKE_LANES 4
@@ -35,6 +37,9 @@ static struct {
     atomic_int overlap;       /* a lane carried two chunks at once */
     atomic_int registered;    /* slots page-locked and not yet released */
 } fake;
+
+/* The stand-in's compute mode: set by a test before it converts. */
+static int fake_exclusive;
 
 /* Any non-NULL pointer stands for the opened device: the pipeline only hands it back. */
 static int fake_device;
@@ -57,6 +62,12 @@ int __wrap_gpu_open(struct gpu_ctx **out, int device, uint64_t mem_budget)
 void __wrap_gpu_close(struct gpu_ctx *ctx)
 {
     (void)ctx;
+}
+
+int __wrap_gpu_exclusive(const struct gpu_ctx *ctx)
+{
+    assert_ptr_equal(ctx, &fake_device);
+    return fake_exclusive;
 }
 
 const char *__wrap_gpu_name(const struct gpu_ctx *ctx)
@@ -163,8 +174,10 @@ static void test_busy_lanes_leave_chunks_to_the_cpu(void **state)
 {
     struct tu_scratch *s = *state;
     unsetenv("NF4DEQ_GPU_ONLY");
+    unsetenv("NF4DEQ_GPU_HANDOFF");
     struct convert_stats st;
     convert_on_fake_gpu(s->dir, &st);
+    assert_true(handoff_wanted()); /* a device in the default mode leaves it on */
     long on_lanes = atomic_load(&fake.lane_chunks), on_cpu = atomic_load(&fake.cpu_chunks);
     print_message("lanes %ld, cores %ld (%ld while every lane was busy)\n", on_lanes, on_cpu,
                   atomic_load(&fake.cpu_while_busy));
@@ -189,12 +202,27 @@ static void test_gpu_only_waits_for_a_lane(void **state)
     assert_string_equal(st.engine, "stand-in GPU");
 }
 
+/* Runs last: the refusal lasts for the rest of the process. */
+static void test_exclusive_device_keeps_the_teardown(void **state)
+{
+    struct tu_scratch *s = *state;
+    unsetenv("NF4DEQ_GPU_HANDOFF");
+    assert_true(handoff_wanted());
+    fake_exclusive = 1;
+    struct convert_stats st;
+    convert_on_fake_gpu(s->dir, &st);
+    fake_exclusive = 0;
+    assert_false(handoff_wanted());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_busy_lanes_leave_chunks_to_the_cpu, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_gpu_only_waits_for_a_lane, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_exclusive_device_keeps_the_teardown, tu_scratch_setup,
+                                        tu_scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
