@@ -530,12 +530,14 @@ static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_
  * lane is busy: the worker then converts its chunk on its own core, where
  * waiting would only idle that core. With eight workers on four lanes, waiting
  * made the GPU run 1.05x the CPU run's time into tmpfs (docs/PERFORMANCE.md,
- * "The GPU path against the CPU path"). Under gpu_only it waits for `lane`, so
- * that the GPU computes every chunk. The lane returned is held; the caller
- * unlocks it. */
+ * "The GPU path against the CPU path"). It waits for `lane` under gpu_only, so
+ * that the GPU computes every chunk, and where the CPU has only the scalar
+ * kernel: there a chunk on a core would hold up the in-order writer far longer
+ * than a lane's round trip (that is why --device auto takes the GPU there).
+ * The lane returned is held; the caller unlocks it. */
 static int take_lane(struct pipeline *p, int lane)
 {
-    if (p->gpu_only) {
+    if (p->gpu_only || p->cpu_path == CPU_PATH_SCALAR) {
         pthread_mutex_lock(&p->lane_mu[lane]);
         return lane;
     }

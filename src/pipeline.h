@@ -69,8 +69,9 @@ struct pipeline_opts {
      * (gpu_start.h), which must outlive the pipeline: until it is open, the
      * workers compute on their cores; from then on chunks go through its
      * lanes, and a worker that finds every lane busy dequantizes its chunk on
-     * its core instead of waiting (merges wait). If it fails to open, require_gpu (--device cuda) fails the run;
-     * otherwise the run goes on with the CPU and a warning. A file's output is
+     * its core instead of waiting (merges, and the scalar kernel, wait). If it
+     * fails to open, require_gpu (--device cuda) fails the run; otherwise the
+     * run goes on with the CPU and a warning. A file's output is
      * not finished before the start has ended either way. With require_gpu
      * and NF4DEQ_GPU_ONLY=1 in the environment, the workers wait for the GPU
      * and its lanes instead, and it computes every chunk (the GPU tests use

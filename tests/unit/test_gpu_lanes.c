@@ -7,7 +7,8 @@
  * workers on four lanes then find every lane busy, and:
  *   - by default such a worker dequantizes its chunk on its own core
  *     (pipeline.c take_lane);
- *   - under NF4DEQ_GPU_ONLY=1 it waits, and the device computes every chunk.
+ *   - under NF4DEQ_GPU_ONLY=1 it waits, and the device computes every chunk;
+ *   - with the scalar CPU kernel (NF4DEQ_CPU=scalar) it waits too.
  * Either way the output is the bytes bitsandbytes wrote, and no lane ever
  * carries two chunks at once. A stand-in in an exclusive compute mode must
  * keep the CUDA teardown in the process (exit_handoff.h). The real device's side of this is
@@ -202,6 +203,18 @@ static void test_gpu_only_waits_for_a_lane(void **state)
     assert_string_equal(st.engine, "stand-in GPU");
 }
 
+static void test_scalar_kernel_waits_for_a_lane(void **state)
+{
+    struct tu_scratch *s = *state;
+    unsetenv("NF4DEQ_GPU_ONLY");
+    setenv("NF4DEQ_CPU", "scalar", 1);
+    struct convert_stats st;
+    convert_on_fake_gpu(s->dir, &st);
+    unsetenv("NF4DEQ_CPU");
+    assert_true(atomic_load(&fake.lane_chunks) > 0);
+    assert_int_equal(atomic_load(&fake.cpu_while_busy), 0);
+}
+
 /* Runs last: the refusal lasts for the rest of the process. */
 static void test_exclusive_device_keeps_the_teardown(void **state)
 {
@@ -221,6 +234,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_busy_lanes_leave_chunks_to_the_cpu, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_gpu_only_waits_for_a_lane, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_scalar_kernel_waits_for_a_lane, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_exclusive_device_keeps_the_teardown, tu_scratch_setup,
                                         tu_scratch_teardown),
     };
