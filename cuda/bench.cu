@@ -273,6 +273,8 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
                 cfg.ept = v.ept;
             if (v.threads)
                 cfg.threads = v.threads;
+            if ((v.flags & GPU_VARIANT_PDL) && c->major >= 9)
+                cfg.pdl = 1;
             if (v.flags & GPU_VARIANT_EMPTY) {
                 empty_kernel<<<1, 32, 0, stream>>>();
                 cudaCheck(cudaGetLastError());

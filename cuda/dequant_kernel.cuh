@@ -29,7 +29,11 @@
 // per-unit bounds check, by the whole warp, and that keeps the 16-bit kernels at 32
 // registers (inside the branch they needed 39, and lost a fifth of the CTA slots).
 
-template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK, int VALUES>
+//
+// PDL: launched with programmatic stream serialization (sm_90): it waits for the
+// kernel before it, if still running, before its first global access.
+
+template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK, int VALUES, bool PDL>
 __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_log2)
 {
     constexpr int U = 16 / (int)sizeof(T); // elements per 16-byte store: 8 (16-bit) or 4 (fp32)
@@ -45,6 +49,7 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
         lane_value = c_values[QT][lane & 15u];
     else if (threadIdx.x < VALUES_PER_CODE)
         s_tbl[threadIdx.x] = c_values[QT][threadIdx.x];
+    wait_for_previous_grid<PDL>(); // the value table is constant memory: no kernel writes it
 
     const uint64_t wbase = (((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * WT;
     const uint64_t n = j.n;

@@ -19,7 +19,7 @@
 #define BULK_MAX_STAGE_BYTES (48u << 10)
 
 template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK = BULK_NONE,
-          int VALUES = VALUES_SHARED>
+          int VALUES = VALUES_SHARED, bool PDL = false>
 static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
 {
     const uint64_t warps = CEIL_DIV(j.n, (uint64_t)(32 * EPT));
@@ -31,16 +31,35 @@ static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
     if (stage > BULK_MAX_STAGE_BYTES)
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bulk stores: %d threads x %d elements stage more than 48 KiB",
                         cfg.threads, EPT);
-    dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK, VALUES>
-        <<<(unsigned)blocks, cfg.threads, stage, stream>>>(j, log2u(j.blocksize), log2u(j.nested_blocksize));
+    const uint32_t bs_log2 = log2u(j.blocksize), nbs_log2 = log2u(j.nested_blocksize);
+    if constexpr (PDL) {
+        cudaLaunchAttribute attr[1];
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cudaLaunchConfig_t lc = {};
+        lc.gridDim = dim3((unsigned)blocks);
+        lc.blockDim = dim3((unsigned)cfg.threads);
+        lc.dynamicSmemBytes = stage;
+        lc.stream = stream;
+        lc.attrs = attr;
+        lc.numAttrs = 1;
+        cudaCheck(cudaLaunchKernelEx(&lc, dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK, VALUES, PDL>, j,
+                                     bs_log2, nbs_log2));
+    } else {
+        dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK, VALUES, PDL>
+            <<<(unsigned)blocks, cfg.threads, stage, stream>>>(j, bs_log2, nbs_log2);
+    }
     cudaCheck(cudaGetLastError());
     return NF4_OK;
 }
 
-// The value table in the lanes, with cache hints, and streaming stores or not.
+// The value table in the lanes, with cache hints, and streaming stores or not;
+// launched as a programmatic dependent where the configuration says so.
 template <typename T, int QT, int EPT, bool NESTED, int ASM>
 static int launch_shuffle(const dev_job &j, launch_cfg cfg, bool st_hint, cudaStream_t stream)
 {
+    if (st_hint && cfg.pdl)
+        return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES_SHUFFLE, true>(j, cfg, stream);
     if (st_hint)
         return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
     return launch_one<T, QT, EPT, NESTED, true, false, ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);

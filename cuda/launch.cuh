@@ -34,6 +34,7 @@ struct launch_cfg {
                         // (no shared table, no CTA barrier); 0: the table in shared memory
     int asm_mul;        // 1: each product is one mul.rn.ftz.f32 (inline asm, NF4 with double quant
                         // and 16-bit output, the bench's case); 0: __fmul_rn with explicit flushes
+    int pdl;            // 1: programmatic dependent launch (sm_90 only; with the shuffle value path)
 };
 
 // The one case the launcher instantiates asm kernels for (launch_cfg.asm_mul, the

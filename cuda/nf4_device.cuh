@@ -36,6 +36,23 @@ __constant__ float c_values[2][VALUES_PER_CODE] = {
      -0.0f, -0.005208333333f, -0.66666667f, -1.0f, -0.33333333f, -0.5f, -0.16666667f, -0.25f},
 };
 
+// ---- programmatic dependent launch (sm_90) --------------------------------------
+// A kernel launched with programmatic stream serialization may start while the
+// kernel before it in the stream is still running. It must not touch global
+// memory that kernel may write or read (its inputs, our output) until it has
+// completed: cudaGridDependencySynchronize waits for that, and returns at once in
+// a launch without the attribute. The trigger then lets the next such launch start
+// its CTAs as ours leave the SMs. Elsewhere both are nothing.
+template <bool PDL> __device__ __forceinline__ void wait_for_previous_grid()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (PDL) {
+        cudaGridDependencySynchronize();
+        cudaTriggerProgrammaticLaunchCompletion();
+    }
+#endif
+}
+
 // ---- memory access helpers (inline PTX cache hints) -----------------------------
 // With NF4DEQ_ASM=0 the hints fall back to CUDA C intrinsics: __ldg (read-only
 // path) for the loads and __stcs (st.global.cs) for the stores.

@@ -20,7 +20,7 @@
 #define BENCH_CPU_DEFAULT_ITERS 10
 #define BENCH_CPU_MIN_ITERS 3
 #define MAX_SHAPES 32
-#define N_BASE_VARIANTS 10
+#define N_BASE_VARIANTS 11
 #define N_DIAG_VARIANTS 4
 
 struct shape {
@@ -44,7 +44,7 @@ static const struct shape PUZZLE_MATRICES[] = {
 
 static const char *VARIANT_NAMES[N_BASE_VARIANTS] = {"default",       "asm-value",      "no-hints",      "asm-value+no-hints",
                                                     "no-store-hint", "asm-mul",        "shuffle-values", "shared-values",
-                                                    "c-mul",         "device-offset"};
+                                                    "c-mul",         "device-offset",  "pdl"};
 
 static void usage(FILE *f)
 {
@@ -535,6 +535,7 @@ int cmd_bench(int argc, char **argv)
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_SHARED_VALUES, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_C_MUL, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_DEVICE_OFFSET, 0, 0};
+    var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_PDL, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_TRAFFIC, 4, 256};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_EMPTY, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_MEMSET, 0, 0};

@@ -33,6 +33,8 @@ int cmd_bench(int argc, char **argv);
 /* These two force where the code values come from, whatever the per-architecture table picks: */
 #define GPU_VARIANT_SHUFFLE_VALUES 4096u /* from each warp's lanes, by shuffle */
 #define GPU_VARIANT_SHARED_VALUES 8192u  /* from a table in shared memory */
+/* sm_90: launched as a programmatic dependent (the shuffle value path; elsewhere the default) */
+#define GPU_VARIANT_PDL 65536u
 /* (NF4DEQ_ASM=0 builds ignore the ASM variants: no inline asm at all) */
 
 /* bitsandbytes entry points, as exported by libbitsandbytes_cuda*.so
