@@ -14,7 +14,17 @@
  * plain exit (nf4deq holds a handful by the time it exits). */
 #define HANDOFF_MAX_FDS 256
 
-static atomic_int forbidden;
+static atomic_int forbidden, expected;
+
+void handoff_expect(void)
+{
+    atomic_store(&expected, 1);
+}
+
+int handoff_at_exit(void)
+{
+    return atomic_load(&expected) && handoff_wanted();
+}
 
 void handoff_forbid(void)
 {

@@ -22,6 +22,19 @@
  * or handoff_forbid was called. */
 int handoff_wanted(void);
 
+/* Called once by the command-line tool's main(), which hands its device files
+ * off when it exits: from then on handoff_at_exit() is true (unless the
+ * hand-off is not wanted). Library callers never call it. */
+void handoff_expect(void);
+
+/* Whether this process will hand its device files to a child as it exits.
+ * Then what it holds on the GPU, and the host memory it page-locked, need not
+ * be freed first: the driver frees both with the device files, in the child,
+ * after this process has gone. Freeing them took 5-7 ms of the 0.5 s a 1.1B
+ * conversion into tmpfs takes (docs/PERFORMANCE.md, "The GPU path against the
+ * CPU path"). */
+int handoff_at_exit(void);
+
 /* Called by whoever opens a device that admits one process at a time
  * (gpu_exclusive): there a command run right after nf4deq, such as
  * `nf4deq convert ... && python train.py`, could not open the GPU while the

@@ -109,7 +109,10 @@ void gpu_start_free(struct gpu_start *s)
     if (!s)
         return;
     pthread_join(s->thread, NULL);
-    gpu_close(s->ctx);
+    /* The driver frees the device's memory with the device files, in the
+     * hand-off's child (exit_handoff.h), when this process is about to exit. */
+    if (!handoff_at_exit())
+        gpu_close(s->ctx);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -13,6 +13,7 @@ int main(int argc, char **argv)
 {
     guard_std_streams();
     install_signal_cleanup();
+    handoff_expect();
     int code = cli_main(argc, argv);
     cleanup_temps();
     /* A full disk or a closed pipe on stdout must not pass for success. */

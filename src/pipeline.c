@@ -2,6 +2,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 
 #include "cpu_path.h"
 #include "dequant.h"
+#include "exit_handoff.h"
 #include "fpconv.h"
 #include "gpu.h"
 #include "gpu_start.h"
@@ -119,7 +121,6 @@ struct pipeline {
 };
 
 #define ARENA_ALIGN 64u
-#define PAGE_ALIGN 4096u
 
 static size_t align_up(size_t v)
 {
@@ -619,12 +620,15 @@ static void gpu_failed_locked(struct pipeline *p, int code)
 
 /* Page-locks every slot, so copies to and from the device run at full speed
  * and asynchronously (a slot that cannot be locked still works, slower), and
- * opens a lane per worker, up to PIPELINE_GPU_LANES. */
+ * opens a lane per worker, up to PIPELINE_GPU_LANES. A locked slot is also
+ * kept out of any child: the hand-off's fork (exit_handoff.h) would otherwise
+ * have to copy every page-locked page into the child, which never reads them. */
 static void pin_slots(struct pipeline *p, struct gpu_ctx *gpu)
 {
     p->gpu_lanes = gpu_use_lanes(gpu, p->nworkers < PIPELINE_GPU_LANES ? p->nworkers : PIPELINE_GPU_LANES);
     for (int i = 0; i < p->nslots; i++)
-        gpu_host_register(gpu, p->slots[i].arena, (size_t)p->slot_bytes);
+        if (gpu_host_register(gpu, p->slots[i].arena, (size_t)p->slot_bytes) == 0)
+            madvise(p->slots[i].arena, (size_t)p->slot_bytes, MADV_DONTFORK);
     p->slots_pinned = 1;
 }
 
@@ -912,12 +916,11 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
     }
     for (int i = 0; i < p->nslots; i++) {
         /* Plain chunks touch only chunk_bytes and a little more of a slot: the
-         * rest is resident only for merges, or once pinned for the GPU. Page
-         * alignment lets the GPU pin it where it lies. */
-        void *arena = NULL;
-        if (posix_memalign(&arena, PAGE_ALIGN, (size_t)p->slot_bytes) != 0)
-            arena = NULL;
-        p->slots[i].arena = arena;
+         * rest is resident only for merges, or once pinned for the GPU. A
+         * mapping of its own lets the GPU pin it where it lies, and pin_slots
+         * keep it out of a fork without touching anything else. */
+        void *arena = mmap(NULL, (size_t)p->slot_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        p->slots[i].arena = arena == MAP_FAILED ? NULL : arena;
         p->slots[i].parts = calloc(BATCH_MAX_PARTS, sizeof *p->slots[i].parts);
         if (!p->slots[i].arena || !p->slots[i].parts) {
             uint64_t mib = (p->slot_bytes * (uint64_t)p->nslots) >> 20; /* p is freed below */
@@ -949,13 +952,16 @@ void pipeline_destroy(struct pipeline *p)
     for (int i = 0; i < p->nworkers; i++)
         pthread_join(p->workers[i], NULL);
     free(p->workers);
+    /* Page-locked slots stay as they are when the process is about to exit
+     * and hand the device files over: the driver unlocks them there. */
+    int keep_pinned = p->slots_pinned && handoff_at_exit();
     for (int i = 0; p->slots && i < p->nslots; i++) {
         free(p->slots[i].parts);
-        if (!p->slots[i].arena)
+        if (!p->slots[i].arena || keep_pinned)
             continue;
         if (p->slots_pinned)
             gpu_host_unregister(p->gpu, p->slots[i].arena);
-        free(p->slots[i].arena);
+        munmap(p->slots[i].arena, (size_t)p->slot_bytes);
     }
     free(p->slots);
     pthread_mutex_destroy(&p->mu);

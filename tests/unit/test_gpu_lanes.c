@@ -10,7 +10,10 @@
  *   - under NF4DEQ_GPU_ONLY=1 it waits, and the device computes every chunk;
  *   - with the scalar CPU kernel (NF4DEQ_CPU=scalar) it waits too.
  * Either way the output is the bytes bitsandbytes wrote, and no lane ever
- * carries two chunks at once. A stand-in in an exclusive compute mode must
+ * carries two chunks at once. Once the process expects to hand its device
+ * files to a child at exit (main() calls handoff_expect), the pinned slots and
+ * the device stay as they are for the driver to free there, and the slots are
+ * kept out of the child's fork. A stand-in in an exclusive compute mode must
  * keep the CUDA teardown in the process (exit_handoff.h). The real device's side of this is
  * tests/scripts/check-gpu-fixtures.sh and tests/perf/tmpfs-bench.sh. */
 #include "test_util.h"
@@ -37,6 +40,9 @@ static struct {
     atomic_long cpu_while_busy; /* ... that began while every lane was busy */
     atomic_int overlap;       /* a lane carried two chunks at once */
     atomic_int registered;    /* slots page-locked and not yet released */
+    atomic_int closes;        /* gpu_close calls */
+    void *pinned[64];         /* the slots page-locked, in order */
+    atomic_int npinned;
 } fake;
 
 /* The stand-in's compute mode: set by a test before it converts. */
@@ -62,7 +68,8 @@ int __wrap_gpu_open(struct gpu_ctx **out, int device, uint64_t mem_budget)
 
 void __wrap_gpu_close(struct gpu_ctx *ctx)
 {
-    (void)ctx;
+    if (ctx)
+        atomic_fetch_add(&fake.closes, 1);
 }
 
 int __wrap_gpu_exclusive(const struct gpu_ctx *ctx)
@@ -89,9 +96,11 @@ int __wrap_gpu_use_lanes(struct gpu_ctx *ctx, int lanes)
 int __wrap_gpu_host_register(struct gpu_ctx *ctx, void *p, size_t bytes)
 {
     (void)ctx;
-    (void)p;
     (void)bytes;
     atomic_fetch_add(&fake.registered, 1);
+    int i = atomic_fetch_add(&fake.npinned, 1);
+    assert_true(i < (int)(sizeof fake.pinned / sizeof fake.pinned[0]));
+    fake.pinned[i] = p;
     return 0;
 }
 
@@ -146,9 +155,33 @@ static void fake_reset(void)
     memset(&fake, 0, sizeof fake);
 }
 
+/* Whether the mapping that holds `addr` has the VmFlags mnemonic `flag` in
+ * /proc/self/smaps ("dc": not copied into a child on fork). */
+static int vma_has_flag(const void *addr, const char *flag)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    assert_non_null(f);
+    char line[512], want[8];
+    snprintf(want, sizeof want, " %s", flag);
+    int in_vma = 0, found = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && strchr(line, '-') < strchr(line, ' ')) {
+            in_vma = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+        } else if (in_vma && strncmp(line, "VmFlags:", 8) == 0) {
+            line[strcspn(line, "\n")] = ' ';
+            found = strstr(line, want) != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
 /* Converts the tiny Llama fixture on the stand-in device in its smallest chunks
  * (one nested block, 16384 elements: about 30 chunks) with WORKERS workers,
- * and checks the bytes. */
+ * and checks the bytes. Every pinned slot and the device are released unless
+ * the process is to hand them to a child at exit. */
 static void convert_on_fake_gpu(const char *dir, struct convert_stats *st)
 {
     struct convert_opts o;
@@ -158,7 +191,8 @@ static void convert_on_fake_gpu(const char *dir, struct convert_stats *st)
     o.threads = WORKERS;
     o.chunk_elements = 1;
     o.progress = PROGRESS_NONE;
-    char *out = tu_strdupf("%s/out", dir);
+    static int runs; /* a new output each time: convert_run never replaces one without --force */
+    char *out = tu_strdupf("%s/out%d", dir, runs++);
     nf4_set_quiet(1);
     fake_reset();
     assert_int_equal(convert_run(FIXTURES "/tiny-llama-fp16-bnb4", out, &o, st), NF4_OK);
@@ -166,7 +200,11 @@ static void convert_on_fake_gpu(const char *dir, struct convert_stats *st)
     tu_assert_same_tensors(got, FIXTURES "/tiny-llama-fp16-bnb4.expected-bf16.safetensors");
     assert_int_equal(atomic_load(&fake.overlap), 0);
     assert_int_equal(atomic_load(&fake.lanes_in_use), FAKE_LANES);
-    assert_int_equal(atomic_load(&fake.registered), 0); /* every pinned slot released */
+    assert_true(atomic_load(&fake.npinned) > 0);
+    if (!handoff_at_exit()) {
+        assert_int_equal(atomic_load(&fake.registered), 0); /* every pinned slot released */
+        assert_int_equal(atomic_load(&fake.closes), 1);
+    }
     free(got);
     free(out);
 }
@@ -215,6 +253,32 @@ static void test_scalar_kernel_waits_for_a_lane(void **state)
     assert_int_equal(atomic_load(&fake.cpu_while_busy), 0);
 }
 
+/* After handoff_expect, as in the command-line tool: the slots stay pinned and
+ * the device open (the driver frees both in the hand-off's child), and a fork
+ * would not copy the slots. Runs after the tests that expect every release. */
+static void test_handoff_leaves_the_gpu_to_the_child(void **state)
+{
+    struct tu_scratch *s = *state;
+    unsetenv("NF4DEQ_GPU_ONLY");
+    unsetenv("NF4DEQ_GPU_HANDOFF");
+    assert_false(handoff_at_exit()); /* library callers free everything */
+    handoff_expect();
+    assert_true(handoff_at_exit());
+    struct convert_stats st;
+    convert_on_fake_gpu(s->dir, &st);
+    int pinned = atomic_load(&fake.npinned);
+    assert_int_equal(atomic_load(&fake.registered), pinned);
+    assert_int_equal(atomic_load(&fake.closes), 0);
+    for (int i = 0; i < pinned; i++)
+        if (!vma_has_flag(fake.pinned[i], "dc"))
+            fail_msg("pinned slot %d would be copied into the hand-off's child", i);
+    /* NF4DEQ_GPU_HANDOFF=0: no hand-off, so everything is released again. */
+    setenv("NF4DEQ_GPU_HANDOFF", "0", 1);
+    assert_false(handoff_at_exit());
+    convert_on_fake_gpu(s->dir, &st);
+    unsetenv("NF4DEQ_GPU_HANDOFF");
+}
+
 /* Runs last: the refusal lasts for the rest of the process. */
 static void test_exclusive_device_keeps_the_teardown(void **state)
 {
@@ -226,6 +290,7 @@ static void test_exclusive_device_keeps_the_teardown(void **state)
     convert_on_fake_gpu(s->dir, &st);
     fake_exclusive = 0;
     assert_false(handoff_wanted());
+    assert_false(handoff_at_exit()); /* so the slots and the device were released */
 }
 
 int main(void)
@@ -235,6 +300,8 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_gpu_only_waits_for_a_lane, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_scalar_kernel_waits_for_a_lane, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_handoff_leaves_the_gpu_to_the_child, tu_scratch_setup,
+                                        tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_exclusive_device_keeps_the_teardown, tu_scratch_setup,
                                         tu_scratch_teardown),
     };
