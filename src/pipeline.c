@@ -3,6 +3,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 
 #include "cpu_path.h"
 #include "dequant.h"
+#include "engine_clock.h"
 #include "exit_handoff.h"
 #include "fpconv.h"
 #include "gpu.h"
@@ -90,6 +92,7 @@ struct pipeline {
     pthread_mutex_t lane_mu[PIPELINE_GPU_LANES]; /* one chunk at a time per lane */
     int slots_pinned;
     uint64_t chunks_gpu, chunks_cpu; /* dequantized or merged, for the engine line */
+    struct engine_clocks clocks; /* dequantization chunks timed while the GPU is on */
     enum cpu_path cpu_path;
     uint64_t slot_bytes;
     uint64_t max_chunk;   /* elements; caps chunks below what a slot holds (tests use it) */
@@ -603,6 +606,21 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
 
 /* ---- the engine: the CPU, and the GPU from the moment it is open ---- */
 
+static double now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+/* Whether the next dequantization chunk may go to the open GPU: always under
+ * NF4DEQ_GPU_ONLY and with the scalar CPU kernel, else where the engine clocks
+ * say it is the faster engine (engine_clock.h). With mu held. */
+static int gpu_worth_a_chunk(struct pipeline *p)
+{
+    return p->gpu_only || p->cpu_path == CPU_PATH_SCALAR || engine_gpu_worth_a_chunk(&p->clocks);
+}
+
 /* The GPU did not open: the run fails when it asked for the GPU, else it goes
  * on with the CPU and says so once. With mu held. */
 static void gpu_failed_locked(struct pipeline *p, int code)
@@ -725,19 +743,27 @@ static void work_run(struct pipeline *p)
         s->task.at = p->planned_bytes;
         p->planned_bytes += task_out_bytes(&s->task);
         struct gpu_ctx *gpu = engine_for_chunk(p);
+        /* Dequantization chunks are timed while the GPU is on, on either engine. */
+        const int timed = gpu && s->task.kind == TASK_DEQUANT;
+        if (timed && !gpu_worth_a_chunk(p))
+            gpu = NULL;
         /* Consecutive chunks take turns on the lanes. */
         int lane = gpu ? (int)(s->seq % (uint64_t)p->gpu_lanes) : 0;
         pthread_mutex_unlock(&p->mu);
         code = fill(s);
         int on_gpu = 0;
+        double t0 = timed ? now_ns() : 0;
         if (code == NF4_OK)
             code = compute(p, gpu, lane, &s->task, &on_gpu);
         /* Every worker places its own output: no single writer copies it all. */
         if (code == NF4_OK && p->mapped)
             code = st_writer_write_at(p->wr, s->task.at, s->task.out, s->task.out_len);
+        double took = timed ? now_ns() - t0 : 0;
         pthread_mutex_lock(&p->mu);
         if (s->task.kind == TASK_DEQUANT || s->task.kind == TASK_MERGE)
             *(on_gpu ? &p->chunks_gpu : &p->chunks_cpu) += 1;
+        if (timed && code == NF4_OK)
+            engine_clock_add(&p->clocks, on_gpu, took, s->task.out_len);
         if (code != NF4_OK)
             fail_locked(p, code);
         s->state = SLOT_DONE;
