@@ -86,6 +86,7 @@ struct pipeline {
     struct gpu_start *gpu_start;
     int require_gpu;        /* a GPU that fails to open fails the run */
     int gpu_only;           /* NF4DEQ_GPU_ONLY=1: every chunk on the GPU, none on the CPU */
+    int merging;            /* LoRA merges: every merge chunk waits for a lane */
     enum gpu_state gpu_state;
     struct gpu_ctx *gpu;    /* once ON */
     int gpu_lanes;          /* chunks through the device at once */
@@ -613,12 +614,19 @@ static double now_ns(void)
     return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
+/* Whether the GPU is to carry the chunks, whatever the engine clocks say:
+ * merges, NF4DEQ_GPU_ONLY, and the scalar CPU kernel. */
+static int gpu_carries_the_chunks(const struct pipeline *p)
+{
+    return p->merging || p->gpu_only || p->cpu_path == CPU_PATH_SCALAR;
+}
+
 /* Whether the next dequantization chunk may go to the open GPU: always under
  * NF4DEQ_GPU_ONLY and with the scalar CPU kernel, else where the engine clocks
  * say it is the faster engine (engine_clock.h). With mu held. */
 static int gpu_worth_a_chunk(struct pipeline *p)
 {
-    return p->gpu_only || p->cpu_path == CPU_PATH_SCALAR || engine_gpu_worth_a_chunk(&p->clocks);
+    return gpu_carries_the_chunks(p) || engine_gpu_worth_a_chunk(&p->clocks);
 }
 
 /* The GPU did not open: the run fails when it asked for the GPU, else it goes
@@ -636,14 +644,21 @@ static void gpu_failed_locked(struct pipeline *p, int code)
     nf4_clear_error();
 }
 
-/* Page-locks every slot, so copies to and from the device run at full speed
- * and asynchronously (a slot that cannot be locked still works, slower), and
- * opens a lane per worker, up to PIPELINE_GPU_LANES. A locked slot is also
- * kept out of any child: the hand-off's fork (exit_handoff.h) would otherwise
- * have to copy every page-locked page into the child, which never reads them. */
+/* Opens a lane per worker, up to PIPELINE_GPU_LANES, and page-locks every
+ * slot where the GPU is to carry the chunks, so that copies to and from the
+ * device run at full speed and asynchronously (a slot that cannot be locked
+ * still works, slower). Elsewhere the slots stay pageable: locking them cost
+ * about 3% of a conversion into tmpfs, where the engine clocks leave few
+ * chunks to the GPU anyway (docs/PERFORMANCE.md, "The GPU path against the
+ * CPU path"), and those few go through the driver's own staging. A locked
+ * slot is also kept out of any child: the hand-off's fork (exit_handoff.h)
+ * would otherwise have to copy every page-locked page into the child, which
+ * never reads them. */
 static void pin_slots(struct pipeline *p, struct gpu_ctx *gpu)
 {
     p->gpu_lanes = gpu_use_lanes(gpu, p->nworkers < PIPELINE_GPU_LANES ? p->nworkers : PIPELINE_GPU_LANES);
+    if (!gpu_carries_the_chunks(p))
+        return;
     for (int i = 0; i < p->nslots; i++)
         if (gpu_host_register(gpu, p->slots[i].arena, (size_t)p->slot_bytes) == 0)
             madvise(p->slots[i].arena, (size_t)p->slot_bytes, MADV_DONTFORK);
@@ -910,6 +925,7 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
     p->require_gpu = o->require_gpu;
     const char *only = getenv("NF4DEQ_GPU_ONLY");
     p->gpu_only = o->require_gpu && only && strcmp(only, "1") == 0;
+    p->merging = o->merging;
     p->gpu_state = o->gpu_start ? GPU_STARTING : GPU_OFF;
     p->path = path;
     p->cpu_path = o->cpu_path;
