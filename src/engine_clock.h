@@ -36,9 +36,11 @@ struct engine_clocks {
 /* Adds a chunk of `bytes` output bytes that took `ns` on the GPU or a core. */
 void engine_clock_add(struct engine_clocks *c, int on_gpu, double ns, size_t bytes);
 
-/* Whether the next chunk may go to the GPU: yes until both engines have been
- * timed, then where the GPU is as fast as a core or faster, and on one chunk
- * in ENGINE_RETRY_EVERY where it is not. Counts the chunks it keeps off. */
+/* Whether the next chunk may go to the GPU: yes until the GPU has been timed
+ * on ENGINE_CLOCK_MIN_CHUNKS chunks, then no until a core has been, then yes
+ * where the GPU is as fast as a core or faster, and on one chunk in
+ * ENGINE_RETRY_EVERY where it is not. Counts the chunks it keeps off the GPU
+ * as the slower engine. */
 int engine_gpu_worth_a_chunk(struct engine_clocks *c);
 
 #endif

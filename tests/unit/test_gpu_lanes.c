@@ -10,8 +10,8 @@
  *   - under NF4DEQ_GPU_ONLY=1 it waits, and the device computes every chunk;
  *   - with the scalar CPU kernel (NF4DEQ_CPU=scalar) it waits too.
  * Either way the output is the bytes bitsandbytes wrote, and no lane ever
- * carries two chunks at once. The slots are page-locked only where the GPU
- * carries the chunks (the last two cases). Once the process expects to hand its device
+ * carries two chunks at once. Into a mapped output the slots are page-locked
+ * only where the GPU carries the chunks (the last two cases). Once the process expects to hand its device
  * files to a child at exit (main() calls handoff_expect), the pinned slots and
  * the device stay as they are for the driver to free there, and the slots are
  * kept out of the child's fork. A stand-in in an exclusive compute mode must
@@ -201,11 +201,12 @@ static void convert_on_fake_gpu(const char *dir, struct convert_stats *st)
     tu_assert_same_tensors(got, FIXTURES "/tiny-llama-fp16-bnb4.expected-bf16.safetensors");
     assert_int_equal(atomic_load(&fake.overlap), 0);
     assert_int_equal(atomic_load(&fake.lanes_in_use), FAKE_LANES);
-    /* Slots are page-locked only where the GPU carries the chunks (pipeline.c
-     * pin_slots): under NF4DEQ_GPU_ONLY, with the scalar kernel. */
-    const char *only = getenv("NF4DEQ_GPU_ONLY"), *cpu = getenv("NF4DEQ_CPU");
+    /* Into a mapped output, slots are page-locked only where the GPU carries
+     * the chunks (pipeline.c pin_slots): under NF4DEQ_GPU_ONLY, with the scalar
+     * kernel. main() sets NF4DEQ_OUTPUT_MAP, so that it is known here. */
+    const char *only = getenv("NF4DEQ_GPU_ONLY"), *cpu = getenv("NF4DEQ_CPU"), *map = getenv("NF4DEQ_OUTPUT_MAP");
     int carries = (only && strcmp(only, "1") == 0) || (cpu && strcmp(cpu, "scalar") == 0);
-    if (carries)
+    if (carries || strcmp(map, "1") != 0)
         assert_true(atomic_load(&fake.npinned) > 0);
     else
         assert_int_equal(atomic_load(&fake.npinned), 0);
@@ -223,6 +224,9 @@ static void test_busy_lanes_leave_chunks_to_the_cpu(void **state)
     unsetenv("NF4DEQ_GPU_ONLY");
     unsetenv("NF4DEQ_GPU_HANDOFF");
     struct convert_stats st;
+    setenv("NF4DEQ_OUTPUT_MAP", "1", 1); /* the slots stay pageable */
+    convert_on_fake_gpu(s->dir, &st);
+    setenv("NF4DEQ_OUTPUT_MAP", "0", 1); /* write(2): they are page-locked */
     convert_on_fake_gpu(s->dir, &st);
     assert_true(handoff_wanted()); /* a device in the default mode leaves it on */
     long on_lanes = atomic_load(&fake.lane_chunks), on_cpu = atomic_load(&fake.cpu_chunks);
@@ -304,6 +308,7 @@ static void test_exclusive_device_keeps_the_teardown(void **state)
 
 int main(void)
 {
+    setenv("NF4DEQ_OUTPUT_MAP", "0", 1); /* whatever file system the scratch directory is on */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_busy_lanes_leave_chunks_to_the_cpu, tu_scratch_setup,
                                         tu_scratch_teardown),
