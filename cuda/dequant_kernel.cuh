@@ -28,10 +28,10 @@
 // CTAs (10 MB) waits for (docs/KERNEL-NOTES.md). The shuffles are taken before the
 // per-unit bounds check, by the whole warp, and that keeps the 16-bit kernels at 32
 // registers (inside the branch they needed 39, and lost a fifth of the CTA slots).
-
 //
-// PDL: launched with programmatic stream serialization (sm_90): it waits for the
-// kernel before it, if still running, before its first global access.
+// PDL (the bench's pdl variant, sm_90; measured slower, docs/KERNEL-NOTES.md):
+// launched with programmatic stream serialization, it waits for the kernel before
+// it, if still running, before its first global access.
 
 template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK, int VALUES, bool PDL>
 __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_log2)

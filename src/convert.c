@@ -205,9 +205,10 @@ int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64
  * and where this processor has only the scalar kernel. A plain conversion
  * with a vector kernel stays on the CPU: a few cores already compute faster
  * than the chunks can be copied into the page cache, which both engines do on
- * the CPU, and the GPU would add its start (0.2-0.3 s, hidden), pinned memory
- * and a device round trip per chunk: 1.010-1.023x the CPU's time into tmpfs
- * (docs/PERFORMANCE.md, "The GPU path against the CPU path"). */
+ * the CPU, and the GPU would add its start (0.2-0.3 s on a spare core, which
+ * still slows the conversion) and a device round trip per chunk: 1.04-1.07x
+ * the CPU's time into tmpfs, most of it the opening of CUDA itself
+ * (docs/PERFORMANCE.md, "What the GPU path pays for CUDA into tmpfs"). */
 static int auto_wants_gpu(const struct ctx *c)
 {
     return c->lora != NULL || c->cpu_path == CPU_PATH_SCALAR;

@@ -2,12 +2,12 @@
  *
  * The pipeline times every dequantization chunk it converts while the GPU is
  * open, on either engine, from its compute to its output placed, per output
- * byte. A chunk is worth sending to the GPU only where the GPU does it sooner
- * than a core. Into tmpfs, where both engines wait on the page cache, it does
- * not: the bytes the device copies back are cold in the caches of the core
- * that then copies them into the file (docs/PERFORMANCE.md, "The GPU path
- * against the CPU path"). Merges, NF4DEQ_GPU_ONLY and the scalar CPU kernel
- * do not ask: pipeline.c sends those to the GPU whatever the clocks say. */
+ * byte. A chunk is worth sending to the GPU only where the GPU does it as fast
+ * as a core or faster. Into tmpfs, where both engines wait on the page cache,
+ * the cores then did 475-512 of the 1.1B preset's 528 chunks, against 174-203
+ * without the clocks (docs/PERFORMANCE.md, "What the GPU path pays for CUDA
+ * into tmpfs"). Merges, NF4DEQ_GPU_ONLY and the scalar CPU kernel do not ask:
+ * pipeline.c sends those to the GPU whatever the clocks say. */
 #ifndef NF4DEQ_ENGINE_CLOCK_H
 #define NF4DEQ_ENGINE_CLOCK_H
 

@@ -31,8 +31,8 @@ void handoff_expect(void);
  * Then what it holds on the GPU, and the host memory it page-locked, need not
  * be freed first: the driver frees both with the device files, in the child,
  * after this process has gone. Freeing them took 5-7 ms of the 0.5 s a 1.1B
- * conversion into tmpfs takes (docs/PERFORMANCE.md, "The GPU path against the
- * CPU path"). */
+ * conversion into tmpfs takes (docs/PERFORMANCE.md, "What the GPU path pays
+ * for CUDA into tmpfs"). */
 int handoff_at_exit(void);
 
 /* Called by whoever opens a device that admits one process at a time

@@ -649,8 +649,8 @@ static void gpu_failed_locked(struct pipeline *p, int code)
  * asynchronously (a slot that cannot be locked still works, slower). Not into
  * a mapped output (tmpfs) where the GPU is not to carry the chunks: there
  * locking them cost about 3% of a conversion, the engine clocks leave few
- * chunks to the GPU anyway (docs/PERFORMANCE.md, "The GPU path against the
- * CPU path"), and those few go through the driver's own staging. On a disk,
+ * chunks to the GPU anyway (docs/PERFORMANCE.md, "What the GPU path pays for
+ * CUDA into tmpfs"), and those few go through the driver's own staging. On a disk,
  * pageable slots made the GPU's chunks, and the run, 4% slower. A locked
  * slot is also kept out of any child: the hand-off's fork (exit_handoff.h)
  * would otherwise have to copy every page-locked page into the child, which
