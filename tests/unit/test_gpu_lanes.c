@@ -6,7 +6,9 @@
  * FAKE_LANE_MICROS, as a real round trip through the device does. Eight
  * workers on four lanes then find every lane busy, and:
  *   - by default such a worker dequantizes its chunk on its own core
- *     (pipeline.c take_lane);
+ *     (pipeline.c take_lane); there the stand-in's cores take twice as long
+ *     as its lanes, so that the engine clocks (engine_clock.h, tested in
+ *     test_engine_clock.c) keep sending chunks to the lanes all along;
  *   - under NF4DEQ_GPU_ONLY=1 it waits, and the device computes every chunk;
  *   - with the scalar CPU kernel (NF4DEQ_CPU=scalar) it waits too.
  * Either way the output is the bytes bitsandbytes wrote, and no lane ever
@@ -45,6 +47,9 @@ static struct {
     void *pinned[64];         /* the slots page-locked, in order */
     atomic_int npinned;
 } fake;
+
+/* How long a chunk on a stand-in core takes, besides its compute: set by a test. */
+static long fake_cpu_micros;
 
 /* The stand-in's compute mode: set by a test before it converts. */
 static int fake_exclusive;
@@ -149,6 +154,10 @@ void __wrap_dequant_cpu_path(const struct dequant_job *job, int threads, enum cp
         atomic_fetch_add(&fake.cpu_while_busy, 1);
     atomic_fetch_add(&fake.cpu_chunks, 1);
     __real_dequant_cpu_path(job, threads, path);
+    if (fake_cpu_micros > 0) {
+        struct timespec hold = {fake_cpu_micros / 1000000, fake_cpu_micros % 1000000 * 1000L};
+        nanosleep(&hold, NULL);
+    }
 }
 
 static void fake_reset(void)
@@ -227,7 +236,9 @@ static void test_busy_lanes_leave_chunks_to_the_cpu(void **state)
     setenv("NF4DEQ_OUTPUT_MAP", "1", 1); /* the slots stay pageable */
     convert_on_fake_gpu(s->dir, &st);
     setenv("NF4DEQ_OUTPUT_MAP", "0", 1); /* write(2): they are page-locked */
+    fake_cpu_micros = 2 * FAKE_LANE_MICROS; /* the GPU is the faster engine */
     convert_on_fake_gpu(s->dir, &st);
+    fake_cpu_micros = 0;
     assert_true(handoff_wanted()); /* a device in the default mode leaves it on */
     long on_lanes = atomic_load(&fake.lane_chunks), on_cpu = atomic_load(&fake.cpu_chunks);
     print_message("lanes %ld, cores %ld (%ld while every lane was busy)\n", on_lanes, on_cpu,
