@@ -40,7 +40,11 @@ static struct {
     atomic_int busy_lanes;    /* lanes with a chunk on them now */
     atomic_long lane_chunks;  /* chunks the stand-in device computed */
     atomic_long cpu_chunks;   /* chunks dequantized on a core */
-    atomic_long cpu_while_busy; /* ... that began while every lane was busy */
+    atomic_long cpu_while_busy; /* ... that began while every lane was busy, after a
+                                 * lane's first round trip: a worker that took its
+                                 * chunk before the lanes opened, slowed down (a
+                                 * loaded machine, sanitizers), could otherwise
+                                 * begin it just as all four fill up */
     atomic_int overlap;       /* a lane carried two chunks at once */
     atomic_int registered;    /* slots page-locked and not yet released */
     atomic_int closes;        /* gpu_close calls */
@@ -150,7 +154,7 @@ int __wrap_gpu_merge_lane(struct gpu_ctx *ctx, int lane, const struct dequant_jo
 void __wrap_dequant_cpu_path(const struct dequant_job *job, int threads, enum cpu_path path)
 {
     int lanes = atomic_load(&fake.lanes_in_use);
-    if (lanes > 0 && atomic_load(&fake.busy_lanes) == lanes)
+    if (lanes > 0 && atomic_load(&fake.busy_lanes) == lanes && atomic_load(&fake.lane_chunks) > 0)
         atomic_fetch_add(&fake.cpu_while_busy, 1);
     atomic_fetch_add(&fake.cpu_chunks, 1);
     __real_dequant_cpu_path(job, threads, path);
