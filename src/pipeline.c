@@ -86,7 +86,7 @@ struct pipeline {
     struct gpu_start *gpu_start;
     int require_gpu;        /* a GPU that fails to open fails the run */
     int gpu_only;           /* NF4DEQ_GPU_ONLY=1: every chunk on the GPU, none on the CPU */
-    int merging;            /* LoRA merges: every merge chunk waits for a lane */
+    int merging;            /* LoRA deltas are merged: the GPU carries the chunks */
     enum gpu_state gpu_state;
     struct gpu_ctx *gpu;    /* once ON */
     int gpu_lanes;          /* chunks through the device at once */
@@ -531,6 +531,12 @@ static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_
     }
 }
 
+/* Whether a worker waits for its lane rather than take a core (take_lane). */
+static int waits_for_a_lane(const struct pipeline *p)
+{
+    return p->gpu_only || p->cpu_path == CPU_PATH_SCALAR;
+}
+
 /* A free GPU lane for a dequantization, starting at `lane`, or -1 when every
  * lane is busy: the worker then converts its chunk on its own core, where
  * waiting would only idle that core. With eight workers on four lanes, waiting
@@ -542,7 +548,7 @@ static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_
  * The lane returned is held; the caller unlocks it. */
 static int take_lane(struct pipeline *p, int lane)
 {
-    if (p->gpu_only || p->cpu_path == CPU_PATH_SCALAR) {
+    if (waits_for_a_lane(p)) {
         pthread_mutex_lock(&p->lane_mu[lane]);
         return lane;
     }
@@ -615,15 +621,16 @@ static double now_ns(void)
 }
 
 /* Whether the GPU is to carry the chunks, whatever the engine clocks say:
- * merges, NF4DEQ_GPU_ONLY, and the scalar CPU kernel. */
+ * merges, and where workers wait for a lane (NF4DEQ_GPU_ONLY, the scalar CPU
+ * kernel). */
 static int gpu_carries_the_chunks(const struct pipeline *p)
 {
-    return p->merging || p->gpu_only || p->cpu_path == CPU_PATH_SCALAR;
+    return p->merging || waits_for_a_lane(p);
 }
 
-/* Whether the next dequantization chunk may go to the open GPU: always under
- * NF4DEQ_GPU_ONLY and with the scalar CPU kernel, else where the engine clocks
- * say it is the faster engine (engine_clock.h). With mu held. */
+/* Whether the next dequantization chunk may go to the open GPU: always where
+ * the GPU carries the chunks, else where the engine clocks say it is as fast
+ * as a core or faster (engine_clock.h). With mu held. */
 static int gpu_worth_a_chunk(struct pipeline *p)
 {
     return gpu_carries_the_chunks(p) || engine_gpu_worth_a_chunk(&p->clocks);

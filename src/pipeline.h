@@ -67,9 +67,11 @@ struct pipeline_opts {
     enum cpu_path cpu_path;      /* the CPU kernel */
     /* NULL to convert on the CPU only. Otherwise the GPU being opened
      * (gpu_start.h), which must outlive the pipeline: until it is open, the
-     * workers compute on their cores; from then on chunks go through its
-     * lanes, and a worker that finds every lane busy dequantizes its chunk on
-     * its core instead of waiting (merges, and the scalar kernel, wait). If it
+     * workers compute on their cores; from then on dequantization chunks go
+     * through its lanes while it does them as fast as a core (engine_clock.h),
+     * and a worker that finds every lane busy dequantizes its chunk on its
+     * core instead of waiting (merges, and the scalar kernel, always take the
+     * GPU and wait). If it
      * fails to open, require_gpu (--device cuda) fails the run; otherwise the
      * run goes on with the CPU and a warning. A file's output is
      * not finished before the start has ended either way. With require_gpu
