@@ -214,7 +214,7 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
     r->ept = table.ept;
     r->threads = table.threads;
     r->store_hint = table.store_hint;
-    r->shuffle_values = table.shuffle_values;
+    r->values = table.values;
     r->asm_mul = NF4DEQ_ASM && table.asm_mul && asm_kernel_case(true, true, osz); // bench jobs: NF4, nested
 
     uint64_t set_bytes = r->bytes + (bnb ? blocks * 4 + n * osz : 0);

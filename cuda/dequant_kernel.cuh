@@ -29,6 +29,14 @@
 // per-unit bounds check, by the whole warp, and that keeps the 16-bit kernels at 32
 // registers (inside the branch they needed 39, and lost a fifth of the CTA slots).
 //
+// VALUES_OUTPUTS (16-bit output, blocksize >= 64): in step q the units of lanes
+// 16h..16h+7 are 64 aligned elements, so one block, and so are those of lanes
+// 16h+8..16h+15. Lane 16h + v computes code v's output for both blocks, rounded to T,
+// in one entry word (low block in the low 16 bits); every element then reads its
+// entry word by a shuffle from the lane of its nibble and keeps its block's half.
+// Two multiplies and one conversion per lane and unit instead of eight and four;
+// the same rounding of the same products, so the same bits.
+//
 // PDL (the bench's pdl variant, sm_90; measured slower, docs/KERNEL-NOTES.md):
 // launched with programmatic stream serialization, it waits for the kernel before
 // it, if still running, before its first global access.
@@ -39,12 +47,14 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
     constexpr int U = 16 / (int)sizeof(T); // elements per 16-byte store: 8 (16-bit) or 4 (fp32)
     constexpr int Q = EPT / U;             // units per lane
     constexpr int WT = 32 * EPT;           // elements per warp tile
-    constexpr bool SHUFFLE = VALUES == VALUES_SHUFFLE;
+    constexpr bool OUTPUTS = VALUES == VALUES_OUTPUTS;
+    constexpr bool SHUFFLE = VALUES == VALUES_SHUFFLE || OUTPUTS; // lanes hold the code values
     static_assert(EPT % U == 0 && WT <= 32 * 32, "EPT: 16 or 32");
+    static_assert(!OUTPUTS || U == 8, "output entries by shuffle: 16-bit output only");
 
     const uint32_t lane = threadIdx.x & 31u;
     __shared__ float s_tbl[SHUFFLE ? 1 : VALUES_PER_CODE];
-    float lane_value = 0.0f; // VALUES_SHUFFLE: the value of code lane % 16
+    float lane_value = 0.0f; // VALUES_SHUFFLE, VALUES_OUTPUTS: the value of code lane % 16
     if constexpr (SHUFFLE)
         lane_value = c_values[QT][lane & 15u];
     else if (threadIdx.x < VALUES_PER_CODE)
@@ -83,12 +93,26 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
 #pragma unroll
     for (int q = 0; q < Q; q++) {
         const uint64_t e0 = wbase + (uint64_t)(q * 32 + lane) * U;
-        const uint32_t rel = (uint32_t)((e0 >> bs_log2) - first); // < 32
-        const float am = __shfl_sync(0xffffffffu, my_am, rel);
-        // Shuffles need the whole warp, so the shuffle path reads its values before
+        float am;
+        uint32_t pair[U / 2]; // VALUES_OUTPUTS: the unit's output words
+        if constexpr (OUTPUTS) {
+            const uint64_t half0 = wbase + (uint64_t)(q * 32 + (lane & 16u)) * U; // this half-warp's first element
+            const float am_lo = __shfl_sync(0xffffffffu, my_am, (uint32_t)((half0 >> bs_log2) - first));
+            const float am_hi = __shfl_sync(0xffffffffu, my_am, (uint32_t)(((half0 + 8 * U) >> bs_log2) - first));
+            am = (lane & 8u) ? am_hi : am_lo;
+            const uint32_t entry = Out<T>::pack2(mul_value<ASM>(lane_value, am_lo), mul_value<ASM>(lane_value, am_hi));
+            const uint32_t half_sel = (lane & 8u) ? 0x7632u : 0x5410u;
+#pragma unroll
+            for (int k = 0; k < U / 2; k++)
+                pair[k] = outputs_by_shuffle(entry, w[q], k, half_sel);
+        } else {
+            const uint32_t rel = (uint32_t)((e0 >> bs_log2) - first); // < 32
+            am = __shfl_sync(0xffffffffu, my_am, rel);
+        }
+        // Shuffles need the whole warp, so the shuffle paths read their values before
         // the branch below (a unit past n has w[q] == 0: value 0, never stored).
         float v[U];
-        if constexpr (SHUFFLE) {
+        if constexpr (SHUFFLE && !OUTPUTS) {
 #pragma unroll
             for (int i = 0; i < U; i++)
                 v[i] = mul_value<ASM>(value_by_shuffle(lane_value, w[q], i), am);
@@ -102,7 +126,9 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
                     v[i] = mul_value<ASM>(table_at(s_tbl, off[i]), am);
             }
             uint4 o;
-            if constexpr (sizeof(T) == 4) {
+            if constexpr (OUTPUTS) {
+                o = make_uint4(pair[0], pair[1], pair[2], pair[3]);
+            } else if constexpr (sizeof(T) == 4) {
                 o = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
                                __float_as_uint(v[3]));
             } else {

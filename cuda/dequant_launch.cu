@@ -53,16 +53,29 @@ static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
     return NF4_OK;
 }
 
-// The value table in the lanes, with cache hints, and streaming stores or not;
-// launched as a programmatic dependent where the configuration says so.
-template <typename T, int QT, int EPT, bool NESTED, int ASM>
-static int launch_shuffle(const dev_job &j, launch_cfg cfg, bool st_hint, cudaStream_t stream)
+// The code values in the lanes (VALUES_SHUFFLE, or VALUES_OUTPUTS where the output is
+// 16-bit), with cache hints, and streaming stores or not; launched as a programmatic
+// dependent where the configuration says so.
+template <typename T, int QT, int EPT, bool NESTED, int ASM, int VALUES>
+static int launch_lanes(const dev_job &j, launch_cfg cfg, bool st_hint, cudaStream_t stream)
 {
     if (st_hint && cfg.pdl)
-        return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES_SHUFFLE, true>(j, cfg, stream);
+        return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES, true>(j, cfg, stream);
     if (st_hint)
-        return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
-    return launch_one<T, QT, EPT, NESTED, true, false, ASM, BULK_NONE, VALUES_SHUFFLE>(j, cfg, stream);
+        return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES>(j, cfg, stream);
+    return launch_one<T, QT, EPT, NESTED, true, false, ASM, BULK_NONE, VALUES>(j, cfg, stream);
+}
+
+// VALUES_OUTPUTS needs a 16-bit output and two blocks per half-warp at most (a
+// block of 64 elements or more); every other job reads the values by shuffle.
+template <typename T, int QT, int EPT, bool NESTED, int ASM>
+static int launch_shuffle(const dev_job &j, launch_cfg cfg, int values, bool st_hint, cudaStream_t stream)
+{
+    if constexpr (sizeof(T) == 2) {
+        if (values == VALUES_OUTPUTS && j.blocksize >= OUTPUTS_MIN_BLOCKSIZE)
+            return launch_lanes<T, QT, EPT, NESTED, ASM, VALUES_OUTPUTS>(j, cfg, st_hint, stream);
+    }
+    return launch_lanes<T, QT, EPT, NESTED, ASM, VALUES_SHUFFLE>(j, cfg, st_hint, stream);
 }
 
 // Every variant for the bench's case (NF4, double quant, fp16/bf16); for everything
@@ -89,14 +102,16 @@ static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cu
     // The value table in the lanes (the configuration's choice, or forced either way
     // by a bench variant): with cache hints, and the C or (where asm kernels exist)
     // the asm multiply.
-    const bool shuffle = (variant & GPU_VARIANT_SHUFFLE_VALUES)  ? true
-                         : (variant & GPU_VARIANT_SHARED_VALUES) ? false
-                                                                 : cfg.shuffle_values != 0;
+    const int values = (variant & GPU_VARIANT_OUTPUT_VALUES)    ? VALUES_OUTPUTS
+                       : (variant & GPU_VARIANT_SHUFFLE_VALUES) ? VALUES_SHUFFLE
+                       : (variant & GPU_VARIANT_SHARED_VALUES)  ? VALUES_SHARED
+                                                                : cfg.values;
+    const bool shuffle = values != VALUES_SHARED;
     if (shuffle && hints_on && asm_bits == DEFAULT_ASM)
-        return launch_shuffle<T, QT, EPT, NESTED, DEFAULT_ASM>(j, cfg, st_hint, stream);
+        return launch_shuffle<T, QT, EPT, NESTED, DEFAULT_ASM>(j, cfg, values, st_hint, stream);
     if constexpr (ASM_KERNELS) {
         if (shuffle && hints_on && asm_bits == ASM_MUL)
-            return launch_shuffle<T, QT, EPT, NESTED, ASM_MUL>(j, cfg, st_hint, stream);
+            return launch_shuffle<T, QT, EPT, NESTED, ASM_MUL>(j, cfg, values, st_hint, stream);
 #define NF4_LAUNCH_ASM(H, S)                                                                       \
     switch (asm_bits) {                                                                            \
     case ASM_UNPACK | ASM_MUL: return launch_one<T, QT, EPT, NESTED, H, S, ASM_UNPACK | ASM_MUL>(j, cfg, stream); \
@@ -170,14 +185,14 @@ struct arch_entry {
     uint64_t small_max_n; // jobs up to this many elements use `small`
     launch_cfg small, large;
 };
-// {elements per lane, threads per CTA, streaming stores, values by shuffle, asm multiply}
+// {elements per lane, threads per CTA, streaming stores, values (VALUES_*), asm multiply}
 static const arch_entry ARCH_TABLE[] = {
     // T4: 64 threads x 16 elements = 1024-element CTA tiles.
-    {7, 5, 0, {16, 64, 1, 0, 0}, {16, 64, 1, 0, 0}},
+    {7, 5, 0, {16, 64, 1, VALUES_SHARED, 0}, {16, 64, 1, VALUES_SHARED, 0}},
     // Ampere / Ada: not measured; the Hopper tile, and the shared value table.
-    {8, 0, 0, {32, 64, 1, 0, 0}, {32, 64, 1, 0, 0}},
-    {8, 6, 0, {32, 64, 1, 0, 0}, {32, 64, 1, 0, 0}},
-    {8, 9, 0, {32, 64, 1, 0, 0}, {32, 64, 1, 0, 0}},
+    {8, 0, 0, {32, 64, 1, VALUES_SHARED, 0}, {32, 64, 1, VALUES_SHARED, 0}},
+    {8, 6, 0, {32, 64, 1, VALUES_SHARED, 0}, {32, 64, 1, VALUES_SHARED, 0}},
+    {8, 9, 0, {32, 64, 1, VALUES_SHARED, 0}, {32, 64, 1, VALUES_SHARED, 0}},
     // H100 / H200, measured (docs/KERNEL-NOTES.md): 32 x 64 was best or within 1% of
     // the best at every bench size; streaming stores won at every size (plain stores,
     // which leave the output in L2, did not help even where it fits); values by
@@ -185,7 +200,10 @@ static const arch_entry ARCH_TABLE[] = {
     // shuffle, the asm multiply is 2-5% faster up to 5 Mi elements, even at 5.25 Mi,
     // and 2-8% slower from 6 Mi up (why was not established): hence the small
     // configuration.
-    {9, 0, SM90_ASM_MUL_MAX_N, {32, 64, 1, 1, 1}, {32, 64, 1, 1, 0}},
+    // Each block's outputs by shuffle (VALUES_OUTPUTS) were slower at every size, 4%
+    // at 10 MB (2026-11-26); there the value shuffles wait for the block's absmax,
+    // here they do not (not profiled).
+    {9, 0, SM90_ASM_MUL_MAX_N, {32, 64, 1, VALUES_SHUFFLE, 1}, {32, 64, 1, VALUES_SHUFFLE, 0}},
 };
 
 launch_cfg nf4_pick_cfg(int major, int minor, uint64_t n)

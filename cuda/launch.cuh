@@ -30,8 +30,11 @@ struct launch_cfg {
     int ept;     // elements per lane: 16 or 32 (a warp owns 32 * ept consecutive elements)
     int threads; // threads per CTA
     int store_hint; // 1: streaming stores (st.global.cs); 0: plain (output stays in L2)
-    int shuffle_values; // 1: each warp holds the value table in its lanes and reads it by shuffles
-                        // (no shared table, no CTA barrier); 0: the table in shared memory
+    int values;         // where the code values come from (cuda/nf4_device.cuh): VALUES_SHARED, a
+                        // table in shared memory; VALUES_SHUFFLE, the lanes of each warp, by shuffles
+                        // (no shared table, no CTA barrier); VALUES_OUTPUTS, each block's outputs in
+                        // the lanes of each half-warp (16-bit output and blocksize >= 64; the
+                        // launcher takes VALUES_SHUFFLE for the other jobs)
     int asm_mul;        // 1: each product is one mul.rn.ftz.f32 (inline asm, NF4 with double quant
                         // and 16-bit output, the bench's case); 0: __fmul_rn with explicit flushes
     int pdl;            // 1: programmatic dependent launch (sm_90 only; with the shuffle value path)

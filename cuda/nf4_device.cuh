@@ -25,6 +25,9 @@
 #define VALUES_PER_CODE 16
 #define VALUES_SHARED 0  // the value table in shared memory, one load per element
 #define VALUES_SHUFFLE 1 // the value table in the lanes of each warp, one shuffle per element
+#define VALUES_OUTPUTS 2 // each block's 16 outputs, rounded to the 16-bit output type, in the lanes
+                         // of each half-warp: one shuffle per element, no multiply (blocksize >= 64)
+#define OUTPUTS_MIN_BLOCKSIZE 64 // VALUES_OUTPUTS: the 64 elements of a half-warp's 8 units in one block
 
 // bitsandbytes' NF4 table, and FP4 as sign * magnitude (bit 3 is the sign).
 __constant__ float c_values[2][VALUES_PER_CODE] = {
@@ -206,6 +209,19 @@ __device__ __forceinline__ float value_by_shuffle(float lane_value, uint32_t w, 
 {
     const int shift = 8 * (i / 2) + ((i & 1) ? 0 : 4); // byte i/2: high nibble first
     return __shfl_sync(0xffffffffu, lane_value, (int)(w >> shift), 16);
+}
+
+// Elements 2k and 2k+1 (byte k of the unit's packed word w, high nibble first)
+// as one 32-bit output word: each element's entry word is read by a shuffle from
+// the lane of its nibble (width 16: the source index is taken modulo 16, so the
+// shifted word needs no mask), and the lane keeps the half of its own block
+// (half_sel: 0x5410 for the low half, 0x7632 for the high). Every lane of the warp
+// must take part.
+__device__ __forceinline__ uint32_t outputs_by_shuffle(uint32_t entry, uint32_t w, int k, uint32_t half_sel)
+{
+    const uint32_t a = __shfl_sync(0xffffffffu, entry, (int)(w >> (8 * k + 4)), 16);
+    const uint32_t b = __shfl_sync(0xffffffffu, entry, (int)(w >> (8 * k)), 16);
+    return __byte_perm(a, b, half_sel);
 }
 
 // ---- arithmetic ------------------------------------------------------------------

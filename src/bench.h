@@ -33,6 +33,9 @@ int cmd_bench(int argc, char **argv);
 /* These two force where the code values come from, whatever the per-architecture table picks: */
 #define GPU_VARIANT_SHUFFLE_VALUES 4096u /* from each warp's lanes, by shuffle */
 #define GPU_VARIANT_SHARED_VALUES 8192u  /* from a table in shared memory */
+/* each block's 16 outputs, rounded to the 16-bit output type, in the lanes of each half-warp
+ * (blocksize >= 64; other jobs read the values by shuffle) */
+#define GPU_VARIANT_OUTPUT_VALUES 131072u
 /* sm_90: launched as a programmatic dependent (the shuffle value path; elsewhere the default) */
 #define GPU_VARIANT_PDL 65536u
 /* (NF4DEQ_ASM=0 builds ignore the ASM variants: no inline asm at all) */
@@ -77,7 +80,8 @@ struct gpu_bench_result {
     int bnb_identical; /* 1 if bitsandbytes' output equals nf4deq's byte for byte */
     uint64_t bytes;    /* bytes the fused kernel must move */
     int input_sets;    /* rotated input sets */
-    int ept, threads, store_hint, shuffle_values, asm_mul; /* the per-arch table's config for this size */
+    int ept, threads, store_hint, asm_mul; /* the per-arch table's config for this size */
+    int values; /* its code values: 0 shared table, 1 by shuffle, 2 outputs by shuffle (VALUES_*) */
 };
 
 /* Device-to-device copy bandwidth (bytes read + written per second), median. */

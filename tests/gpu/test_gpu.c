@@ -192,10 +192,12 @@ static void test_bulk_stores(struct gpu_ctx *ctx)
     run_variant_cases(ctx, &vc);
 }
 
-/* Both places the code values come from and both multiplies, each forced whatever
+/* Every place the code values come from and both multiplies, each forced whatever
  * the per-architecture table picks for the size: values by shuffle from the lanes
- * of each warp or from the shared table, products by one mul.rn.ftz (asm) or by
- * __fmul_rn and explicit flushes (C). Sizes of a partial warp tile (where the
+ * of each warp or from the shared table, or each block's 16 outputs by shuffle from
+ * the lanes of each half-warp (16-bit output with blocksize >= 64; blocksize 32 and
+ * fp32 output must fall back to the values by shuffle), products by one
+ * mul.rn.ftz (asm) or by __fmul_rn and explicit flushes (C). Sizes of a partial warp tile (where the
  * shuffle path reads values for units past the end, which must never be stored),
  * tails, one and many tiles; every type, both codes, single and nested, blocksizes
  * 32 to 4096, subnormal and special values (which the two multiplies must flush
@@ -212,6 +214,10 @@ static void test_value_paths(struct gpu_ctx *ctx)
         {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_ASM_MUL, 32, 256},
         {GPU_VARIANT_SHARED_VALUES | GPU_VARIANT_C_MUL, 0, 0},
         {GPU_VARIANT_SHARED_VALUES | GPU_VARIANT_ASM_MUL, 0, 0},
+        {GPU_VARIANT_OUTPUT_VALUES | GPU_VARIANT_C_MUL, 0, 0},
+        {GPU_VARIANT_OUTPUT_VALUES | GPU_VARIANT_ASM_MUL, 0, 0},
+        {GPU_VARIANT_OUTPUT_VALUES | GPU_VARIANT_C_MUL | GPU_VARIANT_NO_STORE_HINT, 16, 128},
+        {GPU_VARIANT_OUTPUT_VALUES | GPU_VARIANT_ASM_MUL, 32, 256},
     };
     const struct variant_cases vc = {"value paths", SIZES, sizeof SIZES / sizeof SIZES[0], BS, 4, 16, 3, 4,
                                      CFGS, sizeof CFGS / sizeof CFGS[0]};
