@@ -5,7 +5,11 @@
  * under test (P) opens its write end, as CUDA opens /dev/nvidia*, and the
  * hand-off is asked for that directory's prefix. The keeper is stopped before
  * P exits, so what it holds can be read from /proc without a race; this test
- * process is a subreaper, so the keeper comes back to it to be reaped. */
+ * process is a subreaper, so the keeper comes back to it to be reaped.
+ *
+ * fork is bound to __wrap_fork (-Wl,--wrap=fork): asked to, it opens one more
+ * file just before the hand-off forks, as a thread of the CUDA runtime may while
+ * the parent lists its descriptors. The keeper must not hold that one either. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -29,6 +33,21 @@
 
 #define P_EXIT_CODE 42
 #define WAIT_MS 10000
+
+/* Set in P: the next fork first opens this file (a descriptor that appears after
+ * the hand-off listed the parent's). */
+static const char *open_before_fork;
+
+pid_t __real_fork(void);
+pid_t __wrap_fork(void)
+{
+    if (open_before_fork) {
+        if (open(open_before_fork, O_RDONLY) < 0)
+            _exit(103);
+        open_before_fork = NULL;
+    }
+    return __real_fork();
+}
 
 /* Reads from fd until EOF into buf (NUL-terminated); fails the test on a
  * timeout, so a keeper that still held the pipe would show. */
@@ -103,12 +122,13 @@ static void wait_stopped(pid_t pid)
 
 /* P: opens the stand-in device file and an unrelated file, hands off, tells
  * the test the keeper's pid, waits for the word to exit, and _exits. */
-static void run_p(const char *fifo, const char *prefix, int to_test, int from_test)
+static void run_p(const char *fifo, const char *prefix, const char *late_file, int to_test, int from_test)
 {
     int dev = open(fifo, O_WRONLY);
     int other = open("/dev/null", O_RDONLY);
     if (dev < 0 || other < 0)
         _exit(100);
+    open_before_fork = late_file;
     pid_t keeper = handoff_device_files(prefix);
     dprintf(to_test, "%d\n", (int)keeper);
     char c;
@@ -117,9 +137,11 @@ static void run_p(const char *fifo, const char *prefix, int to_test, int from_te
     _exit(keeper > 0 ? P_EXIT_CODE : 102);
 }
 
-static void test_keeper_holds_only_the_device_files(void **state)
+/* P hands off; the keeper, stopped, must hold the stand-in device file and its
+ * pipe, nothing else; P's exit is seen at once; the keeper then goes. late_file:
+ * a file P opens just before the hand-off forks, or NULL. */
+static void check_keeper(struct tu_scratch *s, const char *late_file)
 {
-    struct tu_scratch *s = *state;
     char *fifo = tu_strdupf("%s/nvidia-stand-in", s->dir);
     char *prefix = tu_strdupf("%s/nvidia", s->dir);
     assert_int_equal(mkfifo(fifo, 0600), 0);
@@ -137,7 +159,7 @@ static void test_keeper_holds_only_the_device_files(void **state)
         close(out[0]);
         close(in[1]);
         close(dev_r);
-        run_p(fifo, prefix, out[1], in[0]);
+        run_p(fifo, prefix, late_file, out[1], in[0]);
     }
     close(out[1]);
     close(in[0]);
@@ -194,6 +216,19 @@ static void test_keeper_holds_only_the_device_files(void **state)
     free(prefix);
 }
 
+static void test_keeper_holds_only_the_device_files(void **state)
+{
+    check_keeper(*state, NULL);
+}
+
+/* A descriptor opened after the parent listed its own (by another thread) is
+ * closed in the keeper all the same: the keeper lists what it inherited. With
+ * the parent's listing alone the keeper held /dev/zero here. */
+static void test_keeper_closes_late_descriptors(void **state)
+{
+    check_keeper(*state, "/dev/zero");
+}
+
 /* Without a matching file there is nothing to hand off, and no child. */
 static void test_nothing_to_hand_off(void **state)
 {
@@ -219,6 +254,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_keeper_holds_only_the_device_files, tu_scratch_setup,
+                                        tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_keeper_closes_late_descriptors, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_nothing_to_hand_off, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_wanted_unless_switched_off),
