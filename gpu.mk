@@ -29,9 +29,9 @@ $(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/check.h tests/gpu/gpu_tensor.h $(BUILD)/
 
 gpu-tests: $(GPU_BINS)
 
-$(BUILD)/perf/launch_cost: tests/perf/launch_cost.cu
+$(BUILD)/perf/launch_cost: tests/perf/launch_cost.cu $(BUILD)/libnf4deq.a
 	@mkdir -p $(@D)
-	$(NVCC) $(NF4_NVCCFLAGS) $(NVCCFLAGS) -o $@ $<
+	$(NVCC) $(NF4_NVCCFLAGS) $(NVCCFLAGS) -o $@ $< $(BUILD)/libnf4deq.a $(CJSON_LIBS) -lpthread
 
 $(BUILD)/perf/cuda_teardown: tests/perf/cuda_teardown.cu
 	@mkdir -p $(@D)

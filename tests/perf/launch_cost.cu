@@ -7,10 +7,17 @@
 //   runtime       cudaLaunchKernel(func, ...) with a prepared argument array
 //   driver        cuLaunchKernel on the CUfunction looked up once
 //                 (cudaGetFuncBySymbol + cudaGetDriverEntryPointByVersion)
+//   library       the public ABI (include/nf4deq.h), as the Python extension calls
+//                 it: nf4deq_empty_cuda (its empty column), and
+//                 nf4deq_dequantize_cuda_state on a 64-element NF4 job with double
+//                 quant and bf16 output (its job column: every check, the
+//                 per-architecture table, the fused kernel's launch)
 //
-//   nvcc -O2 -o build/perf/launch_cost tests/perf/launch_cost.cu && build/perf/launch_cost
+//   make perf-tools && build/perf/launch_cost
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include "nf4deq.h"
 
 #include <algorithm>
 #include <chrono>
@@ -102,7 +109,51 @@ int main()
     e = per_launch_us([&] { cu_launch((CUfunction)f_empty, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, NULL, NULL); });
     k = per_launch_us([&] { cu_launch((CUfunction)f_job, 1, 1, 1, 32, 1, 1, 0, (CUstream)s, args, NULL); });
     printf("%-10s %12.3f %12.3f\n", "driver", e, k);
+
+    // The library: a 64-element job (one block of 64, one nested block), every
+    // buffer on the device; the output is checked once, so a failing call shows.
+    uint8_t *packed, *codes;
+    float *nested, *code2;
+    uint16_t *out;
+    cudaCheck(cudaMalloc(&packed, 32));
+    cudaCheck(cudaMalloc(&codes, 1));
+    cudaCheck(cudaMalloc(&nested, sizeof(float)));
+    cudaCheck(cudaMalloc(&code2, 256 * sizeof(float)));
+    cudaCheck(cudaMalloc(&out, 64 * sizeof(uint16_t)));
+    cudaCheck(cudaMemset(packed, 0xff, 32)); // code 15 everywhere: NF4 value 1.0
+    cudaCheck(cudaMemset(codes, 0, 1));
+    const float one = 1.0f;
+    cudaCheck(cudaMemcpy(nested, &one, sizeof one, cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(code2, &one, sizeof one, cudaMemcpyHostToDevice));
+    nf4deq_state st = {};
+    st.absmax = codes;
+    st.nested_absmax = nested;
+    st.nested_code = code2;
+    st.n = 64;
+    st.blocksize = 64;
+    st.nested_blocksize = 256;
+    st.quant_type = NF4DEQ_NF4;
+    st.out_dtype = NF4DEQ_BFLOAT16;
+    if (nf4deq_empty_cuda(s) != NF4DEQ_OK || nf4deq_dequantize_cuda_state(&st, packed, out, s) != NF4DEQ_OK) {
+        fprintf(stderr, "launch_cost: the library failed: %s\n", nf4deq_last_error());
+        return 1;
+    }
+    uint16_t host[64];
+    cudaCheck(cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 64; i++)
+        if (host[i] != 0x3f80) { // bf16 1.0: 1.0 * (1.0 * 1.0 + 0)
+            fprintf(stderr, "launch_cost: the library's output %d is 0x%04x, not 0x3f80\n", i, host[i]);
+            return 1;
+        }
+    e = per_launch_us([&] { nf4deq_empty_cuda(s); });
+    k = per_launch_us([&] { nf4deq_dequantize_cuda_state(&st, packed, out, s); });
+    printf("%-10s %12.3f %12.3f\n", "library", e, k);
     cudaCheck(cudaGetLastError());
+    cudaFree(packed);
+    cudaFree(codes);
+    cudaFree(nested);
+    cudaFree(code2);
+    cudaFree(out);
     cudaFree(sink);
     cudaStreamDestroy(s);
     return 0;
