@@ -6,7 +6,6 @@
 #include <stdio.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>

@@ -197,11 +197,11 @@ static void test_bulk_stores(struct gpu_ctx *ctx)
  * of each warp or from the shared table, or each block's 16 outputs by shuffle from
  * the lanes of each half-warp (16-bit output with blocksize >= 64; blocksize 32 and
  * fp32 output must fall back to the values by shuffle), products by one
- * mul.rn.ftz (asm) or by __fmul_rn and explicit flushes (C). Sizes of a partial warp tile (where the
- * shuffle path reads values for units past the end, which must never be stored),
- * tails, one and many tiles; every type, both codes, single and nested, blocksizes
- * 32 to 4096, subnormal and special values (which the two multiplies must flush
- * alike). */
+ * mul.rn.ftz (asm) or by __fmul_rn and explicit flushes (C). Sizes of a partial
+ * warp tile (where the shuffle paths read values for units past the end, which
+ * must never be stored), tails, one and many tiles; every type, both codes, single
+ * and nested, blocksizes 32 to 4096, subnormal and special values (which the two
+ * multiplies must flush alike). */
 static void test_value_paths(struct gpu_ctx *ctx)
 {
     static const uint64_t SIZES[] = {1, 7, 511, 512, 1025, 3 * 1024 + 17, 65536 + 9, (1u << 20) + 3};
