@@ -30,7 +30,7 @@ int cmd_bench(int argc, char **argv);
 #define GPU_VARIANT_DEVICE_OFFSET 32768u
 #define GPU_VARIANT_BULK_STORE 1024u /* sm_90: each warp's tile through shared memory, one TMA bulk store */
 #define GPU_VARIANT_BULK_EVICT_FIRST 2048u /* the same with an L2 evict_first policy */
-/* These two force where the code values come from, whatever the per-architecture table picks: */
+/* These three force where the code values come from, whatever the per-architecture table picks: */
 #define GPU_VARIANT_SHUFFLE_VALUES 4096u /* from each warp's lanes, by shuffle */
 #define GPU_VARIANT_SHARED_VALUES 8192u  /* from a table in shared memory */
 /* each block's 16 outputs, rounded to the 16-bit output type, in the lanes of each half-warp
