@@ -173,8 +173,9 @@ clean:
 -include tests/faults.mk
 -include tests/gpu_lanes.mk
 # test_exit_handoff opens a file inside fork, as another thread may between the
-# hand-off's listing of descriptors and its fork.
-TEST_WRAPS_test_exit_handoff = -Wl,--wrap=fork
+# hand-off's listing of descriptors and its fork, and fails the child's own
+# listing (open of /proc/self/fd) to drive its fallback.
+TEST_WRAPS_test_exit_handoff = -Wl,--wrap=fork -Wl,--wrap=open
 
 # ---- AArch64: the NEON kernel, cross-built and run under qemu-user ----------
 CROSS_CC ?= aarch64-linux-gnu-gcc

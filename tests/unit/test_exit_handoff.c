@@ -37,6 +37,27 @@
 /* Set in P: the next fork first opens this file (a descriptor that appears after
  * the hand-off listed the parent's). */
 static const char *open_before_fork;
+/* Set in P: open(2) of /proc/self/fd fails (the keeper's own listing), so the
+ * keeper must fall back to the parent's. opendir, which the parent's listing
+ * uses, opens through libc's internal entry and is not bound to the wrapper. */
+static int fail_fd_listing;
+
+int __real_open(const char *path, int flags, ...);
+int __wrap_open(const char *path, int flags, ...)
+{
+    if (fail_fd_listing && strcmp(path, "/proc/self/fd") == 0) {
+        errno = EMFILE;
+        return -1;
+    }
+    mode_t mode = 0;
+    if (flags & (O_CREAT | O_TMPFILE)) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = (mode_t)va_arg(ap, int);
+        va_end(ap);
+    }
+    return __real_open(path, flags, mode);
+}
 
 pid_t __real_fork(void);
 pid_t __wrap_fork(void)
@@ -122,13 +143,15 @@ static void wait_stopped(pid_t pid)
 
 /* P: opens the stand-in device file and an unrelated file, hands off, tells
  * the test the keeper's pid, waits for the word to exit, and _exits. */
-static void run_p(const char *fifo, const char *prefix, const char *late_file, int to_test, int from_test)
+static void run_p(const char *fifo, const char *prefix, const char *late_file, int no_fd_listing, int to_test,
+                  int from_test)
 {
     int dev = open(fifo, O_WRONLY);
     int other = open("/dev/null", O_RDONLY);
     if (dev < 0 || other < 0)
         _exit(100);
     open_before_fork = late_file;
+    fail_fd_listing = no_fd_listing;
     pid_t keeper = handoff_device_files(prefix);
     dprintf(to_test, "%d\n", (int)keeper);
     char c;
@@ -137,10 +160,27 @@ static void run_p(const char *fifo, const char *prefix, const char *late_file, i
     _exit(keeper > 0 ? P_EXIT_CODE : 102);
 }
 
+/* The keeper while the test holds it stopped: a failed assertion leaves the test
+ * there, and the keeper, which on failure may hold this process's stdout, must
+ * not stay stopped behind it (a pipeline reading the test's output would wait
+ * for it). keeper_teardown kills it. */
+static pid_t stopped_keeper;
+
+static int keeper_teardown(void **state)
+{
+    if (stopped_keeper > 0) {
+        kill(stopped_keeper, SIGKILL);
+        waitpid(stopped_keeper, NULL, 0);
+        stopped_keeper = 0;
+    }
+    return tu_scratch_teardown(state);
+}
+
 /* P hands off; the keeper, stopped, must hold the stand-in device file and its
  * pipe, nothing else; P's exit is seen at once; the keeper then goes. late_file:
- * a file P opens just before the hand-off forks, or NULL. */
-static void check_keeper(struct tu_scratch *s, const char *late_file)
+ * a file P opens just before the hand-off forks, or NULL; no_fd_listing: the
+ * keeper cannot list its own descriptors. */
+static void check_keeper(struct tu_scratch *s, const char *late_file, int no_fd_listing)
 {
     char *fifo = tu_strdupf("%s/nvidia-stand-in", s->dir);
     char *prefix = tu_strdupf("%s/nvidia", s->dir);
@@ -159,7 +199,7 @@ static void check_keeper(struct tu_scratch *s, const char *late_file)
         close(out[0]);
         close(in[1]);
         close(dev_r);
-        run_p(fifo, prefix, late_file, out[1], in[0]);
+        run_p(fifo, prefix, late_file, no_fd_listing, out[1], in[0]);
     }
     close(out[1]);
     close(in[0]);
@@ -175,6 +215,7 @@ static void check_keeper(struct tu_scratch *s, const char *late_file)
     pid_t keeper = (pid_t)atoi(line);
     assert_true(keeper > 0);
     assert_int_equal(kill(keeper, SIGSTOP), 0);
+    stopped_keeper = keeper;
     wait_stopped(keeper); /* P's child until P exits: not ours to waitpid yet */
     int st = 0;
 
@@ -204,6 +245,7 @@ static void check_keeper(struct tu_scratch *s, const char *late_file)
 
     /* Let go, it sees that P has gone and exits 0; the device file closes. */
     assert_int_equal(kill(keeper, SIGCONT), 0);
+    stopped_keeper = 0;
     assert_int_equal(waitpid(keeper, &st, 0), keeper);
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 0);
@@ -218,7 +260,7 @@ static void check_keeper(struct tu_scratch *s, const char *late_file)
 
 static void test_keeper_holds_only_the_device_files(void **state)
 {
-    check_keeper(*state, NULL);
+    check_keeper(*state, NULL, 0);
 }
 
 /* A descriptor opened after the parent listed its own (by another thread) is
@@ -226,7 +268,15 @@ static void test_keeper_holds_only_the_device_files(void **state)
  * the parent's listing alone the keeper held /dev/zero here. */
 static void test_keeper_closes_late_descriptors(void **state)
 {
-    check_keeper(*state, "/dev/zero");
+    check_keeper(*state, "/dev/zero", 0);
+}
+
+/* Where the keeper cannot list its descriptors, the parent's listing serves: it
+ * still closes all but the device file and its pipe (the pipes the hand-off made
+ * after that listing included). */
+static void test_keeper_falls_back_to_the_parents_listing(void **state)
+{
+    check_keeper(*state, NULL, 1);
 }
 
 /* Without a matching file there is nothing to hand off, and no child. */
@@ -253,10 +303,9 @@ static void test_wanted_unless_switched_off(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_keeper_holds_only_the_device_files, tu_scratch_setup,
-                                        tu_scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_keeper_closes_late_descriptors, tu_scratch_setup,
-                                        tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_keeper_holds_only_the_device_files, tu_scratch_setup, keeper_teardown),
+        cmocka_unit_test_setup_teardown(test_keeper_closes_late_descriptors, tu_scratch_setup, keeper_teardown),
+        cmocka_unit_test_setup_teardown(test_keeper_falls_back_to_the_parents_listing, tu_scratch_setup, keeper_teardown),
         cmocka_unit_test_setup_teardown(test_nothing_to_hand_off, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_wanted_unless_switched_off),
     };
