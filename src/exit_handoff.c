@@ -1,9 +1,7 @@
 #include "exit_handoff.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <stdio.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -41,46 +39,13 @@ int handoff_wanted(void)
     return !(v && strcmp(v, "0") == 0);
 }
 
-/* The open descriptors of this process, split into those whose path begins
- * with `prefix` and the rest. Returns the number in fds[], or -1 when they
- * cannot all be listed. */
-static int list_fds(const char *prefix, int *fds, int *keep)
-{
-    DIR *d = opendir("/proc/self/fd");
-    if (!d)
-        return -1;
-    int n = 0, self = dirfd(d);
-    size_t plen = strlen(prefix);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        if (e->d_name[0] < '0' || e->d_name[0] > '9')
-            continue;
-        int fd = atoi(e->d_name);
-        if (fd == self)
-            continue;
-        if (n == HANDOFF_MAX_FDS) {
-            closedir(d);
-            return -1;
-        }
-        char link[64], target[256];
-        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        ssize_t len = readlink(link, target, sizeof target - 1);
-        target[len > 0 ? len : 0] = '\0';
-        fds[n] = fd;
-        keep[n] = len > 0 && strncmp(target, prefix, plen) == 0;
-        n++;
-    }
-    closedir(d);
-    return n;
-}
-
-/* ---- in the child: system calls only ---------------------------------------
- * After the fork only the forking thread exists, so the child's descriptor table
- * is the snapshot the fork took: listed here, nothing opens or closes one between
- * the listing and the closes. (The parent's own listing can be overtaken by the
- * CUDA runtime's threads, which open and close descriptors of their own.) No
- * opendir, snprintf or malloc: another thread may have held a lock of theirs at
- * the fork. */
+/* ---- listing descriptors: system calls only -------------------------------
+ * The child lists its descriptors again after the fork, where only the forking
+ * thread exists, so its table is the snapshot the fork took: nothing opens or
+ * closes one between the listing and the closes. (The parent's listing, which
+ * decides whether to fork at all, can be overtaken by the CUDA runtime's
+ * threads, which open and close descriptors of their own.) No opendir, snprintf
+ * or malloc: another thread may have held a lock of theirs at the fork. */
 
 /* "/proc/self/fd/" followed by fd in decimal. */
 static void fd_link_path(int fd, char path[32])
@@ -112,7 +77,7 @@ static int fd_has_prefix(int fd, const char *prefix, size_t plen)
 /* The descriptors now open, by getdents64 on /proc/self/fd (the directory's own
  * descriptor left out). Returns how many are in fds[], or -1 when they cannot
  * all be listed. */
-static int child_list_fds(int *fds)
+static int list_fds(int *fds)
 {
     int dir = open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dir < 0)
@@ -157,7 +122,7 @@ static int child_list_fds(int *fds)
 static void child_keep_only(const char *prefix, int spare1, int spare2, const int *fds, const int *keep, int n)
 {
     int now[HANDOFF_MAX_FDS];
-    int m = child_list_fds(now);
+    int m = list_fds(now);
     if (m < 0) {
         for (int i = 0; i < n; i++)
             if (!keep[i] && fds[i] != spare1 && fds[i] != spare2)
@@ -186,10 +151,11 @@ pid_t handoff_device_files(const char *prefix)
     /* This listing decides whether to fork at all; the child lists its own
      * descriptors again (child_keep_only) and falls back to this one. */
     int fds[HANDOFF_MAX_FDS], keep[HANDOFF_MAX_FDS];
-    int n = list_fds(prefix, fds, keep);
+    const int n = list_fds(fds);
+    const size_t plen = strlen(prefix);
     int kept = 0;
     for (int i = 0; i < n; i++)
-        kept += keep[i];
+        kept += keep[i] = fd_has_prefix(fds[i], prefix, plen);
     if (n < 0 || kept == 0)
         return 0;
     /* The child reads until EOF on `gone`: the parent's write end closes only

@@ -37,10 +37,10 @@
 /* Set in P: the next fork first opens this file (a descriptor that appears after
  * the hand-off listed the parent's). */
 static const char *open_before_fork;
-/* Set in P: open(2) of /proc/self/fd fails (the keeper's own listing), so the
- * keeper must fall back to the parent's. opendir, which the parent's listing
- * uses, opens through libc's internal entry and is not bound to the wrapper. */
-static int fail_fd_listing;
+/* Set in P: in the child of the next fork, open(2) of /proc/self/fd fails (the
+ * keeper's own listing), so the keeper must fall back to the parent's. */
+static int fail_listing_after_fork;
+static int fail_fd_listing; /* what __wrap_open reads: set only in that child */
 
 int __real_open(const char *path, int flags, ...);
 int __wrap_open(const char *path, int flags, ...)
@@ -67,7 +67,11 @@ pid_t __wrap_fork(void)
             _exit(103);
         open_before_fork = NULL;
     }
-    return __real_fork();
+    const pid_t pid = __real_fork();
+    if (pid == 0 && fail_listing_after_fork)
+        fail_fd_listing = 1;
+    fail_listing_after_fork = 0;
+    return pid;
 }
 
 /* Reads from fd until EOF into buf (NUL-terminated); fails the test on a
@@ -151,7 +155,7 @@ static void run_p(const char *fifo, const char *prefix, const char *late_file, i
     if (dev < 0 || other < 0)
         _exit(100);
     open_before_fork = late_file;
-    fail_fd_listing = no_fd_listing;
+    fail_listing_after_fork = no_fd_listing;
     pid_t keeper = handoff_device_files(prefix);
     dprintf(to_test, "%d\n", (int)keeper);
     char c;
