@@ -46,8 +46,9 @@ static const char *VARIANT_NAMES[N_BASE_VARIANTS] = {"default",       "asm-value
                                                     "no-store-hint", "asm-mul",        "shuffle-values", "shared-values",
                                                     "c-mul",         "device-offset",  "pdl",           "output-values"};
 
-/* The config column's mark for the table's value path (launch_cfg.values). */
-static const char *const VALUES_SUFFIX[3] = {"", "s", "o"};
+/* The config column's mark for the table's value path (gpu_bench_result.values). */
+#define N_VALUE_PATHS 3
+static const char *const VALUES_SUFFIX[N_VALUE_PATHS] = {"", "s", "o"};
 
 static void usage(FILE *f)
 {
@@ -227,7 +228,7 @@ static void print_text(const char *dev, const char *date, int iters, double copy
             printf(" %9.2f %7.2fx %9s", s->r.bnb_ms * 1e3, s->r.bnb_ms / s->r.ms[0],
                    s->r.bnb_identical ? "yes" : "NO");
         printf(" %4d %3dx%d%s%s%s\n", s->r.input_sets, s->r.ept, s->r.threads, s->r.store_hint ? "" : "p",
-               VALUES_SUFFIX[s->r.values < 0 || s->r.values > 2 ? 0 : s->r.values], s->r.asm_mul ? "m" : "");
+               VALUES_SUFFIX[s->r.values < 0 || s->r.values >= N_VALUE_PATHS ? 0 : s->r.values], s->r.asm_mul ? "m" : "");
     }
 
     /* Puzzle total: the nine matrices of the three MLPs. */
