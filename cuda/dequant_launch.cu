@@ -131,32 +131,12 @@ static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cu
     }
 }
 
-// EXPERIMENT: 64 elements per lane, the shuffle value path only.
-template <typename T, int QT, bool NESTED>
-static int launch_ept64(const dev_job &j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
-{
-    constexpr bool ASM_KERNELS = asm_kernel_case(QT == QT_NF4, NESTED, sizeof(T));
-    const bool c_mul = (variant & GPU_VARIANT_C_MUL) || !NF4DEQ_ASM;
-    const bool st_hint = cfg.store_hint && !(variant & (GPU_VARIANT_NO_STORE_HINT | GPU_VARIANT_NO_HINTS));
-    if constexpr (ASM_KERNELS) {
-        if (!c_mul && (cfg.asm_mul || (variant & GPU_VARIANT_ASM_MUL)))
-            return launch_lanes<T, QT, 64, NESTED, ASM_MUL, VALUES_SHUFFLE>(j, cfg, st_hint, stream);
-    }
-    return launch_lanes<T, QT, 64, NESTED, DEFAULT_ASM, VALUES_SHUFFLE>(j, cfg, st_hint, stream);
-}
-
 template <typename T, int QT, bool NESTED>
 static int launch_ept(const dev_job &j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
 {
     switch (cfg.ept) {
     case 16: return launch_variant<T, QT, 16, NESTED>(j, cfg, variant, stream);
     case 32: return launch_variant<T, QT, 32, NESTED>(j, cfg, variant, stream);
-    case 64:
-        // A warp tile of 2048 elements spans 32 blocks at most only where a block
-        // holds 64 elements or more; smaller blocks take 32.
-        if (j.blocksize * 32 < 32 * 64)
-            return launch_variant<T, QT, 32, NESTED>(j, cfg, variant, stream);
-        return launch_ept64<T, QT, NESTED>(j, cfg, variant, stream);
     default: return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad elements per thread %d", cfg.ept);
     }
 }

@@ -151,7 +151,7 @@ static const char *config_label(const struct gpu_bench_variant *v, char *buf, si
                  (f & GPU_VARIANT_L2_NOPF) ? "n" : "");
     else
         snprintf(buf, size, "%dx%d%s%s%s", v->ept, v->threads, (f & GPU_VARIANT_NO_STORE_HINT) ? "p" : "",
-                 (f & GPU_VARIANT_ASM_VALUE) ? "a" : (f & GPU_VARIANT_ASM_MUL) ? "m" : (f & GPU_VARIANT_C_MUL) ? "c" : "",
+                 (f & GPU_VARIANT_ASM_VALUE) ? "a" : (f & GPU_VARIANT_ASM_MUL) ? "m" : "",
                  (f & GPU_VARIANT_BULK_EVICT_FIRST) ? "B" : (f & GPU_VARIANT_BULK_STORE) ? "b" : "");
     return buf;
 }
@@ -568,11 +568,6 @@ int cmd_bench(int argc, char **argv)
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_STORE, 32, 256};
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_EVICT_FIRST, 32, 256};
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_EVICT_FIRST, 16, 128};
-        var[nvar++] = (struct gpu_bench_variant){0, 64, 32};
-        var[nvar++] = (struct gpu_bench_variant){0, 64, 64};
-        var[nvar++] = (struct gpu_bench_variant){0, 64, 128};
-        var[nvar++] = (struct gpu_bench_variant){0, 64, 256};
-        var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_C_MUL, 64, 64};
     }
 
     double copy_bw = 0;

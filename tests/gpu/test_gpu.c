@@ -224,25 +224,6 @@ static void test_value_paths(struct gpu_ctx *ctx)
     run_variant_cases(ctx, &vc);
 }
 
-/* Warp tiles of 2048 elements (64 per lane): exactly one tile, one element either
- * side, many tiles with a tail, blocksize 32 (which must fall back to 32 per lane:
- * 64 blocks would not fit the 32 lanes that compute a tile's absmax) to 4096,
- * every type, both multiplies, streaming stores or not, CTAs of 1 to 8 warps. */
-static void test_wide_tiles(struct gpu_ctx *ctx)
-{
-    static const uint64_t SIZES[] = {1, 2047, 2048, 2049, 4 * 2048 + 17, 65536 + 9, (1u << 20) + 3};
-    static const uint32_t BS[] = {64, 32, 128, 4096, 256};
-    static const struct variant_cfg CFGS[] = {
-        {0, 64, 64},
-        {GPU_VARIANT_ASM_MUL, 64, 32},
-        {GPU_VARIANT_C_MUL, 64, 128},
-        {GPU_VARIANT_ASM_MUL | GPU_VARIANT_NO_STORE_HINT, 64, 256},
-    };
-    const struct variant_cases vc = {"wide tiles", SIZES, sizeof SIZES / sizeof SIZES[0], BS, 5, 256, 3, 4,
-                                     CFGS, sizeof CFGS / sizeof CFGS[0]};
-    run_variant_cases(ctx, &vc);
-}
-
 /* The default kernel on both sides of the per-architecture table's size split
  * (on sm_90: up to 5 Mi elements the asm multiply, above it C). */
 static void test_table_split(struct gpu_ctx *ctx)
@@ -459,7 +440,6 @@ int main(int argc, char **argv)
     test_special(ctx);
     test_bulk_stores(ctx);
     test_value_paths(ctx);
-    test_wide_tiles(ctx);
     test_table_split(ctx);
     test_abi_offsets(ctx);
     test_subchunks();
