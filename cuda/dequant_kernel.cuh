@@ -49,7 +49,7 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
     constexpr int WT = 32 * EPT;           // elements per warp tile
     constexpr bool OUTPUTS = VALUES == VALUES_OUTPUTS;
     constexpr bool SHUFFLE = VALUES == VALUES_SHUFFLE || OUTPUTS; // lanes hold the code values
-    static_assert(EPT % U == 0 && WT <= 32 * 64, "EPT: a multiple of U, at most 64");
+    static_assert(EPT % U == 0 && WT <= 32 * 32, "EPT: 16 or 32");
     static_assert(!OUTPUTS || U == 8, "output entries by shuffle: 16-bit output only");
 
     const uint32_t lane = threadIdx.x & 31u;

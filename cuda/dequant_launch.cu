@@ -131,32 +131,12 @@ static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cu
     }
 }
 
-// EXPERIMENT: other tile sizes, the bench's case (NF4, nested, 16-bit), the shuffle value path.
-template <typename T, int QT, int EPT, bool NESTED>
-static int launch_ept_x(const dev_job &j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
-{
-    if constexpr (sizeof(T) == 2 && QT == QT_NF4 && NESTED) {
-        // A tile must span at most 32 blocks (one lane computes each).
-        if ((uint64_t)32 * EPT / j.blocksize + 1 <= 32) {
-            const bool c_mul = (variant & GPU_VARIANT_C_MUL) || !NF4DEQ_ASM;
-            const bool st_hint = cfg.store_hint && !(variant & (GPU_VARIANT_NO_STORE_HINT | GPU_VARIANT_NO_HINTS));
-            if (!c_mul && (cfg.asm_mul || (variant & GPU_VARIANT_ASM_MUL)))
-                return launch_lanes<T, QT, EPT, NESTED, ASM_MUL, VALUES_SHUFFLE>(j, cfg, st_hint, stream);
-            return launch_lanes<T, QT, EPT, NESTED, DEFAULT_ASM, VALUES_SHUFFLE>(j, cfg, st_hint, stream);
-        }
-    }
-    return launch_variant<T, QT, 32, NESTED>(j, cfg, variant, stream);
-}
-
 template <typename T, int QT, bool NESTED>
 static int launch_ept(const dev_job &j, launch_cfg cfg, unsigned variant, cudaStream_t stream)
 {
     switch (cfg.ept) {
     case 16: return launch_variant<T, QT, 16, NESTED>(j, cfg, variant, stream);
     case 32: return launch_variant<T, QT, 32, NESTED>(j, cfg, variant, stream);
-    case 24: return launch_ept_x<T, QT, 24, NESTED>(j, cfg, variant, stream);
-    case 40: return launch_ept_x<T, QT, 40, NESTED>(j, cfg, variant, stream);
-    case 48: return launch_ept_x<T, QT, 48, NESTED>(j, cfg, variant, stream);
     default: return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad elements per thread %d", cfg.ept);
     }
 }

@@ -570,12 +570,6 @@ int cmd_bench(int argc, char **argv)
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_STORE, 32, 256};
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_EVICT_FIRST, 32, 256};
         var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_BULK_EVICT_FIRST, 16, 128};
-        var[nvar++] = (struct gpu_bench_variant){0, 24, 64};
-        var[nvar++] = (struct gpu_bench_variant){0, 24, 128};
-        var[nvar++] = (struct gpu_bench_variant){0, 40, 64};
-        var[nvar++] = (struct gpu_bench_variant){0, 48, 64};
-        var[nvar++] = (struct gpu_bench_variant){0, 48, 32};
-        var[nvar++] = (struct gpu_bench_variant){0, 32, 32};
     }
 
     double copy_bw = 0;

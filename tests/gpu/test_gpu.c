@@ -224,20 +224,6 @@ static void test_value_paths(struct gpu_ctx *ctx)
     run_variant_cases(ctx, &vc);
 }
 
-/* EXPERIMENT: warp tiles of 24, 40 and 48 elements per lane. */
-static void test_odd_tiles(struct gpu_ctx *ctx)
-{
-    static const uint64_t SIZES[] = {1, 767, 768, 769, 1279, 1281, 1535, 1537, 4 * 1536 + 17, 65536 + 9, (1u << 20) + 3};
-    static const uint32_t BS[] = {64, 32, 128, 4096, 256};
-    static const struct variant_cfg CFGS[] = {
-        {0, 24, 64}, {GPU_VARIANT_ASM_MUL, 40, 64}, {GPU_VARIANT_C_MUL, 48, 32},
-        {GPU_VARIANT_ASM_MUL | GPU_VARIANT_NO_STORE_HINT, 24, 128}, {0, 48, 64}, {0, 32, 32},
-    };
-    const struct variant_cases vc = {"odd tiles", SIZES, sizeof SIZES / sizeof SIZES[0], BS, 5, 256, 3, 4,
-                                     CFGS, sizeof CFGS / sizeof CFGS[0]};
-    run_variant_cases(ctx, &vc);
-}
-
 /* The default kernel on both sides of the per-architecture table's size split
  * (on sm_90: up to 5 Mi elements the asm multiply, above it C). */
 static void test_table_split(struct gpu_ctx *ctx)
@@ -454,7 +440,6 @@ int main(int argc, char **argv)
     test_special(ctx);
     test_bulk_stores(ctx);
     test_value_paths(ctx);
-    test_odd_tiles(ctx);
     test_table_split(ctx);
     test_abi_offsets(ctx);
     test_subchunks();
