@@ -215,7 +215,6 @@ extern "C" int gpu_bench_shape(struct gpu_ctx *c, const struct gpu_bench_opts *o
     r->threads = table.threads;
     r->store_hint = table.store_hint;
     r->values = table.values;
-    r->stores_last = table.stores_last; // the table sets it only beside values by shuffle and streaming stores
     r->asm_mul = NF4DEQ_ASM && table.asm_mul && asm_kernel_case(true, true, osz); // bench jobs: NF4, nested
 
     uint64_t set_bytes = r->bytes + (bnb ? blocks * 4 + n * osz : 0);

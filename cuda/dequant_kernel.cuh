@@ -40,17 +40,8 @@
 // PDL (the bench's pdl variant, sm_90; measured slower, docs/KERNEL-NOTES.md):
 // launched with programmatic stream serialization, it waits for the kernel before
 // it, if still running, before its first global access.
-//
-// STORES_LAST: a lane computes all Q of its units first and then issues their
-// stores back to back, instead of storing each unit as soon as it is computed. On
-// an H200 that is 0.5-1% faster from about 40 Mi elements up (many waves, the
-// output stream the limit) and 1.5-8% slower below 16 Mi, where the first stores
-// should leave as early as they can (docs/KERNEL-NOTES.md); it holds Q more
-// 16-byte words in registers (40 instead of 32 for the 16-bit kernels, 64-68 for
-// fp32, which the launcher therefore never gives it).
 
-template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK, int VALUES, bool PDL,
-          bool STORES_LAST>
+template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK, int VALUES, bool PDL>
 __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_log2)
 {
     constexpr int U = 16 / (int)sizeof(T); // elements per 16-byte store: 8 (16-bit) or 4 (fp32)
@@ -60,7 +51,6 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
     constexpr bool SHUFFLE = VALUES == VALUES_SHUFFLE || OUTPUTS; // lanes hold the code values
     static_assert(EPT % U == 0 && WT <= 32 * 32, "EPT: 16 or 32");
     static_assert(!OUTPUTS || U == 8, "output entries by shuffle: 16-bit output only");
-    static_assert(!STORES_LAST || BULK == BULK_NONE, "stores last: unit stores only");
 
     const uint32_t lane = threadIdx.x & 31u;
     __shared__ float s_tbl[SHUFFLE ? 1 : VALUES_PER_CODE];
@@ -100,8 +90,6 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
     extern __shared__ uint4 s_stage[];
     const bool bulk = BULK_AVAILABLE && BULK != BULK_NONE && wbase + WT <= n;
     uint4 *stage = s_stage + (threadIdx.x >> 5) * (WT * sizeof(T) / 16);
-    uint4 held[STORES_LAST ? Q : 1];      // STORES_LAST: the units' outputs, stored after the loop
-    bool whole[STORES_LAST ? Q : 1] = {}; // ... those of whole units (the tail unit is stored in the loop)
 #pragma unroll
     for (int q = 0; q < Q; q++) {
         const uint64_t e0 = wbase + (uint64_t)(q * 32 + lane) * U;
@@ -147,14 +135,10 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
                 o = make_uint4(Out<T>::pack2(v[0], v[1]), Out<T>::pack2(v[2], v[3]),
                                Out<T>::pack2(v[4], v[5]), Out<T>::pack2(v[6], v[7]));
             }
-            if constexpr (STORES_LAST) {
-                held[q] = o;
-                whole[q] = true;
-            } else if (bulk) {
+            if (bulk)
                 stage[q * 32 + lane] = o; // the unit's 16 bytes at its offset in the tile
-            } else {
+            else
                 st_out16<STH>(out + e0 * sizeof(T), o);
-            }
         } else if (e0 < n) {
             // Tail: the one unit that crosses n, element by element.
             for (uint64_t e = e0; e < n; e++) {
@@ -164,12 +148,6 @@ __global__ void dequant4_kernel(const dev_job j, uint32_t bs_log2, uint32_t nbs_
                 Out<T>::store1(out + e * sizeof(T), mul_value<ASM>(value, am));
             }
         }
-    }
-    if constexpr (STORES_LAST) {
-#pragma unroll
-        for (int q = 0; q < Q; q++)
-            if (whole[q])
-                st_out16<STH>(out + (wbase + (uint64_t)(q * 32 + lane) * U) * sizeof(T), held[q]);
     }
     if (bulk)
         bulk_store_warp<BULK>(out + wbase * sizeof(T), stage, WT * sizeof(T), lane);

@@ -19,7 +19,7 @@
 #define BULK_MAX_STAGE_BYTES (48u << 10)
 
 template <typename T, int QT, int EPT, bool NESTED, bool HINTS, bool STH, int ASM, int BULK = BULK_NONE,
-          int VALUES = VALUES_SHARED, bool PDL = false, bool STORES_LAST = false>
+          int VALUES = VALUES_SHARED, bool PDL = false>
 static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
 {
     const uint64_t warps = CEIL_DIV(j.n, (uint64_t)(32 * EPT));
@@ -43,10 +43,10 @@ static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
         lc.stream = stream;
         lc.attrs = attr;
         lc.numAttrs = 1;
-        cudaCheck(cudaLaunchKernelEx(&lc, dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK, VALUES, PDL, STORES_LAST>, j,
+        cudaCheck(cudaLaunchKernelEx(&lc, dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK, VALUES, PDL>, j,
                                      bs_log2, nbs_log2));
     } else {
-        dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK, VALUES, PDL, STORES_LAST>
+        dequant4_kernel<T, QT, EPT, NESTED, HINTS, STH, ASM, BULK, VALUES, PDL>
             <<<(unsigned)blocks, cfg.threads, stage, stream>>>(j, bs_log2, nbs_log2);
     }
     cudaCheck(cudaGetLastError());
@@ -55,17 +55,12 @@ static int launch_one(const dev_job &j, launch_cfg cfg, cudaStream_t stream)
 
 // The code values in the lanes (VALUES_SHUFFLE, or VALUES_OUTPUTS where the output is
 // 16-bit), with cache hints, and streaming stores or not; launched as a programmatic
-// dependent, or with each lane's stores issued last (values by shuffle), where the
-// configuration says so (16-bit output only).
+// dependent where the configuration says so.
 template <typename T, int QT, int EPT, bool NESTED, int ASM, int VALUES>
 static int launch_lanes(const dev_job &j, launch_cfg cfg, bool st_hint, cudaStream_t stream)
 {
     if (st_hint && cfg.pdl)
         return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES, true>(j, cfg, stream);
-    if constexpr (VALUES == VALUES_SHUFFLE && sizeof(T) == 2) { // fp32 would hold 32 more registers
-        if (st_hint && cfg.stores_last)
-            return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES, false, true>(j, cfg, stream);
-    }
     if (st_hint)
         return launch_one<T, QT, EPT, NESTED, true, true, ASM, BULK_NONE, VALUES>(j, cfg, stream);
     return launch_one<T, QT, EPT, NESTED, true, false, ASM, BULK_NONE, VALUES>(j, cfg, stream);
@@ -96,10 +91,6 @@ static int launch_variant(const dev_job &j, launch_cfg cfg, unsigned variant, cu
                          : (variant & GPU_VARIANT_C_MUL)     ? DEFAULT_ASM
                          : (cfg.asm_mul && ASM_KERNELS)      ? ASM_MUL
                                                              : DEFAULT_ASM;
-    if (variant & GPU_VARIANT_STORES_LAST)
-        cfg.stores_last = 1;
-    if (variant & GPU_VARIANT_STORES_EACH)
-        cfg.stores_last = 0;
     const bool hints_on = !(variant & GPU_VARIANT_NO_HINTS);
     const bool st_hint = cfg.store_hint && hints_on && !(variant & GPU_VARIANT_NO_STORE_HINT);
     // Bulk stores (every type; hinted loads, the default value path). The
@@ -186,46 +177,33 @@ int nf4_launch_dequant(const dev_job *j, launch_cfg cfg, unsigned variant, cudaS
 // ---- per-architecture launch table ------------------------------------------------
 // Chosen from measurements (docs/KERNEL-NOTES.md). sm_75 (T4): 1024-element tiles.
 
-// sm_90: jobs of up to 5 Mi elements (a 5120 x 1024 projection) take the asm multiply;
-// from 40 Mi (a 10240 x 4096 projection) up, each lane's stores go out last.
+// sm_90: jobs of up to 5 Mi elements (a 5120 x 1024 projection) take the asm multiply.
 #define SM90_ASM_MUL_MAX_N (5ull << 20)
-#define SM90_STORES_LAST_MIN_N (40ull << 20)
 
-// Jobs of at most max_n elements take cfg; an entry's tiers ascend, and its last
-// covers every size.
-struct size_tier {
-    uint64_t max_n;
-    launch_cfg cfg;
-};
-#define ALL_SIZES UINT64_MAX
 struct arch_entry {
     int major, minor;
-    size_tier tiers[3];
+    uint64_t small_max_n; // jobs up to this many elements use `small`
+    launch_cfg small, large;
 };
-// {elements per lane, threads per CTA, streaming stores, values (VALUES_*), asm multiply,
-//  programmatic dependent launch, stores last}
+// {elements per lane, threads per CTA, streaming stores, values (VALUES_*), asm multiply}
 static const arch_entry ARCH_TABLE[] = {
     // T4: 64 threads x 16 elements = 1024-element CTA tiles.
-    {7, 5, {{ALL_SIZES, {16, 64, 1, VALUES_SHARED, 0, 0, 0}}}},
+    {7, 5, 0, {16, 64, 1, VALUES_SHARED, 0}, {16, 64, 1, VALUES_SHARED, 0}},
     // Ampere / Ada: not measured; the Hopper tile, and the shared value table.
-    {8, 0, {{ALL_SIZES, {32, 64, 1, VALUES_SHARED, 0, 0, 0}}}},
-    {8, 6, {{ALL_SIZES, {32, 64, 1, VALUES_SHARED, 0, 0, 0}}}},
-    {8, 9, {{ALL_SIZES, {32, 64, 1, VALUES_SHARED, 0, 0, 0}}}},
+    {8, 0, 0, {32, 64, 1, VALUES_SHARED, 0}, {32, 64, 1, VALUES_SHARED, 0}},
+    {8, 6, 0, {32, 64, 1, VALUES_SHARED, 0}, {32, 64, 1, VALUES_SHARED, 0}},
+    {8, 9, 0, {32, 64, 1, VALUES_SHARED, 0}, {32, 64, 1, VALUES_SHARED, 0}},
     // H100 / H200, measured (docs/KERNEL-NOTES.md): 32 x 64 was best or within 1% of
-    // the best at every bench size (and 16, 24, 40, 48 and 64 elements per lane, and
-    // CTAs of one warp, were slower at 10 MB); streaming stores won at every size
-    // (plain stores, which leave the output in L2, did not help even where it fits);
-    // values by shuffle were 4% faster at 10 MB and no slower at any larger size.
-    // With the shuffle, the asm multiply is 2-5% faster up to 5 Mi elements, even at
-    // 5.25 Mi, and 2-8% slower from 6 Mi up (why was not established): hence the
-    // small tier. Each lane's stores issued last are 0.5-1% faster from 43 Mi up, even
-    // at 32 Mi, and slower below: hence the large tier.
+    // the best at every bench size; streaming stores won at every size (plain stores,
+    // which leave the output in L2, did not help even where it fits); values by
+    // shuffle were 4% faster at 10 MB and no slower at any larger size. With the
+    // shuffle, the asm multiply is 2-5% faster up to 5 Mi elements, even at 5.25 Mi,
+    // and 2-8% slower from 6 Mi up (why was not established): hence the small
+    // configuration.
     // Each block's outputs by shuffle (VALUES_OUTPUTS) were slower at every size, 4%
     // at 10 MB (2026-11-26): 13% more instructions than this path with the asm
     // multiply, and every value shuffle waits for the block's absmax there.
-    {9, 0, {{SM90_ASM_MUL_MAX_N, {32, 64, 1, VALUES_SHUFFLE, 1, 0, 0}},
-            {SM90_STORES_LAST_MIN_N - 1, {32, 64, 1, VALUES_SHUFFLE, 0, 0, 0}},
-            {ALL_SIZES, {32, 64, 1, VALUES_SHUFFLE, 0, 0, 1}}}},
+    {9, 0, SM90_ASM_MUL_MAX_N, {32, 64, 1, VALUES_SHUFFLE, 1}, {32, 64, 1, VALUES_SHUFFLE, 0}},
 };
 
 launch_cfg nf4_pick_cfg(int major, int minor, uint64_t n)
@@ -234,8 +212,5 @@ launch_cfg nf4_pick_cfg(int major, int minor, uint64_t n)
     for (const arch_entry &a : ARCH_TABLE)
         if (a.major < major || (a.major == major && a.minor <= minor))
             best = &a;
-    for (const size_tier &t : best->tiers)
-        if (n <= t.max_n)
-            return t.cfg;
-    return best->tiers[0].cfg; // not reached: every entry's last tier covers every size
+    return n <= best->small_max_n ? best->small : best->large;
 }

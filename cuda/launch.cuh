@@ -38,9 +38,6 @@ struct launch_cfg {
     int asm_mul;        // 1: each product is one mul.rn.ftz.f32 (inline asm, NF4 with double quant
                         // and 16-bit output, the bench's case); 0: __fmul_rn with explicit flushes
     int pdl;            // 1: programmatic dependent launch (sm_90 only; with the shuffle value path)
-    int stores_last;    // 1: each lane computes all its units, then stores them back to back (the
-                        // shuffle value path with streaming stores and 16-bit output; elsewhere
-                        // ignored)
 };
 
 // The one case the launcher instantiates asm kernels for (launch_cfg.asm_mul, the

@@ -20,7 +20,7 @@
 #define BENCH_CPU_DEFAULT_ITERS 10
 #define BENCH_CPU_MIN_ITERS 3
 #define MAX_SHAPES 32
-#define N_BASE_VARIANTS 14
+#define N_BASE_VARIANTS 12
 #define N_DIAG_VARIANTS 4
 
 struct shape {
@@ -44,8 +44,7 @@ static const struct shape PUZZLE_MATRICES[] = {
 
 static const char *VARIANT_NAMES[N_BASE_VARIANTS] = {"default",       "asm-value",      "no-hints",      "asm-value+no-hints",
                                                     "no-store-hint", "asm-mul",        "shuffle-values", "shared-values",
-                                                    "c-mul",         "device-offset",  "pdl",           "output-values",
-                                                    "stores-last",   "stores-each"};
+                                                    "c-mul",         "device-offset",  "pdl",           "output-values"};
 
 /* The config column's mark for the table's value path (gpu_bench_result.values). */
 #define N_VALUE_PATHS 3
@@ -62,12 +61,11 @@ static void usage(FILE *f)
             "measured in the same run. Kernel variants (the asm value path, cache hints\n"
             "off, the code values read by shuffle or from shared memory, each block's\n"
             "outputs read by shuffle, the multiply in asm or in C, the nested offset\n"
-            "read from device memory as the PyTorch route passes it, each lane's stores\n"
-            "issued last or unit by unit) are timed side by side, interleaved. The config\n"
-            "column ends in s where the values come by shuffle, o where each block's\n"
-            "outputs come by shuffle, m where the multiply is asm, l where each lane's\n"
-            "stores go out last, p where stores are plain. With --bnb-lib, identical\n"
-            "means with the offset given both ways.\n"
+            "read from device memory as the PyTorch route passes it) are timed side by\n"
+            "side, interleaved. The config column ends in s where the values come by\n"
+            "shuffle, o where each block's outputs come by shuffle, m where the multiply\n"
+            "is asm, p where stores are plain. With --bnb-lib, identical means with the\n"
+            "offset given both ways.\n"
             "\n"
             "  --shape MxK[:fp16|bf16]  a matrix to time (repeatable); default: the Unsloth\n"
             "                           puzzle matrices and 8192x4096\n"
@@ -231,9 +229,8 @@ static void print_text(const char *dev, const char *date, int iters, double copy
         if (have_bnb)
             printf(" %9.2f %7.2fx %9s", s->r.bnb_ms * 1e3, s->r.bnb_ms / s->r.ms[0],
                    s->r.bnb_identical ? "yes" : "NO");
-        printf(" %4d %3dx%d%s%s%s%s\n", s->r.input_sets, s->r.ept, s->r.threads, s->r.store_hint ? "" : "p",
-               VALUES_SUFFIX[s->r.values < 0 || s->r.values >= N_VALUE_PATHS ? 0 : s->r.values], s->r.asm_mul ? "m" : "",
-               s->r.stores_last ? "l" : "");
+        printf(" %4d %3dx%d%s%s%s\n", s->r.input_sets, s->r.ept, s->r.threads, s->r.store_hint ? "" : "p",
+               VALUES_SUFFIX[s->r.values < 0 || s->r.values >= N_VALUE_PATHS ? 0 : s->r.values], s->r.asm_mul ? "m" : "");
     }
 
     /* Puzzle total: the nine matrices of the three MLPs. */
@@ -336,13 +333,12 @@ static void print_json(const char *dev, const char *date, int iters, double copy
         double gbs = (double)s->r.bytes / (s->r.ms[0] * 1e-3) / 1e9;
         printf("%s\n  {\"rows\": %llu, \"cols\": %llu, \"dtype\": \"%s\", \"bytes\": %llu, \"us\": %.3f, "
                "\"gbps\": %.2f, \"pct_copy\": %.2f, \"input_sets\": %d, \"ept\": %d, \"threads\": %d, "
-               "\"streaming_stores\": %s, \"shuffle_values\": %s, \"output_values\": %s, \"asm_mul\": %s, "
-               "\"stores_last\": %s",
+               "\"streaming_stores\": %s, \"shuffle_values\": %s, \"output_values\": %s, \"asm_mul\": %s",
                i ? "," : "", (unsigned long long)s->sh.rows, (unsigned long long)s->sh.cols,
                dt_label(s->sh.dtype), (unsigned long long)s->r.bytes, s->r.ms[0] * 1e3, gbs,
                100.0 * gbs * 1e9 / copy_bw, s->r.input_sets, s->r.ept, s->r.threads,
                s->r.store_hint ? "true" : "false", s->r.values != 0 ? "true" : "false", s->r.values == 2 ? "true" : "false",
-               s->r.asm_mul ? "true" : "false", s->r.stores_last ? "true" : "false");
+               s->r.asm_mul ? "true" : "false");
         if (have_bnb)
             printf(", \"bnb_us\": %.3f, \"speedup\": %.4f, \"bnb_identical\": %s", s->r.bnb_ms * 1e3,
                    s->r.bnb_ms / s->r.ms[0], s->r.bnb_identical ? "true" : "false");
@@ -548,8 +544,6 @@ int cmd_bench(int argc, char **argv)
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_DEVICE_OFFSET, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_PDL, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_OUTPUT_VALUES, 0, 0};
-    var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_STORES_LAST, 0, 0};
-    var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_STORES_EACH, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_TRAFFIC, 4, 256};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_EMPTY, 0, 0};
     var[nvar++] = (struct gpu_bench_variant){GPU_VARIANT_MEMSET, 0, 0};

@@ -38,11 +38,6 @@ int cmd_bench(int argc, char **argv);
 #define GPU_VARIANT_OUTPUT_VALUES 131072u
 /* sm_90: launched as a programmatic dependent (the shuffle value path; elsewhere the default) */
 #define GPU_VARIANT_PDL 65536u
-/* These two force how each lane's stores go out, whatever the table picks (the shuffle value
- * path with streaming stores and 16-bit output; elsewhere each unit's store goes out as it is
- * computed): */
-#define GPU_VARIANT_STORES_LAST 262144u /* every unit computed first, then the stores back to back */
-#define GPU_VARIANT_STORES_EACH 524288u /* each unit stored as soon as it is computed */
 /* (NF4DEQ_ASM=0 builds ignore the ASM variants: no inline asm at all) */
 
 /* bitsandbytes entry points, as exported by libbitsandbytes_cuda*.so
@@ -87,7 +82,6 @@ struct gpu_bench_result {
     int input_sets;    /* rotated input sets */
     int ept, threads, store_hint, asm_mul; /* the per-arch table's config for this size */
     int values; /* its code values: 0 shared table, 1 by shuffle, 2 outputs by shuffle (VALUES_*) */
-    int stores_last; /* 1: each lane's stores issued after all its units are computed */
 };
 
 /* Device-to-device copy bandwidth (bytes read + written per second), median. */

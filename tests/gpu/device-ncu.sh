@@ -27,13 +27,12 @@ profile() { # name regex count
         build/nf4deq bench --shape "$shape" --iters 100 > "$OUT/ncu-bench-$1.txt" 2>&1
 }
 rc=0
-# The default kernel's multiply (template argument ASM: 2 = asm, 0 = C) and store order
-# (STORES_LAST) are what the launch table picks for this shape; `nf4deq bench --json`
-# reports them (asm_mul, stores_last), so the filter takes the default kernel and not
-# the asm-mul, c-mul, pdl or stores-* bench variants.
-read -r asm late < <(build/nf4deq bench --shape "$shape" --iters 100 --json |
-    python3 -c 'import json, sys; s = json.load(sys.stdin)["shapes"][0]; print(2 if s["asm_mul"] else 0, int(s["stores_last"]))') || rc=1
-profile fused "^void dequant4_kernel<(__nv_bfloat16|__half), \(int\)0, \(int\)32, \(bool\)1, \(bool\)1, \(bool\)1, \(int\)${asm:-0}, \(int\)0, \(int\)1, \(bool\)0, \(bool\)${late:-0}>" 4 || rc=1
+# The default kernel's multiply (template argument ASM: 2 = asm, 0 = C) is what the
+# launch table picks for this shape; `nf4deq bench --json` reports it (asm_mul), so the
+# filter takes the default kernel and not the asm-mul or c-mul bench variants.
+asm=$(build/nf4deq bench --shape "$shape" --iters 100 --json |
+      python3 -c 'import json, sys; print(2 if json.load(sys.stdin)["shapes"][0]["asm_mul"] else 0)') || rc=1
+profile fused "^void dequant4_kernel<(__nv_bfloat16|__half), \(int\)0, \(int\)32, \(bool\)1, \(bool\)1, \(bool\)1, \(int\)${asm:-0}, \(int\)0, \(int\)1>" 4 || rc=1
 profile traffic '^void traffic_kernel<\(int\)4' 2 || rc=1
 profile empty '^empty_kernel' 1 || rc=1
 for r in fused traffic empty; do

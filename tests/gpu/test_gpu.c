@@ -197,9 +197,7 @@ static void test_bulk_stores(struct gpu_ctx *ctx)
  * of each warp or from the shared table, or each block's 16 outputs by shuffle from
  * the lanes of each half-warp (16-bit output with blocksize >= 64; blocksize 32 and
  * fp32 output must fall back to the values by shuffle), products by one
- * mul.rn.ftz (asm) or by __fmul_rn and explicit flushes (C), each unit stored as
- * it is computed or every lane's stores last (a tail unit among them, a unit past
- * the end never stored). Sizes of a partial
+ * mul.rn.ftz (asm) or by __fmul_rn and explicit flushes (C). Sizes of a partial
  * warp tile (where the shuffle paths read values for units past the end, which
  * must never be stored), tails, one and many tiles; every type, both codes, single
  * and nested, blocksizes 32 to 4096, subnormal and special values (which the two
@@ -220,23 +218,17 @@ static void test_value_paths(struct gpu_ctx *ctx)
         {GPU_VARIANT_OUTPUT_VALUES | GPU_VARIANT_ASM_MUL, 0, 0},
         {GPU_VARIANT_OUTPUT_VALUES | GPU_VARIANT_C_MUL | GPU_VARIANT_NO_STORE_HINT, 16, 128},
         {GPU_VARIANT_OUTPUT_VALUES | GPU_VARIANT_ASM_MUL, 32, 256},
-        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_STORES_LAST, 0, 0},
-        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_STORES_LAST | GPU_VARIANT_ASM_MUL, 16, 128},
-        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_STORES_LAST | GPU_VARIANT_C_MUL, 32, 256},
-        {GPU_VARIANT_SHUFFLE_VALUES | GPU_VARIANT_STORES_EACH, 0, 0},
     };
     const struct variant_cases vc = {"value paths", SIZES, sizeof SIZES / sizeof SIZES[0], BS, 4, 16, 3, 4,
                                      CFGS, sizeof CFGS / sizeof CFGS[0]};
     run_variant_cases(ctx, &vc);
 }
 
-/* The default kernel on both sides of the per-architecture table's size splits
- * (on sm_90: up to 5 Mi elements the asm multiply, above it C; from 40 Mi, each
- * lane's stores last). */
+/* The default kernel on both sides of the per-architecture table's size split
+ * (on sm_90: up to 5 Mi elements the asm multiply, above it C). */
 static void test_table_split(struct gpu_ctx *ctx)
 {
-    static const uint64_t SIZES[] = {5u << 20, (5u << 20) + 1, (5u << 20) + 1027, (40u << 20) - 1, 40u << 20,
-                                     (40u << 20) + 1027};
+    static const uint64_t SIZES[] = {5u << 20, (5u << 20) + 1, (5u << 20) + 1027};
     static const uint32_t BS[] = {64, 128};
     static const struct variant_cfg CFGS[] = {{0, 0, 0}};
     const struct variant_cases vc = {"table split", SIZES, sizeof SIZES / sizeof SIZES[0], BS, 2, 256, 5, 3,
