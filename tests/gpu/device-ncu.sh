@@ -32,7 +32,8 @@ rc=0
 # filter takes the default kernel and not the asm-mul or c-mul bench variants.
 asm=$(build/nf4deq bench --shape "$shape" --iters 100 --json |
       python3 -c 'import json, sys; print(2 if json.load(sys.stdin)["shapes"][0]["asm_mul"] else 0)') || rc=1
-profile fused "^void dequant4_kernel<(__nv_bfloat16|__half), \(int\)0, \(int\)32, \(bool\)1, \(bool\)1, \(bool\)1, \(int\)${asm:-0}, \(int\)0, \(int\)1>" 4 || rc=1
+# The last template argument (PDL) is 0 for the default kernel, 1 for the pdl variant.
+profile fused "^void dequant4_kernel<(__nv_bfloat16|__half), \(int\)0, \(int\)32, \(bool\)1, \(bool\)1, \(bool\)1, \(int\)${asm:-0}, \(int\)0, \(int\)1, \(bool\)0>" 4 || rc=1
 profile traffic '^void traffic_kernel<\(int\)4' 2 || rc=1
 profile empty '^empty_kernel' 1 || rc=1
 for r in fused traffic empty; do
