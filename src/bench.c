@@ -47,8 +47,8 @@ static const char *VARIANT_NAMES[N_BASE_VARIANTS] = {"default",       "asm-value
                                                     "c-mul",         "device-offset",  "pdl",           "output-values"};
 
 /* The config column's mark for the table's value path (gpu_bench_result.values). */
-#define N_VALUE_PATHS 3
-static const char *const VALUES_SUFFIX[N_VALUE_PATHS] = {"", "s", "o"};
+static const char *const VALUES_SUFFIX[] = {"", "s", "o"};
+#define N_VALUE_PATHS ((int)(sizeof VALUES_SUFFIX / sizeof VALUES_SUFFIX[0]))
 
 static void usage(FILE *f)
 {
