@@ -36,12 +36,10 @@ extern "C" int nf4deq_dequantize_cuda(const void *packed, const void *absmax, co
                                       void *stream)
 {
     struct dequant_job job;
-    int rc = api_make_job(&job, packed, absmax, nested_absmax, nested_code, nested_offset, n, blocksize,
-                          nested_blocksize, quant_type, out_dtype, out);
+    int rc = api_make_cuda_job(&job, packed, absmax, nested_absmax, nested_code, nested_offset, n, blocksize,
+                               nested_blocksize, quant_type, out_dtype, out);
     if (rc != NF4DEQ_OK || n == 0)
         return rc;
-    if (((uintptr_t)packed | (uintptr_t)out) & 15u)
-        return nf4_fail(NF4DEQ_EINVAL, NULL, NULL, "packed and out must be 16-byte aligned");
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess)
         return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, "no usable CUDA device");
@@ -66,17 +64,7 @@ extern "C" int nf4deq_dequantize_cuda(const void *packed, const void *absmax, co
     return api_status_from_internal(rc);
 }
 
-extern "C" int nf4deq_dequantize_cuda_state(const struct nf4deq_state *s, const void *packed, void *out,
-                                            void *stream)
-{
-    if (!s) {
-        nf4_clear_error(); // every entry point reports its own failure, not an earlier one
-        return nf4_fail(NF4DEQ_EINVAL, NULL, NULL, "state is NULL");
-    }
-    return nf4deq_dequantize_cuda(packed, s->absmax, s->nested_absmax, s->nested_code, s->nested_offset,
-                                  s->nested_offset_device, s->n, s->blocksize, s->nested_blocksize, s->quant_type,
-                                  s->out_dtype, out, stream);
-}
+// nf4deq_dequantize_cuda_state is host logic only: src/api.c.
 
 // An empty kernel, launched as nf4deq_dequantize_cuda launches the real one.
 __global__ void nf4deq_empty_kernel() {}

@@ -1,5 +1,6 @@
 #include "nf4deq.h"
 
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -46,6 +47,30 @@ int api_make_job(struct dequant_job *job, const void *packed, const void *absmax
         job->nested_blocksize = 1;
     }
     return NF4DEQ_OK;
+}
+
+int api_make_cuda_job(struct dequant_job *job, const void *packed, const void *absmax, const float *nested_absmax,
+                      const float *nested_code, float nested_offset, uint64_t n, uint32_t blocksize,
+                      uint32_t nested_blocksize, int quant_type, int out_dtype, void *out)
+{
+    int rc = api_make_job(job, packed, absmax, nested_absmax, nested_code, nested_offset, n, blocksize,
+                          nested_blocksize, quant_type, out_dtype, out);
+    if (rc == NF4DEQ_OK && n > 0 && (((uintptr_t)packed | (uintptr_t)out) & 15u))
+        return nf4_fail(NF4DEQ_EINVAL, NULL, NULL, "packed and out must be 16-byte aligned");
+    return rc;
+}
+
+/* Host logic only, so a build without CUDA refuses a bad state as the CUDA build
+ * does, before it says that there is no device. */
+int nf4deq_dequantize_cuda_state(const struct nf4deq_state *s, const void *packed, void *out, void *stream)
+{
+    if (!s) {
+        nf4_clear_error(); /* every entry point reports its own failure, not an earlier one */
+        return nf4_fail(NF4DEQ_EINVAL, NULL, NULL, "state is NULL");
+    }
+    return nf4deq_dequantize_cuda(packed, s->absmax, s->nested_absmax, s->nested_code, s->nested_offset,
+                                  s->nested_offset_device, s->n, s->blocksize, s->nested_blocksize, s->quant_type,
+                                  s->out_dtype, out, stream);
 }
 
 int api_status_from_internal(int code)

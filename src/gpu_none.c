@@ -147,6 +147,7 @@ int gpu_bench_shape(struct gpu_ctx *ctx, const struct gpu_bench_opts *o, struct 
 }
 
 /* The GPU half of include/nf4deq.h in a build without CUDA. */
+#include "api_internal.h"
 #include "nf4deq.h"
 
 int nf4deq_dequantize_cuda(const void *packed, const void *absmax, const float *nested_absmax,
@@ -154,23 +155,19 @@ int nf4deq_dequantize_cuda(const void *packed, const void *absmax, const float *
                            uint64_t n, uint32_t blocksize, uint32_t nested_blocksize, int quant_type,
                            int out_dtype, void *out, void *stream)
 {
-    (void)packed, (void)absmax, (void)nested_absmax, (void)nested_code, (void)nested_offset;
-    (void)nested_offset_device, (void)n, (void)blocksize, (void)nested_blocksize, (void)quant_type;
-    (void)out_dtype, (void)out, (void)stream;
-    nf4_clear_error();
+    (void)nested_offset_device, (void)stream;
+    /* Bad arguments are refused as the CUDA build refuses them; good ones find no device. */
+    struct dequant_job job;
+    int rc = api_make_cuda_job(&job, packed, absmax, nested_absmax, nested_code, nested_offset, n, blocksize,
+                               nested_blocksize, quant_type, out_dtype, out);
+    if (rc != NF4DEQ_OK || n == 0)
+        return rc;
     return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, NO_CUDA_MSG);
 }
 
 int nf4deq_empty_cuda(void *stream)
 {
     (void)stream;
-    nf4_clear_error();
-    return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, NO_CUDA_MSG);
-}
-
-int nf4deq_dequantize_cuda_state(const struct nf4deq_state *state, const void *packed, void *out, void *stream)
-{
-    (void)state, (void)packed, (void)out, (void)stream;
     nf4_clear_error();
     return nf4_fail(NF4DEQ_ENODEV, NULL, NULL, NO_CUDA_MSG);
 }
