@@ -10,6 +10,7 @@
 
 #include "bench.h"
 #include "bench_cpu.h"
+#include "cli.h"
 #include "cpu_path.h"
 #include "exit_handoff.h"
 #include "gpu.h"
@@ -427,10 +428,11 @@ int cmd_bench(int argc, char **argv)
     const char *bnb_path = NULL;
     int rc;
 
+    struct cli_opt_scan scan;
     optind = 1;
     opterr = 0;
     int c;
-    while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((c = cli_getopt(&scan, argc, argv, ":h", longopts)) != -1) {
         switch (c) {
         case 's':
             if (nshapes == MAX_SHAPES)
@@ -470,9 +472,7 @@ int cmd_bench(int argc, char **argv)
                 return rc;
             break;
         case 'h': usage(stdout); return NF4_OK;
-        default:
-            return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: unknown or incomplete option '%s'",
-                            argv[optind - 1]);
+        default: return cli_option_error("bench", argv, &scan, c);
         }
     }
     if (optind < argc)

@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <inttypes.h>
@@ -140,8 +141,9 @@ int parse_size(const char *text, uint64_t *out)
     char *end;
     if (!text[0] || text[0] == '-')
         return 0;
+    errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
-    if (end == text)
+    if (end == text || errno == ERANGE)
         return 0;
     unsigned shift = 0;
     switch (*end) {
@@ -169,13 +171,42 @@ static int usage_error(const char *cmd, const char *fmt, const char *arg)
     return NF4_EUSAGE;
 }
 
-/* getopt's own messages would name the subcommand, not nf4deq: report here. */
-static int bad_option(const char *cmd, char **argv, int c)
+int cli_getopt(struct cli_opt_scan *scan, int argc, char **argv, const char *optstring,
+               const struct option *longopts)
 {
-    const char *opt = argv[optind - 1];
+    scan->longopts = longopts;
+    return getopt_long(argc, argv, optstring, longopts, NULL);
+}
+
+/* 1 if `arg` is "--NAME=VALUE" for a long option (or an abbreviation of one) that
+ * takes no argument and that getopt_long reported as optopt. */
+static int is_long_given_value(const struct option *longopts, const char *arg)
+{
+    const char *eq = strchr(arg, '=');
+    if (strncmp(arg, "--", 2) != 0 || !eq)
+        return 0;
+    size_t len = (size_t)(eq - (arg + 2));
+    for (const struct option *o = longopts; o->name; o++)
+        if (o->has_arg == no_argument && o->val == optopt && strncmp(o->name, arg + 2, len) == 0)
+            return 1;
+    return 0;
+}
+
+/* getopt's own messages would name the subcommand, not nf4deq: report here.
+ * An unknown short option can sit inside a cluster (-zq), where optind has not
+ * moved on yet, so it is named by its letter; every other error ended the
+ * argument it came from, argv[optind - 1]. */
+int cli_option_error(const char *cmd, char **argv, const struct cli_opt_scan *scan, int c)
+{
+    const char *arg = argv[optind - 1];
+    char letter[3] = {'-', (char)optopt, '\0'};
     if (c == ':')
-        return usage_error(cmd, "option '%s' needs an argument", opt);
-    return usage_error(cmd, "unrecognized option '%s'", opt);
+        return usage_error(cmd, "option '%s' needs an argument", strncmp(arg, "--", 2) == 0 ? arg : letter);
+    if (!optopt) /* getopt_long: no such long option */
+        return usage_error(cmd, "unrecognized option '%s'", arg);
+    if (is_long_given_value(scan->longopts, arg))
+        return usage_error(cmd, "option '%s' takes no argument", arg);
+    return usage_error(cmd, "unrecognized option '%s'", letter);
 }
 
 static int parse_dtype_arg(const char *cmd, const char *arg, enum st_dtype *out)
@@ -214,9 +245,10 @@ static int cmd_convert(int argc, char **argv)
     const char *lora[LORA_MAX_ADAPTERS];
     const char *revision = NULL;
     int quiet = 0, json = 0, c;
+    struct cli_opt_scan scan;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":d:j:fqh", LONG, NULL)) != -1) {
+    while ((c = cli_getopt(&scan, argc, argv, ":d:j:fqh", LONG)) != -1) {
         switch (c) {
         case 'd':
             if (parse_dtype_arg("convert", optarg, &o.dtype) != NF4_OK)
@@ -265,12 +297,14 @@ static int cmd_convert(int argc, char **argv)
         case 'f': o.force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': fputs(CONVERT_HELP, stdout); return NF4_OK;
-        default: return bad_option("convert", argv, c);
+        default: return cli_option_error("convert", argv, &scan, c);
         }
     }
     if (argc - optind != 2)
         return usage_error("convert", "%s", argc - optind < 2 ? "convert needs IN and OUT" : "too many arguments");
     const char *in = argv[optind], *out = argv[optind + 1];
+    if (!out[0])
+        return usage_error("convert", "%s", "OUT is empty: give a path, or - for standard output");
     if (json && strcmp(out, "-") == 0)
         return usage_error("convert", "%s", "--json prints on standard output, so OUT cannot be - with it");
     nf4_set_quiet(quiet);
@@ -302,13 +336,14 @@ static int cmd_clean(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     int dry_run = 0, c;
+    struct cli_opt_scan scan;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":nh", LONG, NULL)) != -1) {
+    while ((c = cli_getopt(&scan, argc, argv, ":nh", LONG)) != -1) {
         switch (c) {
         case 'n': dry_run = 1; break;
         case 'h': fputs(CLEAN_HELP, stdout); return NF4_OK;
-        default: return bad_option("clean", argv, c);
+        default: return cli_option_error("clean", argv, &scan, c);
         }
     }
     if (argc - optind > 1)
@@ -331,9 +366,10 @@ static int cmd_inspect(int argc, char **argv)
     size_t nlora = 0;
     int json = 0, c;
     enum st_dtype dtype = DT_INVALID;
+    struct cli_opt_scan scan;
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":d:h", LONG, NULL)) != -1) {
+    while ((c = cli_getopt(&scan, argc, argv, ":d:h", LONG)) != -1) {
         switch (c) {
         case 'J': json = 1; break;
         case 'R': revision = optarg; break;
@@ -346,7 +382,7 @@ static int cmd_inspect(int argc, char **argv)
                 return NF4_EUSAGE;
             break;
         case 'h': fputs(INSPECT_HELP, stdout); return NF4_OK;
-        default: return bad_option("inspect", argv, c);
+        default: return cli_option_error("inspect", argv, &scan, c);
         }
     }
     if (argc - optind != 1)

@@ -291,6 +291,11 @@ static int check_stdout_output(enum input_layout layout, const char *in)
     if (isatty(STDOUT_FILENO))
         return nf4_fail(NF4_EUSAGE, NULL, NULL, "refusing to write safetensors data to a terminal: redirect standard "
                         "output, or give OUT");
+    /* "convert IN - 1<>IN" or ">> IN": the shell opened the input for writing. */
+    struct stat in_st, out_st;
+    if (stat(in, &in_st) == 0 && fstat(STDOUT_FILENO, &out_st) == 0 && in_st.st_dev == out_st.st_dev &&
+        in_st.st_ino == out_st.st_ino)
+        return nf4_fail(NF4_EUSAGE, in, NULL, "is also standard output; refusing to overwrite the input");
     return NF4_OK;
 }
 
@@ -365,7 +370,8 @@ static int take_output(struct ctx *c, enum input_layout layout, const char *out,
     return code;
 }
 
-static int run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats);
+static int run(const char *in, const char *out, int out_is_dir_syntax, const struct convert_opts *o,
+               struct convert_stats *stats);
 
 int convert_run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats)
 {
@@ -378,12 +384,13 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
         memset(stats, 0, sizeof *stats);
         return nf4_fail(NF4_ESOFTWARE, out, NULL, "out of memory");
     }
-    int code = run(in, clean, o, stats);
+    int code = run(in, clean, out[n] == '/', o, stats);
     free(clean);
     return code;
 }
 
-static int run(const char *in, const char *out, const struct convert_opts *o, struct convert_stats *stats)
+static int run(const char *in, const char *out, int out_is_dir_syntax, const struct convert_opts *o,
+               struct convert_stats *stats)
 {
     memset(stats, 0, sizeof *stats);
     struct ctx c = {.opts = o, .stats = stats, .to_stdout = strcmp(out, "-") == 0};
@@ -396,6 +403,10 @@ static int run(const char *in, const char *out, const struct convert_opts *o, st
     if (code != NF4_OK)
         return code;
     stats->layout = layout;
+    /* As cp: "OUT/" is a directory, and a single file's output is a file. */
+    if (out_is_dir_syntax && layout == LAYOUT_FILE)
+        return nf4_fail(NF4_EUSAGE, out, NULL, "was given with a trailing '/', but the input is a single file: OUT "
+                        "names the output file");
     if (c.to_stdout)
         code = check_stdout_output(layout, in);
     else

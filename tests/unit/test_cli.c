@@ -42,6 +42,7 @@ static void test_usage_errors_exit_2(void **state)
 {
     struct tu_scratch *s = *state;
     char *out = tu_strdupf("%s/out.safetensors", s->dir);
+    char *out_slash = tu_strdupf("%s/", out); /* a directory, for a file input */
     const char *const CASES[][8] = {
         {NULL},
         {"frobnicate", NULL},
@@ -54,6 +55,10 @@ static void test_usage_errors_exit_2(void **state)
         {"convert", "--threads", "many", BNB4, out, NULL},
         {"convert", "--gpu-mem", "lots", BNB4, out, NULL},
         {"convert", "--no-such-option", BNB4, out, NULL},
+        {"convert", "--mem", "99999999999999999999", BNB4, out, NULL}, /* past 2^64 */
+        {"convert", BNB4, "", NULL},
+        {"convert", BNB4, out_slash, NULL},
+        {"bench", "--no-such-option", NULL},
         {"inspect", NULL},
         {"inspect", "--dtype", "int4", BNB4, NULL},
     };
@@ -66,6 +71,99 @@ static void test_usage_errors_exit_2(void **state)
         tu_run_free(&r);
     }
     assert_false(tu_exists(out));
+    free(out);
+    free(out_slash);
+}
+
+/* getopt_long leaves optind on a cluster such as -zq until its last letter, and
+ * names a long option given "=VALUE" by its short value: the message must
+ * still name what the user typed. */
+static void test_option_errors_name_the_option(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *args[6];
+        const char *said;
+    } CASES[] = {
+        {{"convert", "-zq", "a", "b"}, "unrecognized option '-z'"},
+        {{"convert", "-qz", "a", "b"}, "unrecognized option '-z'"},
+        {{"convert", "a", "b", "--force", "-zq"}, "unrecognized option '-z'"},
+        {{"convert", "--bogus", "a", "b"}, "unrecognized option '--bogus'"},
+        {{"convert", "--force=1", "a", "b"}, "option '--force=1' takes no argument"},
+        {{"convert", "--dtype=bf16", "-Dq", "a", "b"}, "unrecognized option '-D'"},
+        {{"convert", "a", "b", "--dtype"}, "option '--dtype' needs an argument"},
+        {{"convert", "a", "b", "-qd"}, "option '-d' needs an argument"},
+        {{"inspect", "--json=yes", "a"}, "option '--json=yes' takes no argument"},
+        {{"clean", "-x"}, "unrecognized option '-x'"},
+        {{"bench", "-z"}, "unrecognized option '-z'"},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        struct tu_run r = tu_run_argv((char *const *)CASES[i].args);
+        assert_int_equal(r.status, 2);
+        if (!strstr(r.err, CASES[i].said) || !strstr(r.err, "Try 'nf4deq "))
+            fail_msg("case %zu: stderr \"%s\" lacks \"%s\"", i, r.err, CASES[i].said);
+        tu_run_free(&r);
+    }
+}
+
+/* "convert IN - >> IN" and "1<> IN": the shell opened the input as standard
+ * output, without truncating it. */
+static void test_stdout_that_is_the_input_is_refused(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *in = tu_strdupf("%s/in.safetensors", s->dir);
+    size_t len;
+    char *orig = tu_read_file(BNB4, &len);
+    tu_write_file(in, orig, len);
+    static const int MODES[] = {O_WRONLY | O_APPEND, O_RDWR};
+    static const char *const INPUTS[] = {NULL, "-"}; /* the path, or the same file as standard input too */
+    for (int m = 0; m < 2; m++)
+        for (int k = 0; k < 2; k++) {
+            pid_t pid = fork();
+            assert_true(pid >= 0);
+            if (pid == 0) {
+                int fd = open(in, MODES[m]), in_fd = open(in, O_RDONLY), null = open("/dev/null", O_WRONLY);
+                if (fd < 0 || in_fd < 0 || null < 0)
+                    _exit(99);
+                dup2(in_fd, 0);
+                dup2(fd, 1);
+                dup2(null, 2);
+                char *args[] = {"convert", "--device", "cpu", (char *)(INPUTS[k] ? INPUTS[k] : in), "-", NULL};
+                tu_exec_nf4deq(args);
+            }
+            int st;
+            waitpid(pid, &st, 0);
+            assert_true(WIFEXITED(st));
+            assert_int_equal(WEXITSTATUS(st), 2);
+        }
+    size_t now_len;
+    char *now = tu_read_file(in, &now_len);
+    assert_int_equal(now_len, len);
+    assert_memory_equal(now, orig, len);
+    free(now);
+    free(orig);
+    free(in);
+}
+
+/* The temps beside OUT are 15 bytes longer than its name: a name too long for
+ * them is refused up front, in one line, and nothing is left. */
+static void test_output_name_too_long_for_its_temps(void **state)
+{
+    struct tu_scratch *s = *state;
+    char name[242];
+    memset(name, 'n', 241);
+    name[241] = '\0';
+    char *out = tu_strdupf("%s/%s", s->dir, name);
+    struct tu_run r = tu_run("convert", "--device", "cpu", BNB4, out, NULL);
+    assert_int_equal(r.status, 73);
+    assert_one_line_error(&r, "shorter");
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    out[strlen(out) - 1] = '\0'; /* 240 bytes: fits */
+    r = tu_run("convert", "-q", "--device", "cpu", "--dtype", "bf16", BNB4, out, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    tu_assert_same_tensors(out, FIXTURES "/tensors.expected-bf16.safetensors");
     free(out);
 }
 
@@ -414,6 +512,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_help_and_version_go_to_stdout, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_usage_errors_exit_2, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_option_errors_name_the_option, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_stdout_that_is_the_input_is_refused, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_output_name_too_long_for_its_temps, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_missing_input_exits_66, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_existing_output_needs_force, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_output_directory_replaced_only_with_force, tu_scratch_setup, tu_scratch_teardown),
