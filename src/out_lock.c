@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,6 +240,13 @@ static enum lock_result open_locked(const char *path, int create, int *fd_out, i
     return LOCK_ERROR;
 }
 
+/* A full or failing disk is a write failure (exit 74), as it is for the data;
+ * anything else keeps OUT from being created (73). */
+static int lock_errno_code(int e)
+{
+    return e == ENOSPC || e == EDQUOT || e == EIO ? NF4_EIO : NF4_ECANTCREAT;
+}
+
 /* Takes OUT's lock for this run. The path becomes a temp of this run only
  * once the run holds it: a failed attempt must never remove another run's. */
 static int take(struct out_lock *lk, const char *out)
@@ -257,7 +265,7 @@ static int take(struct out_lock *lk, const char *out)
         return nf4_fail(NF4_ECANTCREAT, out, NULL, "another nf4deq (%s) is writing it", who);
     }
     default:
-        return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot take its lock file %s", lk->path);
+        return nf4_fail_errno(lock_errno_code(errno), errno, out, NULL, "cannot take its lock file %s", lk->path);
     }
 }
 
@@ -270,6 +278,14 @@ int out_lock_acquire(const char *out, struct out_lock **out_lk)
     lk->fd = -1;
     const char *slash = strrchr(out, '/');
     const char *base = slash ? slash + 1 : out;
+    /* The longest name beside OUT is a temp: "." OUT's name TEMP_MARKER random. */
+    const size_t extra = 1 + strlen(TEMP_MARKER) + TEMP_RANDOM_LEN;
+    if (strlen(base) + extra > NAME_MAX) {
+        free(lk);
+        return nf4_fail(NF4_ECANTCREAT, out, NULL, "name is %zu bytes: nf4deq writes its temp files beside OUT under "
+                        "names %zu bytes longer, and a name can have %d; choose a shorter one", strlen(base), extra,
+                        NAME_MAX);
+    }
     struct strbuf prefix = {0}, path = {0};
     lk->dir = path_dirname(out);
     strbuf_printf(&prefix, "." "%s" TEMP_MARKER, base);
@@ -288,7 +304,7 @@ int out_lock_acquire(const char *out, struct out_lock **out_lk)
     }
     lk->have_previous = read_record(lk->fd, &lk->previous);
     if (write_record(lk->fd) != 0) {
-        code = nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot write its lock file %s", lk->path);
+        code = nf4_fail_errno(lock_errno_code(errno), errno, out, NULL, "cannot write its lock file %s", lk->path);
         out_lock_release(lk);
         return code;
     }
