@@ -255,7 +255,8 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
             if (code == NF4_OK && record)
                 code = resume_record_shard(dir, record, m->file_names[i]);
         }
-        c->stats->bytes_out += written;
+        if (resumed < 0) /* bytes_out: written by this run, as bytes_in is read by it */
+            c->stats->bytes_out += written;
         total_size += written;
         for (size_t k = 0; k < n; k++) {
             total_params += out_item_elements(&items[k]);

@@ -186,8 +186,12 @@ static void test_sigkill_then_rerun_or_resume(void **state)
         char *temp = temp_dir_of_out(s);
         assert_non_null(temp);
         free(temp);
-        struct tu_run r = tu_run("convert", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
+        struct tu_run r = tu_run("convert", "--json", "--device", "cpu", "--progress", "none", s->in, s->out, NULL);
         assert_int_equal(r.status, 0);
+        cJSON *whole = cJSON_Parse(r.out);
+        assert_non_null(whole);
+        const double whole_out = cJSON_GetObjectItemCaseSensitive(whole, "bytes_out")->valuedouble;
+        cJSON_Delete(whole);
         char *said = tu_strdupf("removed stale partial output from a run that did not finish (pid %d", (int)pid);
         if (!strstr(r.err, said))
             fail_msg("stop %s: stderr lacks \"%s\": %s", STOPS[i], said, r.err);
@@ -212,6 +216,11 @@ static void test_sigkill_then_rerun_or_resume(void **state)
         cJSON *report = cJSON_Parse(r.out);
         assert_non_null(report);
         assert_int_equal(cJSON_GetObjectItemCaseSensitive(report, "resumed_shards")->valuedouble, finished);
+        /* bytes_out counts what this run wrote, not the shards it kept. */
+        const double out_now = cJSON_GetObjectItemCaseSensitive(report, "bytes_out")->valuedouble;
+        if (finished == 0 ? out_now != whole_out : out_now >= whole_out)
+            fail_msg("stop %s: bytes_out %.0f after keeping %d shards, %.0f for the whole run", STOPS[i], out_now,
+                     finished, whole_out);
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(report, "tensors");
         assert_true(cJSON_GetObjectItemCaseSensitive(t, "total")->valuedouble > 0 || finished == SHARDS);
         cJSON_Delete(report);
