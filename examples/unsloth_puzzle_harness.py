@@ -14,8 +14,9 @@ blocksize 64) and, for each:
   3. runs the MLP forward with nf4deq's op under torch.compile(fullgraph=True),
      compares it with eager, and counts graph breaks with torch._dynamo.explain.
 
-Run from the repository root, after `make`:
-    PYTHONPATH=.carry/py:bindings/python python examples/unsloth_puzzle_harness.py
+Run from the repository root, after `make` and `pip install torch bitsandbytes`
+(the script puts bindings/python on sys.path itself):
+    python examples/unsloth_puzzle_harness.py
 Options: --iters N (1000), --repeats R (3: each method timed R times, the
 median reported), --no-compile, --cpu-smoke (tiny shapes on the CPU, no timing
 claims: checks that the script itself runs where there is no GPU).

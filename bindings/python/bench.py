@@ -25,7 +25,7 @@ ctypes where it was not built; the ctypes floor is printed beside it).
 Every output is compared byte for byte with dequantize_4bit's.
 
 Run from the repository root, after `make`:
-    PYTHONPATH=.carry/py:bindings/python python3 bindings/python/bench.py [--json FILE]
+    python3 bindings/python/bench.py [--json FILE]   (torch, and bitsandbytes for its rows, installed)
 Options: --shapes puzzle|issue|all (default all), --replays N (50), --calls N
 (200), --repeats N (5), --peers DIR (default ../shared/peers).
 """

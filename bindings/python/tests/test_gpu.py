@@ -1,6 +1,6 @@
 """nf4deq's GPU ABI and Python package against bitsandbytes, on a CUDA device.
 
-    PYTHONPATH=.carry/py:bindings/python python bindings/python/tests/test_gpu.py [-v] [--device cpu]
+    python bindings/python/tests/test_gpu.py [-v] [--device cpu]
 
 Every output is compared with bitsandbytes.functional.dequantize_4bit bit for
 bit (integer views). Covers: random weights of many shapes (odd sizes, one-row,
