@@ -102,10 +102,11 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             continue;
         char *from = path_join(in_dir, name), *to = path_join(dir, name);
         struct stat st;
+        int found = -1;
         if (!from || !to) {
             code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
-        } else if (stat(from, &st) != 0) {
-            code = nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot stat");
+        } else if ((found = stat_to_copy(from, &st)) != 0) {
+            code = found > 0 ? NF4_OK : NF4_ENOINPUT;
         } else if (S_ISREG(st.st_mode) && str_ends_with(name, WEIGHTS_FILE_SUFFIX)) {
             /* A checkpoint file that is not part of this model (an older
              * model.safetensors beside the shards, say) would be copied still
@@ -406,7 +407,7 @@ static int pipeline_write_entry(struct ctx *c, const char *in, const struct pipe
             code = model_job_write(c, job, to, NULL);
     } else if (e->kind == ENTRY_COMPONENT || e->kind == ENTRY_DIR) {
         code = copy_tree(from, to, in);
-    } else if (e->kind == ENTRY_FILE && str_ends_with(e->name, WEIGHTS_FILE_SUFFIX)) {
+    } else if (e->kind == ENTRY_CHECKPOINT) {
         /* A checkpoint beside the components (a single-file export) would be
          * copied still quantized. */
         nf4_warn("%s: a checkpoint outside every component; not copied (convert it on its own)", from);

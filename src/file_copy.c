@@ -53,14 +53,30 @@ int copy_file(const char *from, const char *to)
     return code;
 }
 
+int stat_to_copy(const char *path, struct stat *st)
+{
+    struct stat lst;
+    if (stat(path, st) == 0)
+        return 0;
+    if (errno == ENOENT && lstat(path, &lst) == 0 && S_ISLNK(lst.st_mode)) {
+        nf4_warn("%s: a link to nothing; not copied", path);
+        return 1;
+    }
+    nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot stat");
+    return -1;
+}
+
 static int copy_tree_at(const char *from, const char *to, const char *root, int depth);
 
 /* One entry of a directory being copied. */
 static int copy_entry(const char *from, const char *to, const char *name, const char *root, int depth)
 {
     struct stat lst, st;
-    if (lstat(from, &lst) != 0 || stat(from, &st) != 0)
+    if (lstat(from, &lst) != 0)
         return nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot stat");
+    int found = stat_to_copy(from, &st);
+    if (found != 0)
+        return found > 0 ? NF4_OK : NF4_ENOINPUT;
     if (S_ISDIR(st.st_mode)) {
         if (name[0] == '.')
             return NF4_OK; /* .cache/huggingface of `hf download --local-dir`, .git */

@@ -4,6 +4,8 @@
 #ifndef NF4DEQ_FILE_COPY_H
 #define NF4DEQ_FILE_COPY_H
 
+#include <sys/stat.h>
+
 /* Copies a regular file, fsyncing the copy. Returns an NF4_* code. */
 int copy_file(const char *from, const char *to);
 
@@ -18,6 +20,12 @@ int copy_tree(const char *from, const char *to, const char *root);
 /* One entry of a directory, as copy_tree copies it: a regular file (links
  * checked against `root`), a directory (a tree), or, with a warning, nothing. */
 int copy_path(const char *from, const char *to, const char *root);
+
+/* stat() of an entry of a directory to copy. A link to nothing (a blob
+ * missing from a Hugging Face cache, say) is not an error: it is reported as
+ * not copied, and the result is 1. 0 with *st filled, or -1 with the failure
+ * recorded as NF4_ENOINPUT. */
+int stat_to_copy(const char *path, struct stat *st);
 
 /* Removes a directory tree (for --force replacing an old output). */
 int remove_tree(const char *path);

@@ -269,7 +269,9 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
     struct totals sum = {0};
     size_t ncomponents = 0, nquantized = 0;
     cJSON *jcomponents = root ? cJSON_AddArrayToObject(root, "components") : NULL;
-    cJSON *jother = root ? cJSON_AddArrayToObject(root, "copied") : NULL;
+    cJSON *jcopied = root ? cJSON_AddArrayToObject(root, "copied") : NULL;
+    cJSON *jskipped = root ? cJSON_AddArrayToObject(root, "not_copied") : NULL;
+    size_t ncopied = 0;
     for (size_t i = 0; i < n && code == NF4_OK; i++) {
         char *path = path_join(in, e[i].name);
         if (!path) {
@@ -277,8 +279,12 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
             break;
         }
         if (e[i].kind != ENTRY_COMPONENT) {
-            if (jother)
-                cJSON_AddItemToArray(jother, cJSON_CreateString(e[i].name));
+            /* As convert_dir.c's pipeline_write_entry: files and directories are
+             * copied; checkpoints and links to nothing or outside are not. */
+            const int copied = e[i].kind == ENTRY_FILE || e[i].kind == ENTRY_DIR;
+            ncopied += copied;
+            if (root)
+                cJSON_AddItemToArray(copied ? jcopied : jskipped, cJSON_CreateString(e[i].name));
             free(path);
             continue;
         }
@@ -318,11 +324,16 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
         cJSON_AddNumberToObject(jt, "components", (double)ncomponents);
         cJSON_AddNumberToObject(jt, "converted_components", (double)nquantized);
     } else if (code == NF4_OK) {
-        fprintf(o->out, "\npipeline: %zu component%s (%zu converted, %zu copied), %zu other entr%s copied; %" PRIu64
-                " tensors, %" PRIu64 " quantized weights, %" PRIu64 " parameters; %" PRIu64 " bytes on disk; %" PRIu64
-                " bytes after conversion\n", ncomponents, ncomponents == 1 ? "" : "s", nquantized,
-                ncomponents - nquantized, n - ncomponents, n - ncomponents == 1 ? "y" : "ies", sum.tensors,
-                sum.quantized, sum.parameters, sum.on_disk, sum.converted);
+        const size_t nskipped = n - ncomponents - ncopied;
+        fprintf(o->out, "\npipeline: %zu component%s (%zu converted, %zu copied), %zu other entr%s copied",
+                ncomponents, ncomponents == 1 ? "" : "s", nquantized, ncomponents - nquantized, ncopied,
+                ncopied == 1 ? "y" : "ies");
+        if (nskipped)
+            fprintf(o->out, ", %zu not (a checkpoint beside the components, or a link to nothing or outside)",
+                    nskipped);
+        fprintf(o->out, "; %" PRIu64 " tensors, %" PRIu64 " quantized weights, %" PRIu64 " parameters; %" PRIu64
+                " bytes on disk; %" PRIu64 " bytes after conversion\n", sum.tensors, sum.quantized, sum.parameters,
+                sum.on_disk, sum.converted);
     }
     pipeline_entries_free(e, n);
     return code;

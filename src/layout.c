@@ -8,6 +8,7 @@
 #include "fileio.h"
 #include "model.h"
 #include "status.h"
+#include "strutil.h"
 
 int layout_of(const char *path, enum input_layout *out)
 {
@@ -32,10 +33,19 @@ int layout_of(const char *path, enum input_layout *out)
 static int classify(const char *root, const char *path, enum pipeline_entry_kind *kind)
 {
     struct stat lst, st;
-    if (lstat(path, &lst) != 0 || stat(path, &st) != 0)
+    if (lstat(path, &lst) != 0)
         return nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot stat");
+    if (stat(path, &st) != 0) {
+        if (errno != ENOENT || !S_ISLNK(lst.st_mode))
+            return nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot stat");
+        *kind = ENTRY_OTHER; /* a link to nothing */
+        return NF4_OK;
+    }
     if (S_ISREG(st.st_mode)) {
-        *kind = ENTRY_FILE;
+        if (S_ISLNK(lst.st_mode) && !path_stays_in_model(root, path))
+            *kind = ENTRY_OTHER;
+        else
+            *kind = str_ends_with(path, WEIGHTS_FILE_SUFFIX) ? ENTRY_CHECKPOINT : ENTRY_FILE;
         return NF4_OK;
     }
     if (!S_ISDIR(st.st_mode)) {

@@ -14,11 +14,15 @@ enum input_layout { LAYOUT_FILE, LAYOUT_MODEL_DIR, LAYOUT_PIPELINE };
  * a directory. */
 int layout_of(const char *path, enum input_layout *out);
 
+/* What convert does with each entry, and inspect says it will. */
 enum pipeline_entry_kind {
-    ENTRY_COMPONENT, /* a sub-directory that is a model directory */
-    ENTRY_DIR,       /* any other sub-directory (tokenizer, scheduler) */
-    ENTRY_FILE,      /* a regular file (model_index.json, README.md, images) */
-    ENTRY_OTHER,     /* a link to a directory, a socket...: not copied */
+    ENTRY_COMPONENT,  /* a sub-directory that is a model directory: converted or copied */
+    ENTRY_DIR,        /* any other sub-directory (tokenizer, scheduler): copied */
+    ENTRY_FILE,       /* a regular file (model_index.json, README.md, images): copied */
+    ENTRY_CHECKPOINT, /* a *.safetensors file beside the components: not copied,
+                         as it would stay quantized */
+    ENTRY_OTHER,      /* a link to a directory, to nothing or out of the
+                         pipeline, a socket...: not copied */
 };
 
 struct pipeline_entry {

@@ -507,6 +507,47 @@ static void test_stray_checkpoint_files_are_not_copied(void **state)
     free(out);
 }
 
+/* inspect says what convert does with every entry of a pipeline: a checkpoint
+ * beside the components and links to nothing are not copied, and a link to
+ * nothing (a blob missing from a cache) is a warning, not a failure. */
+static void test_pipeline_entries_inspect_agrees_with_convert(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *pl = tu_strdupf("%s/pl", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    char *cmd = tu_strdupf("cp -r %s %s && cp %s %s/single.safetensors && ln -s nowhere %s/README.md && "
+                           "ln -s nowhere %s/transformer/notes.txt",
+                           FIXTURES "/diffusers/tiny-flux-bnb4", pl, BNB4, pl, pl, pl);
+    assert_int_equal(system(cmd), 0);
+    struct tu_run r = tu_run("inspect", "--json", pl, NULL);
+    assert_int_equal(r.status, 0);
+    cJSON *root = cJSON_Parse(r.out);
+    assert_non_null(root);
+    char *copied = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, "copied"));
+    char *not_copied = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, "not_copied"));
+    assert_string_equal(copied, "[\"model_index.json\"]");
+    assert_string_equal(not_copied, "[\"README.md\",\"single.safetensors\"]");
+    free(copied);
+    free(not_copied);
+    cJSON_Delete(root);
+    tu_run_free(&r);
+    r = tu_run("convert", "--device", "cpu", pl, out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "README.md: a link to nothing; not copied"));
+    assert_non_null(strstr(r.err, "notes.txt: a link to nothing; not copied"));
+    assert_non_null(strstr(r.err, "single.safetensors: a checkpoint outside every component"));
+    tu_run_free(&r);
+    static const char *const ABSENT[] = {"README.md", "single.safetensors", "transformer/notes.txt"};
+    for (size_t i = 0; i < sizeof ABSENT / sizeof *ABSENT; i++) {
+        char *p = tu_strdupf("%s/%s", out, ABSENT[i]);
+        struct stat st;
+        assert_int_not_equal(lstat(p, &st), 0);
+        free(p);
+    }
+    free(cmd);
+    free(pl);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -527,6 +568,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_symlinks_inside_the_hub_cache_are_followed, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_stray_checkpoint_files_are_not_copied, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_pipeline_entries_inspect_agrees_with_convert, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
 }
