@@ -218,6 +218,11 @@ static int load_weight(const struct model *m, const struct model_tensor *blob, s
     w->name = strndup(blob_name, base_len);
     if (!w->name)
         return nf4_fail(NF4_ESOFTWARE, path, blob_name, "out of memory");
+    /* "W.absmax" + suffix, or a blob of a blob: the weight would be planned
+     * as a state part and silently left out of the output. */
+    if (bnb_is_state_part(w->name))
+        return nf4_fail(NF4_EDATA, path, blob_name, "names %s as its packed weight, a name only quant-state parts "
+                        "may have", w->name);
     w->state_blob = blob;
     if (blob->t->dtype != DT_U8)
         return nf4_fail(NF4_EDATA, path, blob_name, "quant state blob is %s, expected U8", dtype_name(blob->t->dtype));

@@ -312,6 +312,14 @@ def file_cases(B):
          "nested tensors present but the quant state is not nested")
     emit("qs-orphan-part", st_bytes(B + [find(B, D + ".quant_map").copy(name="model.z.weight.quant_map")]), 65,
          "model.z.weight.quant_map: quant-state tensor belongs to no weight")
+    # A weight named like a state part would be planned as one and dropped.
+    emit("qs-weight-named-like-a-part",
+         st_bytes(B + [find(B, D + NF4).copy(name=D + ".absmax" + NF4),
+                       find(B, G + ".nested_absmax").copy(name=D + ".absmax.absmax"),
+                       find(B, D + ".quant_map").copy(name=D + ".absmax.quant_map")]), 65,
+         "names model.d.weight.absmax as its packed weight")
+    emit("qs-blob-of-a-blob", st_bytes(B + [find(B, D + NF4).copy(name=D + NF4 + NF4)]), 65,
+         "as its packed weight, a name only quant-state parts may have")
     emit("qs-int8-scb", st_bytes(B + [T("model.q.weight.SCB", "F32", [2], b"\x00" * 8)]), 65,
          "model.q.weight.SCB: bitsandbytes 8-bit (LLM.int8) weights are not supported")
     # -- quant states: the blob
