@@ -56,21 +56,39 @@ int write_full(int fd, const void *buf, size_t len)
     return 0;
 }
 
-int read_small_file(const char *path, size_t max_bytes, char **out, size_t *out_len)
+int open_regular_file(const char *path, int *fd_out, struct stat *st)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    *fd_out = -1;
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer forever. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot open");
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
+    if (fstat(fd, st) != 0) {
         int e = errno;
         close(fd);
         return nf4_fail_errno(NF4_EIO, e, path, NULL, "cannot stat");
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st->st_mode)) {
         close(fd);
         return nf4_fail(NF4_ENOINPUT, path, NULL, "not a regular file");
     }
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+        int e = errno;
+        close(fd);
+        return nf4_fail_errno(NF4_EIO, e, path, NULL, "cannot open");
+    }
+    *fd_out = fd;
+    return NF4_OK;
+}
+
+int read_small_file(const char *path, size_t max_bytes, char **out, size_t *out_len)
+{
+    int fd;
+    struct stat st;
+    int code = open_regular_file(path, &fd, &st);
+    if (code != NF4_OK)
+        return code;
     if ((uint64_t)st.st_size > max_bytes) {
         close(fd);
         return nf4_fail(NF4_EDATA, path, NULL, "file is %lld bytes, more than the %zu allowed", (long long)st.st_size,

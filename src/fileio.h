@@ -6,12 +6,18 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 /* 0 on success; -1 with errno set (a read past EOF sets errno to EIO... see
  * read_full_at's comment). */
 int read_full_at(int fd, void *buf, size_t len, uint64_t offset);
 int write_full(int fd, const void *buf, size_t len);
+
+/* Opens an input for reading; anything but a regular file (a FIFO, a
+ * device, a directory) is refused without blocking: NF4_ENOINPUT, or NF4_EIO
+ * where fstat fails. */
+int open_regular_file(const char *path, int *fd, struct stat *st);
 
 /* Reads a whole small file (config.json, index.json) into a NUL-terminated
  * buffer, refusing files over max_bytes. Returns an NF4_* code. */

@@ -313,20 +313,9 @@ int st_open(const char *path, struct st_file **out)
     }
     int code = NF4_OK;
     char *header = NULL;
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        code = nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot open");
-        goto fail;
-    }
     struct stat st;
-    if (fstat(f->fd, &st) != 0) {
-        code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "cannot stat");
+    if ((code = open_regular_file(path, &f->fd, &st)) != NF4_OK)
         goto fail;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        code = nf4_fail(NF4_ENOINPUT, path, NULL, "not a regular file");
-        goto fail;
-    }
     f->file_size = (uint64_t)st.st_size;
     f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     if (f->file_size < 8) {

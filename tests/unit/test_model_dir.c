@@ -523,6 +523,31 @@ static void test_cli_tensor_in_two_shards_is_bad_data(void **state)
     free(shard);
 }
 
+/* A FIFO where a shard or config.json should be: opening it for reading would
+ * wait for a writer forever. Run under timeout(1), so a hang fails (124)
+ * instead of stalling the suite. */
+static void test_cli_fifo_shard_or_config_is_missing_input_not_a_hang(void **state)
+{
+    struct scratch *s = *state;
+    static const char *const NAMES[] = {"model-00005-of-00005.safetensors", "config.json"};
+    for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++) {
+        char *path = tu_strdupf("%s/%s", s->in, NAMES[i]), *saved = tu_strdupf("%s.saved", path);
+        assert_int_equal(rename(path, saved), 0);
+        assert_int_equal(mkfifo(path, 0600), 0);
+        assert_int_equal(tu_sh_status("timeout 60 %s convert --device cpu %s %s 2>/dev/null", NF4DEQ_BIN, s->in,
+                                      s->out),
+                         NF4_ENOINPUT);
+        assert_false(tu_exists(s->out));
+        if (i == 0) /* inspect reads the shards, not config.json */
+            assert_int_equal(tu_sh_status("timeout 60 %s inspect %s >/dev/null 2>&1", NF4DEQ_BIN, s->in),
+                             NF4_ENOINPUT);
+        assert_int_equal(unlink(path), 0);
+        assert_int_equal(rename(saved, path), 0);
+        free(path);
+        free(saved);
+    }
+}
+
 #define SHARDED(fn) cmocka_unit_test_setup_teardown(fn, sharded_setup, sharded_teardown)
 
 int main(void)
@@ -550,6 +575,7 @@ int main(void)
         SHARDED(test_cli_index_entry_absent_from_its_shard_is_bad_data),
         SHARDED(test_cli_index_entry_pointing_at_the_wrong_shard_is_bad_data),
         SHARDED(test_cli_tensor_in_two_shards_is_bad_data),
+        SHARDED(test_cli_fifo_shard_or_config_is_missing_input_not_a_hang),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
