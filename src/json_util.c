@@ -96,13 +96,40 @@ cJSON *json_parse_whole(const char *json, size_t len)
     return root;
 }
 
+static int cmp_key(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* Sorted, not pairwise: a hostile document with a million keys must not take
+ * hours. */
+int json_first_duplicate_key(const cJSON *object, const char **dup)
+{
+    *dup = NULL;
+    size_t n = 0;
+    for (const cJSON *c = object->child; c; c = c->next)
+        n += c->string != NULL;
+    if (n < 2)
+        return 0;
+    const char **keys = malloc(n * sizeof *keys);
+    if (!keys)
+        return -1;
+    n = 0;
+    for (const cJSON *c = object->child; c; c = c->next)
+        if (c->string)
+            keys[n++] = c->string;
+    qsort(keys, n, sizeof *keys, cmp_key);
+    for (size_t i = 1; i < n && !*dup; i++)
+        if (strcmp(keys[i - 1], keys[i]) == 0)
+            *dup = keys[i];
+    free(keys);
+    return *dup != NULL;
+}
+
 int json_has_duplicate_key(const cJSON *object)
 {
-    for (const cJSON *a = object->child; a; a = a->next)
-        for (const cJSON *b = a->next; b; b = b->next)
-            if (a->string && b->string && strcmp(a->string, b->string) == 0)
-                return 1;
-    return 0;
+    const char *dup;
+    return json_first_duplicate_key(object, &dup) != 0; /* out of memory: refused as well */
 }
 
 /* The shortest decimal that reads back as the same double, as jq 1.7 prints

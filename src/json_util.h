@@ -36,6 +36,9 @@ int json_ran_out_of_memory(void);
  * Python's json module the last, so such a document means two different
  * things to nf4deq and to bitsandbytes: it is refused. */
 int json_has_duplicate_key(const cJSON *object);
+/* The same, naming a repeated key: 1 and *dup (pointing into the object), 0,
+ * or -1 when out of memory. O(n log n). */
+int json_first_duplicate_key(const cJSON *object, const char **dup);
 
 /* Prints a document as jq does by default: two-space indentation, "key": value,
  * empty containers as {} and [], one value per line, a final newline.

@@ -139,6 +139,12 @@ static int parse_metadata(struct st_file *f, const cJSON *item)
     if (!cJSON_IsObject(item))
         return nf4_fail(NF4_EDATA, path, NULL, "__metadata__ is not an object");
     f->has_metadata = 1;
+    const char *dup;
+    int twice = json_first_duplicate_key(item, &dup);
+    if (twice < 0)
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    if (twice)
+        return nf4_fail(NF4_EDATA, path, NULL, "__metadata__ has key \"%s\" twice", dup);
     size_t n = (size_t)cJSON_GetArraySize(item);
     f->meta = calloc(n ? n : 1, sizeof *f->meta);
     if (!f->meta)
@@ -146,9 +152,6 @@ static int parse_metadata(struct st_file *f, const cJSON *item)
     for (const cJSON *c = item->child; c; c = c->next) {
         if (!cJSON_IsString(c))
             return nf4_fail(NF4_EDATA, path, NULL, "__metadata__ value of \"%s\" is not a string", c->string);
-        for (size_t k = 0; k < f->nmeta; k++)
-            if (strcmp(f->meta[k].key, c->string) == 0)
-                return nf4_fail(NF4_EDATA, path, NULL, "__metadata__ has key \"%s\" twice", c->string);
         f->meta[f->nmeta].key = strdup(c->string);
         f->meta[f->nmeta].value = strdup(c->valuestring);
         f->nmeta++;
