@@ -27,6 +27,17 @@ struct inspect_opts {
     FILE *out;
 };
 
+/* A name from the file in inspect's table: control bytes as '?' (as in
+ * messages, status.h), padded to `width` columns. */
+static void put_name(FILE *out, const char *name, int width)
+{
+    int n = 0;
+    for (const char *p = name; *p; p++, n++)
+        fputc(nf4_is_control_byte((unsigned char)*p) ? '?' : *p, out);
+    for (; n < width; n++)
+        fputc(' ', out);
+}
+
 static void shape_text(char *buf, size_t cap, size_t ndim, const uint64_t *shape)
 {
     size_t len = (size_t)snprintf(buf, cap, "[");
@@ -90,7 +101,8 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddStringToObject(e, "dtype", dtype_name(t->replace->t->dtype));
                 cJSON_AddItemToArray(ja, e);
             } else {
-                fprintf(out, "%-48s %-6s %10s %12s  %s (modules_to_save: replaced, %s)\n", t->name, "-", "-", "-",
+                put_name(out, t->name, 48);
+                fprintf(out, " %-6s %10s %12s  %s (modules_to_save: replaced, %s)\n", "-", "-", "-",
                         adapter_dir(s, t->replace_adapter), dtype_name(t->replace->t->dtype));
             }
             continue;
@@ -109,7 +121,8 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddStringToObject(e, "dtype", dtype_name(x->a->t->dtype));
                 cJSON_AddItemToArray(ja, e);
             } else {
-                fprintf(out, "%-48s %-6u %10g %12.9g  %s%s\n", t->name, x->r, x->alpha, (double)x->scaling,
+                put_name(out, t->name, 48);
+                fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->r, x->alpha, (double)x->scaling,
                         adapter_dir(s, x->adapter), x->fan_in_fan_out ? " (fan_in_fan_out)" : "");
             }
         }
@@ -221,7 +234,8 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
             cJSON_AddItemToArray(jtensors, jt);
             continue;
         }
-        fprintf(out, "%-48s %-5s %-16s %12" PRIu64 "  ", t->name, dtype_name(t->dtype), shape, st_tensor_bytes(t));
+        put_name(out, t->name, 48);
+        fprintf(out, " %-5s %-16s %12" PRIu64 "  ", dtype_name(t->dtype), shape, st_tensor_bytes(t));
         if (q) {
             shape_text(qshape, sizeof qshape, q->state.ndim, q->state.shape);
             fprintf(out, "%s blocksize %u, %s, storage %s, %s -> %s (%" PRIu64 " bytes)\n",
@@ -229,7 +243,9 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                     q->state.nested ? "double quant" : "single quant", dtype_name(t->dtype), qshape,
                     dtype_name(out_dt), out_bytes);
         } else if (owner) {
-            fprintf(out, "quant state of %s\n", owner->name);
+            fputs("quant state of ", out);
+            put_name(out, owner->name, 0);
+            fputc('\n', out);
         } else {
             fprintf(out, "-> %s (%" PRIu64 " bytes)\n", dtype_name(out_dt), out_bytes);
         }
@@ -307,8 +323,9 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
             cJSON_AddStringToObject(jc, "action", quantized ? "convert" : "copy");
             cJSON_AddItemToArray(jcomponents, jc);
         } else if (code == NF4_OK) {
-            fprintf(o->out, "%s== component %s: %s ==\n", ncomponents ? "\n" : "", e[i].name,
-                    quantized ? "converted" : "no 4-bit weights, copied as it is");
+            fprintf(o->out, "%s== component ", ncomponents ? "\n" : "");
+            put_name(o->out, e[i].name, 0);
+            fprintf(o->out, ": %s ==\n", quantized ? "converted" : "no 4-bit weights, copied as it is");
         }
         struct totals t = {0};
         if (code == NF4_OK)

@@ -16,12 +16,19 @@ static int capturing;
 static char **captured;
 static size_t ncaptured, captured_cap;
 
-/* The message must stay on one line whatever a hostile file name holds. */
+int nf4_is_control_byte(unsigned char c)
+{
+    return c < 0x20 || c == 0x7f;
+}
+
+/* The message must stay one line, and inert on a terminal, whatever a hostile
+ * file or tensor name holds: control bytes (newlines, ESC sequences, VT, BEL)
+ * print as '?', as ls does. */
 static void one_line(char *s)
 {
     for (char *p = s; *p; p++)
-        if (*p == '\n' || *p == '\r')
-            *p = ' ';
+        if (nf4_is_control_byte((unsigned char)*p))
+            *p = '?';
 }
 
 static void vrecord(const char *file, const char *tensor, const char *suffix, const char *fmt, va_list ap)

@@ -190,6 +190,11 @@ def header_edit(ts, old, new):
     return st_bytes(ts, text.replace(old, new, 1))
 
 
+def header_edit_ts(ts, name, new_name):
+    """The tensors with one renamed (json.dumps escapes control bytes as \\u00XX)."""
+    return replace(ts, name, find(ts, name).copy(name=new_name))
+
+
 def file_cases(B):
     ok = st_bytes(B)
     emit("ok-baseline", ok, 0, "converted", kinds=("convert", "inspect"))
@@ -222,6 +227,11 @@ def file_cases(B):
     # -- dtype, shape, numbers
     emit("st-dtype-lowercase", header_edit(B, '"dtype":"BF16"', '"dtype":"bf16"'), 65,
          'model.norm.weight: unknown dtype "bf16"')
+    # Escaped control bytes are valid JSON; in a message they must not reach the
+    # terminal (an ESC sequence) or break the one line (VT): printed as '?'.
+    emit("st-name-with-terminal-escapes",
+         header_edit(header_edit_ts(B, NORM, "model.norm\x1b[2J\x0b.weight"), '"dtype":"BF16"', '"dtype":"bf16"'),
+         65, 'model.norm?[2J?.weight: unknown dtype "bf16"', kinds=("convert", "inspect"))
     emit("st-dtype-not-string", header_edit(B, '"dtype":"BF16"', '"dtype":16'), 65,
          "model.norm.weight: dtype is not a string")
     emit("st-shape-negative", header_edit(B, '"shape":[512]', '"shape":[-512]'), 65,

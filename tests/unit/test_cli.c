@@ -6,6 +6,7 @@
 #include <cJSON.h>
 
 #include "gpu.h"
+#include "safetensors_writer.h"
 
 #define BNB4 FIXTURES "/tensors.bnb4.safetensors"
 
@@ -548,6 +549,28 @@ static void test_pipeline_entries_inspect_agrees_with_convert(void **state)
     free(out);
 }
 
+/* A tensor name with terminal escapes (valid JSON: \u001b) prints inert in
+ * inspect's table: control bytes as '?'. */
+static void test_inspect_prints_control_bytes_in_names_as_question_marks(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *path = tu_strdupf("%s/esc.safetensors", s->dir);
+    static const uint64_t SHAPE[] = {1};
+    const struct st_out_tensor t[] = {{"a\x1b]0;title\x07" "b\x0b", DT_BF16, 1, SHAPE}};
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, path, t, 1, NULL, 0), NF4_OK);
+    static const unsigned char ZEROS[2];
+    assert_int_equal(st_writer_write(w, ZEROS, 2), NF4_OK);
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    struct tu_run r = tu_run("inspect", path, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "a?]0;title?b? "));
+    for (const char *p = r.out; *p; p++)
+        assert_true(*p == '\n' || (unsigned char)*p >= 0x20);
+    tu_run_free(&r);
+    free(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -569,6 +592,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_stray_checkpoint_files_are_not_copied, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_entries_inspect_agrees_with_convert, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_inspect_prints_control_bytes_in_names_as_question_marks, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
 }
