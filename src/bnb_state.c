@@ -25,6 +25,11 @@ int bnb_is_state_part(const char *name)
     return 0;
 }
 
+/* Half an ulp above FLT_MAX: a double under it rounds to a finite float32, as
+ * PyTorch's torch.tensor(x, dtype=float32) does (FLT_MAX's mantissa is odd, so
+ * the tie itself rounds to infinity). */
+#define FLOAT32_ROUNDS_TO_INF 3.4028235677973366e38
+
 static int is_power_of_two(uint64_t v)
 {
     return v && (v & (v - 1)) == 0;
@@ -56,6 +61,14 @@ int bnb_parse_state(const char *file, const char *tensor, const char *json, size
     }
     if (json_has_duplicate_key(root)) {
         code = nf4_fail(NF4_EDATA, file, tensor, "quant state has a key twice");
+        goto out;
+    }
+    /* bitsandbytes passes these to torch.Size and its kernels' int arguments,
+     * which refuse 64.0; json_u64 below sees only the double. */
+    static const char *const INTEGER_KEYS[] = {"blocksize", "shape", "nested_blocksize"};
+    const char *bad_key;
+    if (!json_keys_hold_plain_integers(json, len, INTEGER_KEYS, 3, &bad_key)) {
+        code = nf4_fail(NF4_EDATA, file, tensor, "quant state \"%s\" is not written as an integer", bad_key);
         goto out;
     }
     const cJSON *qt = cJSON_GetObjectItemCaseSensitive(root, "quant_type");
@@ -135,7 +148,8 @@ int bnb_parse_state(const char *file, const char *tensor, const char *json, size
             code = nf4_fail(NF4_EDATA, file, tensor, "nested_dtype must be \"float32\"");
             goto out;
         }
-        if (!cJSON_IsNumber(noff) || !isfinite(noff->valuedouble) || fabs(noff->valuedouble) > 3.4028234663852886e38) {
+        if (!cJSON_IsNumber(noff) || !isfinite(noff->valuedouble) ||
+            !(fabs(noff->valuedouble) < FLOAT32_ROUNDS_TO_INF)) {
             code = nf4_fail(NF4_EDATA, file, tensor, "nested_offset is not a finite float32 number");
             goto out;
         }

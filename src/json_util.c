@@ -96,6 +96,66 @@ cJSON *json_parse_whole(const char *json, size_t len)
     return root;
 }
 
+size_t json_number_end(const char *s, size_t len, size_t i, int *plain_integer)
+{
+    size_t start = i;
+    int plain = 1;
+    while (i < len && ((s[i] >= '0' && s[i] <= '9') || s[i] == '-' || s[i] == '+' || s[i] == '.' || s[i] == 'e' ||
+                       s[i] == 'E')) {
+        if (s[i] < '0' || s[i] > '9')
+            plain = 0;
+        i++;
+    }
+    /* Leading zeros ("007") are not JSON; more than 16 digits cannot be exact. */
+    if ((i - start > 1 && s[start] == '0') || i - start > 16)
+        plain = 0;
+    *plain_integer = plain;
+    return i;
+}
+
+static int key_is_one_of(const char *s, size_t len, const char *const *keys, size_t nkeys)
+{
+    for (size_t k = 0; k < nkeys; k++)
+        if (strlen(keys[k]) == len && memcmp(keys[k], s, len) == 0)
+            return (int)k;
+    return -1;
+}
+
+int json_keys_hold_plain_integers(const char *s, size_t len, const char *const *keys, size_t nkeys,
+                                  const char **bad_key)
+{
+    int depth = 0, key = -1; /* key: which of `keys` the current top-level value is under */
+    size_t str_start = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '"') {
+            str_start = ++i;
+            while (i < len && s[i] != '"')
+                i += s[i] == '\\' ? 2 : 1;
+            size_t j = i + 1;
+            while (j < len && (s[j] == ' ' || s[j] == '\t' || s[j] == '\n' || s[j] == '\r'))
+                j++;
+            if (depth == 1 && j < len && s[j] == ':') /* a key of the top-level object */
+                key = key_is_one_of(s + str_start, i - str_start, keys, nkeys);
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            depth--;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            /* A sign is allowed: -4096 is written as an integer, and the
+             * caller refuses it for what it is. */
+            int plain;
+            size_t end = json_number_end(s, len, i + (c == '-'), &plain);
+            if (key >= 0 && !plain) {
+                *bad_key = keys[key];
+                return 0;
+            }
+            i = end - 1;
+        }
+    }
+    return 1;
+}
+
 static int cmp_key(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);

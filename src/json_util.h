@@ -40,6 +40,19 @@ int json_has_duplicate_key(const cJSON *object);
  * or -1 when out of memory. O(n log n). */
 int json_first_duplicate_key(const cJSON *object, const char **dup);
 
+/* The end of the number token at s[i]; *plain_integer is 1 if it is a plain
+ * non-negative integer as written: digits only, no leading zero, at most 16
+ * digits (exact in a double). cJSON reads 64, 64.0 and 6.4e1 alike, so a
+ * field that must be an integer is checked on the text. */
+size_t json_number_end(const char *s, size_t len, size_t i, int *plain_integer);
+
+/* 1 if every number in the values of the given keys of a top-level object
+ * (nested arrays and objects included) is a plain integer as above, a minus
+ * sign allowed; else 0,
+ * with *bad_key. The text must have passed json_text_is_strict. */
+int json_keys_hold_plain_integers(const char *s, size_t len, const char *const *keys, size_t nkeys,
+                                  const char **bad_key);
+
 /* Prints a document as jq does by default: two-space indentation, "key": value,
  * empty containers as {} and [], one value per line, a final newline.
  * NULL when out of memory. */

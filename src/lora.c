@@ -106,6 +106,12 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
         return config_fail(path, "is not a JSON object");
     if (json_has_duplicate_key(root))
         return config_fail(path, "has a duplicate key");
+    /* PEFT builds nn.Linear layers of these sizes, which refuse 4.0. */
+    static const char *const INTEGER_KEYS[] = {"r", "rank_pattern"};
+    const char *bad_key;
+    if (!json_keys_hold_plain_integers(json, len, INTEGER_KEYS, 2, &bad_key))
+        return config_fail(path, strcmp(bad_key, "r") == 0 ? "\"r\" must be a whole number from 1 to 65536"
+                                                   : "\"rank_pattern\" ranks must be whole numbers");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
     if (!cJSON_IsString(type))
         return config_fail(path, "has no \"peft_type\": not a PEFT adapter config");

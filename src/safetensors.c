@@ -47,21 +47,13 @@ static int numbers_are_plain_integers(const char *s, size_t len, size_t *bad_at)
         if (c == '"') {
             in_string = 1;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
-            size_t start = i;
-            while (i < len && ((s[i] >= '0' && s[i] <= '9') || s[i] == '-' || s[i] == '+' || s[i] == '.' ||
-                               s[i] == 'e' || s[i] == 'E'))
-                i++;
-            for (size_t k = start; k < i; k++)
-                if (s[k] < '0' || s[k] > '9') {
-                    *bad_at = start;
-                    return 0;
-                }
-            /* Leading zeros ("007") are not JSON; more than 16 digits cannot be exact. */
-            if ((i - start > 1 && s[start] == '0') || i - start > 16) {
-                *bad_at = start;
+            int plain;
+            size_t end = json_number_end(s, len, i, &plain);
+            if (!plain) {
+                *bad_at = i;
                 return 0;
             }
-            i--;
+            i = end - 1;
         }
     }
     return 1;

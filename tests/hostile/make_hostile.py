@@ -339,7 +339,18 @@ def file_cases(B):
        kinds=("convert", "inspect"))
     qs("qs-blocksize-8192", lambda o: o.update(blocksize=8192), "blocksize 8192 is not a power of two")
     qs("qs-blocksize-16", lambda o: o.update(blocksize=16), "blocksize 16 is not a power of two")
-    qs("qs-blocksize-float", lambda o: o.update(blocksize=256.5), 'no integer "blocksize"')
+    qs("qs-blocksize-float", lambda o: o.update(blocksize=256.5), 'quant state "blocksize" is not written as an integer')
+    # 256.0 and 2.56e2 are 256 to cJSON, but not integers to torch.Size or bitsandbytes' int arguments.
+    qs("qs-blocksize-256.0", lambda o: o.update(blocksize=256.0), 'quant state "blocksize" is not written as an integer')
+    qs_raw_early = find(B, G + NF4).data
+    assert b'"blocksize": 256' in qs_raw_early
+    emit("qs-blocksize-2.56e2", st_bytes(replace(B, G + NF4, blob_tensor(
+        G + NF4, qs_raw_early.replace(b'"blocksize": 256', b'"blocksize": 2.56e2')))), 65,
+        'quant state "blocksize" is not written as an integer')
+    qs("qs-shape-floats", lambda o: o.update(shape=[float(v) for v in o["shape"]]),
+       'quant state "shape" is not written as an integer')
+    qs("qs-nested-blocksize-float", lambda o: o.update(nested_blocksize=256.0),
+       'quant state "nested_blocksize" is not written as an integer')
     qs("qs-blocksize-missing", lambda o: o.pop("blocksize"), 'no integer "blocksize"')
     qs("qs-quant-type-unknown", lambda o: o.update(quant_type="nf3"), 'unsupported quant_type "nf3"')
     qs("qs-quant-type-contradicts-name", lambda o: o.update(quant_type="fp4"),
@@ -367,6 +378,10 @@ def file_cases(B):
     assert b"1e400" in blob
     emit("qs-nested-offset-overflows", st_bytes(replace(B, G + NF4, blob_tensor(G + NF4, blob))), 65,
          "nested_offset is not a finite float32 number")
+    # Under half an ulp above FLT_MAX, torch rounds the offset to FLT_MAX: valid.
+    blob = find(B, G + NF4).data.replace(b'"nested_offset": 0.14574050903320312', b'"nested_offset": 3.4028235e38')
+    emit("ok-nested-offset-rounds-to-flt-max", st_bytes(replace(B, G + NF4, blob_tensor(G + NF4, blob))), 0,
+         "converted")
     raw = find(B, G + NF4).data
     def qs_raw(name, blob, msg, **kw):
         emit(name, st_bytes(replace(B, G + NF4, blob_tensor(G + NF4, blob, **kw))), 65, msg)
@@ -510,6 +525,7 @@ def lora_cases():
     emit_lora("lora-config-array", 65, "is not a JSON object", config=b"[" + adapter_config() + b"]")
     emit_lora("lora-config-duplicate-key", 65, "has a duplicate key",
               config=adapter_config().replace(b'"r": 4,', b'"r": 4, "r": 8,'))
+    emit_lora("lora-r-float", 65, '"r" must be a whole number', config=adapter_config(r=4.0))
     emit_lora("lora-alpha-nan", 65, "NaN or Infinity", config=adapter_config().replace(b'"lora_alpha": 8', b'"lora_alpha": NaN'),
               kinds=both)
     emit_lora("lora-alpha-huge", 65, '"lora_alpha" must be a finite number',
