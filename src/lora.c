@@ -8,6 +8,7 @@
 
 #include "fileio.h"
 #include "json_util.h"
+#include "lora_target.h"
 #include "pattern.h"
 #include "status.h"
 #include "strutil.h"
@@ -159,7 +160,7 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
                 return config_fail(path, "\"modules_to_save\" must be a list of module names");
         c->modules_to_save = mts;
     }
-    return NF4_OK;
+    return lora_target_parse(path, root, &c->targets);
 }
 
 static void free_compiled(struct pattern **compiled)
@@ -173,6 +174,7 @@ void lora_config_free(struct lora_config *c)
 {
     free_compiled(c->rank_compiled);
     free_compiled(c->alpha_compiled);
+    lora_target_free(&c->targets);
     cJSON_Delete(c->root);
     memset(c, 0, sizeof *c);
 }
@@ -218,14 +220,7 @@ float lora_scaling(double alpha, uint32_t r, int use_rslora)
 
 static int in_modules_to_save(const struct lora_config *c, const char *module)
 {
-    size_t mlen = strlen(module);
-    for (const cJSON *e = c->modules_to_save ? c->modules_to_save->child : NULL; e; e = e->next) {
-        size_t elen = strlen(e->valuestring);
-        if (strcmp(module, e->valuestring) == 0 ||
-            (mlen > elen && module[mlen - elen - 1] == '.' && strcmp(module + mlen - elen, e->valuestring) == 0))
-            return 1;
-    }
-    return 0;
+    return c->modules_to_save && lora_name_listed(c->modules_to_save, module);
 }
 
 /* ---- binding adapter keys to base tensors ---- */
@@ -342,6 +337,13 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                         c->fan_in_fan_out ? " transposed (fan_in_fan_out)" : "", (unsigned long long)rows,
                         (unsigned long long)cols, wname, ndim == 2 ? "" : "not a matrix, ",
                         (unsigned long long)shape[0], (unsigned long long)(ndim > 1 ? shape[1] : 0));
+        goto out;
+    }
+    /* Checked last: a pair that fits no tensor of the base is an adapter for
+     * another model, refused above whatever the config targets. */
+    if (!lora_target_matches(&c->targets, module)) {
+        nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
+                 "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
         goto out;
     }
     struct binding *x = add_binding(b, file, wname);

@@ -23,6 +23,7 @@
 
 #include "bnb_state.h"
 #include "merge_job.h" /* LORA_MAX_ADAPTERS */
+#include "lora_target.h"
 #include "model.h"
 
 /* Far above any real rank; a config that claims more is refused before any
@@ -82,6 +83,7 @@ struct lora_config {
     const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
     /* Each pattern key compiled, in the object's order, NULL-terminated. */
     struct pattern **rank_compiled, **alpha_compiled;
+    struct lora_target_rules targets; /* which modules PEFT would wrap */
     cJSON *root;
 };
 /* Parses and checks an adapter config's text (`path` names it in messages):

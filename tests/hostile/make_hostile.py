@@ -525,6 +525,8 @@ def lora_cases():
     emit_lora("lora-config-array", 65, "is not a JSON object", config=b"[" + adapter_config() + b"]")
     emit_lora("lora-config-duplicate-key", 65, "has a duplicate key",
               config=adapter_config().replace(b'"r": 4,', b'"r": 4, "r": 8,'))
+    emit_lora("lora-target-modules-number", 65, '"target_modules" must be a module name pattern',
+              config=adapter_config(target_modules=5))
     emit_lora("lora-r-float", 65, '"r" must be a whole number', config=adapter_config(r=4.0))
     emit_lora("lora-alpha-nan", 65, "NaN or Infinity", config=adapter_config().replace(b'"lora_alpha": 8', b'"lora_alpha": NaN'),
               kinds=both)

@@ -491,6 +491,36 @@ static void test_adapter_for_another_base(void **state)
     free(out);
 }
 
+/* An adapter whose config no longer targets one of its modules (o_proj here):
+ * PEFT does not load those weights, so the merge leaves them out, says so,
+ * and merges the rest. */
+static void test_untargeted_module_left_out_with_a_warning(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *ad = tu_strdupf("%s/adapter", s->dir), *out = tu_strdupf("%s/out.safetensors", s->dir);
+    char *cmd = tu_strdupf("cp -r %s %s && python3 -c 'import json, sys; p = sys.argv[1]; c = json.load(open(p)); "
+                           "c[\"target_modules\"] = [\"down_proj\"]; json.dump(c, open(p, \"w\"))' "
+                           "%s/adapter_config.json",
+                           LORA_FIXTURES "/adapter-fp16-r4", ad, ad);
+    assert_int_equal(system(cmd), 0);
+    struct tu_run r = tu_run("convert", "--device", "cpu", LORA_FIXTURES "/base-llama-fp16-fp4-bnb4", out, "--lora",
+                             ad, NULL);
+    if (r.status != 0 || !strstr(r.err, "o_proj.lora_A.weight: its module is not one adapter_config.json targets") ||
+        !strstr(r.err, "2 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    r = tu_run("inspect", LORA_FIXTURES "/base-llama-fp16-fp4-bnb4", "--lora", ad, NULL);
+    assert_int_equal(r.status, 0);
+    const char *changed = strstr(r.out, "CHANGED BY LORA");
+    assert_non_null(changed);
+    assert_non_null(strstr(changed, "down_proj.weight"));
+    assert_null(strstr(changed, "o_proj.weight"));
+    tu_run_free(&r);
+    free(cmd);
+    free(ad);
+    free(out);
+}
+
 /* inspect --lora lists each changed tensor with r, alpha and scaling. */
 static void test_inspect_lists_changes(void **state)
 {
@@ -526,6 +556,76 @@ static void test_pattern_matching_as_peft(void **state)
     assert_true(lora_scaling(16, 64, 1) == 2.0f);
 }
 
+/* lora_target_matches against PEFT 0.21's check_target_module_exists: every
+ * row's expectation is what that function returns for the same config and
+ * key (run in Python when the table was written). */
+static void test_targeting_as_peft(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *config; /* the keys of an adapter_config.json */
+        const char *module;
+        int targeted;
+    } TARGET_CASES[] = {
+        {"\"target_modules\": [\"q_proj\"]", "model.layers.0.self_attn.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"]", "model.layers.0.self_attn.k_proj", 0},
+        {"\"target_modules\": [\"q_proj\"]", "q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"]", "model.layers.0.xq_proj", 0},
+        {"\"target_modules\": \"model\\\\..*\\\\.(q|v)_proj\"", "model.layers.0.self_attn.q_proj", 1},
+        {"\"target_modules\": \"model\\\\..*\\\\.(q|v)_proj\"", "model.layers.0.self_attn.k_proj", 0},
+        {"\"target_modules\": \"model\\\\..*\\\\.(q|v)_proj\"", "model.layers.0.self_attn.q_proj.extra", 0},
+        {"\"target_modules\": \"all-linear\"", "model.layers.0.self_attn.k_proj", 1},
+        {"\"target_modules\": null", "model.layers.0.self_attn.k_proj", 1},
+        {"\"target_modules\": [\"q_proj\", \"o_proj\"], \"exclude_modules\": [\"o_proj\"]",
+         "model.layers.0.self_attn.o_proj", 0},
+        {"\"target_modules\": [\"q_proj\"], \"exclude_modules\": \".*\\\\.1\\\\..*\"", "model.layers.1.self_attn.q_proj", 0},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": [0, 2]", "model.layers.0.self_attn.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": [0, 2]", "model.layers.1.self_attn.q_proj", 0},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": [0, 2]", "model.layers.2.self_attn.q_proj", 1},
+        /* named in full: the layer index is not checked */
+        {"\"target_modules\": [\"model.layers.1.self_attn.q_proj\"], \"layers_to_transform\": [0, 2]",
+         "model.layers.1.self_attn.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1, \"layers_pattern\": \"layers\"",
+         "model.layers.1.self_attn.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1, \"layers_pattern\": \"h\"",
+         "model.layers.1.self_attn.q_proj", 0},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1", "layers.1.q_proj", 0},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1", "a.layers.1.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 3", "model.layers.1.blocks.3.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1, \"layers_pattern\": [\"layers\"]",
+         "model.layers.1.blocks.3.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": []", "model.layers.1.blocks.3.q_proj", 1},
+    };
+    for (size_t i = 0; i < sizeof TARGET_CASES / sizeof *TARGET_CASES; i++) {
+        char *json = tu_strdupf("{%s}", TARGET_CASES[i].config);
+        cJSON *root = cJSON_Parse(json);
+        assert_non_null(root);
+        struct lora_target_rules r;
+        assert_int_equal(lora_target_parse("cfg", root, &r), NF4_OK);
+        if (lora_target_matches(&r, TARGET_CASES[i].module) != TARGET_CASES[i].targeted)
+            fail_msg("case %zu: {%s} and %s: expected %d", i, TARGET_CASES[i].config, TARGET_CASES[i].module, TARGET_CASES[i].targeted);
+        lora_target_free(&r);
+        cJSON_Delete(root);
+        free(json);
+    }
+    static const char *const BAD[] = {
+        "\"target_modules\": 5", "\"target_modules\": [\"q_proj\", 1]", "\"exclude_modules\": {}",
+        "\"layers_to_transform\": \"0\"", "\"layers_to_transform\": [0, \"1\"]", "\"layers_pattern\": 3",
+        "\"target_modules\": \"(?<=x)q\"", /* look-behind: not matchable by the automaton */
+    };
+    for (size_t i = 0; i < sizeof BAD / sizeof *BAD; i++) {
+        char *json = tu_strdupf("{%s}", BAD[i]);
+        cJSON *root = cJSON_Parse(json);
+        assert_non_null(root);
+        struct lora_target_rules r;
+        if (lora_target_parse("cfg", root, &r) != NF4_EDATA)
+            fail_msg("{%s} was accepted", BAD[i]);
+        lora_target_free(&r);
+        cJSON_Delete(root);
+        free(json);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -536,8 +636,11 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refusals_write_nothing, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_adapter_for_another_base, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_untargeted_module_left_out_with_a_warning, tu_scratch_setup,
+                                        tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_pattern_matching_as_peft),
+        cmocka_unit_test(test_targeting_as_peft),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
