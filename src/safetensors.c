@@ -31,10 +31,12 @@ static int is_valid_utf8(const unsigned char *s, size_t len)
 /* Every number in a safetensors header is a shape entry or an offset: a
  * non-negative integer. cJSON would accept 1.0, 1e3 or -0 as the same double,
  * so the literal text is checked before parsing. Returns 0 and the offending
- * offset on failure. */
-static int numbers_are_plain_integers(const char *s, size_t len, size_t *bad_at)
+ * offset on failure. *values counts the JSON values, within one: each '{', '['
+ * and ',' outside strings starts one. */
+static int numbers_are_plain_integers(const char *s, size_t len, size_t *bad_at, uint64_t *values)
 {
     int in_string = 0;
+    *values = 1;
     for (size_t i = 0; i < len; i++) {
         char c = s[i];
         if (in_string) {
@@ -46,6 +48,8 @@ static int numbers_are_plain_integers(const char *s, size_t len, size_t *bad_at)
         }
         if (c == '"') {
             in_string = 1;
+        } else if (c == '{' || c == '[' || c == ',') {
+            ++*values;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             int plain;
             size_t end = json_number_end(s, len, i, &plain);
@@ -226,8 +230,12 @@ int st_parse_header(struct st_file *f, const char *json, size_t len, uint64_t da
         return nf4_fail(NF4_EDATA, path, NULL,
                         "header is not valid JSON (a raw control character, a malformed \\u escape, or \\u0000)");
     size_t bad_at;
-    if (!numbers_are_plain_integers(json, len, &bad_at))
+    uint64_t values;
+    if (!numbers_are_plain_integers(json, len, &bad_at, &values))
         return nf4_fail(NF4_EDATA, path, NULL, "header byte %zu: numbers must be non-negative integers", bad_at);
+    if (values > ST_MAX_HEADER_VALUES)
+        return nf4_fail(NF4_EDATA, path, NULL, "header holds %" PRIu64 " JSON values, more than the %" PRIu64
+                        " nf4deq parses (about 80 bytes of memory each)", values, (uint64_t)ST_MAX_HEADER_VALUES);
     const char *end = NULL;
     cJSON *root = json_parse_prefix(json, len, &end);
     if (!root && json_ran_out_of_memory())

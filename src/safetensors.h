@@ -13,6 +13,11 @@
 
 /* The reference implementation's limit on the JSON header. */
 #define ST_MAX_HEADER_BYTES 100000000ull
+/* cJSON spends about 80 bytes on each value, so a header of "1," entries (a
+ * shape of 15 million dimensions) would take 40 times its size. Real headers
+ * hold one value per 15 bytes or more: 6.7 million at the 100 MB limit. This
+ * bounds what the parse can take to about 640 MB. */
+#define ST_MAX_HEADER_VALUES 8000000ull
 
 struct st_tensor {
     char *name;

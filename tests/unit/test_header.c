@@ -218,6 +218,28 @@ static void test_parse_empty_object_with_no_data(void **state)
     st_free_header(&f);
 }
 
+/* A shape of millions of dimensions is a few bytes per value in the header
+ * and about 80 in cJSON: refused before parsing, by count, not by memory. */
+static void test_parse_refuses_headers_of_too_many_values(void **state)
+{
+    (void)state;
+    const size_t dims = (size_t)ST_MAX_HEADER_VALUES; /* with the object, key and offsets: past the bound */
+    const char *head = "{\"a\":{\"dtype\":\"U8\",\"data_offsets\":[0,1],\"shape\":[";
+    size_t hlen = strlen(head), len = hlen + 2 * dims + 2; /* "1," x dims, the last ',' as ']', then "}}" */
+    char *json = malloc(len + 1);
+    assert_non_null(json);
+    memcpy(json, head, hlen);
+    for (size_t i = 0; i < dims; i++)
+        memcpy(json + hlen + 2 * i, "1,", 2);
+    memcpy(json + len - 3, "]}}", 4);
+    struct st_file f = {.path = "mem"};
+    nf4_clear_error();
+    assert_int_equal(st_parse_header(&f, json, len, 1), NF4_EDATA);
+    assert_non_null(strstr(nf4_last_error(), "JSON values"));
+    st_free_header(&f);
+    free(json);
+}
+
 static void test_parse_metadata_only(void **state)
 {
     (void)state;
@@ -473,6 +495,7 @@ int main(void)
         FIXTURE_TEST(test_baseline_of_the_table_is_accepted),
         cmocka_unit_test(test_parse_empty_object_with_no_data),
         cmocka_unit_test(test_parse_metadata_only),
+        cmocka_unit_test(test_parse_refuses_headers_of_too_many_values),
         cmocka_unit_test(test_parse_zero_sized_tensor),
         cmocka_unit_test(test_parse_scalar_tensor),
         cmocka_unit_test(test_parse_sub_byte_dtype_needs_whole_bytes),
