@@ -28,7 +28,12 @@ int input_resolve(const char *arg, const char *revision, char **path)
         if (revision)
             return nf4_fail(NF4_EUSAGE, NULL, NULL, "--revision applies to a Hugging Face model id (ORG/NAME), not to "
                             "standard input");
-        if (std_stream_was_closed(STDIN_FILENO) || fstat(STDIN_FILENO, &st) != 0 || !S_ISREG(st.st_mode))
+        if (std_stream_was_closed(STDIN_FILENO) || fstat(STDIN_FILENO, &st) != 0)
+            return nf4_fail(NF4_EUSAGE, NULL, NULL, "standard input (-) is closed");
+        if (S_ISDIR(st.st_mode))
+            return nf4_fail(NF4_EUSAGE, NULL, NULL, "standard input (-) is a directory: give a model directory as "
+                            "IN by its path");
+        if (!S_ISREG(st.st_mode))
             return nf4_fail(NF4_EUSAGE, NULL, NULL, "standard input (-) must be a file, not a pipe or a terminal: "
                             "safetensors are read at random offsets; save it to a file first");
         return owned(STDIN_PATH, path);

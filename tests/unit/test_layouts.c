@@ -475,6 +475,18 @@ static void test_stdout_streams_the_file(void **state)
     assert_same_file(from_stdin, file);
     free(from_stdin);
     assert_int_equal(tu_sh_status("cat %s | %s convert -q - %s/never 2>/dev/null", BNB4, NF4DEQ_BIN, s->dir), NF4_EUSAGE);
+    /* A directory or a closed standard input: refused, and said as what it is. */
+    char *err = tu_strdupf("%s/err", s->dir);
+    static const char *const REDIRECTS[][2] = {{"< /", "is a directory"}, {"<&-", "is closed"}};
+    for (size_t i = 0; i < 2; i++) {
+        assert_int_equal(tu_sh_status("%s convert -q - %s/never %s 2> %s", NF4DEQ_BIN, s->dir, REDIRECTS[i][0], err),
+                         NF4_EUSAGE);
+        char *msg = tu_read_file(err, NULL);
+        if (tu_lines(msg) != 1 || !strstr(msg, REDIRECTS[i][1]))
+            fail_msg("%s: %s", REDIRECTS[i][0], msg);
+        free(msg);
+    }
+    free(err);
     free(file);
     free(piped);
 }
