@@ -59,8 +59,10 @@ int bnb_parse_state(const char *file, const char *tensor, const char *json, size
         code = nf4_fail(NF4_EDATA, file, tensor, "quant state is not a JSON object");
         goto out;
     }
-    if (json_has_duplicate_key(root)) {
-        code = nf4_fail(NF4_EDATA, file, tensor, "quant state has a key twice");
+    int twice = json_has_duplicate_key(root);
+    if (twice) {
+        code = twice < 0 ? nf4_fail(NF4_ESOFTWARE, file, tensor, "out of memory")
+                         : nf4_fail(NF4_EDATA, file, tensor, "quant state has a key twice");
         goto out;
     }
     /* bitsandbytes passes these to torch.Size and its kernels' int arguments,

@@ -171,7 +171,9 @@ int json_first_duplicate_key(const cJSON *object, const char **dup)
         n += c->string != NULL;
     if (n < 2)
         return 0;
-    const char **keys = malloc(n * sizeof *keys);
+    /* The documents nf4deq reads have tens of keys: no allocation for those. */
+    const char *small[64];
+    const char **keys = n <= sizeof small / sizeof *small ? small : malloc(n * sizeof *keys);
     if (!keys)
         return -1;
     n = 0;
@@ -182,14 +184,15 @@ int json_first_duplicate_key(const cJSON *object, const char **dup)
     for (size_t i = 1; i < n && !*dup; i++)
         if (strcmp(keys[i - 1], keys[i]) == 0)
             *dup = keys[i];
-    free(keys);
+    if (keys != small)
+        free(keys);
     return *dup != NULL;
 }
 
 int json_has_duplicate_key(const cJSON *object)
 {
     const char *dup;
-    return json_first_duplicate_key(object, &dup) != 0; /* out of memory: refused as well */
+    return json_first_duplicate_key(object, &dup);
 }
 
 /* The shortest decimal that reads back as the same double, as jq 1.7 prints

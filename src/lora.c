@@ -105,8 +105,10 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
     const cJSON *root = c->root;
     if (!cJSON_IsObject(root))
         return config_fail(path, "is not a JSON object");
-    if (json_has_duplicate_key(root))
-        return config_fail(path, "has a duplicate key");
+    int twice = json_has_duplicate_key(root);
+    if (twice)
+        return twice < 0 ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
+                         : config_fail(path, "has a duplicate key");
     /* PEFT builds nn.Linear layers of these sizes, which refuse 4.0. */
     static const char *const INTEGER_KEYS[] = {"r", "rank_pattern"};
     const char *bad_key;

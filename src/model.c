@@ -108,8 +108,10 @@ int index_parse(const char *path, const char *json, size_t len, struct index_ent
         code = nf4_fail(NF4_EDATA, path, NULL, "has no \"weight_map\" object");
         goto out;
     }
-    if (json_has_duplicate_key(root)) {
-        code = nf4_fail(NF4_EDATA, path, NULL, "has a top-level key twice");
+    int twice = json_has_duplicate_key(root);
+    if (twice) {
+        code = twice < 0 ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
+                         : nf4_fail(NF4_EDATA, path, NULL, "has a top-level key twice");
         goto out;
     }
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(root, "metadata");

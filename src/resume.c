@@ -56,7 +56,7 @@ static int parse_hex64(const cJSON *v, uint64_t *out)
 /* An object with exactly these keys (no duplicates, no others). */
 static int has_exactly(const cJSON *o, const char *const *keys, size_t n)
 {
-    if (!cJSON_IsObject(o) || json_has_duplicate_key(o) || (size_t)cJSON_GetArraySize(o) != n)
+    if (!cJSON_IsObject(o) || json_has_duplicate_key(o) != 0 || (size_t)cJSON_GetArraySize(o) != n)
         return 0;
     for (size_t i = 0; i < n; i++)
         if (!cJSON_GetObjectItemCaseSensitive(o, keys[i]))
