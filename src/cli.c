@@ -1,5 +1,6 @@
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -139,7 +140,7 @@ static const char INSPECT_HELP[] =
 int parse_size(const char *text, uint64_t *out)
 {
     char *end;
-    if (!text[0] || text[0] == '-')
+    if (!isdigit((unsigned char)text[0])) /* strtoull would take " -1" and "+1" */
         return 0;
     errno = 0;
     unsigned long long v = strtoull(text, &end, 10);
@@ -175,6 +176,7 @@ int cli_getopt(struct cli_opt_scan *scan, int argc, char **argv, const char *opt
                const struct option *longopts)
 {
     scan->longopts = longopts;
+    scan->before = optind;
     return getopt_long(argc, argv, optstring, longopts, NULL);
 }
 
@@ -194,8 +196,8 @@ static int is_long_given_value(const struct option *longopts, const char *arg)
 
 /* getopt's own messages would name the subcommand, not nf4deq: report here.
  * An unknown short option can sit inside a cluster (-zq), where optind has not
- * moved on yet, so it is named by its letter; every other error ended the
- * argument it came from, argv[optind - 1]. */
+ * moved on (it stands where it stood before the call), so it is named by its
+ * letter; every other error ended the argument it came from, argv[optind - 1]. */
 int cli_option_error(const char *cmd, char **argv, const struct cli_opt_scan *scan, int c)
 {
     const char *arg = argv[optind - 1];
@@ -204,7 +206,7 @@ int cli_option_error(const char *cmd, char **argv, const struct cli_opt_scan *sc
         return usage_error(cmd, "option '%s' needs an argument", strncmp(arg, "--", 2) == 0 ? arg : letter);
     if (!optopt) /* getopt_long: no such long option */
         return usage_error(cmd, "unrecognized option '%s'", arg);
-    if (is_long_given_value(scan->longopts, arg))
+    if (optind != scan->before && is_long_given_value(scan->longopts, arg))
         return usage_error(cmd, "option '%s' takes no argument", arg);
     return usage_error(cmd, "unrecognized option '%s'", letter);
 }

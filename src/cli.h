@@ -17,6 +17,7 @@ int parse_size(const char *text, uint64_t *out);
  * The option strings start with ':' and opterr is 0: getopt prints nothing. */
 struct cli_opt_scan {
     const struct option *longopts;
+    int before; /* optind before the call */
 };
 int cli_getopt(struct cli_opt_scan *scan, int argc, char **argv, const char *optstring,
                const struct option *longopts);

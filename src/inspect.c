@@ -32,8 +32,11 @@ struct inspect_opts {
 static void put_name(FILE *out, const char *name, int width)
 {
     int n = 0;
-    for (const char *p = name; *p; p++, n++)
-        fputc(nf4_is_control_byte((unsigned char)*p) ? '?' : *p, out);
+    for (const char *p = name; *p; n++) {
+        size_t c = nf4_control_len(p);
+        fputc(c ? '?' : *p, out);
+        p += c ? c : 1;
+    }
     for (; n < width; n++)
         fputc(' ', out);
 }

@@ -113,10 +113,38 @@ size_t json_number_end(const char *s, size_t len, size_t i, int *plain_integer)
     return i;
 }
 
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* 1 if the JSON string body s[0..len) (escapes undecoded, strict text) reads
+ * as `key`: "\u0072" is "r" to cJSON and to Python. */
+static int string_body_is(const char *s, size_t len, const char *key)
+{
+    size_t i = 0;
+    for (; i < len && *key; key++) {
+        unsigned c = (unsigned char)s[i++];
+        if (c == '\\' && i < len) {
+            char e = s[i++];
+            if (e == 'u' && i + 4 <= len) {
+                c = 0;
+                for (int k = 0; k < 4; k++)
+                    c = c * 16 + (unsigned)hex_digit(s[i++]); /* strict text: four hex digits */
+            } else {
+                c = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : (unsigned char)e;
+            }
+        }
+        if (c != (unsigned char)*key)
+            return 0;
+    }
+    return i == len && !*key;
+}
+
 static int key_is_one_of(const char *s, size_t len, const char *const *keys, size_t nkeys)
 {
     for (size_t k = 0; k < nkeys; k++)
-        if (strlen(keys[k]) == len && memcmp(keys[k], s, len) == 0)
+        if (string_body_is(s, len, keys[k]))
             return (int)k;
     return -1;
 }

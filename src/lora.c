@@ -303,6 +303,21 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         code = nf4_fail(NF4_EDATA, file, aname, "has no matching %s", bname);
         goto out;
     }
+    size_t ndim;
+    const uint64_t *shape;
+    if (!base_shape(b, wname, &ndim, &shape)) {
+        code = nf4_fail(NF4_EDATA, file, aname, "matches no floating-point tensor %s in the base model "
+                        "(an adapter for another model?)", wname);
+        goto out;
+    }
+    /* A module the config leaves out: PEFT never wraps it and ignores its
+     * weights whatever their rank or shape. (One that is not in the base at
+     * all is an adapter for another model, refused above.) */
+    if (!lora_target_matches(&c->targets, module)) {
+        nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
+                 "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
+        goto out;
+    }
     const cJSON *rp = pattern_for(c->rank_pattern, c->rank_compiled, module),
                 *ap = pattern_for(c->alpha_pattern, c->alpha_compiled, module);
     uint32_t r = rp ? (uint32_t)rp->valuedouble : c->r;
@@ -325,13 +340,6 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                         rp ? " (rank_pattern)" : "");
         goto out;
     }
-    size_t ndim;
-    const uint64_t *shape;
-    if (!base_shape(b, wname, &ndim, &shape)) {
-        code = nf4_fail(NF4_EDATA, file, aname, "matches no floating-point tensor %s in the base model "
-                        "(an adapter for another model?)", wname);
-        goto out;
-    }
     uint64_t out_f = btt->shape[0], in_f = at->shape[1];
     uint64_t rows = c->fan_in_fan_out ? in_f : out_f, cols = c->fan_in_fan_out ? out_f : in_f;
     if (ndim != 2 || shape[0] != rows || shape[1] != cols) {
@@ -339,13 +347,6 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                         c->fan_in_fan_out ? " transposed (fan_in_fan_out)" : "", (unsigned long long)rows,
                         (unsigned long long)cols, wname, ndim == 2 ? "" : "not a matrix, ",
                         (unsigned long long)shape[0], (unsigned long long)(ndim > 1 ? shape[1] : 0));
-        goto out;
-    }
-    /* Checked last: a pair that fits no tensor of the base is an adapter for
-     * another model, refused above whatever the config targets. */
-    if (!lora_target_matches(&c->targets, module)) {
-        nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
-                 "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
         goto out;
     }
     struct binding *x = add_binding(b, file, wname);
@@ -394,10 +395,50 @@ static int bind_replacement(struct binder *b, size_t index, const struct lora_co
     return NF4_OK;
 }
 
+/* PEFT raises "Target modules ... not found" for a config that selects none of
+ * the model's modules: such an adapter cannot be loaded there, so it is refused
+ * before any of its pairs is bound (or warned about). */
+static int refuse_if_nothing_targeted(const struct binder *b, const struct lora_adapter *ad,
+                                      const struct lora_config *c)
+{
+    const struct model *m = ad->weights;
+    const size_t plen = strlen(PEFT_KEY_PREFIX), slen = strlen("lora_A.weight");
+    size_t pairs = 0, targeted = 0;
+    for (size_t i = 0; i < m->count; i++) {
+        const char *key = m->tensors[i].t->name;
+        if (strncmp(key, PEFT_KEY_PREFIX, plen) != 0 || !str_ends_with(key, ".lora_A.weight") ||
+            strlen(key) <= plen + slen)
+            continue;
+        /* "M.lora_A.weight" -> "M.weight", the base tensor; "M", the module */
+        size_t mlen = strlen(key) - plen - slen - 1;
+        char *wname = malloc(mlen + sizeof ".weight");
+        if (!wname)
+            return nf4_fail(NF4_ESOFTWARE, m->tensors[i].file->path, key, "out of memory");
+        memcpy(wname, key + plen, mlen);
+        strcpy(wname + mlen, ".weight");
+        size_t ndim;
+        const uint64_t *shape;
+        if (base_shape(b, wname, &ndim, &shape)) { /* not in the base: bind_pair names another model */
+            pairs++;
+            wname[mlen] = '\0';
+            targeted += lora_target_matches(&c->targets, wname) != 0;
+        }
+        free(wname);
+    }
+    if (pairs > 0 && targeted == 0)
+        return nf4_fail(NF4_EDATA, ad->config_path, NULL, "targets none of the %zu modules its weights are for "
+                        "(target_modules, exclude_modules, layers_to_transform); PEFT refuses such an adapter",
+                        pairs);
+    return NF4_OK;
+}
+
 static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c)
 {
     const struct model *m = ad->weights;
     const size_t plen = strlen(PEFT_KEY_PREFIX);
+    int code = refuse_if_nothing_targeted(b, ad, c);
+    if (code != NF4_OK)
+        return code;
     for (size_t i = 0; i < m->count; i++) {
         const struct model_tensor *t = &m->tensors[i];
         const char *key = t->t->name, *file = t->file->path;
@@ -408,7 +449,6 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
             return nf4_fail(NF4_EDATA, file, key, "is a DoRA magnitude: DoRA merging is not supported");
         if (strstr(key, ".lora_embedding_"))
             return nf4_fail(NF4_EDATA, file, key, "is an embedding LoRA: merging it is not supported");
-        int code;
         if (str_ends_with(key, ".lora_A.weight")) {
             char *module = strndup(name, strlen(name) - strlen(".lora_A.weight"));
             if (!module)

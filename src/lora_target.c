@@ -18,31 +18,41 @@ static int rule_fail(const char *path, const char *key, const char *what)
     return nf4_fail(NF4_EDATA, path, NULL, "\"%s\" %s", key, what);
 }
 
-/* Compiles `fmt` with the config's pattern in it ("%s" once). */
-static int compile_wrapped(const char *path, const char *key, const char *fmt, const char *src, struct pattern **out)
+/* Compiles `fmt` with the config's pattern in it ("%s" once). A pattern
+ * src/pattern.c cannot run (look-ahead, say, which multimodal configs use to
+ * skip a vision tower) or that is not one on its own (an unbalanced ')' that
+ * the wrapping would close) selects nothing out: r->unselective, one warning,
+ * and every pair that fits the base is merged, as before nf4deq read these keys. */
+static int compile_wrapped(const char *path, const char *key, const char *fmt, const char *src,
+                           struct lora_target_rules *r, struct pattern **out)
 {
     *out = NULL;
-    if (strlen(src) > PATTERN_MAX_SOURCE)
-        return rule_fail(path, key, "is a pattern longer than nf4deq takes");
-    size_t n = strlen(fmt) + strlen(src) + 1;
-    char *full = malloc(n);
-    if (!full)
-        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    snprintf(full, n, fmt, src);
     const char *why = NULL;
-    int code = pattern_compile(full, out, &why);
-    free(full);
+    struct pattern *alone = NULL;
+    int code = strlen(src) > PATTERN_MAX_SOURCE ? PATTERN_INVALID : pattern_compile(src, &alone, &why);
+    pattern_free(alone);
+    if (code == PATTERN_OK) {
+        size_t n = strlen(fmt) + strlen(src) + 1;
+        char *full = malloc(n);
+        if (!full)
+            return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+        snprintf(full, n, fmt, src);
+        code = pattern_compile(full, out, &why);
+        free(full);
+    }
     if (code == PATTERN_NOMEM)
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    if (code != PATTERN_OK)
-        return nf4_fail(NF4_EDATA, path, NULL, "\"%s\": \"%s\" is not a regular expression nf4deq can use: %s", key,
-                        src, why);
+    if (code != PATTERN_OK) {
+        nf4_warn("%s: \"%s\": \"%s\" is not a regular expression nf4deq can use (%s); every module of the adapter "
+                 "that fits the base is merged", path, key, src, why ? why : "longer than nf4deq takes");
+        r->unselective = 1;
+    }
     return NF4_OK;
 }
 
 /* A list of strings, or a string compiled as re.fullmatch; absent or null: NULL. */
-static int parse_names(const char *path, const cJSON *root, const char *key, const cJSON **list,
-                       struct pattern **re)
+static int parse_names(const char *path, const cJSON *root, const char *key, struct lora_target_rules *r,
+                       const cJSON **list, struct pattern **re)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, key);
     *list = NULL;
@@ -52,7 +62,7 @@ static int parse_names(const char *path, const cJSON *root, const char *key, con
     if (cJSON_IsString(v)) {
         if (strcmp(key, "target_modules") == 0 && strcasecmp(v->valuestring, ALL_LINEAR) == 0)
             return NF4_OK;
-        return compile_wrapped(path, key, "(?:%s)\\Z", v->valuestring, re);
+        return compile_wrapped(path, key, "(?:%s)\\Z", v->valuestring, r, re);
     }
     if (!cJSON_IsArray(v))
         return rule_fail(path, key, "must be a module name pattern or a list of module names");
@@ -93,8 +103,8 @@ static int parse_layers(const char *path, const cJSON *root, struct lora_target_
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     const cJSON *e = cJSON_IsArray(p) ? p->child : p;
     for (size_t i = 0; i < n; i++, e = e->next) {
-        int code = compile_wrapped(path, "layers_pattern", "(.*\\.)(?:%s)\\.\\Z", e->valuestring, &r->layer_res[i]);
-        if (code != NF4_OK)
+        int code = compile_wrapped(path, "layers_pattern", "(.*\\.)(?:%s)\\.\\Z", e->valuestring, r, &r->layer_res[i]);
+        if (code != NF4_OK || r->unselective) /* the entries after a NULL are never read */
             return code;
     }
     return NF4_OK;
@@ -104,8 +114,8 @@ int lora_target_parse(const char *path, const cJSON *root, struct lora_target_ru
 {
     memset(r, 0, sizeof *r);
     int code;
-    if ((code = parse_names(path, root, "target_modules", &r->targets, &r->target_re)) != NF4_OK ||
-        (code = parse_names(path, root, "exclude_modules", &r->excludes, &r->exclude_re)) != NF4_OK)
+    if ((code = parse_names(path, root, "target_modules", r, &r->targets, &r->target_re)) != NF4_OK ||
+        (code = parse_names(path, root, "exclude_modules", r, &r->excludes, &r->exclude_re)) != NF4_OK)
         return code;
     return parse_layers(path, root, r);
 }
@@ -194,6 +204,8 @@ static int layer_selected(const cJSON *layers, int64_t index)
 
 int lora_target_matches(const struct lora_target_rules *r, const char *module)
 {
+    if (r->unselective)
+        return 1;
     if (r->exclude_re && pattern_match(r->exclude_re, module))
         return 0;
     if (r->excludes && lora_name_listed(r->excludes, module))

@@ -11,8 +11,8 @@
 
 struct pattern;
 
-/* Patterns compiled by lora_target_parse hold at most this many states in all;
- * config keys are tens of characters. */
+/* layers_pattern lists at most this many patterns (PEFT's defaults are five);
+ * each compiles to at most PATTERN_MAX_PROGRAM states. */
 #define LORA_TARGET_MAX_PATTERNS 64u
 
 struct lora_target_rules {
@@ -23,6 +23,7 @@ struct lora_target_rules {
     /* layers_pattern, each as "(.*\.)(?:P)\.\Z" over the name up to the layer
      * index; none: any segment before the index. NULL-terminated. */
     struct pattern **layer_res;
+    int unselective; /* a pattern nf4deq cannot run: every module is taken, with a warning */
 };
 
 /* Reads the rules from an adapter config's root object (`path` names it in

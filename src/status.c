@@ -16,19 +16,26 @@ static int capturing;
 static char **captured;
 static size_t ncaptured, captured_cap;
 
-int nf4_is_control_byte(unsigned char c)
+size_t nf4_control_len(const char *s)
 {
-    return c < 0x20 || c == 0x7f;
+    const unsigned char *p = (const unsigned char *)s;
+    if (p[0] < 0x20 || p[0] == 0x7f)
+        return p[0] ? 1 : 0;
+    return p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f ? 2 : 0; /* C1 (CSI is U+009B) as UTF-8 */
 }
 
 /* The message must stay one line, and inert on a terminal, whatever a hostile
- * file or tensor name holds: control bytes (newlines, ESC sequences, VT, BEL)
- * print as '?', as ls does. */
+ * file or tensor name holds: control characters (newlines, ESC sequences, VT,
+ * BEL, C1) print as '?', as ls does. */
 static void one_line(char *s)
 {
-    for (char *p = s; *p; p++)
-        if (nf4_is_control_byte((unsigned char)*p))
-            *p = '?';
+    char *w = s;
+    for (const char *p = s; *p;) {
+        size_t n = nf4_control_len(p);
+        *w++ = n ? '?' : *p;
+        p += n ? n : 1;
+    }
+    *w = '\0';
 }
 
 static void vrecord(const char *file, const char *tensor, const char *suffix, const char *fmt, va_list ap)

@@ -56,9 +56,10 @@ void nf4_warn(const char *fmt, ...) NF4_PRINTF(1, 2);
  * (removed a dead run's partial output, resumed one). Silenced and kept as
  * warnings are. */
 void nf4_note(const char *fmt, ...) NF4_PRINTF(1, 2);
-/* 1 for a byte that must not reach a terminal from a name in a file (below
- * 0x20, and DEL): messages and inspect's table print it as '?'. */
-int nf4_is_control_byte(unsigned char c);
+/* The length of the control character at s (below 0x20, DEL, or a C1 control
+ * in UTF-8: 2 bytes), else 0: messages and inspect's table print one as '?'
+ * so that no name from a file reaches the terminal as a control. */
+size_t nf4_control_len(const char *s);
 #define NF4_MAX_CAPTURED_WARNINGS 1000
 void nf4_warn_capture(int on);
 /* The kept warnings, one line each, without the "nf4deq: warning: " prefix. */

@@ -347,6 +347,10 @@ def file_cases(B):
     emit("qs-blocksize-2.56e2", st_bytes(replace(B, G + NF4, blob_tensor(
         G + NF4, qs_raw_early.replace(b'"blocksize": 256', b'"blocksize": 2.56e2')))), 65,
         'quant state "blocksize" is not written as an integer')
+    # An escaped key is the same key to cJSON and Python: "\u0062locksize" is blocksize.
+    emit("qs-blocksize-float-escaped-key", st_bytes(replace(B, G + NF4, blob_tensor(
+        G + NF4, qs_raw_early.replace(b'"blocksize": 256', b'"\\u0062locksize": 256.0')))), 65,
+        'quant state "blocksize" is not written as an integer')
     qs("qs-shape-floats", lambda o: o.update(shape=[float(v) for v in o["shape"]]),
        'quant state "shape" is not written as an integer')
     qs("qs-nested-blocksize-float", lambda o: o.update(nested_blocksize=256.0),
@@ -525,9 +529,13 @@ def lora_cases():
     emit_lora("lora-config-array", 65, "is not a JSON object", config=b"[" + adapter_config() + b"]")
     emit_lora("lora-config-duplicate-key", 65, "has a duplicate key",
               config=adapter_config().replace(b'"r": 4,', b'"r": 4, "r": 8,'))
+    emit_lora("lora-targets-nothing", 65, "targets none of the 1 modules its weights are for",
+              config=adapter_config(layers_to_transform=[99]), kinds=both)
     emit_lora("lora-target-modules-number", 65, '"target_modules" must be a module name pattern',
               config=adapter_config(target_modules=5))
     emit_lora("lora-r-float", 65, '"r" must be a whole number', config=adapter_config(r=4.0))
+    emit_lora("lora-r-float-escaped-key", 65, '"r" must be a whole number',
+              config=adapter_config().replace(b'"r": 4,', b'"\\u0072": 4.0,'))
     emit_lora("lora-alpha-nan", 65, "NaN or Infinity", config=adapter_config().replace(b'"lora_alpha": 8', b'"lora_alpha": NaN'),
               kinds=both)
     emit_lora("lora-alpha-huge", 65, '"lora_alpha" must be a finite number',
