@@ -557,8 +557,9 @@ static void test_pattern_matching_as_peft(void **state)
 }
 
 /* lora_target_matches against PEFT 0.21's check_target_module_exists: every
- * row's expectation is what that function returns for the same config and
- * key (run in Python when the table was written). */
+ * row's expectation but the last three is what that function returns for the
+ * same config and key (run in Python when the table was written); those three
+ * are nf4deq's fallback for patterns it cannot run. */
 static void test_targeting_as_peft(void **state)
 {
     (void)state;
