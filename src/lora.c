@@ -43,16 +43,7 @@ static int valid_rank(const cJSON *v)
 /* PEFT's question for a pattern key: re.match(rf"(.*\.)?({key})$", module). */
 static int compile_peft_pattern(const char *key, struct pattern **out, const char **why)
 {
-    size_t n = strlen(key);
-    char *full = malloc(n + 16);
-    if (!full) {
-        *out = NULL;
-        return PATTERN_NOMEM;
-    }
-    snprintf(full, n + 16, "(.*\\.)?(%s)$", key);
-    int code = pattern_compile(full, out, why);
-    free(full);
-    return code;
+    return pattern_compile_in("(.*\\.)?(%s)$", key, out, why);
 }
 
 /* A pattern object: absent, null or {}; string keys that compile, values checked

@@ -1,7 +1,6 @@
 #include "lora_target.h"
 
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -31,15 +30,8 @@ static int compile_wrapped(const char *path, const char *key, const char *fmt, c
     struct pattern *alone = NULL;
     int code = strlen(src) > PATTERN_MAX_SOURCE ? PATTERN_INVALID : pattern_compile(src, &alone, &why);
     pattern_free(alone);
-    if (code == PATTERN_OK) {
-        size_t n = strlen(fmt) + strlen(src) + 1;
-        char *full = malloc(n);
-        if (!full)
-            return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-        snprintf(full, n, fmt, src);
-        code = pattern_compile(full, out, &why);
-        free(full);
-    }
+    if (code == PATTERN_OK)
+        code = pattern_compile_in(fmt, src, out, &why);
     if (code == PATTERN_NOMEM)
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     if (code != PATTERN_OK) {

@@ -27,8 +27,9 @@ struct lora_target_rules {
 };
 
 /* Reads the rules from an adapter config's root object (`path` names it in
- * messages). NF4_EDATA for keys of the wrong type or patterns nf4deq cannot
- * match. Free with lora_target_free, even on failure. */
+ * messages). NF4_EDATA for keys of the wrong type; a pattern nf4deq cannot
+ * run sets `unselective`, with a warning. Free with lora_target_free, even on
+ * failure. */
 int lora_target_parse(const char *path, const cJSON *root, struct lora_target_rules *r);
 void lora_target_free(struct lora_target_rules *r);
 

@@ -4,6 +4,7 @@
 #include "pattern.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -780,6 +781,20 @@ int pattern_compile(const char *src, struct pattern **out, const char **why)
     free(p.ranges);
     free(p.sets);
     *out = pt;
+    return code;
+}
+
+int pattern_compile_in(const char *fmt, const char *src, struct pattern **out, const char **why)
+{
+    *out = NULL;
+    *why = NULL;
+    size_t n = strlen(fmt) + strlen(src) + 1;
+    char *full = malloc(n);
+    if (!full)
+        return PATTERN_NOMEM;
+    snprintf(full, n, fmt, src);
+    int code = pattern_compile(full, out, why);
+    free(full);
     return code;
 }
 

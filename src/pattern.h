@@ -39,6 +39,9 @@ struct pattern;
 /* Compiles `src` (UTF-8, NUL-terminated). Returns PATTERN_OK with *out set,
  * PATTERN_INVALID with *why set to a static one-line reason, or PATTERN_NOMEM. */
 int pattern_compile(const char *src, struct pattern **out, const char **why);
+/* pattern_compile of `fmt` with `src` put in its one "%s": how a caller asks
+ * its own question of a config's pattern ("(.*\.)?(%s)$", "(?:%s)\Z"). */
+int pattern_compile_in(const char *fmt, const char *src, struct pattern **out, const char **why);
 
 /* 1 if Python's re.match(src, name) finds a match (anchored at the start, not
  * at the end), else 0. Allocates nothing; one pattern serves one thread. */
