@@ -276,19 +276,37 @@ static struct binding *add_binding(struct binder *b, const char *file, const cha
     return x;
 }
 
+#define LORA_A_SUFFIX ".lora_A.weight"
+
+/* The module of an adapter key's name (after PEFT_KEY_PREFIX) that ends in
+ * LORA_A_SUFFIX: "M.lora_A.weight" -> "M", allocated; NULL: out of memory. */
+static char *lora_a_module(const char *name)
+{
+    return strndup(name, strlen(name) - strlen(LORA_A_SUFFIX));
+}
+
+/* The base tensor a LoRA module changes: "M" -> "M.weight", allocated. */
+static char *base_weight_name(const char *module)
+{
+    size_t n = strlen(module) + sizeof ".weight";
+    char *w = malloc(n);
+    if (w)
+        snprintf(w, n, "%s.weight", module);
+    return w;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a)
 {
     const char *file = a->file->path, *aname = a->t->name;
     size_t mlen = strlen(module);
-    char *bname = malloc(strlen(PEFT_KEY_PREFIX) + mlen + 32), *wname = malloc(mlen + 8);
+    char *bname = malloc(strlen(PEFT_KEY_PREFIX) + mlen + 32), *wname = base_weight_name(module);
     int code = NF4_OK;
     if (!bname || !wname) {
         code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
         goto out;
     }
     sprintf(bname, "%s%s.lora_B.weight", PEFT_KEY_PREFIX, module);
-    sprintf(wname, "%s.weight", module);
     const struct model_tensor *bt = model_find(ad->weights, bname);
     if (!bt) {
         code = nf4_fail(NF4_EDATA, file, aname, "has no matching %s", bname);
@@ -393,27 +411,24 @@ static int refuse_if_nothing_targeted(const struct binder *b, const struct lora_
                                       const struct lora_config *c)
 {
     const struct model *m = ad->weights;
-    const size_t plen = strlen(PEFT_KEY_PREFIX), slen = strlen("lora_A.weight");
+    const size_t plen = strlen(PEFT_KEY_PREFIX);
     size_t pairs = 0, targeted = 0;
     for (size_t i = 0; i < m->count; i++) {
         const char *key = m->tensors[i].t->name;
-        if (strncmp(key, PEFT_KEY_PREFIX, plen) != 0 || !str_ends_with(key, ".lora_A.weight") ||
-            strlen(key) <= plen + slen)
+        if (strncmp(key, PEFT_KEY_PREFIX, plen) != 0 || !str_ends_with(key + plen, LORA_A_SUFFIX))
             continue;
-        /* "M.lora_A.weight" -> "M.weight", the base tensor; "M", the module */
-        size_t mlen = strlen(key) - plen - slen - 1;
-        char *wname = malloc(mlen + sizeof ".weight");
-        if (!wname)
+        char *module = lora_a_module(key + plen), *wname = module ? base_weight_name(module) : NULL;
+        if (!wname) {
+            free(module);
             return nf4_fail(NF4_ESOFTWARE, m->tensors[i].file->path, key, "out of memory");
-        memcpy(wname, key + plen, mlen);
-        strcpy(wname + mlen, ".weight");
+        }
         size_t ndim;
         const uint64_t *shape;
         if (base_shape(b, wname, &ndim, &shape)) { /* not in the base: bind_pair names another model */
             pairs++;
-            wname[mlen] = '\0';
-            targeted += lora_target_matches(&c->targets, wname) != 0;
+            targeted += lora_target_matches(&c->targets, module) != 0;
         }
+        free(module);
         free(wname);
     }
     if (pairs > 0 && targeted == 0)
@@ -440,8 +455,8 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
             return nf4_fail(NF4_EDATA, file, key, "is a DoRA magnitude: DoRA merging is not supported");
         if (strstr(key, ".lora_embedding_"))
             return nf4_fail(NF4_EDATA, file, key, "is an embedding LoRA: merging it is not supported");
-        if (str_ends_with(key, ".lora_A.weight")) {
-            char *module = strndup(name, strlen(name) - strlen(".lora_A.weight"));
+        if (str_ends_with(name, LORA_A_SUFFIX)) {
+            char *module = lora_a_module(name);
             if (!module)
                 return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
             code = bind_pair(b, ad, index, c, module, t);
