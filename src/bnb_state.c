@@ -69,7 +69,8 @@ int bnb_parse_state(const char *file, const char *tensor, const char *json, size
      * which refuse 64.0; json_u64 below sees only the double. */
     static const char *const INTEGER_KEYS[] = {"blocksize", "shape", "nested_blocksize"};
     const char *bad_key;
-    if (!json_keys_hold_plain_integers(json, len, INTEGER_KEYS, 3, &bad_key)) {
+    if (!json_keys_hold_plain_integers(json, len, INTEGER_KEYS, sizeof INTEGER_KEYS / sizeof *INTEGER_KEYS,
+                                       &bad_key)) {
         code = nf4_fail(NF4_EDATA, file, tensor, "quant state \"%s\" is not written as an integer", bad_key);
         goto out;
     }

@@ -103,7 +103,8 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
     /* PEFT builds nn.Linear layers of these sizes, which refuse 4.0. */
     static const char *const INTEGER_KEYS[] = {"r", "rank_pattern"};
     const char *bad_key;
-    if (!json_keys_hold_plain_integers(json, len, INTEGER_KEYS, 2, &bad_key))
+    if (!json_keys_hold_plain_integers(json, len, INTEGER_KEYS, sizeof INTEGER_KEYS / sizeof *INTEGER_KEYS,
+                                       &bad_key))
         return config_fail(path, strcmp(bad_key, "r") == 0 ? "\"r\" must be a whole number from 1 to 65536"
                                                    : "\"rank_pattern\" ranks must be whole numbers");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");

@@ -28,12 +28,13 @@ static int is_valid_utf8(const unsigned char *s, size_t len)
     return 1;
 }
 
-/* Every number in a safetensors header is a shape entry or an offset: a
- * non-negative integer. cJSON would accept 1.0, 1e3 or -0 as the same double,
- * so the literal text is checked before parsing. Returns 0 and the offending
- * offset on failure. *values counts the JSON values, within one: each '{', '['
- * and ',' outside strings starts one. */
-static int numbers_are_plain_integers(const char *s, size_t len, size_t *bad_at, uint64_t *values)
+/* One pass over the header text before parsing, for two things cJSON cannot
+ * tell: every number in a safetensors header is a shape entry or an offset, a
+ * non-negative integer, and cJSON would accept 1.0, 1e3 or -0 as the same
+ * double, so the literal text is checked (0 and the offending offset on
+ * failure); and *values counts the JSON values, within one (each '{', '[' and
+ * ',' outside strings starts one), which bounds what parsing will allocate. */
+static int scan_header_numbers(const char *s, size_t len, size_t *bad_at, uint64_t *values)
 {
     int in_string = 0;
     *values = 1;
@@ -231,7 +232,7 @@ int st_parse_header(struct st_file *f, const char *json, size_t len, uint64_t da
                         "header is not valid JSON (a raw control character, a malformed \\u escape, or \\u0000)");
     size_t bad_at;
     uint64_t values;
-    if (!numbers_are_plain_integers(json, len, &bad_at, &values))
+    if (!scan_header_numbers(json, len, &bad_at, &values))
         return nf4_fail(NF4_EDATA, path, NULL, "header byte %zu: numbers must be non-negative integers", bad_at);
     if (values > ST_MAX_HEADER_VALUES)
         return nf4_fail(NF4_EDATA, path, NULL, "header holds %" PRIu64 " JSON values, more than the %" PRIu64
