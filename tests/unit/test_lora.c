@@ -560,6 +560,18 @@ static void test_pattern_matching_as_peft(void **state)
  * row's expectation but the last three is what that function returns for the
  * same config and key (run in Python when the table was written); those three
  * are nf4deq's fallback for patterns it cannot run. */
+/* lora_target_parse of a config holding `keys` ("\"target_modules\": [...]"):
+ * *code, and the document, which the rules point into: free it after them. */
+static cJSON *parse_target_rules(const char *keys, struct lora_target_rules *r, int *code)
+{
+    char *json = tu_strdupf("{%s}", keys);
+    cJSON *root = cJSON_Parse(json);
+    free(json);
+    assert_non_null(root);
+    *code = lora_target_parse("cfg", root, r);
+    return root;
+}
+
 static void test_targeting_as_peft(void **state)
 {
     (void)state;
@@ -605,31 +617,28 @@ static void test_targeting_as_peft(void **state)
          "model.layers.0.k_proj", 1},
     };
     for (size_t i = 0; i < sizeof TARGET_CASES / sizeof *TARGET_CASES; i++) {
-        char *json = tu_strdupf("{%s}", TARGET_CASES[i].config);
-        cJSON *root = cJSON_Parse(json);
-        assert_non_null(root);
         struct lora_target_rules r;
-        assert_int_equal(lora_target_parse("cfg", root, &r), NF4_OK);
+        int code;
+        cJSON *root = parse_target_rules(TARGET_CASES[i].config, &r, &code);
+        assert_int_equal(code, NF4_OK);
         if (lora_target_matches(&r, TARGET_CASES[i].module) != TARGET_CASES[i].targeted)
-            fail_msg("case %zu: {%s} and %s: expected %d", i, TARGET_CASES[i].config, TARGET_CASES[i].module, TARGET_CASES[i].targeted);
+            fail_msg("case %zu: {%s} and %s: expected %d", i, TARGET_CASES[i].config, TARGET_CASES[i].module,
+                     TARGET_CASES[i].targeted);
         lora_target_free(&r);
         cJSON_Delete(root);
-        free(json);
     }
     static const char *const BAD[] = {
         "\"target_modules\": 5", "\"target_modules\": [\"q_proj\", 1]", "\"exclude_modules\": {}",
         "\"layers_to_transform\": \"0\"", "\"layers_to_transform\": [0, \"1\"]", "\"layers_pattern\": 3",
     };
     for (size_t i = 0; i < sizeof BAD / sizeof *BAD; i++) {
-        char *json = tu_strdupf("{%s}", BAD[i]);
-        cJSON *root = cJSON_Parse(json);
-        assert_non_null(root);
         struct lora_target_rules r;
-        if (lora_target_parse("cfg", root, &r) != NF4_EDATA)
+        int code;
+        cJSON *root = parse_target_rules(BAD[i], &r, &code);
+        if (code != NF4_EDATA)
             fail_msg("{%s} was accepted", BAD[i]);
         lora_target_free(&r);
         cJSON_Delete(root);
-        free(json);
     }
 }
 
