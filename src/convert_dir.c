@@ -289,10 +289,13 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     return code;
 }
 
+/* The temp directory that becomes `out`; messages name its files in out. */
 static int make_temp_dir(const char *out, char **tmp)
 {
-    if (create_temp_dir_beside(out, tmp) == 0)
+    if (create_temp_dir_beside(out, tmp) == 0) {
+        nf4_show_dir_as(*tmp, out);
         return NF4_OK;
+    }
     *tmp = NULL;
     return nf4_fail_errno(errno == ENOMEM ? NF4_ESOFTWARE : NF4_ECANTCREAT, errno, out, NULL,
                           "cannot create a temp directory beside it");
@@ -312,6 +315,7 @@ static int finish_dir(int code, char *tmp, const char *out, int replace)
     if (code != NF4_OK)
         remove_tree(tmp);
     temp_unregister_prefix(tmp);
+    nf4_show_dir_as(NULL, NULL);
     free(tmp);
     return code;
 }
@@ -331,6 +335,7 @@ static int open_temp_dir(struct ctx *c, const char *out, size_t shards, struct r
     } else if ((code = resume_adopt(*tmp, record, &kept)) == NF4_OK) {
         nf4_note("%s: resuming from %s: kept %zu of %zu shards finished by a run that did not finish (%s)", out,
                  *tmp, kept, shards, c->dead_run);
+        nf4_show_dir_as(*tmp, out); /* from here on, as make_temp_dir's */
     }
     if (code != NF4_OK)
         return code;

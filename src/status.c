@@ -38,13 +38,51 @@ static void one_line(char *s)
     *w = '\0';
 }
 
+/* nf4_show_dir_as: set by the thread that runs a conversion, read by any
+ * thread that fails. */
+static pthread_mutex_t shown_mu = PTHREAD_MUTEX_INITIALIZER;
+static char *shown_dir, *shown_as;
+
+void nf4_show_dir_as(const char *dir, const char *shown)
+{
+    char *d = dir && shown ? strdup(dir) : NULL, *s = d ? strdup(shown) : NULL;
+    if (!s) { /* out of memory: messages keep the real path */
+        free(d);
+        d = NULL;
+    }
+    for (size_t n = s ? strlen(s) : 0; n > 1 && s[n - 1] == '/'; n--)
+        s[n - 1] = '\0'; /* "out/" + "/config.json" would read "out//config.json" */
+    pthread_mutex_lock(&shown_mu);
+    free(shown_dir);
+    free(shown_as);
+    shown_dir = d;
+    shown_as = s;
+    pthread_mutex_unlock(&shown_mu);
+}
+
+/* file as the user should read it, into buf. */
+static void shown_path(char *buf, size_t size, const char *file)
+{
+    pthread_mutex_lock(&shown_mu);
+    size_t n = shown_dir ? strlen(shown_dir) : 0;
+    if (n && strncmp(file, shown_dir, n) == 0 && (file[n] == '/' || file[n] == '\0'))
+        snprintf(buf, size, "%s%s", shown_as, file + n);
+    else
+        snprintf(buf, size, "%s", file);
+    pthread_mutex_unlock(&shown_mu);
+}
+
 static void vrecord(const char *file, const char *tensor, const char *suffix, const char *fmt, va_list ap)
 {
     if (have_error)
         return;
     char *t = last.text;
     size_t len = 0;
-    snprintf(last.file, sizeof last.file, "%s", file ? file : "");
+    if (file)
+        shown_path(last.file, sizeof last.file, file);
+    else
+        last.file[0] = '\0';
+    file = file ? last.file : NULL;
     snprintf(last.tensor, sizeof last.tensor, "%s", tensor ? tensor : "");
     if (file)
         len += (size_t)snprintf(t + len, NF4_ERROR_MAX - len, "%s: ", file);

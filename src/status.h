@@ -32,6 +32,11 @@ int nf4_fail(int code, const char *file, const char *tensor, const char *fmt, ..
 /* Like nf4_fail, with ": strerror(errnum)" appended. */
 int nf4_fail_errno(int code, int errnum, const char *file, const char *tensor, const char *fmt, ...)
     NF4_PRINTF(5, 6);
+/* From now on, an error naming `dir` or a path inside it names `shown` (or
+ * the same path inside it) instead; NULL for both ends it. A directory
+ * conversion writes into a temp directory that becomes OUT once complete, and
+ * the user, who knows only OUT, needs to read which of OUT's files failed. */
+void nf4_show_dir_as(const char *dir, const char *shown);
 const char *nf4_last_error(void);
 void nf4_clear_error(void);
 

@@ -520,6 +520,40 @@ static void test_many_small_tensors_in_batches(void **state)
     free(out);
 }
 
+/* A directory conversion's temp directory is named as the OUT it becomes,
+ * and nothing else is: a sibling that only starts with its name keeps its own. */
+static void test_messages_name_the_temp_dir_as_out(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *file, *want;
+    } CASES[] = {
+        {"/m/.out.nf4deq-AbC123/model-00001-of-00002.safetensors", "/m/out/model-00001-of-00002.safetensors"},
+        {"/m/.out.nf4deq-AbC123/transformer/config.json", "/m/out/transformer/config.json"},
+        {"/m/.out.nf4deq-AbC123", "/m/out"},
+        {"/m/.out.nf4deq-AbC1234/config.json", "/m/.out.nf4deq-AbC1234/config.json"},
+        {"/m/in/model.safetensors", "/m/in/model.safetensors"},
+    };
+    for (int shown = 0; shown < 3; shown++) {
+        /* "out/" as the user typed it: no doubled slash in what is shown. */
+        nf4_show_dir_as(shown ? "/m/.out.nf4deq-AbC123" : NULL, shown == 1 ? "/m/out" : "/m/out//");
+        for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+            nf4_clear_error();
+            assert_int_equal(nf4_fail_errno(NF4_EIO, ENOSPC, CASES[i].file, NULL, "write failed"), NF4_EIO);
+            const char *want = shown ? CASES[i].want : CASES[i].file;
+            char text[512];
+            snprintf(text, sizeof text, "%s: write failed: %s", want, strerror(ENOSPC));
+            assert_string_equal(nf4_last_error(), text);
+            assert_string_equal(nf4_last_error_record()->file, want);
+        }
+    }
+    nf4_show_dir_as(NULL, NULL);
+    nf4_clear_error();
+    nf4_fail(NF4_EIO, CASES[0].file, "t", "x");
+    assert_string_equal(nf4_last_error(), "/m/.out.nf4deq-AbC123/model-00001-of-00002.safetensors: t: x");
+    nf4_clear_error();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -540,5 +574,7 @@ int main(void)
     failed += cmocka_run_group_tests_name("convert, output through a mapping", tests, NULL, NULL);
     setenv("NF4DEQ_OUTPUT_MAP", "0", 1);
     failed += cmocka_run_group_tests_name("convert, output with write(2)", tests, NULL, NULL);
+    const struct CMUnitTest once[] = {cmocka_unit_test(test_messages_name_the_temp_dir_as_out)};
+    failed += cmocka_run_group_tests_name("messages", once, NULL, NULL);
     return failed;
 }

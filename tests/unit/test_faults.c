@@ -599,6 +599,11 @@ static void assert_error_line(const char *name, const char *in, const char *scra
         case_fail("%s: error is more than one line: %s", name, msg);
     if (!strstr(msg, in) && !strstr(msg, scratch))
         case_fail("%s: error names neither the input nor the output: %s", name, msg);
+    /* A temp directory (".OUT.nf4deq-XXXXXX") is nf4deq's own business: the
+     * user knows OUT. (The resume manifest, "/.nf4deq-resume.json", is not one.) */
+    for (const char *p = strstr(msg, ".nf4deq-"); p; p = strstr(p + 1, ".nf4deq-"))
+        if (p > msg && p[-1] != '/')
+            case_fail("%s: error names a temp path, not the output: %s", name, msg);
 }
 
 struct fcase {
