@@ -153,8 +153,9 @@ static void add_totals(struct totals *sum, const struct totals *t)
 
 /* One file or model directory: its tensor table and totals line, or its
  * files, tensors and totals added to `obj`. `as_is`: it is copied unchanged
- * (an unquantized pipeline component), so its size after conversion is its
- * size now. */
+ * (an unquantized pipeline component), so --dtype does not apply, and its
+ * tensor bytes after conversion are its tensor bytes now (not its file
+ * sizes: the totals count tensor bytes, headers apart, everywhere). */
 static int inspect_model(const char *in, int is_dir, const struct inspect_opts *o, cJSON *obj, struct totals *tot,
                          int as_is)
 {
@@ -253,8 +254,6 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
             fprintf(out, "-> %s (%" PRIu64 " bytes)\n", dtype_name(out_dt), out_bytes);
         }
     }
-    if (as_is)
-        tot->converted = tot->on_disk;
     if (json) {
         add_totals_json(obj, tot);
         if (lora)

@@ -532,6 +532,29 @@ static void test_pipeline_entries_inspect_agrees_with_convert(void **state)
     assert_string_equal(not_copied, "[\"README.md\",\"single.safetensors\"]");
     free(copied);
     free(not_copied);
+    /* Bytes after conversion are tensor bytes for every component, copied
+     * ones too (the vae), as for a model inspected alone, and add up. */
+    uint64_t pipeline_after = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(root, "components"))
+    {
+        uint64_t sum = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, cJSON_GetObjectItemCaseSensitive(c, "tensors"))
+        {
+            const cJSON *q = cJSON_GetObjectItemCaseSensitive(t, "quantization");
+            const cJSON *b = cJSON_GetObjectItemCaseSensitive(q ? q : t, "output_bytes");
+            sum += b ? (uint64_t)b->valuedouble : 0;
+        }
+        const cJSON *totals = cJSON_GetObjectItemCaseSensitive(c, "totals");
+        assert_int_equal((uint64_t)cJSON_GetObjectItemCaseSensitive(totals, "bytes_after_conversion")->valuedouble,
+                         sum);
+        pipeline_after += sum;
+    }
+    assert_int_equal((uint64_t)cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "totals"),
+                                                                 "bytes_after_conversion")
+                         ->valuedouble,
+                     pipeline_after);
     cJSON_Delete(root);
     tu_run_free(&r);
     r = tu_run("convert", "--device", "cpu", pl, out, NULL);
