@@ -20,7 +20,15 @@ int copy_file(const char *from, const char *to)
     int in = open(from, O_RDONLY | O_CLOEXEC);
     if (in < 0)
         return nf4_fail_errno(NF4_ENOINPUT, errno, from, NULL, "cannot open");
-    int outfd = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    /* The source's permissions less the umask, as cp gives a new file: a
+     * private tokenizer.model (0600) must not come out readable by all. */
+    struct stat st;
+    if (fstat(in, &st) != 0) {
+        int e = errno;
+        close(in);
+        return nf4_fail_errno(NF4_ENOINPUT, e, from, NULL, "cannot stat");
+    }
+    int outfd = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, st.st_mode & 0777);
     if (outfd < 0) {
         int e = errno;
         close(in);

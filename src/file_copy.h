@@ -6,7 +6,8 @@
 
 #include <sys/stat.h>
 
-/* Copies a regular file, fsyncing the copy. Returns an NF4_* code. */
+/* Copies a regular file, fsyncing the copy, with the source's permission
+ * bits less the umask (as cp). Returns an NF4_* code. */
 int copy_file(const char *from, const char *to);
 
 /* Creates `to` (registered as a temp) and copies directory `from` into it:

@@ -575,6 +575,38 @@ static void test_pipeline_entries_inspect_agrees_with_convert(void **state)
     free(out);
 }
 
+/* Copied files keep their permissions, less the umask, as cp gives them: a
+ * private file stays private. */
+static void test_copied_files_keep_their_permissions(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *in = tu_strdupf("%s/in", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    char *cmd = tu_strdupf("cp -r %s %s && chmod 600 %s/generation_config.json && printf x > %s/tokenizer.model && "
+                           "chmod 640 %s/tokenizer.model && printf y > %s/run.sh && chmod 4755 %s/run.sh",
+                           FIXTURES "/tiny-llama-bf16-bnb4", in, in, in, in, in, in);
+    assert_int_equal(system(cmd), 0);
+    mode_t mask = umask(022);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+    umask(mask);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    static const struct {
+        const char *name;
+        mode_t mode;
+    } WANT[] = {{"generation_config.json", 0600}, {"tokenizer.model", 0640}, {"run.sh", 0755}};
+    for (size_t i = 0; i < sizeof WANT / sizeof *WANT; i++) {
+        char *p = tu_strdupf("%s/%s", out, WANT[i].name);
+        struct stat st;
+        assert_int_equal(stat(p, &st), 0);
+        if ((st.st_mode & 07777) != WANT[i].mode)
+            fail_msg("%s: mode %o, expected %o", WANT[i].name, (unsigned)(st.st_mode & 07777), (unsigned)WANT[i].mode);
+        free(p);
+    }
+    free(cmd);
+    free(in);
+    free(out);
+}
+
 /* A tensor name with terminal escapes (valid JSON: \u001b, \u009b) prints
  * inert in inspect's table: control characters as '?'. */
 static void test_inspect_prints_control_bytes_in_names_as_question_marks(void **state)
@@ -619,6 +651,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stray_checkpoint_files_are_not_copied, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_entries_inspect_agrees_with_convert, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_prints_control_bytes_in_names_as_question_marks, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_copied_files_keep_their_permissions, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
 }
