@@ -46,9 +46,10 @@ void convert_opts_init(struct convert_opts *o)
 
 /* ---- planning and writing one output file ---- */
 
-/* Points an item at what an adapter does to its tensor: a modules_to_save
- * replacement becomes the item's source (cast to the dtype the base would have
- * had), LoRA terms are merged. */
+/* Points an item at what an adapter does to its tensor: a replacement
+ * (modules_to_save, a trained bias, a saved base layer) becomes the item's
+ * source (cast to the dtype the base would have had), and LoRA terms are
+ * merged into the source. */
 static void plan_lora(struct out_item *it, const struct lora_target *t)
 {
     if (!t)
@@ -56,9 +57,9 @@ static void plan_lora(struct out_item *it, const struct lora_target *t)
     if (t->replace) {
         it->w = NULL;
         it->src = t->replace;
-    } else {
-        it->lora = t;
     }
+    if (t->nterms)
+        it->lora = t;
 }
 
 int convert_plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,

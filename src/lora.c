@@ -212,9 +212,19 @@ float lora_scaling(double alpha, uint32_t r, int use_rslora)
     return (float)(use_rslora ? alpha / sqrt((double)r) : alpha / (double)r);
 }
 
-static int in_modules_to_save(const struct lora_config *c, const char *module)
+/* PEFT 0.21 (_set_trainable) wraps every module whose name ends with an entry
+ * of modules_to_save, by str.endswith with no '.' boundary ("norm" takes each
+ * input_layernorm too), and saves all it holds: a tensor is saved when any
+ * module above it is one of those. */
+static int in_modules_to_save(const struct lora_config *c, const char *tensor)
 {
-    return c->modules_to_save && lora_name_listed(c->modules_to_save, module);
+    for (const char *dot = c->modules_to_save ? strchr(tensor, '.') : NULL; dot; dot = strchr(dot + 1, '.'))
+        for (const cJSON *e = c->modules_to_save->child; e; e = e->next) {
+            size_t n = strlen(e->valuestring), len = (size_t)(dot - tensor);
+            if (n <= len && memcmp(dot - n, e->valuestring, n) == 0)
+                return 1;
+        }
+    return 0;
 }
 
 /* ---- binding adapter keys to base tensors ---- */
@@ -296,6 +306,22 @@ static char *base_weight_name(const char *module)
     return w;
 }
 
+/* Whether B @ A ([out, in]) lands on the base tensor `wname` transposed. In
+ * PEFT the layer decides, not the config's fan_in_fan_out: its bitsandbytes
+ * and nn.Linear layers set it false (a 4-bit weight is always stored
+ * [out, in], a GPT-2 Conv1D's too once quantized), and its Conv1D layer true
+ * (a 16-bit Conv1D weight is [in, out]). nf4deq cannot see the layer, so a
+ * 16-bit base tensor's shape tells, and when it is square, fan_in_fan_out. */
+static int delta_transposed(const struct binder *b, const struct lora_config *c, const char *wname, uint64_t out_f,
+                            uint64_t in_f, size_t ndim, const uint64_t *shape)
+{
+    if (bnb_find(b->weights, b->nweights, wname) || ndim != 2)
+        return 0;
+    if (out_f == in_f)
+        return c->fan_in_fan_out;
+    return shape[0] == in_f && shape[1] == out_f;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a)
 {
@@ -351,10 +377,11 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         goto out;
     }
     uint64_t out_f = btt->shape[0], in_f = at->shape[1];
-    uint64_t rows = c->fan_in_fan_out ? in_f : out_f, cols = c->fan_in_fan_out ? out_f : in_f;
+    int transposed = delta_transposed(b, c, wname, out_f, in_f, ndim, shape);
+    uint64_t rows = transposed ? in_f : out_f, cols = transposed ? out_f : in_f;
     if (ndim != 2 || shape[0] != rows || shape[1] != cols) {
         code = nf4_fail(NF4_EDATA, file, aname, "B @ A%s is %llux%llu but the base tensor %s is %s%llux%llu",
-                        c->fan_in_fan_out ? " transposed (fan_in_fan_out)" : "", (unsigned long long)rows,
+                        transposed ? " transposed (fan_in_fan_out)" : "", (unsigned long long)rows,
                         (unsigned long long)cols, wname, ndim == 2 ? "" : "not a matrix, ",
                         (unsigned long long)shape[0], (unsigned long long)(ndim > 1 ? shape[1] : 0));
         goto out;
@@ -366,7 +393,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     }
     x->rows = rows;
     x->cols = cols;
-    x->term = (struct lora_term){.a = a, .b = bt, .r = r, .alpha = alpha, .fan_in_fan_out = c->fan_in_fan_out,
+    x->term = (struct lora_term){.a = a, .b = bt, .r = r, .alpha = alpha, .fan_in_fan_out = transposed,
                                  .scaling = lora_scaling(alpha, r, c->use_rslora), .adapter = index};
     if (!isfinite(x->term.scaling))
         code = nf4_fail(NF4_EDATA, file, aname, "lora_alpha / r is not a finite fp32 number");
@@ -376,20 +403,10 @@ out:
     return code;
 }
 
-static int bind_replacement(struct binder *b, size_t index, const struct lora_config *c,
-                            const struct model_tensor *t, const char *name)
+/* Binds adapter tensor t to replace the base tensor `name`. */
+static int bind_replacement_of(struct binder *b, size_t index, const struct model_tensor *t, const char *name)
 {
     const char *file = t->file->path;
-    char *module = strdup(name);
-    if (!module)
-        return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
-    char *dot = strrchr(module, '.');
-    if (dot)
-        *dot = '\0';
-    int saved = in_modules_to_save(c, module) || (c->trains_bias && dot && strcmp(dot + 1, "bias") == 0);
-    free(module);
-    if (!saved)
-        return nf4_fail(NF4_EDATA, file, t->t->name, "is neither a LoRA weight nor in modules_to_save");
     size_t ndim;
     const uint64_t *shape;
     if (!base_shape(b, name, &ndim, &shape))
@@ -403,6 +420,32 @@ static int bind_replacement(struct binder *b, size_t index, const struct lora_co
     x->replace = t;
     x->term.adapter = index;
     return NF4_OK;
+}
+
+#define BASE_LAYER_SEGMENT ".base_layer."
+
+/* A tensor the adapter holds whole, which replaces the base's: a
+ * modules_to_save module's, a trained bias ("bias": "all" or "lora_only"), or
+ * the base layer of a module PEFT wrapped with LoRA, which it saves as
+ * "M.base_layer.P" (a bias under a LoRA layer; lm_head or embed_tokens with
+ * save_embedding_layers) and loads back into M.P. */
+static int bind_replacement(struct binder *b, size_t index, const struct lora_config *c,
+                            const struct model_tensor *t, const char *key_name)
+{
+    const char *file = t->file->path;
+    char *name = strdup(key_name);
+    if (!name)
+        return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
+    char *base_layer = strstr(name, BASE_LAYER_SEGMENT);
+    if (base_layer) /* "M.base_layer.P" -> "M.P" */
+        memmove(base_layer, base_layer + strlen(BASE_LAYER_SEGMENT) - 1,
+                strlen(base_layer + strlen(BASE_LAYER_SEGMENT) - 1) + 1);
+    const char *last = strrchr(name, '.');
+    int saved = base_layer || in_modules_to_save(c, name) || (c->trains_bias && last && strcmp(last + 1, "bias") == 0);
+    int code = saved ? bind_replacement_of(b, index, t, name)
+                     : nf4_fail(NF4_EDATA, file, t->t->name, "is neither a LoRA weight nor in modules_to_save");
+    free(name);
+    return code;
 }
 
 /* PEFT raises "Target modules ... not found" for a config that selects none of
@@ -505,11 +548,20 @@ static int gather(struct lora_set *s, struct binder *b)
             t = &s->targets[s->ntargets++];
             t->name = x->name;
             x->name = NULL;
+        }
+        if (!x->replace) { /* a replacement's binding has no shape of its own */
             t->rows = x->rows;
             t->cols = x->cols;
         }
         const char *file = s->adapters[x->term.adapter].config_path;
-        if (t->replace || (x->replace && t->nterms))
+        /* One adapter may replace a tensor and change it too (PEFT saves the
+         * base layer of a LoRA'd lm_head): the change goes on the replacement.
+         * Across adapters the order PEFT would apply them in is not this one. */
+        if (x->replace && t->replace)
+            return nf4_fail(NF4_EDATA, file, t->name, "is held whole twice (modules_to_save, base_layer)");
+        int other_adapter = x->replace ? (t->nterms && t->terms[0].adapter != x->term.adapter)
+                                       : (t->replace && t->replace_adapter != x->term.adapter);
+        if (other_adapter)
             return nf4_fail(NF4_EDATA, file, t->name,
                             "is replaced (modules_to_save) by one adapter and changed by another: "
                             "merge these adapters separately");

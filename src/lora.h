@@ -4,10 +4,13 @@
  * The weights file's keys are
  *   base_model.model.<module>.lora_A.weight   [r, in]
  *   base_model.model.<module>.lora_B.weight   [out, r]
- *   base_model.model.<name>                   a modules_to_save tensor: replaces <name>
+ *   base_model.model.<name>                   a modules_to_save tensor or a
+ *                                             trained bias: replaces <name>
+ *   base_model.model.<module>.base_layer.<p>  a wrapped module's base layer:
+ *                                             replaces <module>.<p>
  * and each LoRA pair changes the base tensor <module>.weight ([out, in], or
- * [in, out] with fan_in_fan_out) by scaling * (B @ A), transposed with
- * fan_in_fan_out. scaling is lora_alpha / r, or lora_alpha / sqrt(r) with
+ * a 16-bit Conv1D's [in, out]) by scaling * (B @ A), transposed for the
+ * latter. scaling is lora_alpha / r, or lora_alpha / sqrt(r) with
  * use_rslora; rank_pattern and alpha_pattern override r and alpha per module.
  *
  * Everything is checked against the base before any data is read: a key that
@@ -53,7 +56,7 @@ struct lora_term {
 struct lora_target {
     char *name;        /* the base tensor, e.g. model.layers.0.self_attn.q_proj.weight */
     uint64_t rows, cols; /* the base tensor's shape */
-    const struct model_tensor *replace; /* modules_to_save: the adapter's tensor; else NULL */
+    const struct model_tensor *replace; /* the adapter's tensor that replaces it (then terms go on it); else NULL */
     size_t replace_adapter;
     size_t nterms;
     struct lora_term terms[LORA_MAX_ADAPTERS];

@@ -95,7 +95,7 @@ static int parse_layers(const char *path, const cJSON *root, struct lora_target_
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     const cJSON *e = cJSON_IsArray(p) ? p->child : p;
     for (size_t i = 0; i < n; i++, e = e->next) {
-        int code = compile_wrapped(path, "layers_pattern", "(.*\\.)(?:%s)\\.\\Z", e->valuestring, r, &r->layer_res[i]);
+        int code = compile_wrapped(path, "layers_pattern", "(?:.*\\.)?(?:%s)\\Z", e->valuestring, r, &r->layer_res[i]);
         if (code != NF4_OK || r->unselective) /* the entries after a NULL are never read */
             return code;
     }
@@ -153,14 +153,18 @@ static int64_t index_at(const char *seg)
     return p > seg && *p == '.' ? v : -1;
 }
 
-/* PEFT's layer index: re.match(r".*\.[^.]*\.(\d+)\.", module), or with
- * layers_pattern, re.match(rf".*\.{P}\.(\d+)\.", module) for the first P that
- * matches. The greedy ".*" takes the rightmost index that fits. -1: none. */
+/* PEFT 0.21's layer index: the first numbered segment that fits,
+ * re.match(r".*?\.[^.]*\.(\d+)\.", module) (at least two segments before
+ * it), or with layers_pattern, re.match(rf"(?:^|.*?\.){P}\.(\d+)\.", module)
+ * for the first P that matches: the lazy ".*?" takes the layer's index in
+ * "model.layers.1.mlp.experts.0.down_proj", not the expert's. nf4deq takes the
+ * first index whose name up to it ends in P (which is PEFT's for any P whose
+ * matches have one length, such as "layers" or "h"). -1: none. */
 static int64_t layer_index(const struct lora_target_rules *r, const char *module)
 {
     size_t len = strlen(module);
     if (!r->layer_res[0]) {
-        for (size_t i = len; i-- > 1;) /* i: where the digits start, after a '.' */
+        for (size_t i = 2; i < len; i++) /* i: where the digits start, after a '.' */
             if (module[i - 1] == '.' && index_at(module + i) >= 0 && memchr(module, '.', i - 1))
                 return index_at(module + i); /* a '.' before the segment ahead of the index */
         return -1;
@@ -170,11 +174,11 @@ static int64_t layer_index(const struct lora_target_rules *r, const char *module
         return -1;
     int64_t found = -1;
     for (size_t k = 0; r->layer_res[k] && found < 0; k++)
-        for (size_t i = len; i-- > 1 && found < 0;) {
+        for (size_t i = 2; i < len && found < 0; i++) {
             if (module[i - 1] != '.' || index_at(module + i) < 0)
                 continue;
-            memcpy(prefix, module, i); /* "...P." up to the digits */
-            prefix[i] = '\0';
+            memcpy(prefix, module, i - 1); /* the name up to the '.' before the digits */
+            prefix[i - 1] = '\0';
             if (pattern_match(r->layer_res[k], prefix))
                 found = index_at(module + i);
         }

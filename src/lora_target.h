@@ -20,8 +20,9 @@ struct lora_target_rules {
     const cJSON *excludes; /* a list of names, or NULL */
     struct pattern *target_re, *exclude_re; /* the string forms, as re.fullmatch */
     const cJSON *layers;   /* layers_to_transform: an int, a list of ints, or NULL */
-    /* layers_pattern, each as "(.*\.)(?:P)\.\Z" over the name up to the layer
-     * index; none: any segment before the index. NULL-terminated. */
+    /* layers_pattern, each as "(?:.*\.)?(?:P)\Z" over the name up to the '.'
+     * before the layer index; none: any segment before the index.
+     * NULL-terminated. */
     struct pattern **layer_res;
     int unselective; /* a pattern nf4deq cannot run: every module is taken, with a warning */
 };

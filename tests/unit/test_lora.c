@@ -2,7 +2,7 @@
  * against their fp32 and fp64 merges with the tolerance of
  * tests/fixtures/lora/README.md; synthetic adapters of odd shapes (several
  * adapters, fan_in_fan_out, rsLoRA, rank and alpha patterns, unquantized
- * bases) checked byte for byte against an element-by-element reference; and
+ * bases, what PEFT saves beside the pairs) checked byte for byte against an element-by-element reference; and
  * the refusals, which must write nothing. */
 #include "test_util.h"
 
@@ -428,6 +428,135 @@ static void test_synthetic_adapters_match_reference(void **state)
     free(w2);
 }
 
+/* What PEFT 0.21 saves beside the LoRA pairs, each merged as it loads it:
+ * - "M.base_layer.P": the base layer of a wrapped module (its bias with
+ *   "bias": "all"; lm_head with save_embedding_layers), put back into M.P, and
+ *   the same adapter's LoRA pair on M goes on top of it;
+ * - modules_to_save entries matched by str.endswith, no '.' boundary ("norm"
+ *   takes input_layernorm), on any module above the tensor ("layers.1.mlp");
+ * - fan_in_fan_out: the layer decides, a 16-bit base's shape tells (square:
+ *   the config). */
+static void test_peft_saved_layouts(void **state)
+{
+    struct tu_scratch *s = *state;
+    struct syn_tensor base[6] = {
+        {"m.head.weight", DT_BF16, {37, 53}, NULL},      /* LoRA on a saved base layer */
+        {"m.q.bias", DT_BF16, {37, 0}, NULL},            /* replaced from q.base_layer.bias */
+        {"m.input_layernorm.weight", DT_F32, {37, 0}, NULL}, /* modules_to_save "norm" */
+        {"m.layers.1.mlp.down.weight", DT_F16, {5, 7}, NULL}, /* modules_to_save "layers.1.mlp" */
+        {"m.conv.weight", DT_F32, {13, 11}, NULL},       /* [in, out]: a Conv1D, fan_in_fan_out false */
+        {"m.layers.2.mlp.down.weight", DT_F16, {5, 7}, NULL}, /* untouched */
+    };
+    struct syn_tensor saved[7] = {
+        {PEFT_KEY_PREFIX "m.head.base_layer.weight", DT_BF16, {37, 53}, NULL},
+        {PEFT_KEY_PREFIX "m.head.lora_A.weight", DT_F32, {3, 53}, NULL},
+        {PEFT_KEY_PREFIX "m.head.lora_B.weight", DT_F32, {37, 3}, NULL},
+        {PEFT_KEY_PREFIX "m.q.base_layer.bias", DT_BF16, {37, 0}, NULL},
+        {PEFT_KEY_PREFIX "m.input_layernorm.weight", DT_F32, {37, 0}, NULL},
+        {PEFT_KEY_PREFIX "m.layers.1.mlp.down.weight", DT_F16, {5, 7}, NULL},
+        {PEFT_KEY_PREFIX "m.conv.lora_A.weight", DT_F32, {2, 13}, NULL},
+    };
+    struct syn_tensor conv_b = {PEFT_KEY_PREFIX "m.conv.lora_B.weight", DT_F32, {11, 2}, NULL};
+    for (int i = 0; i < 6; i++) {
+        if (!base[i].shape[1])
+            base[i].shape[1] = 1; /* filled as 37 x 1, written 1-D below */
+        syn_fill(&base[i], 2.0f);
+    }
+    for (int i = 0; i < 7; i++) {
+        if (!saved[i].shape[1])
+            saved[i].shape[1] = 1;
+        syn_fill(&saved[i], 2.0f);
+    }
+    syn_fill(&conv_b, 1.0f);
+    base[1].shape[1] = base[2].shape[1] = saved[3].shape[1] = saved[4].shape[1] = 0;
+    char *base_path = tu_strdupf("%s/base.safetensors", s->dir), *ad = tu_strdupf("%s/ad", s->dir);
+    syn_write(base_path, base, 6);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    struct syn_tensor all[8];
+    memcpy(all, saved, sizeof saved);
+    all[7] = conv_b;
+    char *wpath = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+    syn_write(wpath, all, 8);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 6, \"rank_pattern\": {\"conv\": 2}, "
+                     "\"target_modules\": [\"head\", \"conv\"], \"modules_to_save\": [\"norm\", \"layers.1.mlp\"], "
+                     "\"bias\": \"all\", \"fan_in_fan_out\": false}");
+    const char *dirs[1] = {ad};
+    char *out = tu_strdupf("%s/out.safetensors", s->dir);
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CPU;
+    o.lora_dirs = dirs;
+    o.nlora = 1;
+    o.progress = PROGRESS_NONE;
+    struct convert_stats st;
+    nf4_set_quiet(1);
+    if (convert_run(base_path, out, &o, &st) != NF4_OK)
+        fail_msg("PEFT's saved layouts: %s", nf4_last_error());
+    assert_int_equal(st.merged, 2);
+    struct syn_term head = {&saved[1], &saved[2], 3, 2.0f, 0}, conv = {&saved[6], &conv_b, 2, 3.0f, 1};
+    /* What each output tensor holds: its source's values, with the terms on top. */
+    const struct {
+        const struct syn_tensor *src;
+        const struct syn_term *term;
+    } WANT[6] = {{&saved[0], &head}, {&saved[3], NULL}, {&saved[4], NULL},
+                 {&saved[5], NULL},  {&base[4], &conv}, {&base[5], NULL}};
+    struct st_file *f;
+    assert_int_equal(st_open(out, &f), NF4_OK);
+    for (int i = 0; i < 6; i++) {
+        const struct st_tensor *t = st_find(f, base[i].name);
+        assert_non_null(t);
+        assert_int_equal(t->dtype, base[i].dtype);
+        unsigned size = dtype_bits(t->dtype) / 8;
+        unsigned char *buf = malloc(t->nelem * size + 4);
+        assert_int_equal(st_read(f, t, 0, buf, t->nelem * size), NF4_OK);
+        uint64_t cols = base[i].shape[1] ? base[i].shape[1] : 1;
+        for (uint64_t e = 0; e < t->nelem; e++) {
+            float v = WANT[i].src->v[e];
+            float want = WANT[i].term ? reference_merge(v, WANT[i].term, 1, e / cols, e % cols) : v;
+            uint32_t want_bits = encode(t->dtype, want), got_bits = 0;
+            memcpy(&got_bits, buf + e * size, size);
+            if (got_bits != want_bits)
+                fail_msg("%s[%llu]: 0x%x, expected 0x%x", base[i].name, (unsigned long long)e, got_bits, want_bits);
+        }
+        free(buf);
+    }
+    st_close(f);
+    for (int i = 0; i < 6; i++)
+        free(base[i].v);
+    for (int i = 0; i < 7; i++)
+        free(saved[i].v);
+    free(conv_b.v);
+    free(base_path);
+    free(wpath);
+    free(ad);
+    free(out);
+}
+
+/* PEFT's bitsandbytes layers set fan_in_fan_out false whatever the config
+ * says: on 4-bit weights it changes nothing. */
+static void test_fan_in_fan_out_ignored_on_4bit_weights(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *ad = tu_strdupf("%s/adapter", s->dir), *a = tu_strdupf("%s/a", s->dir), *b = tu_strdupf("%s/b", s->dir);
+    char *cmd = tu_strdupf("cp -r %s %s && python3 -c 'import json, sys; p = sys.argv[1]; c = json.load(open(p)); "
+                           "c[\"fan_in_fan_out\"] = True; json.dump(c, open(p, \"w\"))' %s/adapter_config.json",
+                           LORA_FIXTURES "/adapter-r8-all-linear", ad, ad);
+    assert_int_equal(system(cmd), 0);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", a, "--lora",
+                             ad, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    r = tu_run("convert", "-q", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", b, "--lora",
+               LORA_FIXTURES "/adapter-r8-all-linear", NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    assert_int_equal(tu_sh_status("cmp -s %s/model.safetensors %s/model.safetensors", a, b), 0);
+    free(cmd);
+    free(ad);
+    free(a);
+    free(b);
+}
+
 /* ---- refusals: exit 65, one line naming the file, nothing written ---- */
 
 static void test_refusals_write_nothing(void **state)
@@ -441,7 +570,6 @@ static void test_refusals_write_nothing(void **state)
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 16}", "but the config says r = 4"},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"rank_pattern\": {\"q_proj\": 2}}",
          "but the config says r = 2 (rank_pattern)"},
-        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"fan_in_fan_out\": true}", "(fan_in_fan_out)"},
         {"{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 16}", "\"r\" must be a whole number"},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": NaN}", "NaN or Infinity"},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16", "is not valid JSON"},
@@ -604,7 +732,27 @@ static void test_targeting_as_peft(void **state)
          "model.layers.1.self_attn.q_proj", 0},
         {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1", "layers.1.q_proj", 0},
         {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1", "a.layers.1.q_proj", 1},
-        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 3", "model.layers.1.blocks.3.q_proj", 1},
+        /* PEFT 0.21 takes the first index ("...layers.1.experts.0..." is layer 1) */
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 3", "model.layers.1.blocks.3.q_proj", 0},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1", "model.layers.1.blocks.3.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 3, \"layers_pattern\": [\"blocks\"]",
+         "model.layers.1.blocks.3.q_proj", 1},
+        {"\"target_modules\": [\"down_proj\"], \"layers_to_transform\": 1", "model.layers.1.mlp.experts.0.down_proj",
+         1},
+        {"\"target_modules\": [\"down_proj\"], \"layers_to_transform\": 0", "model.layers.1.mlp.experts.0.down_proj",
+         0},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 2", "model.0.layers.2.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 0", "model.0.layers.2.q_proj", 0},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 0", "m.a.0.b.2.q_proj", 1},
+        /* with layers_pattern, the pattern may start the name */
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1, \"layers_pattern\": \"layers\"",
+         "layers.1.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1, \"layers_pattern\": \"layers\"",
+         "model.xlayers.1.q_proj", 0},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1, \"layers_pattern\": \"h\"",
+         "transformer.h.1.attn.q_proj", 1},
+        {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1, \"layers_pattern\": \"model.layers\"",
+         "model.layers.1.q_proj", 1},
         {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": 1, \"layers_pattern\": [\"layers\"]",
          "model.layers.1.blocks.3.q_proj", 1},
         {"\"target_modules\": [\"q_proj\"], \"layers_to_transform\": []", "model.layers.1.blocks.3.q_proj", 1},
@@ -649,6 +797,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fixtures_smallest_chunks, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fp32_output_is_the_unrounded_merge, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
+                                        tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_peft_saved_layouts, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_fan_in_fan_out_ignored_on_4bit_weights, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refusals_write_nothing, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_adapter_for_another_base, tu_scratch_setup, tu_scratch_teardown),
