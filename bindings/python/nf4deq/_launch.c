@@ -32,7 +32,7 @@
 #define Py_LIMITED_API 0x030A0000
 #include <Python.h>
 
-#define EXT_API_VERSION 3 /* what nf4deq/_lib.py checks before using the module */
+#define EXT_API_VERSION 4 /* what nf4deq/_lib.py checks before using the module */
 #define STATE_ARGS 4
 
 /* include/nf4deq.h's signatures; struct nf4deq_state is passed through opaque. */
@@ -137,6 +137,8 @@ enum {
     FAST_NESTED_ABSMAX,
     FAST_NESTED_CODE,
     FAST_NESTED_BLOCKSIZE,
+    FAST_SOURCE_PTRS,      /* (absmax, offset, nested absmax, nested code): their data pointers (int, or None
+                              where not a tensor), _Entry.src_ptrs: a tensor given new storage is a miss */
     FAST_WEIGHT_REF,       /* weakref to the packed weight */
     FAST_WEIGHT_PTR,       /* its data pointer when it was bound (int) */
     FAST_WEIGHT_LAYOUT,    /* its (shape, stride(), dtype, get_device()), _torch.py's _layout: another
@@ -259,6 +261,36 @@ static int item_equals(PyObject *dict, PyObject *key, PyObject *want)
     return eq == 1;
 }
 
+/* A data pointer as a Python int equals want (an int), or want is None. */
+static int pointer_is(PyObject *tensor, PyObject *want)
+{
+    if (want == Py_None)
+        return 1;
+    PyObject *p = call1(torch_fns.data_ptr, tensor);
+    int eq = p ? PyObject_RichCompareBool(p, want, Py_EQ) : -1;
+    Py_XDECREF(p);
+    if (eq < 0)
+        PyErr_Clear();
+    return eq == 1;
+}
+
+/* The source tensors, already known to be the entry's own objects (which the
+ * entry keeps alive), still keep their data where the entry points:
+ * _Entry._same_storage. */
+static int same_storage(PyObject *entry)
+{
+    PyObject *ptrs = field(entry, FAST_SOURCE_PTRS);
+    if (!PyTuple_Check(ptrs) || PyTuple_Size(ptrs) != 4)
+        return 0;
+    if (!pointer_is(field(entry, FAST_ABSMAX), PyTuple_GetItem(ptrs, 0)))
+        return 0;
+    if (field(entry, FAST_STATE2) == Py_None)
+        return 1;
+    return pointer_is(field(entry, FAST_OFFSET), PyTuple_GetItem(ptrs, 1)) &&
+           pointer_is(field(entry, FAST_NESTED_ABSMAX), PyTuple_GetItem(ptrs, 2)) &&
+           pointer_is(field(entry, FAST_NESTED_CODE), PyTuple_GetItem(ptrs, 3));
+}
+
 /* The quant state still holds what its entry was built from: _Entry.sources_match's
  * route through the instance dictionaries (QuantState defines __getattr__, so
  * attribute reads would be slower; an object without a dictionary is a miss). */
@@ -296,7 +328,7 @@ static int sources_match(PyObject *entry, PyObject *qs)
         }
     }
     Py_DECREF(d);
-    return ok;
+    return ok && same_storage(entry);
 }
 
 /* A weakref still points at obj. */

@@ -115,7 +115,7 @@ def load_library():
 
 
 EXTENSION_FILE = "_nf4deq_launch.abi3.so"
-EXTENSION_API = 3  # _launch.c's EXT_API_VERSION
+EXTENSION_API = 4  # _launch.c's EXT_API_VERSION
 _ext = False  # False: not looked for yet; None: not in use
 
 

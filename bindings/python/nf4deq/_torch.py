@@ -49,6 +49,7 @@ _vp, _f32, _u32, _u64, _int = ctypes.c_void_p, ctypes.c_float, ctypes.c_uint32, 
 # Bound once: the eager path reads these on every call, and a module global is
 # one lookup where torch.nn.Parameter is three.
 _Tensor, _Parameter, _Module = torch.Tensor, torch.nn.Parameter, torch.nn.Module
+_data_ptr = torch.Tensor.data_ptr
 
 
 def _unpack(qs):
@@ -62,14 +63,24 @@ def _unpack(qs):
             raise TypeError(f"nf4deq: a list quant state needs at least 5 items, got {len(qs)}")
         absmax, shape, dtype, blocksize, compressed = qs[:5]
         quant_type = qs[5] if len(qs) > 5 and isinstance(qs[5], str) else "nf4"
-        offset, state2 = compressed if compressed is not None else (None, None)
+        if compressed is None:
+            offset = state2 = None
+        elif isinstance(compressed, (list, tuple)) and len(compressed) == 2:
+            offset, state2 = compressed
+        else:
+            raise TypeError("nf4deq: a list quant state's fifth item must be None or [offset, state2]")
         if state2 is None:
             nabs = ncode = nbs = None
         elif isinstance(state2, (list, tuple)):
+            if len(state2) < 3:
+                raise TypeError(f"nf4deq: a list state2 needs [absmax, code, blocksize, ...], got {len(state2)} items")
             nabs, ncode, nbs = state2[0], state2[1], state2[2]
         else:
             nabs, ncode, nbs = state2.absmax, state2.code, state2.blocksize
         return absmax, shape, dtype, blocksize, quant_type, offset, nabs, ncode, nbs
+    if isinstance(qs, dict):
+        raise TypeError("nf4deq: the quant state is a dict (QuantState.as_dict); pass "
+                        "bitsandbytes' QuantState.from_dict(...) of it")
     if getattr(qs, "packing_format_for_cpu", False):
         # Linear4bit's CPU inference layout (bitsandbytes repacks on a CPU forward).
         raise ValueError("nf4deq: this weight is in bitsandbytes' CPU-packed layout; "
@@ -104,8 +115,8 @@ class _Entry:
     so a quant state that is moved (QuantState.to reassigns its tensors) or
     retyped (the Unsloth puzzle sets quant_state.dtype) is worked out again."""
 
-    __slots__ = ("qs_ref", "src", "keep", "dev", "device", "n", "shape", "dtype", "cpu_args", "state",
-                 "state_addr", "template", "w_ref", "wptr", "wsig", "transposed")
+    __slots__ = ("qs_ref", "src", "src_ptrs", "off_host", "keep", "dev", "device", "n", "shape", "dtype",
+                 "cpu_args", "state", "state_addr", "template", "w_ref", "wptr", "wsig", "transposed")
 
     def sources_match(self, qs):
         # Straight from the instance dictionaries: QuantState defines
@@ -119,12 +130,19 @@ class _Entry:
                 return False
             st2 = d["state2"]
             if st2 is None:
-                return s[5] is None
+                return s[5] is None and self._same_storage()
             d2 = st2.__dict__
             return (s[5] is st2 and d["offset"] is s[6] and d2["absmax"] is s[7] and d2["code"] is s[8]
-                    and d2["blocksize"] == s[9])
+                    and d2["blocksize"] == s[9] and self._same_storage())
         except (AttributeError, KeyError):
             return self._sources_match_attrs(qs)
+
+    def _same_storage(self):
+        """The source tensors (the same objects, checked above) still keep
+        their data where the entry points."""
+        s, p = self.src, self.src_ptrs
+        return (_data_ptr(s[0]) == p[0] and (s[5] is None or (
+            (p[1] is None or _data_ptr(s[6]) == p[1]) and _data_ptr(s[7]) == p[2] and _data_ptr(s[8]) == p[3])))
 
     def _sources_match_attrs(self, qs):
         s = self.src
@@ -133,9 +151,9 @@ class _Entry:
             return False
         st2 = getattr(qs, "state2", None)
         if st2 is None:
-            return s[5] is None
+            return s[5] is None and self._same_storage()
         return (s[5] is st2 and s[6] is qs.offset and s[7] is st2.absmax and s[8] is st2.code
-                and s[9] == st2.blocksize)
+                and s[9] == st2.blocksize and self._same_storage())
 
 
 def _build(unpacked):
@@ -157,6 +175,7 @@ def _build(unpacked):
         raise TypeError("nf4deq: quant_state.absmax must be a tensor")
     dev = _dev_index(absmax)
     keep = []
+    off_host = None
     if nabs is None:  # single quant: absmax holds the fp32 scales
         absmax = _f32_contig(absmax, "absmax")
         nabs_ptr = ncode_ptr = None
@@ -165,6 +184,8 @@ def _build(unpacked):
         if absmax.dtype != torch.uint8:
             raise ValueError(f"nf4deq: double-quant absmax must be uint8 codes, got {absmax.dtype}")
         absmax = absmax.contiguous()
+        if not isinstance(nbs, int) and not (isinstance(nbs, torch.Tensor) and nbs.numel() == 1):
+            raise TypeError(f"nf4deq: the nested blocksize must be an int, got {type(nbs).__name__}")
         nbs = int(nbs)
         if nbs <= 0 or nbs & (nbs - 1):
             raise ValueError(f"nf4deq: nested blocksize {nbs} is not a power of two")
@@ -190,6 +211,7 @@ def _build(unpacked):
                 off_ptr = offset.data_ptr()
             elif offset.device.type == "cpu":
                 off_val = float(offset.item())  # a host tensor: no sync
+                off_host = offset  # read again on every call: it may change in place
             else:
                 raise ValueError(f"nf4deq: offset on {offset.device}, quant state on {absmax.device}")
         else:
@@ -213,7 +235,32 @@ def _build(unpacked):
                       _u32(blocksize), _u32(nbs), _int(qt), _int(odt))
     e.template = None
     e.w_ref, e.wptr, e.wsig, e.transposed = None, None, None, False
+    e.off_host = off_host
+    e.src_ptrs = _source_pointers(unpacked)
     return e
+
+
+def _ptr(t):
+    return t.data_ptr() if isinstance(t, torch.Tensor) else None
+
+
+def _source_pointers(unpacked):
+    """Where the quant state's tensors keep their data. An entry is built for
+    these: a tensor that keeps its identity but gets new storage (.data =,
+    set_(), resize_()) must not be read at the old address."""
+    absmax, _, _, _, _, offset, nabs, ncode, _ = unpacked
+    return (_ptr(absmax), _ptr(offset), _ptr(nabs), _ptr(ncode))
+
+
+def _reread_host_offset(e):
+    """A double-quant offset held in host memory is read on every call (an
+    in-place change must show), not once when the entry was built."""
+    v = float(e.off_host.item())
+    if e.dev >= 0:
+        e.state.nested_offset = v
+    else:
+        a = e.cpu_args
+        e.cpu_args = a[:3] + (_f32(v),) + a[4:]
 
 
 def _layout(w):
@@ -268,7 +315,7 @@ def _out_ok(e, out):
     if out.dtype is not e.dtype or out.numel() != e.n:
         raise ValueError(f"nf4deq: out must be {e.dtype} with {e.n} elements (shape {e.shape}), "
                          f"got {out.dtype} {tuple(out.shape)}")
-    if out.get_device() != e.dev:
+    if out.get_device() != e.dev or out.device.type != e.device.type:  # meta's index is -1, as the CPU's
         raise ValueError(f"nf4deq: out on {out.device}, weight on {e.device}")
     return out.is_contiguous() and (e.dev < 0 or out.data_ptr() % 16 == 0)
 
@@ -310,19 +357,29 @@ def _global_view(e, transposed):
     vkey = (e.dtype, e.shape, transposed)
     v = views.get(vkey) if views is not None else None
     if v is None:
-        buf = _global_buffers.get(key)
-        if buf is None or buf.dtype is not e.dtype or buf.numel() < e.n:
-            buf = torch.empty(max(e.n, buf.numel() if buf is not None and buf.dtype is e.dtype else 0),
-                              dtype=e.dtype, device=e.device)
-            _global_buffers[key] = buf
-            views = None
-            # The extension's global-buffer entries hold views of the old
-            # buffer: dropped, so that no call writes there and its memory is freed.
-            _fast_global_cache.clear()
-        if views is None:
-            views = _global_views[key] = {}
-        v = buf[: e.n].view(e.shape)
-        v = views[vkey] = v.t() if transposed else v
+        with torch.inference_mode(False):
+            v = _new_global_view(e, transposed, key, vkey)
+    return v
+
+
+def _new_global_view(e, transposed, key, vkey):
+    """_global_view's miss. Made outside inference mode: whether a call first
+    ran under torch.inference_mode() must not decide, for every later call,
+    whether the result can take part in autograd."""
+    views = _global_views.get(key)
+    buf = _global_buffers.get(key)
+    if buf is None or buf.dtype is not e.dtype or buf.numel() < e.n:
+        buf = torch.empty(max(e.n, buf.numel() if buf is not None and buf.dtype is e.dtype else 0),
+                          dtype=e.dtype, device=e.device)
+        _global_buffers[key] = buf
+        views = None
+        # The extension's global-buffer entries hold views of the old
+        # buffer: dropped, so that no call writes there and its memory is freed.
+        _fast_global_cache.clear()
+    if views is None:
+        views = _global_views[key] = {}
+    v = buf[: e.n].view(e.shape)
+    v = views[vkey] = v.t() if transposed else v
     return v
 
 
@@ -373,11 +430,11 @@ def _register_fast(e, qs, global_view):
     where the call transposes, else None."""
     s = e.src
     if global_view is None:
-        _fast_cache[id(qs)] = (e.qs_ref, *s, e.w_ref, e.wptr, e.wsig, _empty_like, (e.template,), _ALLOC_KWARGS,
-                               e.state_addr, e.dev, e.transposed, e)
+        _fast_cache[id(qs)] = (e.qs_ref, *s, e.src_ptrs, e.w_ref, e.wptr, e.wsig, _empty_like, (e.template,),
+                               _ALLOC_KWARGS, e.state_addr, e.dev, e.transposed, e)
     else:
-        _fast_global_cache[id(qs)] = (e.qs_ref, *s, e.w_ref, e.wptr, e.wsig, global_view.detach, (), None,
-                                      e.state_addr, e.dev, False, e)
+        _fast_global_cache[id(qs)] = (e.qs_ref, *s, e.src_ptrs, e.w_ref, e.wptr, e.wsig, global_view.detach, (),
+                                      None, e.state_addr, e.dev, False, e)
 
 
 def _eager(w, qs, out, use_global_buffer):
@@ -387,6 +444,8 @@ def _eager(w, qs, out, use_global_buffer):
             e = _build(_unpack(qs))
         else:
             e = _cached_entry(qs)
+    if e.off_host is not None:
+        _reread_host_offset(e)
     # The weight: one pointer read per call; the checks run again only when
     # the weight object or its storage changed.
     tw = type(w)
@@ -435,7 +494,7 @@ def _eager(w, qs, out, use_global_buffer):
             # weight it was bound to before: the extension makes the next one.
             # Not on a weight's first call, so that a weight seen once costs no
             # registration.
-            if _eager_cached is not None and bound and _cache.get(id(qs)) is e:
+            if _eager_cached is not None and bound and e.off_host is None and _cache.get(id(qs)) is e:
                 _register_fast(e, qs, view)
         else:
             _launch(e, wptr, res.data_ptr())

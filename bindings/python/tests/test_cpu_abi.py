@@ -134,12 +134,13 @@ class FakeSubclass(FakeTensor):  # as bitsandbytes' Params4bit: read with torch 
 
 class FakeQuantState:
     def __init__(self, nested):
-        self.absmax, self.shape, self.dtype, self.blocksize, self.quant_type = object(), (3, 5), "bf16", 4096, "nf4"
+        self.absmax, self.shape, self.dtype, self.blocksize, self.quant_type = FakeTensor(4096), (3, 5), "bf16", 4096, "nf4"
         self.state2 = self.offset = None
         if nested:
             self.state2 = FakeQuantState(False)
-            self.state2.code, self.state2.blocksize = object(), 256
-            self.offset = object()
+            self.state2.absmax = FakeTensor(8192)
+            self.state2.code, self.state2.blocksize = FakeTensor(12288), 256
+            self.offset = FakeTensor(16384)
 
 
 def check_eager_cached(ext, lib):
@@ -184,8 +185,10 @@ def check_eager_cached(ext, lib):
         src = (qs.absmax, qs.shape, qs.dtype, qs.blocksize, qs.quant_type, st2,
                qs.offset if st2 else None, st2.absmax if st2 else None, st2.code if st2 else None,
                st2.blocksize if st2 else None)
+        ptrs = (qs.absmax.ptr, qs.offset.ptr if st2 else None, st2.absmax.ptr if st2 else None,
+                st2.code.ptr if st2 else None)
         (cache if into is None else into)[id(qs)] = (
-            weakref.ref(qs), *src, weakref.ref(w), w.ptr, w.layout() if layout == "bound" else layout,
+            weakref.ref(qs), *src, ptrs, weakref.ref(w), w.ptr, w.layout() if layout == "bound" else layout,
             alloc or new_empty, (qs.shape,) if alloc is None else (), kwargs, ctypes.addressof(state), dev,
             transposed, state)
 
@@ -222,6 +225,12 @@ def check_eager_cached(ext, lib):
         for attr in ("absmax", "shape", "dtype", "blocksize", "quant_type", "state2") + (("offset",) if nested else ()):
             old = getattr(qs, attr)
             miss(f"{attr} replaced", lambda a=attr: setattr(qs, a, object()), lambda a=attr, o=old: setattr(qs, a, o))
+        # The same tensor objects given new storage (.data =, set_(), resize_()).
+        holders = [(qs, "absmax")] + ([(qs, "offset"), (qs.state2, "absmax"), (qs.state2, "code")] if nested else [])
+        for obj, attr in holders:
+            t = getattr(obj, attr)
+            miss(f"{attr} given new storage", lambda t=t: setattr(t, "ptr", t.ptr + 64),
+                 lambda t=t: setattr(t, "ptr", t.ptr - 64))
         if nested:
             for attr in ("absmax", "code", "blocksize"):
                 old = getattr(qs.state2, attr)
