@@ -138,10 +138,11 @@ static void check_case(const struct lora_case *lc, const char *out)
     free(base);
 }
 
-static void run_case(const struct lora_case *lc, const char *out, uint64_t chunk, int threads, enum st_dtype dtype)
+/* convert --device cpu IN OUT with the adapters in `dirs`, quietly: the
+ * number of tensors it merged (chunk 0 and threads 0: the defaults). */
+static uint64_t merge_on_cpu(const char *in, const char *out, const char **dirs, size_t ndirs, uint64_t chunk,
+                             int threads, enum st_dtype dtype)
 {
-    char *base = tu_strdupf(LORA_FIXTURES "/%s", lc->base), *adapter = tu_strdupf(LORA_FIXTURES "/%s", lc->adapter);
-    const char *dirs[1] = {adapter};
     struct convert_opts o;
     convert_opts_init(&o);
     o.device = DEVICE_CPU;
@@ -149,13 +150,20 @@ static void run_case(const struct lora_case *lc, const char *out, uint64_t chunk
     o.threads = threads;
     o.dtype = dtype;
     o.lora_dirs = dirs;
-    o.nlora = 1;
+    o.nlora = ndirs;
     o.progress = PROGRESS_NONE;
     struct convert_stats st;
     nf4_set_quiet(1);
-    if (convert_run(base, out, &o, &st) != NF4_OK)
-        fail_msg("convert %s --lora %s: %s", base, adapter, nf4_last_error());
-    assert_int_equal(st.merged, lc->merged);
+    if (convert_run(in, out, &o, &st) != NF4_OK)
+        fail_msg("convert %s --lora %s...: %s", in, dirs[0], nf4_last_error());
+    return st.merged;
+}
+
+static void run_case(const struct lora_case *lc, const char *out, uint64_t chunk, int threads, enum st_dtype dtype)
+{
+    char *base = tu_strdupf(LORA_FIXTURES "/%s", lc->base), *adapter = tu_strdupf(LORA_FIXTURES "/%s", lc->adapter);
+    const char *dirs[1] = {adapter};
+    assert_int_equal(merge_on_cpu(base, out, dirs, 1, chunk, threads, dtype), lc->merged);
     free(base);
     free(adapter);
 }
@@ -375,20 +383,7 @@ static void test_synthetic_adapters_match_reference(void **state)
     for (size_t ci = 0; ci < sizeof CHUNKS / sizeof CHUNKS[0]; ci++) {
         for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++) {
             char *out = tu_strdupf("%s/out-%zu-%zu.safetensors", s->dir, ci, di);
-            struct convert_opts o;
-            convert_opts_init(&o);
-            o.device = DEVICE_CPU;
-            o.chunk_elements = CHUNKS[ci];
-            o.threads = 3;
-            o.dtype = DTYPES[di];
-            o.lora_dirs = dirs;
-            o.nlora = 2;
-            o.progress = PROGRESS_NONE;
-            struct convert_stats st;
-            nf4_set_quiet(1);
-            if (convert_run(base_path, out, &o, &st) != NF4_OK)
-                fail_msg("synthetic merge: %s", nf4_last_error());
-            assert_int_equal(st.merged, 3);
+            assert_int_equal(merge_on_cpu(base_path, out, dirs, 2, CHUNKS[ci], 3, DTYPES[di]), 3);
             struct st_file *f;
             assert_int_equal(st_open(out, &f), NF4_OK);
             for (int i = 0; i < 4; i++) {
@@ -482,17 +477,7 @@ static void test_peft_saved_layouts(void **state)
                      "\"bias\": \"all\", \"fan_in_fan_out\": false}");
     const char *dirs[1] = {ad};
     char *out = tu_strdupf("%s/out.safetensors", s->dir);
-    struct convert_opts o;
-    convert_opts_init(&o);
-    o.device = DEVICE_CPU;
-    o.lora_dirs = dirs;
-    o.nlora = 1;
-    o.progress = PROGRESS_NONE;
-    struct convert_stats st;
-    nf4_set_quiet(1);
-    if (convert_run(base_path, out, &o, &st) != NF4_OK)
-        fail_msg("PEFT's saved layouts: %s", nf4_last_error());
-    assert_int_equal(st.merged, 2);
+    assert_int_equal(merge_on_cpu(base_path, out, dirs, 1, 0, 0, DT_INVALID), 2);
     struct syn_term head = {&saved[1], &saved[2], 3, 2.0f, 0}, conv = {&saved[6], &conv_b, 2, 3.0f, 1};
     /* What each output tensor holds: its source's values, with the terms on top. */
     const struct {
