@@ -218,6 +218,20 @@ def test_out():
 
     check("use_global_buffer: right bytes, one shared buffer", global_buffer)
 
+    def global_buffer_after_inference_mode():
+        from nf4deq import _torch as nf4t
+        nf4t._global_buffers.clear()
+        nf4t._global_views.clear()
+        nf4t._fast_global_cache.clear()
+        with torch.inference_mode():
+            nf4deq.fast_dequantize(W, qs, use_global_buffer=True)
+        got = nf4deq.fast_dequantize(W, qs, use_global_buffer=True)
+        got = nf4deq.fast_dequantize(W, qs, use_global_buffer=True)  # the extension's cached call, where built
+        return not got.is_inference() and same(got, ref)
+
+    check("use_global_buffer: an ordinary tensor, even when the first call ran in inference mode",
+          global_buffer_after_inference_mode)
+
 
 def test_unsloth_patterns():
     """Unsloth's matmul_lora calls fast_dequantize(W.t(), qs, use_global_buffer=True)
@@ -339,6 +353,34 @@ def test_cache_invalidation():
         return same(nf4deq.dequantize(W, qs2), ref)
 
     check("cache: deepcopy of the quant state", deepcopied)
+
+    # The same tensor objects given new storage: the old address must not be read.
+    def new_storage(get):
+        def run():
+            warm(W)
+            t = get()
+            old = t.data
+            t.data = old.clone()  # same Python object, new storage
+            old.fill_(float("nan") if old.is_floating_point() else 0)
+            try:
+                return same(nf4deq.dequantize(W, qs), ref)
+            finally:
+                t.data = old.copy_(t.data)
+        return run
+
+    for label, get in (("absmax", lambda: qs.absmax), ("nested absmax", lambda: qs.state2.absmax),
+                       ("nested code", lambda: qs.state2.code), ("offset", lambda: qs.offset)):
+        check(f"cache: quant_state {label}.data given new storage", new_storage(get))
+
+    def host_offset_in_place():
+        qh = copy.deepcopy(qs)
+        qh.offset = qs.offset.cpu()
+        nf4deq.dequantize(W, qh)
+        nf4deq.dequantize(W, qh)
+        qh.offset += 0.5  # in place, in host memory
+        return same(nf4deq.dequantize(W, qh), reference(W, qh))
+
+    check("cache: an offset in host memory changed in place", host_offset_in_place)
 
 
 def test_errors():
