@@ -261,17 +261,18 @@ static int item_equals(PyObject *dict, PyObject *key, PyObject *want)
     return eq == 1;
 }
 
-/* A data pointer as a Python int equals want (an int), or want is None. */
+/* tensor's data pointer is want (an int), or want is None. */
 static int pointer_is(PyObject *tensor, PyObject *want)
 {
+    void *have = NULL, *expect = NULL;
     if (want == Py_None)
         return 1;
     PyObject *p = call1(torch_fns.data_ptr, tensor);
-    int eq = p ? PyObject_RichCompareBool(p, want, Py_EQ) : -1;
+    int ok = p && as_pointer(p, &have) == 0 && as_pointer(want, &expect) == 0 && have == expect;
     Py_XDECREF(p);
-    if (eq < 0)
+    if (!ok)
         PyErr_Clear();
-    return eq == 1;
+    return ok;
 }
 
 /* The source tensors, already known to be the entry's own objects (which the

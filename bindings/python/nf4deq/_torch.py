@@ -315,7 +315,9 @@ def _out_ok(e, out):
     if out.dtype is not e.dtype or out.numel() != e.n:
         raise ValueError(f"nf4deq: out must be {e.dtype} with {e.n} elements (shape {e.shape}), "
                          f"got {out.dtype} {tuple(out.shape)}")
-    if out.get_device() != e.dev or out.device.type != e.device.type:  # meta's index is -1, as the CPU's
+    # get_device() is -1 for the CPU and for meta alike; only then is the
+    # (slower) device type read.
+    if out.get_device() != e.dev or (e.dev < 0 and out.device.type != "cpu"):
         raise ValueError(f"nf4deq: out on {out.device}, weight on {e.device}")
     return out.is_contiguous() and (e.dev < 0 or out.data_ptr() % 16 == 0)
 
