@@ -558,7 +558,9 @@ static int gather(struct lora_set *s, struct binder *b)
          * base layer of a LoRA'd lm_head): the change goes on the replacement.
          * Across adapters the order PEFT would apply them in is not this one. */
         if (x->replace && t->replace)
-            return nf4_fail(NF4_EDATA, file, t->name, "is held whole twice (modules_to_save, base_layer)");
+            return nf4_fail(NF4_EDATA, file, t->name, t->replace_adapter == x->term.adapter
+                                                          ? "is held whole twice (modules_to_save, base_layer)"
+                                                          : "is replaced by two adapters: merge them separately");
         int other_adapter = x->replace ? (t->nterms && t->terms[0].adapter != x->term.adapter)
                                        : (t->replace && t->replace_adapter != x->term.adapter);
         if (other_adapter)

@@ -35,8 +35,8 @@ int lora_target_parse(const char *path, const cJSON *root, struct lora_target_ru
 void lora_target_free(struct lora_target_rules *r);
 
 /* 1 if `module` is one of the strings of the list `names`, or ends in "." and
- * one of them: how PEFT matches target_modules, exclude_modules and
- * modules_to_save lists. */
+ * one of them: how PEFT matches target_modules and exclude_modules lists
+ * (modules_to_save goes by str.endswith alone: lora.c). */
 int lora_name_listed(const cJSON *names, const char *module);
 
 /* 1 if PEFT would put a LoRA layer on `module` ("model.layers.0.mlp.down_proj"). */

@@ -542,6 +542,22 @@ static void test_fan_in_fan_out_ignored_on_4bit_weights(void **state)
     free(b);
 }
 
+/* Two adapters that both replace lm_head (modules_to_save): the order PEFT
+ * would apply them in is not knowable here, so it is refused, and says why. */
+static void test_two_replacements_refused(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *out = tu_strdupf("%s/out", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", out, "--lora",
+                             LORA_FIXTURES "/adapter-r16-qv-lmhead", "--lora", LORA_FIXTURES "/adapter-r16-qv-lmhead",
+                             NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, "lm_head.weight: is replaced by two adapters"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    free(out);
+}
+
 /* ---- refusals: exit 65, one line naming the file, nothing written ---- */
 
 static void test_refusals_write_nothing(void **state)
@@ -784,6 +800,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_peft_saved_layouts, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_two_replacements_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fan_in_fan_out_ignored_on_4bit_weights, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refusals_write_nothing, tu_scratch_setup, tu_scratch_teardown),
