@@ -2,6 +2,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,7 @@
 
 /* A refs/ file is 40 bytes and a newline; anything much larger is not one. */
 #define HF_REF_FILE_MAX 4096
-#define HF_CACHE_DIRS 3
+#define HF_CACHE_DIRS 5
 
 static int repo_part_is_valid(const char *s, size_t n)
 {
@@ -33,9 +34,11 @@ int hf_repo_id_is_valid(const char *id)
 {
     size_t len = strlen(id);
     const char *slash = strchr(id, '/');
-    if (len > HF_REPO_ID_MAX || !slash || strchr(slash + 1, '/'))
+    if (!slash || strchr(slash + 1, '/') || (len >= 4 && strcmp(id + len - 4, ".git") == 0))
         return 0;
-    return repo_part_is_valid(id, (size_t)(slash - id)) && repo_part_is_valid(slash + 1, strlen(slash + 1));
+    size_t org = (size_t)(slash - id), name = len - org - 1;
+    return org <= HF_REPO_PART_MAX && name <= HF_REPO_PART_MAX && repo_part_is_valid(id, org) &&
+           repo_part_is_valid(slash + 1, name);
 }
 
 int hf_revision_is_valid(const char *rev)
@@ -72,14 +75,90 @@ int hf_ref_parse(const char *path, const char *text, size_t len, char commit[HF_
     return NF4_OK;
 }
 
-/* The caches to look in, in order: malloc'd strings, NULL where unset. */
+/* An environment variable, or NULL when unset or empty. */
+static const char *env(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* os.path.expandvars(os.path.expanduser(s)), as huggingface_hub reads its
+ * cache variables: a leading "~" becomes $HOME and "~user" that user's home
+ * (up to the first '/'), then each $NAME or ${NAME} that is set becomes its
+ * value; the rest stays as it is. NULL: out of memory. */
+static char *expand_path(const char *s)
+{
+    struct strbuf b = {0};
+    if (s[0] == '~') {
+        size_t n = strcspn(s + 1, "/");
+        char user[256];
+        const char *home = NULL;
+        if (n == 0) {
+            home = env("HOME");
+        } else if (n < sizeof user) {
+            memcpy(user, s + 1, n);
+            user[n] = '\0';
+            const struct passwd *pw = getpwnam(user); /* before any thread: the cache is resolved first */
+            home = pw ? pw->pw_dir : NULL;
+        }
+        if (home) {
+            strbuf_puts(&b, home);
+            s += 1 + n;
+        }
+    }
+    while (*s) {
+        const char *name = s + 1 + (s[1] == '{');
+        size_t n = 0;
+        while (isalnum((unsigned char)name[n]) || name[n] == '_')
+            n++;
+        int braced = s[1] == '{', closed = !braced || name[n] == '}';
+        char key[256];
+        const char *value = NULL;
+        if (s[0] == '$' && n > 0 && n < sizeof key && closed) {
+            memcpy(key, name, n);
+            key[n] = '\0';
+            value = getenv(key);
+        }
+        if (value) {
+            strbuf_puts(&b, value);
+            s = name + n + braced;
+        } else {
+            strbuf_put(&b, s++, 1);
+        }
+    }
+    if (b.oom || !b.p) {
+        free(b.p);
+        return b.oom ? NULL : strdup("");
+    }
+    return b.p;
+}
+
+/* `base`/`tail`, with base expanded; NULL where base is NULL. Sets *oom. */
+static char *cache_path(const char *base, const char *tail, int *oom)
+{
+    if (!base)
+        return NULL;
+    char *e = expand_path(base), *p = e && tail ? path_join(e, tail) : e;
+    if (p != e)
+        free(e);
+    *oom |= !p;
+    return p;
+}
+
+/* The caches to look in, in huggingface_hub's order of precedence (its
+ * constants.py: HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else HF_HOME/hub,
+ * HF_HOME defaulting to $XDG_CACHE_HOME/huggingface, then ~/.cache/huggingface):
+ * malloc'd strings, NULL where unset. Where huggingface_hub takes the first
+ * that is set, nf4deq looks in each in turn. */
 static int cache_dirs(char *dirs[HF_CACHE_DIRS])
 {
-    const char *hub = getenv("HF_HUB_CACHE"), *home = getenv("HF_HOME"), *user = getenv("HOME");
-    dirs[0] = hub && *hub ? strdup(hub) : NULL;
-    dirs[1] = home && *home ? path_join(home, "hub") : NULL;
-    dirs[2] = user && *user ? path_join(user, ".cache/huggingface/hub") : NULL;
-    return (hub && *hub && !dirs[0]) || (home && *home && !dirs[1]) || (user && *user && !dirs[2]) ? -1 : 0;
+    int oom = 0;
+    dirs[0] = cache_path(env("HF_HUB_CACHE"), NULL, &oom);
+    dirs[1] = cache_path(env("HUGGINGFACE_HUB_CACHE"), NULL, &oom);
+    dirs[2] = cache_path(env("HF_HOME"), "hub", &oom);
+    dirs[3] = cache_path(env("XDG_CACHE_HOME"), "huggingface/hub", &oom);
+    dirs[4] = cache_path(env("HOME"), ".cache/huggingface/hub", &oom);
+    return oom ? -1 : 0;
 }
 
 static int is_dir(const char *path)
@@ -177,8 +256,8 @@ int hf_cache_resolve(const char *repo_id, const char *revision, char **snapshot)
     }
     if (code == NF4_OK && !found)
         code = nf4_fail(NF4_ENOINPUT, repo_id, NULL, "not a file, and not in the Hugging Face cache (looked in %s); "
-                        "download it with: %s", looked.len ? looked.p : "no cache: HF_HUB_CACHE, HF_HOME and HOME "
-                        "are unset", download_hint(repo_id, revision, hint, sizeof hint));
+                        "download it with: %s", looked.len ? looked.p : "no cache: HF_HUB_CACHE, HF_HOME, "
+                        "XDG_CACHE_HOME and HOME are unset", download_hint(repo_id, revision, hint, sizeof hint));
     free(looked.p);
     for (int i = 0; i < HF_CACHE_DIRS; i++)
         free(dirs[i]);

@@ -8,11 +8,13 @@
 
 #define HF_REVISION_DEFAULT "main"
 #define HF_COMMIT_HEX 40 /* a git SHA-1, as the hub names snapshots */
-#define HF_REPO_ID_MAX 96
+#define HF_REPO_PART_MAX 96 /* huggingface_hub's limit on ORG and on NAME, each */
+#define HF_REPO_ID_MAX (2 * HF_REPO_PART_MAX + 1)
 
-/* 1 if `id` has the form ORG/NAME of a hub model id: two parts of letters,
+/* 1 if `id` has the form ORG/NAME of a hub model id, as huggingface_hub's
+ * validate_repo_id takes it: two parts of at most HF_REPO_PART_MAX letters,
  * digits, '-', '_' and '.', neither starting or ending with '-' or '.', with
- * no "--" or "..". */
+ * no "--" or "..", not ending in ".git". */
 int hf_repo_id_is_valid(const char *id);
 
 /* 1 if `rev` can name a ref file or snapshot under the repository: not
@@ -26,9 +28,11 @@ int hf_ref_parse(const char *path, const char *text, size_t len, char commit[HF_
 
 /* Finds the snapshot of repo_id at `revision` (a branch or tag with a refs/
  * file, or a commit hash; NULL: main) in the first cache that has the
- * repository: $HF_HUB_CACHE, then $HF_HOME/hub, then ~/.cache/huggingface/hub.
- * NF4_ENOINPUT, naming the `hf download` command to run, when it is not there.
- * *snapshot is malloc'd. */
+ * repository, in huggingface_hub's order of precedence: $HF_HUB_CACHE,
+ * $HUGGINGFACE_HUB_CACHE, $HF_HOME/hub, $XDG_CACHE_HOME/huggingface/hub,
+ * ~/.cache/huggingface/hub (each with ~ and $VAR expanded, as
+ * huggingface_hub expands them). NF4_ENOINPUT, naming the `hf download`
+ * command to run, when it is not there. *snapshot is malloc'd. */
 int hf_cache_resolve(const char *repo_id, const char *revision, char **snapshot);
 
 #endif

@@ -38,7 +38,8 @@ int input_resolve(const char *arg, const char *revision, char **path)
                             "safetensors are read at random offsets; save it to a file first");
         return owned(STDIN_PATH, path);
     }
-    int exists = stat(arg, &st) == 0 || errno != ENOENT;
+    /* ENOTDIR: "org" is a file here, so "org/name" is no path either. */
+    int exists = stat(arg, &st) == 0 || (errno != ENOENT && errno != ENOTDIR);
     if (exists || !hf_repo_id_is_valid(arg)) {
         if (revision)
             return nf4_fail(NF4_EUSAGE, arg, NULL, "--revision applies to a Hugging Face model id (ORG/NAME) in the "

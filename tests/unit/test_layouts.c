@@ -359,7 +359,16 @@ static void test_model_ids_resolve_in_the_cache(void **state)
 {
     struct tu_scratch *s = *state;
     char *hub = fake_hub(s->dir), *out = tu_strdupf("%s/out", s->dir);
+    unsetenv("HUGGINGFACE_HUB_CACHE"); /* whatever the caller's environment says */
+    unsetenv("HF_HOME");
+    unsetenv("XDG_CACHE_HOME");
     setenv("HF_HUB_CACHE", hub, 1);
+    /* A file named as the ORG where the command runs does not make ORG/NAME a path. */
+    char cwd[4096];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(tu_sh_status("cd %s && : > acme && %s/%s inspect acme/tiny > /dev/null", s->dir, cwd,
+                                  NF4DEQ_BIN), 0);
+    tu_sh("rm %s/acme", s->dir);
     struct tu_run r = tu_run("convert", "-q", "--device", "cpu", "--dtype", "bf16", "acme/tiny", out, NULL);
     assert_converted_ok(&r);
     char *got = tu_strdupf("%s/model.safetensors", out);
@@ -387,16 +396,50 @@ static void test_model_ids_resolve_in_the_cache(void **state)
     assert_same_file(got, FLUX "/vae/diffusion_pytorch_model.safetensors");
     free(got);
     free(o);
-    /* HF_HOME/hub when HF_HUB_CACHE is unset. */
+    /* Every variable huggingface_hub reads, each alone, with ~ and $VAR
+     * expanded as it expands them; the cache moved where each one points. */
     unsetenv("HF_HUB_CACHE");
-    char *home = tu_strdupf("%s/hfhome", s->dir);
-    tu_sh("mkdir -p %s && mv %s %s/hub", home, hub, home);
-    setenv("HF_HOME", home, 1);
-    r = tu_run("inspect", "acme/tiny", NULL);
-    assert_int_equal(r.status, 0);
-    tu_run_free(&r);
-    unsetenv("HF_HOME");
-    free(home);
+    const char *real_home = getenv("HOME");
+    char *saved_home = real_home ? strdup(real_home) : NULL;
+    setenv("HOME", s->dir, 1); /* ~ and $HOME: the scratch directory */
+    setenv("NF4DEQ_TEST_SUB", "hfhome", 1);
+    static const struct {
+        const char *var, *value; /* value: "@" stands for the scratch directory */
+        const char *dir;         /* where the hub goes, under the scratch directory */
+    } PLACES[] = {
+        {"HUGGINGFACE_HUB_CACHE", "@/legacy/hub", "legacy/hub"},
+        {"HF_HOME", "@/hfhome", "hfhome/hub"},
+        {"HF_HOME", "~/hfhome", "hfhome/hub"},
+        {"HF_HOME", "$HOME/${NF4DEQ_TEST_SUB}/", "hfhome/hub"},
+        {"HF_HUB_CACHE", "~/hfhome/hub", "hfhome/hub"},
+        {"XDG_CACHE_HOME", "@/xdg", "xdg/huggingface/hub"},
+        {NULL, NULL, ".cache/huggingface/hub"}, /* HOME alone */
+    };
+    char *at = strdup(hub);
+    for (size_t i = 0; i < sizeof PLACES / sizeof *PLACES; i++) {
+        char *to = tu_strdupf("%s/%s", s->dir, PLACES[i].dir);
+        if (strcmp(at, to) != 0)
+            tu_sh("mkdir -p %s && rmdir %s && mv %s %s", to, to, at, to);
+        free(at);
+        at = to;
+        const char *v = PLACES[i].value;
+        char *value = v && v[0] == '@' ? tu_strdupf("%s%s", s->dir, v + 1) : v ? strdup(v) : NULL;
+        if (PLACES[i].var)
+            setenv(PLACES[i].var, value, 1);
+        r = tu_run("inspect", "acme/tiny", NULL);
+        if (r.status != 0)
+            fail_msg("%s=%s: exit %d: %s", PLACES[i].var ? PLACES[i].var : "HOME", value ? value : s->dir, r.status,
+                     r.err);
+        tu_run_free(&r);
+        if (PLACES[i].var)
+            unsetenv(PLACES[i].var);
+        free(value);
+    }
+    free(at);
+    unsetenv("NF4DEQ_TEST_SUB");
+    if (saved_home)
+        setenv("HOME", saved_home, 1);
+    free(saved_home);
     free(hub);
     free(out);
 }
@@ -436,11 +479,19 @@ static void test_models_missing_from_the_cache_give_the_download_command(void **
 static void test_hostile_ids_refs_and_revisions(void **state)
 {
     (void)state;
-    static const char *const GOOD_IDS[] = {"acme/tiny", "unsloth/Llama-3.2-1B-Instruct-bnb-4bit", "a/b", "A_1/x.y"};
-    static const char *const BAD_IDS[] = {"acme", "acme/", "/tiny", "a/b/c", "a--b/c", "a/b..c", ".a/b", "a/b-",
-                                          "a /b", "a/b\n", ""};
+    /* huggingface_hub's validate_repo_id: 96 characters for ORG and for NAME each, no ".git" suffix. */
+    char org96[HF_REPO_PART_MAX + 1], long_ok[2 * HF_REPO_PART_MAX + 2], long_bad[2 * HF_REPO_PART_MAX + 3];
+    memset(org96, 'o', HF_REPO_PART_MAX);
+    org96[HF_REPO_PART_MAX] = '\0';
+    snprintf(long_ok, sizeof long_ok, "%s/%s", org96, org96);
+    snprintf(long_bad, sizeof long_bad, "%s/%sx", org96, org96);
+    const char *const GOOD_IDS[] = {"acme/tiny", "unsloth/Llama-3.2-1B-Instruct-bnb-4bit", "a/b", "A_1/x.y", long_ok,
+                                    "a/b.gitx"};
+    const char *const BAD_IDS[] = {"acme", "acme/", "/tiny", "a/b/c", "a--b/c", "a/b..c", ".a/b", "a/b-",
+                                   "a /b", "a/b\n", "", long_bad, "a/b.git"};
     for (size_t i = 0; i < sizeof GOOD_IDS / sizeof *GOOD_IDS; i++)
-        assert_true(hf_repo_id_is_valid(GOOD_IDS[i]));
+        if (!hf_repo_id_is_valid(GOOD_IDS[i]))
+            fail_msg("'%s' refused as a model id", GOOD_IDS[i]);
     for (size_t i = 0; i < sizeof BAD_IDS / sizeof *BAD_IDS; i++)
         if (hf_repo_id_is_valid(BAD_IDS[i]))
             fail_msg("'%s' passed as a model id", BAD_IDS[i]);
