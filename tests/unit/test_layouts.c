@@ -601,6 +601,23 @@ static void test_json_report_of_a_success(void **state)
     assert_true(get(root, "bytes_in")->valuedouble > 0 && get(root, "bytes_out")->valuedouble > 0);
     assert_true(get(root, "peak_rss_bytes")->valuedouble > 0);
     assert_true(cJSON_IsNumber(get(root, "seconds")) && cJSON_IsString(get(root, "engine")));
+    /* Its own peak, not its parent's: started from a process holding 256 MiB
+     * (as from Python with torch loaded), a small conversion still reads small. */
+    size_t big = (size_t)256 << 20;
+    char *ballast = malloc(big);
+    assert_non_null(ballast);
+    memset(ballast, 1, big);
+    char *out2 = tu_strdupf("%s/flux2", s->dir);
+    struct tu_run r2 = tu_run("convert", "--json", "-q", "--device", "cpu", FLUX, out2, NULL);
+    free(ballast);
+    assert_int_equal(r2.status, 0);
+    cJSON *root2 = cJSON_Parse(r2.out);
+    assert_non_null(root2);
+    if (get(root2, "peak_rss_bytes")->valuedouble > (double)(128 << 20))
+        fail_msg("peak_rss_bytes %.0f: the parent's 256 MiB counted", get(root2, "peak_rss_bytes")->valuedouble);
+    cJSON_Delete(root2);
+    tu_run_free(&r2);
+    free(out2);
     assert_true(cJSON_IsArray(get(root, "warnings")));
     /* Every file under OUT, with its size. */
     const cJSON *files = get(root, "files");
