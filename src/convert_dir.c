@@ -201,6 +201,7 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, struct m
     if (code != NF4_OK)
         goto fail;
     if ((code = bnb_collect(j->m, &j->weights, &j->nweights)) != NF4_OK ||
+        (code = refuse_conv1d_weights(in, j->weights, j->nweights)) != NF4_OK ||
         (with_lora && (code = convert_open_lora(c, j->m, j->weights, j->nweights)) != NF4_OK))
         goto fail;
     j->plans = calloc(j->m->nfiles, sizeof *j->plans);

@@ -13,6 +13,7 @@
 #include "layout.h"
 #include "lora.h"
 #include "model.h"
+#include "model_dir.h"
 #include "status.h"
 
 struct totals {
@@ -169,7 +170,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     struct bnb_weight *w = NULL;
     size_t nw = 0;
     struct lora_set *lora = NULL;
-    if ((code = bnb_collect(m, &w, &nw)) != NF4_OK ||
+    if ((code = bnb_collect(m, &w, &nw)) != NF4_OK || (is_dir && (code = refuse_conv1d_weights(in, w, nw)) != NF4_OK) ||
         (o->nlora && (code = lora_open(&lora, o->lora_dirs, o->nlora, m, w, nw)) != NF4_OK)) {
         bnb_free(w, nw);
         model_close(m);

@@ -5,9 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "bnb_state.h"
 #include "fileio.h"
 #include "json_util.h"
+#include "model.h"
 #include "status.h"
 #include "strbuf.h"
 
@@ -262,4 +265,53 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
     *out = b.p;
     *out_len = b.len;
     return NF4_OK;
+}
+
+/* ---- architectures on transformers' Conv1D ---- */
+
+/* config.json "model_type"s whose attention and MLP layers are Conv1D, and
+ * those layers' names (transformers' modeling files; decision_transformer
+ * holds a GPT-2). */
+static const char *const CONV1D_MODEL_TYPES[] = {"gpt2", "openai-gpt", "imagegpt", "decision_transformer"};
+static const char *const CONV1D_LAYERS[] = {"c_attn", "c_proj", "c_fc", "q_attn"};
+
+/* The layer name of weight `name` ("transformer.h.0.attn.c_attn.weight" ->
+ * "c_attn") is a Conv1D one. */
+static int is_conv1d_layer(const char *name)
+{
+    const char *end = strrchr(name, '.');
+    if (!end)
+        return 0;
+    const char *start = end;
+    while (start > name && start[-1] != '.')
+        start--;
+    for (size_t i = 0; i < sizeof CONV1D_LAYERS / sizeof *CONV1D_LAYERS; i++)
+        if ((size_t)(end - start) == strlen(CONV1D_LAYERS[i]) && memcmp(start, CONV1D_LAYERS[i], end - start) == 0)
+            return 1;
+    return 0;
+}
+
+int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, size_t n)
+{
+    char *path = path_join(dir, CONFIG_FILE_NAME), *json = NULL;
+    size_t len = 0;
+    if (!path)
+        return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    int code = NF4_OK, conv1d = 0;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && (code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)) == NF4_OK) {
+        cJSON *root = json_parse_whole(json, len); /* malformed: config_rewrite says so when it is written */
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+        for (size_t i = 0; cJSON_IsString(type) && i < sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES; i++)
+            conv1d |= strcmp(type->valuestring, CONV1D_MODEL_TYPES[i]) == 0;
+        cJSON_Delete(root);
+    }
+    for (size_t i = 0; code == NF4_OK && conv1d && i < n; i++)
+        if (is_conv1d_layer(weights[i].name))
+            code = nf4_fail(NF4_EDATA, weights[i].packed->file->path, weights[i].name,
+                            "a Conv1D layer (config.json: a GPT-2 architecture), which bitsandbytes stores transposed, "
+                            "[out, in]; nf4deq does not write it back as [in, out], the shape the model loads");
+    free(json);
+    free(path);
+    return code;
 }

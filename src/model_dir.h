@@ -26,4 +26,14 @@ struct index_out_entry {
 int index_render(const char *path, const char *metadata_json, uint64_t total_size, uint64_t total_parameters,
                  const struct index_out_entry *entries, size_t n, char **out, size_t *out_len);
 
+/* Refuses (NF4_EDATA, naming the file and the weight) a model directory
+ * `dir` whose config.json names an architecture built on transformers'
+ * Conv1D (GPT-2 and its kin: weights stored [in, out]) when one of those
+ * layers is among the 4-bit `weights`: bitsandbytes quantizes a Conv1D
+ * weight transposed, [out, in], and nf4deq writes a weight in the shape its
+ * quant state records, which such a model cannot load. NF4_OK otherwise,
+ * and where there is no config.json. */
+struct bnb_weight;
+int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, size_t n);
+
 #endif

@@ -451,6 +451,14 @@ def dir_cases(B):
         65, "model.ghost: listed in %s, which has no such tensor" % S1)
     emit_dir("dir-tensor-in-two-shards", shard_files(B, shards=lambda s1, s2: (s1, s2 + [find(B, NORM)])), 65,
              "model.norm.weight: tensor is also in")
+    # GPT-2's Conv1D layers are quantized transposed ([out, in]): refused, not written in a shape it cannot load.
+    def gpt2(name, layer, code, msg):
+        ts = [t.copy(name=t.name.replace(D, layer)) if t.name.startswith(D) else t for t in B]
+        emit_dir(name, {"model.safetensors": st_bytes(ts), "config.json": b'{"model_type": "gpt2", "n_embd": 256}\n'},
+                 code, msg, kinds=("convert", "inspect"))
+    gpt2("dir-gpt2-conv1d-weight", "transformer.h.0.mlp.c_fc.weight", 65,
+         "transformer.h.0.mlp.c_fc.weight: a Conv1D layer (config.json: a GPT-2 architecture)")
+    gpt2("dir-gpt2-linear-weight", "lm_head.weight", 0, "")
     files = shard_files(B)
     files["config.json"] = files["config.json"][:-3]
     emit_dir("dir-config-not-json", files, 65, "config.json: not a JSON object")
