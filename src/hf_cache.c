@@ -11,6 +11,7 @@
 #include "fileio.h"
 #include "status.h"
 #include "strbuf.h"
+#include "strutil.h"
 
 /* A refs/ file is 40 bytes and a newline; anything much larger is not one. */
 #define HF_REF_FILE_MAX 4096
@@ -216,6 +217,40 @@ static int snapshot_of(const char *repo_id, const char *repo, const char *revisi
     return NF4_OK;
 }
 
+/* `hf download` links each file of a snapshot to its blob once the blob is
+ * complete, so a link to nothing there is a download that did not finish (or
+ * a blob deleted since). A weight or JSON file missing that way would fail
+ * later as an unreadable input; this says what happened and what to run. The
+ * snapshot and its sub-directories (a pipeline's components), a few deep. */
+#define HF_SNAPSHOT_MAX_DEPTH 4
+static int check_snapshot_links(const char *repo_id, const char *revision, const char *dir, int depth)
+{
+    char **names;
+    size_t n;
+    if (dir_names(dir, &names, &n) != 0)
+        return NF4_OK; /* reading the model says what is wrong */
+    int code = NF4_OK;
+    for (size_t i = 0; i < n && code == NF4_OK; i++) {
+        char *path = path_join(dir, names[i]);
+        struct stat lst, st;
+        if (!path) {
+            code = nf4_fail(NF4_ESOFTWARE, repo_id, NULL, "out of memory");
+        } else if (lstat(path, &lst) != 0 || names[i][0] == '.') {
+            /* gone since it was listed, or hidden: not the model's */
+        } else if (S_ISLNK(lst.st_mode) && stat(path, &st) != 0 && errno == ENOENT &&
+                   (str_ends_with(names[i], ".safetensors") || str_ends_with(names[i], ".json"))) {
+            char hint[HF_REPO_ID_MAX + 300];
+            code = nf4_fail(NF4_ENOINPUT, path, NULL, "links to a blob that is not in the cache: the download did not "
+                            "finish; run it again: %s", download_hint(repo_id, revision, hint, sizeof hint));
+        } else if (S_ISDIR(lst.st_mode) && depth < HF_SNAPSHOT_MAX_DEPTH) {
+            code = check_snapshot_links(repo_id, revision, path, depth + 1);
+        }
+        free(path);
+    }
+    dir_names_free(names, n);
+    return code;
+}
+
 int hf_cache_resolve(const char *repo_id, const char *revision, char **snapshot)
 {
     *snapshot = NULL;
@@ -248,6 +283,10 @@ int hf_cache_resolve(const char *repo_id, const char *revision, char **snapshot)
         } else if (is_dir(repo)) {
             found = 1;
             code = snapshot_of(repo_id, repo, revision, snapshot);
+            if (code == NF4_OK && (code = check_snapshot_links(repo_id, revision, *snapshot, 0)) != NF4_OK) {
+                free(*snapshot);
+                *snapshot = NULL;
+            }
         } else {
             strbuf_puts(&looked, looked.len ? ", " : "");
             strbuf_puts(&looked, dirs[i]);

@@ -458,6 +458,14 @@ static void test_models_missing_from_the_cache_give_the_download_command(void **
     assert_int_equal(r.status, NF4_ENOINPUT);
     assert_non_null(strstr(r.err, "hf download acme/tiny --revision v9\n"));
     tu_run_free(&r);
+    /* A download that did not finish: the weights' link points at no blob. */
+    tu_sh("mv %s/models--acme--tiny/blobs/1111 %s/blob-aside", hub, s->dir);
+    r = tu_run("convert", "acme/tiny", out, NULL);
+    if (r.status != NF4_ENOINPUT || tu_lines(r.err) != 1 || !strstr(r.err, "snapshots/" COMMIT "/model.safetensors: ") ||
+        !strstr(r.err, "the download did not finish; run it again: hf download acme/tiny\n"))
+        fail_msg("exit %d: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_sh("mv %s/blob-aside %s/models--acme--tiny/blobs/1111", s->dir, hub);
     /* A refs/ file that is not a commit hash is bad data; --revision with a path is a usage error. */
     tu_sh("printf 'not a hash' > %s/models--acme--tiny/refs/main", hub);
     r = tu_run("convert", "acme/tiny", out, NULL);
