@@ -542,20 +542,27 @@ static void test_fan_in_fan_out_ignored_on_4bit_weights(void **state)
     free(b);
 }
 
-/* Two adapters that both replace lm_head (modules_to_save): the order PEFT
- * would apply them in is not knowable here, so it is refused, and says why. */
-static void test_two_replacements_refused(void **state)
+/* convert --device cpu BASE OUT --lora AD1 [--lora AD2] exits 65 with one
+ * line holding `want`, and leaves nothing in the scratch directory. */
+static void assert_merge_refused(const struct tu_scratch *s, const char *base, const char *ad1, const char *ad2,
+                                 const char *want)
 {
-    struct tu_scratch *s = *state;
     char *out = tu_strdupf("%s/out", s->dir);
-    struct tu_run r = tu_run("convert", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", out, "--lora",
-                             LORA_FIXTURES "/adapter-r16-qv-lmhead", "--lora", LORA_FIXTURES "/adapter-r16-qv-lmhead",
-                             NULL);
-    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, "lm_head.weight: is replaced by two adapters"))
+    struct tu_run r = ad2 ? tu_run("convert", "--device", "cpu", base, out, "--lora", ad1, "--lora", ad2, NULL)
+                          : tu_run("convert", "--device", "cpu", base, out, "--lora", ad1, NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, want))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     assert_int_equal(tu_count_entries(s->dir), 0);
     free(out);
+}
+
+/* Two adapters that both replace lm_head (modules_to_save): the order PEFT
+ * would apply them in is not knowable here, so it is refused, and says why. */
+static void test_two_replacements_refused(void **state)
+{
+    assert_merge_refused(*state, LORA_FIXTURES "/base-llama-bf16-bnb4", LORA_FIXTURES "/adapter-r16-qv-lmhead",
+                         LORA_FIXTURES "/adapter-r16-qv-lmhead", "lm_head.weight: is replaced by two adapters");
 }
 
 /* ---- refusals: exit 65, one line naming the file, nothing written ---- */
@@ -609,15 +616,8 @@ static void test_refusals_write_nothing(void **state)
 /* An adapter for another model: its keys name modules this base lacks. */
 static void test_adapter_for_another_base(void **state)
 {
-    struct tu_scratch *s = *state;
-    char *out = tu_strdupf("%s/out", s->dir);
-    struct tu_run r = tu_run("convert", "--device", "cpu", LORA_FIXTURES "/base-llama-fp16-fp4-bnb4", out, "--lora",
-                             LORA_FIXTURES "/adapter-r8-all-linear", NULL);
-    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, "adapter-r8-all-linear"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
-    assert_int_equal(tu_count_entries(s->dir), 0);
-    free(out);
+    assert_merge_refused(*state, LORA_FIXTURES "/base-llama-fp16-fp4-bnb4", LORA_FIXTURES "/adapter-r8-all-linear",
+                         NULL, "adapter-r8-all-linear");
 }
 
 /* An adapter whose config no longer targets one of its modules (o_proj here):
