@@ -119,6 +119,10 @@ class _Entry:
                  "cpu_args", "state", "state_addr", "template", "w_ref", "wptr", "wsig", "transposed")
 
     def sources_match(self, qs):
+        """qs holds the tensors this entry was built from, where it built it."""
+        return self._same_objects(qs) and self._same_storage()
+
+    def _same_objects(self, qs):
         # Straight from the instance dictionaries: QuantState defines
         # __getattr__, which makes every attribute read slower. Objects kept
         # elsewhere (slots, properties) take the attribute route.
@@ -130,30 +134,30 @@ class _Entry:
                 return False
             st2 = d["state2"]
             if st2 is None:
-                return s[5] is None and self._same_storage()
+                return s[5] is None
             d2 = st2.__dict__
             return (s[5] is st2 and d["offset"] is s[6] and d2["absmax"] is s[7] and d2["code"] is s[8]
-                    and d2["blocksize"] == s[9] and self._same_storage())
+                    and d2["blocksize"] == s[9])
         except (AttributeError, KeyError):
-            return self._sources_match_attrs(qs)
+            return self._same_objects_by_attrs(qs)
 
     def _same_storage(self):
-        """The source tensors (the same objects, checked above) still keep
+        """The source tensors (the same objects: _same_objects) still keep
         their data where the entry points."""
         s, p = self.src, self.src_ptrs
         return (_data_ptr(s[0]) == p[0] and (s[5] is None or (
             (p[1] is None or _data_ptr(s[6]) == p[1]) and _data_ptr(s[7]) == p[2] and _data_ptr(s[8]) == p[3])))
 
-    def _sources_match_attrs(self, qs):
+    def _same_objects_by_attrs(self, qs):
         s = self.src
         if (s[0] is not qs.absmax or s[1] is not qs.shape or s[2] is not qs.dtype or s[3] != qs.blocksize
                 or s[4] != qs.quant_type):
             return False
         st2 = getattr(qs, "state2", None)
         if st2 is None:
-            return s[5] is None and self._same_storage()
+            return s[5] is None
         return (s[5] is st2 and s[6] is qs.offset and s[7] is st2.absmax and s[8] is st2.code
-                and s[9] == st2.blocksize and self._same_storage())
+                and s[9] == st2.blocksize)
 
 
 def _build(unpacked):
@@ -241,7 +245,7 @@ def _build(unpacked):
 
 
 def _ptr(t):
-    return t.data_ptr() if isinstance(t, torch.Tensor) else None
+    return _data_ptr(t) if isinstance(t, torch.Tensor) else None
 
 
 def _source_pointers(unpacked):
@@ -359,29 +363,23 @@ def _global_view(e, transposed):
     vkey = (e.dtype, e.shape, transposed)
     v = views.get(vkey) if views is not None else None
     if v is None:
+        # Made outside inference mode: whether a call first ran under
+        # torch.inference_mode() must not decide, for every later call,
+        # whether the result can take part in autograd.
         with torch.inference_mode(False):
-            v = _new_global_view(e, transposed, key, vkey)
-    return v
-
-
-def _new_global_view(e, transposed, key, vkey):
-    """_global_view's miss. Made outside inference mode: whether a call first
-    ran under torch.inference_mode() must not decide, for every later call,
-    whether the result can take part in autograd."""
-    views = _global_views.get(key)
-    buf = _global_buffers.get(key)
-    if buf is None or buf.dtype is not e.dtype or buf.numel() < e.n:
-        buf = torch.empty(max(e.n, buf.numel() if buf is not None and buf.dtype is e.dtype else 0),
-                          dtype=e.dtype, device=e.device)
-        _global_buffers[key] = buf
-        views = None
-        # The extension's global-buffer entries hold views of the old
-        # buffer: dropped, so that no call writes there and its memory is freed.
-        _fast_global_cache.clear()
-    if views is None:
-        views = _global_views[key] = {}
-    v = buf[: e.n].view(e.shape)
-    v = views[vkey] = v.t() if transposed else v
+            buf = _global_buffers.get(key)
+            if buf is None or buf.dtype is not e.dtype or buf.numel() < e.n:
+                buf = torch.empty(max(e.n, buf.numel() if buf is not None and buf.dtype is e.dtype else 0),
+                                  dtype=e.dtype, device=e.device)
+                _global_buffers[key] = buf
+                views = None
+                # The extension's global-buffer entries hold views of the old
+                # buffer: dropped, so that no call writes there and its memory is freed.
+                _fast_global_cache.clear()
+            if views is None:
+                views = _global_views[key] = {}
+            v = buf[: e.n].view(e.shape)
+            v = views[vkey] = v.t() if transposed else v
     return v
 
 
