@@ -437,9 +437,10 @@ static int bind_replacement(struct binder *b, size_t index, const struct lora_co
     if (!name)
         return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
     char *base_layer = strstr(name, BASE_LAYER_SEGMENT);
-    if (base_layer) /* "M.base_layer.P" -> "M.P" */
-        memmove(base_layer, base_layer + strlen(BASE_LAYER_SEGMENT) - 1,
-                strlen(base_layer + strlen(BASE_LAYER_SEGMENT) - 1) + 1);
+    if (base_layer) { /* "M.base_layer.P" -> "M.P" */
+        const char *rest = base_layer + strlen(BASE_LAYER_SEGMENT) - 1; /* ".P" */
+        memmove(base_layer, rest, strlen(rest) + 1);
+    }
     const char *last = strrchr(name, '.');
     int saved = base_layer || in_modules_to_save(c, name) || (c->trains_bias && last && strcmp(last + 1, "bias") == 0);
     int code = saved ? bind_replacement_of(b, index, t, name)

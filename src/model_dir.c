@@ -299,7 +299,8 @@ int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, siz
         return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
     int code = NF4_OK, conv1d = 0;
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) && (code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)) == NF4_OK) {
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+        (code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)) == NF4_OK) {
         cJSON *root = json_parse_whole(json, len); /* malformed: config_rewrite says so when it is written */
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
         for (size_t i = 0; cJSON_IsString(type) && i < sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES; i++)
