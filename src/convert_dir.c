@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,12 +108,10 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
         } else if ((found = stat_to_copy(from, &st)) != 0) {
             code = found > 0 ? NF4_OK : NF4_ENOINPUT;
-        } else if (S_ISREG(st.st_mode) && str_ends_with(name, WEIGHTS_FILE_SUFFIX)) {
-            /* A checkpoint file that is not part of this model (an older
-             * model.safetensors beside the shards, say) would be copied still
-             * quantized, and transformers may load it first. */
-            nf4_warn("%s: not part of the model (not in %s); not copied", from,
-                     m->index_name ? m->index_name : "the directory's list of checkpoint files");
+        } else if (model_is_unused_file(m, name)) {
+            char why[NAME_MAX + 32];
+            model_unused_reason(m, name, why, sizeof why);
+            nf4_warn("%s: not part of the model (%s); not copied", from, why);
         } else if (S_ISREG(st.st_mode)) {
             code = copy_path(from, to, in_dir); /* a model directory is flat: files only */
         } else if (strncmp(name, ".", 1) != 0) {

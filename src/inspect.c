@@ -3,6 +3,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -157,6 +158,27 @@ static void add_totals(struct totals *sum, const struct totals *t)
  * (an unquantized pipeline component), so --dtype does not apply, and its
  * tensor bytes after conversion are its tensor bytes now (not its file
  * sizes: the totals count tensor bytes, headers apart, everywhere). */
+/* The directory's weights files that convert leaves out (model.h). */
+static void report_unused(const struct model *m, FILE *out)
+{
+    if (m->nunused > 0)
+        fputs("\nNot part of the model, neither converted nor copied:\n", out);
+    for (size_t i = 0; i < m->nunused; i++) {
+        char why[NAME_MAX + 32];
+        model_unused_reason(m, m->unused_names[i], why, sizeof why);
+        fputs("  ", out);
+        put_name(out, m->unused_names[i], 0);
+        fprintf(out, " (%s)\n", why);
+    }
+}
+
+static void add_unused_json(const struct model *m, cJSON *obj)
+{
+    cJSON *list = cJSON_AddArrayToObject(obj, "not_copied");
+    for (size_t i = 0; i < m->nunused; i++)
+        cJSON_AddItemToArray(list, cJSON_CreateString(m->unused_names[i]));
+}
+
 static int inspect_model(const char *in, int is_dir, const struct inspect_opts *o, cJSON *obj, struct totals *tot,
                          int as_is)
 {
@@ -257,6 +279,8 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     }
     if (json) {
         add_totals_json(obj, tot);
+        if (is_dir && !as_is) /* a component copied as it is keeps every file */
+            add_unused_json(m, obj);
         if (lora)
             report_lora(lora, obj, out);
     } else {
@@ -264,6 +288,8 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                 "\n%zu tensors in %zu file%s, %zu quantized weights; %" PRIu64 " parameters; %" PRIu64
                 " bytes on disk; %" PRIu64 " bytes after conversion\n",
                 m->count, m->nfiles, m->nfiles == 1 ? "" : "s", nw, tot->parameters, tot->on_disk, tot->converted);
+        if (!as_is)
+            report_unused(m, out);
         if (lora) {
             report_lora(lora, NULL, out);
             fprintf(out, "\n%zu tensor%s changed by %zu adapter%s\n", lora->ntargets, lora->ntargets == 1 ? "" : "s",

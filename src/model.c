@@ -3,6 +3,7 @@
 #include <cJSON.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -272,16 +273,19 @@ int model_dir_scan(const char *dir, struct model_dir_files *out)
         return code;
     out->indexes = calloc(n ? n : 1, sizeof *out->indexes);
     out->weights = calloc(n ? n : 1, sizeof *out->weights);
-    if (!out->indexes || !out->weights)
+    out->hidden_weights = calloc(n ? n : 1, sizeof *out->hidden_weights);
+    if (!out->indexes || !out->weights || !out->hidden_weights)
         code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
     for (size_t i = 0; i < n && code == NF4_OK; i++) { /* sorted: so are both lists */
         const char *name = names[i];
         int is_index = str_ends_with(name, INDEX_FILE_SUFFIX), is_weights = str_ends_with(name, WEIGHTS_FILE_SUFFIX);
-        if (name[0] == '.' || (!is_index && !is_weights))
+        if ((name[0] == '.' && !is_weights) || (!is_index && !is_weights))
             continue;
         int regular = is_regular_file(dir, name);
         if (regular < 0)
             code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        else if (regular && name[0] == '.')
+            take_name(names, i, &out->hidden_weights, &out->nhidden_weights);
         else if (regular && is_index)
             take_name(names, i, &out->indexes, &out->nindexes);
         else if (regular)
@@ -297,6 +301,7 @@ void model_dir_files_free(struct model_dir_files *f)
 {
     dir_names_free(f->indexes, f->nindexes);
     dir_names_free(f->weights, f->nweights);
+    dir_names_free(f->hidden_weights, f->nhidden_weights);
     memset(f, 0, sizeof *f);
 }
 
@@ -342,6 +347,30 @@ static int choose_model_files(const char *dir, struct model *m, struct model_dir
     return NF4_OK;
 }
 
+static int has_name(char *const *names, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (names[i] && strcmp(names[i], name) == 0)
+            return 1;
+    return 0;
+}
+
+/* Takes from found every weights file the model does not use, hidden ones
+ * included, sorted. The names move; only the list is allocated. */
+static int set_unused_names(struct model *m, struct model_dir_files *found)
+{
+    size_t cap = found->nweights + found->nhidden_weights;
+    if (!(m->unused_names = calloc(cap ? cap : 1, sizeof *m->unused_names)))
+        return nf4_fail(NF4_ESOFTWARE, m->dir, NULL, "out of memory");
+    for (size_t i = 0; i < found->nhidden_weights; i++)
+        take_name(found->hidden_weights, i, &m->unused_names, &m->nunused);
+    for (size_t i = 0; i < found->nweights; i++)
+        if (found->weights[i] && !has_name(m->file_names, m->nfiles, found->weights[i]))
+            take_name(found->weights, i, &m->unused_names, &m->nunused);
+    qsort(m->unused_names, m->nunused, sizeof *m->unused_names, cmp_str);
+    return NF4_OK;
+}
+
 int model_open_dir(const char *dir, struct model **out)
 {
     *out = NULL;
@@ -358,7 +387,6 @@ int model_open_dir(const char *dir, struct model **out)
     int code = model_dir_scan(dir, &found);
     if (code == NF4_OK)
         code = choose_model_files(dir, m, &found);
-    model_dir_files_free(&found);
     if (code != NF4_OK)
         goto out;
     if (m->index_name) {
@@ -380,6 +408,8 @@ int model_open_dir(const char *dir, struct model **out)
         code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
         goto out;
     }
+    if ((code = set_unused_names(m, &found)) != NF4_OK)
+        goto out;
     for (size_t i = 0; i < m->nfiles && code == NF4_OK; i++) {
         char *p = path_join(dir, m->file_names[i]);
         if (!p) {
@@ -407,6 +437,7 @@ int model_open_dir(const char *dir, struct model **out)
         nf4_warn("%s: %zu tensors in the shards are not listed in the index; they are converted too",
                  index_path, m->count - nentries);
 out:
+    model_dir_files_free(&found);
     index_free(entries, nentries, NULL, 0);
     free(json);
     free(index_path);
@@ -432,9 +463,23 @@ void model_close(struct model *m)
     free(m->file_names);
     free(m->tensors);
     free(m->index_metadata_json);
+    dir_names_free(m->unused_names, m->nunused);
     free(m->index_name);
     free(m->dir);
     free(m);
+}
+
+int model_is_unused_file(const struct model *m, const char *name)
+{
+    return has_name(m->unused_names, m->nunused, name);
+}
+
+void model_unused_reason(const struct model *m, const char *name, char *buf, size_t cap)
+{
+    if (name[0] == '.' || !m->index_name) /* without an index, every other weights file is the model */
+        snprintf(buf, cap, "a hidden file");
+    else
+        snprintf(buf, cap, "not listed in %s", m->index_name);
 }
 
 const struct model_tensor *model_find(const struct model *m, const char *name)

@@ -34,6 +34,11 @@ struct model {
     size_t count;
     struct model_tensor *tensors; /* every tensor of every file, sorted by name */
     char *index_metadata_json;    /* the index's "metadata" object, printed compactly; NULL if none */
+    /* The directory's other *.safetensors files (ones its index does not list,
+     * hidden ones), sorted: convert neither converts nor copies them, since
+     * transformers could load one still quantized, and inspect names them. */
+    char **unused_names;
+    size_t nunused;
 };
 
 /* The candidate files of a directory, each list sorted by name. */
@@ -42,9 +47,11 @@ struct model_dir_files {
     size_t nindexes;
     char **weights;  /* *.safetensors */
     size_t nweights;
+    char **hidden_weights; /* .*.safetensors: never candidates */
+    size_t nhidden_weights;
 };
 /* Lists a directory's candidates (regular files through links; hidden names
- * skipped). model_dir_is_model: any candidate at all. */
+ * are set apart). model_dir_is_model: any candidate at all. */
 int model_dir_scan(const char *dir, struct model_dir_files *out);
 void model_dir_files_free(struct model_dir_files *f);
 int model_dir_is_model(const struct model_dir_files *f);
@@ -55,6 +62,10 @@ int model_open_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);
 void model_close(struct model *m);
 const struct model_tensor *model_find(const struct model *m, const char *name);
+/* Whether name is one of m->unused_names, and why, as a phrase for messages
+ * ("not listed in model.safetensors.index.json", "a hidden file"). */
+int model_is_unused_file(const struct model *m, const char *name);
+void model_unused_reason(const struct model *m, const char *name, char *buf, size_t cap);
 
 /* Validates an index.json document and returns the shard file names it lists
  * (sorted, unique) and, per weight_map entry, name -> file. Pure: used by

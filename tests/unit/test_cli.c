@@ -490,22 +490,42 @@ static void test_shard_linking_outside_the_model_is_refused(void **state)
     free(out);
 }
 
-/* A 4-bit model.safetensors left beside the shards must not reach the output:
- * transformers could load it, still quantized, before the index. */
+/* A 4-bit model.safetensors left beside the shards, or a hidden one, must not
+ * reach the output: transformers could load it, still quantized, before the
+ * index. inspect names the same files. */
 static void test_stray_checkpoint_files_are_not_copied(void **state)
 {
     struct tu_scratch *s = *state;
     char *model = tu_strdupf("%s/model", s->dir), *out = tu_strdupf("%s/out", s->dir);
-    char *cmd = tu_strdupf("cp -r %s %s && cp %s/model.safetensors %s/", FIXTURES "/tiny-llama-bf16-bnb4-sharded",
-                           model, FIXTURES "/tiny-llama-bf16-bnb4", model);
+    char *cmd = tu_strdupf("cp -r %s %s && cp %s/model.safetensors %s/ && cp %s %s/.old.safetensors",
+                           FIXTURES "/tiny-llama-bf16-bnb4-sharded", model, FIXTURES "/tiny-llama-bf16-bnb4", model,
+                           BNB4, model);
     assert_int_equal(system(cmd), 0);
-    struct tu_run r = tu_run("convert", "--device", "cpu", model, out, NULL);
+    struct tu_run r = tu_run("inspect", model, NULL);
     assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.err, "model.safetensors: not part of the model"));
+    assert_non_null(strstr(r.out, "\nNot part of the model, neither converted nor copied:\n"
+                                  "  .old.safetensors (a hidden file)\n"
+                                  "  model.safetensors (not listed in model.safetensors.index.json)\n"));
     tu_run_free(&r);
-    char *stray = tu_strdupf("%s/model.safetensors", out);
+    r = tu_run("inspect", "--json", model, NULL);
+    assert_int_equal(r.status, 0);
+    cJSON *root = cJSON_Parse(r.out);
+    char *not_copied = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(root, "not_copied"));
+    assert_string_equal(not_copied, "[\".old.safetensors\",\"model.safetensors\"]");
+    free(not_copied);
+    cJSON_Delete(root);
+    tu_run_free(&r);
+    r = tu_run("convert", "--device", "cpu", model, out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "model/model.safetensors: not part of the model (not listed in "
+                                  "model.safetensors.index.json); not copied\n"));
+    assert_non_null(strstr(r.err, ".old.safetensors: not part of the model (a hidden file); not copied\n"));
+    tu_run_free(&r);
+    char *stray = tu_strdupf("%s/model.safetensors", out), *hidden = tu_strdupf("%s/.old.safetensors", out);
     assert_false(tu_exists(stray));
+    assert_false(tu_exists(hidden));
     free(stray);
+    free(hidden);
     free(cmd);
     free(model);
     free(out);
