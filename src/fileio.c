@@ -405,6 +405,10 @@ void install_signal_cleanup(void)
 {
     for (size_t i = 0; i < sizeof CLEANUP_SIGNALS / sizeof CLEANUP_SIGNALS[0]; i++) {
         struct sigaction sa;
+        /* A signal ignored when we start stays ignored: nohup(1) ignores HUP
+         * and a shell's background job INT, and a run they start must go on. */
+        if (sigaction(CLEANUP_SIGNALS[i], NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+            continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_fatal_signal;
         sigemptyset(&sa.sa_mask);

@@ -39,6 +39,8 @@ void temp_unregister(const char *path);
 /* Forgets `prefix` and every path below it (once a temp directory is published). */
 void temp_unregister_prefix(const char *prefix);
 void cleanup_temps(void);
+/* Removes the temps on SIGINT, SIGTERM, SIGHUP and SIGPIPE, then dies of the
+ * signal; one that was ignored at start (nohup) stays ignored. */
 void install_signal_cleanup(void);
 /* pthread_create for nf4deq's own threads (workers, the GPU start): they
  * never take SIGINT, SIGTERM, SIGHUP or SIGPIPE, so the cleanup handler runs

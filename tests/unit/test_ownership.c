@@ -46,13 +46,16 @@ static int scene_teardown(void **state)
     return 0;
 }
 
-/* Starts nf4deq with NF4DEQ_TEST_STOP=stop and waits until it has stopped
- * itself there; its stderr goes to DIR/err-PID. */
-static pid_t start_stopped(const struct scene *s, const char *stop, char *const *args)
+/* Starts nf4deq with NF4DEQ_TEST_STOP=stop, and the signals in `ignored`
+ * (ending with 0; may be NULL) ignored as nohup(1) would, and waits until it
+ * has stopped itself there; its stderr goes to DIR/.stderr-PID. */
+static pid_t start_stopped_ignoring(const struct scene *s, const char *stop, char *const *args, const int *ignored)
 {
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        for (size_t i = 0; ignored && ignored[i]; i++)
+            signal(ignored[i], SIG_IGN); /* kept across exec */
         char *err = tu_strdupf("%s/.stderr-%d", s->dir, (int)getpid());
         int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         dup2(fd, 2);
@@ -67,6 +70,11 @@ static pid_t start_stopped(const struct scene *s, const char *stop, char *const 
     if (!WIFSTOPPED(st))
         fail_msg("the run did not stop at NF4DEQ_TEST_STOP=%s (status 0x%x)", stop, st);
     return pid;
+}
+
+static pid_t start_stopped(const struct scene *s, const char *stop, char *const *args)
+{
+    return start_stopped_ignoring(s, stop, args, NULL);
 }
 
 static int reap(pid_t pid)
@@ -257,6 +265,22 @@ static void test_sigterm_keeps_finished_shards_sigint_does_not(void **state)
     assert_int_equal(entries(s), 2); /* in and ref */
 }
 
+/* A signal ignored when the run starts stays ignored (nohup ignores SIGHUP,
+ * a shell's background job SIGINT): the run goes on and finishes. */
+static void test_signals_ignored_at_start_stay_ignored(void **state)
+{
+    struct scene *s = *state;
+    char *args[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
+    static const int IGNORED[] = {SIGHUP, SIGINT, 0};
+    pid_t pid = start_stopped_ignoring(s, "2.5", args, IGNORED);
+    assert_int_equal(kill(pid, SIGHUP), 0);
+    assert_int_equal(kill(pid, SIGINT), 0);
+    assert_int_equal(continue_stopped(pid), 0);
+    free(stderr_of(s, pid));
+    assert_out_is_ref(s);
+    assert_int_equal(entries(s), 3);
+}
+
 /* A resume whose inputs changed since the dead run keeps nothing. */
 static void test_resume_redoes_shards_whose_record_differs(void **state)
 {
@@ -444,6 +468,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sigkill_then_rerun_or_resume, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_keeps_finished_shards_sigint_does_not, scene_setup,
                                         scene_teardown),
+        cmocka_unit_test_setup_teardown(test_signals_ignored_at_start_stay_ignored, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_resume_redoes_shards_whose_record_differs, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_long_paths, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_second_run_to_one_out_exits_73_at_once, scene_setup, scene_teardown),
