@@ -30,8 +30,8 @@
     "  69  a GPU was asked for (--device cuda) but none is usable, or NF4DEQ_CPU\n"                             \
     "      names a CPU kernel this processor or build lacks\n"                                                    \
     "  70  internal error (including out of memory)\n"                                                         \
-    "  73  the output cannot be created (exists without --force, another nf4deq\n"                             \
-    "      is writing it, permissions)\n"                                                                      \
+    "  73  the output cannot be created (exists without --force, is a link or a\n"                            \
+    "      device, another nf4deq is writing it, permissions)\n"                                                \
     "  74  read or write failed (I/O error, disk full, closed standard output,\n"                              \
     "      an input that changed while it was read)\n"
 
@@ -96,7 +96,7 @@ static const char CONVERT_HELP[] =
     "                       redo the rest\n"
     "      --json           print a JSON report on standard output when done\n"
     "                       (also on failure, with error, exit_code, file, tensor)\n"
-    "  -f, --force          replace OUT if it exists\n"
+    "  -f, --force          replace OUT if it exists (a file or a directory)\n"
     "  -q, --quiet          print nothing but errors\n"
     "  -h, --help           show this help\n"
     "\n"

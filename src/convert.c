@@ -300,20 +300,50 @@ static int check_stdout_output(enum input_layout layout, const char *in)
     return NF4_OK;
 }
 
+/* The output is renamed into place, so what stands at OUT is replaced, never
+ * written through: only a regular file or a directory may be. A link would
+ * give way to the output (perhaps on another disk than the one it led to),
+ * and a device or FIFO is no place for a checkpoint. */
+static int check_replaceable(const char *out, const struct stat *entry)
+{
+    if (S_ISLNK(entry->st_mode))
+        return nf4_fail(NF4_ECANTCREAT, out, NULL, "is a symbolic link, which nf4deq would replace, not write "
+                        "through: remove it, or give the path it leads to");
+    if (!S_ISREG(entry->st_mode) && !S_ISDIR(entry->st_mode))
+        return nf4_fail(NF4_ECANTCREAT, out, NULL, "is not a regular file or a directory (a device, FIFO or "
+                        "socket), which nf4deq would replace; for standard output, give -");
+    return NF4_OK;
+}
+
+/* "." and ".." cannot be renamed over. */
+static int names_dot_entry(const char *path)
+{
+    const char *last = strrchr(path, '/');
+    last = last ? last + 1 : path;
+    return strcmp(last, ".") == 0 || strcmp(last, "..") == 0;
+}
+
 /* OUT is a path: it may exist only with --force, and never be the input. */
 static int check_path_output(const char *in, int in_is_dir, const char *out, const struct convert_opts *o,
                              int *out_exists)
 {
-    struct stat in_st, out_st;
+    struct stat in_st, out_st, entry;
     if (stat(in, &in_st) != 0)
         return nf4_fail_errno(NF4_ENOINPUT, errno, in, NULL, "cannot open");
-    *out_exists = stat(out, &out_st) == 0;
+    *out_exists = lstat(out, &entry) == 0; /* a link to nothing exists too */
     if (!*out_exists && errno != ENOENT)
         return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot stat");
     if (!*out_exists)
         return NF4_OK;
-    if (out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino)
+    if (stat(out, &out_st) == 0 && out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino)
         return nf4_fail(NF4_EUSAGE, out, NULL, "is the input itself; refusing to overwrite it");
+    int code = check_replaceable(out, &entry);
+    if (code != NF4_OK)
+        return code;
+    out_st = entry;
+    if (S_ISDIR(out_st.st_mode) && names_dot_entry(out))
+        return nf4_fail(NF4_EUSAGE, out, NULL, "names a directory by . or .., which cannot be replaced: give its "
+                        "name");
     if (S_ISDIR(out_st.st_mode) != in_is_dir)
         return nf4_fail(NF4_EUSAGE, out, NULL, "input is a %s but output is a %s: give both as files or both as "
                         "directories", in_is_dir ? "directory" : "file", in_is_dir ? "file" : "directory");
@@ -348,9 +378,11 @@ static int take_output(struct ctx *c, enum input_layout layout, const char *out,
         return code;
     struct stat st;
     /* Checked again under the lock: a run that finished meanwhile made it. */
-    if (!*out_exists && stat(out, &st) == 0) {
+    if (!*out_exists && lstat(out, &st) == 0) {
         if (!c->opts->force)
             code = nf4_fail(NF4_ECANTCREAT, out, NULL, "already exists (use --force to replace it)");
+        else if ((code = check_replaceable(out, &st)) != NF4_OK)
+            ;
         else if (S_ISDIR(st.st_mode) != (layout != LAYOUT_FILE))
             code = nf4_fail(NF4_ECANTCREAT, out, NULL, "appeared as a %s while this run started",
                             S_ISDIR(st.st_mode) ? "directory" : "file");

@@ -236,6 +236,45 @@ static void test_output_directory_replaced_only_with_force(void **state)
     free(out);
 }
 
+/* What stands at OUT is replaced by a rename, never written through, so only a
+ * regular file or a directory may be there: a link (even to nothing), a FIFO
+ * or ".." is refused at once, with or without --force, and left as it was. */
+static void test_outputs_that_cannot_be_replaced(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct {
+        const char *what, *make, *out; /* make: shell run in the scratch dir */
+        int dir_input, force, status;
+        const char *said;
+    } CASES[] = {
+        {"link to a file, --force", "echo old > t && ln -s t o", "o", 0, 1, 73, "is a symbolic link"},
+        {"link to a file", "echo old > t && ln -s t o", "o", 0, 0, 73, "is a symbolic link"},
+        {"link to nothing", "ln -s nowhere o", "o", 0, 0, 73, "is a symbolic link"},
+        {"link to nothing, directory input", "ln -s nowhere o", "o", 1, 0, 73, "is a symbolic link"},
+        {"link to a directory, --force", "mkdir d && ln -s d o", "o", 1, 1, 73, "is a symbolic link"},
+        {"FIFO, --force", "mkfifo o", "o", 0, 1, 73, "is not a regular file or a directory"},
+        {"..", "mkdir -p d/e", "d/e/..", 1, 1, 2, "cannot be replaced"},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        tu_sh("rm -rf %s/* && cd %s && %s", s->dir, s->dir, CASES[i].make);
+        char *out = tu_strdupf("%s/%s", s->dir, CASES[i].out);
+        const char *in = CASES[i].dir_input ? FIXTURES "/tiny-llama-bf16-bnb4" : BNB4;
+        struct tu_run r = CASES[i].force ? tu_run("convert", "-q", "--force", "--device", "cpu", in, out, NULL)
+                                         : tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+        if (r.status != CASES[i].status || !strstr(r.err, CASES[i].said))
+            fail_msg("%s: exit %d, stderr %s", CASES[i].what, r.status, r.err);
+        assert_one_line_error(&r, CASES[i].out);
+        tu_run_free(&r);
+        /* Nothing replaced or added: the link is still a link, the FIFO a FIFO. */
+        struct stat st;
+        assert_int_equal(lstat(out, &st), 0);
+        if (strcmp(CASES[i].out, "o") == 0)
+            assert_true(strncmp(CASES[i].make, "mkfifo", 6) == 0 ? S_ISFIFO(st.st_mode) : S_ISLNK(st.st_mode));
+        assert_int_equal(tu_sh_status("cd %s && [ -z \"$(ls -A | grep -v -x -e o -e t -e d)\" ]", s->dir), 0);
+        free(out);
+    }
+}
+
 static void test_refuses_to_overwrite_input(void **state)
 {
     struct tu_scratch *s = *state;
@@ -660,6 +699,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_missing_input_exits_66, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_existing_output_needs_force, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_output_directory_replaced_only_with_force, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_outputs_that_cannot_be_replaced, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refuses_to_overwrite_input, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_file_and_directory_do_not_mix, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, tu_scratch_setup, tu_scratch_teardown),
