@@ -17,6 +17,8 @@ static const struct {
     [DT_F8_E5M2] = {"F8_E5M2", 8, NULL, 0},
     [DT_F8_E4M3] = {"F8_E4M3", 8, NULL, 0},
     [DT_F8_E8M0] = {"F8_E8M0", 8, NULL, 0},
+    [DT_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8, NULL, 0},
+    [DT_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8, NULL, 0},
     [DT_I16] = {"I16", 16, NULL, 0},
     [DT_U16] = {"U16", 16, NULL, 0},
     [DT_F16] = {"F16", 16, "float16", 1},

@@ -7,8 +7,8 @@
 /* Declared in the order of the reference implementation's Dtype enum: the writer
  * sorts tensors by this rank (largest first), as safetensors' own serializer does. */
 enum st_dtype {
-    DT_BOOL, DT_F4, DT_F6_E2M3, DT_F6_E3M2, DT_U8, DT_I8, DT_F8_E5M2, DT_F8_E4M3, DT_F8_E8M0,
-    DT_I16, DT_U16, DT_F16, DT_BF16, DT_I32, DT_U32, DT_F32, DT_C64, DT_F64, DT_I64, DT_U64,
+    DT_BOOL, DT_F4, DT_F6_E2M3, DT_F6_E3M2, DT_U8, DT_I8, DT_F8_E5M2, DT_F8_E4M3, DT_F8_E8M0, DT_F8_E4M3FNUZ,
+    DT_F8_E5M2FNUZ, DT_I16, DT_U16, DT_F16, DT_BF16, DT_I32, DT_U32, DT_F32, DT_C64, DT_F64, DT_I64, DT_U64,
     DT_COUNT,
     DT_INVALID = -1
 };

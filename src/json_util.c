@@ -262,7 +262,7 @@ static void put_value(struct strbuf *b, const cJSON *item, int depth)
         for (const cJSON *c = item->child; c; c = c->next) {
             put_indent(b, depth + 1);
             if (object) {
-                strbuf_json_string(b, c->string);
+                strbuf_json_string_for_terminal(b, c->string);
                 strbuf_puts(b, ": ");
             }
             put_value(b, c, depth + 1);
@@ -271,7 +271,7 @@ static void put_value(struct strbuf *b, const cJSON *item, int depth)
         put_indent(b, depth);
         strbuf_puts(b, object ? "}" : "]");
     } else if (cJSON_IsString(item)) {
-        strbuf_json_string(b, item->valuestring);
+        strbuf_json_string_for_terminal(b, item->valuestring);
     } else if (cJSON_IsNumber(item)) {
         put_number(b, item->valuedouble);
     } else if (cJSON_IsBool(item)) {

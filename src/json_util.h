@@ -55,7 +55,8 @@ int json_keys_hold_plain_integers(const char *s, size_t len, const char *const *
                                   const char **bad_key);
 
 /* Prints a document as jq does by default: two-space indentation, "key": value,
- * empty containers as {} and [], one value per line, a final newline.
+ * empty containers as {} and [], one value per line, a final newline, DEL as
+ * \u007f; the C1 controls are escaped too (strbuf_json_string_for_terminal).
  * NULL when out of memory. */
 char *json_print_pretty(const cJSON *item);
 

@@ -28,40 +28,80 @@ static int is_valid_utf8(const unsigned char *s, size_t len)
     return 1;
 }
 
-/* One pass over the header text before parsing, for two things cJSON cannot
- * tell: every number in a safetensors header is a shape entry or an offset, a
+/* What scan_header found wrong, if anything. */
+enum header_scan_fault { SCAN_OK, SCAN_NUMBER, SCAN_DEPTH };
+
+struct header_scan {
+    uint64_t values;   /* JSON values, within one: each '{', '[' and ',' outside strings starts one */
+    size_t bad_at;     /* the byte where the fault is */
+    size_t key_at;     /* the last string opened directly in the top-level object: */
+    size_t key_len;    /* the tensor entry a fault is in (raw JSON text, escapes and all) */
+};
+
+/* One pass over the header text before parsing, for what cJSON cannot tell.
+ * Every number in a safetensors header is a shape entry or an offset, a
  * non-negative integer, and cJSON would accept 1.0, 1e3 or -0 as the same
- * double, so the literal text is checked (0 and the offending offset on
- * failure); and *values counts the JSON values, within one (each '{', '[' and
- * ',' outside strings starts one), which bounds what parsing will allocate. */
-static int scan_header_numbers(const char *s, size_t len, size_t *bad_at, uint64_t *values)
+ * double, so the literal text is checked. Nesting is held to serde_json's
+ * depth, the reference reader's. The count of values bounds what parsing
+ * will allocate. */
+static enum header_scan_fault scan_header(const char *s, size_t len, struct header_scan *scan)
 {
+    memset(scan, 0, sizeof *scan);
+    scan->values = 1;
     int in_string = 0;
-    *values = 1;
+    size_t depth = 0, string_at = 0;
     for (size_t i = 0; i < len; i++) {
         char c = s[i];
         if (in_string) {
-            if (c == '\\')
+            if (c == '\\') {
                 i++;
-            else if (c == '"')
+            } else if (c == '"') {
                 in_string = 0;
+                if (depth == 1) {
+                    scan->key_at = string_at;
+                    scan->key_len = i - string_at;
+                }
+            }
             continue;
         }
         if (c == '"') {
             in_string = 1;
+            string_at = i + 1;
         } else if (c == '{' || c == '[' || c == ',') {
-            ++*values;
+            ++scan->values;
+            if (c != ',' && ++depth > ST_MAX_HEADER_DEPTH) {
+                scan->bad_at = i;
+                return SCAN_DEPTH;
+            }
+        } else if (c == '}' || c == ']') {
+            depth -= depth > 0;
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             int plain;
             size_t end = json_number_end(s, len, i, &plain);
             if (!plain) {
-                *bad_at = i;
-                return 0;
+                scan->bad_at = i;
+                return SCAN_NUMBER;
             }
             i = end - 1;
         }
     }
-    return 1;
+    return SCAN_OK;
+}
+
+/* A scan fault as one line, naming the tensor entry it is in. */
+static int scan_fault(const char *path, const char *json, const struct header_scan *scan,
+                      enum header_scan_fault fault)
+{
+    char name[256];
+    size_t n = scan->key_len < sizeof name - 1 ? scan->key_len : sizeof name - 1;
+    memcpy(name, json + scan->key_at, n);
+    name[n] = '\0';
+    const char *tensor = n > 0 ? name : NULL;
+    if (fault == SCAN_DEPTH)
+        return nf4_fail(NF4_EDATA, path, tensor, "header byte %zu: JSON nested more than %d levels deep",
+                        scan->bad_at, ST_MAX_HEADER_DEPTH);
+    return nf4_fail(NF4_EDATA, path, tensor, "header byte %zu: numbers must be non-negative integers",
+                    scan->bad_at);
 }
 
 static int get_u64(const cJSON *item, uint64_t *out)
@@ -133,9 +173,11 @@ static int parse_metadata(struct st_file *f, const cJSON *item)
     const char *path = f->path;
     if (f->has_metadata)
         return nf4_fail(NF4_EDATA, path, NULL, "header has __metadata__ twice");
+    f->has_metadata = 1;
+    if (cJSON_IsNull(item)) /* the reference reads null as no metadata */
+        return NF4_OK;
     if (!cJSON_IsObject(item))
         return nf4_fail(NF4_EDATA, path, NULL, "__metadata__ is not an object");
-    f->has_metadata = 1;
     const char *dup;
     int twice = json_first_duplicate_key(item, &dup);
     if (twice < 0)
@@ -222,7 +264,11 @@ int st_parse_header(struct st_file *f, const char *json, size_t len, uint64_t da
     const char *path = f->path;
     if (!is_valid_utf8((const unsigned char *)json, len))
         return nf4_fail(NF4_EDATA, path, NULL, "header is not valid UTF-8");
-    if (len == 0 || json[0] != '{')
+    /* JSON white space may come first: writers pad the header at either end. */
+    size_t start = 0;
+    while (start < len && (json[start] == ' ' || json[start] == '\t' || json[start] == '\n' || json[start] == '\r'))
+        start++;
+    if (start == len || json[start] != '{')
         return nf4_fail(NF4_EDATA, path, NULL, "header does not start with '{'");
     if (memchr(json, '\0', len))
         return nf4_fail(NF4_EDATA, path, NULL, "header contains a NUL byte");
@@ -230,13 +276,14 @@ int st_parse_header(struct st_file *f, const char *json, size_t len, uint64_t da
     if (!json_text_is_strict(json, len))
         return nf4_fail(NF4_EDATA, path, NULL,
                         "header is not valid JSON (a raw control character, a malformed \\u escape, or \\u0000)");
-    size_t bad_at;
-    uint64_t values;
-    if (!scan_header_numbers(json, len, &bad_at, &values))
-        return nf4_fail(NF4_EDATA, path, NULL, "header byte %zu: numbers must be non-negative integers", bad_at);
-    if (values > ST_MAX_HEADER_VALUES)
+    struct header_scan scan;
+    enum header_scan_fault fault = scan_header(json, len, &scan);
+    if (fault != SCAN_OK)
+        return scan_fault(path, json, &scan, fault);
+    if (scan.values > ST_MAX_HEADER_VALUES)
         return nf4_fail(NF4_EDATA, path, NULL, "header holds %" PRIu64 " JSON values, more than the %" PRIu64
-                        " nf4deq parses (about 80 bytes of memory each)", values, (uint64_t)ST_MAX_HEADER_VALUES);
+                        " nf4deq parses (about 80 bytes of memory each)", scan.values,
+                        (uint64_t)ST_MAX_HEADER_VALUES);
     const char *end = NULL;
     cJSON *root = json_parse_prefix(json, len, &end);
     if (!root && json_ran_out_of_memory())

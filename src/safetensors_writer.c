@@ -172,6 +172,14 @@ static int begin(struct st_writer **out, const char *path, int stream_fd, const 
         w->order[k] = keys[k].index;
     if (build_header(&header, tensors, keys, n, w->sizes, meta, nmeta) != NF4_OK)
         goto oom;
+    /* The input's metadata can make a header no reader would open (the
+     * reference's writer refuses it too): nothing is written. */
+    if (header.len > ST_MAX_HEADER_BYTES) {
+        code = nf4_fail(NF4_EDATA, path, NULL, "its header would take %zu bytes, over the %llu-byte limit of "
+                        "safetensors (the input's __metadata__ is too large to carry over)", header.len,
+                        ST_MAX_HEADER_BYTES);
+        goto fail;
+    }
     w->stream = stream_fd >= 0;
     w->fd = w->stream ? stream_fd : create_temp_beside(path, &w->tmp_path);
     if (w->fd < 0) {

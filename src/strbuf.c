@@ -54,18 +54,35 @@ void strbuf_printf(struct strbuf *b, const char *fmt, ...)
     va_end(again);
 }
 
-void strbuf_json_string(struct strbuf *b, const char *s)
+static void put_json_string(struct strbuf *b, const char *s, int for_terminal)
 {
+    static const char SHORT[0x20] = {['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't'};
     strbuf_put(b, "\"", 1);
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\') {
             char esc[2] = {'\\', (char)*p};
             strbuf_put(b, esc, 2);
-        } else if (*p < 0x20) {
+        } else if (*p < 0x20 && SHORT[*p]) {
+            char esc[2] = {'\\', SHORT[*p]};
+            strbuf_put(b, esc, 2);
+        } else if (*p < 0x20 || (for_terminal && *p == 0x7f)) {
             strbuf_printf(b, "\\u%04x", *p);
+        } else if (for_terminal && p[0] == 0xc2 && p[1] >= 0x80 && p[1] <= 0x9f) { /* U+0080-U+009F */
+            strbuf_printf(b, "\\u%04x", p[1]);
+            p++;
         } else {
             strbuf_put(b, (const char *)p, 1);
         }
     }
     strbuf_put(b, "\"", 1);
+}
+
+void strbuf_json_string(struct strbuf *b, const char *s)
+{
+    put_json_string(b, s, 0);
+}
+
+void strbuf_json_string_for_terminal(struct strbuf *b, const char *s)
+{
+    put_json_string(b, s, 1);
 }

@@ -212,7 +212,15 @@ def file_cases(B):
          "header is not valid UTF-8")
     emit("st-header-overlong-utf8", header_edit(B, '"model.norm.weight"', b'"model.norm.w\xc0\xafight"'), 65,
          "header is not valid UTF-8")
-    emit("st-header-leading-space", st_bytes(B, " " + header_text(B)), 65, "header does not start with '{'")
+    # safetensors 0.8 lets writers pad the header at the front too (JSON white space).
+    emit("ok-header-leading-whitespace", st_bytes(B, " \t\r\n" + header_text(B)), 0, "converted",
+         kinds=("convert", "inspect"))
+    emit("st-header-leading-bom", st_bytes(B, "\ufeff" + header_text(B)), 65, "header does not start with '{'")
+    # serde_json, the reference's parser, stops at 128 levels; an unknown key may nest.
+    emit("st-header-nested-128-levels", header_edit(B, '"dtype":"BF16"', '"dtype":"BF16","x":' + "[" * 126 + "]" * 126),
+         65, "JSON nested more than 127 levels deep")
+    emit("ok-header-nested-127-levels", header_edit(B, '"dtype":"BF16"', '"dtype":"BF16","x":' + "[" * 125 + "]" * 125),
+         0, "converted")
     emit("st-header-not-json", st_bytes(B, header_text(B)[:-1]), 65, "header is not valid JSON")
     emit("st-header-json-array", st_bytes(B, "{" + header_text(B)[1:-1] + "]"), 65, "header is not valid JSON")
     emit("st-header-trailing-bytes", st_bytes(B, header_text(B) + "x"), 65, "trailing bytes after the header")
@@ -232,6 +240,9 @@ def file_cases(B):
     emit("st-name-with-terminal-escapes",
          header_edit(header_edit_ts(B, NORM, "model.norm\x1b[2J\x0b.weight"), '"dtype":"BF16"', '"dtype":"bf16"'),
          65, 'model.norm?[2J?.weight: unknown dtype "bf16"', kinds=("convert", "inspect"))
+    emit("ok-dtype-fp8-fnuz", st_bytes(B + [T("x.fnuz_e4m3", "F8_E4M3FNUZ", [4], b"\x11\x22\x33\x44"),
+                                            T("x.fnuz_e5m2", "F8_E5M2FNUZ", [2], b"\x55\x66")]), 0, "converted",
+         kinds=("convert", "inspect"))
     emit("st-dtype-not-string", header_edit(B, '"dtype":"BF16"', '"dtype":16'), 65,
          "model.norm.weight: dtype is not a string")
     emit("st-shape-negative", header_edit(B, '"shape":[512]', '"shape":[-512]'), 65,
@@ -282,6 +293,7 @@ def file_cases(B):
                                           '"__metadata__":{"format":"pt"},"__metadata__":{}'), 65,
          "header has __metadata__ twice")
     emit("st-metadata-not-object", header_edit(B, '{"format":"pt"}', '"pt"'), 65, "__metadata__ is not an object")
+    emit("ok-metadata-null", header_edit(B, '{"format":"pt"}', 'null'), 0, "converted", kinds=("convert", "inspect"))
     emit("st-metadata-key-twice", header_edit(B, '{"format":"pt"}', '{"format":"pt","format":"pt"}'), 65,
          '__metadata__ has key "format" twice')
 

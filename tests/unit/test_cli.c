@@ -673,7 +673,7 @@ static void test_inspect_prints_control_bytes_in_names_as_question_marks(void **
     struct tu_scratch *s = *state;
     char *path = tu_strdupf("%s/esc.safetensors", s->dir);
     static const uint64_t SHAPE[] = {1};
-    const struct st_out_tensor t[] = {{"a\x1b]0;title\x07" "b\x0b" "\xc2\x9b" "c", DT_BF16, 1, SHAPE}};
+    const struct st_out_tensor t[] = {{"a\x1b]0;title\x07" "b\x0b" "\xc2\x9b" "c\x7f" "d\xc2\xa0", DT_BF16, 1, SHAPE}};
     struct st_writer *w;
     assert_int_equal(st_writer_begin(&w, path, t, 1, NULL, 0), NF4_OK);
     static const unsigned char ZEROS[2];
@@ -681,9 +681,16 @@ static void test_inspect_prints_control_bytes_in_names_as_question_marks(void **
     assert_int_equal(st_writer_finish(w), NF4_OK);
     struct tu_run r = tu_run("inspect", path, NULL);
     assert_int_equal(r.status, 0);
-    assert_non_null(strstr(r.out, "a?]0;title?b??c ")); /* the C1 CSI, two bytes in UTF-8, as one '?' */
+    assert_non_null(strstr(r.out, "a?]0;title?b??c?d\xc2\xa0 ")); /* the C1 CSI, two bytes in UTF-8, as one '?' */
     for (const char *p = r.out; *p; p++)
-        assert_true(*p == '\n' || ((unsigned char)*p >= 0x20 && (unsigned char)*p != 0xc2));
+        assert_true(*p == '\n' || ((unsigned char)*p >= 0x20 && (unsigned char)*p != 0x7f &&
+                                    ((unsigned char)*p != 0xc2 || (unsigned char)p[1] > 0x9f)));
+    tu_run_free(&r);
+    /* --json escapes them all (as jq does, and the C1 controls too); U+00A0 is
+     * no control and stays as it is. */
+    r = tu_run("inspect", "--json", path, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "\"name\": \"a\\u001b]0;title\\u0007b\\u000b\\u009bc\\u007fd\xc2\xa0\""));
     tu_run_free(&r);
     free(path);
 }

@@ -38,7 +38,15 @@ static const struct bad_file BAD[] = {
     HDR("UTF-8 encoded surrogate", "{\"\xed\xa0\x80\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
         NULL),
     HDR("UTF-8 sequence cut off by the end of the header", "{}\xe2\x82", 0, NULL),
-    HDR("header not starting with '{'", " {" GOOD "}", 8, NULL),
+    HDR("header starting with a byte-order mark", "\xef\xbb\xbf{" GOOD "}", 8, NULL),
+    HDR("header starting with a letter", "x{" GOOD "}", 8, NULL),
+    HDR("JSON 128 levels deep in an unknown key",
+        "{\"" TENSOR "\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":"
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+        "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
+        "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]"
+        "}}", 8, TENSOR),
     HDR("JSON array instead of an object", "[{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}]", 8, NULL),
     HDR("invalid JSON (unclosed object)", "{" GOOD, 8, NULL),
     HDR("invalid JSON (unquoted key)", "{blk:{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, NULL),
@@ -51,15 +59,17 @@ static const struct bad_file BAD[] = {
     HDR("dtype given twice",
         "{\"" TENSOR "\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TENSOR),
     HDR("missing data_offsets", "{\"" TENSOR "\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, TENSOR),
-    /* Numbers are vetted on the raw text, before any tensor is known. */
-    HDR("negative shape", "{" ENTRY(TENSOR, "F32", "[-2]", "[0,8]") "}", 8, NULL),
-    HDR("shape 1.5", "{" ENTRY(TENSOR, "F32", "[1.5]", "[0,4]") "}", 4, NULL),
-    HDR("shape 1.0 (float literal)", "{" ENTRY(TENSOR, "F32", "[1.0]", "[0,4]") "}", 4, NULL),
-    HDR("shape -0", "{" ENTRY(TENSOR, "F32", "[-0]", "[0,0]") "}", 0, NULL),
-    HDR("shape 1e3", "{" ENTRY(TENSOR, "U8", "[1e3]", "[0,1000]") "}", 1000, NULL),
-    HDR("number with a leading zero", "{" ENTRY(TENSOR, "F32", "[01]", "[0,4]") "}", 4, NULL),
-    HDR("huge number 1e30", "{" ENTRY(TENSOR, "F32", "[1e30]", "[0,4]") "}", 4, NULL),
-    HDR("17-digit integer", "{" ENTRY(TENSOR, "U8", "[12345678901234567]", "[0,1]") "}", 1, NULL),
+    /* Numbers are vetted on the raw text, before parsing; the entry they are in is named. */
+    HDR("negative shape", "{" ENTRY(TENSOR, "F32", "[-2]", "[0,8]") "}", 8, TENSOR),
+    HDR("shape 1.5", "{" ENTRY(TENSOR, "F32", "[1.5]", "[0,4]") "}", 4, TENSOR),
+    HDR("shape 1.0 (float literal)", "{" ENTRY(TENSOR, "F32", "[1.0]", "[0,4]") "}", 4, TENSOR),
+    HDR("shape -0", "{" ENTRY(TENSOR, "F32", "[-0]", "[0,0]") "}", 0, TENSOR),
+    HDR("shape 1e3", "{" ENTRY(TENSOR, "U8", "[1e3]", "[0,1000]") "}", 1000, TENSOR),
+    HDR("number with a leading zero", "{" ENTRY(TENSOR, "F32", "[01]", "[0,4]") "}", 4, TENSOR),
+    HDR("huge number 1e30", "{" ENTRY(TENSOR, "F32", "[1e30]", "[0,4]") "}", 4, TENSOR),
+    HDR("17-digit integer", "{" ENTRY(TENSOR, "U8", "[12345678901234567]", "[0,1]") "}", 1, TENSOR),
+    HDR("a float in an unknown key", "{" ENTRY("a", "F32", "[1]", "[0,4]") ",\"" TENSOR
+        "\":{\"dtype\":\"F32\",\"x\":-1.5,\"shape\":[1],\"data_offsets\":[4,8]}}", 8, TENSOR),
     HDR("shape entry a string", "{" ENTRY(TENSOR, "F32", "[\"2\"]", "[0,8]") "}", 8, TENSOR),
     HDR("shape entry null", "{" ENTRY(TENSOR, "F32", "[null]", "[0,8]") "}", 8, TENSOR),
     HDR("shape not an array", "{" ENTRY(TENSOR, "F32", "2", "[0,8]") "}", 8, TENSOR),
@@ -255,6 +265,17 @@ static void test_parse_metadata_only(void **state)
     st_free_header(&f);
 }
 
+/* The reference reads "__metadata__": null as no metadata. */
+static void test_parse_null_metadata(void **state)
+{
+    (void)state;
+    struct st_file f = {.path = "mem"};
+    parse_ok(&f, "{\"__metadata__\":null," GOOD "}", 8);
+    assert_int_equal(f.count, 1);
+    assert_int_equal(f.nmeta, 0);
+    st_free_header(&f);
+}
+
 static void test_parse_zero_sized_tensor(void **state)
 {
     (void)state;
@@ -296,6 +317,10 @@ static void test_parse_sub_byte_dtype_needs_whole_bytes(void **state)
     st_free_header(&f);
     parse_ok(&f, "{" ENTRY("q", "F6_E2M3", "[4]", "[0,3]") "}", 3);
     st_free_header(&f);
+    parse_ok(&f, "{" ENTRY("p", "F8_E4M3FNUZ", "[3]", "[0,3]") "," ENTRY("q", "F8_E5M2FNUZ", "[2]", "[3,5]") "}", 5);
+    assert_int_equal(st_find(&f, "p")->dtype, DT_F8_E4M3FNUZ);
+    assert_int_equal(st_find(&f, "q")->dtype, DT_F8_E5M2FNUZ);
+    st_free_header(&f);
     const char *odd = "{" ENTRY("q", "F4", "[3]", "[0,2]") "}";
     nf4_clear_error();
     assert_int_equal(st_parse_header(&f, odd, strlen(odd), 2), NF4_EDATA);
@@ -303,10 +328,13 @@ static void test_parse_sub_byte_dtype_needs_whole_bytes(void **state)
     st_free_header(&f);
 }
 
-static void test_parse_header_padded_with_trailing_spaces(void **state)
+static void test_parse_header_padded_with_white_space(void **state)
 {
     (void)state;
     struct st_file f = {.path = "mem"};
+    parse_ok(&f, " \t\r\n{" GOOD "}", 8); /* safetensors 0.8 lets writers pad at the front */
+    assert_int_equal(f.count, 1);
+    st_free_header(&f);
     parse_ok(&f, "{" GOOD "}       ", 8);
     assert_int_equal(f.count, 1);
     const struct st_tensor *t = st_find(&f, TENSOR);
@@ -418,6 +446,55 @@ static void test_writer_round_trip_layout(void **state)
     free(path);
 }
 
+/* Metadata is escaped as safetensors' own writer (serde_json) escapes it, so a
+ * header comes out byte for byte as the reference writes it. */
+static void test_writer_escapes_metadata_as_the_reference(void **state)
+{
+    struct scratch *s = *state;
+    char *path = tu_strdupf("%s/w.safetensors", s->dir);
+    static const struct st_meta META[] = {{"note", "a\"b\\c\b\f\n\r\t\x01\x7f\xc2\x85"}};
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, path, NULL, 0, META, 1), NF4_OK);
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    size_t len;
+    char *bytes = tu_read_file(path, &len);
+    static const char HEADER[] =
+        "{\"__metadata__\":{\"format\":\"pt\",\"note\":\"a\\\"b\\\\c\\b\\f\\n\\r\\t\\u0001\x7f\xc2\x85\"}}";
+    assert_true(len >= 8 + sizeof HEADER - 1);
+    assert_memory_equal(bytes + 8, HEADER, sizeof HEADER - 1);
+    free(bytes);
+    free(path);
+}
+
+/* A header over safetensors' 100 MB limit would be a file no reader opens
+ * (the input's metadata can make one): refused, nothing written. */
+static void test_writer_refuses_a_header_over_the_limit(void **state)
+{
+    struct scratch *s = *state;
+    char *path = tu_strdupf("%s/w.safetensors", s->dir);
+    const size_t n = ST_MAX_HEADER_BYTES / 2; /* newlines, 2 bytes each as \n: over the limit with the rest */
+    char *big = malloc(n + 1);
+    assert_non_null(big);
+    memset(big, '\n', n);
+    big[n] = '\0';
+    const struct st_meta meta[] = {{"note", big}};
+    struct st_writer *w = NULL;
+    nf4_clear_error();
+    assert_int_equal(st_writer_begin(&w, path, NULL, 0, meta, 1), NF4_EDATA);
+    assert_null(w);
+    assert_non_null(strstr(nf4_last_error(), "over the 100000000-byte limit of safetensors"));
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    memset(big + 1000, 'x', n - 1000); /* 1000 newlines then letters: fits, and reads back */
+    assert_int_equal(st_writer_begin(&w, path, NULL, 0, meta, 1), NF4_OK);
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    struct st_file *f;
+    assert_int_equal(st_open(path, &f), NF4_OK);
+    assert_string_equal(f->meta[1].value, big);
+    st_close(f);
+    free(big);
+    free(path);
+}
+
 static void test_writer_keeps_a_given_format_once(void **state)
 {
     struct scratch *s = *state;
@@ -496,13 +573,16 @@ int main(void)
         cmocka_unit_test(test_parse_empty_object_with_no_data),
         cmocka_unit_test(test_parse_metadata_only),
         cmocka_unit_test(test_parse_refuses_headers_of_too_many_values),
+        cmocka_unit_test(test_parse_null_metadata),
         cmocka_unit_test(test_parse_zero_sized_tensor),
         cmocka_unit_test(test_parse_scalar_tensor),
         cmocka_unit_test(test_parse_sub_byte_dtype_needs_whole_bytes),
-        cmocka_unit_test(test_parse_header_padded_with_trailing_spaces),
+        cmocka_unit_test(test_parse_header_padded_with_white_space),
         cmocka_unit_test(test_parse_orders_lookup_by_name_not_by_offset),
         FIXTURE_TEST(test_writer_round_trip_layout),
         FIXTURE_TEST(test_writer_keeps_a_given_format_once),
+        FIXTURE_TEST(test_writer_escapes_metadata_as_the_reference),
+        FIXTURE_TEST(test_writer_refuses_a_header_over_the_limit),
         FIXTURE_TEST(test_writer_finish_fails_on_short_data_and_leaves_nothing),
         FIXTURE_TEST(test_writer_refuses_writing_past_the_declared_size),
         FIXTURE_TEST(test_writer_abort_leaves_nothing),
