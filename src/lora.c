@@ -9,6 +9,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "lora_target.h"
+#include "model_dir.h"
 #include "pattern.h"
 #include "status.h"
 #include "strutil.h"
@@ -239,6 +240,7 @@ struct binding {
 
 struct binder {
     const struct model *base;
+    int tied; /* the base ties TIED_HEAD_NAME to its input embedding (model_dir.h) */
     const struct bnb_weight *weights;
     size_t nweights;
     struct binding *items;
@@ -322,6 +324,23 @@ static int delta_transposed(const struct binder *b, const struct lora_config *c,
     return shape[0] == in_f && shape[1] == out_f;
 }
 
+/* Whether an adapter that changes base tensor `name` would part a tied head
+ * from its embedding. PEFT's merge unties them (a modules_to_save copy of one
+ * leaves the other as it was; it then sets tie_word_embeddings false), and
+ * nf4deq writes no head the base does not store: merged as they are, the
+ * output head would silently change with the embedding, or not at all. */
+static int parts_tied_weights(const struct binder *b, const char *name)
+{
+    return b->tied && (strcmp(name, TIED_HEAD_NAME) == 0 || str_ends_with(name, TIED_EMBEDDING_SUFFIX));
+}
+
+static int refuse_parting_tied_weights(const char *file, const char *key, const char *name)
+{
+    return nf4_fail(NF4_EDATA, file, key, "changes %s, but the base ties %s to its input embedding "
+                    "(tie_word_embeddings): merged, the two must part, which nf4deq does not do; merge this "
+                    "adapter with PEFT (merge_and_unload)", name, TIED_HEAD_NAME);
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a)
 {
@@ -341,6 +360,10 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     }
     size_t ndim;
     const uint64_t *shape;
+    if (parts_tied_weights(b, wname)) {
+        code = refuse_parting_tied_weights(file, aname, wname);
+        goto out;
+    }
     if (!base_shape(b, wname, &ndim, &shape)) {
         code = nf4_fail(NF4_EDATA, file, aname, "matches no floating-point tensor %s in the base model "
                         "(an adapter for another model?)", wname);
@@ -409,6 +432,8 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
     const char *file = t->file->path;
     size_t ndim;
     const uint64_t *shape;
+    if (parts_tied_weights(b, name))
+        return refuse_parting_tied_weights(file, t->t->name, name);
     if (!base_shape(b, name, &ndim, &shape))
         return nf4_fail(NF4_EDATA, file, t->t->name, "matches no floating-point tensor %s in the base model", name);
     if (!dtype_is_castable_float(t->t->dtype) || t->t->ndim != ndim || memcmp(t->t->shape, shape, ndim * sizeof *shape))
@@ -588,7 +613,7 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
     if (!s)
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
     struct binder b = {.base = base, .weights = weights, .nweights = nweights};
-    int code = NF4_OK;
+    int code = model_ties_embeddings(base, &b.tied);
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];
         struct lora_config c = {0};

@@ -15,7 +15,8 @@
  *
  * Everything is checked against the base before any data is read: a key that
  * matches no base tensor, a shape that does not fit, a rank that disagrees with
- * the config, DoRA, embedding LoRA and other adapter types are refused with
+ * the config, DoRA, embedding LoRA, other adapter types, and a change to
+ * either of a tied lm_head and embedding (model_dir.h) are refused with
  * NF4_EDATA and a message naming the file and the tensor. */
 #ifndef NF4DEQ_LORA_H
 #define NF4DEQ_LORA_H

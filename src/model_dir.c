@@ -13,6 +13,7 @@
 #include "model.h"
 #include "status.h"
 #include "strbuf.h"
+#include "strutil.h"
 
 /* ---- a minimal JSON scanner, run only on text cJSON has already accepted ---- */
 
@@ -291,28 +292,63 @@ static int is_conv1d_layer(const char *name)
     return 0;
 }
 
-int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, size_t n)
+/* dir's config.json parsed into *root, which stays NULL where there is none
+ * or it is not JSON (config_rewrite says so when it is written); a failed
+ * read is the error. */
+static int read_config(const char *dir, cJSON **root)
 {
+    *root = NULL;
     char *path = path_join(dir, CONFIG_FILE_NAME), *json = NULL;
     size_t len = 0;
     if (!path)
         return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-    int code = NF4_OK, conv1d = 0;
+    int code = NF4_OK;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-        (code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)) == NF4_OK) {
-        cJSON *root = json_parse_whole(json, len); /* malformed: config_rewrite says so when it is written */
-        const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-        for (size_t i = 0; cJSON_IsString(type) && i < sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES; i++)
-            conv1d |= strcmp(type->valuestring, CONV1D_MODEL_TYPES[i]) == 0;
-        cJSON_Delete(root);
-    }
+        (code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)) == NF4_OK)
+        *root = json_parse_whole(json, len);
+    free(json);
+    free(path);
+    return code;
+}
+
+int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, size_t n)
+{
+    cJSON *root;
+    int code = read_config(dir, &root), conv1d = 0;
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    for (size_t i = 0; cJSON_IsString(type) && i < sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES; i++)
+        conv1d |= strcmp(type->valuestring, CONV1D_MODEL_TYPES[i]) == 0;
+    cJSON_Delete(root);
     for (size_t i = 0; code == NF4_OK && conv1d && i < n; i++)
         if (is_conv1d_layer(weights[i].name))
             code = nf4_fail(NF4_EDATA, weights[i].packed->file->path, weights[i].name,
                             "a Conv1D layer (config.json: a GPT-2 architecture), which bitsandbytes stores transposed, "
                             "[out, in]; nf4deq does not write it back as [in, out], the shape the model loads");
-    free(json);
-    free(path);
+    return code;
+}
+
+/* ---- tied embeddings ---- */
+
+static int is_causal_lm(const cJSON *architectures)
+{
+    const cJSON *first = cJSON_IsArray(architectures) ? architectures->child : NULL;
+    return cJSON_IsString(first) && str_ends_with(first->valuestring, "ForCausalLM");
+}
+
+int model_ties_embeddings(const struct model *m, int *tied)
+{
+    *tied = 0;
+    if (!m->dir || model_find(m, TIED_HEAD_NAME))
+        return NF4_OK; /* a model with its own lm_head.weight has nothing tied to it */
+    cJSON *root;
+    int code = read_config(m->dir, &root);
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    /* transformers writes only what differs from the architecture's default,
+     * so the key may be absent from a tied model: a causal LM with no head
+     * ties it. */
+    *tied = cJSON_IsBool(tie) ? cJSON_IsTrue(tie)
+                              : is_causal_lm(cJSON_GetObjectItemCaseSensitive(root, "architectures"));
+    cJSON_Delete(root);
     return code;
 }

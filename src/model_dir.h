@@ -36,4 +36,16 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
 struct bnb_weight;
 int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, size_t n);
 
+/* The output head transformers ties to the input embedding (its
+ * _tied_weights_keys: lm_head.weight to model.embed_tokens.weight), and the
+ * end of the embedding's name (model.language_model.embed_tokens.weight in
+ * some multimodal models). */
+#define TIED_HEAD_NAME "lm_head.weight"
+#define TIED_EMBEDDING_SUFFIX "embed_tokens.weight"
+/* *tied = 1 when the model directory m has no TIED_HEAD_NAME of its own and
+ * its config.json ties it (tie_word_embeddings: true, or left out by a
+ * *ForCausalLM architecture). A failed read of config.json is the error. */
+struct model;
+int model_ties_embeddings(const struct model *m, int *tied);
+
 #endif

@@ -565,6 +565,95 @@ static void test_two_replacements_refused(void **state)
                          LORA_FIXTURES "/adapter-r16-qv-lmhead", "lm_head.weight: is replaced by two adapters");
 }
 
+/* Copies safetensors file `from` to `to` without tensor `drop` (NULL: none)
+ * and with tensor `old_name`, if given, renamed `new_name`. */
+static void rewrite_safetensors(const char *from, const char *to, const char *drop, const char *old_name,
+                                const char *new_name)
+{
+    struct st_file *f;
+    assert_int_equal(st_open(from, &f), NF4_OK);
+    struct st_out_tensor *outs = calloc(f->count, sizeof *outs);
+    const struct st_tensor **src = calloc(f->count, sizeof *src);
+    size_t n = 0;
+    for (size_t i = 0; i < f->count; i++) {
+        const struct st_tensor *t = &f->tensors[i];
+        if (drop && strcmp(t->name, drop) == 0)
+            continue;
+        const char *name = old_name && strcmp(t->name, old_name) == 0 ? new_name : t->name;
+        src[n] = t;
+        outs[n++] = (struct st_out_tensor){name, t->dtype, t->ndim, t->shape};
+    }
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, to, outs, n, NULL, 0), NF4_OK);
+    for (size_t k = 0; k < n; k++) {
+        const struct st_tensor *t = src[st_writer_order(w, k)];
+        uint64_t len = st_tensor_bytes(t);
+        void *buf = malloc(len ? len : 1);
+        assert_int_equal(st_read(f, t, 0, buf, len), NF4_OK);
+        assert_int_equal(st_writer_write(w, buf, len), NF4_OK);
+        free(buf);
+    }
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    free(outs);
+    free(src);
+    st_close(f);
+}
+
+/* A base that ties lm_head to its input embedding stores only the embedding
+ * (save_pretrained drops lm_head.weight). An adapter that changes either one
+ * parts them, which PEFT's merge does and nf4deq cannot write: refused,
+ * nothing written. One that leaves both alone merges. Tying is read from
+ * tie_word_embeddings, or, when the key is left out, from a *ForCausalLM
+ * with no lm_head.weight. */
+static void test_tied_embeddings_parted_by_an_adapter_refused(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *bases = tu_mkdtemp(), *tied = tu_strdupf("%s/tied", bases), *untied = tu_strdupf("%s/untied", bases),
+         *implicit = tu_strdupf("%s/implicit", bases), *embed = tu_strdupf("%s/embed-adapter", bases);
+    const char *base = LORA_FIXTURES "/base-llama-bf16-bnb4", *lmhead = LORA_FIXTURES "/adapter-r16-qv-lmhead";
+    tu_sh("mkdir %s %s %s %s && cp %s/config.json %s/ && cp %s/config.json %s/ && cp %s/config.json %s/ && "
+          "cp %s/" ADAPTER_CONFIG_NAME " %s/",
+          tied, untied, implicit, embed, base, tied, base, untied, base, implicit, lmhead, embed);
+    char *weights = tu_strdupf("%s/model.safetensors", base);
+    const char *dirs[] = {tied, untied, implicit};
+    for (size_t i = 0; i < 3; i++) {
+        char *to = tu_strdupf("%s/model.safetensors", dirs[i]);
+        rewrite_safetensors(weights, to, "lm_head.weight", NULL, NULL);
+        free(to);
+    }
+    tu_sh("sed -i 's/\"tie_word_embeddings\": false/\"tie_word_embeddings\": true/' %s/config.json", tied);
+    tu_sh("sed -i '/\"tie_word_embeddings\"/d' %s/config.json", implicit);
+    /* modules_to_save: ["lm_head"] (its only mention) becomes ["embed_tokens"]. */
+    tu_sh("sed -i 's/\"lm_head\"/\"embed_tokens\"/' %s/" ADAPTER_CONFIG_NAME " && grep -q '\"embed_tokens\"' %s/"
+          ADAPTER_CONFIG_NAME, embed, embed);
+    char *from = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, lmhead), *to = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, embed);
+    rewrite_safetensors(from, to, NULL, PEFT_KEY_PREFIX "lm_head.weight", PEFT_KEY_PREFIX "model.embed_tokens.weight");
+    assert_merge_refused(s, tied, lmhead, NULL,
+                         "base_model.model.lm_head.weight: changes lm_head.weight, but the base ties lm_head.weight "
+                         "to its input embedding (tie_word_embeddings)");
+    assert_merge_refused(s, implicit, lmhead, NULL, "changes lm_head.weight, but the base ties");
+    assert_merge_refused(s, tied, embed, NULL,
+                         "base_model.model.model.embed_tokens.weight: changes model.embed_tokens.weight, but the base "
+                         "ties lm_head.weight");
+    /* Untied (tie_word_embeddings: false), a missing head is only missing. */
+    assert_merge_refused(s, untied, lmhead, NULL, "matches no floating-point tensor lm_head.weight");
+    char *out = tu_strdupf("%s/out", s->dir);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora",
+                             LORA_FIXTURES "/adapter-r8-all-linear", NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    tu_rmtree(bases);
+    free(out);
+    free(from);
+    free(to);
+    free(weights);
+    free(bases);
+    free(tied);
+    free(untied);
+    free(implicit);
+    free(embed);
+}
+
 /* ---- refusals: exit 65, one line naming the file, nothing written ---- */
 
 static void test_refusals_write_nothing(void **state)
@@ -800,6 +889,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_peft_saved_layouts, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_tied_embeddings_parted_by_an_adapter_refused, tu_scratch_setup,
+                                        tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_two_replacements_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fan_in_fan_out_ignored_on_4bit_weights, tu_scratch_setup,
                                         tu_scratch_teardown),
