@@ -460,7 +460,7 @@ int cmd_bench(int argc, char **argv)
         case 'D': {
             char *end;
             long v = strtol(optarg, &end, 10);
-            if (*end || v < 0 || v > 1024)
+            if (*end || end == optarg || v < 0 || v > 1024)
                 return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: bad --device '%s'", optarg);
             device = (int)v;
             device_given = 1;

@@ -195,6 +195,27 @@ static int is_long_given_value(const struct option *longopts, const char *arg)
     return 0;
 }
 
+/* Writes the long options that `arg` ("--NAME" or "--NAME=VALUE") abbreviates
+ * into buf, as GNU getopt lists them: "'--dtype' '--device'"; returns how
+ * many. getopt_long reports an ambiguous abbreviation as an unknown option. */
+static int abbreviated_options(const struct option *longopts, const char *arg, char *buf, size_t cap)
+{
+    if (strncmp(arg, "--", 2) != 0)
+        return 0;
+    const char *name = arg + 2, *eq = strchr(name, '=');
+    size_t len = eq ? (size_t)(eq - name) : strlen(name), used = 0;
+    int n = 0;
+    buf[0] = '\0';
+    for (const struct option *o = longopts; o->name && len > 0; o++)
+        if (strncmp(o->name, name, len) == 0) {
+            int w = snprintf(buf + used, cap - used, "%s'--%s'", n ? " " : "", o->name);
+            if (w > 0 && (size_t)w < cap - used)
+                used += (size_t)w;
+            n++;
+        }
+    return n;
+}
+
 /* getopt's own messages would name the subcommand, not nf4deq: report here.
  * An unknown short option can sit inside a cluster (-zq), where optind has not
  * moved on (it stands where it stood before the call), so it is named by its
@@ -205,6 +226,11 @@ int cli_option_error(const char *cmd, char **argv, const struct cli_opt_scan *sc
     char letter[3] = {'-', (char)optopt, '\0'};
     if (c == ':')
         return usage_error(cmd, "option '%s' needs an argument", strncmp(arg, "--", 2) == 0 ? arg : letter);
+    char matches[512], text[1024];
+    if (!optopt && abbreviated_options(scan->longopts, arg, matches, sizeof matches) > 1) {
+        snprintf(text, sizeof text, "option '%.256s' is ambiguous; possibilities: %s", arg, matches);
+        return usage_error(cmd, "%s", text);
+    }
     if (!optopt) /* getopt_long: no such long option */
         return usage_error(cmd, "unrecognized option '%s'", arg);
     if (optind != scan->before && is_long_given_value(scan->longopts, arg))

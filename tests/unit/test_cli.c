@@ -100,6 +100,9 @@ static void test_option_errors_name_the_option(void **state)
         {{"inspect", "--json=yes", "a"}, "option '--json=yes' takes no argument"},
         {{"clean", "-x"}, "unrecognized option '-x'"},
         {{"bench", "-z"}, "unrecognized option '-z'"},
+        /* An abbreviation of two options is named as GNU getopt names it. */
+        {{"convert", "--d", "bf16", "a", "b"}, "option '--d' is ambiguous; possibilities: '--dtype' '--device'"},
+        {{"convert", "--re=main", "a", "b"}, "option '--re=main' is ambiguous; possibilities: '--revision' '--resume'"},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
         struct tu_run r = tu_run_argv((char *const *)CASES[i].args);
@@ -108,6 +111,10 @@ static void test_option_errors_name_the_option(void **state)
             fail_msg("case %zu: stderr \"%s\" lacks \"%s\"", i, r.err, CASES[i].said);
         tu_run_free(&r);
     }
+    struct tu_run r = tu_run("bench", "--device", "", NULL); /* strtol reads "" as 0 */
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "bench: bad --device ''"));
+    tu_run_free(&r);
 }
 
 /* "convert IN - >> IN" and "1<> IN": the shell opened the input as standard
