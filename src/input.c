@@ -24,6 +24,8 @@ int input_resolve(const char *arg, const char *revision, char **path)
 {
     *path = NULL;
     struct stat st;
+    if (!arg[0])
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "IN is empty: give a path, an ORG/NAME or - for standard input");
     if (strcmp(arg, "-") == 0) {
         if (revision)
             return nf4_fail(NF4_EUSAGE, NULL, NULL, "--revision applies to a Hugging Face model id (ORG/NAME), not to "
@@ -34,8 +36,8 @@ int input_resolve(const char *arg, const char *revision, char **path)
             return nf4_fail(NF4_EUSAGE, NULL, NULL, "standard input (-) is a directory: give a model directory as "
                             "IN by its path");
         if (!S_ISREG(st.st_mode))
-            return nf4_fail(NF4_EUSAGE, NULL, NULL, "standard input (-) must be a file, not a pipe or a terminal: "
-                            "safetensors are read at random offsets; save it to a file first");
+            return nf4_fail(NF4_EUSAGE, NULL, NULL, "standard input (-) must be a regular file, not a pipe, terminal "
+                            "or device: safetensors are read at random offsets; save it to a file first");
         return owned(STDIN_PATH, path);
     }
     /* ENOTDIR: "org" is a file here, so "org/name" is no path either. */

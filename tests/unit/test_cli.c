@@ -60,10 +60,12 @@ static void test_usage_errors_exit_2(void **state)
         {"convert", "--mem", " -1", BNB4, out, NULL},                   /* strtoull: 2^64 - 1 */
         {"convert", "--gpu-mem", "+1G", BNB4, out, NULL},
         {"convert", BNB4, "", NULL},
+        {"convert", "", out, NULL},
         {"convert", BNB4, out_slash, NULL},
         {"bench", "--no-such-option", NULL},
         {"inspect", NULL},
         {"inspect", "--dtype", "int4", BNB4, NULL},
+        {"inspect", "", NULL},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
         struct tu_run r = tu_run_argv((char *const *)CASES[i]);
