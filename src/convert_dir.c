@@ -355,6 +355,7 @@ int convert_model_dir(struct ctx *c, const char *in, const char *out, int replac
     int code = model_job_open(c, in, 1, &j);
     if (code != NF4_OK)
         return code;
+    convert_warn_if_nothing_to_do(c, in, j.nweights);
     char *tmp = NULL;
     struct resume_manifest record = {0};
     size_t shards = 0;
@@ -436,8 +437,10 @@ int convert_pipeline(struct ctx *c, const char *in, const char *out, int replace
     char *tmp = NULL;
     if (!jobs)
         code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
-    if (code == NF4_OK && (code = pipeline_open_components(c, in, e, n, jobs, &tensors, &bytes)) == NF4_OK &&
-        (code = convert_open_engine(c, out, tensors, bytes)) == NF4_OK && (code = make_temp_dir(out, &tmp)) == NF4_OK) {
+    if (code == NF4_OK && (code = pipeline_open_components(c, in, e, n, jobs, &tensors, &bytes)) == NF4_OK)
+        convert_warn_if_nothing_to_do(c, in, tensors); /* only components with 4-bit weights count */
+    if (code == NF4_OK && (code = convert_open_engine(c, out, tensors, bytes)) == NF4_OK &&
+        (code = make_temp_dir(out, &tmp)) == NF4_OK) {
         for (size_t i = 0; i < n && code == NF4_OK; i++)
             code = pipeline_write_entry(c, in, &e[i], &jobs[i], tmp);
         if (code == NF4_OK && fsync_dir(tmp) != 0)

@@ -284,6 +284,25 @@ static void test_outputs_that_cannot_be_replaced(void **state)
     }
 }
 
+/* An input with no 4-bit weight (the 16-bit original, say) converts to a
+ * copy; a warning says so, since it is seldom the input meant. */
+static void test_input_without_4bit_weights_warns(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *out = tu_strdupf("%s/out.safetensors", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", FIXTURES "/tensors.expected-bf16.safetensors", out, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "tensors.expected-bf16.safetensors: no bitsandbytes 4-bit weights, so nothing to "
+                                  "dequantize: tensors are copied as they are\n"));
+    tu_run_free(&r);
+    tu_assert_same_tensors(out, FIXTURES "/tensors.expected-bf16.safetensors");
+    r = tu_run("convert", "--device", "cpu", BNB4, "-", NULL);
+    assert_int_equal(r.status, 0);
+    assert_null(strstr(r.err, "warning"));
+    tu_run_free(&r);
+    free(out);
+}
+
 static void test_refuses_to_overwrite_input(void **state)
 {
     struct tu_scratch *s = *state;
@@ -716,6 +735,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_existing_output_needs_force, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_output_directory_replaced_only_with_force, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_outputs_that_cannot_be_replaced, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_input_without_4bit_weights_warns, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refuses_to_overwrite_input, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_file_and_directory_do_not_mix, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, tu_scratch_setup, tu_scratch_teardown),
