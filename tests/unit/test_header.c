@@ -446,16 +446,22 @@ static void test_writer_round_trip_layout(void **state)
     free(path);
 }
 
+/* A file of metadata and no tensor, at DIR/w.safetensors (returned). */
+static char *write_metadata_only(const struct scratch *s, const struct st_meta *meta, size_t nmeta)
+{
+    char *path = tu_strdupf("%s/w.safetensors", s->dir);
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, path, NULL, 0, meta, nmeta), NF4_OK);
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    return path;
+}
+
 /* Metadata is escaped as safetensors' own writer (serde_json) escapes it, so a
  * header comes out byte for byte as the reference writes it. */
 static void test_writer_escapes_metadata_as_the_reference(void **state)
 {
-    struct scratch *s = *state;
-    char *path = tu_strdupf("%s/w.safetensors", s->dir);
     static const struct st_meta META[] = {{"note", "a\"b\\c\b\f\n\r\t\x01\x7f\xc2\x85"}};
-    struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, path, NULL, 0, META, 1), NF4_OK);
-    assert_int_equal(st_writer_finish(w), NF4_OK);
+    char *path = write_metadata_only(*state, META, 1);
     size_t len;
     char *bytes = tu_read_file(path, &len);
     static const char HEADER[] =
@@ -485,8 +491,8 @@ static void test_writer_refuses_a_header_over_the_limit(void **state)
     assert_non_null(strstr(nf4_last_error(), "over the 100000000-byte limit of safetensors"));
     assert_int_equal(tu_count_entries(s->dir), 0);
     memset(big + 1000, 'x', n - 1000); /* 1000 newlines then letters: fits, and reads back */
-    assert_int_equal(st_writer_begin(&w, path, NULL, 0, meta, 1), NF4_OK);
-    assert_int_equal(st_writer_finish(w), NF4_OK);
+    free(path);
+    path = write_metadata_only(s, meta, 1);
     struct st_file *f;
     assert_int_equal(st_open(path, &f), NF4_OK);
     assert_string_equal(f->meta[1].value, big);
@@ -497,12 +503,8 @@ static void test_writer_refuses_a_header_over_the_limit(void **state)
 
 static void test_writer_keeps_a_given_format_once(void **state)
 {
-    struct scratch *s = *state;
-    char *path = tu_strdupf("%s/w.safetensors", s->dir);
     static const struct st_meta META[] = {{"format", "pt"}};
-    struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, path, NULL, 0, META, 1), NF4_OK);
-    assert_int_equal(st_writer_finish(w), NF4_OK);
+    char *path = write_metadata_only(*state, META, 1);
     struct st_file *f;
     assert_int_equal(st_open(path, &f), NF4_OK);
     assert_int_equal(f->count, 0);
