@@ -117,6 +117,7 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
     int dora = 0, bias = 0;
     if ((code = config_bool(path, root, "use_dora", &dora)) != NF4_OK ||
         (code = config_bool(path, root, "use_rslora", &c->use_rslora)) != NF4_OK ||
+        (code = config_bool(path, root, "ensure_weight_tying", &c->ensure_weight_tying)) != NF4_OK ||
         (code = config_bool(path, root, "fan_in_fan_out", &c->fan_in_fan_out)) != NF4_OK ||
         (code = config_bool(path, root, "lora_bias", &bias)) != NF4_OK)
         return code;
@@ -240,7 +241,7 @@ struct binding {
 
 struct binder {
     const struct model *base;
-    int tied; /* the base ties TIED_HEAD_NAME to its input embedding (model_dir.h) */
+    const char *tied_embedding; /* what the base ties TIED_HEAD_NAME to, or NULL (model_dir.h) */
     const struct bnb_weight *weights;
     size_t nweights;
     struct binding *items;
@@ -325,20 +326,23 @@ static int delta_transposed(const struct binder *b, const struct lora_config *c,
 }
 
 /* Whether an adapter that changes base tensor `name` would part a tied head
- * from its embedding. PEFT's merge unties them (a modules_to_save copy of one
- * leaves the other as it was; it then sets tie_word_embeddings false), and
- * nf4deq writes no head the base does not store: merged as they are, the
- * output head would silently change with the embedding, or not at all. */
-static int parts_tied_weights(const struct binder *b, const char *name)
+ * from its embedding: in PEFT a modules_to_save copy of one leaves the other
+ * as it was (unless ensure_weight_tying keeps the copies tied: then the
+ * embedding's copy serves both, as the tie does here), and nf4deq writes no
+ * head the base does not store. Merged as they are, the output head would
+ * silently change with the embedding, or not at all. */
+static int parts_tied_weights(const struct binder *b, const char *name, int keeps_tie)
 {
-    return b->tied && (strcmp(name, TIED_HEAD_NAME) == 0 || str_ends_with(name, TIED_EMBEDDING_SUFFIX));
+    if (!b->tied_embedding)
+        return 0;
+    return strcmp(name, TIED_HEAD_NAME) == 0 || (!keeps_tie && strcmp(name, b->tied_embedding) == 0);
 }
 
-static int refuse_parting_tied_weights(const char *file, const char *key, const char *name)
+static int refuse_parting_tied_weights(const struct binder *b, const char *file, const char *key, const char *name)
 {
-    return nf4_fail(NF4_EDATA, file, key, "changes %s, but the base ties %s to its input embedding "
-                    "(tie_word_embeddings): merged, the two must part, which nf4deq does not do; merge this "
-                    "adapter with PEFT (merge_and_unload)", name, TIED_HEAD_NAME);
+    return nf4_fail(NF4_EDATA, file, key, "changes %s, but the base ties %s to %s (tie_word_embeddings): merged, "
+                    "the two must part, which nf4deq does not do yet (merged with PEFT, check that the saved "
+                    "config.json says tie_word_embeddings: false)", name, TIED_HEAD_NAME, b->tied_embedding);
 }
 
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
@@ -360,11 +364,8 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     }
     size_t ndim;
     const uint64_t *shape;
-    if (parts_tied_weights(b, wname)) {
-        code = refuse_parting_tied_weights(file, aname, wname);
-        goto out;
-    }
-    if (!base_shape(b, wname, &ndim, &shape)) {
+    int tied_head = parts_tied_weights(b, wname, 0) && strcmp(wname, TIED_HEAD_NAME) == 0; /* not stored */
+    if (!tied_head && !base_shape(b, wname, &ndim, &shape)) {
         code = nf4_fail(NF4_EDATA, file, aname, "matches no floating-point tensor %s in the base model "
                         "(an adapter for another model?)", wname);
         goto out;
@@ -375,6 +376,10 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     if (!lora_target_matches(&c->targets, module)) {
         nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
                  "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
+        goto out;
+    }
+    if (tied_head) {
+        code = refuse_parting_tied_weights(b, file, aname, wname);
         goto out;
     }
     const cJSON *rp = pattern_for(c->rank_pattern, c->rank_compiled, module),
@@ -427,13 +432,14 @@ out:
 }
 
 /* Binds adapter tensor t to replace the base tensor `name`. */
-static int bind_replacement_of(struct binder *b, size_t index, const struct model_tensor *t, const char *name)
+static int bind_replacement_of(struct binder *b, size_t index, const struct model_tensor *t, const char *name,
+                               int keeps_tie)
 {
     const char *file = t->file->path;
     size_t ndim;
     const uint64_t *shape;
-    if (parts_tied_weights(b, name))
-        return refuse_parting_tied_weights(file, t->t->name, name);
+    if (parts_tied_weights(b, name, keeps_tie))
+        return refuse_parting_tied_weights(b, file, t->t->name, name);
     if (!base_shape(b, name, &ndim, &shape))
         return nf4_fail(NF4_EDATA, file, t->t->name, "matches no floating-point tensor %s in the base model", name);
     if (!dtype_is_castable_float(t->t->dtype) || t->t->ndim != ndim || memcmp(t->t->shape, shape, ndim * sizeof *shape))
@@ -468,7 +474,7 @@ static int bind_replacement(struct binder *b, size_t index, const struct lora_co
     }
     const char *last = strrchr(name, '.');
     int saved = base_layer || in_modules_to_save(c, name) || (c->trains_bias && last && strcmp(last + 1, "bias") == 0);
-    int code = saved ? bind_replacement_of(b, index, t, name)
+    int code = saved ? bind_replacement_of(b, index, t, name, c->ensure_weight_tying)
                      : nf4_fail(NF4_EDATA, file, t->t->name, "is neither a LoRA weight nor in modules_to_save");
     free(name);
     return code;
@@ -613,7 +619,7 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
     if (!s)
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
     struct binder b = {.base = base, .weights = weights, .nweights = nweights};
-    int code = model_ties_embeddings(base, &b.tied);
+    int code = model_tied_embedding(base, &b.tied_embedding);
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];
         struct lora_config c = {0};

@@ -83,6 +83,7 @@ struct lora_config {
     uint32_t r;
     double alpha;
     int use_rslora, fan_in_fan_out;
+    int ensure_weight_tying; /* PEFT keeps modules_to_save copies of tied weights tied */
     int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
     const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
     /* Each pattern key compiled, in the object's order, NULL-terminated. */

@@ -330,25 +330,40 @@ int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, siz
 
 /* ---- tied embeddings ---- */
 
-static int is_causal_lm(const cJSON *architectures)
-{
-    const cJSON *first = cJSON_IsArray(architectures) ? architectures->child : NULL;
-    return cJSON_IsString(first) && str_ends_with(first->valuestring, "ForCausalLM");
-}
+/* The input embeddings a causal LM's head is tied to, as transformers names
+ * them under *ForCausalLM and the multimodal *ForConditionalGeneration. A
+ * headless *Model saves "embed_tokens.weight", with no prefix: no head, so
+ * nothing is tied to it. */
+static const char *const TIED_EMBEDDINGS[] = {"model.embed_tokens.weight", "model.language_model.embed_tokens.weight"};
 
-int model_ties_embeddings(const struct model *m, int *tied)
+int model_tied_embedding(const struct model *m, const char **embedding)
 {
-    *tied = 0;
-    if (!m->dir || model_find(m, TIED_HEAD_NAME))
-        return NF4_OK; /* a model with its own lm_head.weight has nothing tied to it */
+    *embedding = NULL;
+    if (model_find(m, TIED_HEAD_NAME))
+        return NF4_OK; /* a model with its own head has nothing tied to it */
+    const char *found = NULL;
+    for (size_t i = 0; i < sizeof TIED_EMBEDDINGS / sizeof *TIED_EMBEDDINGS; i++)
+        if (model_find(m, TIED_EMBEDDINGS[i]))
+            found = TIED_EMBEDDINGS[i];
+    if (!found)
+        return NF4_OK;
+    /* Stored without its head, a causal LM loads only with the head tied to
+     * the embedding, whatever config.json leaves out (transformers writes only
+     * what differs from the architecture's default): only an explicit false,
+     * at the top or in text_config, says otherwise. A single file's config is
+     * the one beside it. */
+    char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
+    if (!dir)
+        return nf4_fail(NF4_ESOFTWARE, m->file_names[0], NULL, "out of memory");
     cJSON *root;
-    int code = read_config(m->dir, &root);
+    int code = read_config(dir, &root);
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
-    /* transformers writes only what differs from the architecture's default,
-     * so the key may be absent from a tied model: a causal LM with no head
-     * ties it. */
-    *tied = cJSON_IsBool(tie) ? cJSON_IsTrue(tie)
-                              : is_causal_lm(cJSON_GetObjectItemCaseSensitive(root, "architectures"));
+    if (!cJSON_IsBool(tie))
+        tie = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "text_config"),
+                                               "tie_word_embeddings");
+    if (!cJSON_IsFalse(tie))
+        *embedding = found;
     cJSON_Delete(root);
+    free(dir);
     return code;
 }

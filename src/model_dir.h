@@ -37,15 +37,14 @@ struct bnb_weight;
 int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, size_t n);
 
 /* The output head transformers ties to the input embedding (its
- * _tied_weights_keys: lm_head.weight to model.embed_tokens.weight), and the
- * end of the embedding's name (model.language_model.embed_tokens.weight in
- * some multimodal models). */
+ * _tied_weights_keys: lm_head.weight to model.embed_tokens.weight). */
 #define TIED_HEAD_NAME "lm_head.weight"
-#define TIED_EMBEDDING_SUFFIX "embed_tokens.weight"
-/* *tied = 1 when the model directory m has no TIED_HEAD_NAME of its own and
- * its config.json ties it (tie_word_embeddings: true, or left out by a
- * *ForCausalLM architecture). A failed read of config.json is the error. */
+/* *embedding: the tensor m's head is tied to, when m stores no TIED_HEAD_NAME
+ * but a causal LM's input embedding (model.embed_tokens.weight,
+ * model.language_model.embed_tokens.weight) and its config.json (beside a
+ * single file) does not say tie_word_embeddings: false; else NULL. A failed
+ * read of config.json is the error. */
 struct model;
-int model_ties_embeddings(const struct model *m, int *tied);
+int model_tied_embedding(const struct model *m, const char **embedding);
 
 #endif

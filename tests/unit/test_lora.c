@@ -601,15 +601,17 @@ static void rewrite_safetensors(const char *from, const char *to, const char *dr
 
 /* A base that ties lm_head to its input embedding stores only the embedding
  * (save_pretrained drops lm_head.weight). An adapter that changes either one
- * parts them, which PEFT's merge does and nf4deq cannot write: refused,
- * nothing written. One that leaves both alone merges. Tying is read from
- * tie_word_embeddings, or, when the key is left out, from a *ForCausalLM
- * with no lm_head.weight. */
+ * parts them, which nf4deq cannot write: refused, nothing written. One that
+ * leaves both alone merges, and so does an embedding copy that PEFT keeps
+ * tied (ensure_weight_tying). A causal LM with no lm_head.weight is tied
+ * unless config.json says tie_word_embeddings: false; a single file's config
+ * is the one beside it. */
 static void test_tied_embeddings_parted_by_an_adapter_refused(void **state)
 {
     struct tu_scratch *s = *state;
     char *bases = tu_mkdtemp(), *tied = tu_strdupf("%s/tied", bases), *untied = tu_strdupf("%s/untied", bases),
-         *implicit = tu_strdupf("%s/implicit", bases), *embed = tu_strdupf("%s/embed-adapter", bases);
+         *implicit = tu_strdupf("%s/implicit", bases), *embed = tu_strdupf("%s/embed-adapter", bases),
+         *kept = tu_strdupf("%s/embed-kept-tied", bases), *single = tu_strdupf("%s/model.safetensors", tied);
     const char *base = LORA_FIXTURES "/base-llama-bf16-bnb4", *lmhead = LORA_FIXTURES "/adapter-r16-qv-lmhead";
     tu_sh("mkdir %s %s %s %s && cp %s/config.json %s/ && cp %s/config.json %s/ && cp %s/config.json %s/ && "
           "cp %s/" ADAPTER_CONFIG_NAME " %s/",
@@ -630,20 +632,37 @@ static void test_tied_embeddings_parted_by_an_adapter_refused(void **state)
     rewrite_safetensors(from, to, NULL, PEFT_KEY_PREFIX "lm_head.weight", PEFT_KEY_PREFIX "model.embed_tokens.weight");
     assert_merge_refused(s, tied, lmhead, NULL,
                          "base_model.model.lm_head.weight: changes lm_head.weight, but the base ties lm_head.weight "
-                         "to its input embedding (tie_word_embeddings)");
+                         "to model.embed_tokens.weight (tie_word_embeddings)");
     assert_merge_refused(s, implicit, lmhead, NULL, "changes lm_head.weight, but the base ties");
     assert_merge_refused(s, tied, embed, NULL,
                          "base_model.model.model.embed_tokens.weight: changes model.embed_tokens.weight, but the base "
                          "ties lm_head.weight");
+    char *out_file = tu_strdupf("%s/out.safetensors", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", single, out_file, "--lora", embed, NULL);
+    if (r.status != NF4_EDATA || !strstr(r.err, "but the base ties lm_head.weight"))
+        fail_msg("a single tied file: exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    /* ensure_weight_tying: PEFT keeps the copy tied, as the tie here keeps it. */
+    tu_sh("cp -r %s %s && sed -i 's/\"ensure_weight_tying\": false/\"ensure_weight_tying\": true/' %s/"
+          ADAPTER_CONFIG_NAME " && grep -q '\"ensure_weight_tying\": true' %s/" ADAPTER_CONFIG_NAME,
+          embed, kept, kept, kept);
+    char *out = tu_strdupf("%s/out", s->dir);
+    r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", kept, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    assert_merge_refused(s, tied, lmhead, NULL, "changes lm_head.weight"); /* a head copy is still refused */
     /* Untied (tie_word_embeddings: false), a missing head is only missing. */
     assert_merge_refused(s, untied, lmhead, NULL, "matches no floating-point tensor lm_head.weight");
-    char *out = tu_strdupf("%s/out", s->dir);
-    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora",
-                             LORA_FIXTURES "/adapter-r8-all-linear", NULL);
+    r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", LORA_FIXTURES "/adapter-r8-all-linear", NULL);
     assert_int_equal(r.status, 0);
     tu_run_free(&r);
     tu_rmtree(bases);
     free(out);
+    free(out_file);
+    free(kept);
+    free(single);
     free(from);
     free(to);
     free(weights);
