@@ -332,6 +332,8 @@ static int cmd_convert(int argc, char **argv)
     if (argc - optind != 2)
         return usage_error("convert", "%s", argc - optind < 2 ? "convert needs IN and OUT" : "too many arguments");
     const char *in = argv[optind], *out = argv[optind + 1];
+    if (!in[0])
+        return usage_error("convert", "%s", "IN is empty: give a path, an ORG/NAME or - for standard input");
     if (!out[0])
         return usage_error("convert", "%s", "OUT is empty: give a path, or - for standard output");
     if (json && strcmp(out, "-") == 0)
@@ -416,6 +418,8 @@ static int cmd_inspect(int argc, char **argv)
     }
     if (argc - optind != 1)
         return usage_error("inspect", "%s", argc - optind < 1 ? "inspect needs IN" : "too many arguments");
+    if (!argv[optind][0])
+        return usage_error("inspect", "%s", "IN is empty: give a path, an ORG/NAME or - for standard input");
     char *path = NULL;
     int code = input_resolve(argv[optind], revision, &path);
     if (code == NF4_OK)

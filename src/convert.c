@@ -247,11 +247,11 @@ int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_wei
     return lora_open(&c->lora, c->opts->lora_dirs, c->opts->nlora, m, weights, nweights);
 }
 
-void convert_warn_if_nothing_to_do(const struct ctx *c, const char *in, size_t nweights)
+void convert_warn_if_nothing_to_do(const struct ctx *c, const char *in, size_t nweights, int as_is)
 {
     if (nweights == 0 && c->opts->nlora == 0)
         nf4_warn("%s: no bitsandbytes 4-bit weights, so nothing to dequantize: tensors are %s", in,
-                 c->opts->dtype != DT_INVALID ? "cast to --dtype or copied" : "copied as they are");
+                 c->opts->dtype != DT_INVALID && !as_is ? "cast to --dtype or copied" : "copied as they are");
 }
 
 static int convert_file(struct ctx *c, const char *in, const char *out)
@@ -266,7 +266,7 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
     size_t n = 0;
     uint64_t written = 0;
     if ((code = bnb_collect(m, &weights, &nweights)) == NF4_OK)
-        convert_warn_if_nothing_to_do(c, in, nweights);
+        convert_warn_if_nothing_to_do(c, in, nweights, 0);
     if (code == NF4_OK && (code = convert_open_lora(c, m, weights, nweights)) == NF4_OK &&
         (code = convert_plan_file(m, 0, weights, nweights, c->lora, c->opts->dtype, &items, &n)) == NF4_OK &&
         (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK)

@@ -108,7 +108,8 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
         } else if ((found = stat_to_copy(from, &st)) != 0) {
             code = found > 0 ? NF4_OK : NF4_ENOINPUT;
-        } else if (model_is_unused_file(m, name)) {
+        } else if (model_is_unused_file(m, name) ||
+                   (S_ISREG(st.st_mode) && str_ends_with(name, WEIGHTS_FILE_SUFFIX))) { /* one new since */
             char why[NAME_MAX + 32];
             model_unused_reason(m, name, why, sizeof why);
             nf4_warn("%s: not part of the model (%s); not copied", from, why);
@@ -355,7 +356,7 @@ int convert_model_dir(struct ctx *c, const char *in, const char *out, int replac
     int code = model_job_open(c, in, 1, &j);
     if (code != NF4_OK)
         return code;
-    convert_warn_if_nothing_to_do(c, in, j.nweights);
+    convert_warn_if_nothing_to_do(c, in, j.nweights, 0);
     char *tmp = NULL;
     struct resume_manifest record = {0};
     size_t shards = 0;
@@ -438,7 +439,7 @@ int convert_pipeline(struct ctx *c, const char *in, const char *out, int replace
     if (!jobs)
         code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     if (code == NF4_OK && (code = pipeline_open_components(c, in, e, n, jobs, &tensors, &bytes)) == NF4_OK)
-        convert_warn_if_nothing_to_do(c, in, tensors); /* only components with 4-bit weights count */
+        convert_warn_if_nothing_to_do(c, in, tensors, 1); /* only components with 4-bit weights count */
     if (code == NF4_OK && (code = convert_open_engine(c, out, tensors, bytes)) == NF4_OK &&
         (code = make_temp_dir(out, &tmp)) == NF4_OK) {
         for (size_t i = 0; i < n && code == NF4_OK; i++)

@@ -44,8 +44,9 @@ uint64_t out_items_bytes(const struct out_item *items, size_t n);
 /* Opens the --lora adapters against the base, before anything is written. */
 int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_weight *weights, size_t nweights);
 /* A warning when `in` holds no 4-bit weight and no adapter is merged: the run
- * only copies (or casts), and the input is most likely not the one meant. */
-void convert_warn_if_nothing_to_do(const struct ctx *c, const char *in, size_t nweights);
+ * only copies (or casts, unless `as_is`: a pipeline copies such components
+ * whole), and the input is most likely not the one meant. */
+void convert_warn_if_nothing_to_do(const struct ctx *c, const char *in, size_t nweights, int as_is);
 /* Opens the device and the pipeline; `tensors` and `bytes` size the progress line. */
 int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_t bytes);
 void convert_close_engine(struct ctx *c);

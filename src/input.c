@@ -24,8 +24,6 @@ int input_resolve(const char *arg, const char *revision, char **path)
 {
     *path = NULL;
     struct stat st;
-    if (!arg[0])
-        return nf4_fail(NF4_EUSAGE, NULL, NULL, "IN is empty: give a path, an ORG/NAME or - for standard input");
     if (strcmp(arg, "-") == 0) {
         if (revision)
             return nf4_fail(NF4_EUSAGE, NULL, NULL, "--revision applies to a Hugging Face model id (ORG/NAME), not to "

@@ -153,11 +153,6 @@ static void add_totals(struct totals *sum, const struct totals *t)
     sum->converted += t->converted;
 }
 
-/* One file or model directory: its tensor table and totals line, or its
- * files, tensors and totals added to `obj`. `as_is`: it is copied unchanged
- * (an unquantized pipeline component), so --dtype does not apply, and its
- * tensor bytes after conversion are its tensor bytes now (not its file
- * sizes: the totals count tensor bytes, headers apart, everywhere). */
 /* The directory's weights files that convert leaves out (model.h). */
 static void report_unused(const struct model *m, FILE *out)
 {
@@ -179,6 +174,11 @@ static void add_unused_json(const struct model *m, cJSON *obj)
         cJSON_AddItemToArray(list, cJSON_CreateString(m->unused_names[i]));
 }
 
+/* One file or model directory: its tensor table and totals line, or its
+ * files, tensors and totals added to `obj`. `as_is`: it is copied unchanged
+ * (an unquantized pipeline component), so --dtype does not apply, and its
+ * tensor bytes after conversion are its tensor bytes now (not its file
+ * sizes: the totals count tensor bytes, headers apart, everywhere). */
 static int inspect_model(const char *in, int is_dir, const struct inspect_opts *o, cJSON *obj, struct totals *tot,
                          int as_is)
 {

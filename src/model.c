@@ -363,7 +363,8 @@ static int set_unused_names(struct model *m, struct model_dir_files *found)
     if (!(m->unused_names = calloc(cap ? cap : 1, sizeof *m->unused_names)))
         return nf4_fail(NF4_ESOFTWARE, m->dir, NULL, "out of memory");
     for (size_t i = 0; i < found->nhidden_weights; i++)
-        take_name(found->hidden_weights, i, &m->unused_names, &m->nunused);
+        if (!has_name(m->file_names, m->nfiles, found->hidden_weights[i])) /* an index may list one */
+            take_name(found->hidden_weights, i, &m->unused_names, &m->nunused);
     for (size_t i = 0; i < found->nweights; i++)
         if (found->weights[i] && !has_name(m->file_names, m->nfiles, found->weights[i]))
             take_name(found->weights, i, &m->unused_names, &m->nunused);
@@ -476,7 +477,9 @@ int model_is_unused_file(const struct model *m, const char *name)
 
 void model_unused_reason(const struct model *m, const char *name, char *buf, size_t cap)
 {
-    if (name[0] == '.' || !m->index_name) /* without an index, every other weights file is the model */
+    if (!model_is_unused_file(m, name)) /* not there when the model was read */
+        snprintf(buf, cap, "not there when the model was read");
+    else if (name[0] == '.' || !m->index_name) /* without an index, every other weights file is the model */
         snprintf(buf, cap, "a hidden file");
     else
         snprintf(buf, cap, "not listed in %s", m->index_name);

@@ -92,8 +92,10 @@ static enum header_scan_fault scan_header(const char *s, size_t len, struct head
 static int scan_fault(const char *path, const char *json, const struct header_scan *scan,
                       enum header_scan_fault fault)
 {
-    char name[256];
+    char name[256]; /* the entry's raw key, escapes as written: cut at a character's start */
     size_t n = scan->key_len < sizeof name - 1 ? scan->key_len : sizeof name - 1;
+    while (n < scan->key_len && n > 0 && ((unsigned char)json[scan->key_at + n] & 0xc0) == 0x80)
+        n--;
     memcpy(name, json + scan->key_at, n);
     name[n] = '\0';
     const char *tensor = n > 0 ? name : NULL;

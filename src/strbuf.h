@@ -17,10 +17,9 @@ struct strbuf {
 void strbuf_put(struct strbuf *b, const char *s, size_t n);
 void strbuf_puts(struct strbuf *b, const char *s);
 void strbuf_printf(struct strbuf *b, const char *fmt, ...) NF4_PRINTF(2, 3);
-/* Appends s as a JSON string literal, escaped as serde_json, Python's json
- * and jq escape: quotes, backslashes, \b \f \n \r \t, other control
- * characters as \u00XX, every other byte (UTF-8 included) as it is. So
- * headers and index files come out as the reference tools write them. */
+/* Appends s as a JSON string literal, escaped as serde_json (the safetensors
+ * writer) escapes it: quotes, backslashes, \b \f \n \r \t, other control
+ * characters as \u00XX, every other byte (UTF-8 included) as it is. */
 void strbuf_json_string(struct strbuf *b, const char *s);
 /* The same, for what reaches a terminal (the --json reports): DEL and the C1
  * controls U+0080-U+009F escaped too, so no name can drive the terminal. */
