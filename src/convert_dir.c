@@ -108,8 +108,9 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
         } else if ((found = stat_to_copy(from, &st)) != 0) {
             code = found > 0 ? NF4_OK : NF4_ENOINPUT;
-        } else if (model_is_unused_file(m, name) ||
-                   (S_ISREG(st.st_mode) && str_ends_with(name, WEIGHTS_FILE_SUFFIX))) { /* one new since */
+        } else if (S_ISREG(st.st_mode) && str_ends_with(name, WEIGHTS_FILE_SUFFIX)) {
+            /* Not one of the model's files (those were skipped above): one of
+             * m->unused_names, or one that appeared since the model was read. */
             char why[NAME_MAX + 32];
             model_unused_reason(m, name, why, sizeof why);
             nf4_warn("%s: not part of the model (%s); not copied", from, why);

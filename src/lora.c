@@ -364,7 +364,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     }
     size_t ndim;
     const uint64_t *shape;
-    int tied_head = parts_tied_weights(b, wname, 0) && strcmp(wname, TIED_HEAD_NAME) == 0; /* not stored */
+    int tied_head = b->tied_embedding && strcmp(wname, TIED_HEAD_NAME) == 0; /* the base does not store it */
     if (!tied_head && !base_shape(b, wname, &ndim, &shape)) {
         code = nf4_fail(NF4_EDATA, file, aname, "matches no floating-point tensor %s in the base model "
                         "(an adapter for another model?)", wname);

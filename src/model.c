@@ -470,14 +470,9 @@ void model_close(struct model *m)
     free(m);
 }
 
-int model_is_unused_file(const struct model *m, const char *name)
-{
-    return has_name(m->unused_names, m->nunused, name);
-}
-
 void model_unused_reason(const struct model *m, const char *name, char *buf, size_t cap)
 {
-    if (!model_is_unused_file(m, name)) /* not there when the model was read */
+    if (!has_name(m->unused_names, m->nunused, name))
         snprintf(buf, cap, "not there when the model was read");
     else if (name[0] == '.' || !m->index_name) /* without an index, every other weights file is the model */
         snprintf(buf, cap, "a hidden file");

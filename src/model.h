@@ -62,11 +62,9 @@ int model_open_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);
 void model_close(struct model *m);
 const struct model_tensor *model_find(const struct model *m, const char *name);
-/* Whether name is one of m->unused_names, and why a weights file is not part
- * of the model, as a phrase for messages ("not listed in
- * model.safetensors.index.json", "a hidden file", or, for one that is not in
- * unused_names, "not there when the model was read"). */
-int model_is_unused_file(const struct model *m, const char *name);
+/* Why a weights file is not part of the model, as a phrase for messages ("not
+ * listed in model.safetensors.index.json", "a hidden file", or, for one that
+ * is not in m->unused_names, "not there when the model was read"). */
 void model_unused_reason(const struct model *m, const char *name, char *buf, size_t cap);
 
 /* Validates an index.json document and returns the shard file names it lists
