@@ -62,11 +62,30 @@ static void plan_lora(struct out_item *it, const struct lora_target *t)
         it->lora = t;
 }
 
+/* The item that reads base tensor t (a 4-bit weight or not) into `name`. */
+static void plan_base_tensor(struct out_item *it, const char *name, const struct model *m, const struct st_tensor *t,
+                             const struct bnb_weight *weights, size_t nweights, enum st_dtype dtype)
+{
+    it->out.name = name;
+    const struct bnb_weight *w = bnb_find(weights, nweights, t->name);
+    if (w) {
+        it->w = w;
+        it->out.dtype = dtype != DT_INVALID ? dtype : w->state.dtype;
+        it->out.ndim = w->state.ndim;
+        it->out.shape = w->state.shape;
+    } else {
+        it->src = model_find(m, t->name);
+        it->out.dtype = (dtype != DT_INVALID && dtype_is_castable_float(t->dtype)) ? dtype : t->dtype;
+        it->out.ndim = t->ndim;
+        it->out.shape = t->shape;
+    }
+}
+
 int convert_plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
                      const struct lora_set *lora, enum st_dtype dtype, struct out_item **items_out, size_t *n_out)
 {
     const struct st_file *f = m->files[file_index];
-    struct out_item *items = calloc(f->count ? f->count : 1, sizeof *items);
+    struct out_item *items = calloc(f->count + 1, sizeof *items); /* + an untied head */
     if (!items)
         return nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory");
     size_t n = 0;
@@ -75,20 +94,15 @@ int convert_plan_file(const struct model *m, size_t file_index, const struct bnb
         if (bnb_is_state_part(t->name))
             continue;
         struct out_item *it = &items[n++];
-        it->out.name = t->name;
-        const struct bnb_weight *w = bnb_find(weights, nweights, t->name);
-        if (w) {
-            it->w = w;
-            it->out.dtype = dtype != DT_INVALID ? dtype : w->state.dtype;
-            it->out.ndim = w->state.ndim;
-            it->out.shape = w->state.shape;
-        } else {
-            it->src = model_find(m, t->name);
-            it->out.dtype = (dtype != DT_INVALID && dtype_is_castable_float(t->dtype)) ? dtype : t->dtype;
-            it->out.ndim = t->ndim;
-            it->out.shape = t->shape;
-        }
+        plan_base_tensor(it, t->name, m, t, weights, nweights, dtype);
         plan_lora(it, lora_find(lora, t->name));
+        /* The head parted from its embedding starts from the embedding as the
+         * base stores it, in the same file, and takes the head's own changes. */
+        if (lora && lora->untied_embedding && strcmp(t->name, lora->untied_embedding) == 0) {
+            struct out_item *head = &items[n++];
+            plan_base_tensor(head, TIED_HEAD_NAME, m, t, weights, nweights, dtype);
+            plan_lora(head, lora_find(lora, TIED_HEAD_NAME));
+        }
     }
     *items_out = items;
     *n_out = n;
@@ -244,7 +258,11 @@ int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_wei
 {
     if (c->opts->nlora == 0)
         return NF4_OK;
-    return lora_open(&c->lora, c->opts->lora_dirs, c->opts->nlora, m, weights, nweights);
+    int code = lora_open(&c->lora, c->opts->lora_dirs, c->opts->nlora, m, weights, nweights);
+    if (code == NF4_OK && c->lora->untied_embedding)
+        nf4_note("%s: the adapters part %s from %s, which the base ties it to: the output has both, and its "
+                 "config.json says tie_word_embeddings: false", m->dir, TIED_HEAD_NAME, c->lora->untied_embedding);
+    return code;
 }
 
 void convert_warn_if_nothing_to_do(const struct ctx *c, const char *in, size_t nweights, int as_is)

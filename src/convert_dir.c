@@ -59,7 +59,7 @@ static int write_index(const char *dir, const struct model *m, struct index_out_
     return code;
 }
 
-static int write_config(const char *in_dir, const char *dir, const char *dtype)
+static int write_config(const char *in_dir, const char *dir, const char *dtype, int untie)
 {
     char *from = path_join(in_dir, CONFIG_FILE_NAME), *to = path_join(dir, CONFIG_FILE_NAME);
     char *json = NULL, *text = NULL;
@@ -68,7 +68,7 @@ static int write_config(const char *in_dir, const char *dir, const char *dtype)
     if (code == NF4_OK)
         code = read_small_file(from, MAX_JSON_FILE_BYTES, &json, &len);
     if (code == NF4_OK)
-        code = config_rewrite(from, json, len, dtype, &text, &text_len);
+        code = config_rewrite(from, json, len, dtype, untie, &text, &text_len);
     if (code == NF4_OK) {
         temp_register(to, 0); /* before it exists, as for the shards */
         code = write_file_atomic(to, text, text_len);
@@ -231,7 +231,10 @@ fail:
 static int model_job_write(struct ctx *c, const struct model_job *j, const char *dir, struct resume_manifest *record)
 {
     const struct model *m = j->m;
-    struct index_out_entry *entries = calloc(m->count ? m->count : 1, sizeof *entries);
+    size_t planned = 0;
+    for (size_t i = 0; i < m->nfiles; i++)
+        planned += j->nplan[i];
+    struct index_out_entry *entries = calloc(planned ? planned : 1, sizeof *entries);
     if (!entries)
         return nf4_fail(NF4_ESOFTWARE, j->in, NULL, "out of memory");
     size_t nentries = 0;
@@ -275,7 +278,8 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     if (code == NF4_OK && !config)
         code = nf4_fail(NF4_ESOFTWARE, j->in, NULL, "out of memory"); /* not "there is no config.json" */
     if (code == NF4_OK && stat(config, &st) == 0)
-        code = write_config(j->in, dir, config_dtype(c->opts, j->weights, j->nweights));
+        code = write_config(j->in, dir, config_dtype(c->opts, j->weights, j->nweights),
+                            c->lora && c->lora->untied_embedding);
     free(config);
     if (code == NF4_OK)
         code = copy_other_files(m, j->in, dir);

@@ -132,6 +132,17 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
             }
         }
     }
+    if (!s->untied_embedding)
+        return;
+    if (root) {
+        cJSON *u = cJSON_AddObjectToObject(root, "untied");
+        cJSON_AddStringToObject(u, "head", TIED_HEAD_NAME);
+        cJSON_AddStringToObject(u, "embedding", s->untied_embedding);
+    } else {
+        fputs("\n" TIED_HEAD_NAME " is written apart from ", out);
+        put_name(out, s->untied_embedding, 0);
+        fputs(", which the base ties it to; config.json: tie_word_embeddings: false\n", out);
+    }
 }
 
 static void add_totals_json(cJSON *obj, const struct totals *t)
@@ -228,9 +239,11 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
             out_dt = (dtype != DT_INVALID && dtype_is_castable_float(t->dtype)) ? dtype : t->dtype;
         }
         uint64_t out_bytes = out_dt == DT_INVALID ? 0 : nelem * dtype_bits(out_dt) / 8;
+        /* An untied head is the embedding's twin in the output. */
+        int twins = lora && lora->untied_embedding && strcmp(t->name, lora->untied_embedding) == 0;
         if (!owner) {
-            tot->parameters += nelem;
-            tot->converted += out_bytes;
+            tot->parameters += nelem << twins;
+            tot->converted += out_bytes << twins;
         }
         char shape[128], qshape[128];
         shape_text(shape, sizeof shape, t->ndim, t->shape);

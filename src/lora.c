@@ -242,6 +242,8 @@ struct binding {
 struct binder {
     const struct model *base;
     const char *tied_embedding; /* what the base ties TIED_HEAD_NAME to, or NULL (model_dir.h) */
+    /* The first adapter key that parts the tied head from its embedding, or NULL. */
+    const char *untie_file, *untie_key, *untie_name;
     const struct bnb_weight *weights;
     size_t nweights;
     struct binding *items;
@@ -253,9 +255,17 @@ static int is_factor_dtype(enum st_dtype dt)
     return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
 }
 
-/* The base tensor `name`: its 2-D shape, or 0 when it is missing. */
+static int is_tied_head(const struct binder *b, const char *name)
+{
+    return b->tied_embedding && strcmp(name, TIED_HEAD_NAME) == 0;
+}
+
+/* The base tensor `name`: its 2-D shape, or 0 when it is missing. A tied head
+ * the base does not store has its embedding's shape. */
 static int base_shape(const struct binder *b, const char *name, size_t *ndim, const uint64_t **shape)
 {
+    if (is_tied_head(b, name))
+        name = b->tied_embedding;
     const struct bnb_weight *w = bnb_find(b->weights, b->nweights, name);
     if (w) {
         *ndim = w->state.ndim;
@@ -325,24 +335,27 @@ static int delta_transposed(const struct binder *b, const struct lora_config *c,
     return shape[0] == in_f && shape[1] == out_f;
 }
 
-/* Whether an adapter that changes base tensor `name` would part a tied head
- * from its embedding: in PEFT a modules_to_save copy of one leaves the other
- * as it was (unless ensure_weight_tying keeps the copies tied: then the
- * embedding's copy serves both, as the tie does here), and nf4deq writes no
- * head the base does not store. Merged as they are, the output head would
- * silently change with the embedding, or not at all. */
+/* Whether an adapter that changes base tensor `name` parts a tied head from
+ * its embedding. In PEFT a modules_to_save copy of either one, or a LoRA on
+ * the head, leaves the other as it was; merge_and_unload then finds the two
+ * apart and sets tie_word_embeddings: false (for a LoRA on the head it adds
+ * B @ A to the one tensor both share instead, changing the embedding too, and
+ * warns: nf4deq writes the head apart, as trained). With ensure_weight_tying
+ * PEFT keeps the embedding's copy tied to the head, and so does the output. */
 static int parts_tied_weights(const struct binder *b, const char *name, int keeps_tie)
 {
-    if (!b->tied_embedding)
-        return 0;
-    return strcmp(name, TIED_HEAD_NAME) == 0 || (!keeps_tie && strcmp(name, b->tied_embedding) == 0);
+    return is_tied_head(b, name) || (b->tied_embedding && !keeps_tie && strcmp(name, b->tied_embedding) == 0);
 }
 
-static int refuse_parting_tied_weights(const struct binder *b, const char *file, const char *key, const char *name)
+/* Records that the merge writes TIED_HEAD_NAME apart from the embedding:
+ * lora_open refuses it where no config.json can be written to say so. */
+static void note_untie(struct binder *b, const char *file, const char *key, const char *name)
 {
-    return nf4_fail(NF4_EDATA, file, key, "changes %s, but the base ties %s to %s (tie_word_embeddings): merged, "
-                    "the two must part, which nf4deq does not do yet (merged with PEFT, check that the saved "
-                    "config.json says tie_word_embeddings: false)", name, TIED_HEAD_NAME, b->tied_embedding);
+    if (!b->untie_key) {
+        b->untie_file = file;
+        b->untie_key = key;
+        b->untie_name = name;
+    }
 }
 
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
@@ -364,8 +377,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     }
     size_t ndim;
     const uint64_t *shape;
-    int tied_head = b->tied_embedding && strcmp(wname, TIED_HEAD_NAME) == 0; /* the base does not store it */
-    if (!tied_head && !base_shape(b, wname, &ndim, &shape)) {
+    if (!base_shape(b, wname, &ndim, &shape)) {
         code = nf4_fail(NF4_EDATA, file, aname, "matches no floating-point tensor %s in the base model "
                         "(an adapter for another model?)", wname);
         goto out;
@@ -378,10 +390,8 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                  "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
         goto out;
     }
-    if (tied_head) {
-        code = refuse_parting_tied_weights(b, file, aname, wname);
-        goto out;
-    }
+    if (parts_tied_weights(b, wname, 0))
+        note_untie(b, file, aname, TIED_HEAD_NAME);
     const cJSON *rp = pattern_for(c->rank_pattern, c->rank_compiled, module),
                 *ap = pattern_for(c->alpha_pattern, c->alpha_compiled, module);
     uint32_t r = rp ? (uint32_t)rp->valuedouble : c->r;
@@ -439,7 +449,7 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
     size_t ndim;
     const uint64_t *shape;
     if (parts_tied_weights(b, name, keeps_tie))
-        return refuse_parting_tied_weights(b, file, t->t->name, name);
+        note_untie(b, file, t->t->name, is_tied_head(b, name) ? TIED_HEAD_NAME : b->tied_embedding);
     if (!base_shape(b, name, &ndim, &shape))
         return nf4_fail(NF4_EDATA, file, t->t->name, "matches no floating-point tensor %s in the base model", name);
     if (!dtype_is_castable_float(t->t->dtype) || t->t->ndim != ndim || memcmp(t->t->shape, shape, ndim * sizeof *shape))
@@ -455,13 +465,36 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
 
 #define BASE_LAYER_SEGMENT ".base_layer."
 
+/* With ensure_weight_tying PEFT saves the embedding's modules_to_save copy
+ * under the tied head's name as well (it drops lm_head from modules_to_save
+ * and ties the head to that copy): the same tensor twice. The embedding's key
+ * is the one merged; a head key alone stands for it. */
+static int bind_tied_head_copy(struct binder *b, const struct lora_adapter *ad, size_t index,
+                               const struct model_tensor *t)
+{
+    size_t n = strlen(PEFT_KEY_PREFIX) + strlen(b->tied_embedding) + 1;
+    char *key = malloc(n);
+    if (!key)
+        return nf4_fail(NF4_ESOFTWARE, t->file->path, t->t->name, "out of memory");
+    snprintf(key, n, "%s%s", PEFT_KEY_PREFIX, b->tied_embedding);
+    const struct model_tensor *embed = model_find(ad->weights, key);
+    free(key);
+    if (!embed)
+        return bind_replacement_of(b, index, t, b->tied_embedding, 1);
+    const struct st_tensor *x = t->t, *y = embed->t;
+    if (x->dtype != y->dtype || x->ndim != y->ndim || memcmp(x->shape, y->shape, x->ndim * sizeof *x->shape) != 0)
+        return nf4_fail(NF4_EDATA, t->file->path, x->name, "differs in dtype or shape from %s, the copy "
+                        "ensure_weight_tying ties it to", y->name);
+    return NF4_OK;
+}
+
 /* A tensor the adapter holds whole, which replaces the base's: a
  * modules_to_save module's, a trained bias ("bias": "all" or "lora_only"), or
  * the base layer of a module PEFT wrapped with LoRA, which it saves as
  * "M.base_layer.P" (a bias under a LoRA layer; lm_head or embed_tokens with
  * save_embedding_layers) and loads back into M.P. */
-static int bind_replacement(struct binder *b, size_t index, const struct lora_config *c,
-                            const struct model_tensor *t, const char *key_name)
+static int bind_replacement(struct binder *b, const struct lora_adapter *ad, size_t index,
+                            const struct lora_config *c, const struct model_tensor *t, const char *key_name)
 {
     const char *file = t->file->path;
     char *name = strdup(key_name);
@@ -473,6 +506,10 @@ static int bind_replacement(struct binder *b, size_t index, const struct lora_co
         memmove(base_layer, rest, strlen(rest) + 1);
     }
     const char *last = strrchr(name, '.');
+    if (c->ensure_weight_tying && is_tied_head(b, name) && !base_layer) {
+        free(name);
+        return bind_tied_head_copy(b, ad, index, t);
+    }
     int saved = base_layer || in_modules_to_save(c, name) || (c->trains_bias && last && strcmp(last + 1, "bias") == 0);
     int code = saved ? bind_replacement_of(b, index, t, name, c->ensure_weight_tying)
                      : nf4_fail(NF4_EDATA, file, t->t->name, "is neither a LoRA weight nor in modules_to_save");
@@ -549,7 +586,7 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
         } else if (strstr(name, ".lora_") || strncmp(name, "lora_", 5) == 0) {
             code = nf4_fail(NF4_EDATA, file, key, "is a LoRA tensor nf4deq does not know how to merge");
         } else {
-            code = bind_replacement(b, index, c, t, name);
+            code = bind_replacement(b, ad, index, c, t, name);
         }
         if (code != NF4_OK)
             return code;
@@ -634,8 +671,16 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
         lora_config_free(&c);
         free(wpath);
     }
+    if (code == NF4_OK && b.untie_key && !base->dir)
+        code = nf4_fail(NF4_EDATA, b.untie_file, b.untie_key,
+                        "changes %s, which the base ties to %s (tie_word_embeddings): merged, the head is written "
+                        "apart from the embedding, and config.json must say tie_word_embeddings: false; convert "
+                        "the model's directory, not its weights file, so that nf4deq writes both",
+                        b.untie_name, b.untie_name == b.tied_embedding ? TIED_HEAD_NAME : b.tied_embedding);
     if (code == NF4_OK)
         code = gather(s, &b);
+    if (code == NF4_OK && b.untie_key)
+        s->untied_embedding = b.tied_embedding;
     for (size_t i = 0; i < b.n; i++)
         free(b.items[i].name);
     free(b.items);

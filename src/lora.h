@@ -15,9 +15,10 @@
  *
  * Everything is checked against the base before any data is read: a key that
  * matches no base tensor, a shape that does not fit, a rank that disagrees with
- * the config, DoRA, embedding LoRA, other adapter types, and a change to
- * either of a tied lm_head and embedding (model_dir.h) are refused with
- * NF4_EDATA and a message naming the file and the tensor. */
+ * the config, DoRA, embedding LoRA and other adapter types are refused with
+ * NF4_EDATA and a message naming the file and the tensor. So is a change that
+ * parts a tied lm_head from its embedding (model_dir.h) in a base that is one
+ * weights file: the output needs a config.json that says so. */
 #ifndef NF4DEQ_LORA_H
 #define NF4DEQ_LORA_H
 
@@ -74,6 +75,13 @@ struct lora_set {
     struct lora_adapter adapters[LORA_MAX_ADAPTERS];
     size_t ntargets;
     struct lora_target *targets; /* sorted by name */
+    /* The embedding the base ties TIED_HEAD_NAME to, where the adapters part
+     * the two (a copy of either, or a LoRA on the head, without
+     * ensure_weight_tying): the output then has the head as a tensor of its
+     * own, the embedding as the base stores it with the targets of
+     * TIED_HEAD_NAME applied, and config.json says tie_word_embeddings: false,
+     * as PEFT's merge_and_unload leaves it. NULL otherwise. */
+    const char *untied_embedding;
 };
 
 struct pattern;

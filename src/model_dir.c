@@ -122,33 +122,27 @@ static int key_is(const char *s, const struct member *m, const char *key)
     return *k == '\0';
 }
 
-int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, char **out,
-                   size_t *out_len)
+/* The members of the JSON object that opens at json[open] ('{'), in order;
+ * NULL when memory runs out. */
+static struct member *scan_members(const char *json, size_t open, size_t len, size_t *count)
 {
-    cJSON *root = json_parse_whole(json, len);
-    int is_object = cJSON_IsObject(root);
-    cJSON_Delete(root);
-    if (!root && json_ran_out_of_memory())
-        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory parsing it");
-    if (!is_object)
-        return nf4_fail(NF4_EDATA, path, NULL, "not a JSON object");
-    size_t open = skip_ws(json, 0, len);
-    size_t count = 0, cap = 16;
+    size_t cap = 16;
     struct member *mem = malloc(cap * sizeof *mem);
+    *count = 0;
     if (!mem)
-        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+        return NULL;
     size_t i = skip_ws(json, open + 1, len);
     while (i < len && json[i] == '"') {
-        if (count == cap) {
+        if (*count == cap) {
             struct member *grown = realloc(mem, 2 * cap * sizeof *mem);
             if (!grown) {
                 free(mem);
-                return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+                return NULL;
             }
             mem = grown;
             cap *= 2;
         }
-        struct member *m = &mem[count++];
+        struct member *m = &mem[(*count)++];
         m->key_start = i;
         m->key_end = skip_string(json, i, len);
         i = skip_ws(json, m->key_end, len) + 1; /* past ':' */
@@ -158,6 +152,45 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
         if (i < len && json[i] == ',')
             i = skip_ws(json, i + 1, len);
     }
+    return mem;
+}
+
+#define TIE_KEY "tie_word_embeddings"
+
+/* text_config's object (json[start, end)) with its TIE_KEY, if it has one, set
+ * to false. */
+static int put_untied_text_config(struct strbuf *b, const char *json, size_t start, size_t end)
+{
+    size_t count;
+    struct member *mem = scan_members(json, start, end, &count);
+    if (!mem)
+        return -1;
+    size_t at = start;
+    for (size_t k = 0; k < count; k++)
+        if (key_is(json, &mem[k], TIE_KEY)) {
+            strbuf_put(b, json + at, mem[k].value_start - at);
+            strbuf_puts(b, "false");
+            at = mem[k].value_end;
+        }
+    strbuf_put(b, json + at, end - at);
+    free(mem);
+    return 0;
+}
+
+int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, int untie, char **out,
+                   size_t *out_len)
+{
+    cJSON *root = json_parse_whole(json, len);
+    int is_object = cJSON_IsObject(root);
+    cJSON_Delete(root);
+    if (!root && json_ran_out_of_memory())
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory parsing it");
+    if (!is_object)
+        return nf4_fail(NF4_EDATA, path, NULL, "not a JSON object");
+    size_t open = skip_ws(json, 0, len), count;
+    struct member *mem = scan_members(json, open, len, &count);
+    if (!mem)
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     /* diffusers reads no dtype from a config; its keys stay as they are. */
     for (size_t k = 0; k < count && dtype_name; k++)
         if (key_is(json, &mem[k], "_diffusers_version"))
@@ -166,7 +199,7 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
     char quoted[64] = "";
     if (dtype_name)
         snprintf(quoted, sizeof quoted, "\"%s\"", dtype_name);
-    int have_dtype = 0, have_torch_dtype = 0, written = 0;
+    int have_dtype = 0, have_torch_dtype = 0, have_tie = 0, written = 0;
     /* The text between the first two members is the file's own separator. */
     const char *sep = ",\n  ";
     size_t sep_len = strlen(sep);
@@ -181,25 +214,39 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
             continue;
         if (written++)
             strbuf_put(&b, sep, sep_len);
-        int replace = dtype_name && (key_is(json, m, "dtype") || key_is(json, m, "torch_dtype"));
+        const char *value = NULL; /* a new value for this member */
+        if (dtype_name && (key_is(json, m, "dtype") || key_is(json, m, "torch_dtype")))
+            value = quoted;
+        else if (untie && key_is(json, m, TIE_KEY))
+            value = "false";
         have_dtype |= key_is(json, m, "dtype");
         have_torch_dtype |= key_is(json, m, "torch_dtype");
-        strbuf_put(&b, json + m->key_start, (replace ? m->value_start : m->value_end) - m->key_start);
-        if (replace)
-            strbuf_puts(&b, quoted);
+        have_tie |= key_is(json, m, TIE_KEY);
+        if (untie && key_is(json, m, "text_config") && json[m->value_start] == '{') {
+            /* A multimodal model's text model may say it too. */
+            strbuf_put(&b, json + m->key_start, m->value_start - m->key_start);
+            if (put_untied_text_config(&b, json, m->value_start, m->value_end) != 0)
+                b.oom = 1;
+            continue;
+        }
+        strbuf_put(&b, json + m->key_start, (value ? m->value_start : m->value_end) - m->key_start);
+        if (value)
+            strbuf_puts(&b, value);
     }
-    static const char *const DTYPE_KEYS[] = {"dtype", "torch_dtype"};
-    for (int k = 0; k < 2 && dtype_name; k++) {
-        if (k == 0 ? have_dtype : have_torch_dtype)
+    /* Keys to add, with their values: what was not there to set. */
+    const char *added[3][2] = {{"dtype", quoted}, {"torch_dtype", quoted}, {TIE_KEY, "false"}};
+    int add[3] = {dtype_name && !have_dtype, dtype_name && !have_torch_dtype, untie && !have_tie};
+    for (int k = 0; k < 3; k++) {
+        if (!add[k])
             continue;
         if (written++)
             strbuf_put(&b, sep, sep_len);
         else if (count == 0)
             strbuf_puts(&b, "\n  ");
         strbuf_puts(&b, "\"");
-        strbuf_puts(&b, DTYPE_KEYS[k]);
+        strbuf_puts(&b, added[k][0]);
         strbuf_puts(&b, "\": ");
-        strbuf_puts(&b, quoted);
+        strbuf_puts(&b, added[k][1]);
     }
     size_t tail = count ? mem[count - 1].value_end : open + 1;
     if (count == 0 && written)

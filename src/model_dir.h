@@ -9,10 +9,12 @@
 /* Rewrites a config.json document: drops the top-level "quantization_config"
  * and, when dtype_name is not NULL, sets (or adds) "dtype" and "torch_dtype",
  * except in a diffusers config (one with "_diffusers_version"), which keeps
- * every other key as it is.
+ * every other key as it is. With `untie` (a merge wrote lm_head apart from the
+ * embedding it was tied to) it sets (or adds) "tie_word_embeddings": false,
+ * and sets it in "text_config" where that has it.
  * Works on the text, so the rest of the file keeps its exact formatting.
  * Returns NF4_OK or NF4_EDATA (the document is not a JSON object). */
-int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, char **out,
+int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, int untie, char **out,
                    size_t *out_len);
 
 struct index_out_entry {

@@ -29,12 +29,12 @@ static int duplicate_anywhere(const cJSON *item)
     return 0;
 }
 
-static void run(const char *json, size_t size, const char *dtype)
+static void run(const char *json, size_t size, const char *dtype, int untie)
 {
     nf4_clear_error();
     char *out = NULL;
     size_t out_len = 0;
-    int code = config_rewrite("fuzz/config.json", json, size, dtype, &out, &out_len);
+    int code = config_rewrite("fuzz/config.json", json, size, dtype, untie, &out, &out_len);
     if (code != NF4_OK) {
         fuzz_check_failure(code);
         return;
@@ -50,7 +50,15 @@ static void run(const char *json, size_t size, const char *dtype)
     FUZZ_ASSERT(!cJSON_GetObjectItemCaseSensitive(root, "quantization_config"), "quantization_config kept: %s",
                 out);
     int diffusers = in && cJSON_GetObjectItemCaseSensitive(in, "_diffusers_version") != NULL;
-    if (diffusers && !duplicate_anywhere(in)) {
+    if (untie && !duplicate_anywhere(in)) {
+        FUZZ_ASSERT(cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings")),
+                    "untied, but tie_word_embeddings is not false: %s", out);
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+        const cJSON *tie = cJSON_GetObjectItemCaseSensitive(text, "tie_word_embeddings");
+        FUZZ_ASSERT(!cJSON_IsObject(text) || !tie || cJSON_IsFalse(tie),
+                    "untied, but text_config's tie_word_embeddings is not false: %s", out);
+    }
+    if (diffusers && !untie && !duplicate_anywhere(in)) {
         cJSON_DeleteItemFromObjectCaseSensitive(in, "quantization_config");
         FUZZ_ASSERT(cJSON_Compare(in, root, 1), "a diffusers config changed beyond quantization_config: %s", out);
     }
@@ -68,8 +76,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *json = fuzz_copy(data, size);
     if (!json)
         return 0;
-    run(json, size, "bfloat16");
-    run(json, size, NULL);
+    run(json, size, "bfloat16", 0);
+    run(json, size, NULL, 0);
+    run(json, size, "bfloat16", 1);
     free(json);
     return 0;
 }

@@ -49,7 +49,8 @@ done
 # QLoRA merges: the fused merge kernel within the tolerance of
 # tests/fixtures/lora/README.md, and equal to the CPU path byte for byte.
 lf=$fx/lora
-for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4; do
+for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 bf16-bnb4-tied:tied-embed \
+    bf16-bnb4-tied:tied-head bf16-bnb4-tied:tied-embed-head bf16-bnb4-tied:tied-head-lora bf16-bnb4-tied:tied-ensure; do
     base=${c%%:*}; case_=${c##*:}
     "$bin" convert -q --device "$gpu" "$lf/base-llama-$base" "$out/lora-$case_-gpu" --lora "$lf/adapter-$case_" ||
         { failed=$((failed + 1)); echo "FAIL: convert --lora adapter-$case_"; continue; }

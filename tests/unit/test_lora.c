@@ -12,6 +12,7 @@
 #include "fpconv.h"
 #include "lora.h"
 #include "model.h"
+#include "strbuf.h"
 
 #define LORA_FIXTURES FIXTURES "/lora"
 
@@ -46,13 +47,14 @@ struct tally {
 };
 
 /* Checks the tensor `name` of `got` against the fp32 and fp64 expected files:
- * byte-identical when `has_lora` is 0; within the tolerance otherwise. */
+ * byte-identical to the fp32 file when `has_lora` is 0; within the tolerance
+ * otherwise (the fp64 files of the tied cases hold only merged tensors). */
 static void check_tensor(const struct model *got, const struct st_file *e32, const struct st_file *e64,
                          const char *name, int has_lora, struct tally *tally)
 {
     const struct model_tensor *g = model_find(got, name);
     const struct st_tensor *w32 = st_find(e32, name), *w64 = st_find(e64, name);
-    if (!g || !w32 || !w64)
+    if (!g || !w32 || (has_lora && !w64))
         fail_msg("%s: missing from the output or the expected files", name);
     if (g->t->dtype != w32->dtype || g->t->nelem != w32->nelem)
         fail_msg("%s: %s with %llu elements, expected %s with %llu", name, dtype_name(g->t->dtype),
@@ -62,11 +64,11 @@ static void check_tensor(const struct model *got, const struct st_file *e32, con
     assert_true(a && b && c);
     assert_int_equal(st_read(g->file, g->t, 0, a, n), NF4_OK);
     assert_int_equal(st_read(e32, w32, 0, b, n), NF4_OK);
-    assert_int_equal(st_read(e64, w64, 0, c, n), NF4_OK);
     if (!has_lora) {
         if (memcmp(a, b, n) != 0)
             fail_msg("%s: has no LoRA but differs from a plain conversion", name);
     } else {
+        assert_int_equal(st_read(e64, w64, 0, c, n), NF4_OK);
         unsigned size = dtype_bits(w32->dtype) / 8;
         for (uint64_t i = 0; i < w32->nelem; i++) {
             tally->merged++;
@@ -85,6 +87,8 @@ static void check_tensor(const struct model *got, const struct st_file *e32, con
     free(c);
 }
 
+#define TIED_BASE "base-llama-bf16-bnb4-tied"
+
 struct lora_case {
     const char *base, *adapter, *expected;
     uint64_t merged;
@@ -94,6 +98,14 @@ static const struct lora_case CASES[] = {
     {"base-llama-bf16-bnb4", "adapter-r8-all-linear", "merged-r8-all-linear", 14},
     {"base-llama-bf16-bnb4", "adapter-r16-qv-lmhead", "merged-r16-qv-lmhead", 4},
     {"base-llama-fp16-fp4-bnb4", "adapter-fp16-r4", "merged-fp16-r4", 4},
+    /* A tied base (README.md, "Tied embeddings"): the head written apart from
+     * the embedding, from the base's embedding, a copy, or with a LoRA; and an
+     * embedding copy that ensure_weight_tying keeps tied. */
+    {TIED_BASE, "adapter-tied-embed", "merged-tied-embed", 4},
+    {TIED_BASE, "adapter-tied-head", "merged-tied-head", 4},
+    {TIED_BASE, "adapter-tied-embed-head", "merged-tied-embed-head", 4},
+    {TIED_BASE, "adapter-tied-head-lora", "merged-tied-head-lora", 3},
+    {TIED_BASE, "adapter-tied-ensure", "merged-tied-ensure", 2},
 };
 
 static void check_case(const struct lora_case *lc, const char *out)
@@ -565,10 +577,10 @@ static void test_two_replacements_refused(void **state)
                          LORA_FIXTURES "/adapter-r16-qv-lmhead", "lm_head.weight: is replaced by two adapters");
 }
 
-/* Copies safetensors file `from` to `to` without tensor `drop` (NULL: none)
- * and with tensor `old_name`, if given, renamed `new_name`. */
-static void rewrite_safetensors(const char *from, const char *to, const char *drop, const char *old_name,
-                                const char *new_name)
+/* Copies the tensors of safetensors file `from` for which keep(name, arg) is
+ * true to `to`, with tensor `old_name`, if given, renamed `new_name`. */
+static void copy_tensors(const char *from, const char *to, int (*keep)(const char *, const void *), const void *arg,
+                         const char *old_name, const char *new_name)
 {
     struct st_file *f;
     assert_int_equal(st_open(from, &f), NF4_OK);
@@ -577,7 +589,7 @@ static void rewrite_safetensors(const char *from, const char *to, const char *dr
     size_t n = 0;
     for (size_t i = 0; i < f->count; i++) {
         const struct st_tensor *t = &f->tensors[i];
-        if (drop && strcmp(t->name, drop) == 0)
+        if (!keep(t->name, arg))
             continue;
         const char *name = old_name && strcmp(t->name, old_name) == 0 ? new_name : t->name;
         src[n] = t;
@@ -599,78 +611,205 @@ static void rewrite_safetensors(const char *from, const char *to, const char *dr
     st_close(f);
 }
 
-/* A base that ties lm_head to its input embedding stores only the embedding
- * (save_pretrained drops lm_head.weight). An adapter that changes either one
- * parts them, which nf4deq cannot write: refused, nothing written. One that
- * leaves both alone merges, and so does an embedding copy that PEFT keeps
- * tied (ensure_weight_tying). A causal LM with no lm_head.weight is tied
- * unless config.json says tie_word_embeddings: false; a single file's config
- * is the one beside it. */
-static void test_tied_embeddings_parted_by_an_adapter_refused(void **state)
+static int all_but(const char *name, const void *drop)
+{
+    return !drop || strcmp(name, drop) != 0;
+}
+
+static int starts_with(const char *name, const void *prefix)
+{
+    return strncmp(name, prefix, strlen(prefix)) == 0;
+}
+
+static int not_starts_with(const char *name, const void *prefix)
+{
+    return !starts_with(name, prefix);
+}
+
+/* Copies safetensors file `from` to `to` without tensor `drop` (NULL: none)
+ * and with tensor `old_name`, if given, renamed `new_name`. */
+static void rewrite_safetensors(const char *from, const char *to, const char *drop, const char *old_name,
+                                const char *new_name)
+{
+    copy_tensors(from, to, all_but, drop, old_name, new_name);
+}
+
+static const struct lora_case *tied_case(const char *adapter)
+{
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+        if (strcmp(CASES[i].adapter, adapter) == 0)
+            return &CASES[i];
+    fail_msg("no case %s", adapter);
+    return NULL;
+}
+
+/* A tied base (no lm_head.weight; tie_word_embeddings true, or left out) and
+ * an adapter that changes the head or the embedding without
+ * ensure_weight_tying: the output has lm_head.weight beside the embedding,
+ * in the embedding's shard and the index, and config.json says
+ * tie_word_embeddings: false, as PEFT's merge_and_unload leaves the model
+ * (the values: test_fixtures_within_tolerance). Kept tied, it stays true. A
+ * base that is one weights file has no config.json to say so: refused, nothing
+ * written. */
+static void test_tied_embeddings_parted_by_an_adapter(void **state)
 {
     struct tu_scratch *s = *state;
-    char *bases = tu_mkdtemp(), *tied = tu_strdupf("%s/tied", bases), *untied = tu_strdupf("%s/untied", bases),
-         *implicit = tu_strdupf("%s/implicit", bases), *embed = tu_strdupf("%s/embed-adapter", bases),
-         *kept = tu_strdupf("%s/embed-kept-tied", bases), *single = tu_strdupf("%s/model.safetensors", tied);
-    const char *base = LORA_FIXTURES "/base-llama-bf16-bnb4", *lmhead = LORA_FIXTURES "/adapter-r16-qv-lmhead";
-    tu_sh("mkdir %s %s %s %s && cp %s/config.json %s/ && cp %s/config.json %s/ && cp %s/config.json %s/ && "
-          "cp %s/" ADAPTER_CONFIG_NAME " %s/",
-          tied, untied, implicit, embed, base, tied, base, untied, base, implicit, lmhead, embed);
-    char *weights = tu_strdupf("%s/model.safetensors", base);
-    const char *dirs[] = {tied, untied, implicit};
-    for (size_t i = 0; i < 3; i++) {
-        char *to = tu_strdupf("%s/model.safetensors", dirs[i]);
-        rewrite_safetensors(weights, to, "lm_head.weight", NULL, NULL);
-        free(to);
+    const char *tied = LORA_FIXTURES "/" TIED_BASE;
+    char *out = tu_strdupf("%s/out", s->dir);
+    static const struct {
+        const char *adapter, *tie;
+    } WANT[] = {
+        {"adapter-tied-embed", "\"tie_word_embeddings\": false,"},
+        {"adapter-tied-head", "\"tie_word_embeddings\": false,"},
+        {"adapter-tied-embed-head", "\"tie_word_embeddings\": false,"},
+        {"adapter-tied-head-lora", "\"tie_word_embeddings\": false,"},
+        {"adapter-tied-ensure", "\"tie_word_embeddings\": true,"},
+    };
+    for (size_t i = 0; i < sizeof WANT / sizeof WANT[0]; i++) {
+        char *ad = tu_strdupf(LORA_FIXTURES "/%s", WANT[i].adapter), *config = tu_strdupf("%s/config.json", out);
+        struct tu_run r = tu_run("convert", "--device", "cpu", tied, out, "--lora", ad, NULL);
+        int parts = strstr(WANT[i].tie, "false") != NULL;
+        if (r.status != 0 || (parts != (strstr(r.err, "the adapters part lm_head.weight from "
+                                                        "model.embed_tokens.weight") != NULL)))
+            fail_msg("%s: exit %d, stderr: %s", WANT[i].adapter, r.status, r.err);
+        size_t len;
+        char *text = tu_read_file(config, &len);
+        if (!strstr(text, WANT[i].tie))
+            fail_msg("%s: config.json does not say %s:\n%s", WANT[i].adapter, WANT[i].tie, text);
+        free(text);
+        tu_run_free(&r);
+        tu_rmtree(out);
+        free(config);
+        free(ad);
     }
-    tu_sh("sed -i 's/\"tie_word_embeddings\": false/\"tie_word_embeddings\": true/' %s/config.json", tied);
-    tu_sh("sed -i '/\"tie_word_embeddings\"/d' %s/config.json", implicit);
-    /* modules_to_save: ["lm_head"] (its only mention) becomes ["embed_tokens"]. */
-    tu_sh("sed -i 's/\"lm_head\"/\"embed_tokens\"/' %s/" ADAPTER_CONFIG_NAME " && grep -q '\"embed_tokens\"' %s/"
-          ADAPTER_CONFIG_NAME, embed, embed);
-    char *from = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, lmhead), *to = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, embed);
-    rewrite_safetensors(from, to, NULL, PEFT_KEY_PREFIX "lm_head.weight", PEFT_KEY_PREFIX "model.embed_tokens.weight");
-    assert_merge_refused(s, tied, lmhead, NULL,
-                         "base_model.model.lm_head.weight: changes lm_head.weight, but the base ties lm_head.weight "
-                         "to model.embed_tokens.weight (tie_word_embeddings)");
-    assert_merge_refused(s, implicit, lmhead, NULL, "changes lm_head.weight, but the base ties");
-    assert_merge_refused(s, tied, embed, NULL,
-                         "base_model.model.model.embed_tokens.weight: changes model.embed_tokens.weight, but the base "
-                         "ties lm_head.weight");
+
+    /* Sharded, the embedding in the second shard: the head goes beside it. */
+    char *sharded = tu_strdupf("%s/sharded", s->dir), *weights = tu_strdupf("%s/model.safetensors", tied);
+    char *one = tu_strdupf("%s/model-00001-of-00002.safetensors", sharded),
+         *two = tu_strdupf("%s/model-00002-of-00002.safetensors", sharded);
+    tu_sh("mkdir %s && cp %s/config.json %s/", sharded, tied, sharded);
+    copy_tensors(weights, one, not_starts_with, "model.embed_tokens.", NULL, NULL);
+    copy_tensors(weights, two, starts_with, "model.embed_tokens.", NULL, NULL);
+    struct st_file *f;
+    assert_int_equal(st_open(one, &f), NF4_OK);
+    struct strbuf idx = {0};
+    strbuf_puts(&idx, "{\"metadata\": {}, \"weight_map\": {\"model.embed_tokens.weight\": "
+                      "\"model-00002-of-00002.safetensors\"");
+    for (size_t i = 0; i < f->count; i++) {
+        strbuf_puts(&idx, ", \"");
+        strbuf_puts(&idx, f->tensors[i].name);
+        strbuf_puts(&idx, "\": \"model-00001-of-00002.safetensors\"");
+    }
+    strbuf_puts(&idx, "}}");
+    st_close(f);
+    char *index = tu_strdupf("%s/model.safetensors.index.json", sharded);
+    tu_write_file(index, idx.p, idx.len);
+    free(idx.p);
+    /* tie_word_embeddings left out: transformers ties a head it does not find. */
+    tu_sh("sed -i '/\"tie_word_embeddings\"/d' %s/config.json", sharded);
+    char *ad = tu_strdupf(LORA_FIXTURES "/adapter-tied-head");
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", sharded, out, "--lora", ad, NULL);
+    if (r.status != 0)
+        fail_msg("sharded: exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    check_case(tied_case("adapter-tied-head"), out);
+    size_t len;
+    char *text = tu_strdupf("%s/model.safetensors.index.json", out), *json = tu_read_file(text, &len);
+    if (!strstr(json, "\"lm_head.weight\": \"model-00002-of-00002.safetensors\",\n"
+                      "    \"model.embed_tokens.weight\": \"model-00002-of-00002.safetensors\""))
+        fail_msg("the index does not put lm_head.weight beside the embedding:\n%s", json);
+    free(json);
+    free(text);
+    text = tu_strdupf("%s/config.json", out);
+    json = tu_read_file(text, &len);
+    if (!strstr(json, "\"tie_word_embeddings\": false\n}"))
+        fail_msg("config.json does not add tie_word_embeddings: false:\n%s", json);
+    free(json);
+    free(text);
+    tu_rmtree(out);
+
+    /* One weights file: refused, with what to do instead. */
     char *out_file = tu_strdupf("%s/out.safetensors", s->dir);
-    struct tu_run r = tu_run("convert", "--device", "cpu", single, out_file, "--lora", embed, NULL);
-    if (r.status != NF4_EDATA || !strstr(r.err, "but the base ties lm_head.weight"))
+    r = tu_run("convert", "--device", "cpu", weights, out_file, "--lora", LORA_FIXTURES "/adapter-tied-embed", NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "base_model.model.model.embed_tokens.weight: changes model.embed_tokens.weight, which the "
+                       "base ties to lm_head.weight (tie_word_embeddings)") ||
+        !strstr(r.err, "convert the model's directory"))
         fail_msg("a single tied file: exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
+    r = tu_run("inspect", weights, "--lora", LORA_FIXTURES "/adapter-tied-head-lora", NULL);
+    if (r.status != NF4_EDATA || !strstr(r.err, "lm_head.base_layer.weight: changes lm_head.weight, which the base ties"))
+        fail_msg("inspect of a single tied file: exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(sharded);
     assert_int_equal(tu_count_entries(s->dir), 0);
-    /* ensure_weight_tying: PEFT keeps the copy tied, as the tie here keeps it. */
-    tu_sh("cp -r %s %s && sed -i 's/\"ensure_weight_tying\": false/\"ensure_weight_tying\": true/' %s/"
-          ADAPTER_CONFIG_NAME " && grep -q '\"ensure_weight_tying\": true' %s/" ADAPTER_CONFIG_NAME,
-          embed, kept, kept, kept);
-    char *out = tu_strdupf("%s/out", s->dir);
+
+    /* ensure_weight_tying with the head's copy alone (PEFT saves the
+     * embedding's too): it stands for the embedding's. */
+    free(ad);
+    ad = tu_strdupf(LORA_FIXTURES "/adapter-tied-ensure");
+    char *kept = tu_strdupf("%s/kept", s->dir), *from = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad),
+         *to = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, kept);
+    tu_sh("mkdir %s && cp %s/" ADAPTER_CONFIG_NAME " %s/", kept, ad, kept);
+    rewrite_safetensors(from, to, PEFT_KEY_PREFIX "model.embed_tokens.weight", NULL, NULL);
     r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", kept, NULL);
-    assert_int_equal(r.status, 0);
+    if (r.status != 0)
+        fail_msg("the head's copy alone: exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
+    check_case(tied_case("adapter-tied-ensure"), out);
     tu_rmtree(out);
-    assert_merge_refused(s, tied, lmhead, NULL, "changes lm_head.weight"); /* a head copy is still refused */
-    /* Untied (tie_word_embeddings: false), a missing head is only missing. */
-    assert_merge_refused(s, untied, lmhead, NULL, "matches no floating-point tensor lm_head.weight");
-    r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", LORA_FIXTURES "/adapter-r8-all-linear", NULL);
-    assert_int_equal(r.status, 0);
-    tu_run_free(&r);
+    tu_rmtree(kept);
+
+    /* Untied (tie_word_embeddings: false) and headless, a head is only missing. */
+    char *bases = tu_mkdtemp(), *untied = tu_strdupf("%s/untied", bases); /* not in the scratch directory */
+    tu_sh("cp -r %s %s && sed -i 's/\"tie_word_embeddings\": true/\"tie_word_embeddings\": false/' %s/config.json",
+          tied, untied, untied);
+    assert_merge_refused(s, untied, LORA_FIXTURES "/adapter-tied-head", NULL,
+                         "matches no floating-point tensor lm_head.weight");
     tu_rmtree(bases);
-    free(out);
-    free(out_file);
+    free(bases);
+    free(untied);
     free(kept);
-    free(single);
     free(from);
     free(to);
+    free(ad);
+    free(index);
+    free(one);
+    free(two);
     free(weights);
-    free(bases);
-    free(tied);
-    free(untied);
-    free(implicit);
-    free(embed);
+    free(sharded);
+    free(out_file);
+    free(out);
+}
+
+/* inspect --lora says where the head is parted from its embedding, and counts
+ * it in the totals after conversion. */
+static void test_inspect_says_the_head_is_untied(void **state)
+{
+    (void)state;
+    const char *tied = LORA_FIXTURES "/" TIED_BASE;
+    struct tu_run plain = tu_run("inspect", "--json", tied, NULL);
+    struct tu_run r = tu_run("inspect", tied, "--lora", LORA_FIXTURES "/adapter-tied-head-lora", NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "\nlm_head.weight is written apart from model.embed_tokens.weight, which the base "
+                                  "ties it to; config.json: tie_word_embeddings: false\n"));
+    tu_run_free(&r);
+    r = tu_run("inspect", "--json", tied, "--lora", LORA_FIXTURES "/adapter-tied-head-lora", NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "\"untied\": {\n    \"head\": \"lm_head.weight\",\n    \"embedding\": "
+                                  "\"model.embed_tokens.weight\"\n  }"));
+    /* 512 x 128 more parameters, in bf16. */
+    const char *p0 = strstr(plain.out, "\"parameters\": "), *p1 = strstr(r.out, "\"parameters\": ");
+    const char *b0 = strstr(plain.out, "\"bytes_after_conversion\": "), *b1 = strstr(r.out, "\"bytes_after_conversion\": ");
+    assert_true(p0 && p1 && b0 && b1);
+    assert_int_equal(strtoull(p1 + 14, NULL, 10) - strtoull(p0 + 14, NULL, 10), 512 * 128);
+    assert_int_equal(strtoull(b1 + 26, NULL, 10) - strtoull(b0 + 26, NULL, 10), 512 * 128 * 2);
+    tu_run_free(&r);
+    tu_run_free(&plain);
+    r = tu_run("inspect", "--json", tied, "--lora", LORA_FIXTURES "/adapter-tied-ensure", NULL);
+    assert_int_equal(r.status, 0);
+    assert_null(strstr(r.out, "\"untied\""));
+    tu_run_free(&r);
 }
 
 /* ---- refusals: exit 65, one line naming the file, nothing written ---- */
@@ -908,7 +1047,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_peft_saved_layouts, tu_scratch_setup, tu_scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_tied_embeddings_parted_by_an_adapter_refused, tu_scratch_setup,
+        cmocka_unit_test_setup_teardown(test_tied_embeddings_parted_by_an_adapter, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_two_replacements_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fan_in_fan_out_ignored_on_4bit_weights, tu_scratch_setup,
@@ -918,6 +1057,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_untargeted_module_left_out_with_a_warning, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
+        cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_pattern_matching_as_peft),
         cmocka_unit_test(test_targeting_as_peft),
     };

@@ -16,7 +16,7 @@ static char *rewrite(const char *json, const char *dtype)
     char *out = NULL;
     size_t len = 0;
     nf4_clear_error();
-    int code = config_rewrite("config.json", json, strlen(json), dtype, &out, &len);
+    int code = config_rewrite("config.json", json, strlen(json), dtype, 0, &out, &len);
     if (code != NF4_OK)
         fail_msg("config_rewrite(%s) = %d: %s", json, code, nf4_last_error());
     assert_int_equal(strlen(out), len);
@@ -110,6 +110,48 @@ static void test_rewrite_leaves_nested_dtype_keys_alone(void **state)
                    "1}], \"dtype\": \"float16\", \"torch_dtype\": \"float16\"}");
 }
 
+static char *rewrite_untied(const char *json, const char *dtype)
+{
+    char *out = NULL;
+    size_t len = 0;
+    nf4_clear_error();
+    if (config_rewrite("config.json", json, strlen(json), dtype, 1, &out, &len) != NF4_OK)
+        fail_msg("config_rewrite(%s, untie): %s", json, nf4_last_error());
+    assert_int_equal(strlen(out), len);
+    return out;
+}
+
+static void expect_untied(const char *json, const char *dtype, const char *want)
+{
+    char *got = rewrite_untied(json, dtype);
+    if (strcmp(got, want) != 0)
+        fail_msg("config_rewrite(%s, untie)\n  got:  [%s]\n  want: [%s]", json, got, want);
+    free(got);
+}
+
+/* A merge that writes lm_head apart from its embedding: tie_word_embeddings
+ * becomes false where it is (spacing kept), at the top and in text_config,
+ * and is added at the top where it is not; nowhere else changes. */
+static void test_rewrite_unties_the_embeddings(void **state)
+{
+    (void)state;
+    expect_untied("{\"a\": 1, \"tie_word_embeddings\" :  true, \"b\": 2}", NULL,
+                  "{\"a\": 1, \"tie_word_embeddings\" :  false, \"b\": 2}");
+    expect_untied("{\"a\": 1}", NULL, "{\"a\": 1,\n  \"tie_word_embeddings\": false}");
+    expect_untied("{}", NULL, "{\n  \"tie_word_embeddings\": false\n}");
+    expect_untied("{\n  \"quantization_config\": {},\n  \"tie_word_embeddings\": true\n}", "bfloat16",
+                  "{\n  \"tie_word_embeddings\": false,\n  \"dtype\": \"bfloat16\",\n  \"torch_dtype\": \"bfloat16\"\n}");
+    expect_untied("{\"text_config\": {\"x\": {\"tie_word_embeddings\": true}, \"tie_word_embeddings\": true}, "
+                  "\"vision_config\": {\"tie_word_embeddings\": true}}",
+                  NULL,
+                  "{\"text_config\": {\"x\": {\"tie_word_embeddings\": true}, \"tie_word_embeddings\": false}, "
+                  "\"vision_config\": {\"tie_word_embeddings\": true}, \"tie_word_embeddings\": false}");
+    expect_untied("{\"text_config\": null, \"tie_word_embeddings\": false}", NULL,
+                  "{\"text_config\": null, \"tie_word_embeddings\": false}");
+    /* An escaped spelling of the key is the key. */
+    expect_untied("{\"tie\\u005fword_embeddings\": true}", NULL, "{\"tie\\u005fword_embeddings\": false}");
+}
+
 static void test_rewrite_is_not_fooled_by_strings(void **state)
 {
     (void)state;
@@ -131,7 +173,7 @@ static void test_rewrite_refuses_non_objects(void **state)
         char *out = NULL;
         size_t len = 0;
         nf4_clear_error();
-        int code = config_rewrite("dir/config.json", BAD[i], strlen(BAD[i]), "float16", &out, &len);
+        int code = config_rewrite("dir/config.json", BAD[i], strlen(BAD[i]), "float16", 0, &out, &len);
         if (code != NF4_EDATA)
             fail_msg("config_rewrite(%s) = %d, expected 65", BAD[i], code);
         assert_null(out);
@@ -158,7 +200,7 @@ static void test_rewrite_of_the_fixture_config_keeps_every_other_byte(void **sta
     assert_non_null(orig);
     char *out = NULL;
     size_t out_len;
-    assert_int_equal(config_rewrite(FIXTURE_CONFIG, orig, len, "float16", &out, &out_len), NF4_OK);
+    assert_int_equal(config_rewrite(FIXTURE_CONFIG, orig, len, "float16", 0, &out, &out_len), NF4_OK);
 
     /* The expected text, edited by hand: the quantization_config member and its
      * separator cut out, dtype's value swapped, torch_dtype added at the end. */
@@ -559,6 +601,7 @@ int main(void)
         cmocka_unit_test(test_rewrite_of_compact_one_line_json),
         cmocka_unit_test(test_rewrite_of_empty_object),
         cmocka_unit_test(test_rewrite_without_dtype_leaves_dtype_alone),
+        cmocka_unit_test(test_rewrite_unties_the_embeddings),
         cmocka_unit_test(test_rewrite_leaves_nested_dtype_keys_alone),
         cmocka_unit_test(test_rewrite_is_not_fooled_by_strings),
         cmocka_unit_test(test_rewrite_refuses_non_objects),
