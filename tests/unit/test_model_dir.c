@@ -11,24 +11,35 @@
 
 /* ---- config_rewrite ---- */
 
-static char *rewrite(const char *json, const char *dtype)
+static char *rewrite_untying(const char *json, const char *dtype, int untie)
 {
     char *out = NULL;
     size_t len = 0;
     nf4_clear_error();
-    int code = config_rewrite("config.json", json, strlen(json), dtype, 0, &out, &len);
+    int code = config_rewrite("config.json", json, strlen(json), dtype, untie, &out, &len);
     if (code != NF4_OK)
         fail_msg("config_rewrite(%s) = %d: %s", json, code, nf4_last_error());
     assert_int_equal(strlen(out), len);
     return out;
 }
 
+static char *rewrite(const char *json, const char *dtype)
+{
+    return rewrite_untying(json, dtype, 0);
+}
+
+static void expect_rewrite_untying(const char *json, const char *dtype, int untie, const char *want)
+{
+    char *got = rewrite_untying(json, dtype, untie);
+    if (strcmp(got, want) != 0)
+        fail_msg("config_rewrite(%s, %s%s)\n  got:  [%s]\n  want: [%s]", json, dtype ? dtype : "NULL",
+                 untie ? ", untie" : "", got, want);
+    free(got);
+}
+
 static void expect_rewrite(const char *json, const char *dtype, const char *want)
 {
-    char *got = rewrite(json, dtype);
-    if (strcmp(got, want) != 0)
-        fail_msg("config_rewrite(%s, %s)\n  got:  [%s]\n  want: [%s]", json, dtype ? dtype : "NULL", got, want);
-    free(got);
+    expect_rewrite_untying(json, dtype, 0, want);
 }
 
 static void test_rewrite_drops_quantization_config_wherever_it_is(void **state)
@@ -110,23 +121,9 @@ static void test_rewrite_leaves_nested_dtype_keys_alone(void **state)
                    "1}], \"dtype\": \"float16\", \"torch_dtype\": \"float16\"}");
 }
 
-static char *rewrite_untied(const char *json, const char *dtype)
-{
-    char *out = NULL;
-    size_t len = 0;
-    nf4_clear_error();
-    if (config_rewrite("config.json", json, strlen(json), dtype, 1, &out, &len) != NF4_OK)
-        fail_msg("config_rewrite(%s, untie): %s", json, nf4_last_error());
-    assert_int_equal(strlen(out), len);
-    return out;
-}
-
 static void expect_untied(const char *json, const char *dtype, const char *want)
 {
-    char *got = rewrite_untied(json, dtype);
-    if (strcmp(got, want) != 0)
-        fail_msg("config_rewrite(%s, untie)\n  got:  [%s]\n  want: [%s]", json, got, want);
-    free(got);
+    expect_rewrite_untying(json, dtype, 1, want);
 }
 
 /* A merge that writes lm_head apart from its embedding: tie_word_embeddings
