@@ -24,7 +24,8 @@
     "Exit status:\n"                                                                                           \
     "   0  success\n"                                                                                          \
     "   2  bad command line (unknown option, wrong arguments, OUT is IN, - where\n"                            \
-    "      it cannot work), or an NF4DEQ_CPU that names no CPU kernel\n"                                       \
+    "      it cannot work), an NF4DEQ_CPU that names no CPU kernel, or an on/off\n"                            \
+    "      NF4DEQ_ setting (convert --help) that is neither 0 nor 1\n"                                          \
     "  65  the input is not a valid safetensors / bitsandbytes 4-bit checkpoint\n"                             \
     "  66  the input is missing or unreadable\n"                                                               \
     "  69  a GPU was asked for (--device cuda) but none is usable, or NF4DEQ_CPU\n"                             \

@@ -448,13 +448,29 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
     return code;
 }
 
+/* The environment's on/off switches (the man page's ENVIRONMENT) take 0 or 1,
+ * or nothing: another value, a typo most likely, is refused as a bad
+ * NF4DEQ_CPU is, not taken for the default. */
+static int check_env_switches(void)
+{
+    static const char *const SWITCHES[] = {"NF4DEQ_GPU_ONLY", "NF4DEQ_GPU_HANDOFF", "NF4DEQ_OUTPUT_MAP"};
+    for (size_t i = 0; i < sizeof SWITCHES / sizeof *SWITCHES; i++) {
+        const char *v = getenv(SWITCHES[i]);
+        if (v && *v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)
+            return nf4_fail(NF4_EUSAGE, NULL, NULL, "%s=%s: set it to 0 or 1", SWITCHES[i], v);
+    }
+    return NF4_OK;
+}
+
 static int run(const char *in, const char *out, int out_is_dir_syntax, const struct convert_opts *o,
                struct convert_stats *stats)
 {
     memset(stats, 0, sizeof *stats);
     struct ctx c = {.opts = o, .stats = stats, .to_stdout = strcmp(out, "-") == 0};
-    /* A bad NF4DEQ_CPU is refused before anything is read or written. */
-    int code = cpu_path_from_env(&c.cpu_path);
+    /* A bad NF4DEQ_CPU or switch is refused before anything is read or written. */
+    int code = check_env_switches();
+    if (code == NF4_OK)
+        code = cpu_path_from_env(&c.cpu_path);
     enum input_layout layout = LAYOUT_FILE;
     int out_exists = 0;
     if (code == NF4_OK)

@@ -224,24 +224,28 @@ static void test_every_cpu_path_on_fixtures(void **state)
     assert_true(ran >= 1);
 }
 
-/* A bad NF4DEQ_CPU stops the run before anything is written. */
+/* A bad NF4DEQ_CPU, or an on/off switch that is neither 0 nor 1, stops the
+ * run before anything is written. */
 static void test_bad_cpu_path_is_refused(void **state)
 {
     struct tu_scratch *s = *state;
     char *out = tu_strdupf("%s/never.safetensors", s->dir);
     static const struct {
-        const char *value, *message;
+        const char *name, *value, *message;
         int status;
     } CASES[] = {
-        {"avx3", "nf4deq: NF4DEQ_CPU=avx3 is not a CPU path (scalar, sse, avx2, avx512 or neon)\n", 2},
+        {CPU_PATH_ENV, "avx3", "nf4deq: NF4DEQ_CPU=avx3 is not a CPU path (scalar, sse, avx2, avx512 or neon)\n", 2},
 #if defined(__x86_64__)
-        {"neon", "nf4deq: NF4DEQ_CPU=neon: this processor or build has no neon path\n", 69},
+        {CPU_PATH_ENV, "neon", "nf4deq: NF4DEQ_CPU=neon: this processor or build has no neon path\n", 69},
 #endif
+        {"NF4DEQ_OUTPUT_MAP", "yes", "nf4deq: NF4DEQ_OUTPUT_MAP=yes: set it to 0 or 1\n", 2},
+        {"NF4DEQ_GPU_ONLY", "true", "nf4deq: NF4DEQ_GPU_ONLY=true: set it to 0 or 1\n", 2},
+        {"NF4DEQ_GPU_HANDOFF", "00", "nf4deq: NF4DEQ_GPU_HANDOFF=00: set it to 0 or 1\n", 2},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
-        assert_int_equal(setenv(CPU_PATH_ENV, CASES[i].value, 1), 0);
+        assert_int_equal(setenv(CASES[i].name, CASES[i].value, 1), 0);
         struct tu_run r = tu_run("convert", "--device", "cpu", FIXTURES "/tensors.bnb4.safetensors", out, NULL);
-        unsetenv(CPU_PATH_ENV);
+        unsetenv(CASES[i].name);
         assert_int_equal(r.status, CASES[i].status);
         assert_string_equal(r.err, CASES[i].message);
         assert_int_equal(tu_count_entries(s->dir), 0);
