@@ -457,9 +457,13 @@ int cli_main(int argc, char **argv)
     else
         return usage_error(NULL, "unknown command '%s'", cmd);
     /* Usage errors print themselves; everything else left a message. */
+    const char *msg = nf4_last_error();
+    size_t cmd_len = strlen(cmd);
     if (code != NF4_OK && code != NF4_EUSAGE)
-        fprintf(stderr, "nf4deq: %s\n", nf4_last_error());
-    else if (code == NF4_EUSAGE && strcmp(nf4_last_error(), "unknown error") != 0)
-        fprintf(stderr, "nf4deq: %s\n", nf4_last_error());
+        fprintf(stderr, "nf4deq: %s\n", msg);
+    else if (code == NF4_EUSAGE && strncmp(msg, cmd, cmd_len) == 0 && strncmp(msg + cmd_len, ": ", 2) == 0)
+        usage_error(cmd, "%s", msg); /* a command's own check of its arguments ("bench: ...") */
+    else if (code == NF4_EUSAGE && strcmp(msg, "unknown error") != 0)
+        fprintf(stderr, "nf4deq: %s\n", msg); /* the environment (NF4DEQ_CPU) or the paths given */
     return code;
 }
