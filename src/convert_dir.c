@@ -367,7 +367,8 @@ int convert_model_dir(struct ctx *c, const char *in, const char *out, int replac
     size_t shards = 0;
     for (size_t i = 0; i < j.m->nfiles; i++)
         shards += j.nplan[i] > 0;
-    if ((code = resume_fingerprint(j.m, c->opts, &record)) == NF4_OK &&
+    const char *untied = c->lora ? c->lora->untied_embedding : NULL;
+    if ((code = resume_fingerprint(j.m, c->opts, untied, &record)) == NF4_OK &&
         (code = convert_open_engine(c, out, j.tensors, j.bytes)) == NF4_OK &&
         (code = open_temp_dir(c, out, shards, &record, &tmp)) == NF4_OK)
         code = model_job_write(c, &j, tmp, &record);

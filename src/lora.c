@@ -244,6 +244,8 @@ struct binder {
     const char *tied_embedding; /* what the base ties TIED_HEAD_NAME to, or NULL (model_dir.h) */
     /* The first adapter key that parts the tied head from its embedding, or NULL. */
     const char *untie_file, *untie_key, *untie_name;
+    /* The first embedding copy that ensure_weight_tying keeps tied, or NULL. */
+    const char *tie_kept_file, *tie_kept_key;
     const struct bnb_weight *weights;
     size_t nweights;
     struct binding *items;
@@ -328,7 +330,8 @@ static char *base_weight_name(const char *module)
 static int delta_transposed(const struct binder *b, const struct lora_config *c, const char *wname, uint64_t out_f,
                             uint64_t in_f, size_t ndim, const uint64_t *shape)
 {
-    if (bnb_find(b->weights, b->nweights, wname) || ndim != 2)
+    /* A head the base ties to its embedding is an nn.Linear all the same. */
+    if (is_tied_head(b, wname) || bnb_find(b->weights, b->nweights, wname) || ndim != 2)
         return 0;
     if (out_f == in_f)
         return c->fan_in_fan_out;
@@ -450,6 +453,10 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
     const uint64_t *shape;
     if (parts_tied_weights(b, name, keeps_tie))
         note_untie(b, file, t->t->name, is_tied_head(b, name) ? TIED_HEAD_NAME : b->tied_embedding);
+    else if (b->tied_embedding && strcmp(name, b->tied_embedding) == 0 && !b->tie_kept_key) {
+        b->tie_kept_file = file;
+        b->tie_kept_key = t->t->name;
+    }
     if (!base_shape(b, name, &ndim, &shape))
         return nf4_fail(NF4_EDATA, file, t->t->name, "matches no floating-point tensor %s in the base model", name);
     if (!dtype_is_castable_float(t->t->dtype) || t->t->ndim != ndim || memcmp(t->t->shape, shape, ndim * sizeof *shape))
@@ -671,6 +678,14 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
         lora_config_free(&c);
         free(wpath);
     }
+    /* The head would be both the kept copy and something else: which one
+     * PEFT ends with depends on how the adapters are loaded and merged. */
+    if (code == NF4_OK && b.untie_key && b.tie_kept_key)
+        code = nf4_fail(NF4_EDATA, b.untie_file, b.untie_key,
+                        "changes %s apart from %s, but %s: %s is a copy of the embedding kept tied to the head "
+                        "(ensure_weight_tying): merge these changes separately", b.untie_name,
+                        b.untie_name == b.tied_embedding ? TIED_HEAD_NAME : b.tied_embedding, b.tie_kept_file,
+                        b.tie_kept_key);
     if (code == NF4_OK && b.untie_key && !base->dir)
         code = nf4_fail(NF4_EDATA, b.untie_file, b.untie_key,
                         "changes %s, which the base ties to %s (tie_word_embeddings): merged, the head is written "

@@ -157,8 +157,10 @@ static struct member *scan_members(const char *json, size_t open, size_t len, si
 
 #define TIE_KEY "tie_word_embeddings"
 
-/* text_config's object (json[start, end)) with its TIE_KEY, if it has one, set
- * to false. */
+/* text_config's object (json[start, end)) with its TIE_KEY set to false, or
+ * added as false after its last member: the text model's config class may
+ * default to tied, and readers that go by the text config (transformers 4's
+ * get_text_config) would tie the head again. */
 static int put_untied_text_config(struct strbuf *b, const char *json, size_t start, size_t end)
 {
     size_t count;
@@ -166,12 +168,26 @@ static int put_untied_text_config(struct strbuf *b, const char *json, size_t sta
     if (!mem)
         return -1;
     size_t at = start;
+    int have = 0;
     for (size_t k = 0; k < count; k++)
         if (key_is(json, &mem[k], TIE_KEY)) {
             strbuf_put(b, json + at, mem[k].value_start - at);
             strbuf_puts(b, "false");
             at = mem[k].value_end;
+            have = 1;
         }
+    if (!have) { /* after the last member, or inside an empty object */
+        size_t after = count ? mem[count - 1].value_end : start + 1;
+        strbuf_put(b, json + at, after - at);
+        if (count >= 2) { /* the object's own separator */
+            strbuf_put(b, json + mem[0].value_end, mem[1].key_start - mem[0].value_end);
+        } else if (count == 1) { /* a comma and the space before the first key */
+            strbuf_puts(b, mem[0].key_start > start + 1 ? "," : ", ");
+            strbuf_put(b, json + start + 1, mem[0].key_start - (start + 1));
+        }
+        strbuf_puts(b, "\"" TIE_KEY "\": false");
+        at = after;
+    }
     strbuf_put(b, json + at, end - at);
     free(mem);
     return 0;

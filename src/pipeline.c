@@ -506,14 +506,17 @@ static uint64_t cast_elements(enum st_dtype from, enum st_dtype to, const void *
 static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_t overflowed)
 {
     const struct model_tensor *src = it->w ? it->w->packed : it->src;
+    /* An adapter's copy, or the embedding an untied head starts from. */
+    int renamed = !it->w && strcmp(it->src->t->name, it->out.name) != 0;
     if (overflowed) {
         if (it->lora)
             nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when the LoRA delta was merged into %s",
                      src->file->path, it->out.name, overflowed, dtype_name(it->out.dtype));
         else
-            nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s",
+            nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s%s%s%s",
                      it->src->file->path, it->src->t->name, overflowed, dtype_name(it->src->t->dtype),
-                     dtype_name(it->out.dtype));
+                     dtype_name(it->out.dtype), renamed ? " (written as " : "", renamed ? it->out.name : "",
+                     renamed ? ")" : "");
         p->stats->overflowed += overflowed;
     }
     p->stats->tensors++;

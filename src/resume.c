@@ -246,7 +246,8 @@ static void describe_file(struct strbuf *b, const char *dir, const char *name)
     free(p);
 }
 
-int resume_fingerprint(const struct model *m, const struct convert_opts *o, struct resume_manifest *out)
+int resume_fingerprint(const struct model *m, const struct convert_opts *o, const char *untied,
+                       struct resume_manifest *out)
 {
     memset(out, 0, sizeof *out);
     struct strbuf b = {0};
@@ -259,6 +260,8 @@ int resume_fingerprint(const struct model *m, const struct convert_opts *o, stru
         describe_file(&b, o->lora_dirs[i], "adapter_config.json");
         describe_file(&b, o->lora_dirs[i], "adapter_model.safetensors");
     }
+    if (untied)
+        strbuf_printf(&b, "; lm_head.weight apart from %s", untied);
     out->options = b.p;
     out->inputs = calloc(m->nfiles ? m->nfiles : 1, sizeof *out->inputs);
     if (b.oom || !out->inputs) {

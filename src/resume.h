@@ -68,8 +68,12 @@ int resume_add_shard(struct resume_manifest *m, const char *path, const char *fi
 /* The recorded size of shard `file`, or -1 when it is not recorded. */
 int64_t resume_shard_bytes(const struct resume_manifest *m, const char *file);
 
-/* This run's source: options and every input file of m (no shards yet). */
-int resume_fingerprint(const struct model *m, const struct convert_opts *o, struct resume_manifest *out);
+/* This run's source: options and every input file of m (no shards yet).
+ * `untied`: the embedding the adapters part lm_head from (lora.h), or NULL:
+ * it decides what the embedding's shard holds, and comes from config.json,
+ * which the inputs do not cover. */
+int resume_fingerprint(const struct model *m, const struct convert_opts *o, const char *untied,
+                       struct resume_manifest *out);
 /* Takes over `dir`, a dead run's temp directory (registered as this run's
  * temp): shards its manifest records for the same source, present with their
  * sizes, are added to `now` and kept; everything else in dir is removed.

@@ -12,6 +12,7 @@
 #include "fpconv.h"
 #include "lora.h"
 #include "model.h"
+#include "resume.h"
 #include "strbuf.h"
 
 #define LORA_FIXTURES FIXTURES "/lora"
@@ -760,6 +761,14 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
     tu_rmtree(out);
     tu_rmtree(kept);
 
+    /* One adapter keeps its embedding copy tied to the head, another changes
+     * the head apart: which the head ends as depends on how PEFT would load
+     * and merge them. Refused, in either order. */
+    assert_merge_refused(s, tied, LORA_FIXTURES "/adapter-tied-ensure", LORA_FIXTURES "/adapter-tied-head-lora",
+                         "changes lm_head.weight apart from model.embed_tokens.weight, but ");
+    assert_merge_refused(s, tied, LORA_FIXTURES "/adapter-tied-head", LORA_FIXTURES "/adapter-tied-ensure",
+                         "is a copy of the embedding kept tied to the head (ensure_weight_tying)");
+
     /* Untied (tie_word_embeddings: false) and headless, a head is only missing. */
     char *bases = tu_mkdtemp(), *untied = tu_strdupf("%s/untied", bases); /* not in the scratch directory */
     tu_sh("cp -r %s %s && sed -i 's/\"tie_word_embeddings\": true/\"tie_word_embeddings\": false/' %s/config.json",
@@ -780,6 +789,25 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
     free(sharded);
     free(out_file);
     free(out);
+}
+
+/* --resume keeps a dead run's shards only for the same decision to write the
+ * head apart, which config.json makes and the recorded inputs do not cover. */
+static void test_resume_record_holds_the_untied_head(void **state)
+{
+    (void)state;
+    struct model *m;
+    assert_int_equal(model_open_dir(LORA_FIXTURES "/" TIED_BASE, &m), NF4_OK);
+    struct convert_opts o;
+    convert_opts_init(&o);
+    struct resume_manifest tied, untied;
+    assert_int_equal(resume_fingerprint(m, &o, NULL, &tied), NF4_OK);
+    assert_int_equal(resume_fingerprint(m, &o, "model.embed_tokens.weight", &untied), NF4_OK);
+    assert_false(resume_same_source(&tied, &untied));
+    assert_true(resume_same_source(&untied, &untied));
+    resume_manifest_free(&tied);
+    resume_manifest_free(&untied);
+    model_close(m);
 }
 
 /* inspect --lora says where the head is parted from its embedding, and counts
@@ -1058,6 +1086,7 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
+        cmocka_unit_test(test_resume_record_holds_the_untied_head),
         cmocka_unit_test(test_pattern_matching_as_peft),
         cmocka_unit_test(test_targeting_as_peft),
     };

@@ -145,6 +145,18 @@ static void test_rewrite_unties_the_embeddings(void **state)
                   "\"vision_config\": {\"tie_word_embeddings\": true}, \"tie_word_embeddings\": false}");
     expect_untied("{\"text_config\": null, \"tie_word_embeddings\": false}", NULL,
                   "{\"text_config\": null, \"tie_word_embeddings\": false}");
+    /* A text_config without the key gets it too, as its own members are spaced. */
+    expect_untied("{\"text_config\": {}, \"b\": 2}", NULL, "{\"text_config\": {\"tie_word_embeddings\": false}, "
+                  "\"b\": 2, \"tie_word_embeddings\": false}");
+    expect_untied("{\"text_config\": {\"a\": 1}, \"b\": 2}", NULL,
+                  "{\"text_config\": {\"a\": 1, \"tie_word_embeddings\": false}, \"b\": 2, "
+                  "\"tie_word_embeddings\": false}");
+    expect_untied("{\n  \"text_config\": {\n    \"a\": 1\n  }\n}", NULL,
+                  "{\n  \"text_config\": {\n    \"a\": 1,\n    \"tie_word_embeddings\": false\n  },\n  "
+                  "\"tie_word_embeddings\": false\n}");
+    expect_untied("{\"text_config\": {\"a\": 1,  \"b\": [2]}, \"tie_word_embeddings\": true}", NULL,
+                  "{\"text_config\": {\"a\": 1,  \"b\": [2],  \"tie_word_embeddings\": false}, "
+                  "\"tie_word_embeddings\": false}");
     /* An escaped spelling of the key is the key. */
     expect_untied("{\"tie\\u005fword_embeddings\": true}", NULL, "{\"tie\\u005fword_embeddings\": false}");
 }
