@@ -176,6 +176,12 @@ static int usage_error(const char *cmd, const char *fmt, const char *arg)
     return NF4_EUSAGE;
 }
 
+/* An empty IN argument ("" from an unset shell variable) names nothing. */
+static int refuse_empty_in(const char *cmd, const char *in)
+{
+    return in[0] ? NF4_OK : usage_error(cmd, "%s", "IN is empty: give a path, an ORG/NAME or - for standard input");
+}
+
 int cli_getopt(struct cli_opt_scan *scan, int argc, char **argv, const char *optstring,
                const struct option *longopts)
 {
@@ -335,8 +341,8 @@ static int cmd_convert(int argc, char **argv)
     if (argc - optind != 2)
         return usage_error("convert", "%s", argc - optind < 2 ? "convert needs IN and OUT" : "too many arguments");
     const char *in = argv[optind], *out = argv[optind + 1];
-    if (!in[0])
-        return usage_error("convert", "%s", "IN is empty: give a path, an ORG/NAME or - for standard input");
+    if (refuse_empty_in("convert", in) != NF4_OK)
+        return NF4_EUSAGE;
     if (!out[0])
         return usage_error("convert", "%s", "OUT is empty: give a path, or - for standard output");
     if (json && strcmp(out, "-") == 0)
@@ -421,8 +427,8 @@ static int cmd_inspect(int argc, char **argv)
     }
     if (argc - optind != 1)
         return usage_error("inspect", "%s", argc - optind < 1 ? "inspect needs IN" : "too many arguments");
-    if (!argv[optind][0])
-        return usage_error("inspect", "%s", "IN is empty: give a path, an ORG/NAME or - for standard input");
+    if (refuse_empty_in("inspect", argv[optind]) != NF4_OK)
+        return NF4_EUSAGE;
     char *path = NULL;
     int code = input_resolve(argv[optind], revision, &path);
     if (code == NF4_OK)

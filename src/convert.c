@@ -15,6 +15,7 @@
 
 #include "bnb_state.h"
 #include "cpu_path.h"
+#include "exit_handoff.h"
 #include "fileio.h"
 #include "gpu_start.h"
 #include "layout.h"
@@ -453,7 +454,7 @@ int convert_run(const char *in, const char *out, const struct convert_opts *o, s
  * NF4DEQ_CPU is, not taken for the default. */
 static int check_env_switches(void)
 {
-    static const char *const SWITCHES[] = {"NF4DEQ_GPU_ONLY", "NF4DEQ_GPU_HANDOFF", "NF4DEQ_OUTPUT_MAP"};
+    static const char *const SWITCHES[] = {GPU_ONLY_ENV, HANDOFF_ENV, OUTPUT_MAP_ENV};
     for (size_t i = 0; i < sizeof SWITCHES / sizeof *SWITCHES; i++) {
         const char *v = getenv(SWITCHES[i]);
         if (v && *v && strcmp(v, "0") != 0 && strcmp(v, "1") != 0)

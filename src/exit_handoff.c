@@ -35,7 +35,7 @@ int handoff_wanted(void)
 {
     if (atomic_load(&forbidden))
         return 0;
-    const char *v = getenv("NF4DEQ_GPU_HANDOFF");
+    const char *v = getenv(HANDOFF_ENV);
     return !(v && strcmp(v, "0") == 0);
 }
 

@@ -17,6 +17,8 @@
 /* The files CUDA holds open: /dev/nvidiactl, /dev/nvidia0, /dev/nvidia-uvm. */
 #define HANDOFF_DEVICE_PREFIX "/dev/nvidia"
 
+#define HANDOFF_ENV "NF4DEQ_GPU_HANDOFF"
+
 /* Whether the hand-off is wanted: yes, unless NF4DEQ_GPU_HANDOFF=0 (then the
  * process pays the teardown itself before it exits; the benchmarks compare),
  * or handoff_forbid was called. */

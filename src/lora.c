@@ -350,14 +350,15 @@ static int parts_tied_weights(const struct binder *b, const char *name, int keep
     return is_tied_head(b, name) || (b->tied_embedding && !keeps_tie && strcmp(name, b->tied_embedding) == 0);
 }
 
-/* Records that the merge writes TIED_HEAD_NAME apart from the embedding:
+/* Records that adapter key `key` changes `name` (the tied head or its
+ * embedding) apart from the other, so the merge writes TIED_HEAD_NAME apart:
  * lora_open refuses it where no config.json can be written to say so. */
 static void note_untie(struct binder *b, const char *file, const char *key, const char *name)
 {
     if (!b->untie_key) {
         b->untie_file = file;
         b->untie_key = key;
-        b->untie_name = name;
+        b->untie_name = is_tied_head(b, name) ? TIED_HEAD_NAME : b->tied_embedding;
     }
 }
 
@@ -394,7 +395,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         goto out;
     }
     if (parts_tied_weights(b, wname, 0))
-        note_untie(b, file, aname, TIED_HEAD_NAME);
+        note_untie(b, file, aname, wname);
     const cJSON *rp = pattern_for(c->rank_pattern, c->rank_compiled, module),
                 *ap = pattern_for(c->alpha_pattern, c->alpha_compiled, module);
     uint32_t r = rp ? (uint32_t)rp->valuedouble : c->r;
@@ -452,7 +453,7 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
     size_t ndim;
     const uint64_t *shape;
     if (parts_tied_weights(b, name, keeps_tie))
-        note_untie(b, file, t->t->name, is_tied_head(b, name) ? TIED_HEAD_NAME : b->tied_embedding);
+        note_untie(b, file, t->t->name, name);
     else if (b->tied_embedding && strcmp(name, b->tied_embedding) == 0 && !b->tie_kept_key) {
         b->tie_kept_file = file;
         b->tie_kept_key = t->t->name;
@@ -678,20 +679,21 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
         lora_config_free(&c);
         free(wpath);
     }
+    /* The tensor of the two that the untying key does not change. */
+    const char *other = b.untie_name == b.tied_embedding ? TIED_HEAD_NAME : b.tied_embedding;
     /* The head would be both the kept copy and something else: which one
      * PEFT ends with depends on how the adapters are loaded and merged. */
     if (code == NF4_OK && b.untie_key && b.tie_kept_key)
         code = nf4_fail(NF4_EDATA, b.untie_file, b.untie_key,
                         "changes %s apart from %s, but %s: %s is a copy of the embedding kept tied to the head "
-                        "(ensure_weight_tying): merge these changes separately", b.untie_name,
-                        b.untie_name == b.tied_embedding ? TIED_HEAD_NAME : b.tied_embedding, b.tie_kept_file,
-                        b.tie_kept_key);
+                        "(ensure_weight_tying): merge these changes separately", b.untie_name, other,
+                        b.tie_kept_file, b.tie_kept_key);
     if (code == NF4_OK && b.untie_key && !base->dir)
         code = nf4_fail(NF4_EDATA, b.untie_file, b.untie_key,
                         "changes %s, which the base ties to %s (tie_word_embeddings): merged, the head is written "
                         "apart from the embedding, and config.json must say tie_word_embeddings: false; convert "
                         "the model's directory, not its weights file, so that nf4deq writes both",
-                        b.untie_name, b.untie_name == b.tied_embedding ? TIED_HEAD_NAME : b.tied_embedding);
+                        b.untie_name, other);
     if (code == NF4_OK)
         code = gather(s, &b);
     if (code == NF4_OK && b.untie_key)

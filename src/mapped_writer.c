@@ -27,7 +27,7 @@ struct mapped_writer {
 
 int mapped_writer_wanted(int fd, const char *dir, int threads)
 {
-    const char *force = getenv("NF4DEQ_OUTPUT_MAP");
+    const char *force = getenv(OUTPUT_MAP_ENV);
     if (force && strcmp(force, "1") == 0)
         return 1;
     if (force && strcmp(force, "0") == 0)

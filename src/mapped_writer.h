@@ -28,6 +28,7 @@ struct mapped_writer;
 
 /* Threads placing data at once below which one write(2) stream is as fast. */
 #define MAPPED_WRITER_MIN_THREADS 2
+#define OUTPUT_MAP_ENV "NF4DEQ_OUTPUT_MAP"
 
 /* Whether an output file's data, placed by `threads` threads at once, should
  * go through a mapping: on tmpfs, from MAPPED_WRITER_MIN_THREADS on. The file

@@ -420,10 +420,9 @@ int model_tied_embedding(const struct model *m, const char **embedding)
         return nf4_fail(NF4_ESOFTWARE, m->file_names[0], NULL, "out of memory");
     cJSON *root;
     int code = read_config(dir, &root);
-    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, "tie_word_embeddings");
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, TIE_KEY);
     if (!cJSON_IsBool(tie))
-        tie = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "text_config"),
-                                               "tie_word_embeddings");
+        tie = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "text_config"), TIE_KEY);
     if (!cJSON_IsFalse(tie))
         *embedding = found;
     cJSON_Delete(root);

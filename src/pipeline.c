@@ -934,7 +934,7 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     p->gpu_start = o->gpu_start;
     p->require_gpu = o->require_gpu;
-    const char *only = getenv("NF4DEQ_GPU_ONLY");
+    const char *only = getenv(GPU_ONLY_ENV);
     p->gpu_only = o->require_gpu && only && strcmp(only, "1") == 0;
     p->merging = o->merging;
     p->gpu_state = o->gpu_start ? GPU_STARTING : GPU_OFF;

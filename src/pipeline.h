@@ -44,6 +44,8 @@ struct out_item {
  * (gpu_use_lanes): enough that one's copy-in, another's kernel and a third's
  * copy-out overlap. */
 #define PIPELINE_GPU_LANES 4
+/* With --device cuda, "1" makes the workers wait for the GPU (pipeline_opts). */
+#define GPU_ONLY_ENV "NF4DEQ_GPU_ONLY"
 /* Host memory the CUDA runtime takes once a device is open (measured on the
  * H200 host: docs/PERFORMANCE.md), kept out of the slots while it opens. */
 #define PIPELINE_GPU_RUNTIME_BYTES (UINT64_C(160) << 20)
