@@ -110,8 +110,7 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 fprintf(out, " %-6s %10s %12s  %s (modules_to_save: replaced, %s)\n", "-", "-", "-",
                         adapter_dir(s, t->replace_adapter), dtype_name(t->replace->t->dtype));
             }
-            continue;
-        }
+        } /* and a LoRA of the same adapter goes on the replacement */
         for (size_t k = 0; k < t->nterms; k++) {
             const struct lora_term *x = &t->terms[k];
             if (ja) {
@@ -122,13 +121,15 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddNumberToObject(e, "r", x->r);
                 cJSON_AddNumberToObject(e, "alpha", x->alpha);
                 cJSON_AddNumberToObject(e, "scaling", x->scaling);
-                cJSON_AddBoolToObject(e, "fan_in_fan_out", x->fan_in_fan_out);
+                cJSON_AddBoolToObject(e, "fan_in_fan_out", x->fan_in_fan_out && !x->embedding);
+                cJSON_AddBoolToObject(e, "embedding", x->embedding);
                 cJSON_AddStringToObject(e, "dtype", dtype_name(x->a->t->dtype));
                 cJSON_AddItemToArray(ja, e);
             } else {
                 put_name(out, t->name, 48);
                 fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->r, x->alpha, (double)x->scaling,
-                        adapter_dir(s, x->adapter), x->fan_in_fan_out ? " (fan_in_fan_out)" : "");
+                        adapter_dir(s, x->adapter),
+                        x->embedding ? " (embedding)" : x->fan_in_fan_out ? " (fan_in_fan_out)" : "");
             }
         }
     }

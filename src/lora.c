@@ -303,12 +303,26 @@ static struct binding *add_binding(struct binder *b, const char *file, const cha
 }
 
 #define LORA_A_SUFFIX ".lora_A.weight"
+#define LORA_B_SUFFIX ".lora_B.weight"
+#define EMBEDDING_A_SUFFIX ".lora_embedding_A"
+#define EMBEDDING_B_SUFFIX ".lora_embedding_B"
+
+/* The two kinds of LoRA pair PEFT saves. A layer's: lora_A [r, in] and
+ * lora_B [out, r], B @ A laid on the weight [out, in]. An embedding's:
+ * lora_embedding_A [r, vocab] and lora_embedding_B [dim, r], (B @ A)^T laid on
+ * the weight [vocab, dim]: the same factors as a transposed layer's. */
+struct pair_kind {
+    const char *a_suffix, *b_suffix;
+    int embedding;
+};
+static const struct pair_kind LAYER_PAIR = {LORA_A_SUFFIX, LORA_B_SUFFIX, 0};
+static const struct pair_kind EMBEDDING_PAIR = {EMBEDDING_A_SUFFIX, EMBEDDING_B_SUFFIX, 1};
 
 /* The module of an adapter key's name (after PEFT_KEY_PREFIX) that ends in
- * LORA_A_SUFFIX: "M.lora_A.weight" -> "M", allocated; NULL: out of memory. */
-static char *lora_a_module(const char *name)
+ * the kind's A suffix: "M.lora_A.weight" -> "M", allocated; NULL: out of memory. */
+static char *lora_a_module(const char *name, const struct pair_kind *kind)
 {
-    return strndup(name, strlen(name) - strlen(LORA_A_SUFFIX));
+    return strndup(name, strlen(name) - strlen(kind->a_suffix));
 }
 
 /* The base tensor a LoRA module changes: "M" -> "M.weight", allocated. */
@@ -350,6 +364,11 @@ static int parts_tied_weights(const struct binder *b, const char *name, int keep
     return is_tied_head(b, name) || (b->tied_embedding && !keeps_tie && strcmp(name, b->tied_embedding) == 0);
 }
 
+static int is_tied_embedding(const struct binder *b, const char *name)
+{
+    return b->tied_embedding && strcmp(name, b->tied_embedding) == 0;
+}
+
 /* Records that adapter key `key` changes `name` (the tied head or its
  * embedding) apart from the other, so the merge writes TIED_HEAD_NAME apart:
  * lora_open refuses it where no config.json can be written to say so. */
@@ -362,21 +381,119 @@ static void note_untie(struct binder *b, const char *file, const char *key, cons
     }
 }
 
+/* The adapter key of a module's factor, "base_model.model.M<suffix>", allocated. */
+static char *factor_key(const char *module, const char *suffix)
+{
+    size_t n = strlen(PEFT_KEY_PREFIX) + strlen(module) + strlen(suffix) + 1;
+    char *key = malloc(n);
+    if (key)
+        snprintf(key, n, "%s%s%s", PEFT_KEY_PREFIX, module, suffix);
+    return key;
+}
+
+/* Rows of x a comparison block holds, times x's columns: 1 MiB of F32 per side. */
+#define MIRROR_BLOCK_ELEMENTS (UINT64_C(1) << 18)
+
+/* Whether matrix x [m, n] is matrix y [n, m] transposed, element for element in
+ * the same dtype (*equal), reading both a block of x's rows at a time: x is the
+ * taller one, so each block reads n short runs of y. */
+static int is_transpose_of(const struct model_tensor *x, const struct model_tensor *y, int *equal)
+{
+    const struct st_tensor *xt = x->t, *yt = y->t;
+    *equal = 0;
+    if (xt->dtype != yt->dtype || xt->ndim != 2 || yt->ndim != 2 || xt->shape[0] != yt->shape[1] ||
+        xt->shape[1] != yt->shape[0])
+        return NF4_OK;
+    if (xt->shape[0] < xt->shape[1]) {
+        const struct model_tensor *t = x;
+        x = y;
+        y = t;
+        xt = x->t;
+        yt = y->t;
+    }
+    const uint64_t m = xt->shape[0], n = xt->shape[1], size = dtype_bits(xt->dtype) / 8;
+    if (m == 0 || n == 0) {
+        *equal = 1;
+        return NF4_OK;
+    }
+    uint64_t block = MIRROR_BLOCK_ELEMENTS / n;
+    block = block ? (block < m ? block : m) : 1;
+    unsigned char *xb = malloc(block * n * size), *yb = malloc(block * n * size);
+    int code = xb && yb ? NF4_OK : nf4_fail(NF4_ESOFTWARE, x->file->path, xt->name, "out of memory");
+    *equal = code == NF4_OK;
+    for (uint64_t i0 = 0; code == NF4_OK && *equal && i0 < m; i0 += block) {
+        uint64_t rows = m - i0 < block ? m - i0 : block;
+        code = st_read(x->file, xt, i0 * n * size, xb, rows * n * size);
+        for (uint64_t j = 0; code == NF4_OK && j < n; j++) /* y[j, i0 .. i0 + rows) */
+            code = st_read(y->file, yt, (j * m + i0) * size, yb + j * rows * size, rows * size);
+        for (uint64_t i = 0; code == NF4_OK && *equal && i < rows; i++)
+            for (uint64_t j = 0; *equal && j < n; j++)
+                *equal = memcmp(xb + (i * n + j) * size, yb + (j * rows + i) * size, size) == 0;
+    }
+    free(xb);
+    free(yb);
+    return code;
+}
+
+/* Whether the adapter's LoRA on the tied head is its LoRA on the embedding,
+ * transposed (lm_head.lora_A = lora_embedding_B^T, lm_head.lora_B =
+ * lora_embedding_A^T): one delta for both layers, as PEFT's
+ * ensure_weight_tying trains them when the tie of the factors holds. (PEFT 0.21
+ * casts a 16-bit model's factors to fp32 after tying them, so by default each
+ * layer trains factors of its own, and they differ.) */
+static int head_mirrors_embedding(const struct binder *b, const struct lora_adapter *ad, int *mirrored)
+{
+    char *head = strndup(TIED_HEAD_NAME, strlen(TIED_HEAD_NAME) - strlen(".weight"));
+    char *embed = strndup(b->tied_embedding, strlen(b->tied_embedding) - strlen(".weight"));
+    char *keys[4] = {head ? factor_key(head, LORA_A_SUFFIX) : NULL, head ? factor_key(head, LORA_B_SUFFIX) : NULL,
+                     embed ? factor_key(embed, EMBEDDING_B_SUFFIX) : NULL,
+                     embed ? factor_key(embed, EMBEDDING_A_SUFFIX) : NULL};
+    int code = NF4_OK;
+    const struct model_tensor *t[4] = {0};
+    *mirrored = 0;
+    for (int i = 0; i < 4 && code == NF4_OK; i++)
+        if (!keys[i])
+            code = nf4_fail(NF4_ESOFTWARE, ad->config_path, NULL, "out of memory");
+        else
+            t[i] = model_find(ad->weights, keys[i]);
+    if (code == NF4_OK && t[0] && t[1] && t[2] && t[3] && (code = is_transpose_of(t[0], t[2], mirrored)) == NF4_OK &&
+        *mirrored)
+        code = is_transpose_of(t[1], t[3], mirrored);
+    for (int i = 0; i < 4; i++)
+        free(keys[i]);
+    free(head);
+    free(embed);
+    return code;
+}
+
+static int wrapped_for_the_tie(const struct binder *b, const struct lora_config *c, const char *wname)
+{
+    if (!c->ensure_weight_tying || !is_tied_head(b, wname))
+        return 0;
+    char *embed = strndup(b->tied_embedding, strlen(b->tied_embedding) - strlen(".weight"));
+    int wrapped = embed && lora_target_matches(&c->targets, embed) == 1;
+    free(embed);
+    return wrapped;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
-                     const char *module, const struct model_tensor *a)
+                     const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
     const char *file = a->file->path, *aname = a->t->name;
-    size_t mlen = strlen(module);
-    char *bname = malloc(strlen(PEFT_KEY_PREFIX) + mlen + 32), *wname = base_weight_name(module);
-    int code = NF4_OK;
+    char *bname = factor_key(module, kind->b_suffix), *wname = base_weight_name(module);
+    int code = NF4_OK, mirrored = 0;
     if (!bname || !wname) {
         code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
         goto out;
     }
-    sprintf(bname, "%s%s.lora_B.weight", PEFT_KEY_PREFIX, module);
     const struct model_tensor *bt = model_find(ad->weights, bname);
     if (!bt) {
         code = nf4_fail(NF4_EDATA, file, aname, "has no matching %s", bname);
+        goto out;
+    }
+    if (kind->embedding && bnb_find(b->weights, b->nweights, wname)) {
+        code = nf4_fail(NF4_EDATA, file, aname, "is an embedding LoRA, but %s is 4-bit; bitsandbytes never "
+                        "quantizes an embedding (an adapter for another model?)", wname);
         goto out;
     }
     size_t ndim;
@@ -388,13 +505,22 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     }
     /* A module the config leaves out: PEFT never wraps it and ignores its
      * weights whatever their rank or shape. (One that is not in the base at
-     * all is an adapter for another model, refused above.) */
-    if (!lora_target_matches(&c->targets, module)) {
+     * all is an adapter for another model, refused above.) With
+     * ensure_weight_tying PEFT wraps the tied head whenever it wraps the
+     * embedding, and does not list it. */
+    if (!lora_target_matches(&c->targets, module) && !wrapped_for_the_tie(b, c, wname)) {
         nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
                  "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
         goto out;
     }
-    if (parts_tied_weights(b, wname, 0))
+    /* A tied pair trained as one (head_mirrors_embedding) merges once, into the
+     * embedding, and stays tied; a LoRA on either one alone parts them. */
+    if ((is_tied_head(b, wname) || (kind->embedding && is_tied_embedding(b, wname))) &&
+        (code = head_mirrors_embedding(b, ad, &mirrored)) != NF4_OK)
+        goto out;
+    if (mirrored && is_tied_head(b, wname))
+        goto out;
+    if (parts_tied_weights(b, wname, mirrored))
         note_untie(b, file, aname, wname);
     const cJSON *rp = pattern_for(c->rank_pattern, c->rank_compiled, module),
                 *ap = pattern_for(c->alpha_pattern, c->alpha_compiled, module);
@@ -419,11 +545,13 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         goto out;
     }
     uint64_t out_f = btt->shape[0], in_f = at->shape[1];
-    int transposed = delta_transposed(b, c, wname, out_f, in_f, ndim, shape);
+    int transposed = kind->embedding || delta_transposed(b, c, wname, out_f, in_f, ndim, shape);
     uint64_t rows = transposed ? in_f : out_f, cols = transposed ? out_f : in_f;
     if (ndim != 2 || shape[0] != rows || shape[1] != cols) {
         code = nf4_fail(NF4_EDATA, file, aname, "B @ A%s is %llux%llu but the base tensor %s is %s%llux%llu",
-                        transposed ? " transposed (fan_in_fan_out)" : "", (unsigned long long)rows,
+                        kind->embedding ? " transposed (an embedding)"
+                        : transposed    ? " transposed (fan_in_fan_out)"
+                                        : "", (unsigned long long)rows,
                         (unsigned long long)cols, wname, ndim == 2 ? "" : "not a matrix, ",
                         (unsigned long long)shape[0], (unsigned long long)(ndim > 1 ? shape[1] : 0));
         goto out;
@@ -435,8 +563,14 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     }
     x->rows = rows;
     x->cols = cols;
-    x->term = (struct lora_term){.a = a, .b = bt, .r = r, .alpha = alpha, .fan_in_fan_out = transposed,
-                                 .scaling = lora_scaling(alpha, r, c->use_rslora), .adapter = index};
+    x->term = (struct lora_term){.a = a,
+                                 .b = bt,
+                                 .r = r,
+                                 .alpha = alpha,
+                                 .fan_in_fan_out = transposed,
+                                 .embedding = kind->embedding,
+                                 .scaling = lora_scaling(alpha, r, c->use_rslora),
+                                 .adapter = index};
     if (!isfinite(x->term.scaling))
         code = nf4_fail(NF4_EDATA, file, aname, "lora_alpha / r is not a finite fp32 number");
 out:
@@ -445,24 +579,42 @@ out:
     return code;
 }
 
-/* Binds adapter tensor t to replace the base tensor `name`. */
-static int bind_replacement_of(struct binder *b, size_t index, const struct model_tensor *t, const char *name,
-                               int keeps_tie)
+/* Whether adapter tensor t can stand for the base tensor `name`: NF4_OK, or
+ * NF4_EDATA naming both. */
+static int base_shape_fits(const struct binder *b, const struct model_tensor *t, const char *name)
 {
-    const char *file = t->file->path;
     size_t ndim;
     const uint64_t *shape;
-    if (parts_tied_weights(b, name, keeps_tie))
+    if (!base_shape(b, name, &ndim, &shape))
+        return nf4_fail(NF4_EDATA, t->file->path, t->t->name, "matches no floating-point tensor %s in the base model",
+                        name);
+    if (!dtype_is_castable_float(t->t->dtype) || t->t->ndim != ndim || memcmp(t->t->shape, shape, ndim * sizeof *shape))
+        return nf4_fail(NF4_EDATA, t->file->path, t->t->name,
+                        "does not have the dtype class or shape of %s in the base model", name);
+    return NF4_OK;
+}
+
+/* What a tensor that replaces the tied head or its embedding says of the tie. */
+enum tie_role {
+    TIE_PARTED,  /* a copy trained apart (modules_to_save) */
+    TIE_KEPT,    /* the embedding's copy, kept tied to the head (ensure_weight_tying) */
+    TIE_NEUTRAL, /* the frozen base layer of a module wrapped with LoRA: the base's own values */
+};
+
+/* Binds adapter tensor t to replace the base tensor `name`. */
+static int bind_replacement_of(struct binder *b, size_t index, const struct model_tensor *t, const char *name,
+                               enum tie_role role)
+{
+    const char *file = t->file->path;
+    if (role != TIE_NEUTRAL && parts_tied_weights(b, name, role == TIE_KEPT))
         note_untie(b, file, t->t->name, name);
-    else if (b->tied_embedding && strcmp(name, b->tied_embedding) == 0 && !b->tie_kept_key) {
+    else if (role == TIE_KEPT && is_tied_embedding(b, name) && !b->tie_kept_key) {
         b->tie_kept_file = file;
         b->tie_kept_key = t->t->name;
     }
-    if (!base_shape(b, name, &ndim, &shape))
-        return nf4_fail(NF4_EDATA, file, t->t->name, "matches no floating-point tensor %s in the base model", name);
-    if (!dtype_is_castable_float(t->t->dtype) || t->t->ndim != ndim || memcmp(t->t->shape, shape, ndim * sizeof *shape))
-        return nf4_fail(NF4_EDATA, file, t->t->name, "does not have the dtype class or shape of %s in the base model",
-                        name);
+    int code = base_shape_fits(b, t, name);
+    if (code != NF4_OK)
+        return code;
     struct binding *x = add_binding(b, file, name);
     if (!x)
         return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
@@ -488,7 +640,7 @@ static int bind_tied_head_copy(struct binder *b, const struct lora_adapter *ad, 
     const struct model_tensor *embed = model_find(ad->weights, key);
     free(key);
     if (!embed)
-        return bind_replacement_of(b, index, t, b->tied_embedding, 1);
+        return bind_replacement_of(b, index, t, b->tied_embedding, TIE_KEPT);
     const struct st_tensor *x = t->t, *y = embed->t;
     if (x->dtype != y->dtype || x->ndim != y->ndim || memcmp(x->shape, y->shape, x->ndim * sizeof *x->shape) != 0)
         return nf4_fail(NF4_EDATA, t->file->path, x->name, "differs in dtype or shape from %s, the copy "
@@ -518,11 +670,41 @@ static int bind_replacement(struct binder *b, const struct lora_adapter *ad, siz
         free(name);
         return bind_tied_head_copy(b, ad, index, t);
     }
+    if (base_layer && is_tied_head(b, name)) {
+        /* The shared tensor again, which the base does not store as the head:
+         * a head written apart starts from the base's embedding. */
+        int code = base_shape_fits(b, t, name);
+        free(name);
+        return code;
+    }
     int saved = base_layer || in_modules_to_save(c, name) || (c->trains_bias && last && strcmp(last + 1, "bias") == 0);
-    int code = saved ? bind_replacement_of(b, index, t, name, c->ensure_weight_tying)
+    enum tie_role role = base_layer ? TIE_NEUTRAL : c->ensure_weight_tying ? TIE_KEPT : TIE_PARTED;
+    int code = saved ? bind_replacement_of(b, index, t, name, role)
                      : nf4_fail(NF4_EDATA, file, t->t->name, "is neither a LoRA weight nor in modules_to_save");
     free(name);
     return code;
+}
+
+/* The kind of pair whose A factor an adapter key's name (after
+ * PEFT_KEY_PREFIX) is, or NULL. */
+static const struct pair_kind *pair_kind_of(const char *name)
+{
+    return str_ends_with(name, LORA_A_SUFFIX)        ? &LAYER_PAIR
+           : str_ends_with(name, EMBEDDING_A_SUFFIX) ? &EMBEDDING_PAIR
+                                                     : NULL;
+}
+
+/* A B factor is bound with its A; alone it is refused. NF4_OK or NF4_EDATA. */
+static int check_b_has_a(const struct model *m, const char *file, const char *key, const struct pair_kind *kind)
+{
+    size_t stem = strlen(key) - strlen(kind->b_suffix), n = stem + strlen(kind->a_suffix) + 1;
+    char *akey = malloc(n);
+    if (!akey)
+        return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+    snprintf(akey, n, "%.*s%s", (int)stem, key, kind->a_suffix);
+    int paired = model_find(m, akey) != NULL;
+    free(akey);
+    return paired ? NF4_OK : nf4_fail(NF4_EDATA, file, key, "has no matching %s", kind->a_suffix + 1);
 }
 
 /* PEFT raises "Target modules ... not found" for a config that selects none of
@@ -536,9 +718,10 @@ static int refuse_if_nothing_targeted(const struct binder *b, const struct lora_
     size_t pairs = 0, targeted = 0;
     for (size_t i = 0; i < m->count; i++) {
         const char *key = m->tensors[i].t->name;
-        if (strncmp(key, PEFT_KEY_PREFIX, plen) != 0 || !str_ends_with(key + plen, LORA_A_SUFFIX))
+        const struct pair_kind *kind = strncmp(key, PEFT_KEY_PREFIX, plen) == 0 ? pair_kind_of(key + plen) : NULL;
+        if (!kind)
             continue;
-        char *module = lora_a_module(key + plen), *wname = module ? base_weight_name(module) : NULL;
+        char *module = lora_a_module(key + plen, kind), *wname = module ? base_weight_name(module) : NULL;
         if (!wname) {
             free(module);
             return nf4_fail(NF4_ESOFTWARE, m->tensors[i].file->path, key, "out of memory");
@@ -574,23 +757,17 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
         const char *name = key + plen;
         if (strstr(key, ".lora_magnitude_vector"))
             return nf4_fail(NF4_EDATA, file, key, "is a DoRA magnitude: DoRA merging is not supported");
-        if (strstr(key, ".lora_embedding_"))
-            return nf4_fail(NF4_EDATA, file, key, "is an embedding LoRA: merging it is not supported");
-        if (str_ends_with(name, LORA_A_SUFFIX)) {
-            char *module = lora_a_module(name);
+        const struct pair_kind *kind = pair_kind_of(name);
+        if (kind) {
+            char *module = lora_a_module(name, kind);
             if (!module)
                 return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
-            code = bind_pair(b, ad, index, c, module, t);
+            code = bind_pair(b, ad, index, c, module, t, kind);
             free(module);
-        } else if (str_ends_with(key, ".lora_B.weight")) {
-            /* Bound with its lora_A; alone it is refused. */
-            char *akey = strdup(key);
-            if (!akey)
-                return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
-            memcpy(akey + strlen(akey) - strlen("B.weight"), "A", 1);
-            int paired = model_find(m, akey) != NULL;
-            free(akey);
-            code = paired ? NF4_OK : nf4_fail(NF4_EDATA, file, key, "has no matching lora_A");
+        } else if (str_ends_with(name, LORA_B_SUFFIX)) {
+            code = check_b_has_a(m, file, key, &LAYER_PAIR);
+        } else if (str_ends_with(name, EMBEDDING_B_SUFFIX)) {
+            code = check_b_has_a(m, file, key, &EMBEDDING_PAIR);
         } else if (strstr(name, ".lora_") || strncmp(name, "lora_", 5) == 0) {
             code = nf4_fail(NF4_EDATA, file, key, "is a LoRA tensor nf4deq does not know how to merge");
         } else {

@@ -13,9 +13,13 @@
  * latter. scaling is lora_alpha / r, or lora_alpha / sqrt(r) with
  * use_rslora; rank_pattern and alpha_pattern override r and alpha per module.
  *
- * Everything is checked against the base before any data is read: a key that
- * matches no base tensor, a shape that does not fit, a rank that disagrees with
- * the config, DoRA, embedding LoRA and other adapter types are refused with
+ * and an embedding's lora_embedding_A [r, vocab] and lora_embedding_B
+ * [dim, r] change <module>.weight [vocab, dim] by scaling * (B @ A)^T.
+ *
+ * Everything is checked against the base before any data is read (but for the
+ * factors of a tied head and embedding, compared to tell whether they were
+ * trained as one): a key that matches no base tensor, a shape that does not
+ * fit, a rank that disagrees with the config, DoRA and other adapter types are refused with
  * NF4_EDATA and a message naming the file and the tensor. So is a change that
  * parts a tied lm_head from its embedding (model_dir.h) in a base that is one
  * weights file: the output needs a config.json that says so. */
@@ -51,6 +55,8 @@ struct lora_term {
     float scaling;
     double alpha;         /* for inspect */
     int fan_in_fan_out;   /* the base tensor is [in, out]: the delta is transposed */
+    int embedding;        /* an embedding's lora_embedding_A [r, vocab] and _B [dim, r]:
+                             laid on [vocab, dim] as a transposed layer's (fan_in_fan_out set) */
     size_t adapter;       /* index of the adapter, in --lora order */
 };
 

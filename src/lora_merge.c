@@ -15,10 +15,10 @@
 /* ---- reading the factors ---- */
 
 /* Floats of L a chunk over rows [first_row, last_row] carries: the rows of B it
- * touches, or all of A with fan_in_fan_out. */
-static uint64_t l_floats(const struct lora_term *t, uint64_t rows, uint64_t first_row, uint64_t last_row)
+ * touches, or those columns of A with fan_in_fan_out. */
+static uint64_t l_floats(const struct lora_term *t, uint64_t first_row, uint64_t last_row)
 {
-    return t->fan_in_fan_out ? (uint64_t)t->r * rows : (last_row - first_row + 1) * t->r;
+    return (last_row - first_row + 1) * t->r;
 }
 
 uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n)
@@ -26,7 +26,7 @@ uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n
     uint64_t first_row = e0 / t->cols, last_row = (e0 + (n ? n : 1) - 1) / t->cols, floats = 0;
     for (size_t i = 0; i < t->nterms; i++) {
         const struct lora_term *x = &t->terms[i];
-        floats += l_floats(x, t->rows, first_row, last_row) + (uint64_t)x->r * t->cols;
+        floats += l_floats(x, first_row, last_row) + (uint64_t)x->r * t->cols;
         if (x->fan_in_fan_out) /* B is read whole, then transposed into R */
             floats += (uint64_t)x->r * t->cols;
     }
@@ -69,12 +69,11 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
     for (size_t i = 0; i < t->nterms; i++) {
         const struct lora_term *x = &t->terms[i];
         struct merge_factor *f = &j->f[i];
-        uint64_t r_floats = (uint64_t)x->r * t->cols;
+        uint64_t r_floats = (uint64_t)x->r * t->cols, l_count = l_floats(x, first_row, last_row);
         int code;
         *f = (struct merge_factor){.rank = x->r, .scaling = x->scaling};
         if (!x->fan_in_fan_out) {
             /* L = B [rows, r]: only the rows this chunk touches. R = A [r, cols]. */
-            uint64_t l_count = l_floats(x, t->rows, first_row, last_row);
             f->l = at;
             f->l_row0 = first_row;
             f->l_row_stride = x->r;
@@ -88,15 +87,18 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
                 return code;
             at += r_floats;
         } else {
-            /* L(row, k) = A[k, row]: A is [r, rows]. R(k, col) = B[col, k]: B is [cols, r]. */
-            uint64_t l_count = l_floats(x, t->rows, first_row, last_row);
+            /* L(row, k) = A[k, row]: A is [r, rows], of which the columns this
+             * chunk touches, one run per k (a vocabulary-wide A would not fit a
+             * slot). R(k, col) = B[col, k]: B is [cols, r]. */
+            uint64_t span = last_row - first_row + 1;
             f->l = at;
-            f->l_row0 = 0;
+            f->l_row0 = first_row;
             f->l_row_stride = 1;
-            f->l_k_stride = t->rows;
+            f->l_k_stride = span;
             f->l_floats = l_count;
-            if ((code = read_f32(x->a, 0, l_count, at)) != NF4_OK)
-                return code;
+            for (uint32_t k = 0; k < x->r; k++)
+                if ((code = read_f32(x->a, (uint64_t)k * t->rows + first_row, span, at + (uint64_t)k * span)) != NF4_OK)
+                    return code;
             at += l_count;
             float *r = at, *b = at + r_floats;
             if ((code = read_f32(x->b, 0, r_floats, b)) != NF4_OK)

@@ -50,7 +50,7 @@ struct out_item {
  * H200 host: docs/PERFORMANCE.md), kept out of the slots while it opens. */
 #define PIPELINE_GPU_RUNTIME_BYTES (UINT64_C(160) << 20)
 /* A slot's size: one holds any chunk, with its inputs; with merges its LoRA
- * factors too (all of L with fan_in_fan_out, on a vocabulary-sized tensor).
+ * factors too (all of R, and L for the rows the chunk touches).
  * Where --mem cannot hold a slot per worker, there are fewer slots and
  * workers, down to PIPELINE_MIN_SLOTS whatever --mem says. */
 #ifndef PIPELINE_MIN_SLOT_BYTES /* the fuzz build lowers both to fuzz faster */

@@ -594,9 +594,21 @@ def lora_cases():
                                                       f32_bytes([1.0] * 8))]))
     emit_lora("lora-bias-trained", 65, "merging them is not supported", config=adapter_config(lora_bias=True))
     emit_lora("lora-bias-mode-unknown", 65, '"bias" must be', config=adapter_config(bias="some"))
-    emit_lora("lora-embedding", 65, "embedding LoRA",
-              weights=st_bytes([T(PEFT + "model.embed.lora_embedding_A", "F32", [4, 16], f32_bytes([0.0] * 64))]),
+    # Embedding LoRA: lora_embedding_A [r, vocab] and lora_embedding_B [dim, r] on a 16-bit [vocab, dim].
+    emit_lora("lora-embedding-b-missing", 65, "has no matching base_model.model.model.d.lora_embedding_B",
+              weights=st_bytes([T(PEFT + "model.d.lora_embedding_A", "F32", [4, 8], f32_bytes([0.0] * 32))]),
               kinds=both)
+    emit_lora("lora-embedding-b-alone", 65, "lora_embedding_B: has no matching lora_embedding_A",
+              weights=st_bytes([T(PEFT + "model.d.lora_embedding_B", "F32", [256, 4], f32_bytes([0.0] * 1024))]))
+    emit_lora("lora-embedding-on-4bit", 65, "model.d.weight is 4-bit; bitsandbytes never quantizes an embedding",
+              weights=st_bytes([T(PEFT + "model.d.lora_embedding_A", "F32", [4, 8], f32_bytes([0.0] * 32)),
+                                T(PEFT + "model.d.lora_embedding_B", "F32", [256, 4], f32_bytes([0.0] * 1024))]),
+              kinds=both)
+    emit_lora("lora-embedding-not-matrix", 65, "transposed (an embedding) is 512x1 but the base tensor "
+              "model.norm.weight is not a matrix",
+              config=adapter_config(target_modules=["norm"]),
+              weights=st_bytes([T(PEFT + "model.norm.lora_embedding_A", "F32", [4, 512], f32_bytes([0.0] * 2048)),
+                                T(PEFT + "model.norm.lora_embedding_B", "F32", [1, 4], f32_bytes([0.0] * 4))]))
     # Keys against the base.
     emit_lora("lora-unknown-module", 65, "matches no floating-point tensor model.x.weight",
               weights=st_bytes([t.copy(name=t.name.replace("model.d.", "model.x.")) for t in adapter_tensors()]),

@@ -107,6 +107,14 @@ static const struct lora_case CASES[] = {
     {TIED_BASE, "adapter-tied-embed-head", "merged-tied-embed-head", 4},
     {TIED_BASE, "adapter-tied-head-lora", "merged-tied-head-lora", 3},
     {TIED_BASE, "adapter-tied-ensure", "merged-tied-ensure", 2},
+    /* Embedding LoRA (README.md, "Embedding LoRA"): on an untied base; on a
+     * tied one, which it parts; with ensure_weight_tying, the two layers'
+     * factors trained apart (PEFT's default), which parts them too, or as one
+     * (the head's the embedding's, transposed), which keeps the tie. */
+    {"base-llama-bf16-bnb4", "adapter-embed-lora", "merged-embed-lora", 3},
+    {TIED_BASE, "adapter-tied-embed-lora", "merged-tied-embed-lora", 3},
+    {TIED_BASE, "adapter-tied-embed-lora-ensure", "merged-tied-embed-lora-ensure", 4},
+    {TIED_BASE, "adapter-tied-embed-lora-mirror", "merged-tied-embed-lora-mirror", 3},
 };
 
 static void check_case(const struct lora_case *lc, const char *out)
@@ -132,7 +140,7 @@ static void check_case(const struct lora_case *lc, const char *out)
     for (size_t i = 0; i < e32->count; i++) {
         const char *name = e32->tensors[i].name;
         const struct lora_target *t = lora_find(set, name);
-        check_tensor(got, e32, e64, name, t && !t->replace, &tally);
+        check_tensor(got, e32, e64, name, t && t->nterms > 0, &tally);
     }
     /* The README's bar: at least 99.9% of merged elements equal the fp32 merge. */
     assert_true(tally.merged > 0);
@@ -655,6 +663,9 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
         {"adapter-tied-embed-head", "\"tie_word_embeddings\": false,"},
         {"adapter-tied-head-lora", "\"tie_word_embeddings\": false,"},
         {"adapter-tied-ensure", "\"tie_word_embeddings\": true,"},
+        {"adapter-tied-embed-lora", "\"tie_word_embeddings\": false,"},
+        {"adapter-tied-embed-lora-ensure", "\"tie_word_embeddings\": false,"},
+        {"adapter-tied-embed-lora-mirror", "\"tie_word_embeddings\": true,"},
     };
     for (size_t i = 0; i < sizeof WANT / sizeof WANT[0]; i++) {
         char *ad = tu_strdupf(LORA_FIXTURES "/%s", WANT[i].adapter), *config = tu_strdupf("%s/config.json", out);
@@ -729,7 +740,7 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
         fail_msg("a single tied file: exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     r = tu_run("inspect", weights, "--lora", LORA_FIXTURES "/adapter-tied-head-lora", NULL);
-    if (r.status != NF4_EDATA || !strstr(r.err, "lm_head.base_layer.weight: changes lm_head.weight, which the base ties"))
+    if (r.status != NF4_EDATA || !strstr(r.err, "lm_head.lora_A.weight: changes lm_head.weight, which the base ties"))
         fail_msg("inspect of a single tied file: exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     tu_rmtree(sharded);
@@ -828,6 +839,54 @@ static void test_inspect_says_the_head_is_untied(void **state)
     assert_int_equal(r.status, 0);
     assert_null(strstr(r.out, "\"untied\""));
     tu_run_free(&r);
+}
+
+/* The tied head's LoRA merges once, into the embedding, only when it is the
+ * embedding's LoRA transposed, element for element: one bit changed in it
+ * (here the last element of lm_head.lora_B, which mirrors the last of
+ * lora_embedding_A) and the two were trained apart, so the head is written
+ * apart. inspect names the embedding's LoRA as such. */
+static void test_embedding_lora_mirror_is_exact(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *tied = LORA_FIXTURES "/" TIED_BASE;
+    char *ad = tu_strdupf("%s/mirror", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    char *weights = tu_strdupf("%s/adapter_model.safetensors", ad), *config = tu_strdupf("%s/config.json", out);
+    tu_sh("cp -r %s/adapter-tied-embed-lora-mirror %s", LORA_FIXTURES, ad);
+    struct st_file *f;
+    assert_int_equal(st_open(weights, &f), NF4_OK);
+    const struct st_tensor *hb = st_find(f, PEFT_KEY_PREFIX "lm_head.lora_B.weight");
+    assert_non_null(hb);
+    uint64_t last = f->data_start + hb->end - 1; /* the high byte of a bf16 */
+    st_close(f);
+    tu_sh("printf '\\001' | dd of=%s bs=1 seek=%llu conv=notrunc status=none", weights, (unsigned long long)last);
+
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", ad, NULL);
+    assert_int_equal(r.status, 0);
+    size_t len;
+    char *text = tu_read_file(config, &len);
+    if (!strstr(text, "\"tie_word_embeddings\": false,"))
+        fail_msg("a head LoRA one bit off the embedding's kept the tie:\n%s", text);
+    free(text);
+    tu_run_free(&r);
+    tu_rmtree(out);
+
+    r = tu_run("inspect", tied, "--lora", LORA_FIXTURES "/adapter-tied-embed-lora-mirror", NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "adapter-tied-embed-lora-mirror (embedding)\n"));
+    assert_null(strstr(r.out, "\nlm_head.weight "));
+    assert_null(strstr(r.out, "written apart"));
+    tu_run_free(&r);
+    r = tu_run("inspect", "--json", LORA_FIXTURES "/base-llama-bf16-bnb4", "--lora", LORA_FIXTURES "/adapter-embed-lora",
+               NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "\"fan_in_fan_out\": false,\n      \"embedding\": true,"));
+    tu_run_free(&r);
+    tu_rmtree(ad);
+    free(ad);
+    free(out);
+    free(weights);
+    free(config);
 }
 
 /* ---- refusals: exit 65, one line naming the file, nothing written ---- */
@@ -1076,6 +1135,7 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
+        cmocka_unit_test_setup_teardown(test_embedding_lora_mirror_is_exact, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_resume_record_holds_the_untied_head),
         cmocka_unit_test(test_pattern_matching_as_peft),
         cmocka_unit_test(test_targeting_as_peft),
