@@ -45,8 +45,9 @@ def main():
     got, e32, e64 = load(got_dir), load(e32_path), load(e64_path)
     merged = set()
     for key in load(os.path.join(adapter, "adapter_model.safetensors")):
-        if key.endswith(".lora_A.weight"):
-            merged.add(key[len(PREFIX):-len(".lora_A.weight")] + ".weight")
+        for a_suffix in (".lora_A.weight", ".lora_embedding_A"):  # a layer's LoRA, an embedding's
+            if key.endswith(a_suffix):
+                merged.add(key[len(PREFIX):-len(a_suffix)] + ".weight")
     bad, total, exact = [], 0, 0
     if set(got) != set(e32):
         bad.append("tensor names differ: %s" % sorted(set(got) ^ set(e32)))
