@@ -107,8 +107,11 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddItemToArray(ja, e);
             } else {
                 put_name(out, t->name, 48);
-                fprintf(out, " %-6s %10s %12s  %s (modules_to_save: replaced, %s)\n", "-", "-", "-",
-                        adapter_dir(s, t->replace_adapter), dtype_name(t->replace->t->dtype));
+                /* PEFT saves a wrapped module's frozen base layer as M.base_layer.P. */
+                int base_layer = strstr(t->replace->t->name, ".base_layer.") != NULL;
+                fprintf(out, " %-6s %10s %12s  %s (%s: replaced, %s)\n", "-", "-", "-",
+                        adapter_dir(s, t->replace_adapter), base_layer ? "base layer" : "modules_to_save",
+                        dtype_name(t->replace->t->dtype));
             }
         } /* and a LoRA of the same adapter goes on the replacement */
         for (size_t k = 0; k < t->nterms; k++) {
@@ -123,13 +126,17 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddNumberToObject(e, "scaling", x->scaling);
                 cJSON_AddBoolToObject(e, "fan_in_fan_out", x->fan_in_fan_out && !x->embedding);
                 cJSON_AddBoolToObject(e, "embedding", x->embedding);
+                cJSON_AddBoolToObject(e, "dora", x->magnitude != NULL);
                 cJSON_AddStringToObject(e, "dtype", dtype_name(x->a->t->dtype));
                 cJSON_AddItemToArray(ja, e);
             } else {
                 put_name(out, t->name, 48);
                 fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->r, x->alpha, (double)x->scaling,
                         adapter_dir(s, x->adapter),
-                        x->embedding ? " (embedding)" : x->fan_in_fan_out ? " (fan_in_fan_out)" : "");
+                        x->embedding        ? " (embedding)"
+                        : x->magnitude      ? " (DoRA)"
+                        : x->fan_in_fan_out ? " (fan_in_fan_out)"
+                                            : "");
             }
         }
     }

@@ -114,15 +114,13 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
     if (strcmp(type->valuestring, "LORA") != 0)
         return nf4_fail(NF4_EDATA, path, NULL, "is a %s adapter; only LoRA adapters can be merged",
                         type->valuestring);
-    int dora = 0, bias = 0;
-    if ((code = config_bool(path, root, "use_dora", &dora)) != NF4_OK ||
+    int bias = 0;
+    if ((code = config_bool(path, root, "use_dora", &c->use_dora)) != NF4_OK ||
         (code = config_bool(path, root, "use_rslora", &c->use_rslora)) != NF4_OK ||
         (code = config_bool(path, root, "ensure_weight_tying", &c->ensure_weight_tying)) != NF4_OK ||
         (code = config_bool(path, root, "fan_in_fan_out", &c->fan_in_fan_out)) != NF4_OK ||
         (code = config_bool(path, root, "lora_bias", &bias)) != NF4_OK)
         return code;
-    if (dora)
-        return config_fail(path, "is a DoRA adapter (use_dora): DoRA merging is not supported");
     if (bias)
         return config_fail(path, "trains LoRA biases (lora_bias): merging them is not supported");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
@@ -476,6 +474,34 @@ static int wrapped_for_the_tie(const struct binder *b, const struct lora_config 
     return wrapped;
 }
 
+#define MAGNITUDE_SUFFIX ".lora_magnitude_vector"
+
+/* DoRA (use_dora): the magnitude PEFT saves beside each pair,
+ * M.lora_magnitude_vector, one per output row of the layer's [out, in]
+ * weight. An embedding's DoRA, and a layer whose delta is transposed (a 16-bit
+ * Conv1D), norm along the other dimension: refused. */
+static int find_magnitude(const struct lora_adapter *ad, const char *module, const struct pair_kind *kind,
+                          int transposed, uint64_t rows, const struct model_tensor *a, const struct model_tensor **out)
+{
+    const char *file = a->file->path, *aname = a->t->name;
+    if (kind->embedding || transposed)
+        return nf4_fail(NF4_EDATA, file, aname, "DoRA (use_dora) on %s is not supported",
+                        kind->embedding ? "an embedding" : "a transposed weight (fan_in_fan_out, Conv1D)");
+    char *key = factor_key(module, MAGNITUDE_SUFFIX);
+    if (!key)
+        return nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+    const struct model_tensor *m = model_find(ad->weights, key);
+    int code = NF4_OK;
+    if (!m)
+        code = nf4_fail(NF4_EDATA, file, aname, "has no matching %s, which DoRA (use_dora) needs", key);
+    else if (!is_factor_dtype(m->t->dtype) || m->t->ndim != 1 || m->t->shape[0] != rows)
+        code = nf4_fail(NF4_EDATA, m->file->path, key, "must be an F32, BF16 or F16 vector of %llu, one per row of "
+                        "the weight", (unsigned long long)rows);
+    free(key);
+    *out = m;
+    return code;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
@@ -556,6 +582,9 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                         (unsigned long long)shape[0], (unsigned long long)(ndim > 1 ? shape[1] : 0));
         goto out;
     }
+    const struct model_tensor *magnitude = NULL;
+    if (c->use_dora && (code = find_magnitude(ad, module, kind, transposed, rows, a, &magnitude)) != NF4_OK)
+        goto out;
     struct binding *x = add_binding(b, file, wname);
     if (!x) {
         code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
@@ -569,6 +598,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                                  .alpha = alpha,
                                  .fan_in_fan_out = transposed,
                                  .embedding = kind->embedding,
+                                 .magnitude = magnitude,
                                  .scaling = lora_scaling(alpha, r, c->use_rslora),
                                  .adapter = index};
     if (!isfinite(x->term.scaling))
@@ -694,10 +724,12 @@ static const struct pair_kind *pair_kind_of(const char *name)
                                                      : NULL;
 }
 
-/* A B factor is bound with its A; alone it is refused. NF4_OK or NF4_EDATA. */
-static int check_b_has_a(const struct model *m, const char *file, const char *key, const struct pair_kind *kind)
+/* A pair's B factor (or DoRA magnitude), key ending in `suffix`, is bound with
+ * its A; alone it is refused. NF4_OK or NF4_EDATA. */
+static int check_b_has_a(const struct model *m, const char *file, const char *key, const char *suffix,
+                         const struct pair_kind *kind)
 {
-    size_t stem = strlen(key) - strlen(kind->b_suffix), n = stem + strlen(kind->a_suffix) + 1;
+    size_t stem = strlen(key) - strlen(suffix), n = stem + strlen(kind->a_suffix) + 1;
     char *akey = malloc(n);
     if (!akey)
         return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
@@ -755,19 +787,22 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
         if (strncmp(key, PEFT_KEY_PREFIX, plen) != 0)
             return nf4_fail(NF4_EDATA, file, key, "is not a PEFT key (no \"%s\" prefix)", PEFT_KEY_PREFIX);
         const char *name = key + plen;
-        if (strstr(key, ".lora_magnitude_vector"))
-            return nf4_fail(NF4_EDATA, file, key, "is a DoRA magnitude: DoRA merging is not supported");
         const struct pair_kind *kind = pair_kind_of(name);
-        if (kind) {
+        if (str_ends_with(name, MAGNITUDE_SUFFIX)) {
+            /* Bound with its pair (find_magnitude); alone, or without use_dora, refused. */
+            code = c->use_dora ? check_b_has_a(m, file, key, MAGNITUDE_SUFFIX, &LAYER_PAIR)
+                               : nf4_fail(NF4_EDATA, file, key, "is a DoRA magnitude, but adapter_config.json does "
+                                          "not set use_dora");
+        } else if (kind) {
             char *module = lora_a_module(name, kind);
             if (!module)
                 return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
             code = bind_pair(b, ad, index, c, module, t, kind);
             free(module);
         } else if (str_ends_with(name, LORA_B_SUFFIX)) {
-            code = check_b_has_a(m, file, key, &LAYER_PAIR);
+            code = check_b_has_a(m, file, key, LORA_B_SUFFIX, &LAYER_PAIR);
         } else if (str_ends_with(name, EMBEDDING_B_SUFFIX)) {
-            code = check_b_has_a(m, file, key, &EMBEDDING_PAIR);
+            code = check_b_has_a(m, file, key, EMBEDDING_B_SUFFIX, &EMBEDDING_PAIR);
         } else if (strstr(name, ".lora_") || strncmp(name, "lora_", 5) == 0) {
             code = nf4_fail(NF4_EDATA, file, key, "is a LoRA tensor nf4deq does not know how to merge");
         } else {
@@ -827,6 +862,11 @@ static int gather(struct lora_set *s, struct binder *b)
         } else {
             t->terms[t->nterms++] = x->term;
         }
+        /* PEFT rescales each DoRA merge by a norm of the base weight plus that
+         * adapter's delta alone: one adapter's change only. */
+        if (t->nterms > 1 && (t->terms[0].magnitude || x->term.magnitude))
+            return nf4_fail(NF4_EDATA, file, t->name, "is changed by a DoRA adapter and by another adapter: "
+                            "merge them in separate runs");
     }
     return NF4_OK;
 }
@@ -912,4 +952,9 @@ const struct lora_target *lora_find(const struct lora_set *s, const char *name)
     if (!s || !s->ntargets)
         return NULL;
     return bsearch(name, s->targets, s->ntargets, sizeof *s->targets, cmp_target_name);
+}
+
+int lora_target_is_dora(const struct lora_target *t)
+{
+    return t && t->nterms == 1 && t->terms[0].magnitude != NULL;
 }

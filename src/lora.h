@@ -15,11 +15,15 @@
  *
  * and an embedding's lora_embedding_A [r, vocab] and lora_embedding_B
  * [dim, r] change <module>.weight [vocab, dim] by scaling * (B @ A)^T.
+ * With use_dora (DoRA) each layer pair comes with
+ *   base_model.model.<module>.lora_magnitude_vector [out]
+ * and each merged row is rescaled: magnitude / ||row of W + delta||_2.
  *
  * Everything is checked against the base before any data is read (but for the
  * factors of a tied head and embedding, compared to tell whether they were
  * trained as one): a key that matches no base tensor, a shape that does not
- * fit, a rank that disagrees with the config, DoRA and other adapter types are refused with
+ * fit, a rank that disagrees with the config, DoRA where nf4deq cannot merge
+ * it and other adapter types are refused with
  * NF4_EDATA and a message naming the file and the tensor. So is a change that
  * parts a tied lm_head from its embedding (model_dir.h) in a base that is one
  * weights file: the output needs a config.json that says so. */
@@ -57,6 +61,7 @@ struct lora_term {
     int fan_in_fan_out;   /* the base tensor is [in, out]: the delta is transposed */
     int embedding;        /* an embedding's lora_embedding_A [r, vocab] and _B [dim, r]:
                              laid on [vocab, dim] as a transposed layer's (fan_in_fan_out set) */
+    const struct model_tensor *magnitude; /* DoRA (use_dora): lora_magnitude_vector [rows]; else NULL */
     size_t adapter;       /* index of the adapter, in --lora order */
 };
 
@@ -97,6 +102,7 @@ struct lora_config {
     uint32_t r;
     double alpha;
     int use_rslora, fan_in_fan_out;
+    int use_dora; /* DoRA: each pair has a lora_magnitude_vector; merged rows are rescaled */
     int ensure_weight_tying; /* PEFT keeps modules_to_save copies of tied weights tied */
     int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
     const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
@@ -106,7 +112,7 @@ struct lora_config {
     cJSON *root;
 };
 /* Parses and checks an adapter config's text (`path` names it in messages):
- * NF4_EDATA for what is not a LoRA config nf4deq can merge (DoRA, trained
+ * NF4_EDATA for what is not a LoRA config nf4deq can merge (trained
  * LoRA biases, other adapter types, bad ranks or patterns). The lora_open
  * path and the fuzzer use it. Free with lora_config_free, even on failure. */
 int lora_config_parse(const char *path, const char *json, size_t len, struct lora_config *c);
@@ -120,6 +126,8 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
               const struct bnb_weight *weights, size_t nweights);
 void lora_close(struct lora_set *s);
 const struct lora_target *lora_find(const struct lora_set *s, const char *name);
+/* Whether t (NULL: no) is merged as DoRA: then it has exactly one term. */
+int lora_target_is_dora(const struct lora_target *t);
 
 /* The scaling PEFT uses: alpha / r, or alpha / sqrt(r) with use_rslora. */
 float lora_scaling(double alpha, uint32_t r, int use_rslora);

@@ -27,6 +27,8 @@ uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n
     for (size_t i = 0; i < t->nterms; i++) {
         const struct lora_term *x = &t->terms[i];
         floats += l_floats(x, first_row, last_row) + (uint64_t)x->r * t->cols;
+        if (x->magnitude)
+            floats += last_row - first_row + 1;
         if (x->fan_in_fan_out) /* B is read whole, then transposed into R */
             floats += (uint64_t)x->r * t->cols;
     }
@@ -66,6 +68,7 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
     j->n = n;
     j->cols = t->cols;
     j->nfactors = t->nterms;
+    j->magnitude = NULL;
     for (size_t i = 0; i < t->nterms; i++) {
         const struct lora_term *x = &t->terms[i];
         struct merge_factor *f = &j->f[i];
@@ -108,6 +111,16 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
                     r[k * t->cols + c] = b[c * x->r + k];
             f->r = r;
             at += 2 * r_floats;
+        }
+        if (x->magnitude) {
+            /* Whole rows: the planner cuts a DoRA tensor at row boundaries. */
+            if (t->nterms != 1 || e0 % t->cols != 0 || n % t->cols != 0)
+                return nf4_fail(NF4_ESOFTWARE, x->magnitude->file->path, t->name,
+                                "a DoRA chunk that is not whole rows (internal error)");
+            if ((code = read_f32(x->magnitude, first_row, last_row - first_row + 1, at)) != NF4_OK)
+                return code;
+            j->magnitude = at;
+            at += last_row - first_row + 1;
         }
     }
     return NF4_OK;
@@ -206,26 +219,69 @@ static void delta_tile(const struct merge_factor *f, uint64_t cols, uint64_t row
         }
 }
 
+/* m = the merged fp32 values of rows [row, row + nrows), columns [c0, c0 + width). */
+static void merged_tile(const struct merge_job *j, uint64_t row, int nrows, uint64_t c0, int width,
+                        float m[MERGE_ROWS][MERGE_TILE])
+{
+    float acc[MERGE_ROWS][MERGE_TILE];
+    for (int rr = 0; rr < nrows; rr++)
+        for (int c = 0; c < width; c++)
+            m[rr][c] = f32_from_element(j->w_dtype, j->w, (row + rr) * j->cols + c0 + c - j->e0);
+    for (size_t t = 0; t < j->nfactors; t++) {
+        const float s = j->f[t].scaling;
+        delta_tile(&j->f[t], j->cols, row, nrows, c0, width, acc);
+        for (int rr = 0; rr < nrows; rr++)
+            for (int c = 0; c < width; c++)
+                m[rr][c] = m[rr][c] + acc[rr][c] * s;
+    }
+}
+
+static int tile_width(uint64_t c0, uint64_t c_end)
+{
+    return c_end - c0 < MERGE_TILE ? (int)(c_end - c0) : MERGE_TILE;
+}
+
 /* Merges rows [row, row + nrows), columns [c_begin, c_end) of each. */
 static uint64_t merge_rows(const struct merge_job *j, uint64_t row, int nrows, uint64_t c_begin, uint64_t c_end)
 {
-    float acc[MERGE_ROWS][MERGE_TILE], m[MERGE_ROWS][MERGE_TILE];
+    float m[MERGE_ROWS][MERGE_TILE];
     uint64_t overflowed = 0;
     for (uint64_t c0 = c_begin; c0 < c_end; c0 += MERGE_TILE) {
-        int width = c_end - c0 < MERGE_TILE ? (int)(c_end - c0) : MERGE_TILE;
-        for (int rr = 0; rr < nrows; rr++)
-            for (int c = 0; c < width; c++)
-                m[rr][c] = f32_from_element(j->w_dtype, j->w, (row + rr) * j->cols + c0 + c - j->e0);
-        for (size_t t = 0; t < j->nfactors; t++) {
-            const float s = j->f[t].scaling;
-            delta_tile(&j->f[t], j->cols, row, nrows, c0, width, acc);
-            for (int rr = 0; rr < nrows; rr++)
-                for (int c = 0; c < width; c++)
-                    m[rr][c] = m[rr][c] + acc[rr][c] * s;
-        }
+        int width = tile_width(c0, c_end);
+        merged_tile(j, row, nrows, c0, width, m);
         for (int rr = 0; rr < nrows; rr++)
             for (int c = 0; c < width; c++)
                 overflowed += store_value(j->out, j->out_dtype, (row + rr) * j->cols + c0 + c - j->e0, m[rr][c]);
+    }
+    return overflowed;
+}
+
+/* DoRA: whole rows [row, row + nrows), each merged row scaled by its
+ * magnitude over its L2 norm. The norm is summed in fp64, column by column,
+ * then rounded to fp32, as PEFT's fp32 norm is; the factor and the product
+ * are fp32, rounded once to the output dtype. The merged values are computed
+ * twice, for the norm and for the output: the same arithmetic both times. */
+static uint64_t merge_dora_rows(const struct merge_job *j, uint64_t row, int nrows)
+{
+    float m[MERGE_ROWS][MERGE_TILE], factor[MERGE_ROWS];
+    double sum_sq[MERGE_ROWS] = {0};
+    uint64_t overflowed = 0;
+    for (uint64_t c0 = 0; c0 < j->cols; c0 += MERGE_TILE) {
+        int width = tile_width(c0, j->cols);
+        merged_tile(j, row, nrows, c0, width, m);
+        for (int rr = 0; rr < nrows; rr++)
+            for (int c = 0; c < width; c++)
+                sum_sq[rr] += (double)m[rr][c] * (double)m[rr][c];
+    }
+    for (int rr = 0; rr < nrows; rr++)
+        factor[rr] = j->magnitude[row + rr - j->e0 / j->cols] / (float)sqrt(sum_sq[rr]);
+    for (uint64_t c0 = 0; c0 < j->cols; c0 += MERGE_TILE) {
+        int width = tile_width(c0, j->cols);
+        merged_tile(j, row, nrows, c0, width, m);
+        for (int rr = 0; rr < nrows; rr++)
+            for (int c = 0; c < width; c++)
+                overflowed += store_value(j->out, j->out_dtype, (row + rr) * j->cols + c0 + c - j->e0,
+                                          factor[rr] * m[rr][c]);
     }
     return overflowed;
 }
@@ -252,7 +308,7 @@ static void merge_row_range(void *ctx, uint64_t first, uint64_t count)
         if (cb == 0 && ce == j->cols) /* gather following full rows */
             while (nrows < MERGE_ROWS && u + nrows < first + count && (row + nrows + 1) * j->cols <= end_e)
                 nrows++;
-        overflowed += merge_rows(j, row, nrows, cb, ce);
+        overflowed += j->magnitude ? merge_dora_rows(j, row, nrows) : merge_rows(j, row, nrows, cb, ce);
         u += (uint64_t)nrows;
     }
     __atomic_add_fetch(&run->overflowed, overflowed, __ATOMIC_RELAXED);

@@ -9,9 +9,14 @@
  * the weight's dtype, or the unquantized tensor as stored. L_t = B and R_t = A,
  * or L_t = A^T and R_t = B^T with fan_in_fan_out. No multiply-add is fused.
  *
+ * With DoRA (one adapter, j->magnitude set) each whole row is then rescaled:
+ *   norm  = sqrt(sum over the row of m * m), summed in fp64 column by column, then fp32
+ *   out   = (magnitude[row] / norm) * m, in fp32, rounded once
+ *
  * A chunk is any run of elements [e0, e0 + n): it may start and end inside a
- * row. Its factors are read per chunk, in fp32: the rows of L it touches and
- * all of R. B @ A is never formed beyond a tile of one to four rows. */
+ * row (but for DoRA, whole rows). Its factors are read per chunk, in fp32: the
+ * rows of L it touches and all of R. B @ A is never formed beyond a tile of one
+ * to four rows. */
 #ifndef NF4DEQ_LORA_MERGE_H
 #define NF4DEQ_LORA_MERGE_H
 

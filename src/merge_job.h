@@ -29,6 +29,10 @@ struct merge_job {
     uint64_t e0, n, cols; /* elements [e0, e0 + n) of a tensor with `cols` columns */
     size_t nfactors;
     struct merge_factor f[LORA_MAX_ADAPTERS];
+    /* DoRA (one factor, whole rows only): each row's magnitude, for rows
+     * e0 / cols onward; every merged row is scaled by it over its L2 norm.
+     * NULL for LoRA. The CPU computes these (src/lora_merge.c). */
+    const float *magnitude;
 };
 
 #endif

@@ -588,10 +588,27 @@ def lora_cases():
     emit_lora("lora-peft-type", 65, "is a PREFIX_TUNING adapter; only LoRA adapters can be merged",
               config=adapter_config(peft_type="PREFIX_TUNING"), kinds=both)
     emit_lora("lora-no-peft-type", 65, 'has no "peft_type"', config=adapter_config(peft_type=None))
-    emit_lora("lora-dora", 65, "DoRA merging is not supported", config=adapter_config(use_dora=True), kinds=both)
-    emit_lora("lora-dora-key", 65, "DoRA merging is not supported",
+    # DoRA: a magnitude [out] beside each pair, with use_dora; nothing else.
+    emit_lora("lora-dora-ok", 0, "1 with LoRA merged", config=adapter_config(use_dora=True),
+              weights=st_bytes(adapter_tensors() + [T(PEFT + "model.d.lora_magnitude_vector", "F32", [8],
+                                                      f32_bytes([0.5 + i / 16 for i in range(8)]))]), kinds=both)
+    emit_lora("lora-dora", 65, "lora_magnitude_vector, which DoRA (use_dora) needs", config=adapter_config(use_dora=True),
+              kinds=both)
+    emit_lora("lora-dora-key", 65, "is a DoRA magnitude, but adapter_config.json does not set use_dora",
               weights=st_bytes(adapter_tensors() + [T(PEFT + "model.d.lora_magnitude_vector", "F32", [8],
                                                       f32_bytes([1.0] * 8))]))
+    emit_lora("lora-dora-magnitude-shape", 65, "must be an F32, BF16 or F16 vector of 8, one per row",
+              config=adapter_config(use_dora=True),
+              weights=st_bytes(adapter_tensors() + [T(PEFT + "model.d.lora_magnitude_vector", "F32", [256],
+                                                      f32_bytes([1.0] * 256))]), kinds=both)
+    emit_lora("lora-dora-magnitude-dtype", 65, "must be an F32, BF16 or F16 vector",
+              config=adapter_config(use_dora=True),
+              weights=st_bytes(adapter_tensors() + [T(PEFT + "model.d.lora_magnitude_vector", "I32", [8],
+                                                      bytes(32))]))
+    emit_lora("lora-dora-magnitude-alone", 65, "lora_magnitude_vector: has no matching lora_A.weight",
+              config=adapter_config(use_dora=True),
+              weights=st_bytes(adapter_tensors() + [T(PEFT + name + ".lora_magnitude_vector", "F32", [8],
+                                                      f32_bytes([1.0] * 8)) for name in ("model.d", "model.x")]))
     emit_lora("lora-bias-trained", 65, "merging them is not supported", config=adapter_config(lora_bias=True))
     emit_lora("lora-bias-mode-unknown", 65, '"bias" must be', config=adapter_config(bias="some"))
     # Embedding LoRA: lora_embedding_A [r, vocab] and lora_embedding_B [dim, r] on a 16-bit [vocab, dim].

@@ -2,7 +2,7 @@
  * memory and speed can be measured without downloading a model.
  *
  *   gen_bnb4 [--preset tinyllama|llama3-8b|llama3-70b|tiny] [--layers N]
- *            [--shard-size SIZE] [--seed N] [--lora-rank R] OUTDIR
+ *            [--shard-size SIZE] [--seed N] [--lora-rank R] [--dora] OUTDIR
  *
  * Every linear layer is nf4 with double quant (blocksize 64, nested 256), as
  * transformers saves a BitsAndBytesConfig(load_in_4bit, nf4, double quant)
@@ -13,7 +13,8 @@
  * With --lora-rank R it also writes OUTDIR-lora/, a PEFT-shaped LoRA adapter
  * for that model (adapter_config.json, adapter_model.safetensors): rank R,
  * lora_alpha 2R, fp32 factors on all seven projections of every layer, B
- * non-zero as after training. */
+ * non-zero as after training; with --dora too, a DoRA adapter (use_dora, a
+ * lora_magnitude_vector per projection). */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -195,14 +196,15 @@ struct lora_factor {
     uint64_t shape[2];
 };
 
-static int write_adapter(const char *dir, const struct preset *p, uint64_t rank)
+static int write_adapter(const char *dir, const struct preset *p, uint64_t rank, int dora)
 {
     static const char *const PROJ[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                        "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
     uint64_t kv = p->kv_heads * (p->hidden / p->heads);
     uint64_t out_f[7] = {p->hidden, kv, kv, p->hidden, p->intermediate, p->intermediate, p->hidden};
     uint64_t in_f[7] = {p->hidden, p->hidden, p->hidden, p->hidden, p->hidden, p->hidden, p->intermediate};
-    size_t n = (size_t)p->layers * 14;
+    const size_t per_module = dora ? 3 : 2; /* lora_A, lora_B, and DoRA's lora_magnitude_vector */
+    size_t n = (size_t)p->layers * 7 * per_module;
     struct lora_factor *f = calloc(n ? n : 1, sizeof *f);
     struct st_out_tensor *outs = calloc(n ? n : 1, sizeof *outs);
     if (!f || !outs || mkdir(dir, 0777) != 0) {
@@ -211,7 +213,7 @@ static int write_adapter(const char *dir, const struct preset *p, uint64_t rank)
     }
     uint64_t params = 0;
     for (uint64_t l = 0, i = 0; l < p->layers; l++)
-        for (int k = 0; k < 7; k++, i += 2) {
+        for (int k = 0; k < 7; k++, i += per_module) {
             snprintf(f[i].name, sizeof f[i].name, "base_model.model.model.layers.%" PRIu64 ".%s.lora_A.weight", l,
                      PROJ[k]);
             f[i].shape[0] = rank;
@@ -221,9 +223,15 @@ static int write_adapter(const char *dir, const struct preset *p, uint64_t rank)
             f[i + 1].shape[0] = out_f[k];
             f[i + 1].shape[1] = rank;
             params += rank * (in_f[k] + out_f[k]);
+            if (dora) {
+                snprintf(f[i + 2].name, sizeof f[i + 2].name,
+                         "base_model.model.model.layers.%" PRIu64 ".%s.lora_magnitude_vector", l, PROJ[k]);
+                f[i + 2].shape[0] = out_f[k];
+                params += out_f[k];
+            }
         }
     for (size_t i = 0; i < n; i++)
-        outs[i] = (struct st_out_tensor){f[i].name, DT_F32, 2, f[i].shape};
+        outs[i] = (struct st_out_tensor){f[i].name, DT_F32, f[i].shape[1] ? 2u : 1u, f[i].shape};
     char *path = path_join(dir, "adapter_model.safetensors");
     struct st_writer *w;
     int code = st_writer_begin(&w, path, outs, n, NULL, 0);
@@ -231,11 +239,13 @@ static int write_adapter(const char *dir, const struct preset *p, uint64_t rank)
     static float buf[STEP];
     for (size_t k = 0; k < n && code == NF4_OK; k++) {
         const struct lora_factor *t = &f[st_writer_order(w, k)];
-        uint64_t total = t->shape[0] * t->shape[1];
+        int magnitude = t->shape[1] == 0;
+        uint64_t total = t->shape[0] * (magnitude ? 1 : t->shape[1]);
         for (uint64_t off = 0; off < total && code == NF4_OK; off += STEP) {
             uint64_t len = total - off < STEP ? total - off : STEP;
-            for (uint64_t i = 0; i < len; i++) /* about the size trained factors reach */
-                buf[i] = ((float)(rng64() % 20001) - 10000.0f) * 2e-6f;
+            for (uint64_t i = 0; i < len; i++) /* about the size trained factors reach; magnitudes 0.5 to 1.5 */
+                buf[i] = magnitude ? 0.5f + (float)(rng64() % 10001) * 1e-4f
+                                   : ((float)(rng64() % 20001) - 10000.0f) * 2e-6f;
             code = st_writer_write(w, buf, (size_t)len * 4);
         }
     }
@@ -252,12 +262,13 @@ static int write_adapter(const char *dir, const struct preset *p, uint64_t rank)
                        "  \"peft_type\": \"LORA\",\n  \"r\": %" PRIu64 ",\n  \"rank_pattern\": {},\n"
                        "  \"alpha_pattern\": {},\n  \"target_modules\": [\"q_proj\", \"k_proj\", \"v_proj\", "
                        "\"o_proj\", \"gate_proj\", \"up_proj\", \"down_proj\"],\n  \"task_type\": \"CAUSAL_LM\",\n"
-                       "  \"use_dora\": false,\n  \"use_rslora\": false\n}\n",
-                       2 * rank, rank);
+                       "  \"use_dora\": %s,\n  \"use_rslora\": false\n}\n",
+                       2 * rank, rank, dora ? "true" : "false");
     path = path_join(dir, "adapter_config.json");
     if (len < 0 || write_file_atomic(path, config, (size_t)len) != NF4_OK)
         return 74;
-    printf("%s: LoRA adapter, r = %" PRIu64 ", %zu factors, %" PRIu64 " parameters\n", dir, rank, n, params);
+    printf("%s: %s adapter, r = %" PRIu64 ", %zu tensors, %" PRIu64 " parameters\n", dir, dora ? "DoRA" : "LoRA",
+           rank, n, params);
     free(path);
     free(config);
     free(f);
@@ -272,11 +283,12 @@ int main(int argc, char **argv)
                                          {"shard-size", required_argument, NULL, 's'},
                                          {"seed", required_argument, NULL, 'S'},
                                          {"lora-rank", required_argument, NULL, 'r'},
+                                         {"dora", no_argument, NULL, 'd'},
                                          {NULL, 0, NULL, 0}};
     struct preset p = PRESETS[0];
     uint64_t shard_size = UINT64_C(5) << 30, seed = 1, lora_rank = 0;
     long layers = -1;
-    int c;
+    int c, dora = 0;
     while ((c = getopt_long(argc, argv, "", LONG, NULL)) != -1) {
         if (c == 'p') {
             size_t i;
@@ -292,6 +304,8 @@ int main(int argc, char **argv)
         } else if (c == 's') {
             if (!parse_size(optarg, &shard_size) || !shard_size)
                 return 2;
+        } else if (c == 'd') {
+            dora = 1;
         } else if (c == 'S') {
             seed = strtoull(optarg, NULL, 10);
         } else if (c == 'r') {
@@ -306,7 +320,7 @@ int main(int argc, char **argv)
     }
     if (optind != argc - 1) {
         fprintf(stderr, "usage: gen_bnb4 [--preset NAME] [--layers N] [--shard-size SIZE] [--seed N] [--lora-rank R] "
-                        "OUTDIR\n");
+                        "[--dora] OUTDIR\n");
         return 2;
     }
     if (layers >= 0)
@@ -410,7 +424,7 @@ int main(int argc, char **argv)
         char *adapter_dir;
         if (asprintf(&adapter_dir, "%s-lora", dir) < 0)
             return 70;
-        int rc = write_adapter(adapter_dir, &p, lora_rank);
+        int rc = write_adapter(adapter_dir, &p, lora_rank, dora);
         free(adapter_dir);
         return rc;
     }

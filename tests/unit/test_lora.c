@@ -115,6 +115,9 @@ static const struct lora_case CASES[] = {
     {TIED_BASE, "adapter-tied-embed-lora", "merged-tied-embed-lora", 3},
     {TIED_BASE, "adapter-tied-embed-lora-ensure", "merged-tied-embed-lora-ensure", 4},
     {TIED_BASE, "adapter-tied-embed-lora-mirror", "merged-tied-embed-lora-mirror", 3},
+    /* DoRA (README.md, "DoRA"): q, v and down_proj (rows of 352) in 4-bit, and
+     * the 16-bit lm_head, each merged row rescaled by its magnitude over its norm. */
+    {"base-llama-bf16-bnb4", "adapter-dora", "merged-dora", 7},
 };
 
 static void check_case(const struct lora_case *lc, const char *out)
@@ -586,6 +589,33 @@ static void test_two_replacements_refused(void **state)
                          LORA_FIXTURES "/adapter-r16-qv-lmhead", "lm_head.weight: is replaced by two adapters");
 }
 
+/* PEFT rescales a DoRA merge by the norm of the base plus that adapter's delta
+ * alone, so a tensor a DoRA adapter and another adapter both change is refused,
+ * in either order. inspect marks DoRA terms, and the planner cuts a DoRA tensor
+ * into whole rows even when asked for one-block chunks (down_proj's rows of
+ * 352 are not a multiple of its 16384-element blocks). */
+static void test_dora_alone_per_tensor(void **state)
+{
+    const char *base = LORA_FIXTURES "/base-llama-bf16-bnb4";
+    assert_merge_refused(*state, base, LORA_FIXTURES "/adapter-dora", LORA_FIXTURES "/adapter-r8-all-linear",
+                         "is changed by a DoRA adapter and by another adapter: merge them in separate runs");
+    assert_merge_refused(*state, base, LORA_FIXTURES "/adapter-r8-all-linear", LORA_FIXTURES "/adapter-dora",
+                         "is changed by a DoRA adapter and by another adapter");
+    struct tu_run r = tu_run("inspect", base, "--lora", LORA_FIXTURES "/adapter-dora", NULL);
+    assert_int_equal(r.status, 0);
+    size_t dora_lines = 0;
+    for (const char *at = r.out; (at = strstr(at, " 8              16            2  " LORA_FIXTURES "/adapter-dora (DoRA)\n"));
+         at++)
+        dora_lines++;
+    assert_int_equal(dora_lines, 7);
+    assert_non_null(strstr(r.out, "adapter-dora (base layer: replaced, BF16)\n"));
+    tu_run_free(&r);
+    r = tu_run("inspect", "--json", base, "--lora", LORA_FIXTURES "/adapter-dora", NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "\"embedding\": false,\n      \"dora\": true,"));
+    tu_run_free(&r);
+}
+
 /* Copies the tensors of safetensors file `from` for which keep(name, arg) is
  * true to `to`. */
 static void copy_tensors(const char *from, const char *to, int (*keep)(const char *, const void *), const void *arg)
@@ -897,7 +927,8 @@ static void test_refusals_write_nothing(void **state)
     static const struct {
         const char *adapter_config, *want;
     } BAD[] = {
-        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"use_dora\": true}", "DoRA merging is not supported"},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"use_dora\": true}",
+         "lora_magnitude_vector, which DoRA (use_dora) needs"},
         {"{\"peft_type\": \"IA3\", \"r\": 8, \"lora_alpha\": 16}", "only LoRA adapters can be merged"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 16}", "but the config says r = 4"},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"rank_pattern\": {\"q_proj\": 2}}",
@@ -1127,6 +1158,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tied_embeddings_parted_by_an_adapter, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_two_replacements_refused, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_dora_alone_per_tensor, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fan_in_fan_out_ignored_on_4bit_weights, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refusals_write_nothing, tu_scratch_setup, tu_scratch_teardown),
