@@ -394,9 +394,33 @@ extern "C" int gpu_dequant_lane(struct gpu_ctx *c, int lane, const struct dequan
 // in front); the base's data goes in sub-chunks over the two streams, as for a
 // dequantization, each merged by one fused launch and copied back.
 
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+// DoRA sub-chunks are whole rows, where blocks start too: the least common
+// multiple (the pipeline cut the chunk the same way, so n is a multiple of it,
+// or the whole tensor).
+static uint64_t whole_rows_granule(uint64_t granule, uint64_t cols, uint64_t n)
+{
+    const uint64_t step = granule / gcd_u64(granule, cols);
+    return step > n / cols ? n : step * cols;
+}
+
 static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merge_job *mj, uint64_t *overflowed)
 {
-    // Factors: counter, then per adapter L then R, each 256-aligned.
+    const bool dora = mj->magnitude != NULL;
+    const uint64_t rows = dora ? mj->n / mj->cols : 0;
+    if (dora && (mj->e0 % mj->cols || mj->n % mj->cols))
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "a DoRA chunk that is not whole rows");
+    // Factors: counter, then per adapter L then R, each 256-aligned; DoRA's
+    // magnitudes after them.
     size_t foff[LORA_MAX_ADAPTERS][2], ftotal = 256;
     for (size_t t = 0; t < mj->nfactors; t++) {
         foff[t][0] = ftotal;
@@ -404,12 +428,17 @@ static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merg
         foff[t][1] = ftotal;
         ftotal += align256((size_t)mj->f[t].rank * mj->cols * sizeof(float));
     }
+    const size_t mag_off = ftotal;
+    ftotal += align256(rows * sizeof(float));
     if (ftotal >= lane_budget(c) / 2)
         return nf4_fail(NF4_EUSAGE, NULL, NULL, "--gpu-mem is too small for the LoRA factors of this tensor "
                         "(%zu MiB)", (ftotal >> 20) + 1);
     const size_t wsz = dq ? 0 : out_size(mj->w_dtype), osz = out_size(mj->out_dtype);
-    const uint64_t granule = dq ? quant_granule(dq) : 1;
-    const double per_elem = dq ? quant_bytes_per_element(dq, osz) : (double)(wsz + osz);
+    uint64_t granule = dq ? quant_granule(dq) : 1;
+    if (dora)
+        granule = whole_rows_granule(granule, mj->cols, mj->n);
+    // DoRA: the merged rows in fp32, for the row kernel.
+    const double per_elem = (dq ? quant_bytes_per_element(dq, osz) : (double)(wsz + osz)) + (dora ? 4.0 : 0.0);
     const uint64_t sub_n = subchunk_elements(c, lane_budget(c) - ftotal, per_elem, granule, mj->n);
     const int nslots = sub_n < mj->n ? NUM_STREAMS : 1;
     slot_layout L;
@@ -422,6 +451,9 @@ static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merg
         L.out = align256(sub_n * wsz);
         L.total = L.out + align256(sub_n * osz);
     }
+    const size_t merged_off = L.total;
+    if (dora)
+        L.total += align256(sub_n * sizeof(float));
     int rc = ensure_mem(&ln->factors, ftotal);
     for (int s = 0; s < nslots && rc == NF4_OK; s++)
         rc = ensure_slot(ln, s, L.total);
@@ -437,6 +469,9 @@ static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merg
         cudaCheck(cudaMemcpyAsync(fmem + foff[t][1], mj->f[t].r, (size_t)mj->f[t].rank * mj->cols * sizeof(float),
                                   cudaMemcpyHostToDevice, ln->streams[0]));
     }
+    if (dora)
+        cudaCheck(cudaMemcpyAsync(fmem + mag_off, mj->magnitude, rows * sizeof(float), cudaMemcpyHostToDevice,
+                                  ln->streams[0]));
     if (dq && dq->absmax_code)
         rc = upload_code_table(ln, dq->nested_code);
     if (rc == NF4_OK)
@@ -475,7 +510,16 @@ static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merg
         }
         // Poisoned, as for a dequantization: an element the kernel missed shows.
         cudaCheck(cudaMemsetAsync(mem + L.out, 0xA5, cnt * osz, st));
+        if (dora) { // the merged rows in fp32, then each rescaled into the output
+            m.out = mem + merged_off;
+            m.out_dtype = DT_F32;
+            cudaCheck(cudaMemsetAsync(m.out, 0xA5, cnt * sizeof(float), st));
+        }
         if ((rc = nf4_launch_merge(&m, st)) != NF4_OK)
+            return rc;
+        if (dora && (rc = nf4_launch_dora_rows((const float *)m.out, mem + L.out, mj->out_dtype,
+                                               (const float *)(fmem + mag_off) + start / mj->cols, mj->cols,
+                                               cnt / mj->cols, d_over, st)) != NF4_OK)
             return rc;
         cudaCheck(cudaMemcpyAsync((char *)mj->out + start * osz, mem + L.out, cnt * osz, cudaMemcpyDeviceToHost, st));
         ln->last_subchunks++;

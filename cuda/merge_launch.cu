@@ -1,6 +1,7 @@
 // Launching the fused LoRA merge kernel (cuda/merge_kernel.cuh, included first):
 // one launch per device chunk, dispatched on whether the base is 4-bit and
-// double-quantized.
+// double-quantized; and, for DoRA, the row kernel after it (cuda/dora_kernel.cuh).
+#include "dora_kernel.cuh"
 #include "merge_kernel.cuh"
 #include "merge_launch.cuh"
 
@@ -25,6 +26,20 @@ int nf4_launch_merge(const dev_merge *m, cudaStream_t stream)
     } else {
         merge_kernel<false, false><<<(unsigned)tiles, MERGE_THREADS, 0, stream>>>(*m, ct, 0, 0);
     }
+    cudaCheck(cudaGetLastError());
+    return NF4_OK;
+}
+
+int nf4_launch_dora_rows(const float *merged, void *out, enum st_dtype out_dtype, const float *magnitude, uint64_t cols,
+                         uint64_t nrows, unsigned long long *overflowed, cudaStream_t stream)
+{
+    if (nrows == 0)
+        return NF4_OK;
+    const uint64_t ctas = CEIL_DIV(nrows, (uint64_t)DORA_WARPS_PER_CTA);
+    if (cols == 0 || ctas > 0x7fffffffull)
+        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bad DoRA job");
+    dora_rows_kernel<<<(unsigned)ctas, DORA_WARPS_PER_CTA * 32, 0, stream>>>(merged, out, out_dtype, magnitude, cols,
+                                                                             nrows, overflowed);
     cudaCheck(cudaGetLastError());
     return NF4_OK;
 }

@@ -256,25 +256,43 @@ static uint64_t merge_rows(const struct merge_job *j, uint64_t row, int nrows, u
     return overflowed;
 }
 
+/* The sum of squares DORA_NORM_LANES describes, of columns [c0, c0 + width)
+ * of a row, added into its lane partials. */
+static void add_squares(double partial[DORA_NORM_LANES], uint64_t c0, int width, const float *m)
+{
+    for (int c = 0; c < width; c++) {
+        const double v = m[c];
+        double *p = &partial[(c0 + (uint64_t)c) % DORA_NORM_LANES];
+        *p = *p + v * v;
+    }
+}
+
+static float norm_of(double partial[DORA_NORM_LANES])
+{
+    for (int h = DORA_NORM_LANES / 2; h > 0; h /= 2)
+        for (int i = 0; i < h; i++)
+            partial[i] = partial[i] + partial[i + h];
+    return (float)sqrt(partial[0]);
+}
+
 /* DoRA: whole rows [row, row + nrows), each merged row scaled by its
- * magnitude over its L2 norm. The norm is summed in fp64, column by column,
- * then rounded to fp32, as PEFT's fp32 norm is; the factor and the product
- * are fp32, rounded once to the output dtype. The merged values are computed
- * twice, for the norm and for the output: the same arithmetic both times. */
+ * magnitude over its L2 norm (the fp32 rounding of the fp64 norm, as PEFT's
+ * norm is fp32); the factor and the product are fp32, rounded once to the
+ * output dtype. The merged values are computed twice, for the norm and for
+ * the output: the same arithmetic both times. */
 static uint64_t merge_dora_rows(const struct merge_job *j, uint64_t row, int nrows)
 {
     float m[MERGE_ROWS][MERGE_TILE], factor[MERGE_ROWS];
-    double sum_sq[MERGE_ROWS] = {0};
+    double partial[MERGE_ROWS][DORA_NORM_LANES] = {{0}};
     uint64_t overflowed = 0;
     for (uint64_t c0 = 0; c0 < j->cols; c0 += MERGE_TILE) {
         int width = tile_width(c0, j->cols);
         merged_tile(j, row, nrows, c0, width, m);
         for (int rr = 0; rr < nrows; rr++)
-            for (int c = 0; c < width; c++)
-                sum_sq[rr] += (double)m[rr][c] * (double)m[rr][c];
+            add_squares(partial[rr], c0, width, m[rr]);
     }
     for (int rr = 0; rr < nrows; rr++)
-        factor[rr] = j->magnitude[row + rr - j->e0 / j->cols] / (float)sqrt(sum_sq[rr]);
+        factor[rr] = j->magnitude[row + rr - j->e0 / j->cols] / norm_of(partial[rr]);
     for (uint64_t c0 = 0; c0 < j->cols; c0 += MERGE_TILE) {
         int width = tile_width(c0, j->cols);
         merged_tile(j, row, nrows, c0, width, m);

@@ -10,7 +10,7 @@
  * or L_t = A^T and R_t = B^T with fan_in_fan_out. No multiply-add is fused.
  *
  * With DoRA (one adapter, j->magnitude set) each whole row is then rescaled:
- *   norm  = sqrt(sum over the row of m * m), summed in fp64 column by column, then fp32
+ *   norm  = sqrt(sum over the row of m * m), summed in fp64 (DORA_NORM_LANES), then fp32
  *   out   = (magnitude[row] / norm) * m, in fp32, rounded once
  *
  * A chunk is any run of elements [e0, e0 + n): it may start and end inside a

@@ -11,6 +11,12 @@
 
 #define LORA_MAX_ADAPTERS 8
 
+/* A DoRA row's sum of squares, in one order on the CPU and the GPU (one warp
+ * per row): partial p sums the squares of columns p, p + 32, p + 64, ... in
+ * fp64, in ascending order; then p[i] += p[i + h] for i < h, h = 16, 8, 4, 2,
+ * 1; the row's is p[0]. Squares of fp32 values are exact in fp64. */
+#define DORA_NORM_LANES 32
+
 /* One adapter's factors over a chunk: delta(row, col) = scaling * sum_k L(row, k) * R(k, col). */
 struct merge_factor {
     const float *l; /* L(row, k) = l[(row - l_row0) * l_row_stride + k * l_k_stride] */
@@ -30,8 +36,8 @@ struct merge_job {
     size_t nfactors;
     struct merge_factor f[LORA_MAX_ADAPTERS];
     /* DoRA (one factor, whole rows only): each row's magnitude, for rows
-     * e0 / cols onward; every merged row is scaled by it over its L2 norm.
-     * NULL for LoRA. The CPU computes these (src/lora_merge.c). */
+     * e0 / cols onward; every merged row is scaled by it over its L2 norm
+     * (summed as DORA_NORM_LANES describes). NULL for LoRA. */
     const float *magnitude;
 };
 

@@ -613,9 +613,7 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
         break;
     }
     case TASK_MERGE:
-        /* DoRA's row norms are computed on the cores, in one order for every
-         * run (src/lora_merge.c). */
-        if (gpu && t->merge.w_dtype != DT_F64 && !t->merge.magnitude) {
+        if (gpu && t->merge.w_dtype != DT_F64) {
             /* One fused kernel: the dequantized base never leaves the device.
              * A merge waits for its lane: on a core it takes several times
              * as long (docs/PERFORMANCE.md, "QLoRA merge"). */

@@ -3,7 +3,9 @@
  * quant) and unquantized ones (F16, BF16, F32), every output dtype, ranks on
  * both sides of the kernel's 32-rank stage, one to three adapters, fan_in_fan_out
  * layouts, chunks that start and end inside a row, device sub-chunks (a 1 MiB
- * budget), and overflow counts. Host outputs are poisoned before each run and
+ * budget), and overflow counts; and DoRA (whole rows rescaled by magnitude over
+ * their norm) on the same bases and dtypes, one row or many, rows narrower and
+ * wider than a warp's stride, in sub-chunks too. Host outputs are poisoned before each run and
  * guarded past their end; the back end poisons the device output too.
  * Prints "N passed, N failed". */
 #include <stdio.h>
@@ -24,6 +26,7 @@ struct mcase {
     uint32_t ranks[3];
     int fif[3];
     float scaling[3];
+    float dora; /* > 0: DoRA, magnitudes of about this size (whole rows only) */
 };
 
 /* Factor storage for one case: L as the CPU reader lays it out, R row-major. */
@@ -88,6 +91,14 @@ static void run_case(struct gpu_ctx *ctx, const struct mcase *c, const char *wha
     size_t wsz = osize(c->w_dtype), osz = osize(c->out_dtype);
     void *w = NULL, *out_cpu = malloc(c->n * osz + GUARD_BYTES), *out_gpu = gpu_host_alloc(ctx, c->n * osz + GUARD_BYTES);
     int bad = !out_cpu || !out_gpu || make_factors(ctx, c, &mj, &fs) != 0;
+    float *magnitude = NULL;
+    if (!bad && c->dora > 0) {
+        magnitude = random_floats(ctx, c->n / c->cols, c->dora);
+        bad = !magnitude;
+        for (uint64_t i = 0; magnitude && i < c->n / c->cols; i++)
+            magnitude[i] += c->dora; /* 0.5 to 1.5 times c->dora */
+        mj.magnitude = magnitude;
+    }
     if (!bad && c->quantized) {
         /* The chunk's own 4-bit data: a dequant job of n elements whose output is the base in w_dtype. */
         bad = tensor_make(ctx, &t, c->n, c->quantized == 1 ? 64 : 128, c->quantized == 1, 256,
@@ -149,6 +160,7 @@ out:
         gpu_host_free(ctx, fs.l[k]);
         gpu_host_free(ctx, fs.r[k]);
     }
+    gpu_host_free(ctx, magnitude);
     tensor_free(ctx, &t);
 }
 
@@ -178,7 +190,7 @@ static void test_matrix(struct gpu_ctx *ctx)
                 for (size_t od = 0; od < 3; od++) {
                     size_t rk = (s + q + wd + od) % 4; /* every rank set meets every shape across the loop */
                     struct mcase c = {SHAPES[s].rows, SHAPES[s].cols, SHAPES[s].e0, SHAPES[s].n, q, DT[wd], DT[od],
-                                      0, {0}, {0}, {0}};
+                                      0, {0}, {0}, {0}, 0};
                     if (q && (c.e0 % (64 * 256) != 0))
                         continue;
                     for (int t = 0; t < 3 && RANKS[rk][t]; t++) {
@@ -204,8 +216,8 @@ static void test_subchunks(void)
     if (rc)
         return;
     struct mcase cases[] = {
-        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 2, {16, 4, 0}, {0, 1, 0}, {2.0f, 0.5f, 0}},
-        {700, 3001, 0, 700 * 3001 - 5, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0, 0, 0}, {1.5f, 0, 0}},
+        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 2, {16, 4, 0}, {0, 1, 0}, {2.0f, 0.5f, 0}, 0},
+        {700, 3001, 0, 700 * 3001 - 5, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0, 0, 0}, {1.5f, 0, 0}, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char what[160];
@@ -218,10 +230,61 @@ static void test_subchunks(void)
     gpu_close(small);
 }
 
+/* DoRA: whole-row chunks, each row's fp64 sum of squares in the one order
+ * merge_job.h gives, then magnitude / norm times the row. */
+static void test_dora(struct gpu_ctx *ctx)
+{
+    static const enum st_dtype DT[] = {DT_BF16, DT_F16, DT_F32};
+    static const struct {
+        uint64_t rows, cols;
+    } SHAPES[] = {
+        {37, 53},   /* rows shorter than a warp's stride twice over */
+        {1, 4096},  /* one row */
+        {300, 352}, /* down_proj-like rows of 352, not a multiple of 64 */
+        {96, 257},  /* a partial column tile */
+        {5, 1},     /* one column: 31 lanes sum nothing */
+        {3, 40000}, /* long rows */
+    };
+    char what[256];
+    for (size_t s = 0; s < sizeof SHAPES / sizeof SHAPES[0]; s++)
+        for (int q = 0; q < 3; q++)
+            for (size_t wd = 0; wd < 3; wd++)
+                for (size_t od = 0; od < 3; od++) {
+                    uint64_t n = SHAPES[s].rows * SHAPES[s].cols;
+                    struct mcase c = {SHAPES[s].rows, SHAPES[s].cols, 0, n, q, DT[wd], DT[od], 1,
+                                      {(s + od) % 2 ? 33u : 8u, 0, 0}, {0}, {2.0f, 0, 0}, 1.0f};
+                    snprintf(what, sizeof what, "dora %llux%llu %s %s->%s r=%u", (unsigned long long)c.rows,
+                             (unsigned long long)c.cols, base_name(&c), dtn(c.w_dtype), dtn(c.out_dtype), c.ranks[0]);
+                    run_case(ctx, &c, what);
+                }
+    /* Rows of a later chunk: magnitudes and rows counted from e0. */
+    struct mcase later = {64, 4096, 16384 * 4, 16 * 4096, 1, DT_BF16, DT_BF16, 1, {16, 0, 0}, {0}, {0.5f, 0, 0}, 0.7f};
+    run_case(ctx, &later, "dora: a chunk of rows 16 to 31");
+    struct mcase over = {96, 640, 0, 96 * 640, 0, DT_F32, DT_F16, 1, {4, 0, 0}, {0}, {3.0f, 0, 0}, 3e6f};
+    run_case(ctx, &over, "dora: magnitudes that overflow fp16");
+    struct gpu_ctx *small = NULL;
+    int rc = gpu_open(&small, 0, 1u << 20);
+    CHECK(rc == NF4_OK, "gpu_open with a 1 MiB budget: %s", nf4_last_error());
+    if (rc)
+        return;
+    struct mcase sub[] = {
+        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 1, {16, 0, 0}, {0}, {2.0f, 0, 0}, 1.0f},
+        {700, 3001, 0, 700 * 3001, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0}, {1.5f, 0, 0}, 1.0f},
+    };
+    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
+        snprintf(what, sizeof what, "dora sub-chunks: %llux%llu %s", (unsigned long long)sub[i].rows,
+                 (unsigned long long)sub[i].cols, base_name(&sub[i]));
+        run_case(small, &sub[i], what);
+        CHECK(gpu_last_subchunks(small) >= 3, "%s: only %llu sub-chunks", what,
+              (unsigned long long)gpu_last_subchunks(small));
+    }
+    gpu_close(small);
+}
+
 /* A scaling that overflows fp16: the counts must match the CPU's. */
 static void test_overflow(struct gpu_ctx *ctx)
 {
-    struct mcase c = {96, 640, 0, 96 * 640, 0, DT_F32, DT_F16, 1, {4, 0, 0}, {0, 0, 0}, {3e6f, 0, 0}};
+    struct mcase c = {96, 640, 0, 96 * 640, 0, DT_F32, DT_F16, 1, {4, 0, 0}, {0, 0, 0}, {3e6f, 0, 0}, 0};
     run_case(ctx, &c, "merge overflow to fp16 inf");
 }
 
@@ -234,6 +297,7 @@ int main(void)
     test_matrix(ctx);
     test_subchunks();
     test_overflow(ctx);
+    test_dora(ctx);
     gpu_close(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
