@@ -394,25 +394,6 @@ extern "C" int gpu_dequant_lane(struct gpu_ctx *c, int lane, const struct dequan
 // in front); the base's data goes in sub-chunks over the two streams, as for a
 // dequantization, each merged by one fused launch and copied back.
 
-static uint64_t gcd_u64(uint64_t a, uint64_t b)
-{
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
-// DoRA sub-chunks are whole rows, where blocks start too: the least common
-// multiple (the pipeline cut the chunk the same way, so n is a multiple of it,
-// or the whole tensor).
-static uint64_t whole_rows_granule(uint64_t granule, uint64_t cols, uint64_t n)
-{
-    const uint64_t step = granule / gcd_u64(granule, cols);
-    return step > n / cols ? n : step * cols;
-}
-
 static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merge_job *mj, uint64_t *overflowed)
 {
     const bool dora = mj->magnitude != NULL;
@@ -435,8 +416,8 @@ static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merg
                         "(%zu MiB)", (ftotal >> 20) + 1);
     const size_t wsz = dq ? 0 : out_size(mj->w_dtype), osz = out_size(mj->out_dtype);
     uint64_t granule = dq ? quant_granule(dq) : 1;
-    if (dora)
-        granule = whole_rows_granule(granule, mj->cols, mj->n);
+    if (dora) // the pipeline cut the chunk the same way: n is a multiple of it, or the whole tensor
+        granule = dora_granule(granule, mj->cols, mj->n);
     // DoRA: the merged rows in fp32, for the row kernel.
     const double per_elem = (dq ? quant_bytes_per_element(dq, osz) : (double)(wsz + osz)) + (dora ? 4.0 : 0.0);
     const uint64_t sub_n = subchunk_elements(c, lane_budget(c) - ftotal, per_elem, granule, mj->n);

@@ -27,8 +27,8 @@ uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n
     for (size_t i = 0; i < t->nterms; i++) {
         const struct lora_term *x = &t->terms[i];
         floats += l_floats(x, first_row, last_row) + (uint64_t)x->r * t->cols;
-        if (x->magnitude)
-            floats += last_row - first_row + 1;
+        if (x->magnitude) /* and the merged rows, held for the rescale */
+            floats += last_row - first_row + 1 + n;
         if (x->fan_in_fan_out) /* B is read whole, then transposed into R */
             floats += (uint64_t)x->r * t->cols;
     }
@@ -69,6 +69,7 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
     j->cols = t->cols;
     j->nfactors = t->nterms;
     j->magnitude = NULL;
+    j->dora_rows = NULL;
     for (size_t i = 0; i < t->nterms; i++) {
         const struct lora_term *x = &t->terms[i];
         struct merge_factor *f = &j->f[i];
@@ -121,6 +122,8 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
                 return code;
             j->magnitude = at;
             at += last_row - first_row + 1;
+            j->dora_rows = at;
+            at += n;
         }
     }
     return NF4_OK;
@@ -278,28 +281,27 @@ static float norm_of(double partial[DORA_NORM_LANES])
 /* DoRA: whole rows [row, row + nrows), each merged row scaled by its
  * magnitude over its L2 norm (the fp32 rounding of the fp64 norm, as PEFT's
  * norm is fp32); the factor and the product are fp32, rounded once to the
- * output dtype. The merged values are computed twice, for the norm and for
- * the output: the same arithmetic both times. */
+ * output dtype. The merged rows wait in j->dora_rows until their norms are
+ * known. */
 static uint64_t merge_dora_rows(const struct merge_job *j, uint64_t row, int nrows)
 {
-    float m[MERGE_ROWS][MERGE_TILE], factor[MERGE_ROWS];
+    float m[MERGE_ROWS][MERGE_TILE];
     double partial[MERGE_ROWS][DORA_NORM_LANES] = {{0}};
+    float *held = j->dora_rows + (row * j->cols - j->e0);
     uint64_t overflowed = 0;
     for (uint64_t c0 = 0; c0 < j->cols; c0 += MERGE_TILE) {
         int width = tile_width(c0, j->cols);
         merged_tile(j, row, nrows, c0, width, m);
-        for (int rr = 0; rr < nrows; rr++)
+        for (int rr = 0; rr < nrows; rr++) {
             add_squares(partial[rr], c0, width, m[rr]);
+            memcpy(held + rr * j->cols + c0, m[rr], (size_t)width * sizeof(float));
+        }
     }
-    for (int rr = 0; rr < nrows; rr++)
-        factor[rr] = j->magnitude[row + rr - j->e0 / j->cols] / norm_of(partial[rr]);
-    for (uint64_t c0 = 0; c0 < j->cols; c0 += MERGE_TILE) {
-        int width = tile_width(c0, j->cols);
-        merged_tile(j, row, nrows, c0, width, m);
-        for (int rr = 0; rr < nrows; rr++)
-            for (int c = 0; c < width; c++)
-                overflowed += store_value(j->out, j->out_dtype, (row + rr) * j->cols + c0 + c - j->e0,
-                                          factor[rr] * m[rr][c]);
+    for (int rr = 0; rr < nrows; rr++) {
+        const float factor = j->magnitude[row + rr - j->e0 / j->cols] / norm_of(partial[rr]);
+        for (uint64_t c = 0; c < j->cols; c++)
+            overflowed += store_value(j->out, j->out_dtype, (row + rr) * j->cols + c - j->e0,
+                                      factor * held[rr * j->cols + c]);
     }
     return overflowed;
 }

@@ -25,7 +25,8 @@
 #include "lora.h"
 #include "merge_job.h"
 
-/* Slot bytes the factors of `t` take for a chunk of n elements starting at e0. */
+/* Slot bytes the factors of `t` take for a chunk of n elements starting at e0
+ * (with DoRA, and its magnitudes and n floats of merged rows). */
 uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n);
 /* Upper bound of merge_factor_bytes over any chunk of n elements. */
 uint64_t merge_factor_bytes_max(const struct lora_target *t, uint64_t n);

@@ -17,6 +17,24 @@
  * 1; the row's is p[0]. Squares of fp32 values are exact in fp64. */
 #define DORA_NORM_LANES 32
 
+/* A DoRA chunk (and a device sub-chunk of one) is whole rows of `cols`
+ * elements, starting where quantization blocks start too (`align` elements):
+ * a multiple of their least common multiple, or all `total` elements of the
+ * tensor where that is more. */
+static inline uint64_t dora_granule(uint64_t align, uint64_t cols, uint64_t total)
+{
+    uint64_t a = align, b = cols;
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    const uint64_t step = a ? align / a : 1; /* align / gcd(align, cols) */
+    if (cols == 0 || step > total / cols)
+        return total ? total : 1;
+    return step * cols;
+}
+
 /* One adapter's factors over a chunk: delta(row, col) = scaling * sum_k L(row, k) * R(k, col). */
 struct merge_factor {
     const float *l; /* L(row, k) = l[(row - l_row0) * l_row_stride + k * l_k_stride] */
@@ -39,6 +57,7 @@ struct merge_job {
      * e0 / cols onward; every merged row is scaled by it over its L2 norm
      * (summed as DORA_NORM_LANES describes). NULL for LoRA. */
     const float *magnitude;
+    float *dora_rows; /* DoRA on the CPU: n floats, where the merged rows wait for their norms */
 };
 
 #endif

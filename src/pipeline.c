@@ -190,26 +190,6 @@ static uint64_t merge_chunk_bytes(const struct out_item *it, uint64_t n)
     return n * per_element + merge_factor_bytes_max(it->lora, n) + 8 * ARENA_ALIGN + 16;
 }
 
-static uint64_t gcd_u64(uint64_t a, uint64_t b)
-{
-    while (b) {
-        uint64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
-/* A DoRA chunk is whole rows (each row's norm takes all of it), and aligned
- * too: the least common multiple, or the whole tensor where that is more. */
-static uint64_t whole_rows_align(uint64_t align, uint64_t cols, uint64_t total)
-{
-    uint64_t lcm;
-    if (cols == 0 || !checked_mul_u64(align / gcd_u64(align, cols), cols, &lcm) || lcm > total)
-        return total ? total : 1;
-    return lcm;
-}
-
 /* Largest chunk of a merged tensor that fits a slot and chunk_cap (or the
  * smallest aligned one, where that is more), in elements: aligned as a
  * dequantized chunk when the base is 4-bit, any run of elements otherwise. */
@@ -219,7 +199,7 @@ static uint64_t merge_chunk(const struct pipeline *p, const struct out_item *it,
     uint64_t align = s ? (uint64_t)s->blocksize * (s->nested ? s->nested_blocksize : 1) : 1;
     uint64_t total = s ? s->n : it->src->t->nelem;
     if (lora_target_is_dora(it->lora))
-        align = whole_rows_align(align, it->lora->cols, total);
+        align = dora_granule(align, it->lora->cols, total);
     uint64_t cap = chunk_cap(p, it);
     if (cap > total)
         cap = total;

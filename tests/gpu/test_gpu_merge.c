@@ -98,6 +98,8 @@ static void run_case(struct gpu_ctx *ctx, const struct mcase *c, const char *wha
         for (uint64_t i = 0; magnitude && i < c->n / c->cols; i++)
             magnitude[i] += c->dora; /* 0.5 to 1.5 times c->dora */
         mj.magnitude = magnitude;
+        mj.dora_rows = malloc(c->n * sizeof(float));
+        bad = bad || !mj.dora_rows;
     }
     if (!bad && c->quantized) {
         /* The chunk's own 4-bit data: a dequant job of n elements whose output is the base in w_dtype. */
@@ -161,6 +163,7 @@ out:
         gpu_host_free(ctx, fs.r[k]);
     }
     gpu_host_free(ctx, magnitude);
+    free(mj.dora_rows);
     tensor_free(ctx, &t);
 }
 
@@ -207,27 +210,33 @@ static void test_matrix(struct gpu_ctx *ctx)
                 }
 }
 
-/* A budget of 1 MiB: the base goes through the device in several sub-chunks. */
-static void test_subchunks(void)
+/* With a budget of 1 MiB each case's base goes through the device in several
+ * sub-chunks. */
+static void run_in_subchunks(const struct mcase *cases, size_t n, const char *label)
 {
     struct gpu_ctx *small = NULL;
     int rc = gpu_open(&small, 0, 1u << 20);
     CHECK(rc == NF4_OK, "gpu_open with a 1 MiB budget: %s", nf4_last_error());
     if (rc)
         return;
-    struct mcase cases[] = {
-        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 2, {16, 4, 0}, {0, 1, 0}, {2.0f, 0.5f, 0}, 0},
-        {700, 3001, 0, 700 * 3001 - 5, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0, 0, 0}, {1.5f, 0, 0}, 0},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    for (size_t i = 0; i < n; i++) {
         char what[160];
-        snprintf(what, sizeof what, "merge sub-chunks: %llux%llu %s", (unsigned long long)cases[i].rows,
+        snprintf(what, sizeof what, "%s sub-chunks: %llux%llu %s", label, (unsigned long long)cases[i].rows,
                  (unsigned long long)cases[i].cols, base_name(&cases[i]));
         run_case(small, &cases[i], what);
         CHECK(gpu_last_subchunks(small) >= 3, "%s: only %llu sub-chunks", what,
               (unsigned long long)gpu_last_subchunks(small));
     }
     gpu_close(small);
+}
+
+static void test_subchunks(void)
+{
+    static const struct mcase cases[] = {
+        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 2, {16, 4, 0}, {0, 1, 0}, {2.0f, 0.5f, 0}, 0},
+        {700, 3001, 0, 700 * 3001 - 5, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0, 0, 0}, {1.5f, 0, 0}, 0},
+    };
+    run_in_subchunks(cases, sizeof cases / sizeof cases[0], "merge");
 }
 
 /* DoRA: whole-row chunks, each row's fp64 sum of squares in the one order
@@ -262,23 +271,11 @@ static void test_dora(struct gpu_ctx *ctx)
     run_case(ctx, &later, "dora: a chunk of rows 16 to 31");
     struct mcase over = {96, 640, 0, 96 * 640, 0, DT_F32, DT_F16, 1, {4, 0, 0}, {0}, {3.0f, 0, 0}, 3e6f};
     run_case(ctx, &over, "dora: magnitudes that overflow fp16");
-    struct gpu_ctx *small = NULL;
-    int rc = gpu_open(&small, 0, 1u << 20);
-    CHECK(rc == NF4_OK, "gpu_open with a 1 MiB budget: %s", nf4_last_error());
-    if (rc)
-        return;
-    struct mcase sub[] = {
+    static const struct mcase sub[] = {
         {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 1, {16, 0, 0}, {0}, {2.0f, 0, 0}, 1.0f},
         {700, 3001, 0, 700 * 3001, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0}, {1.5f, 0, 0}, 1.0f},
     };
-    for (size_t i = 0; i < sizeof sub / sizeof sub[0]; i++) {
-        snprintf(what, sizeof what, "dora sub-chunks: %llux%llu %s", (unsigned long long)sub[i].rows,
-                 (unsigned long long)sub[i].cols, base_name(&sub[i]));
-        run_case(small, &sub[i], what);
-        CHECK(gpu_last_subchunks(small) >= 3, "%s: only %llu sub-chunks", what,
-              (unsigned long long)gpu_last_subchunks(small));
-    }
-    gpu_close(small);
+    run_in_subchunks(sub, sizeof sub / sizeof sub[0], "dora");
 }
 
 /* A scaling that overflows fp16: the counts must match the CPU's. */
