@@ -926,22 +926,27 @@ static void test_refusals_write_nothing(void **state)
     struct tu_scratch *s = *state;
     static const struct {
         const char *adapter_config, *want;
+        const char *weights_of; /* the adapter whose weights the case uses; NULL: adapter-r8-all-linear */
     } BAD[] = {
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"use_dora\": true}",
-         "lora_magnitude_vector, which DoRA (use_dora) needs"},
-        {"{\"peft_type\": \"IA3\", \"r\": 8, \"lora_alpha\": 16}", "only LoRA adapters can be merged"},
-        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 16}", "but the config says r = 4"},
+         "lora_magnitude_vector, which DoRA (use_dora) needs", NULL},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"use_dora\": true, "
+         "\"target_modules\": [\"embed_tokens\", \"v_proj\"]}",
+         "lora_embedding_A: DoRA (use_dora) on an embedding is not supported", "adapter-embed-lora"},
+        {"{\"peft_type\": \"IA3\", \"r\": 8, \"lora_alpha\": 16}", "only LoRA adapters can be merged", NULL},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 16}", "but the config says r = 4", NULL},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"rank_pattern\": {\"q_proj\": 2}}",
-         "but the config says r = 2 (rank_pattern)"},
-        {"{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 16}", "\"r\" must be a whole number"},
-        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": NaN}", "NaN or Infinity"},
-        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16", "is not valid JSON"},
+         "but the config says r = 2 (rank_pattern)", NULL},
+        {"{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 16}", "\"r\" must be a whole number", NULL},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": NaN}", "NaN or Infinity", NULL},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16", "is not valid JSON", NULL},
     };
-    char *weights_src = tu_strdupf(LORA_FIXTURES "/adapter-r8-all-linear/" ADAPTER_WEIGHTS_NAME);
-    size_t wlen = 0;
-    char *weights = tu_read_file(weights_src, &wlen);
-    assert_non_null(weights);
     for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        char *weights_src = tu_strdupf(LORA_FIXTURES "/%s/" ADAPTER_WEIGHTS_NAME,
+                                       BAD[i].weights_of ? BAD[i].weights_of : "adapter-r8-all-linear");
+        size_t wlen = 0;
+        char *weights = tu_read_file(weights_src, &wlen);
+        assert_non_null(weights);
         char *ad = tu_strdupf("%s/bad-%zu", s->dir, i), *out = tu_strdupf("%s/out-%zu", s->dir, i);
         assert_int_equal(mkdir(ad, 0755), 0);
         char *wp = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
@@ -961,11 +966,11 @@ static void test_refusals_write_nothing(void **state)
         free(ad);
         free(out);
         free(wp);
+        free(weights);
+        free(weights_src);
     }
     /* Everything the runs could have left (temp files, OUT) would be here. */
     assert_int_equal(tu_count_entries(s->dir), (int)(sizeof BAD / sizeof BAD[0]));
-    free(weights);
-    free(weights_src);
 }
 
 /* An adapter for another model: its keys name modules this base lacks. */
