@@ -12,12 +12,13 @@
  * a 16-bit Conv1D's [in, out]) by scaling * (B @ A), transposed for the
  * latter. scaling is lora_alpha / r, or lora_alpha / sqrt(r) with
  * use_rslora; rank_pattern and alpha_pattern override r and alpha per module.
- *
- * and an embedding's lora_embedding_A [r, vocab] and lora_embedding_B
- * [dim, r] change <module>.weight [vocab, dim] by scaling * (B @ A)^T.
- * With use_dora (DoRA) each layer pair comes with
+ * An embedding's pair,
+ *   base_model.model.<module>.lora_embedding_A [r, vocab]
+ *   base_model.model.<module>.lora_embedding_B [dim, r]
+ * changes <module>.weight [vocab, dim] by scaling * (B @ A)^T. With use_dora
+ * (DoRA) each layer's pair comes with
  *   base_model.model.<module>.lora_magnitude_vector [out]
- * and each merged row is rescaled: magnitude / ||row of W + delta||_2.
+ * and each merged row is then multiplied by magnitude / ||row of W + delta||_2.
  *
  * Everything is checked against the base before any data is read (but for the
  * factors of a tied head and embedding, compared to tell whether they were
