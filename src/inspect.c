@@ -107,8 +107,7 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddItemToArray(ja, e);
             } else {
                 put_name(out, t->name, 48);
-                /* PEFT saves a wrapped module's frozen base layer as M.base_layer.P. */
-                int base_layer = strstr(t->replace->t->name, ".base_layer.") != NULL;
+                int base_layer = strstr(t->replace->t->name, BASE_LAYER_SEGMENT) != NULL;
                 fprintf(out, " %-6s %10s %12s  %s (%s: replaced, %s)\n", "-", "-", "-",
                         adapter_dir(s, t->replace_adapter), base_layer ? "base layer" : "modules_to_save",
                         dtype_name(t->replace->t->dtype));

@@ -248,6 +248,10 @@ struct binder {
     size_t nweights;
     struct binding *items;
     size_t n, cap;
+    /* head_mirrors_embedding's answer for one adapter, which both pairs of
+     * the tied layers ask for: it reads both layers' factors whole. */
+    const struct lora_adapter *mirror_of;
+    int mirrored;
 };
 
 static int is_factor_dtype(enum st_dtype dt)
@@ -331,6 +335,14 @@ static char *base_weight_name(const char *module)
     if (w)
         snprintf(w, n, "%s.weight", module);
     return w;
+}
+
+/* The module of a weight: "M.weight" -> "M", allocated (the inverse of
+ * base_weight_name); NULL: out of memory. */
+static char *weight_module(const char *wname)
+{
+    size_t n = strlen(wname), suffix = strlen(".weight");
+    return strndup(wname, n >= suffix && strcmp(wname + n - suffix, ".weight") == 0 ? n - suffix : n);
 }
 
 /* Whether B @ A ([out, in]) lands on the base tensor `wname` transposed. In
@@ -439,10 +451,13 @@ static int is_transpose_of(const struct model_tensor *x, const struct model_tens
  * ensure_weight_tying trains them when the tie of the factors holds. (PEFT 0.21
  * casts a 16-bit model's factors to fp32 after tying them, so by default each
  * layer trains factors of its own, and they differ.) */
-static int head_mirrors_embedding(const struct binder *b, const struct lora_adapter *ad, int *mirrored)
+static int head_mirrors_embedding(struct binder *b, const struct lora_adapter *ad, int *mirrored)
 {
-    char *head = strndup(TIED_HEAD_NAME, strlen(TIED_HEAD_NAME) - strlen(".weight"));
-    char *embed = strndup(b->tied_embedding, strlen(b->tied_embedding) - strlen(".weight"));
+    if (b->mirror_of == ad) {
+        *mirrored = b->mirrored;
+        return NF4_OK;
+    }
+    char *head = weight_module(TIED_HEAD_NAME), *embed = weight_module(b->tied_embedding);
     char *keys[4] = {head ? factor_key(head, LORA_A_SUFFIX) : NULL, head ? factor_key(head, LORA_B_SUFFIX) : NULL,
                      embed ? factor_key(embed, EMBEDDING_B_SUFFIX) : NULL,
                      embed ? factor_key(embed, EMBEDDING_A_SUFFIX) : NULL};
@@ -461,6 +476,10 @@ static int head_mirrors_embedding(const struct binder *b, const struct lora_adap
         free(keys[i]);
     free(head);
     free(embed);
+    if (code == NF4_OK) {
+        b->mirror_of = ad;
+        b->mirrored = *mirrored;
+    }
     return code;
 }
 
@@ -468,7 +487,7 @@ static int wrapped_for_the_tie(const struct binder *b, const struct lora_config 
 {
     if (!c->ensure_weight_tying || !is_tied_head(b, wname))
         return 0;
-    char *embed = strndup(b->tied_embedding, strlen(b->tied_embedding) - strlen(".weight"));
+    char *embed = weight_module(b->tied_embedding);
     int wrapped = embed && lora_target_matches(&c->targets, embed) == 1;
     free(embed);
     return wrapped;
@@ -653,7 +672,6 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
     return NF4_OK;
 }
 
-#define BASE_LAYER_SEGMENT ".base_layer."
 
 /* With ensure_weight_tying PEFT saves the embedding's modules_to_save copy
  * under the tied head's name as well (it drops lm_head from modules_to_save

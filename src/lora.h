@@ -51,6 +51,8 @@
 #define ADAPTER_CONFIG_NAME "adapter_config.json"
 #define ADAPTER_WEIGHTS_NAME "adapter_model.safetensors"
 #define PEFT_KEY_PREFIX "base_model.model."
+/* A wrapped module's frozen base layer, saved as M.base_layer.P (lora.h's key list). */
+#define BASE_LAYER_SEGMENT ".base_layer."
 
 /* One adapter's LoRA pair on one base tensor. */
 struct lora_term {
