@@ -50,7 +50,7 @@ void convert_opts_init(struct convert_opts *o)
 /* Points an item at what an adapter does to its tensor: a replacement
  * (modules_to_save, a trained bias, a saved base layer) becomes the item's
  * source (cast to the dtype the base would have had), and LoRA terms are
- * merged into the source. */
+ * merged into the source, or trained token rows put in it. */
 static void plan_lora(struct out_item *it, const struct lora_target *t)
 {
     if (!t)
@@ -59,7 +59,7 @@ static void plan_lora(struct out_item *it, const struct lora_target *t)
         it->w = NULL;
         it->src = t->replace;
     }
-    if (t->nterms)
+    if (t->nterms || t->tokens)
         it->lora = t;
 }
 

@@ -89,7 +89,29 @@ static const char *adapter_dir(const struct lora_set *s, size_t i)
     return s->adapters[i].dir;
 }
 
-/* The LoRA section: one entry per term or replacement, in tensor order. */
+/* Trained token rows: how many in the table, which ones in JSON. */
+static void report_token_rows(const struct lora_set *s, const struct lora_target *t, cJSON *ja, FILE *out)
+{
+    const struct token_rows *tr = t->tokens;
+    if (ja) {
+        cJSON *e = cJSON_CreateObject(), *rows = cJSON_CreateArray();
+        cJSON_AddStringToObject(e, "tensor", t->name);
+        cJSON_AddStringToObject(e, "adapter", adapter_dir(s, t->tokens_adapter));
+        cJSON_AddStringToObject(e, "change", "rows");
+        for (uint64_t i = 0; i < tr->n; i++)
+            cJSON_AddItemToArray(rows, cJSON_CreateNumber((double)tr->row[i]));
+        cJSON_AddItemToObject(e, "rows", rows);
+        cJSON_AddStringToObject(e, "dtype", dtype_name(tr->values->t->dtype));
+        cJSON_AddItemToArray(ja, e);
+    } else {
+        put_name(out, t->name, 48);
+        fprintf(out, " %-6s %10s %12s  %s (trainable tokens: %llu row%s, %s)\n", "-", "-", "-",
+                adapter_dir(s, t->tokens_adapter), (unsigned long long)tr->n, tr->n == 1 ? "" : "s",
+                dtype_name(tr->values->t->dtype));
+    }
+}
+
+/* The LoRA section: one entry per term, replacement or set of token rows, in tensor order. */
 static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
 {
     cJSON *ja = root ? cJSON_AddArrayToObject(root, "lora") : NULL;
@@ -112,7 +134,9 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                         adapter_dir(s, t->replace_adapter), base_layer ? "base layer" : "modules_to_save",
                         dtype_name(t->replace->t->dtype));
             }
-        } /* and a LoRA of the same adapter goes on the replacement */
+        } /* and a LoRA of the same adapter goes on the replacement, or its token rows */
+        if (t->tokens)
+            report_token_rows(s, t, ja, out);
         for (size_t k = 0; k < t->nterms; k++) {
             const struct lora_term *x = &t->terms[k];
             if (ja) {

@@ -102,12 +102,14 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
         return twice < 0 ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
                          : config_fail(path, "has a duplicate key");
     /* PEFT builds nn.Linear layers of these sizes, which refuse 4.0. */
-    static const char *const INTEGER_KEYS[] = {"r", "rank_pattern"};
+    static const char *const INTEGER_KEYS[] = {"r", "rank_pattern", TOKEN_INDICES_KEY};
     const char *bad_key;
     if (!json_keys_hold_plain_integers(json, len, INTEGER_KEYS, sizeof INTEGER_KEYS / sizeof *INTEGER_KEYS,
                                        &bad_key))
         return config_fail(path, strcmp(bad_key, "r") == 0 ? "\"r\" must be a whole number from 1 to 65536"
-                                                   : "\"rank_pattern\" ranks must be whole numbers");
+                                 : strcmp(bad_key, "rank_pattern") == 0
+                                     ? "\"rank_pattern\" ranks must be whole numbers"
+                                     : "\"" TOKEN_INDICES_KEY "\" rows must be whole numbers from 0");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
     if (!cJSON_IsString(type))
         return config_fail(path, "has no \"peft_type\": not a PEFT adapter config");
@@ -154,6 +156,9 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
                 return config_fail(path, "\"modules_to_save\" must be a list of module names");
         c->modules_to_save = mts;
     }
+    c->token_indices = cJSON_GetObjectItemCaseSensitive(root, TOKEN_INDICES_KEY);
+    if ((code = token_indices_check(path, c->token_indices)) != NF4_OK)
+        return code;
     return lora_target_parse(path, root, &c->targets);
 }
 
@@ -234,6 +239,7 @@ struct binding {
     char *name;
     uint64_t rows, cols;
     const struct model_tensor *replace;
+    struct token_rows *tokens; /* owned until gathered */
     struct lora_term term;
 };
 
@@ -242,6 +248,11 @@ struct binder {
     const char *tied_embedding; /* what the base ties TIED_HEAD_NAME to, or NULL (model_dir.h) */
     /* The first adapter key that parts the tied head from its embedding, or NULL. */
     const char *untie_file, *untie_key, *untie_name;
+    /* The first such key that is not the head's own trained token rows, or NULL. */
+    const char *other_untie_file, *other_untie_key;
+    /* The first trained token rows of the tied embedding, which the head
+     * shares unless its own rows part them; or NULL. */
+    const char *tokens_tied_file, *tokens_tied_key;
     /* The first embedding copy that ensure_weight_tying keeps tied, or NULL. */
     const char *tie_kept_file, *tie_kept_key;
     const struct bnb_weight *weights;
@@ -304,6 +315,22 @@ static struct binding *add_binding(struct binder *b, const char *file, const cha
     return x;
 }
 
+/* PEFT's EMBEDDING_LAYER_NAMES: with save_embedding_layers (set when the
+ * embedding is targeted, or the vocabulary was resized) PEFT saves the input
+ * and output embeddings whole, as "M.weight" where nothing wraps them. */
+static int is_embedding_layer_weight(const char *name)
+{
+    static const char *const NAMES[] = {"embed_tokens.weight", "lm_head.weight"};
+    for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++) {
+        size_t n = strlen(name), k = strlen(NAMES[i]);
+        if (n >= k && strcmp(name + n - k, NAMES[i]) == 0 && (n == k || name[n - k - 1] == '.'))
+            return 1;
+    }
+    return 0;
+}
+
+/* The wrapper PEFT puts around a layer with trained tokens (token_rows.h). */
+#define TOKEN_ADAPTER_SEGMENT ".token_adapter"
 #define LORA_A_SUFFIX ".lora_A.weight"
 #define LORA_B_SUFFIX ".lora_B.weight"
 #define EMBEDDING_A_SUFFIX ".lora_embedding_A"
@@ -381,13 +408,19 @@ static int is_tied_embedding(const struct binder *b, const char *name)
 
 /* Records that adapter key `key` changes `name` (the tied head or its
  * embedding) apart from the other, so the merge writes TIED_HEAD_NAME apart:
- * lora_open refuses it where no config.json can be written to say so. */
-static void note_untie(struct binder *b, const char *file, const char *key, const char *name)
+ * lora_open refuses it where no config.json can be written to say so, or
+ * where trained token rows of the embedding were to go on the head too and
+ * something other than the head's own rows parts them. */
+static void note_untie(struct binder *b, const char *file, const char *key, const char *name, int by_token_rows)
 {
     if (!b->untie_key) {
         b->untie_file = file;
         b->untie_key = key;
         b->untie_name = is_tied_head(b, name) ? TIED_HEAD_NAME : b->tied_embedding;
+    }
+    if (!by_token_rows && !b->other_untie_key) {
+        b->other_untie_file = file;
+        b->other_untie_key = key;
     }
 }
 
@@ -566,7 +599,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     if (mirrored && is_tied_head(b, wname))
         goto out;
     if (parts_tied_weights(b, wname, mirrored))
-        note_untie(b, file, aname, wname);
+        note_untie(b, file, aname, wname, 0);
     const cJSON *rp = pattern_for(c->rank_pattern, c->rank_compiled, module),
                 *ap = pattern_for(c->alpha_pattern, c->alpha_compiled, module);
     uint32_t r = rp ? (uint32_t)rp->valuedouble : c->r;
@@ -637,8 +670,15 @@ static int base_shape_fits(const struct binder *b, const struct model_tensor *t,
     if (!base_shape(b, name, &ndim, &shape))
         return nf4_fail(NF4_EDATA, t->file->path, t->t->name, "matches no floating-point tensor %s in the base model",
                         name);
-    if (!dtype_is_castable_float(t->t->dtype) || t->t->ndim != ndim || memcmp(t->t->shape, shape, ndim * sizeof *shape))
-        return nf4_fail(NF4_EDATA, t->file->path, t->t->name,
+    const struct st_tensor *x = t->t;
+    if (x->ndim == 2 && ndim == 2 && x->shape[1] == shape[1] && x->shape[0] != shape[0] &&
+        (is_embedding_layer_weight(name) || is_tied_head(b, name)))
+        return nf4_fail(NF4_EDATA, t->file->path, x->name, "has %llu rows, and %s in the base model %llu: the adapter "
+                        "was trained on a resized vocabulary (resize_token_embeddings), and nf4deq merges an adapter "
+                        "only into a base of the vocabulary it was trained with", (unsigned long long)x->shape[0],
+                        name, (unsigned long long)shape[0]);
+    if (!dtype_is_castable_float(x->dtype) || x->ndim != ndim || memcmp(x->shape, shape, ndim * sizeof *shape))
+        return nf4_fail(NF4_EDATA, t->file->path, x->name,
                         "does not have the dtype class or shape of %s in the base model", name);
     return NF4_OK;
 }
@@ -656,7 +696,7 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
 {
     const char *file = t->file->path;
     if (role != TIE_NEUTRAL && parts_tied_weights(b, name, role == TIE_KEPT))
-        note_untie(b, file, t->t->name, name);
+        note_untie(b, file, t->t->name, name, 0);
     else if (role == TIE_KEPT && is_tied_embedding(b, name) && !b->tie_kept_key) {
         b->tie_kept_file = file;
         b->tie_kept_key = t->t->name;
@@ -698,9 +738,11 @@ static int bind_tied_head_copy(struct binder *b, const struct lora_adapter *ad, 
 
 /* A tensor the adapter holds whole, which replaces the base's: a
  * modules_to_save module's, a trained bias ("bias": "all" or "lora_only"), or
- * the base layer of a module PEFT wrapped with LoRA, which it saves as
- * "M.base_layer.P" (a bias under a LoRA layer; lm_head or embed_tokens with
- * save_embedding_layers) and loads back into M.P. */
+ * a frozen layer: the base layer of a module PEFT wrapped (with LoRA, or for
+ * trained tokens), which it saves as "M.base_layer.P" or
+ * "M.token_adapter.base_layer.P" (a bias under a LoRA layer; lm_head or
+ * embed_tokens with save_embedding_layers), or an embedding layer nothing
+ * wraps, as "M.weight", and loads back into M.P. */
 static int bind_replacement(struct binder *b, const struct lora_adapter *ad, size_t index,
                             const struct lora_config *c, const struct model_tensor *t, const char *key_name)
 {
@@ -709,27 +751,133 @@ static int bind_replacement(struct binder *b, const struct lora_adapter *ad, siz
     if (!name)
         return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
     char *base_layer = strstr(name, BASE_LAYER_SEGMENT);
-    if (base_layer) { /* "M.base_layer.P" -> "M.P" */
+    if (base_layer) { /* "M.base_layer.P" -> "M.P", and "M.token_adapter.base_layer.P" too */
         const char *rest = base_layer + strlen(BASE_LAYER_SEGMENT) - 1; /* ".P" */
+        size_t wrapper = strlen(TOKEN_ADAPTER_SEGMENT);
+        if ((size_t)(base_layer - name) > wrapper && memcmp(base_layer - wrapper, TOKEN_ADAPTER_SEGMENT, wrapper) == 0)
+            base_layer -= wrapper;
         memmove(base_layer, rest, strlen(rest) + 1);
     }
     const char *last = strrchr(name, '.');
+    int mts = in_modules_to_save(c, name);
+    /* Frozen layers PEFT saves whole: a wrapped module's base layer, and
+     * (save_embedding_layers) the embedding layers. */
+    int frozen = base_layer || (!mts && is_embedding_layer_weight(name));
+    /* (A frozen head with ensure_weight_tying comes with the frozen embedding,
+     * so that taking it for the embedding's copy gives the same.) */
     if (c->ensure_weight_tying && is_tied_head(b, name) && !base_layer) {
         free(name);
         return bind_tied_head_copy(b, ad, index, t);
     }
-    if (base_layer && is_tied_head(b, name)) {
+    if (frozen && is_tied_head(b, name)) {
         /* The shared tensor again, which the base does not store as the head:
          * a head written apart starts from the base's embedding. */
         int code = base_shape_fits(b, t, name);
         free(name);
         return code;
     }
-    int saved = base_layer || in_modules_to_save(c, name) || (c->trains_bias && last && strcmp(last + 1, "bias") == 0);
-    enum tie_role role = base_layer ? TIE_NEUTRAL : c->ensure_weight_tying ? TIE_KEPT : TIE_PARTED;
+    int saved = frozen || mts || (c->trains_bias && last && strcmp(last + 1, "bias") == 0);
+    enum tie_role role = frozen ? TIE_NEUTRAL : c->ensure_weight_tying ? TIE_KEPT : TIE_PARTED;
     int code = saved ? bind_replacement_of(b, index, t, name, role)
                      : nf4_fail(NF4_EDATA, file, t->t->name, "is neither a LoRA weight nor in modules_to_save");
     free(name);
+    return code;
+}
+
+/* The rows adapter tensor t (M.token_adapter.trainable_tokens_delta, for
+ * `module` M) replaces in M.weight, which is *rows x *cols. */
+static int token_rows_of(const struct binder *b, const struct lora_config *c, const struct model_tensor *t,
+                         const char *module, struct token_rows **out, uint64_t *rows, uint64_t *cols)
+{
+    const char *file = t->file->path, *key = t->t->name;
+    int ambiguous;
+    *out = NULL;
+    const cJSON *list = token_indices_for(c->token_indices, module, &ambiguous);
+    if (!list)
+        return nf4_fail(NF4_EDATA, file, key, ambiguous ? "is the module of two entries of adapter_config.json's "
+                                                          "\"" TOKEN_INDICES_KEY "\""
+                                                        : "has no rows in adapter_config.json's \"" TOKEN_INDICES_KEY
+                                                          "\"");
+    char *wname = base_weight_name(module);
+    if (!wname)
+        return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+    size_t ndim;
+    const uint64_t *shape;
+    int code;
+    if (bnb_find(b->weights, b->nweights, wname))
+        code = nf4_fail(NF4_EDATA, file, key, "replaces rows of %s, which is 4-bit; PEFT trains the token rows of "
+                        "an embedding or a 16-bit layer (an adapter for another model?)", wname);
+    else if (!base_shape(b, wname, &ndim, &shape) || ndim != 2)
+        code = nf4_fail(NF4_EDATA, file, key, "matches no floating-point matrix %s in the base model (an adapter "
+                        "for another model?)", wname);
+    else {
+        *rows = shape[0];
+        *cols = shape[1];
+        const struct model_tensor *base = model_find(b->base, is_tied_head(b, wname) ? b->tied_embedding : wname);
+        code = token_rows_build(list, t, wname, *rows, *cols, base->t->dtype, out);
+    }
+    free(wname);
+    return code;
+}
+
+/* Whether the adapter's token rows for the tied head are its rows for the
+ * embedding, row for row and value for value: the tie's, which PEFT saves
+ * under both names when it saves the layers whole (a grown vocabulary). */
+static int head_rows_are_embeddings(const struct binder *b, const struct lora_adapter *ad,
+                                    const struct lora_config *c, const struct token_rows *head, int *same)
+{
+    char *embed = weight_module(b->tied_embedding), *key = embed ? factor_key(embed, TOKEN_DELTA_SUFFIX) : NULL;
+    int code = key ? NF4_OK : nf4_fail(NF4_ESOFTWARE, ad->config_path, NULL, "out of memory");
+    const struct model_tensor *t = key ? model_find(ad->weights, key) : NULL;
+    struct token_rows *rows = NULL;
+    uint64_t nrows, ncols;
+    *same = 0;
+    if (t && (code = token_rows_of(b, c, t, embed, &rows, &nrows, &ncols)) == NF4_OK)
+        code = token_rows_same(head, rows, same);
+    token_rows_free(rows);
+    free(key);
+    free(embed);
+    return code;
+}
+
+/* Trained token rows (token_rows.h) of M.weight. On a tied base the
+ * embedding's rows are the head's as well (PEFT ties the head's token layer
+ * to the embedding's), and the tie stays; rows of the head's own part them. */
+static int bind_token_rows(struct binder *b, const struct lora_adapter *ad, size_t index,
+                           const struct lora_config *c, const struct model_tensor *t, const char *name)
+{
+    const char *file = t->file->path, *key = t->t->name;
+    char *module = strndup(name, strlen(name) - strlen(TOKEN_DELTA_SUFFIX));
+    char *wname = module ? base_weight_name(module) : NULL;
+    struct token_rows *rows = NULL;
+    uint64_t nrows = 0, ncols = 0;
+    int code = wname ? token_rows_of(b, c, t, module, &rows, &nrows, &ncols)
+                     : nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+    if (code != NF4_OK || rows->n == 0)
+        goto out;
+    if (is_tied_head(b, wname)) {
+        int same;
+        if ((code = head_rows_are_embeddings(b, ad, c, rows, &same)) != NF4_OK || same)
+            goto out;
+        note_untie(b, file, key, wname, 1);
+    } else if (is_tied_embedding(b, wname) && !b->tokens_tied_key) {
+        b->tokens_tied_file = file;
+        b->tokens_tied_key = key;
+    }
+    struct binding *x = add_binding(b, file, wname);
+    if (!x) {
+        code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+        goto out;
+    }
+    x->rows = nrows;
+    x->cols = ncols;
+    x->tokens = rows;
+    x->term.adapter = index;
+    rows = NULL;
+out:
+    token_rows_free(rows);
+    free(module);
+    free(wname);
     return code;
 }
 
@@ -821,6 +969,8 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
             code = check_b_has_a(m, file, key, LORA_B_SUFFIX, &LAYER_PAIR);
         } else if (str_ends_with(name, EMBEDDING_B_SUFFIX)) {
             code = check_b_has_a(m, file, key, EMBEDDING_B_SUFFIX, &EMBEDDING_PAIR);
+        } else if (str_ends_with(name, TOKEN_DELTA_SUFFIX)) {
+            code = bind_token_rows(b, ad, index, c, t, name);
         } else if (strstr(name, ".lora_") || strncmp(name, "lora_", 5) == 0) {
             code = nf4_fail(NF4_EDATA, file, key, "is a LoRA tensor nf4deq does not know how to merge");
         } else {
@@ -841,9 +991,27 @@ static int cmp_binding(const void *x, const void *y)
     return a->term.adapter < b->term.adapter ? -1 : a->term.adapter > b->term.adapter;
 }
 
+/* Trained token rows are an adapter's only change to their tensor (PEFT
+ * wraps a layer for them or for LoRA, not both), but for the saved base layer
+ * they go on: with any other, which one wins where would depend on the order
+ * PEFT merges them in. */
+static int check_token_rows_alone(const struct lora_set *s, const struct lora_target *t)
+{
+    if (!t->tokens)
+        return NF4_OK;
+    int base_layer = t->replace && t->replace_adapter == t->tokens_adapter &&
+                     strstr(t->replace->t->name, BASE_LAYER_SEGMENT) != NULL;
+    if (!t->nterms && (!t->replace || base_layer))
+        return NF4_OK;
+    return nf4_fail(NF4_EDATA, s->adapters[t->tokens_adapter].config_path, t->name,
+                    "has trained token rows (" TOKEN_INDICES_KEY ") and is changed otherwise too (a LoRA, a "
+                    "modules_to_save copy, or another adapter): merge those changes in a separate run");
+}
+
 /* Gathers the bindings of each base tensor, in adapter order, into one target. */
 static int gather(struct lora_set *s, struct binder *b)
 {
+    int code;
     qsort(b->items, b->n, sizeof *b->items, cmp_binding);
     s->targets = calloc(b->n ? b->n : 1, sizeof *s->targets);
     if (!s->targets)
@@ -861,6 +1029,17 @@ static int gather(struct lora_set *s, struct binder *b)
             t->cols = x->cols;
         }
         const char *file = s->adapters[x->term.adapter].config_path;
+        if (x->tokens) {
+            if (t->tokens)
+                return nf4_fail(NF4_EDATA, file, t->name, "has rows replaced by the trained tokens of two adapters: "
+                                "merge them in separate runs");
+            t->tokens = x->tokens;
+            t->tokens_adapter = x->term.adapter;
+            x->tokens = NULL;
+            if ((code = check_token_rows_alone(s, t)) != NF4_OK)
+                return code;
+            continue;
+        }
         /* One adapter may replace a tensor and change it too (PEFT saves the
          * base layer of a LoRA'd lm_head): the change goes on the replacement.
          * Across adapters the order PEFT would apply them in is not this one. */
@@ -880,6 +1059,8 @@ static int gather(struct lora_set *s, struct binder *b)
         } else {
             t->terms[t->nterms++] = x->term;
         }
+        if ((code = check_token_rows_alone(s, t)) != NF4_OK)
+            return code;
         /* PEFT rescales each DoRA merge by a norm of the base weight plus that
          * adapter's delta alone: one adapter's change only. */
         if (t->nterms > 1 && (t->terms[0].magnitude || x->term.magnitude))
@@ -923,6 +1104,13 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
                         "changes %s apart from %s, but %s: %s is a copy of the embedding kept tied to the head "
                         "(ensure_weight_tying): merge these changes separately", b.untie_name, other,
                         b.tie_kept_file, b.tie_kept_key);
+    /* PEFT ties the head's token rows to the embedding's; parted by another
+     * change, which values the head trained with is PEFT's internal order. */
+    if (code == NF4_OK && b.tokens_tied_key && b.other_untie_key)
+        code = nf4_fail(NF4_EDATA, b.other_untie_file, b.other_untie_key,
+                        "changes %s apart from %s, but %s: %s replaces rows of the embedding, which the head shares "
+                        "(trainable tokens of a tied embedding): merge these changes separately", b.untie_name, other,
+                        b.tokens_tied_file, b.tokens_tied_key);
     if (code == NF4_OK && b.untie_key && !base->dir)
         code = nf4_fail(NF4_EDATA, b.untie_file, b.untie_key,
                         "changes %s, which the base ties to %s (tie_word_embeddings): merged, the head is written "
@@ -933,8 +1121,10 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
         code = gather(s, &b);
     if (code == NF4_OK && b.untie_key)
         s->untied_embedding = b.tied_embedding;
-    for (size_t i = 0; i < b.n; i++)
+    for (size_t i = 0; i < b.n; i++) {
         free(b.items[i].name);
+        token_rows_free(b.items[i].tokens);
+    }
     free(b.items);
     if (code != NF4_OK) {
         lora_close(s);
@@ -954,8 +1144,10 @@ void lora_close(struct lora_set *s)
         if (s->adapters[i].weights)
             model_close(s->adapters[i].weights);
     }
-    for (size_t i = 0; i < s->ntargets; i++)
+    for (size_t i = 0; i < s->ntargets; i++) {
         free(s->targets[i].name);
+        token_rows_free(s->targets[i].tokens);
+    }
     free(s->targets);
     free(s);
 }

@@ -19,6 +19,9 @@
  * (DoRA) each layer's pair comes with
  *   base_model.model.<module>.lora_magnitude_vector [out]
  * and each merged row is then multiplied by magnitude / ||row of W + delta||_2.
+ * Trained token rows (trainable_token_indices, token_rows.h),
+ *   base_model.model.<module>.token_adapter.trainable_tokens_delta [n, cols]
+ * replace rows of <module>.weight whole.
  *
  * Everything is checked against the base before any data is read (but for the
  * factors of a tied head and embedding, compared to tell whether they were
@@ -39,6 +42,7 @@
 #include "merge_job.h" /* LORA_MAX_ADAPTERS */
 #include "lora_target.h"
 #include "model.h"
+#include "token_rows.h"
 
 /* Far above any real rank; a config that claims more is refused before any
  * shape arithmetic. */
@@ -76,6 +80,11 @@ struct lora_target {
     size_t replace_adapter;
     size_t nterms;
     struct lora_term terms[LORA_MAX_ADAPTERS];
+    /* Rows an adapter's trained tokens replace, after everything else (then
+     * no term goes on the tensor, and a replacement only as its saved base
+     * layer); else NULL. */
+    struct token_rows *tokens;
+    size_t tokens_adapter;
 };
 
 struct lora_adapter {
@@ -109,6 +118,7 @@ struct lora_config {
     int ensure_weight_tying; /* PEFT keeps modules_to_save copies of tied weights tied */
     int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
     const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
+    const cJSON *token_indices; /* trainable_token_indices (token_rows.h), into root; NULL when absent */
     /* Each pattern key compiled, in the object's order, NULL-terminated. */
     struct pattern **rank_compiled, **alpha_compiled;
     struct lora_target_rules targets; /* which modules PEFT would wrap */

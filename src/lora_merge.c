@@ -21,7 +21,14 @@ static uint64_t l_floats(const struct lora_term *t, uint64_t first_row, uint64_t
     return (last_row - first_row + 1) * t->r;
 }
 
-uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n)
+/* Bytes of `nrows` trained token rows of `cols`: the row numbers, then the values in fp32. */
+static uint64_t token_bytes(uint64_t nrows, uint64_t cols)
+{
+    return nrows * (sizeof(uint64_t) + cols * sizeof(float));
+}
+
+/* The factors' part of merge_factor_bytes. */
+static uint64_t factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n)
 {
     uint64_t first_row = e0 / t->cols, last_row = (e0 + (n ? n : 1) - 1) / t->cols, floats = 0;
     for (size_t i = 0; i < t->nterms; i++) {
@@ -35,11 +42,25 @@ uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n
     return floats * 4;
 }
 
+uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n)
+{
+    uint64_t bytes = factor_bytes(t, e0, n);
+    if (t->tokens) {
+        uint64_t begin, end;
+        token_rows_between(t->tokens, e0 / t->cols, (e0 + (n ? n : 1) - 1) / t->cols, &begin, &end);
+        bytes += token_bytes(end - begin, t->cols);
+    }
+    return bytes;
+}
+
 uint64_t merge_factor_bytes_max(const struct lora_target *t, uint64_t n)
 {
     /* The most rows n elements can touch: n / cols + 2 (a partial row at each end). */
-    uint64_t span = (n / t->cols + 2) * t->cols;
-    return merge_factor_bytes(t, 0, span < t->rows * t->cols ? span : t->rows * t->cols);
+    uint64_t span_rows = n / t->cols + 2, span = span_rows * t->cols;
+    uint64_t bytes = factor_bytes(t, 0, span < t->rows * t->cols ? span : t->rows * t->cols);
+    if (t->tokens)
+        bytes += token_bytes(t->tokens->n < span_rows ? t->tokens->n : span_rows, t->cols);
+    return bytes;
 }
 
 /* Reads `count` elements from element `first` of an F32, BF16 or F16 tensor
@@ -60,10 +81,44 @@ static int read_f32(const struct model_tensor *mt, uint64_t first, uint64_t coun
     return NF4_OK;
 }
 
+/* The trained token rows of t in rows [first_row, last_row], from buf (8-byte
+ * aligned): their row numbers, then their values in fp32. Returns where
+ * the factors go. */
+static int read_token_rows(struct merge_job *j, const struct lora_target *t, uint64_t first_row, uint64_t last_row,
+                           void *buf, float **after)
+{
+    j->ntok = 0;
+    j->tok_row = NULL;
+    j->tok_values = NULL;
+    *after = buf;
+    if (!t->tokens)
+        return NF4_OK;
+    const struct token_rows *tr = t->tokens;
+    uint64_t begin, end;
+    token_rows_between(tr, first_row, last_row, &begin, &end);
+    uint64_t *rows = buf;
+    float *values = (float *)(rows + (end - begin));
+    for (uint64_t k = 0; k < end - begin; k++) {
+        rows[k] = tr->row[begin + k];
+        int code = read_f32(tr->values, tr->src[begin + k] * t->cols, t->cols, values + k * t->cols);
+        if (code != NF4_OK)
+            return code;
+    }
+    j->ntok = end - begin;
+    j->tok_row = rows;
+    j->tok_values = values;
+    j->tok_dtype = tr->round_to;
+    *after = values + (end - begin) * t->cols;
+    return NF4_OK;
+}
+
 int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_t e0, uint64_t n, void *buf)
 {
-    float *at = buf;
+    float *at;
     uint64_t first_row = e0 / t->cols, last_row = (e0 + (n ? n : 1) - 1) / t->cols;
+    int code = read_token_rows(j, t, first_row, last_row, buf, &at);
+    if (code != NF4_OK)
+        return code;
     j->e0 = e0;
     j->n = n;
     j->cols = t->cols;
@@ -74,7 +129,6 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
         const struct lora_term *x = &t->terms[i];
         struct merge_factor *f = &j->f[i];
         uint64_t r_floats = (uint64_t)x->r * t->cols, l_count = l_floats(x, first_row, last_row);
-        int code;
         *f = (struct merge_factor){.rank = x->r, .scaling = x->scaling};
         if (!x->fan_in_fan_out) {
             /* L = B [rows, r]: only the rows this chunk touches. R = A [r, cols]. */
@@ -332,6 +386,55 @@ static void merge_row_range(void *ctx, uint64_t first, uint64_t count)
         u += (uint64_t)nrows;
     }
     __atomic_add_fetch(&run->overflowed, overflowed, __ATOMIC_RELAXED);
+}
+
+/* Whether element i of an output of dtype dt is infinite. */
+static int out_is_inf(const void *p, enum st_dtype dt, uint64_t i)
+{
+    switch (dt) {
+    case DT_F16:
+        return (((const uint16_t *)p)[i] & 0x7fffu) == 0x7c00u;
+    case DT_BF16:
+        return (((const uint16_t *)p)[i] & 0x7fffu) == 0x7f80u;
+    default: {
+        float f;
+        memcpy(&f, (const float *)p + i, 4);
+        return isinf(f);
+    }
+    }
+}
+
+/* v rounded to dtype dt (nearest even), as fp32: PEFT's cast of the trained
+ * rows to the weight's dtype. */
+static float round_to_dtype(enum st_dtype dt, float v)
+{
+    switch (dt) {
+    case DT_BF16:
+        return bf16_to_f32((uint16_t)f32_to_bf16(v));
+    case DT_F16:
+        return f16_to_f32((uint16_t)f32_to_f16(v));
+    default:
+        return v;
+    }
+}
+
+uint64_t merge_put_token_rows(const struct merge_job *j, uint64_t overflowed)
+{
+    const uint64_t end_e = j->e0 + j->n;
+    for (uint64_t k = 0; k < j->ntok; k++) {
+        const uint64_t row_e = j->tok_row[k] * j->cols;
+        const uint64_t from = row_e > j->e0 ? row_e : j->e0, to = row_e + j->cols < end_e ? row_e + j->cols : end_e;
+        for (uint64_t e = from; e < to; e++) {
+            const uint64_t i = e - j->e0;
+            /* The base value computed here is overwritten: its overflow is not the output's. */
+            if (out_is_inf(j->out, j->out_dtype, i) && isfinite(f32_from_element(j->w_dtype, j->w, i)))
+                overflowed--;
+            const float raw = j->tok_values[k * j->cols + (e - row_e)], v = round_to_dtype(j->tok_dtype, raw);
+            store_value(j->out, j->out_dtype, i, v);
+            overflowed += out_is_inf(j->out, j->out_dtype, i) && isfinite(raw);
+        }
+    }
+    return overflowed;
 }
 
 uint64_t merge_cpu(const struct merge_job *j, int threads)

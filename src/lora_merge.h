@@ -13,6 +13,10 @@
  *   norm  = sqrt(sum over the row of m * m), summed in fp64 (DORA_NORM_LANES), then fp32
  *   out   = (magnitude[row] / norm) * m, in fp32, rounded once
  *
+ * Trained token rows (a tensor with them has no factors) then replace their
+ * rows whole: out = the row's fp32 value rounded to the weight's dtype, then
+ * to the output dtype (merge_put_token_rows).
+ *
  * A chunk is any run of elements [e0, e0 + n): it may start and end inside a
  * row (but for DoRA, whole rows). Its factors are read per chunk, in fp32: the
  * rows of L it touches and all of R. B @ A is never formed beyond a tile of one
@@ -32,11 +36,17 @@ uint64_t merge_factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n
 uint64_t merge_factor_bytes_max(const struct lora_target *t, uint64_t n);
 
 /* Reads the factors for elements [e0, e0 + n) of t into buf (merge_factor_bytes
- * long, 4-byte aligned) and sets j->e0, n, cols and the factors. NF4_* code. */
+ * long, 8-byte aligned) and sets j->e0, n, cols, the factors and the trained
+ * token rows. NF4_* code. */
 int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_t e0, uint64_t n, void *buf);
 
 /* Computes the job with up to `threads` threads. Returns how many finite
  * merged values became infinite in the output dtype. */
 uint64_t merge_cpu(const struct merge_job *j, int threads);
+
+/* Puts the job's trained token rows (j->ntok) into its computed output, on
+ * either engine: given how many finite values the computation turned
+ * infinite, returns how many the output now holds. */
+uint64_t merge_put_token_rows(const struct merge_job *j, uint64_t overflowed);
 
 #endif

@@ -58,6 +58,14 @@ struct merge_job {
      * (summed as DORA_NORM_LANES describes). NULL for LoRA. */
     const float *magnitude;
     float *dora_rows; /* DoRA on the CPU: n floats, where the merged rows wait for their norms */
+    /* Trained token rows (no factors then), put in place on the host after
+     * the chunk is computed (merge_put_token_rows): tensor row tok_row[k]
+     * takes the fp32 values tok_values[k * cols ..], rounded to tok_dtype
+     * first, as PEFT casts them to the weight's dtype. ntok is 0 without. */
+    uint64_t ntok;
+    const uint64_t *tok_row;
+    const float *tok_values;
+    enum st_dtype tok_dtype;
 };
 
 #endif

@@ -512,7 +512,7 @@ static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_
     int renamed = !it->w && strcmp(it->src->t->name, it->out.name) != 0;
     if (overflowed) {
         if (it->lora)
-            nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when the LoRA delta was merged into %s",
+            nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when the adapter's changes were merged into %s",
                      src->file->path, it->out.name, overflowed, dtype_name(it->out.dtype));
         else
             nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s%s%s%s",
@@ -606,6 +606,8 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
                 dequant_cpu_path(&t->job, 1, p->cpu_path);
             t->overflowed = merge_cpu(&t->merge, 1);
         }
+        if (code == NF4_OK && t->merge.ntok)
+            t->overflowed = merge_put_token_rows(&t->merge, t->overflowed);
         break;
     case TASK_CAST:
         t->overflowed = cast_elements(it->src->t->dtype, it->out.dtype, t->in, t->out, t->count);

@@ -25,7 +25,7 @@ struct out_item {
     struct st_out_tensor out;
     const struct model_tensor *src;
     const struct bnb_weight *w;
-    const struct lora_target *lora; /* NULL, or terms to merge (never a replacement: that is `src`) */
+    const struct lora_target *lora; /* NULL, or terms to merge or token rows to put (never a replacement: that is `src`) */
 };
 
 /* Output bytes a chunk aims at. Measured on the 1.1B preset into tmpfs

@@ -118,6 +118,13 @@ static const struct lora_case CASES[] = {
     /* DoRA (README.md, "DoRA"): q, v and down_proj (rows of 352) in 4-bit, and
      * the 16-bit lm_head, each merged row rescaled by its magnitude over its norm. */
     {"base-llama-bf16-bnb4", "adapter-dora", "merged-dora", 7},
+    /* Trainable tokens (README.md, "Trainable tokens"): rows of the embedding,
+     * and of the head, replaced whole; on a tied base shared by the head, or
+     * the head's own rows, which part them. */
+    {"base-llama-bf16-bnb4", "adapter-tokens", "merged-tokens", 5},
+    {"base-llama-bf16-bnb4", "adapter-tokens-dict", "merged-tokens-dict", 4},
+    {TIED_BASE, "adapter-tied-tokens", "merged-tied-tokens", 3},
+    {TIED_BASE, "adapter-tied-tokens-apart", "merged-tied-tokens-apart", 4},
 };
 
 static void check_case(const struct lora_case *lc, const char *out)
@@ -288,7 +295,8 @@ static void syn_fill(struct syn_tensor *t, float scale)
 
 static void syn_write(const char *path, struct syn_tensor *ts, size_t n)
 {
-    struct st_out_tensor outs[8];
+    struct st_out_tensor outs[16] = {{0}};
+    assert_true(n <= 16);
     for (size_t i = 0; i < n; i++)
         outs[i] = (struct st_out_tensor){ts[i].name, ts[i].dtype, ts[i].shape[1] ? 2 : 1, ts[i].shape};
     struct st_writer *w;
@@ -940,6 +948,26 @@ static void test_refusals_write_nothing(void **state)
         {"{\"peft_type\": \"LORA\", \"r\": 0, \"lora_alpha\": 16}", "\"r\" must be a whole number", NULL},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": NaN}", "NaN or Infinity", NULL},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16", "is not valid JSON", NULL},
+        /* Trainable tokens: adapter-tokens holds 4 rows of the embedding (512 x 128). */
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8}",
+         "trainable_tokens_delta: has no rows in adapter_config.json's \"trainable_token_indices\"", "adapter-tokens"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"trainable_token_indices\": [0, 5, 17, 512]}",
+         "replaces row 512, past the 512 rows of model.embed_tokens.weight", "adapter-tokens"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"trainable_token_indices\": [0, 5, 17]}",
+         "must be 3x128: a row of model.embed_tokens.weight for each", "adapter-tokens"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"trainable_token_indices\": [0, 5, 17, 5]}",
+         "row 5 of the input embedding is listed twice", "adapter-tokens"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"trainable_token_indices\": [0, 5, 17, 9.0]}",
+         "\"trainable_token_indices\" rows must be whole numbers from 0", "adapter-tokens"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"trainable_token_indices\": [0, -5, 17, 9]}",
+         "the rows of the input embedding must be whole numbers from 0", "adapter-tokens"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"trainable_token_indices\": "
+         "{\"embed_tokens\": [0, 5, 17, 9], \"model.embed_tokens\": [0, 5, 17, 9]}}",
+         "is the module of two entries of adapter_config.json's", "adapter-tokens"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"trainable_token_indices\": {\"embed_tokens\": 3}}",
+         "the rows of embed_tokens must be a list of row numbers", "adapter-tokens"},
+        {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"trainable_token_indices\": \"embed_tokens\"}",
+         "\"trainable_token_indices\" must be a list of row numbers, or an object", "adapter-tokens"},
     };
     for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
         char *weights_src = tu_strdupf(LORA_FIXTURES "/%s/" ADAPTER_WEIGHTS_NAME,
@@ -971,6 +999,289 @@ static void test_refusals_write_nothing(void **state)
     }
     /* Everything the runs could have left (temp files, OUT) would be here. */
     assert_int_equal(tu_count_entries(s->dir), (int)(sizeof BAD / sizeof BAD[0]));
+}
+
+/* Trained token rows are an adapter's only change to their tensor: with a
+ * LoRA on it from another adapter, or other rows, which one PEFT would end
+ * with is its order of merging; and on a tied base, the head parted from the
+ * embedding by another change would have shared the rows in training. */
+static void test_token_rows_alone_per_tensor(void **state)
+{
+    const char *base = LORA_FIXTURES "/base-llama-bf16-bnb4", *tied = LORA_FIXTURES "/" TIED_BASE;
+    assert_merge_refused(*state, base, LORA_FIXTURES "/adapter-tokens", LORA_FIXTURES "/adapter-embed-lora",
+                         "model.embed_tokens.weight: has trained token rows (trainable_token_indices) and is changed "
+                         "otherwise too");
+    assert_merge_refused(*state, base, LORA_FIXTURES "/adapter-embed-lora", LORA_FIXTURES "/adapter-tokens",
+                         "has trained token rows (trainable_token_indices) and is changed otherwise too");
+    assert_merge_refused(*state, base, LORA_FIXTURES "/adapter-tokens", LORA_FIXTURES "/adapter-tokens-dict",
+                         "model.embed_tokens.weight: has rows replaced by the trained tokens of two adapters");
+    assert_merge_refused(*state, tied, LORA_FIXTURES "/adapter-tied-tokens", LORA_FIXTURES "/adapter-tied-head",
+                         "changes lm_head.weight apart from model.embed_tokens.weight, but");
+    assert_merge_refused(*state, tied, LORA_FIXTURES "/adapter-tied-head", LORA_FIXTURES "/adapter-tied-tokens",
+                         "replaces rows of the embedding, which the head shares");
+}
+
+/* An adapter file of every tensor of `from`, plus extra tensors. */
+static void write_adapter_plus(const char *from_dir, const char *to_dir, const struct syn_tensor *extra, size_t nextra)
+{
+    char *from = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, from_dir), *to = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, to_dir);
+    struct st_file *f;
+    assert_int_equal(st_open(from, &f), NF4_OK);
+    assert_true(f->count + nextra <= 16);
+    struct syn_tensor ts[16];
+    for (size_t i = 0; i < f->count; i++) {
+        const struct st_tensor *t = &f->tensors[i];
+        assert_int_equal(t->dtype, DT_F32);
+        ts[i] = (struct syn_tensor){t->name, DT_F32, {t->shape[0], t->ndim > 1 ? t->shape[1] : 0}, malloc(t->nelem * 4)};
+        assert_int_equal(st_read(f, t, 0, ts[i].v, t->nelem * 4), NF4_OK);
+    }
+    for (size_t i = 0; i < nextra; i++)
+        ts[f->count + i] = extra[i];
+    syn_write(to, ts, f->count + nextra);
+    for (size_t i = 0; i < f->count; i++)
+        free(ts[i].v);
+    st_close(f);
+    free(from);
+    free(to);
+}
+
+/* When PEFT saves the tied layers whole (a grown vocabulary), it saves the
+ * head's token rows too, which are the embedding's: those keep the tie, and
+ * the merge is the one of the embedding's rows alone. One value off, and they
+ * were trained apart: the head is written apart. A 4-bit weight's rows are
+ * refused: bitsandbytes quantizes linear layers, PEFT's token rows are an
+ * embedding's or a 16-bit head's. */
+static void test_tied_token_rows_saved_twice(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *tied = LORA_FIXTURES "/" TIED_BASE;
+    char *ad = tu_strdupf("%s/twice", s->dir), *out = tu_strdupf("%s/out", s->dir), *ref = tu_strdupf("%s/ref", s->dir);
+    char *embed_key = PEFT_KEY_PREFIX "model.embed_tokens" TOKEN_DELTA_SUFFIX;
+    tu_sh("cp -r %s/adapter-tied-tokens %s", LORA_FIXTURES, ad);
+    struct st_file *f;
+    char *weights = tu_strdupf("%s/adapter-tied-tokens/" ADAPTER_WEIGHTS_NAME, LORA_FIXTURES);
+    assert_int_equal(st_open(weights, &f), NF4_OK);
+    const struct st_tensor *et = st_find(f, embed_key);
+    assert_non_null(et);
+    struct syn_tensor head = {PEFT_KEY_PREFIX "lm_head" TOKEN_DELTA_SUFFIX, DT_F32, {et->shape[0], et->shape[1]},
+                              malloc(et->nelem * 4)};
+    assert_int_equal(st_read(f, et, 0, head.v, et->nelem * 4), NF4_OK);
+    const uint64_t last = et->nelem - 1;
+    st_close(f);
+
+    for (int off = 0; off < 2; off++) {
+        if (off)
+            head.v[last] = nextafterf(head.v[last], INFINITY);
+        write_adapter_plus(LORA_FIXTURES "/adapter-tied-tokens", ad, &head, 1);
+        struct tu_run r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", ad, NULL);
+        assert_int_equal(r.status, 0);
+        tu_run_free(&r);
+        char *config = tu_strdupf("%s/config.json", out);
+        size_t len;
+        char *text = tu_read_file(config, &len);
+        if (!strstr(text, off ? "\"tie_word_embeddings\": false," : "\"tie_word_embeddings\": true,"))
+            fail_msg("the head's rows %s the embedding's:\n%s", off ? "one value off" : "equal to", text);
+        free(text);
+        free(config);
+        if (!off) {
+            struct tu_run c = tu_run("convert", "-q", "--device", "cpu", tied, ref, "--lora",
+                                     LORA_FIXTURES "/adapter-tied-tokens", NULL);
+            assert_int_equal(c.status, 0);
+            tu_run_free(&c);
+            tu_sh("cmp %s/model.safetensors %s/model.safetensors", out, ref);
+        }
+        tu_rmtree(out);
+    }
+    free(head.v);
+
+    /* Rows of a 4-bit weight: refused. */
+    struct syn_tensor q = {PEFT_KEY_PREFIX "model.layers.0.self_attn.q_proj" TOKEN_DELTA_SUFFIX, DT_F32, {1, 128},
+                           calloc(128, 4)};
+    write_adapter_plus(LORA_FIXTURES "/adapter-tied-tokens", ad, &q, 1);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+                     "\"trainable_token_indices\": {\"embed_tokens\": [2, 500, 1], \"q_proj\": [7]}}");
+    struct tu_run r = tu_run("convert", "--device", "cpu", tied, out, "--lora", ad, NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "q_proj.token_adapter.trainable_tokens_delta: replaces rows of "
+                       "model.layers.0.self_attn.q_proj.weight, which is 4-bit"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    free(q.v);
+    tu_rmtree(ad);
+    tu_rmtree(ref);
+    free(weights);
+    free(ad);
+    free(out);
+    free(ref);
+}
+
+/* PEFT saves the embedding layers whole when they are targeted or the
+ * vocabulary was resized (save_embedding_layers), frozen: here the tied
+ * layout, each layer's token_adapter.base_layer.weight (the base's values)
+ * and the head's rows (the embedding's). The merge is the one without them,
+ * byte for byte, still tied. With a row more (a resized vocabulary) they are
+ * refused, and say why. */
+static void test_embedding_layers_saved_whole(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *tied = LORA_FIXTURES "/" TIED_BASE;
+    char *ad = tu_strdupf("%s/whole", s->dir), *out = tu_strdupf("%s/out", s->dir), *ref = tu_strdupf("%s/ref", s->dir);
+    tu_sh("cp -r %s/adapter-tied-tokens %s", LORA_FIXTURES, ad);
+    struct st_file *f;
+    assert_int_equal(st_open(LORA_FIXTURES "/" TIED_BASE "/model.safetensors", &f), NF4_OK);
+    const struct st_tensor *et = st_find(f, "model.embed_tokens.weight");
+    assert_non_null(et);
+    assert_int_equal(et->dtype, DT_BF16);
+    const uint64_t rows = et->shape[0], cols = et->shape[1];
+    uint16_t *raw = malloc((rows + 1) * cols * 2);
+    float *embed = malloc((rows + 1) * cols * 4);
+    assert_int_equal(st_read(f, et, 0, raw, rows * cols * 2), NF4_OK);
+    for (uint64_t i = 0; i < (rows + 1) * cols; i++)
+        embed[i] = i < rows * cols ? bf16_to_f32(raw[i]) : 0.25f;
+    st_close(f);
+    assert_int_equal(st_open(LORA_FIXTURES "/adapter-tied-tokens/" ADAPTER_WEIGHTS_NAME, &f), NF4_OK);
+    const struct st_tensor *dt = st_find(f, PEFT_KEY_PREFIX "model.embed_tokens" TOKEN_DELTA_SUFFIX);
+    assert_non_null(dt);
+    struct syn_tensor extra[3] = {
+        {PEFT_KEY_PREFIX "model.embed_tokens.token_adapter.base_layer.weight", DT_BF16, {rows, cols}, embed},
+        {PEFT_KEY_PREFIX "lm_head.token_adapter.base_layer.weight", DT_BF16, {rows, cols}, embed},
+        {PEFT_KEY_PREFIX "lm_head" TOKEN_DELTA_SUFFIX, DT_F32, {dt->shape[0], dt->shape[1]}, malloc(dt->nelem * 4)},
+    };
+    assert_int_equal(st_read(f, dt, 0, extra[2].v, dt->nelem * 4), NF4_OK);
+    st_close(f);
+
+    write_adapter_plus(LORA_FIXTURES "/adapter-tied-tokens", ad, extra, 3);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", ad, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    r = tu_run("convert", "-q", "--device", "cpu", tied, ref, "--lora", LORA_FIXTURES "/adapter-tied-tokens", NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    tu_sh("cmp %s/model.safetensors %s/model.safetensors && cmp %s/config.json %s/config.json", out, ref, out, ref);
+    tu_rmtree(out);
+
+    extra[0].shape[0] = extra[1].shape[0] = rows + 1;
+    write_adapter_plus(LORA_FIXTURES "/adapter-tied-tokens", ad, extra, 3);
+    r = tu_run("convert", "--device", "cpu", tied, out, "--lora", ad, NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "has 513 rows, and lm_head.weight in the base model 512: the adapter was trained on a resized "
+                       "vocabulary (resize_token_embeddings)"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    tu_rmtree(ad);
+    tu_rmtree(ref);
+    free(extra[2].v);
+    free(embed);
+    free(raw);
+    free(ad);
+    free(out);
+    free(ref);
+}
+
+/* Trained token rows on a base of odd shape, given unsorted and with the
+ * first and last rows, in chunks that start and end inside rows: each row
+ * is its fp32 values rounded to the weight's bf16, then to the output dtype
+ * (twice rounded where fp16 is asked for), the rest a plain cast. An fp16
+ * output counts the values that overflow: a base row's, and a token row's,
+ * but not those of the base row the token row replaces. */
+static void test_token_rows_synthetic(void **state)
+{
+    struct tu_scratch *s = *state;
+    enum { ROWS = 23, COLS = 9 };
+    static const uint64_t TOKEN_ROWS[] = {10, 4, 0, 22};
+    struct syn_tensor base = {"emb.weight", DT_BF16, {ROWS, COLS}, NULL};
+    syn_fill(&base, 4.0f);
+    base.v[4 * COLS + 3] = 131072.0f; /* replaced: its overflow to fp16 is not the output's */
+    base.v[6 * COLS + 8] = -131072.0f; /* kept: it overflows */
+    char *base_path = tu_strdupf("%s/base.safetensors", s->dir), *ad = tu_strdupf("%s/ad", s->dir);
+    syn_write(base_path, &base, 1);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    struct syn_tensor rows = {PEFT_KEY_PREFIX "emb" TOKEN_DELTA_SUFFIX, DT_F32, {4, COLS}, NULL};
+    syn_fill(&rows, 4.0f);
+    rows.v[0 * COLS + 5] = 1.0e6f; /* row 10: bf16 holds it, fp16 does not */
+    char *wpath = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+    syn_write(wpath, &rows, 1);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 2, \"target_modules\": [\"q\"], "
+                     "\"trainable_token_indices\": {\"emb\": [10, 4, 0, 22]}}");
+    static const uint64_t CHUNKS[] = {0, 1, 7, 64};
+    static const enum st_dtype DTYPES[] = {DT_INVALID, DT_F16, DT_F32};
+    const char *dirs[1] = {ad};
+    for (size_t ci = 0; ci < sizeof CHUNKS / sizeof CHUNKS[0]; ci++)
+        for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++) {
+            char *out = tu_strdupf("%s/out-%zu-%zu.safetensors", s->dir, ci, di);
+            struct convert_opts o;
+            convert_opts_init(&o);
+            o.device = DEVICE_CPU;
+            o.chunk_elements = CHUNKS[ci];
+            o.threads = 3;
+            o.dtype = DTYPES[di];
+            o.lora_dirs = dirs;
+            o.nlora = 1;
+            o.progress = PROGRESS_NONE;
+            struct convert_stats st;
+            nf4_set_quiet(1);
+            if (convert_run(base_path, out, &o, &st) != NF4_OK)
+                fail_msg("convert: %s", nf4_last_error());
+            assert_int_equal(st.merged, 1);
+            assert_int_equal(st.overflowed, DTYPES[di] == DT_F16 ? 2 : 0);
+            enum st_dtype dt = DTYPES[di] != DT_INVALID ? DTYPES[di] : DT_BF16;
+            struct st_file *f;
+            assert_int_equal(st_open(out, &f), NF4_OK);
+            const struct st_tensor *t = st_find(f, "emb.weight");
+            assert_non_null(t);
+            assert_int_equal(t->dtype, dt);
+            unsigned size = dtype_bits(dt) / 8;
+            unsigned char *got = malloc(ROWS * COLS * size);
+            assert_int_equal(st_read(f, t, 0, got, ROWS * COLS * size), NF4_OK);
+            for (uint64_t row = 0; row < ROWS; row++) {
+                int k = -1;
+                for (int i = 0; i < 4; i++)
+                    if (TOKEN_ROWS[i] == row)
+                        k = i;
+                for (uint64_t c = 0; c < COLS; c++) {
+                    float v = k >= 0 ? decoded(DT_BF16, encode(DT_BF16, rows.v[k * COLS + c])) : base.v[row * COLS + c];
+                    uint32_t want = encode(dt, v), bits = 0;
+                    memcpy(&bits, got + (row * COLS + c) * size, size);
+                    if (bits != want)
+                        fail_msg("chunk %llu, %s: [%llu, %llu] = 0x%x, expected 0x%x", (unsigned long long)CHUNKS[ci],
+                                 dtype_name(dt), (unsigned long long)row, (unsigned long long)c, bits, want);
+                }
+            }
+            free(got);
+            st_close(f);
+            free(out);
+        }
+    free(base.v);
+    free(rows.v);
+    free(base_path);
+    free(wpath);
+    free(ad);
+}
+
+/* inspect counts each tensor's trained token rows, and lists them in JSON
+ * in ascending order, whatever the config's. */
+static void test_inspect_token_rows(void **state)
+{
+    (void)state;
+    struct tu_run r = tu_run("inspect", LORA_FIXTURES "/base-llama-bf16-bnb4", "--lora",
+                             LORA_FIXTURES "/adapter-tokens-dict", NULL);
+    assert_int_equal(r.status, 0);
+    if (!strstr(r.out, "\nlm_head.weight                                   -               -            -  "
+                       LORA_FIXTURES "/adapter-tokens-dict (trainable tokens: 3 rows, BF16)\n") ||
+        !strstr(r.out, "\nmodel.embed_tokens.weight                        -               -            -  "
+                       LORA_FIXTURES "/adapter-tokens-dict (trainable tokens: 2 rows, BF16)\n"))
+        fail_msg("%s", r.out);
+    tu_run_free(&r);
+    r = tu_run("inspect", "--json", LORA_FIXTURES "/base-llama-bf16-bnb4", "--lora", LORA_FIXTURES "/adapter-tokens-dict",
+               NULL);
+    assert_int_equal(r.status, 0);
+    if (!strstr(r.out, "\"tensor\": \"lm_head.weight\",\n      \"adapter\": \"" LORA_FIXTURES "/adapter-tokens-dict\",\n"
+                       "      \"change\": \"rows\",\n      \"rows\": [\n        4,\n        300,\n        510\n      ],\n"
+                       "      \"dtype\": \"BF16\"\n"))
+        fail_msg("%s", r.out);
+    tu_run_free(&r);
 }
 
 /* An adapter for another model: its keys name modules this base lacks. */
@@ -1164,6 +1475,10 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_two_replacements_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_dora_alone_per_tensor, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_token_rows_alone_per_tensor, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_tied_token_rows_saved_twice, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_token_rows_synthetic, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_embedding_layers_saved_whole, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fan_in_fan_out_ignored_on_4bit_weights, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refusals_write_nothing, tu_scratch_setup, tu_scratch_teardown),
@@ -1172,6 +1487,7 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
+        cmocka_unit_test(test_inspect_token_rows),
         cmocka_unit_test_setup_teardown(test_embedding_lora_mirror_is_exact, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_resume_record_holds_the_untied_head),
         cmocka_unit_test(test_pattern_matching_as_peft),
