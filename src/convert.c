@@ -58,6 +58,9 @@ static void plan_lora(struct out_item *it, const struct lora_target *t)
     if (t->replace) {
         it->w = NULL;
         it->src = t->replace;
+        /* The base's shape, but for an embedding layer of a resized vocabulary. */
+        it->out.ndim = t->replace->t->ndim;
+        it->out.shape = t->replace->t->shape;
     }
     if (t->nterms || t->tokens)
         it->lora = t;
@@ -263,6 +266,12 @@ int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_wei
     if (code == NF4_OK && c->lora->untied_embedding)
         nf4_note("%s: the adapters part %s from %s, which the base ties it to: the output has both, and its "
                  "config.json says tie_word_embeddings: false", m->dir, TIED_HEAD_NAME, c->lora->untied_embedding);
+    if (code == NF4_OK && c->lora->vocab_rows)
+        nf4_warn("%s: the adapters were trained on a vocabulary resized from %llu to %llu rows: the output has its "
+                 "embedding layers and config.json says vocab_size: %llu, but the tokenizer files are the base's; "
+                 "give the merged model the tokenizer the adapter was trained with", m->dir,
+                 (unsigned long long)c->lora->base_vocab_rows, (unsigned long long)c->lora->vocab_rows,
+                 (unsigned long long)c->lora->vocab_rows);
     return code;
 }
 

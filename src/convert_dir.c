@@ -59,7 +59,7 @@ static int write_index(const char *dir, const struct model *m, struct index_out_
     return code;
 }
 
-static int write_config(const char *in_dir, const char *dir, const char *dtype, int untie)
+static int write_config(const char *in_dir, const char *dir, const struct config_changes *ch)
 {
     char *from = path_join(in_dir, CONFIG_FILE_NAME), *to = path_join(dir, CONFIG_FILE_NAME);
     char *json = NULL, *text = NULL;
@@ -68,7 +68,7 @@ static int write_config(const char *in_dir, const char *dir, const char *dtype, 
     if (code == NF4_OK)
         code = read_small_file(from, MAX_JSON_FILE_BYTES, &json, &len);
     if (code == NF4_OK)
-        code = config_rewrite(from, json, len, dtype, untie, &text, &text_len);
+        code = config_rewrite(from, json, len, ch, &text, &text_len);
     if (code == NF4_OK) {
         temp_register(to, 0); /* before it exists, as for the shards */
         code = write_file_atomic(to, text, text_len);
@@ -277,9 +277,10 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     struct stat st;
     if (code == NF4_OK && !config)
         code = nf4_fail(NF4_ESOFTWARE, j->in, NULL, "out of memory"); /* not "there is no config.json" */
+    struct config_changes ch = {config_dtype(c->opts, j->weights, j->nweights),
+                                c->lora && c->lora->untied_embedding, c->lora ? c->lora->vocab_rows : 0};
     if (code == NF4_OK && stat(config, &st) == 0)
-        code = write_config(j->in, dir, config_dtype(c->opts, j->weights, j->nweights),
-                            c->lora && c->lora->untied_embedding);
+        code = write_config(j->in, dir, &ch);
     free(config);
     if (code == NF4_OK)
         code = copy_other_files(m, j->in, dir);

@@ -129,9 +129,8 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddItemToArray(ja, e);
             } else {
                 put_name(out, t->name, 48);
-                int base_layer = strstr(t->replace->t->name, BASE_LAYER_SEGMENT) != NULL;
                 fprintf(out, " %-6s %10s %12s  %s (%s: replaced, %s)\n", "-", "-", "-",
-                        adapter_dir(s, t->replace_adapter), base_layer ? "base layer" : "modules_to_save",
+                        adapter_dir(s, t->replace_adapter), t->replace_frozen ? "base layer" : "modules_to_save",
                         dtype_name(t->replace->t->dtype));
             }
         } /* and a LoRA of the same adapter goes on the replacement, or its token rows */
@@ -162,6 +161,15 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                                             : "");
             }
         }
+    }
+    if (s->vocab_rows && root) {
+        cJSON *v = cJSON_AddObjectToObject(root, "vocab_size");
+        cJSON_AddNumberToObject(v, "base", (double)s->base_vocab_rows);
+        cJSON_AddNumberToObject(v, "merged", (double)s->vocab_rows);
+    } else if (s->vocab_rows) {
+        fprintf(out, "\nThe adapters were trained on a vocabulary resized from %llu to %llu rows; config.json: "
+                "vocab_size: %llu\n", (unsigned long long)s->base_vocab_rows, (unsigned long long)s->vocab_rows,
+                (unsigned long long)s->vocab_rows);
     }
     if (!s->untied_embedding)
         return;
@@ -269,6 +277,10 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
         } else if (!owner) {
             out_dt = (dtype != DT_INVALID && dtype_is_castable_float(t->dtype)) ? dtype : t->dtype;
         }
+        /* An embedding layer of a resized vocabulary has the adapter's rows. */
+        const struct lora_target *changed = lora ? lora_find(lora, t->name) : NULL;
+        if (changed && changed->replace)
+            nelem = changed->replace->t->nelem;
         uint64_t out_bytes = out_dt == DT_INVALID ? 0 : nelem * dtype_bits(out_dt) / 8;
         /* An untied head is the embedding's twin in the output. */
         int twins = lora && lora->untied_embedding && strcmp(t->name, lora->untied_embedding) == 0;

@@ -239,6 +239,7 @@ struct binding {
     char *name;
     uint64_t rows, cols;
     const struct model_tensor *replace;
+    int frozen; /* the replacement is a frozen layer PEFT saved whole (lora_target.replace_frozen) */
     struct token_rows *tokens; /* owned until gathered */
     struct lora_term term;
 };
@@ -255,6 +256,11 @@ struct binder {
     const char *tokens_tied_file, *tokens_tied_key;
     /* The first embedding copy that ensure_weight_tying keeps tied, or NULL. */
     const char *tie_kept_file, *tie_kept_key;
+    /* The rows of the first embedding layer held whole with other rows than
+     * the base's (a resized vocabulary; the base's in base_vocab_rows), and
+     * its key; 0 and NULL otherwise. */
+    uint64_t vocab_rows, base_vocab_rows;
+    const char *vocab_file, *vocab_key;
     const struct bnb_weight *weights;
     size_t nweights;
     struct binding *items;
@@ -331,6 +337,9 @@ static int is_embedding_layer_weight(const char *name)
 
 /* The wrapper PEFT puts around a layer with trained tokens (token_rows.h). */
 #define TOKEN_ADAPTER_SEGMENT ".token_adapter"
+/* The parts of its wrapper of a modules_to_save module (bind_wrapper_part). */
+#define ORIGINAL_SEGMENT ".original_module."
+#define COPY_SEGMENT ".modules_to_save."
 #define LORA_A_SUFFIX ".lora_A.weight"
 #define LORA_B_SUFFIX ".lora_B.weight"
 #define EMBEDDING_A_SUFFIX ".lora_embedding_A"
@@ -662,8 +671,11 @@ out:
 }
 
 /* Whether adapter tensor t can stand for the base tensor `name`: NF4_OK, or
- * NF4_EDATA naming both. */
-static int base_shape_fits(const struct binder *b, const struct model_tensor *t, const char *name)
+ * NF4_EDATA naming both. An embedding layer held whole (or the tied head)
+ * may have other rows than the base's, as long as every one of them has the
+ * same number: the adapters were trained on a resized vocabulary
+ * (lora_set.vocab_rows; check_vocabulary asks for the rest). */
+static int base_shape_fits(struct binder *b, const struct model_tensor *t, const char *name)
 {
     size_t ndim;
     const uint64_t *shape;
@@ -672,11 +684,21 @@ static int base_shape_fits(const struct binder *b, const struct model_tensor *t,
                         name);
     const struct st_tensor *x = t->t;
     if (x->ndim == 2 && ndim == 2 && x->shape[1] == shape[1] && x->shape[0] != shape[0] &&
-        (is_embedding_layer_weight(name) || is_tied_head(b, name)))
-        return nf4_fail(NF4_EDATA, t->file->path, x->name, "has %llu rows, and %s in the base model %llu: the adapter "
-                        "was trained on a resized vocabulary (resize_token_embeddings), and nf4deq merges an adapter "
-                        "only into a base of the vocabulary it was trained with", (unsigned long long)x->shape[0],
-                        name, (unsigned long long)shape[0]);
+        dtype_is_castable_float(x->dtype) && (is_embedding_layer_weight(name) || is_tied_head(b, name))) {
+        if (x->shape[0] == 0)
+            return nf4_fail(NF4_EDATA, t->file->path, x->name, "has no rows: a vocabulary of none");
+        if (!b->vocab_rows) {
+            b->vocab_rows = x->shape[0];
+            b->base_vocab_rows = shape[0];
+            b->vocab_file = t->file->path;
+            b->vocab_key = x->name;
+        } else if (x->shape[0] != b->vocab_rows) {
+            return nf4_fail(NF4_EDATA, t->file->path, x->name, "has %llu rows, but %s: %s has %llu: the adapters "
+                            "resize the vocabulary two ways", (unsigned long long)x->shape[0], b->vocab_file,
+                            b->vocab_key, (unsigned long long)b->vocab_rows);
+        }
+        return NF4_OK;
+    }
     if (!dtype_is_castable_float(x->dtype) || x->ndim != ndim || memcmp(x->shape, shape, ndim * sizeof *shape))
         return nf4_fail(NF4_EDATA, t->file->path, x->name,
                         "does not have the dtype class or shape of %s in the base model", name);
@@ -708,6 +730,7 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
     if (!x)
         return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
     x->replace = t;
+    x->frozen = role == TIE_NEUTRAL;
     x->term.adapter = index;
     return NF4_OK;
 }
@@ -744,9 +767,47 @@ static int bind_tied_head_copy(struct binder *b, const struct lora_adapter *ad, 
  * embed_tokens with save_embedding_layers), or an embedding layer nothing
  * wraps, as "M.weight", and loads back into M.P. */
 static int bind_replacement(struct binder *b, const struct lora_adapter *ad, size_t index,
+                            const struct lora_config *c, const struct model_tensor *t, const char *key_name);
+
+/* The parts of PEFT's wrapper of a modules_to_save module, which it saves too
+ * when it saves the embedding layers whole (save_embedding_layers, as for a
+ * resized vocabulary): "M.original_module.P", the frozen layer, checked for
+ * shape and left (the copy replaces it); and "M.modules_to_save.P", the
+ * trained copy again beside "M.P", whose bytes must be the same (alone, it is
+ * the copy). `seg` is where the segment starts in key_name. */
+static int bind_wrapper_part(struct binder *b, const struct lora_adapter *ad, size_t index,
+                             const struct lora_config *c, const struct model_tensor *t, const char *key_name,
+                             const char *seg, int original)
+{
+    size_t at = (size_t)(seg - key_name), skip = strlen(original ? ORIGINAL_SEGMENT : COPY_SEGMENT) - 1;
+    char *name = malloc(strlen(key_name) + 1), *twin_key = NULL;
+    if (name) {
+        memcpy(name, key_name, at);
+        strcpy(name + at, seg + skip); /* "M.P" */
+        twin_key = factor_key(name, "");
+    }
+    int code = twin_key ? NF4_OK : nf4_fail(NF4_ESOFTWARE, t->file->path, t->t->name, "out of memory");
+    const struct model_tensor *twin = twin_key ? model_find(ad->weights, twin_key) : NULL;
+    int same = 0;
+    if (code == NF4_OK && original)
+        code = base_shape_fits(b, t, name);
+    else if (code == NF4_OK && !twin)
+        code = bind_replacement(b, ad, index, c, t, name);
+    else if (code == NF4_OK && (code = model_tensors_equal(t, twin, &same)) == NF4_OK && !same)
+        code = nf4_fail(NF4_EDATA, t->file->path, t->t->name, "differs from %s, the modules_to_save copy PEFT saves "
+                        "it beside", twin_key);
+    free(twin_key);
+    free(name);
+    return code;
+}
+
+static int bind_replacement(struct binder *b, const struct lora_adapter *ad, size_t index,
                             const struct lora_config *c, const struct model_tensor *t, const char *key_name)
 {
     const char *file = t->file->path;
+    const char *original = strstr(key_name, ORIGINAL_SEGMENT), *copy = strstr(key_name, COPY_SEGMENT);
+    if (original || copy)
+        return bind_wrapper_part(b, ad, index, c, t, key_name, original ? original : copy, original != NULL);
     char *name = strdup(key_name);
     if (!name)
         return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
@@ -786,8 +847,9 @@ static int bind_replacement(struct binder *b, const struct lora_adapter *ad, siz
 
 /* The rows adapter tensor t (M.token_adapter.trainable_tokens_delta, for
  * `module` M) replaces in M.weight, which is *rows x *cols. */
-static int token_rows_of(const struct binder *b, const struct lora_config *c, const struct model_tensor *t,
-                         const char *module, struct token_rows **out, uint64_t *rows, uint64_t *cols)
+static int token_rows_of(const struct binder *b, const struct lora_adapter *ad, const struct lora_config *c,
+                         const struct model_tensor *t, const char *module, struct token_rows **out, uint64_t *rows,
+                         uint64_t *cols)
 {
     const char *file = t->file->path, *key = t->t->name;
     int ambiguous;
@@ -813,8 +875,16 @@ static int token_rows_of(const struct binder *b, const struct lora_config *c, co
     else {
         *rows = shape[0];
         *cols = shape[1];
+        /* On a resized vocabulary PEFT saves the layer whole beside its rows:
+         * the rows are that layer's. */
+        char *layer_key = factor_key(module, TOKEN_ADAPTER_SEGMENT BASE_LAYER_SEGMENT "weight");
+        const struct model_tensor *layer = layer_key ? model_find(ad->weights, layer_key) : NULL;
+        if (layer && layer->t->ndim == 2 && layer->t->shape[1] == *cols)
+            *rows = layer->t->shape[0];
+        free(layer_key);
         const struct model_tensor *base = model_find(b->base, is_tied_head(b, wname) ? b->tied_embedding : wname);
-        code = token_rows_build(list, t, wname, *rows, *cols, base->t->dtype, out);
+        code = layer_key ? token_rows_build(list, t, wname, *rows, *cols, base->t->dtype, out)
+                         : nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
     }
     free(wname);
     return code;
@@ -832,7 +902,7 @@ static int head_rows_are_embeddings(const struct binder *b, const struct lora_ad
     struct token_rows *rows = NULL;
     uint64_t nrows, ncols;
     *same = 0;
-    if (t && (code = token_rows_of(b, c, t, embed, &rows, &nrows, &ncols)) == NF4_OK)
+    if (t && (code = token_rows_of(b, ad, c, t, embed, &rows, &nrows, &ncols)) == NF4_OK)
         code = token_rows_same(head, rows, same);
     token_rows_free(rows);
     free(key);
@@ -851,7 +921,7 @@ static int bind_token_rows(struct binder *b, const struct lora_adapter *ad, size
     char *wname = module ? base_weight_name(module) : NULL;
     struct token_rows *rows = NULL;
     uint64_t nrows = 0, ncols = 0;
-    int code = wname ? token_rows_of(b, c, t, module, &rows, &nrows, &ncols)
+    int code = wname ? token_rows_of(b, ad, c, t, module, &rows, &nrows, &ncols)
                      : nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
     if (code != NF4_OK || rows->n == 0)
         goto out;
@@ -999,8 +1069,7 @@ static int check_token_rows_alone(const struct lora_set *s, const struct lora_ta
 {
     if (!t->tokens)
         return NF4_OK;
-    int base_layer = t->replace && t->replace_adapter == t->tokens_adapter &&
-                     strstr(t->replace->t->name, BASE_LAYER_SEGMENT) != NULL;
+    int base_layer = t->replace && t->replace_adapter == t->tokens_adapter && t->replace_frozen;
     if (!t->nterms && (!t->replace || base_layer))
         return NF4_OK;
     return nf4_fail(NF4_EDATA, s->adapters[t->tokens_adapter].config_path, t->name,
@@ -1055,6 +1124,7 @@ static int gather(struct lora_set *s, struct binder *b)
                             "merge these adapters separately");
         if (x->replace) {
             t->replace = x->replace;
+            t->replace_frozen = x->frozen;
             t->replace_adapter = x->term.adapter;
         } else {
             t->terms[t->nterms++] = x->term;
@@ -1067,6 +1137,42 @@ static int gather(struct lora_set *s, struct binder *b)
             return nf4_fail(NF4_EDATA, file, t->name, "is changed by a DoRA adapter and by another adapter: "
                             "merge them in separate runs");
     }
+    return NF4_OK;
+}
+
+/* A resized vocabulary (base_shape_fits) must resize every layer the
+ * vocabulary sizes: each embedding layer the base stores, and the head where
+ * it is written apart from its tied embedding, replaced by one with the new
+ * rows (transformers' resize_token_embeddings resizes both, and PEFT's
+ * save_embedding_layers saves both). Else the output would not load. */
+static int check_vocabulary(const struct lora_set *s, const struct binder *b, int head_apart)
+{
+    if (!b->vocab_rows)
+        return NF4_OK;
+    const char *missed = NULL;
+    for (size_t i = 0; i < b->base->count && !missed; i++) {
+        const char *name = b->base->tensors[i].t->name;
+        if (is_embedding_layer_weight(name) && !bnb_is_state_part(name) &&
+            !bnb_find(b->weights, b->nweights, name)) {
+            const struct lora_target *t = lora_find(s, name);
+            if (!t || !t->replace || t->replace->t->shape[0] != b->vocab_rows)
+                missed = name;
+        }
+    }
+    if (!missed && head_apart) {
+        const struct lora_target *t = lora_find(s, TIED_HEAD_NAME);
+        if (!t || !t->replace || t->replace->t->shape[0] != b->vocab_rows)
+            missed = TIED_HEAD_NAME;
+    }
+    if (missed)
+        return nf4_fail(NF4_EDATA, b->vocab_file, b->vocab_key, "resizes the vocabulary from %llu to %llu rows, but the "
+                        "adapters leave %s at its rows in the base: the merged model would not load",
+                        (unsigned long long)b->base_vocab_rows, (unsigned long long)b->vocab_rows, missed);
+    if (!b->base->dir)
+        return nf4_fail(NF4_EDATA, b->vocab_file, b->vocab_key, "resizes the vocabulary from %llu to %llu rows: "
+                        "config.json must then say vocab_size: %llu; convert the model's directory, not its weights "
+                        "file, so that nf4deq writes it", (unsigned long long)b->base_vocab_rows,
+                        (unsigned long long)b->vocab_rows, (unsigned long long)b->vocab_rows);
     return NF4_OK;
 }
 
@@ -1119,8 +1225,12 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
                         b.untie_name, other);
     if (code == NF4_OK)
         code = gather(s, &b);
+    if (code == NF4_OK)
+        code = check_vocabulary(s, &b, b.untie_key != NULL);
     if (code == NF4_OK && b.untie_key)
         s->untied_embedding = b.tied_embedding;
+    s->vocab_rows = b.vocab_rows;
+    s->base_vocab_rows = b.base_vocab_rows;
     for (size_t i = 0; i < b.n; i++) {
         free(b.items[i].name);
         token_rows_free(b.items[i].tokens);

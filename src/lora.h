@@ -29,8 +29,9 @@
  * fit, a rank that disagrees with the config, DoRA where nf4deq cannot merge
  * it and other adapter types are refused with
  * NF4_EDATA and a message naming the file and the tensor. So is a change that
- * parts a tied lm_head from its embedding (model_dir.h) in a base that is one
- * weights file: the output needs a config.json that says so. */
+ * parts a tied lm_head from its embedding (model_dir.h), or resizes the
+ * vocabulary, in a base that is one weights file: the output needs a
+ * config.json that says so. */
 #ifndef NF4DEQ_LORA_H
 #define NF4DEQ_LORA_H
 
@@ -77,6 +78,7 @@ struct lora_target {
     char *name;        /* the base tensor, e.g. model.layers.0.self_attn.q_proj.weight */
     uint64_t rows, cols; /* the base tensor's shape */
     const struct model_tensor *replace; /* the adapter's tensor that replaces it (then terms go on it); else NULL */
+    int replace_frozen; /* it is a frozen layer PEFT saved whole (a base layer, an embedding layer), not a copy trained */
     size_t replace_adapter;
     size_t nterms;
     struct lora_term terms[LORA_MAX_ADAPTERS];
@@ -105,6 +107,11 @@ struct lora_set {
      * TIED_HEAD_NAME applied, and config.json says tie_word_embeddings: false,
      * as PEFT's merge_and_unload leaves it. NULL otherwise. */
     const char *untied_embedding;
+    /* Where the adapters were trained on a resized vocabulary
+     * (resize_token_embeddings): the rows of the embedding layers they hold
+     * whole, which replace the base's (of base_vocab_rows rows) in the
+     * output, whose config.json then says vocab_size: vocab_rows. 0 otherwise. */
+    uint64_t vocab_rows, base_vocab_rows;
 };
 
 struct pattern;

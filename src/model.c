@@ -480,6 +480,29 @@ void model_unused_reason(const struct model *m, const char *name, char *buf, siz
         snprintf(buf, cap, "not listed in %s", m->index_name);
 }
 
+/* Bytes compared per block by model_tensors_equal, on each side. */
+#define EQUAL_BLOCK_BYTES (UINT64_C(1) << 20)
+
+int model_tensors_equal(const struct model_tensor *a, const struct model_tensor *b, int *equal)
+{
+    const struct st_tensor *x = a->t, *y = b->t;
+    *equal = x->dtype == y->dtype && x->ndim == y->ndim && memcmp(x->shape, y->shape, x->ndim * sizeof *x->shape) == 0;
+    uint64_t bytes = *equal ? st_tensor_bytes(x) : 0;
+    if (!bytes)
+        return NF4_OK;
+    uint64_t block = bytes < EQUAL_BLOCK_BYTES ? bytes : EQUAL_BLOCK_BYTES;
+    unsigned char *xb = malloc(block), *yb = malloc(block);
+    int code = xb && yb ? NF4_OK : nf4_fail(NF4_ESOFTWARE, a->file->path, x->name, "out of memory");
+    for (uint64_t at = 0; code == NF4_OK && *equal && at < bytes; at += block) {
+        uint64_t len = bytes - at < block ? bytes - at : block;
+        if ((code = st_read(a->file, x, at, xb, len)) == NF4_OK && (code = st_read(b->file, y, at, yb, len)) == NF4_OK)
+            *equal = memcmp(xb, yb, len) == 0;
+    }
+    free(xb);
+    free(yb);
+    return code;
+}
+
 const struct model_tensor *model_find(const struct model *m, const char *name)
 {
     size_t lo = 0, hi = m->count;

@@ -62,6 +62,9 @@ int model_open_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);
 void model_close(struct model *m);
 const struct model_tensor *model_find(const struct model *m, const char *name);
+/* Whether two tensors hold the same bytes in the same dtype and shape
+ * (*equal), compared a bounded block at a time. NF4_OK, or a read's error. */
+int model_tensors_equal(const struct model_tensor *a, const struct model_tensor *b, int *equal);
 /* Why a weights file is not part of the model, as a phrase for messages ("not
  * listed in model.safetensors.index.json", "a hidden file", or, for one that
  * is not in m->unused_names, "not there when the model was read"). */

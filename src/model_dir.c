@@ -157,11 +157,17 @@ static struct member *scan_members(const char *json, size_t open, size_t len, si
 
 #define TIE_KEY "tie_word_embeddings"
 
-/* text_config's object (json[start, end)) with its TIE_KEY set to false, or
- * added as false after its last member: the text model's config class may
- * default to tied, and readers that go by the text config (transformers 4's
- * get_text_config) would tie the head again. */
-static int put_untied_text_config(struct strbuf *b, const char *json, size_t start, size_t end)
+#define VOCAB_KEY "vocab_size"
+
+/* text_config's object (json[start, end)) with, for `untie`, its TIE_KEY set
+ * to false, or added as false after its last member: the text model's config
+ * class may default to tied, and readers that go by the text config
+ * (transformers 4's get_text_config) would tie the head again; and with
+ * `vocab` (the number's text), its VOCAB_KEY set where it has one, as
+ * transformers' resize_token_embeddings sets the text config's
+ * (*vocab_set then 1). */
+static int put_text_config(struct strbuf *b, const char *json, size_t start, size_t end, int untie, const char *vocab,
+                           int *vocab_set)
 {
     size_t count;
     struct member *mem = scan_members(json, start, end, &count);
@@ -169,14 +175,19 @@ static int put_untied_text_config(struct strbuf *b, const char *json, size_t sta
         return -1;
     size_t at = start;
     int have = 0;
-    for (size_t k = 0; k < count; k++)
-        if (key_is(json, &mem[k], TIE_KEY)) {
-            strbuf_put(b, json + at, mem[k].value_start - at);
-            strbuf_puts(b, "false");
-            at = mem[k].value_end;
-            have = 1;
-        }
-    if (!have) { /* after the last member, or inside an empty object */
+    for (size_t k = 0; k < count; k++) {
+        const char *value = untie && key_is(json, &mem[k], TIE_KEY) ? "false"
+                            : vocab && key_is(json, &mem[k], VOCAB_KEY) ? vocab
+                                                                        : NULL;
+        if (!value)
+            continue;
+        strbuf_put(b, json + at, mem[k].value_start - at);
+        strbuf_puts(b, value);
+        at = mem[k].value_end;
+        have |= value != vocab;
+        *vocab_set |= value == vocab;
+    }
+    if (untie && !have) { /* after the last member, or inside an empty object */
         size_t after = count ? mem[count - 1].value_end : start + 1;
         strbuf_put(b, json + at, after - at);
         if (count >= 2) { /* the object's own separator */
@@ -193,9 +204,14 @@ static int put_untied_text_config(struct strbuf *b, const char *json, size_t sta
     return 0;
 }
 
-int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, int untie, char **out,
+int config_rewrite(const char *path, const char *json, size_t len, const struct config_changes *ch, char **out,
                    size_t *out_len)
 {
+    const char *dtype_name = ch->dtype_name;
+    const int untie = ch->untie;
+    char vocab[24] = "";
+    if (ch->vocab_size)
+        snprintf(vocab, sizeof vocab, "%" PRIu64, ch->vocab_size);
     cJSON *root = json_parse_whole(json, len);
     int is_object = cJSON_IsObject(root);
     cJSON_Delete(root);
@@ -215,7 +231,7 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
     char quoted[64] = "";
     if (dtype_name)
         snprintf(quoted, sizeof quoted, "\"%s\"", dtype_name);
-    int have_dtype = 0, have_torch_dtype = 0, have_tie = 0, written = 0;
+    int have_dtype = 0, have_torch_dtype = 0, have_tie = 0, have_vocab = 0, written = 0;
     /* The text between the first two members is the file's own separator. */
     const char *sep = ",\n  ";
     size_t sep_len = strlen(sep);
@@ -235,13 +251,17 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
             value = quoted;
         else if (untie && key_is(json, m, TIE_KEY))
             value = "false";
+        else if (ch->vocab_size && key_is(json, m, VOCAB_KEY))
+            value = vocab;
         have_dtype |= key_is(json, m, "dtype");
         have_torch_dtype |= key_is(json, m, "torch_dtype");
         have_tie |= key_is(json, m, TIE_KEY);
-        if (untie && key_is(json, m, "text_config") && json[m->value_start] == '{') {
-            /* A multimodal model's text model may say it too. */
+        have_vocab |= key_is(json, m, VOCAB_KEY);
+        if ((untie || ch->vocab_size) && key_is(json, m, "text_config") && json[m->value_start] == '{') {
+            /* A multimodal model's text model may say them too. */
             strbuf_put(&b, json + m->key_start, m->value_start - m->key_start);
-            if (put_untied_text_config(&b, json, m->value_start, m->value_end) != 0)
+            if (put_text_config(&b, json, m->value_start, m->value_end, untie, ch->vocab_size ? vocab : NULL,
+                                &have_vocab) != 0)
                 b.oom = 1;
             continue;
         }
@@ -250,9 +270,10 @@ int config_rewrite(const char *path, const char *json, size_t len, const char *d
             strbuf_puts(&b, value);
     }
     /* Keys to add, with their values: what was not there to set. */
-    const char *added[3][2] = {{"dtype", quoted}, {"torch_dtype", quoted}, {TIE_KEY, "false"}};
-    int add[3] = {dtype_name && !have_dtype, dtype_name && !have_torch_dtype, untie && !have_tie};
-    for (int k = 0; k < 3; k++) {
+    const char *added[4][2] = {{"dtype", quoted}, {"torch_dtype", quoted}, {TIE_KEY, "false"}, {VOCAB_KEY, vocab}};
+    int add[4] = {dtype_name && !have_dtype, dtype_name && !have_torch_dtype, untie && !have_tie,
+                  ch->vocab_size && !have_vocab};
+    for (int k = 0; k < 4; k++) {
         if (!add[k])
             continue;
         if (written++)

@@ -6,15 +6,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* What a conversion changes in config.json. */
+struct config_changes {
+    const char *dtype_name; /* the output's torch dtype name, or NULL */
+    int untie;              /* a merge wrote lm_head apart from the embedding it was tied to */
+    uint64_t vocab_size;    /* the embedding layers' rows where a merge resized them, else 0 */
+};
+
 /* Rewrites a config.json document: drops the top-level "quantization_config"
  * and, when dtype_name is not NULL, sets (or adds) "dtype" and "torch_dtype",
  * except in a diffusers config (one with "_diffusers_version"), which keeps
- * every other key as it is. With `untie` (a merge wrote lm_head apart from the
- * embedding it was tied to) it sets (or adds) "tie_word_embeddings": false,
- * and sets it in "text_config" where that has it.
+ * every other key as it is. With `untie` it sets (or adds)
+ * "tie_word_embeddings": false, in "text_config" too. With a vocab_size it
+ * sets "vocab_size" where the top level or "text_config" has it, and adds it
+ * at the top level where neither does.
  * Works on the text, so the rest of the file keeps its exact formatting.
  * Returns NF4_OK or NF4_EDATA (the document is not a JSON object). */
-int config_rewrite(const char *path, const char *json, size_t len, const char *dtype_name, int untie, char **out,
+int config_rewrite(const char *path, const char *json, size_t len, const struct config_changes *ch, char **out,
                    size_t *out_len);
 
 struct index_out_entry {

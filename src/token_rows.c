@@ -167,30 +167,11 @@ int token_rows_build(const cJSON *list, const struct model_tensor *values, const
     return NF4_OK;
 }
 
-/* Rows of `a` compared per block: 1 MiB of F32 on each side at most. */
-#define SAME_BLOCK_BYTES (UINT64_C(1) << 20)
-
 int token_rows_same(const struct token_rows *a, const struct token_rows *b, int *same)
 {
-    const struct st_tensor *x = a->values->t, *y = b->values->t;
-    *same = a->n == b->n && x->dtype == y->dtype && x->ndim == 2 && y->ndim == 2 && x->shape[1] == y->shape[1] &&
-            (a->n == 0 || (memcmp(a->row, b->row, a->n * sizeof *a->row) == 0 &&
-                           memcmp(a->src, b->src, a->n * sizeof *a->src) == 0));
-    uint64_t bytes = *same ? st_tensor_bytes(x) : 0;
-    if (!bytes)
-        return NF4_OK;
-    uint64_t block = bytes < SAME_BLOCK_BYTES ? bytes : SAME_BLOCK_BYTES;
-    unsigned char *xb = malloc(block), *yb = malloc(block);
-    int code = xb && yb ? NF4_OK : nf4_fail(NF4_ESOFTWARE, a->values->file->path, x->name, "out of memory");
-    for (uint64_t at = 0; code == NF4_OK && *same && at < bytes; at += block) {
-        uint64_t len = bytes - at < block ? bytes - at : block;
-        if ((code = st_read(a->values->file, x, at, xb, len)) == NF4_OK &&
-            (code = st_read(b->values->file, y, at, yb, len)) == NF4_OK)
-            *same = memcmp(xb, yb, len) == 0;
-    }
-    free(xb);
-    free(yb);
-    return code;
+    *same = a->n == b->n && (a->n == 0 || (memcmp(a->row, b->row, a->n * sizeof *a->row) == 0 &&
+                                           memcmp(a->src, b->src, a->n * sizeof *a->src) == 0));
+    return *same ? model_tensors_equal(a->values, b->values, same) : NF4_OK;
 }
 
 void token_rows_between(const struct token_rows *t, uint64_t first_row, uint64_t last_row, uint64_t *begin,

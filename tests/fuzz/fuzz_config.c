@@ -29,12 +29,13 @@ static int duplicate_anywhere(const cJSON *item)
     return 0;
 }
 
-static void run(const char *json, size_t size, const char *dtype, int untie)
+static void run(const char *json, size_t size, const char *dtype, int untie, uint64_t vocab)
 {
     nf4_clear_error();
     char *out = NULL;
     size_t out_len = 0;
-    int code = config_rewrite("fuzz/config.json", json, size, dtype, untie, &out, &out_len);
+    struct config_changes ch = {dtype, untie, vocab};
+    int code = config_rewrite("fuzz/config.json", json, size, &ch, &out, &out_len);
     if (code != NF4_OK) {
         fuzz_check_failure(code);
         return;
@@ -58,7 +59,17 @@ static void run(const char *json, size_t size, const char *dtype, int untie)
         FUZZ_ASSERT(!cJSON_IsObject(text) || cJSON_IsFalse(tie),
                     "untied, but text_config's tie_word_embeddings is not false: %s", out);
     }
-    if (diffusers && !untie && !duplicate_anywhere(in)) {
+    if (vocab && !duplicate_anywhere(in)) {
+        const cJSON *top = cJSON_GetObjectItemCaseSensitive(root, "vocab_size");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+        const cJSON *inner = cJSON_IsObject(text) ? cJSON_GetObjectItemCaseSensitive(text, "vocab_size") : NULL;
+        FUZZ_ASSERT((top && cJSON_IsNumber(top) && top->valuedouble == (double)vocab) ||
+                        (!top && inner && cJSON_IsNumber(inner) && inner->valuedouble == (double)vocab),
+                    "resized, but vocab_size is not %llu: %s", (unsigned long long)vocab, out);
+        FUZZ_ASSERT(!inner || (cJSON_IsNumber(inner) && inner->valuedouble == (double)vocab),
+                    "resized, but text_config's vocab_size is not %llu: %s", (unsigned long long)vocab, out);
+    }
+    if (diffusers && !untie && !vocab && !duplicate_anywhere(in)) {
         cJSON_DeleteItemFromObjectCaseSensitive(in, "quantization_config");
         FUZZ_ASSERT(cJSON_Compare(in, root, 1), "a diffusers config changed beyond quantization_config: %s", out);
     }
@@ -76,9 +87,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *json = fuzz_copy(data, size);
     if (!json)
         return 0;
-    run(json, size, "bfloat16", 0);
-    run(json, size, NULL, 0);
-    run(json, size, "bfloat16", 1);
+    run(json, size, "bfloat16", 0, 0);
+    run(json, size, NULL, 0, 0);
+    run(json, size, "bfloat16", 1, 0);
+    run(json, size, NULL, 1, 128256);
     free(json);
     return 0;
 }

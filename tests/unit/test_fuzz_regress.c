@@ -33,7 +33,8 @@ static int rewrite(const char *json, size_t len, const char *dtype, char **out, 
 {
     nf4_clear_error();
     *out = NULL;
-    return config_rewrite("config.json", json, len, dtype, 0, out, out_len);
+    struct config_changes ch = {dtype, 0, 0};
+    return config_rewrite("config.json", json, len, &ch, out, out_len);
 }
 
 /* Each of these must now be refused as invalid JSON, with and without a dtype. */

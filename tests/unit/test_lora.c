@@ -125,6 +125,11 @@ static const struct lora_case CASES[] = {
     {"base-llama-bf16-bnb4", "adapter-tokens-dict", "merged-tokens-dict", 4},
     {TIED_BASE, "adapter-tied-tokens", "merged-tied-tokens", 3},
     {TIED_BASE, "adapter-tied-tokens-apart", "merged-tied-tokens-apart", 4},
+    /* A resized vocabulary (README.md, "A resized vocabulary"): the embedding
+     * layers of 516 rows, frozen with the new rows trained, or trained whole. */
+    {"base-llama-bf16-bnb4", "adapter-resized-tokens", "merged-resized-tokens", 3},
+    {"base-llama-bf16-bnb4", "adapter-resized-copies", "merged-resized-copies", 2},
+    {TIED_BASE, "adapter-tied-resized-tokens", "merged-tied-resized-tokens", 3},
 };
 
 static void check_case(const struct lora_case *lc, const char *out)
@@ -1120,8 +1125,8 @@ static void test_tied_token_rows_saved_twice(void **state)
  * vocabulary was resized (save_embedding_layers), frozen: here the tied
  * layout, each layer's token_adapter.base_layer.weight (the base's values)
  * and the head's rows (the embedding's). The merge is the one without them,
- * byte for byte, still tied. With a row more (a resized vocabulary) they are
- * refused, and say why. */
+ * byte for byte, still tied. With a row more, the vocabulary is resized: 513
+ * rows, still tied; with the two layers of different rows, refused. */
 static void test_embedding_layers_saved_whole(void **state)
 {
     struct tu_scratch *s = *state;
@@ -1164,12 +1169,29 @@ static void test_embedding_layers_saved_whole(void **state)
     extra[0].shape[0] = extra[1].shape[0] = rows + 1;
     write_adapter_plus(LORA_FIXTURES "/adapter-tied-tokens", ad, extra, 3);
     r = tu_run("convert", "--device", "cpu", tied, out, "--lora", ad, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    char *config = tu_strdupf("%s/config.json", out), *weights = tu_strdupf("%s/model.safetensors", out);
+    size_t len;
+    char *text = tu_read_file(config, &len);
+    if (!strstr(text, "\"vocab_size\": 513") || !strstr(text, "\"tie_word_embeddings\": true"))
+        fail_msg("%s", text);
+    free(text);
+    assert_int_equal(st_open(weights, &f), NF4_OK);
+    assert_int_equal(st_find(f, "model.embed_tokens.weight")->shape[0], rows + 1);
+    assert_null(st_find(f, "lm_head.weight"));
+    st_close(f);
+    tu_rmtree(out);
+    extra[1].shape[0] = rows + 2;
+    write_adapter_plus(LORA_FIXTURES "/adapter-tied-tokens", ad, extra, 3);
+    r = tu_run("convert", "--device", "cpu", tied, out, "--lora", ad, NULL);
     if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
-        !strstr(r.err, "has 513 rows, and lm_head.weight in the base model 512: the adapter was trained on a resized "
-                       "vocabulary (resize_token_embeddings)"))
+        !strstr(r.err, "the adapters resize the vocabulary two ways"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     assert_false(tu_exists(out));
+    free(config);
+    free(weights);
     tu_rmtree(ad);
     tu_rmtree(ref);
     free(extra[2].v);
@@ -1178,6 +1200,79 @@ static void test_embedding_layers_saved_whole(void **state)
     free(ad);
     free(out);
     free(ref);
+}
+
+/* A resized vocabulary: config.json says the new vocab_size, tied or not,
+ * and inspect says so. Refused: a resize that leaves an embedding layer at
+ * the base's rows (the merged model would not load), a single weights file
+ * (no config.json to say it), and a modules_to_save copy whose twin PEFT
+ * saves beside it differs. */
+static void test_resized_vocabulary(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = LORA_FIXTURES "/base-llama-bf16-bnb4";
+    static const struct {
+        const char *base, *adapter, *tie;
+    } CONFIGS[] = {
+        {"base-llama-bf16-bnb4", "adapter-resized-tokens", "\"tie_word_embeddings\": false"},
+        {"base-llama-bf16-bnb4", "adapter-resized-copies", "\"tie_word_embeddings\": false"},
+        {TIED_BASE, "adapter-tied-resized-tokens", "\"tie_word_embeddings\": true"},
+    };
+    char *out = tu_strdupf("%s/out", s->dir), *config = tu_strdupf("%s/out/config.json", s->dir);
+    for (size_t i = 0; i < sizeof CONFIGS / sizeof CONFIGS[0]; i++) {
+        char *in = tu_strdupf(LORA_FIXTURES "/%s", CONFIGS[i].base), *ad = tu_strdupf(LORA_FIXTURES "/%s", CONFIGS[i].adapter);
+        struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", ad, NULL);
+        if (r.status != 0 || !strstr(r.err, "trained on a vocabulary resized from 512 to 516 rows"))
+            fail_msg("%s: exit %d, stderr: %s", ad, r.status, r.err);
+        tu_run_free(&r);
+        size_t len;
+        char *text = tu_read_file(config, &len);
+        if (!strstr(text, "\"vocab_size\": 516,") || !strstr(text, CONFIGS[i].tie))
+            fail_msg("%s: %s", ad, text);
+        free(text);
+        tu_rmtree(out);
+        r = tu_run("inspect", "--json", in, "--lora", ad, NULL);
+        assert_int_equal(r.status, 0);
+        if (!strstr(r.out, "\"vocab_size\": {\n    \"base\": 512,\n    \"merged\": 516\n  }"))
+            fail_msg("%s", r.out);
+        tu_run_free(&r);
+        free(in);
+        free(ad);
+    }
+
+    /* The embedding resized, the untied head not. */
+    char *ad = tu_strdupf("%s-adapter", s->dir); /* beside: assert_merge_refused counts what is in s->dir */
+    assert_int_equal(mkdir(ad, 0755), 0);
+    struct syn_tensor embed = {PEFT_KEY_PREFIX "model.embed_tokens.weight", DT_BF16, {513, 128}, calloc(513 * 128, 4)};
+    char *wpath = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+    syn_write(wpath, &embed, 1);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+                     "\"modules_to_save\": [\"embed_tokens\"]}");
+    assert_merge_refused(s, base, ad, NULL, "model.embed_tokens.weight: resizes the vocabulary from 512 to 513 rows, "
+                                            "but the adapters leave lm_head.weight at its rows in the base");
+    tu_rmtree(ad);
+    free(embed.v);
+
+    /* One weights file. */
+    assert_merge_refused(s, LORA_FIXTURES "/base-llama-bf16-bnb4/model.safetensors", LORA_FIXTURES "/adapter-resized-tokens",
+                         NULL, "convert the model's directory, not its weights file");
+
+    /* A copy's twin one byte off. */
+    tu_sh("cp -r %s/adapter-resized-copies %s", LORA_FIXTURES, ad);
+    struct st_file *f;
+    assert_int_equal(st_open(wpath, &f), NF4_OK);
+    const struct st_tensor *twin = st_find(f, PEFT_KEY_PREFIX "lm_head.modules_to_save.weight");
+    assert_non_null(twin);
+    uint64_t last = f->data_start + twin->end - 1;
+    st_close(f);
+    tu_sh("printf '\\001' | dd of=%s bs=1 seek=%llu conv=notrunc status=none", wpath, (unsigned long long)last);
+    assert_merge_refused(s, base, ad, NULL, "lm_head.modules_to_save.weight: differs from "
+                                            "base_model.model.lm_head.weight, the modules_to_save copy");
+    tu_rmtree(ad);
+    free(wpath);
+    free(ad);
+    free(out);
+    free(config);
 }
 
 /* Trained token rows on a base of odd shape, given unsorted and with the
@@ -1479,6 +1574,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tied_token_rows_saved_twice, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_token_rows_synthetic, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_embedding_layers_saved_whole, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_resized_vocabulary, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fan_in_fan_out_ignored_on_4bit_weights, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refusals_write_nothing, tu_scratch_setup, tu_scratch_teardown),

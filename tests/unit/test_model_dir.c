@@ -11,12 +11,13 @@
 
 /* ---- config_rewrite ---- */
 
-static char *rewrite_untying(const char *json, const char *dtype, int untie)
+static char *rewrite_with(const char *json, const char *dtype, int untie, uint64_t vocab)
 {
     char *out = NULL;
     size_t len = 0;
     nf4_clear_error();
-    int code = config_rewrite("config.json", json, strlen(json), dtype, untie, &out, &len);
+    struct config_changes ch = {dtype, untie, vocab};
+    int code = config_rewrite("config.json", json, strlen(json), &ch, &out, &len);
     if (code != NF4_OK)
         fail_msg("config_rewrite(%s) = %d: %s", json, code, nf4_last_error());
     assert_int_equal(strlen(out), len);
@@ -25,21 +26,21 @@ static char *rewrite_untying(const char *json, const char *dtype, int untie)
 
 static char *rewrite(const char *json, const char *dtype)
 {
-    return rewrite_untying(json, dtype, 0);
+    return rewrite_with(json, dtype, 0, 0);
 }
 
-static void expect_rewrite_untying(const char *json, const char *dtype, int untie, const char *want)
+static void expect_rewrite_with(const char *json, const char *dtype, int untie, uint64_t vocab, const char *want)
 {
-    char *got = rewrite_untying(json, dtype, untie);
+    char *got = rewrite_with(json, dtype, untie, vocab);
     if (strcmp(got, want) != 0)
-        fail_msg("config_rewrite(%s, %s%s)\n  got:  [%s]\n  want: [%s]", json, dtype ? dtype : "NULL",
-                 untie ? ", untie" : "", got, want);
+        fail_msg("config_rewrite(%s, %s%s, vocab %llu)\n  got:  [%s]\n  want: [%s]", json, dtype ? dtype : "NULL",
+                 untie ? ", untie" : "", (unsigned long long)vocab, got, want);
     free(got);
 }
 
 static void expect_rewrite(const char *json, const char *dtype, const char *want)
 {
-    expect_rewrite_untying(json, dtype, 0, want);
+    expect_rewrite_with(json, dtype, 0, 0, want);
 }
 
 static void test_rewrite_drops_quantization_config_wherever_it_is(void **state)
@@ -123,7 +124,7 @@ static void test_rewrite_leaves_nested_dtype_keys_alone(void **state)
 
 static void expect_untied(const char *json, const char *dtype, const char *want)
 {
-    expect_rewrite_untying(json, dtype, 1, want);
+    expect_rewrite_with(json, dtype, 1, 0, want);
 }
 
 /* A merge that writes lm_head apart from its embedding: tie_word_embeddings
@@ -161,6 +162,27 @@ static void test_rewrite_unties_the_embeddings(void **state)
     expect_untied("{\"tie\\u005fword_embeddings\": true}", NULL, "{\"tie\\u005fword_embeddings\": false}");
 }
 
+/* A merge of an adapter trained on a resized vocabulary: vocab_size takes
+ * the new rows where the top level or text_config has it (transformers sets
+ * the text config's), and is added at the top where neither does; with an
+ * untie, both change. */
+static void test_rewrite_resizes_the_vocabulary(void **state)
+{
+    (void)state;
+    expect_rewrite_with("{\"a\": 1, \"vocab_size\" : 512, \"b\": 2}", NULL, 0, 516,
+                        "{\"a\": 1, \"vocab_size\" : 516, \"b\": 2}");
+    expect_rewrite_with("{\"a\": 1}", NULL, 0, 128256, "{\"a\": 1,\n  \"vocab_size\": 128256}");
+    expect_rewrite_with("{\"text_config\": {\"vocab_size\": 10, \"x\": {\"vocab_size\": 3}}, \"y\": {\"vocab_size\": 4}}",
+                        NULL, 0, 12,
+                        "{\"text_config\": {\"vocab_size\": 12, \"x\": {\"vocab_size\": 3}}, \"y\": {\"vocab_size\": 4}}");
+    expect_rewrite_with("{\"vocab_size\": 10, \"text_config\": {\"vocab_size\": 10}}", NULL, 0, 11,
+                        "{\"vocab_size\": 11, \"text_config\": {\"vocab_size\": 11}}");
+    expect_rewrite_with("{\"text_config\": {\"a\": 1}, \"tie_word_embeddings\": true, \"vocab_size\": 5, "
+                        "\"quantization_config\": {}}", "bfloat16", 1, 7,
+                        "{\"text_config\": {\"a\": 1, \"tie_word_embeddings\": false}, \"tie_word_embeddings\": false, "
+                        "\"vocab_size\": 7, \"dtype\": \"bfloat16\", \"torch_dtype\": \"bfloat16\"}");
+}
+
 static void test_rewrite_is_not_fooled_by_strings(void **state)
 {
     (void)state;
@@ -182,7 +204,8 @@ static void test_rewrite_refuses_non_objects(void **state)
         char *out = NULL;
         size_t len = 0;
         nf4_clear_error();
-        int code = config_rewrite("dir/config.json", BAD[i], strlen(BAD[i]), "float16", 0, &out, &len);
+        struct config_changes ch = {"float16", 0, 0};
+        int code = config_rewrite("dir/config.json", BAD[i], strlen(BAD[i]), &ch, &out, &len);
         if (code != NF4_EDATA)
             fail_msg("config_rewrite(%s) = %d, expected 65", BAD[i], code);
         assert_null(out);
@@ -209,7 +232,8 @@ static void test_rewrite_of_the_fixture_config_keeps_every_other_byte(void **sta
     assert_non_null(orig);
     char *out = NULL;
     size_t out_len;
-    assert_int_equal(config_rewrite(FIXTURE_CONFIG, orig, len, "float16", 0, &out, &out_len), NF4_OK);
+    struct config_changes ch = {"float16", 0, 0};
+    assert_int_equal(config_rewrite(FIXTURE_CONFIG, orig, len, &ch, &out, &out_len), NF4_OK);
 
     /* The expected text, edited by hand: the quantization_config member and its
      * separator cut out, dtype's value swapped, torch_dtype added at the end. */
@@ -611,6 +635,7 @@ int main(void)
         cmocka_unit_test(test_rewrite_of_empty_object),
         cmocka_unit_test(test_rewrite_without_dtype_leaves_dtype_alone),
         cmocka_unit_test(test_rewrite_unties_the_embeddings),
+        cmocka_unit_test(test_rewrite_resizes_the_vocabulary),
         cmocka_unit_test(test_rewrite_leaves_nested_dtype_keys_alone),
         cmocka_unit_test(test_rewrite_is_not_fooled_by_strings),
         cmocka_unit_test(test_rewrite_refuses_non_objects),
