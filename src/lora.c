@@ -832,8 +832,12 @@ static int bind_replacement(struct binder *b, const struct lora_adapter *ad, siz
     }
     if (frozen && is_tied_head(b, name)) {
         /* The shared tensor again, which the base does not store as the head:
-         * a head written apart starts from the base's embedding. */
+         * a head written apart starts from the base's embedding, but from
+         * this copy where the vocabulary was resized (then it has the rows). */
         int code = base_shape_fits(b, t, name);
+        const struct model_tensor *embed = model_find(b->base, b->tied_embedding);
+        if (code == NF4_OK && t->t->shape[0] != embed->t->shape[0])
+            code = bind_replacement_of(b, index, t, name, TIE_NEUTRAL);
         free(name);
         return code;
     }

@@ -130,6 +130,7 @@ static const struct lora_case CASES[] = {
     {"base-llama-bf16-bnb4", "adapter-resized-tokens", "merged-resized-tokens", 3},
     {"base-llama-bf16-bnb4", "adapter-resized-copies", "merged-resized-copies", 2},
     {TIED_BASE, "adapter-tied-resized-tokens", "merged-tied-resized-tokens", 3},
+    {TIED_BASE, "adapter-tied-resized-copy", "merged-tied-resized-copy", 2},
 };
 
 static void check_case(const struct lora_case *lc, const char *out)
@@ -1202,8 +1203,9 @@ static void test_embedding_layers_saved_whole(void **state)
     free(ref);
 }
 
-/* A resized vocabulary: config.json says the new vocab_size, tied or not,
- * and inspect says so. Refused: a resize that leaves an embedding layer at
+/* A resized vocabulary: config.json says the new vocab_size, tied or not
+ * (and parted from a tied embedding, the head is the frozen layer with the
+ * new rows that PEFT saves), and inspect says so. Refused: a resize that leaves an embedding layer at
  * the base's rows (the merged model would not load), a single weights file
  * (no config.json to say it), and a modules_to_save copy whose twin PEFT
  * saves beside it differs. */
@@ -1217,6 +1219,7 @@ static void test_resized_vocabulary(void **state)
         {"base-llama-bf16-bnb4", "adapter-resized-tokens", "\"tie_word_embeddings\": false"},
         {"base-llama-bf16-bnb4", "adapter-resized-copies", "\"tie_word_embeddings\": false"},
         {TIED_BASE, "adapter-tied-resized-tokens", "\"tie_word_embeddings\": true"},
+        {TIED_BASE, "adapter-tied-resized-copy", "\"tie_word_embeddings\": false"},
     };
     char *out = tu_strdupf("%s/out", s->dir), *config = tu_strdupf("%s/out/config.json", s->dir);
     for (size_t i = 0; i < sizeof CONFIGS / sizeof CONFIGS[0]; i++) {
