@@ -563,6 +563,24 @@ static int find_magnitude(const struct lora_adapter *ad, const char *module, con
     return code;
 }
 
+/* The shape of the base layer PEFT saved for a LoRA'd embedding layer
+ * ("M.base_layer.weight") where it has other rows than the base's: the
+ * vocabulary was resized, and the pair was trained on that shape (the base
+ * layer itself is bound, and the size checked, by base_shape_fits). NULL
+ * otherwise. */
+static const uint64_t *resized_layer_shape(const struct binder *b, const struct lora_adapter *ad, const char *module,
+                                           const char *wname, size_t ndim, const uint64_t *shape)
+{
+    if (ndim != 2 || !(is_embedding_layer_weight(wname) || is_tied_head(b, wname)))
+        return NULL;
+    char *key = factor_key(module, BASE_LAYER_SEGMENT "weight");
+    const struct model_tensor *layer = key ? model_find(ad->weights, key) : NULL;
+    free(key);
+    if (!layer || layer->t->ndim != 2 || layer->t->shape[1] != shape[1] || layer->t->shape[0] == shape[0])
+        return NULL;
+    return layer->t->shape;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
@@ -590,6 +608,9 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                         "(an adapter for another model?)", wname);
         goto out;
     }
+    const uint64_t *resized = resized_layer_shape(b, ad, module, wname, ndim, shape);
+    if (resized)
+        shape = resized;
     /* A module the config leaves out: PEFT never wraps it and ignores its
      * weights whatever their rank or shape. (One that is not in the base at
      * all is an adapter for another model, refused above.) With
@@ -885,10 +906,10 @@ static int token_rows_of(const struct binder *b, const struct lora_adapter *ad, 
         const struct model_tensor *layer = layer_key ? model_find(ad->weights, layer_key) : NULL;
         if (layer && layer->t->ndim == 2 && layer->t->shape[1] == *cols)
             *rows = layer->t->shape[0];
-        free(layer_key);
         const struct model_tensor *base = model_find(b->base, is_tied_head(b, wname) ? b->tied_embedding : wname);
         code = layer_key ? token_rows_build(list, t, wname, *rows, *cols, base->t->dtype, out)
                          : nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+        free(layer_key);
     }
     free(wname);
     return code;
@@ -896,9 +917,11 @@ static int token_rows_of(const struct binder *b, const struct lora_adapter *ad, 
 
 /* Whether the adapter's token rows for the tied head are its rows for the
  * embedding, row for row and value for value: the tie's, which PEFT saves
- * under both names when it saves the layers whole (a grown vocabulary). */
+ * under both names when it saves the layers whole (a grown vocabulary).
+ * *has_embedding: whether the adapter has rows of the embedding at all. */
 static int head_rows_are_embeddings(const struct binder *b, const struct lora_adapter *ad,
-                                    const struct lora_config *c, const struct token_rows *head, int *same)
+                                    const struct lora_config *c, const struct token_rows *head, int *same,
+                                    int *has_embedding)
 {
     char *embed = weight_module(b->tied_embedding), *key = embed ? factor_key(embed, TOKEN_DELTA_SUFFIX) : NULL;
     int code = key ? NF4_OK : nf4_fail(NF4_ESOFTWARE, ad->config_path, NULL, "out of memory");
@@ -906,6 +929,7 @@ static int head_rows_are_embeddings(const struct binder *b, const struct lora_ad
     struct token_rows *rows = NULL;
     uint64_t nrows, ncols;
     *same = 0;
+    *has_embedding = t != NULL;
     if (t && (code = token_rows_of(b, ad, c, t, embed, &rows, &nrows, &ncols)) == NF4_OK)
         code = token_rows_same(head, rows, same);
     token_rows_free(rows);
@@ -930,10 +954,13 @@ static int bind_token_rows(struct binder *b, const struct lora_adapter *ad, size
     if (code != NF4_OK || rows->n == 0)
         goto out;
     if (is_tied_head(b, wname)) {
-        int same;
-        if ((code = head_rows_are_embeddings(b, ad, c, rows, &same)) != NF4_OK || same)
+        int same, has_embedding;
+        if ((code = head_rows_are_embeddings(b, ad, c, rows, &same, &has_embedding)) != NF4_OK || same)
             goto out;
-        note_untie(b, file, key, wname, 1);
+        /* Beside this adapter's own rows of the embedding, trained apart
+         * from them; any other adapter's rows of the tied embedding were the
+         * head's too, and cannot be both (lora_open refuses). */
+        note_untie(b, file, key, wname, has_embedding);
     } else if (is_tied_embedding(b, wname) && !b->tokens_tied_key) {
         b->tokens_tied_file = file;
         b->tokens_tied_key = key;
@@ -1170,7 +1197,8 @@ static int check_vocabulary(const struct lora_set *s, const struct binder *b, in
     }
     if (missed)
         return nf4_fail(NF4_EDATA, b->vocab_file, b->vocab_key, "resizes the vocabulary from %llu to %llu rows, but the "
-                        "adapters leave %s at its rows in the base: the merged model would not load",
+                        "adapters hold no %s with the new rows (PEFT leaves out a layer it neither trains nor wraps "
+                        "when another is targeted), so the merged model would not load",
                         (unsigned long long)b->base_vocab_rows, (unsigned long long)b->vocab_rows, missed);
     if (!b->base->dir)
         return nf4_fail(NF4_EDATA, b->vocab_file, b->vocab_key, "resizes the vocabulary from %llu to %llu rows: "

@@ -131,6 +131,7 @@ static const struct lora_case CASES[] = {
     {"base-llama-bf16-bnb4", "adapter-resized-copies", "merged-resized-copies", 2},
     {TIED_BASE, "adapter-tied-resized-tokens", "merged-tied-resized-tokens", 3},
     {TIED_BASE, "adapter-tied-resized-copy", "merged-tied-resized-copy", 2},
+    {"base-llama-bf16-bnb4", "adapter-resized-lora", "merged-resized-lora", 4},
 };
 
 static void check_case(const struct lora_case *lc, const char *out)
@@ -1025,6 +1026,36 @@ static void test_token_rows_alone_per_tensor(void **state)
                          "changes lm_head.weight apart from model.embed_tokens.weight, but");
     assert_merge_refused(*state, tied, LORA_FIXTURES "/adapter-tied-head", LORA_FIXTURES "/adapter-tied-tokens",
                          "replaces rows of the embedding, which the head shares");
+    /* The head's own rows part it from the embedding only beside the same
+     * adapter's rows of the embedding: another adapter's were the head's too. */
+    struct tu_scratch *s = *state;
+    char *ad = tu_strdupf("%s-head-rows", s->dir), *wpath = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    struct syn_tensor rows = {PEFT_KEY_PREFIX "lm_head" TOKEN_DELTA_SUFFIX, DT_F32, {2, 128}, NULL};
+    syn_fill(&rows, 1.0f);
+    syn_write(wpath, &rows, 1);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
+                     "\"trainable_token_indices\": {\"lm_head\": [5, 6]}}");
+    assert_merge_refused(s, tied, LORA_FIXTURES "/adapter-tied-tokens", ad, "replaces rows of the embedding, which the "
+                                                                           "head shares");
+    assert_merge_refused(s, tied, ad, LORA_FIXTURES "/adapter-tied-tokens", "replaces rows of the embedding, which the "
+                                                                           "head shares");
+    char *out = tu_strdupf("%s/out", s->dir), *config = tu_strdupf("%s/out/config.json", s->dir);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", ad, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    size_t len;
+    char *text = tu_read_file(config, &len);
+    if (!strstr(text, "\"tie_word_embeddings\": false"))
+        fail_msg("the head's own rows alone keep the tie: %s", text);
+    free(text);
+    tu_rmtree(out);
+    tu_rmtree(ad);
+    free(rows.v);
+    free(config);
+    free(out);
+    free(wpath);
+    free(ad);
 }
 
 /* An adapter file of every tensor of `from`, plus extra tensors. */
@@ -1220,6 +1251,7 @@ static void test_resized_vocabulary(void **state)
         {"base-llama-bf16-bnb4", "adapter-resized-copies", "\"tie_word_embeddings\": false"},
         {TIED_BASE, "adapter-tied-resized-tokens", "\"tie_word_embeddings\": true"},
         {TIED_BASE, "adapter-tied-resized-copy", "\"tie_word_embeddings\": false"},
+        {"base-llama-bf16-bnb4", "adapter-resized-lora", "\"tie_word_embeddings\": false"},
     };
     char *out = tu_strdupf("%s/out", s->dir), *config = tu_strdupf("%s/out/config.json", s->dir);
     for (size_t i = 0; i < sizeof CONFIGS / sizeof CONFIGS[0]; i++) {
@@ -1252,7 +1284,7 @@ static void test_resized_vocabulary(void **state)
     write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"q_proj\"], "
                      "\"modules_to_save\": [\"embed_tokens\"]}");
     assert_merge_refused(s, base, ad, NULL, "model.embed_tokens.weight: resizes the vocabulary from 512 to 513 rows, "
-                                            "but the adapters leave lm_head.weight at its rows in the base");
+                                            "but the adapters hold no lm_head.weight with the new rows");
     tu_rmtree(ad);
     free(embed.v);
 
