@@ -1257,7 +1257,8 @@ static void test_resized_vocabulary(void **state)
     for (size_t i = 0; i < sizeof CONFIGS / sizeof CONFIGS[0]; i++) {
         char *in = tu_strdupf(LORA_FIXTURES "/%s", CONFIGS[i].base), *ad = tu_strdupf(LORA_FIXTURES "/%s", CONFIGS[i].adapter);
         struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", ad, NULL);
-        if (r.status != 0 || !strstr(r.err, "trained on a vocabulary resized from 512 to 516 rows"))
+        if (r.status != 0 || !strstr(r.err, "trained on a vocabulary resized from 512 to 516 rows") ||
+            strstr(r.err, "holds tokenizer files"))
             fail_msg("%s: exit %d, stderr: %s", ad, r.status, r.err);
         tu_run_free(&r);
         size_t len;
@@ -1291,6 +1292,17 @@ static void test_resized_vocabulary(void **state)
     /* One weights file. */
     assert_merge_refused(s, LORA_FIXTURES "/base-llama-bf16-bnb4/model.safetensors", LORA_FIXTURES "/adapter-resized-tokens",
                          NULL, "convert the model's directory, not its weights file");
+
+    /* The adapter's folder with the tokenizer it was trained with: the warning names it. */
+    tu_sh("cp -r %s/adapter-resized-copies %s && echo '{}' > %s/tokenizer_config.json", LORA_FIXTURES, ad, ad);
+    struct tu_run r = tu_run("convert", "--device", "cpu", base, out, "--lora", ad, NULL);
+    char *want = tu_strdupf("(%s holds tokenizer files: copy them over the output's)", ad);
+    if (r.status != 0 || !strstr(r.err, want))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    free(want);
+    tu_rmtree(out);
+    tu_rmtree(ad);
 
     /* A copy's twin one byte off. */
     tu_sh("cp -r %s/adapter-resized-copies %s", LORA_FIXTURES, ad);
