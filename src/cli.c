@@ -19,6 +19,7 @@
 #include "progress.h"
 #include "report.h"
 #include "status.h"
+#include "tokenizer_files.h"
 
 #define EXIT_CODES_HELP                                                                                        \
     "Exit status:\n"                                                                                           \
@@ -270,6 +271,14 @@ static int add_lora(const char *cmd, const char **dirs, size_t *n, const char *a
     return NF4_OK;
 }
 
+static int parse_tokenizer_arg(const char *cmd, const char *arg, const char **out)
+{
+    if (!arg[0])
+        return usage_error(cmd, "%s", "--tokenizer needs a directory, or " TOKENIZER_OF_BASE " for IN's own");
+    *out = arg;
+    return NF4_OK;
+}
+
 static int cmd_convert(int argc, char **argv)
 {
     static const struct option LONG[] = {
@@ -279,7 +288,7 @@ static int cmd_convert(int argc, char **argv)
         {"mem", required_argument, NULL, 'M'},     {"progress", required_argument, NULL, 'P'},
         {"lora", required_argument, NULL, 'L'},    {"help", no_argument, NULL, 'h'},
         {"json", no_argument, NULL, 'J'},          {"revision", required_argument, NULL, 'R'},
-        {"resume", no_argument, NULL, 'r'},
+        {"resume", no_argument, NULL, 'r'},        {"tokenizer", required_argument, NULL, 'T'},
         {NULL, 0, NULL, 0},
     };
     struct convert_opts o;
@@ -331,6 +340,10 @@ static int cmd_convert(int argc, char **argv)
         }
         case 'L':
             if (add_lora("convert", lora, &o.nlora, optarg) != NF4_OK)
+                return NF4_EUSAGE;
+            break;
+        case 'T':
+            if (parse_tokenizer_arg("convert", optarg, &o.tokenizer) != NF4_OK)
                 return NF4_EUSAGE;
             break;
         case 'J': json = 1; break;
@@ -402,11 +415,12 @@ static int cmd_inspect(int argc, char **argv)
         {"dtype", required_argument, NULL, 'd'},
         {"lora", required_argument, NULL, 'L'},
         {"revision", required_argument, NULL, 'R'},
+        {"tokenizer", required_argument, NULL, 'T'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *lora[LORA_MAX_ADAPTERS];
-    const char *revision = NULL;
+    const char *revision = NULL, *tokenizer = NULL;
     size_t nlora = 0;
     int json = 0, c;
     enum st_dtype dtype = DT_INVALID;
@@ -425,6 +439,10 @@ static int cmd_inspect(int argc, char **argv)
             if (add_lora("inspect", lora, &nlora, optarg) != NF4_OK)
                 return NF4_EUSAGE;
             break;
+        case 'T':
+            if (parse_tokenizer_arg("inspect", optarg, &tokenizer) != NF4_OK)
+                return NF4_EUSAGE;
+            break;
         case 'h': fputs(INSPECT_HELP, stdout); return NF4_OK;
         default: return cli_option_error("inspect", argv, &scan, c);
         }
@@ -436,7 +454,7 @@ static int cmd_inspect(int argc, char **argv)
     char *path = NULL;
     int code = input_resolve(argv[optind], revision, &path);
     if (code == NF4_OK)
-        code = inspect_run(path, json, dtype, lora, nlora, stdout);
+        code = inspect_run(path, json, dtype, lora, nlora, tokenizer, stdout);
     free(path);
     return code;
 }

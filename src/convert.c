@@ -258,22 +258,6 @@ void convert_close_engine(struct ctx *c)
 
 /* ---- file and directory conversions ---- */
 
-/* The last adapter directory (in --lora order) that holds tokenizer files,
- * as a trainer saves them beside the adapter; NULL where none does. */
-static const char *adapter_with_tokenizer(const struct lora_set *s)
-{
-    static const char *const NAMES[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"};
-    for (size_t i = s->nadapters; i-- > 0;)
-        for (size_t k = 0; k < sizeof NAMES / sizeof *NAMES; k++) {
-            char *p = path_join(s->adapters[i].dir, NAMES[k]);
-            int found = p && access(p, F_OK) == 0;
-            free(p);
-            if (found)
-                return s->adapters[i].dir;
-        }
-    return NULL;
-}
-
 int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_weight *weights, size_t nweights)
 {
     if (c->opts->nlora == 0)
@@ -282,15 +266,6 @@ int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_wei
     if (code == NF4_OK && c->lora->untied_embedding)
         nf4_note("%s: the adapters part %s from %s, which the base ties it to: the output has both, and its "
                  "config.json says tie_word_embeddings: false", m->dir, TIED_HEAD_NAME, c->lora->untied_embedding);
-    if (code == NF4_OK && c->lora->vocab_rows) {
-        const char *tokenizer = adapter_with_tokenizer(c->lora);
-        nf4_warn("%s: the adapters were trained on a vocabulary resized from %llu to %llu rows: the output has its "
-                 "embedding layers and config.json says vocab_size: %llu, but the tokenizer files are the base's; "
-                 "give the merged model the tokenizer the adapter was trained with%s%s%s", m->dir,
-                 (unsigned long long)c->lora->base_vocab_rows, (unsigned long long)c->lora->vocab_rows,
-                 (unsigned long long)c->lora->vocab_rows, tokenizer ? " (" : "", tokenizer ? tokenizer : "",
-                 tokenizer ? " holds tokenizer files: copy them over the output's)" : "");
-    }
     return code;
 }
 
@@ -522,6 +497,9 @@ static int run(const char *in, const char *out, int out_is_dir_syntax, const str
     if (code == NF4_OK && layout == LAYOUT_PIPELINE && o->nlora)
         code = nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline; --lora merges into one model: give the "
                         "component's directory (such as %s/transformer)", in);
+    if (code == NF4_OK && layout != LAYOUT_MODEL_DIR && o->tokenizer)
+        code = nf4_fail(NF4_EUSAGE, in, NULL, "is %s; --tokenizer gives a model directory its tokenizer",
+                        layout == LAYOUT_FILE ? "a single weights file" : "a diffusers pipeline");
     if (code != NF4_OK)
         return code;
     struct out_lock *lock = NULL;

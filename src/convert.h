@@ -23,6 +23,7 @@ struct convert_opts {
     enum progress_mode progress;
     const char *const *lora_dirs; /* --lora adapter directories, merged in this order */
     size_t nlora;
+    const char *tokenizer; /* --tokenizer: a folder, or "base"; NULL: see tokenizer_files.h */
 };
 
 struct convert_stats {

@@ -90,7 +90,10 @@ static int is_model_file(const struct model *m, const char *name)
     return 0;
 }
 
-static int copy_other_files(const struct model *m, const char *in_dir, const char *dir)
+/* Every file of in_dir but the model's own, into dir; IN's tokenizer files
+ * only where the tokenizer is IN's (tokenizer_files.h), else `tok`'s. */
+static int copy_other_files(const struct model *m, const char *in_dir, const char *dir,
+                            const struct tokenizer_source *tok)
 {
     char **names;
     size_t n;
@@ -99,7 +102,8 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
         const char *name = names[i];
         size_t base_len;
         if (is_model_file(m, name) ||
-            temp_name_classify(name, &base_len) != TEMP_NAME_NONE) /* another run's temp or lock */
+            temp_name_classify(name, &base_len) != TEMP_NAME_NONE || /* another run's temp or lock */
+            (tok->origin != TOKENIZER_IN && tokenizer_file_name(name)))
             continue;
         char *from = path_join(in_dir, name), *to = path_join(dir, name);
         struct stat st;
@@ -123,6 +127,8 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
         free(to);
     }
     dir_names_free(names, n);
+    if (code == NF4_OK && tok->origin != TOKENIZER_IN)
+        code = tokenizer_copy(tok->dir, dir);
     return code;
 }
 
@@ -283,7 +289,7 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
         code = write_config(j->in, dir, &ch);
     free(config);
     if (code == NF4_OK)
-        code = copy_other_files(m, j->in, dir);
+        code = copy_other_files(m, j->in, dir, &c->tokenizer);
     char *manifest = record ? path_join(dir, RESUME_MANIFEST_NAME) : NULL;
     if (code == NF4_OK && record && (!manifest || (unlink(manifest) != 0 && errno != ENOENT)))
         code = manifest ? nf4_fail_errno(NF4_ECANTCREAT, errno, manifest, NULL, "cannot remove")
@@ -356,12 +362,52 @@ static int open_temp_dir(struct ctx *c, const char *out, size_t shards, struct r
     return NF4_OK;
 }
 
+/* Says where the output's tokenizer comes from when it is not IN's, and
+ * warns when IN's is kept for a vocabulary the adapters resized. */
+static int say_tokenizer(const struct ctx *c, const char *in, const char *out)
+{
+    const struct tokenizer_source *t = &c->tokenizer;
+    const struct lora_set *l = c->lora;
+    if (t->origin == TOKENIZER_IN) {
+        if (l && l->vocab_rows)
+            nf4_warn("%s: the adapters were trained on a vocabulary resized from %llu to %llu rows: the output has "
+                     "its embedding layers and config.json says vocab_size: %llu, but the tokenizer files are %s's; "
+                     "give it the tokenizer the adapter was trained with (--tokenizer DIR)", in,
+                     (unsigned long long)l->base_vocab_rows, (unsigned long long)l->vocab_rows,
+                     (unsigned long long)l->vocab_rows, in);
+        return NF4_OK;
+    }
+    char **names;
+    size_t n;
+    int code = tokenizer_list(t->dir, &names, &n);
+    if (code != NF4_OK)
+        return code;
+    char list[1024], rows[96] = "";
+    tokenizer_names_text(names, n, list, sizeof list);
+    dir_names_free(names, n);
+    if (l && l->vocab_rows)
+        snprintf(rows, sizeof rows, ", for the %llu rows of the resized vocabulary",
+                 (unsigned long long)l->vocab_rows);
+    if (t->origin == TOKENIZER_ADAPTER)
+        nf4_note("%s: the tokenizer is the one %s was trained with (%s) instead of %s's%s; --tokenizer %s keeps "
+                 "%s's", out, t->dir, list, in, rows, TOKENIZER_OF_BASE, in);
+    else
+        nf4_note("%s: the tokenizer is %s's (%s) instead of %s's%s", out, t->dir, list, in, rows);
+    return NF4_OK;
+}
+
 int convert_model_dir(struct ctx *c, const char *in, const char *out, int replace)
 {
     struct model_job j;
     int code = model_job_open(c, in, 1, &j);
-    if (code != NF4_OK)
+    if (code == NF4_OK &&
+        (code = tokenizer_choose(c->opts->tokenizer, in, c->opts->lora_dirs, c->opts->nlora, &c->tokenizer)) == NF4_OK)
+        code = say_tokenizer(c, in, out);
+    if (code != NF4_OK) {
+        if (j.m)
+            model_job_close(&j);
         return code;
+    }
     convert_warn_if_nothing_to_do(c, in, j.nweights, 0);
     char *tmp = NULL;
     struct resume_manifest record = {0};

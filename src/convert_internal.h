@@ -13,6 +13,7 @@
 #include "model.h"
 #include "pipeline.h"
 #include "progress.h"
+#include "tokenizer_files.h"
 
 struct ctx {
     const struct convert_opts *opts;
@@ -26,6 +27,7 @@ struct ctx {
     int to_stdout;               /* OUT is "-": the one output file streams to standard output */
     char *resume_dir;            /* --resume: a dead run's temp directory to continue, or NULL */
     char dead_run[400];          /* the run that left it: "pid 1234, started ..." */
+    struct tokenizer_source tokenizer; /* a model directory's; zero (IN's own) elsewhere */
 };
 
 

@@ -13,6 +13,7 @@
 #include "json_util.h"
 #include "layout.h"
 #include "lora.h"
+#include "tokenizer_files.h"
 #include "model.h"
 #include "model_dir.h"
 #include "status.h"
@@ -26,6 +27,7 @@ struct inspect_opts {
     enum st_dtype dtype;
     const char *const *lora_dirs;
     size_t nlora;
+    const char *tokenizer; /* --tokenizer, as convert's */
     FILE *out;
 };
 
@@ -224,6 +226,37 @@ static void add_unused_json(const struct model *m, cJSON *obj)
         cJSON_AddItemToArray(list, cJSON_CreateString(m->unused_names[i]));
 }
 
+/* Whose tokenizer files convert gives a model directory's output, and which. */
+static int report_tokenizer(const char *in, const struct inspect_opts *o, cJSON *root, FILE *out)
+{
+    struct tokenizer_source t;
+    int code = tokenizer_choose(o->tokenizer, in, o->lora_dirs, o->nlora, &t);
+    char **names = NULL;
+    size_t n = 0;
+    if (code == NF4_OK)
+        code = tokenizer_list(t.dir ? t.dir : in, &names, &n);
+    if (code != NF4_OK)
+        return code;
+    static const char *const ORIGIN[] = {[TOKENIZER_IN] = "base", [TOKENIZER_ADAPTER] = "adapter",
+                                         [TOKENIZER_GIVEN] = "directory"};
+    if (root) {
+        cJSON *jt = cJSON_AddObjectToObject(root, "tokenizer");
+        cJSON_AddStringToObject(jt, "from", ORIGIN[t.origin]);
+        cJSON_AddStringToObject(jt, "path", t.dir ? t.dir : in);
+        cJSON *jf = cJSON_AddArrayToObject(jt, "files");
+        for (size_t i = 0; i < n; i++)
+            cJSON_AddItemToArray(jf, cJSON_CreateString(names[i]));
+    } else {
+        char list[1024];
+        tokenizer_names_text(names, n, list, sizeof list);
+        fprintf(out, "\nTokenizer: %s%s (%s)\n", t.dir ? t.dir : in,
+                t.origin == TOKENIZER_ADAPTER ? ", the one the adapter was trained with" : "",
+                n ? list : "no tokenizer files");
+    }
+    dir_names_free(names, n);
+    return NF4_OK;
+}
+
 /* One file or model directory: its tensor table and totals line, or its
  * files, tensors and totals added to `obj`. `as_is`: it is copied unchanged
  * (an unquantized pipeline component), so --dtype does not apply, and its
@@ -352,6 +385,8 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                     lora->nadapters, lora->nadapters == 1 ? "" : "s");
         }
     }
+    if (is_dir && !as_is && (o->nlora || o->tokenizer))
+        code = report_tokenizer(in, o, obj, out);
     lora_close(lora);
     bnb_free(w, nw);
     model_close(m);
@@ -442,7 +477,7 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
 }
 
 int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const *lora_dirs, size_t nlora,
-                FILE *out)
+                const char *tokenizer, FILE *out)
 {
     enum input_layout layout;
     int code = layout_of(in, &layout);
@@ -451,7 +486,14 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
     if (layout == LAYOUT_PIPELINE && nlora)
         return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline; --lora applies to one model: give the "
                         "component's directory (such as %s/transformer)", in);
-    struct inspect_opts o = {json, dtype, lora_dirs, nlora, out};
+    if (layout != LAYOUT_MODEL_DIR && tokenizer)
+        return nf4_fail(NF4_EUSAGE, in, NULL, "is %s; --tokenizer applies to a model directory",
+                        layout == LAYOUT_FILE ? "a single weights file" : "a diffusers pipeline");
+    struct tokenizer_source checked; /* a bad folder fails before anything is printed */
+    if (layout == LAYOUT_MODEL_DIR &&
+        (code = tokenizer_choose(tokenizer, in, lora_dirs, nlora, &checked)) != NF4_OK)
+        return code;
+    struct inspect_opts o = {json, dtype, lora_dirs, nlora, tokenizer, out};
     cJSON *root = json ? cJSON_CreateObject() : NULL;
     if (json && !root)
         return nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");

@@ -159,9 +159,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     nf4_clear_error();
-    FUZZ_ASSERT(inspect_run(in_path, 0, DT_INVALID, NULL, 0, devnull) == NF4_OK, "inspect failed: %s", nf4_last_error());
+    FUZZ_ASSERT(inspect_run(in_path, 0, DT_INVALID, NULL, 0, NULL, devnull) == NF4_OK, "inspect failed: %s", nf4_last_error());
     nf4_clear_error();
-    FUZZ_ASSERT(inspect_run(in_path, 1, DT_BF16, NULL, 0, devnull) == NF4_OK, "inspect --json failed: %s", nf4_last_error());
+    FUZZ_ASSERT(inspect_run(in_path, 1, DT_BF16, NULL, 0, NULL, devnull) == NF4_OK, "inspect --json failed: %s", nf4_last_error());
     if (!bounded)
         return 0;
     /* Each weight's own dtype with chunks that cut tensors into many pieces,

@@ -1258,7 +1258,7 @@ static void test_resized_vocabulary(void **state)
         char *in = tu_strdupf(LORA_FIXTURES "/%s", CONFIGS[i].base), *ad = tu_strdupf(LORA_FIXTURES "/%s", CONFIGS[i].adapter);
         struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", ad, NULL);
         if (r.status != 0 || !strstr(r.err, "trained on a vocabulary resized from 512 to 516 rows") ||
-            strstr(r.err, "holds tokenizer files"))
+            !strstr(r.err, "(--tokenizer DIR)"))
             fail_msg("%s: exit %d, stderr: %s", ad, r.status, r.err);
         tu_run_free(&r);
         size_t len;
@@ -1293,14 +1293,24 @@ static void test_resized_vocabulary(void **state)
     assert_merge_refused(s, LORA_FIXTURES "/base-llama-bf16-bnb4/model.safetensors", LORA_FIXTURES "/adapter-resized-tokens",
                          NULL, "convert the model's directory, not its weights file");
 
-    /* The adapter's folder with the tokenizer it was trained with: the warning names it. */
+    /* The adapter's folder with the tokenizer it was trained with: the output
+     * takes it (test_tokenizer.c), and nothing is left to warn of. */
     tu_sh("cp -r %s/adapter-resized-copies %s && echo '{}' > %s/tokenizer_config.json", LORA_FIXTURES, ad, ad);
     struct tu_run r = tu_run("convert", "--device", "cpu", base, out, "--lora", ad, NULL);
-    char *want = tu_strdupf("(%s holds tokenizer files: copy them over the output's)", ad);
-    if (r.status != 0 || !strstr(r.err, want))
+    char *want = tu_strdupf("the tokenizer is the one %s was trained with (tokenizer_config.json) instead of %s's, "
+                            "for the 516 rows of the resized vocabulary", ad, base);
+    if (r.status != 0 || !strstr(r.err, want) || strstr(r.err, "warning"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     free(want);
+    tu_sh("cmp %s/tokenizer_config.json %s/tokenizer_config.json", ad, out);
+    tu_rmtree(out);
+    /* Kept IN's all the same: the warning says how to give the right one. */
+    r = tu_run("convert", "--device", "cpu", base, out, "--lora", ad, "--tokenizer", "base", NULL);
+    if (r.status != 0 || !strstr(r.err, "but the tokenizer files are " LORA_FIXTURES "/base-llama-bf16-bnb4's; give "
+                                        "it the tokenizer the adapter was trained with (--tokenizer DIR)"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
     tu_rmtree(out);
     tu_rmtree(ad);
 

@@ -1,0 +1,139 @@
+#include "tokenizer_files.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "file_copy.h"
+#include "fileio.h"
+#include "status.h"
+
+/* The names transformers' tokenizers save themselves as (each class's
+ * vocabulary files, the shared configuration files, and the chat template
+ * that transformers 4.50 and later write apart). A processor's own files
+ * (preprocessor_config.json, processor_config.json, chat_template.json) are
+ * not the tokenizer's, and stay IN's. */
+static const char *const TOKENIZER_NAMES[] = {
+    "added_tokens.json", "chat_template.jinja", "merges.txt",      "sentencepiece.bpe.model",
+    "special_tokens_map.json", "spiece.model",  "tokenizer.json",  "tokenizer.model",
+    "tokenizer_config.json",   "vocab.json",    "vocab.txt",
+};
+
+/* A folder holds a tokenizer when it has one of these: every tokenizer
+ * transformers saves writes tokenizer_config.json, and the two others are
+ * what a tokenizer is loaded from without it. */
+static const char *const TOKENIZER_MARKERS[] = {"tokenizer.json", "tokenizer_config.json", "tokenizer.model"};
+
+#define NAMES_OF(a) (sizeof(a) / sizeof *(a))
+
+int tokenizer_file_name(const char *name)
+{
+    for (size_t i = 0; i < NAMES_OF(TOKENIZER_NAMES); i++)
+        if (strcmp(name, TOKENIZER_NAMES[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static int holds_tokenizer(const char *dir)
+{
+    for (size_t i = 0; i < NAMES_OF(TOKENIZER_MARKERS); i++) {
+        char *p = path_join(dir, TOKENIZER_MARKERS[i]);
+        struct stat st;
+        int found = p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
+        free(p);
+        if (found)
+            return 1;
+    }
+    return 0;
+}
+
+static int same_dir(const char *a, const char *b)
+{
+    struct stat x, y;
+    return stat(a, &x) == 0 && stat(b, &y) == 0 && x.st_dev == y.st_dev && x.st_ino == y.st_ino;
+}
+
+static int choose_given(const char *dir, const char *in, struct tokenizer_source *out)
+{
+    struct stat st;
+    if (stat(dir, &st) != 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "--tokenizer: cannot open");
+    if (!S_ISDIR(st.st_mode))
+        return nf4_fail(NF4_ENOINPUT, dir, NULL, "--tokenizer: not a directory: give the folder that holds the "
+                        "tokenizer's files");
+    if (!holds_tokenizer(dir))
+        return nf4_fail(NF4_ENOINPUT, dir, NULL, "--tokenizer: holds no tokenizer (no tokenizer.json, "
+                        "tokenizer_config.json or tokenizer.model)");
+    if (!same_dir(dir, in)) /* IN itself: its own files, as without the option */
+        *out = (struct tokenizer_source){TOKENIZER_GIVEN, dir};
+    return NF4_OK;
+}
+
+int tokenizer_choose(const char *option, const char *in, const char *const *adapters, size_t nadapters,
+                     struct tokenizer_source *out)
+{
+    *out = (struct tokenizer_source){TOKENIZER_IN, NULL};
+    if (option && strcmp(option, TOKENIZER_OF_BASE) == 0)
+        return NF4_OK;
+    if (option)
+        return choose_given(option, in, out);
+    for (size_t i = nadapters; i-- > 0;)
+        if (holds_tokenizer(adapters[i])) {
+            *out = (struct tokenizer_source){TOKENIZER_ADAPTER, adapters[i]};
+            break;
+        }
+    return NF4_OK;
+}
+
+int tokenizer_list(const char *dir, char ***names, size_t *n)
+{
+    int code = dir_list(dir, NF4_ENOINPUT, names, n);
+    size_t kept = 0;
+    for (size_t i = 0; i < *n; i++) {
+        if (tokenizer_file_name((*names)[i]))
+            (*names)[kept++] = (*names)[i];
+        else
+            free((*names)[i]);
+    }
+    *n = kept;
+    return code;
+}
+
+void tokenizer_names_text(char *const *names, size_t n, char *buf, size_t cap)
+{
+    size_t at = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < n && at < cap; i++) {
+        int w = snprintf(buf + at, cap - at, "%s%s", i ? ", " : "", names[i]);
+        if (w < 0)
+            break;
+        at += (size_t)w;
+    }
+}
+
+int tokenizer_copy(const char *dir, const char *to_dir)
+{
+    char **names;
+    size_t n;
+    int code = tokenizer_list(dir, &names, &n);
+    for (size_t i = 0; code == NF4_OK && i < n; i++) {
+        char *from = path_join(dir, names[i]), *to = path_join(to_dir, names[i]);
+        struct stat st;
+        int found = -1;
+        if (!from || !to)
+            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        else if ((found = stat_to_copy(from, &st)) != 0)
+            code = found > 0 ? NF4_OK : NF4_ENOINPUT;
+        else if (S_ISREG(st.st_mode))
+            code = copy_path(from, to, dir);
+        else
+            nf4_warn("%s: not a regular file; not copied", from);
+        free(from);
+        free(to);
+    }
+    dir_names_free(names, n);
+    return code;
+}

@@ -1,0 +1,47 @@
+/* Which tokenizer a converted model directory gets. By default IN's own files
+ * are copied with the rest. A QLoRA trainer (PEFT with TRL, Unsloth, axolotl)
+ * saves the tokenizer it trained with beside the adapter, added tokens and
+ * chat template included, and vLLM's LoRA serving loads it from there; so with
+ * --lora the output takes the last adapter folder's tokenizer, when one holds
+ * one. --tokenizer DIR names the folder, and --tokenizer base keeps IN's.
+ * A tokenizer is taken whole: none of IN's tokenizer files is kept beside
+ * another folder's, which would mix two vocabularies. */
+#ifndef NF4DEQ_TOKENIZER_FILES_H
+#define NF4DEQ_TOKENIZER_FILES_H
+
+#include <stddef.h>
+
+/* --tokenizer's word for IN's own tokenizer (a folder named so: ./base). */
+#define TOKENIZER_OF_BASE "base"
+
+enum tokenizer_origin {
+    TOKENIZER_IN,      /* IN's own files, copied with the rest */
+    TOKENIZER_ADAPTER, /* an --lora folder's, found there */
+    TOKENIZER_GIVEN,   /* --tokenizer DIR */
+};
+
+struct tokenizer_source {
+    enum tokenizer_origin origin;
+    const char *dir; /* the folder it comes from; NULL for TOKENIZER_IN */
+};
+
+/* Whether `name` is one of the files transformers saves a tokenizer as. */
+int tokenizer_file_name(const char *name);
+
+/* Where the output's tokenizer comes from: `option` is --tokenizer's value or
+ * NULL; `adapters` the --lora folders in order; `in` the model directory.
+ * A folder given that does not exist, or holds no tokenizer, fails with
+ * NF4_ENOINPUT before anything is written. Returns an NF4_* code. */
+int tokenizer_choose(const char *option, const char *in, const char *const *adapters, size_t nadapters,
+                     struct tokenizer_source *out);
+
+/* The tokenizer files in `dir`, sorted; free with dir_names_free. */
+int tokenizer_list(const char *dir, char ***names, size_t *n);
+
+/* "tokenizer.json, tokenizer_config.json" into buf (cut short to fit). */
+void tokenizer_names_text(char *const *names, size_t n, char *buf, size_t cap);
+
+/* Copies the tokenizer files of `dir` into the output directory `to_dir`. */
+int tokenizer_copy(const char *dir, const char *to_dir);
+
+#endif

@@ -1,0 +1,274 @@
+/* Whose tokenizer a converted model directory gets (tokenizer_files.h): IN's,
+ * the last adapter folder's that holds one, or --tokenizer's; always one
+ * folder's whole set, byte for byte, and nothing of another's beside it. */
+#include "test_util.h"
+
+#include "tokenizer_files.h"
+
+#define LORA_FIXTURES FIXTURES "/lora"
+
+/* The base, an adapter with the tokenizer it was trained with (and a file of
+ * its own that is not one), a second adapter without, and a folder holding
+ * only a GPT-2 style tokenizer. */
+struct tok_case {
+    char *dir, *base, *ad, *ad2, *tok, *out;
+};
+
+static int tok_setup(void **state)
+{
+    if (tu_scratch_setup(state) != 0)
+        return -1;
+    struct tu_scratch *s = *state;
+    struct tok_case *t = calloc(1, sizeof *t);
+    t->dir = s->dir;
+    t->base = tu_strdupf("%s/base", s->dir);
+    t->ad = tu_strdupf("%s/ad", s->dir);
+    t->ad2 = tu_strdupf("%s/ad2", s->dir);
+    t->tok = tu_strdupf("%s/tok", s->dir);
+    t->out = tu_strdupf("%s/out", s->dir);
+    tu_sh("cp -r %s/base-llama-bf16-bnb4 %s && printf 'base spm' > %s/tokenizer.model && "
+          "printf '{\"base\": 1}' > %s/tokenizer_config.json && printf '{}' > %s/special_tokens_map.json",
+          LORA_FIXTURES, t->base, t->base, t->base, t->base);
+    tu_sh("cp -r %s/adapter-r8-all-linear %s && printf '{\"ad\": 1}' > %s/tokenizer_config.json && "
+          "printf '{\"model\": {}}' > %s/tokenizer.json && printf '{{ messages }}' > %s/chat_template.jinja && "
+          "printf 'not the tokenizer' > %s/README.md",
+          LORA_FIXTURES, t->ad, t->ad, t->ad, t->ad, t->ad);
+    tu_sh("cp -r %s/adapter-r16-qv-lmhead %s", LORA_FIXTURES, t->ad2);
+    tu_sh("mkdir %s && printf '{\"a\": 0}' > %s/vocab.json && printf '#v\\n' > %s/merges.txt && "
+          "printf '{\"gpt2\": 1}' > %s/tokenizer_config.json && printf x > %s/notes.txt",
+          t->tok, t->tok, t->tok, t->tok, t->tok);
+    s->dir = (char *)t; /* the teardown frees through the case */
+    return 0;
+}
+
+static int tok_teardown(void **state)
+{
+    struct tu_scratch *s = *state;
+    struct tok_case *t = (struct tok_case *)s->dir;
+    s->dir = t->dir;
+    free(t->base);
+    free(t->ad);
+    free(t->ad2);
+    free(t->tok);
+    free(t->out);
+    free(t);
+    return tu_scratch_teardown(state);
+}
+
+static struct tok_case *tok_case_of(void **state)
+{
+    return (struct tok_case *)((struct tu_scratch *)*state)->dir;
+}
+
+/* OUT holds exactly `names` besides the model's own files (config.json,
+ * generation_config.json, model.safetensors), each tokenizer file equal to
+ * the one in `from`. */
+static void assert_output_tokenizer(const char *out, const char *from, const char *const *names, size_t n)
+{
+    static const char *const MODEL_FILES[] = {"config.json", "generation_config.json", "model.safetensors"};
+    int want = (int)(n + sizeof MODEL_FILES / sizeof *MODEL_FILES);
+    if (tu_count_entries(out) != want)
+        tu_sh("ls -la %s >&2; false", out);
+    for (size_t i = 0; i < sizeof MODEL_FILES / sizeof *MODEL_FILES; i++) {
+        char *p = tu_strdupf("%s/%s", out, MODEL_FILES[i]);
+        assert_true(tu_exists(p));
+        free(p);
+    }
+    for (size_t i = 0; i < n; i++)
+        tu_sh("cmp %s/%s %s/%s", from, names[i], out, names[i]);
+}
+
+static const char *const AD_FILES[] = {"chat_template.jinja", "tokenizer.json", "tokenizer_config.json"};
+static const char *const BASE_FILES[] = {"special_tokens_map.json", "tokenizer.model", "tokenizer_config.json"};
+static const char *const TOK_FILES[] = {"merges.txt", "tokenizer_config.json", "vocab.json"};
+#define COUNT(a) (sizeof(a) / sizeof *(a))
+
+static void test_names(void **state)
+{
+    (void)state;
+    assert_true(tokenizer_file_name("tokenizer.json"));
+    assert_true(tokenizer_file_name("chat_template.jinja"));
+    assert_true(tokenizer_file_name("spiece.model"));
+    assert_false(tokenizer_file_name("config.json"));
+    assert_false(tokenizer_file_name("generation_config.json"));
+    assert_false(tokenizer_file_name("preprocessor_config.json"));
+    assert_false(tokenizer_file_name("chat_template.json")); /* a processor's */
+    assert_false(tokenizer_file_name("tokenizer.json.bak"));
+}
+
+/* With --lora, the adapter folder's tokenizer replaces IN's whole, and a note says so. */
+static void test_adapter_tokenizer_by_default(void **state)
+{
+    struct tok_case *t = tok_case_of(state);
+    struct tu_run r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad, NULL);
+    char *want = tu_strdupf("nf4deq: %s: the tokenizer is the one %s was trained with (chat_template.jinja, "
+                            "tokenizer.json, tokenizer_config.json) instead of %s's; --tokenizer base keeps %s's\n",
+                            t->out, t->ad, t->base, t->base);
+    if (r.status != 0 || !strstr(r.err, want) || strstr(r.err, "warning"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    free(want);
+    assert_output_tokenizer(t->out, t->ad, AD_FILES, COUNT(AD_FILES));
+    tu_rmtree(t->out);
+
+    /* The last adapter that holds one: a later one without leaves the earlier one's. */
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad, "--lora", t->ad2, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    assert_output_tokenizer(t->out, t->ad, AD_FILES, COUNT(AD_FILES));
+    tu_rmtree(t->out);
+    tu_sh("printf '{\"ad2\": 1}' > %s/tokenizer_config.json", t->ad2);
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad, "--lora", t->ad2, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    static const char *const AD2_FILES[] = {"tokenizer_config.json"};
+    assert_output_tokenizer(t->out, t->ad2, AD2_FILES, COUNT(AD2_FILES));
+    tu_rmtree(t->out);
+
+    /* Neither holds one: IN's, and no note. */
+    tu_sh("rm %s/tokenizer_config.json", t->ad2);
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad2, NULL);
+    if (r.status != 0 || strstr(r.err, "tokenizer"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_output_tokenizer(t->out, t->base, BASE_FILES, COUNT(BASE_FILES));
+}
+
+/* --tokenizer base keeps IN's with --lora; --tokenizer DIR takes DIR's, with or without. */
+static void test_tokenizer_option(void **state)
+{
+    struct tok_case *t = tok_case_of(state);
+    struct tu_run r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad, "--tokenizer", "base",
+                             NULL);
+    if (r.status != 0 || strstr(r.err, "tokenizer"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_output_tokenizer(t->out, t->base, BASE_FILES, COUNT(BASE_FILES));
+    tu_rmtree(t->out);
+
+    /* IN itself, by its path, is the same. */
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad, "--tokenizer", t->base, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    assert_output_tokenizer(t->out, t->base, BASE_FILES, COUNT(BASE_FILES));
+    tu_rmtree(t->out);
+
+    char *want = tu_strdupf("nf4deq: %s: the tokenizer is %s's (merges.txt, tokenizer_config.json, vocab.json) "
+                            "instead of %s's\n", t->out, t->tok, t->base);
+    for (int with_lora = 0; with_lora < 2; with_lora++) {
+        r = with_lora ? tu_run("convert", "--device", "cpu", "--tokenizer", t->tok, t->base, t->out, "--lora", t->ad,
+                               NULL)
+                      : tu_run("convert", "--device", "cpu", "--tokenizer", t->tok, t->base, t->out, NULL);
+        if (r.status != 0 || !strstr(r.err, want))
+            fail_msg("exit %d, stderr: %s", r.status, r.err);
+        tu_run_free(&r);
+        assert_output_tokenizer(t->out, t->tok, TOK_FILES, COUNT(TOK_FILES));
+        tu_rmtree(t->out);
+    }
+    free(want);
+
+    /* A sharded model directory (an index, several shards) takes it the same way. */
+    char *sharded = tu_strdupf("%s/sharded", t->dir);
+    tu_sh("cp -r %s/tiny-llama-bf16-bnb4-sharded %s", FIXTURES, sharded);
+    r = tu_run("convert", "--device", "cpu", "--tokenizer", t->tok, sharded, t->out, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    for (size_t i = 0; i < COUNT(TOK_FILES); i++)
+        tu_sh("cmp %s/%s %s/%s", t->tok, TOK_FILES[i], t->out, TOK_FILES[i]);
+    assert_int_equal(tu_count_entries(t->out), tu_count_entries(sharded) + (int)COUNT(TOK_FILES));
+    tu_rmtree(t->out);
+    free(sharded);
+}
+
+/* A bad --tokenizer fails before anything is written, in one line, for convert and inspect. */
+static void test_tokenizer_refused(void **state)
+{
+    struct tok_case *t = tok_case_of(state);
+    char *missing = tu_strdupf("%s/missing", t->dir), *file = tu_strdupf("%s/README.md", t->ad);
+    char *weights = tu_strdupf("%s/model.safetensors", t->base);
+    char *pipe_out = tu_strdupf("%s/pipe", t->dir), *file_out = tu_strdupf("%s/one.safetensors", t->dir);
+    static const char *const EMPTY = "";
+    const struct {
+        const char *in, *tokenizer, *out;
+        int status;
+        const char *says;
+    } CASES[] = {
+        {t->base, missing, t->out, NF4_ENOINPUT, "--tokenizer: cannot open: No such file or directory"},
+        {t->base, file, t->out, NF4_ENOINPUT, "--tokenizer: not a directory"},
+        {t->base, t->ad2, t->out, NF4_ENOINPUT, "--tokenizer: holds no tokenizer"},
+        {t->base, EMPTY, t->out, NF4_EUSAGE, "--tokenizer needs a directory, or base for IN's own"},
+        {weights, t->tok, file_out, NF4_EUSAGE, "is a single weights file; --tokenizer gives a model directory"},
+        {FIXTURES "/diffusers/tiny-flux-bnb4", t->tok, pipe_out, NF4_EUSAGE,
+         "is a diffusers pipeline; --tokenizer gives a model directory"},
+    };
+    int entries = tu_count_entries(t->dir);
+    for (size_t i = 0; i < COUNT(CASES); i++) {
+        struct tu_run r = tu_run("convert", "--device", "cpu", CASES[i].in, CASES[i].out, "--tokenizer",
+                                 CASES[i].tokenizer, NULL);
+        int lines = CASES[i].status == NF4_EUSAGE && !CASES[i].tokenizer[0] ? 2 : 1; /* and "Try ..." */
+        if (r.status != CASES[i].status || tu_lines(r.err) != lines || !strstr(r.err, CASES[i].says))
+            fail_msg("case %zu: exit %d, stderr: %s", i, r.status, r.err);
+        tu_run_free(&r);
+        assert_int_equal(tu_count_entries(t->dir), entries);
+        if (CASES[i].status == NF4_EUSAGE && CASES[i].tokenizer[0])
+            continue; /* inspect words the layout refusal its own way */
+        r = tu_run("inspect", CASES[i].in, "--tokenizer", CASES[i].tokenizer, NULL);
+        if (r.status != CASES[i].status || r.out[0] || !strstr(r.err, CASES[i].says))
+            fail_msg("inspect, case %zu: exit %d, stdout: %s, stderr: %s", i, r.status, r.out, r.err);
+        tu_run_free(&r);
+    }
+    struct tu_run r = tu_run("inspect", weights, "--tokenizer", t->tok, NULL);
+    if (r.status != NF4_EUSAGE || r.out[0] || !strstr(r.err, "is a single weights file; --tokenizer applies to a "
+                                                              "model directory"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    free(missing);
+    free(file);
+    free(weights);
+    free(pipe_out);
+    free(file_out);
+}
+
+/* inspect says whose tokenizer convert would give the output, with --lora or --tokenizer only. */
+static void test_inspect_says_whose(void **state)
+{
+    struct tok_case *t = tok_case_of(state);
+    struct tu_run r = tu_run("inspect", "--json", t->base, "--lora", t->ad, NULL);
+    char *want = tu_strdupf("\"tokenizer\": {\n    \"from\": \"adapter\",\n    \"path\": \"%s\",\n    \"files\": "
+                            "[\n      \"chat_template.jinja\",\n      \"tokenizer.json\",\n      "
+                            "\"tokenizer_config.json\"\n    ]\n  }\n}", t->ad);
+    if (r.status != 0 || !strstr(r.out, want))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    free(want);
+    r = tu_run("inspect", "--json", t->base, "--lora", t->ad, "--tokenizer", "base", NULL);
+    want = tu_strdupf("\"from\": \"base\",\n    \"path\": \"%s\",\n    \"files\": [\n      "
+                      "\"special_tokens_map.json\",\n      \"tokenizer.model\",\n      \"tokenizer_config.json\"\n    ]",
+                      t->base);
+    if (r.status != 0 || !strstr(r.out, want))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    free(want);
+    r = tu_run("inspect", t->base, "--tokenizer", t->tok, NULL);
+    want = tu_strdupf("\nTokenizer: %s (merges.txt, tokenizer_config.json, vocab.json)\n", t->tok);
+    if (r.status != 0 || !strstr(r.out, want))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    free(want);
+    r = tu_run("inspect", "--json", t->base, NULL);
+    assert_int_equal(r.status, 0);
+    assert_null(strstr(r.out, "\"tokenizer\""));
+    tu_run_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names),
+        cmocka_unit_test_setup_teardown(test_adapter_tokenizer_by_default, tok_setup, tok_teardown),
+        cmocka_unit_test_setup_teardown(test_tokenizer_option, tok_setup, tok_teardown),
+        cmocka_unit_test_setup_teardown(test_tokenizer_refused, tok_setup, tok_teardown),
+        cmocka_unit_test_setup_teardown(test_inspect_says_whose, tok_setup, tok_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
