@@ -47,7 +47,7 @@ static const char MAIN_HELP[] =
     "                     pipeline or a model in the Hugging Face cache\n"
     "  inspect IN         list tensors, quantization and sizes\n"
     "  bench              time the CUDA kernel (against bitsandbytes with --bnb-lib)\n"
-    "  clean [DIR]        remove the partial outputs of runs that did not finish\n"
+    "  clean [PATH]       remove the partial outputs of runs that did not finish\n"
     "\n"
     "  -h, --help         show this help; 'nf4deq COMMAND --help' for a command\n"
     "  -V, --version      show the version\n"
@@ -119,12 +119,14 @@ static const char CONVERT_HELP[] =
     "\n" EXIT_CODES_HELP;
 
 static const char CLEAN_HELP[] =
-    "Usage: nf4deq clean [OPTIONS] [DIR]\n"
+    "Usage: nf4deq clean [OPTIONS] [PATH]\n"
     "Remove what nf4deq runs that did not finish (killed, out of memory, a machine\n"
-    "pre-empted) left under DIR (default: the current directory, and up to 4 levels\n"
-    "below): their temps .OUT.nf4deq-XXXXXX and lock files .OUT.nf4deq-lock. Those\n"
-    "of a run still alive are kept, and nothing else is ever touched. Prints one\n"
-    "line per item, then how many were removed (and kept).\n"
+    "pre-empted) left under PATH (default: the current directory, and up to 4\n"
+    "levels below), and beside PATH for runs that wrote PATH itself as their OUT\n"
+    "(a file, or a directory never finished): their temps .OUT.nf4deq-XXXXXX and\n"
+    "lock files .OUT.nf4deq-lock. Those of a run still alive are kept, and nothing\n"
+    "else is ever touched. Prints one line per item, then how many were removed\n"
+    "(and kept).\n"
     "\n"
     "  -n, --dry-run        list what would be removed; remove nothing\n"
     "  -h, --help           show this help\n"

@@ -509,7 +509,9 @@ static int clean_entry(struct clean_ctx *cc, const char *dir, const char *name, 
     return code;
 }
 
-static int clean_dir(struct clean_ctx *cc, const char *dir, int depth)
+/* The entries of `dir` to clean: every one, or with `only_out` the temps and
+ * lock file of that OUT alone (".OUT.nf4deq-..."), never a folder below. */
+static int clean_dir_entries(struct clean_ctx *cc, const char *dir, int depth, const char *only_out)
 {
     char **names;
     size_t n;
@@ -519,28 +521,65 @@ static int clean_dir(struct clean_ctx *cc, const char *dir, int depth)
         return depth == 0 ? nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "cannot list") : NF4_OK;
     }
     int code = NF4_OK;
+    size_t only_len = only_out ? strlen(only_out) : 0;
     /* Temps before lock files (sorted names put "XXXXXX" after "lock" at
      * random), so a lock goes only once its temps are gone. */
     for (int pass = 0; pass < 2 && code == NF4_OK; pass++)
         for (size_t i = 0; i < n && code == NF4_OK; i++) {
             size_t base_len;
-            int is_lock = temp_name_classify(names[i], &base_len) == TEMP_NAME_LOCK;
-            if (is_lock == pass)
+            enum temp_name_kind kind = temp_name_classify(names[i], &base_len);
+            if (only_out && (kind == TEMP_NAME_NONE || base_len != only_len ||
+                             memcmp(names[i] + 1, only_out, only_len) != 0))
+                continue;
+            if ((kind == TEMP_NAME_LOCK) == pass)
                 code = clean_entry(cc, dir, names[i], depth);
         }
     dir_names_free(names, n);
     return code;
 }
 
-int clean_run(const char *dir, int dry_run, void *out_file)
+static int clean_dir(struct clean_ctx *cc, const char *dir, int depth)
+{
+    return clean_dir_entries(cc, dir, depth, NULL);
+}
+
+/* What runs writing `path` itself as their OUT left beside it, in its parent:
+ * `nf4deq clean OUT` after a killed `nf4deq convert IN OUT`, where OUT is a
+ * file, a directory or not there at all. "." and "/" name no OUT. */
+static int clean_beside(struct clean_ctx *cc, const char *path)
+{
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/')
+        len--;
+    char *clean = strndup(path, len);
+    char *parent = clean ? path_dirname(clean) : NULL;
+    int code = NF4_OK;
+    if (!clean || !parent) {
+        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    } else {
+        const char *slash = strrchr(clean, '/'), *name = slash ? slash + 1 : clean;
+        if (*name && strcmp(name, ".") != 0 && strcmp(name, "..") != 0)
+            code = clean_dir_entries(cc, parent, 1, name); /* a parent that cannot be listed: nothing there */
+    }
+    free(parent);
+    free(clean);
+    return code;
+}
+
+int clean_run(const char *path, int dry_run, void *out_file)
 {
     struct clean_ctx cc = {dry_run, out_file, 0, 0};
     struct stat st;
-    if (stat(dir, &st) != 0)
-        return nf4_fail_errno(NF4_ENOINPUT, errno, dir, NULL, "cannot open");
-    if (!S_ISDIR(st.st_mode))
-        return nf4_fail(NF4_EUSAGE, dir, NULL, "not a directory");
-    int code = clean_dir(&cc, dir, 0);
+    int exists = stat(path, &st) == 0;
+    if (!exists && errno != ENOENT)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, path, NULL, "cannot open");
+    int code = exists && S_ISDIR(st.st_mode) ? clean_dir(&cc, path, 0) : NF4_OK;
+    if (code == NF4_OK)
+        code = clean_beside(&cc, path);
+    /* A path that is not there, and was no OUT of a dead run: a typo, most likely. */
+    if (code == NF4_OK && !exists && cc.removed + cc.kept == 0)
+        return nf4_fail_errno(NF4_ENOINPUT, ENOENT, path, NULL, "cannot open (and no run left a partial output of "
+                              "it)");
     if (code == NF4_OK)
         fprintf(cc.out, "%s %d stale item%s%s", dry_run ? "would remove" : "removed", cc.removed,
                 cc.removed == 1 ? "" : "s", cc.kept ? "" : "\n");

@@ -67,10 +67,13 @@ void out_lock_describe_previous(const struct out_lock *lk, char *buf, size_t cap
 /* Removes the lock file and releases the lock (NULL is fine). */
 void out_lock_release(struct out_lock *lk);
 
-/* `nf4deq clean [-n] DIR`: every stale temp and lock file under DIR (searched
- * down to a few levels, links not followed). A temp whose lock is held is a
- * live run's and is left alone, as is every name that is not nf4deq's. Prints
- * one line per item on `out`; with dry_run removes nothing. */
-int clean_run(const char *dir, int dry_run, void *out_file);
+/* `nf4deq clean [-n] PATH`: every stale temp and lock file under PATH, when
+ * it is a directory (searched down to a few levels, links not followed), and
+ * those of runs that wrote PATH itself as their OUT, beside it (PATH a file,
+ * a directory, or not there: exit 66 only if nothing of it is there either).
+ * A temp whose lock is held is a live run's and is left alone, as is every
+ * name that is not nf4deq's. Prints one line per item on `out`; with dry_run
+ * removes nothing. */
+int clean_run(const char *path, int dry_run, void *out_file);
 
 #endif

@@ -462,6 +462,68 @@ static void test_clean_removes_only_stale_nf4deq_temps(void **state)
     free(live_out);
 }
 
+/* `clean OUT`: what runs writing OUT itself left beside it, whether OUT is a
+ * directory not there yet, a file, or an old output; nothing of other OUTs. */
+static void test_clean_names_an_out(void **state)
+{
+    struct scene *s = *state;
+    char *dead[] = {"convert", "-q", "--device", "cpu", s->in, s->out, NULL};
+    kill_at(s, "2", dead);
+    char *other = tu_strdupf("%s/other", s->dir);
+    char *dead_other[] = {"convert", "-q", "--device", "cpu", s->in, other, NULL};
+    kill_at(s, "1", dead_other);
+    int before = entries(s);
+    assert_false(tu_exists(s->out));
+    struct tu_run r = tu_run("clean", "-n", s->out, NULL);
+    if (r.status != 0 || !strstr(r.out, "would remove 2 stale items\n"))
+        fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
+    tu_run_free(&r);
+    assert_int_equal(entries(s), before);
+    char *slashed = tu_strdupf("%s/", s->out); /* as a directory OUT is often typed */
+    r = tu_run("clean", slashed, NULL);
+    if (r.status != 0 || !strstr(r.out, "removed 2 stale items\n"))
+        fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
+    tu_run_free(&r);
+    assert_int_equal(entries(s), before - 2);
+    assert_null(temp_dir_of_out(s));
+    free(slashed);
+
+    /* A single file's OUT, killed halfway: the file itself is no directory to search. */
+    char *file_out = tu_strdupf("%s/one.safetensors", s->dir);
+    tu_sh("cp \"$(ls %s/*.safetensors | head -1)\" %s/one-in.safetensors", s->in, s->dir);
+    char *one_in = tu_strdupf("%s/one-in.safetensors", s->dir);
+    char *dead_file[] = {"convert", "-q", "--device", "cpu", one_in, file_out, NULL};
+    kill_at(s, "0.5", dead_file);
+    tu_sh("cp %s %s", one_in, file_out); /* an old output in its place */
+    before = entries(s);
+    r = tu_run("clean", file_out, NULL);
+    if (r.status != 0 || !strstr(r.out, "removed 2 stale items\n") || !strstr(r.out, "/.one.safetensors.nf4deq-"))
+        fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
+    tu_run_free(&r);
+    assert_int_equal(entries(s), before - 2);
+    assert_true(tu_exists(file_out)); /* OUT itself is never touched */
+    r = tu_run("clean", file_out, NULL);
+    if (r.status != 0 || strcmp(r.out, "removed 0 stale items\n") != 0)
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+
+    /* The other OUT's are still there; a path with nothing of it is a typo. */
+    char *typo = tu_strdupf("%s/oter", s->dir);
+    r = tu_run("clean", typo, NULL);
+    if (r.status != NF4_ENOINPUT || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "oter: cannot open (and no run left a partial output of it): No such file or directory"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    r = tu_run("clean", other, NULL);
+    if (r.status != 0 || !strstr(r.out, "removed 2 stale items\n"))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    free(typo);
+    free(one_in);
+    free(file_out);
+    free(other);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -473,6 +535,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_long_paths, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_second_run_to_one_out_exits_73_at_once, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_inputs_that_shrink_or_grow_exit_74, scene_setup, scene_teardown),
+        cmocka_unit_test_setup_teardown(test_clean_names_an_out, scene_setup, scene_teardown),
         cmocka_unit_test_setup_teardown(test_clean_removes_only_stale_nf4deq_temps, scene_setup, scene_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
