@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "fileio.h"
 #include "json_util.h"
@@ -82,6 +83,76 @@ static int config_patterns(const char *path, const cJSON *root, const char *key,
     return NF4_OK;
 }
 
+/* LoraConfig features whose weights are not a delta of the base as it is,
+ * each refused by name, not left to a later key or shape error, or to a
+ * merge that loads but is not the model trained. A key counts when present
+ * and not null, false or empty. */
+static const struct {
+    const char *key, *why;
+} UNMERGED_FEATURES[] = {
+    {"use_qalora", "is QA-LoRA (use_qalora): its A acts on groups of pooled inputs, and PEFT merges it only into "
+                   "GPTQ layers"},
+    {"alora_invocation_tokens", "is an activated LoRA (alora_invocation_tokens), which acts only after its "
+                                "invocation tokens: PEFT cannot merge it either"},
+    {"arrow_config", "is an Arrow router (arrow_config): PEFT cannot merge it either"},
+    {"kasa_config", "is KaSA (kasa_config), which truncates the base's singular values before its delta: merging "
+                    "it is not supported"},
+    {"use_bdlora", "has block-diagonal factors (use_bdlora): merging them is not supported"},
+    {"velora_config", "is VeLoRA (velora_config): merging it is not supported"},
+    {"monteclora_config", "is MonteCLoRA (monteclora_config): merging it is not supported"},
+    {"layer_replication", "replicates layers (layer_replication): the merged model would have layers the base does "
+                          "not have, which is not supported"},
+    {"target_parameters", "targets parameters (target_parameters, such as MoE experts' weights): merging them is "
+                          "not supported"},
+};
+
+static int feature_set(const cJSON *v)
+{
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v))
+        return 0;
+    if (cJSON_IsArray(v) || cJSON_IsObject(v))
+        return v->child != NULL;
+    return !(cJSON_IsString(v) && !v->valuestring[0]);
+}
+
+/* init_lora_weights: PEFT's initialisations that rewrite the base weights
+ * (W - scaling * B0 A0, or a LoftQ quantization) redo that rewrite whenever
+ * they load the adapter, so its weights are a delta of a base nf4deq never
+ * sees. PEFT converts such an adapter into a plain one on request, saved
+ * with init_lora_weights true. The others leave the base as it is. */
+static int check_init_lora_weights(const char *path, const cJSON *root)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
+    if (!v || cJSON_IsNull(v) || cJSON_IsBool(v))
+        return NF4_OK;
+    if (!cJSON_IsString(v))
+        return config_fail(path, "\"init_lora_weights\" must be true, false or the name of an initialisation");
+    static const char *const KEEPS_BASE[] = {"gaussian", "eva", "orthogonal", "mica"};
+    static const char *const REWRITES_BASE[] = {"pissa", "olora", "corda", "loftq", "lora_ga"};
+    const char *name = v->valuestring;
+    for (size_t i = 0; i < sizeof KEEPS_BASE / sizeof *KEEPS_BASE; i++)
+        if (strcasecmp(name, KEEPS_BASE[i]) == 0)
+            return NF4_OK;
+    for (size_t i = 0; i < sizeof REWRITES_BASE / sizeof *REWRITES_BASE; i++)
+        if (strncasecmp(name, REWRITES_BASE[i], strlen(REWRITES_BASE[i])) == 0 &&
+            (i == 0 || !name[strlen(REWRITES_BASE[i])])) /* "pissa_niter_4" */
+            return nf4_fail(NF4_EDATA, path, NULL, "\"init_lora_weights\": \"%s\" rewrites the base weights, and "
+                            "PEFT rewrites them again when it loads the adapter: its weights are a delta of a base "
+                            "nf4deq does not have. Save it as a plain LoRA first (PEFT's save_pretrained with "
+                            "path_initial_model_for_weight_conversion), or merge it into the base it was trained "
+                            "on with init_lora_weights set to true", name);
+    return nf4_fail(NF4_EDATA, path, NULL, "\"init_lora_weights\": \"%s\" is no initialisation nf4deq knows "
+                    "(true, false, gaussian, eva, orthogonal, mica)", name);
+}
+
+static int check_unmerged_features(const char *path, const cJSON *root)
+{
+    for (size_t i = 0; i < sizeof UNMERGED_FEATURES / sizeof *UNMERGED_FEATURES; i++)
+        if (feature_set(cJSON_GetObjectItemCaseSensitive(root, UNMERGED_FEATURES[i].key)))
+            return config_fail(path, UNMERGED_FEATURES[i].why);
+    return check_init_lora_weights(path, root);
+}
+
 int lora_config_parse(const char *path, const char *json, size_t len, struct lora_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -125,6 +196,8 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
         return code;
     if (bias)
         return config_fail(path, "trains LoRA biases (lora_bias): merging them is not supported");
+    if ((code = check_unmerged_features(path, root)) != NF4_OK)
+        return code;
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
     if (!valid_rank(r))
         return config_fail(path, "\"r\" must be a whole number from 1 to 65536");
