@@ -1,11 +1,13 @@
 #include "lora.h"
 
 #include <cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "fileio.h"
 #include "json_util.h"
@@ -1281,6 +1283,26 @@ static int check_vocabulary(const struct lora_set *s, const struct binder *b, in
     return NF4_OK;
 }
 
+/* adapter_model.safetensors; where only a pickled adapter_model.bin is
+ * there (PEFT before 0.6 saved those), a line that says how to convert it,
+ * since unpickling runs code that nf4deq will not run. */
+static int open_adapter_weights(const char *dir, const char *path, struct model **out)
+{
+    struct stat st;
+    if (stat(path, &st) != 0 && errno == ENOENT) {
+        char *pickle = path_join(dir, ADAPTER_PICKLE_NAME);
+        int found = pickle && stat(pickle, &st) == 0;
+        free(pickle);
+        if (found)
+            return nf4_fail(NF4_ENOINPUT, dir, NULL, "holds %s, a PyTorch pickle, and no %s: nf4deq reads no "
+                            "pickles (loading one can run code). Save it as safetensors in that folder first, for instance: "
+                            "python -c \"import torch, safetensors.torch as s; s.save_file(torch.load('%s', "
+                            "weights_only=True), '%s')\"", ADAPTER_PICKLE_NAME, ADAPTER_WEIGHTS_NAME,
+                            ADAPTER_PICKLE_NAME, ADAPTER_WEIGHTS_NAME);
+    }
+    return model_open_file(path, out);
+}
+
 int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
               const struct bnb_weight *weights, size_t nweights)
 {
@@ -1301,7 +1323,7 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
         if (!ad->dir || !ad->config_path || !wpath)
             code = nf4_fail(NF4_ESOFTWARE, dirs[i], NULL, "out of memory");
         if (code == NF4_OK && (code = parse_config(ad->config_path, &c)) == NF4_OK &&
-            (code = model_open_file(wpath, &ad->weights)) == NF4_OK)
+            (code = open_adapter_weights(dirs[i], wpath, &ad->weights)) == NF4_OK)
             code = bind_adapter(&b, ad, i, &c);
         lora_config_free(&c);
         free(wpath);

@@ -543,6 +543,9 @@ def lora_cases():
     emit_lora("lora-weights-header-truncated", 65, "runs past the end", weights=whole[:40])
     emit_lora("lora-weights-missing", 66, "adapter_model.safetensors: cannot open", weights=False, kinds=both)
     emit_lora("lora-config-missing", 66, "adapter_config.json: cannot open", config=False, kinds=both)
+    emit_dir("lora-weights-pickled", {"adapter_config.json": adapter_config(),
+                                      "adapter_model.bin": b"PK\x03\x04 a torch.save zip, never opened"},
+             66, "holds adapter_model.bin, a PyTorch pickle, and no adapter_model.safetensors", kinds=both)
     # adapter_config.json.
     emit_lora("lora-config-not-json", 65, "adapter_config.json: is not valid JSON", config=adapter_config()[:-2],
               kinds=both)
