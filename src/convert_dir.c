@@ -103,7 +103,7 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
         size_t base_len;
         if (is_model_file(m, name) ||
             temp_name_classify(name, &base_len) != TEMP_NAME_NONE || /* another run's temp or lock */
-            (tok->origin != TOKENIZER_IN && tokenizer_file_name(name)))
+            (tok->origin != TOKENIZER_IN && (tokenizer_file_name(name) || tokenizer_dir_name(name))))
             continue;
         char *from = path_join(in_dir, name), *to = path_join(dir, name);
         struct stat st;
@@ -118,8 +118,9 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             char why[NAME_MAX + 32];
             model_unused_reason(m, name, why, sizeof why);
             nf4_warn("%s: not part of the model (%s); not copied", from, why);
-        } else if (S_ISREG(st.st_mode)) {
-            code = copy_path(from, to, in_dir); /* a model directory is flat: files only */
+        } else if (S_ISREG(st.st_mode) || (S_ISDIR(st.st_mode) && tokenizer_dir_name(name))) {
+            /* A model directory is flat: files only, and the tokenizer's folder. */
+            code = copy_path(from, to, in_dir);
         } else if (strncmp(name, ".", 1) != 0) {
             nf4_warn("%s: not a regular file; not copied", from);
         }

@@ -29,6 +29,13 @@ static const char *const TOKENIZER_MARKERS[] = {"tokenizer.json", "tokenizer_con
 
 #define NAMES_OF(a) (sizeof(a) / sizeof *(a))
 
+#define CHAT_TEMPLATES_DIR "additional_chat_templates"
+
+int tokenizer_dir_name(const char *name)
+{
+    return strcmp(name, CHAT_TEMPLATES_DIR) == 0;
+}
+
 int tokenizer_file_name(const char *name)
 {
     for (size_t i = 0; i < NAMES_OF(TOKENIZER_NAMES); i++)
@@ -93,7 +100,7 @@ int tokenizer_list(const char *dir, char ***names, size_t *n)
     int code = dir_list(dir, NF4_ENOINPUT, names, n);
     size_t kept = 0;
     for (size_t i = 0; i < *n; i++) {
-        if (tokenizer_file_name((*names)[i]))
+        if (tokenizer_file_name((*names)[i]) || tokenizer_dir_name((*names)[i]))
             (*names)[kept++] = (*names)[i];
         else
             free((*names)[i]);
@@ -127,8 +134,8 @@ int tokenizer_copy(const char *dir, const char *to_dir)
             code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
         else if ((found = stat_to_copy(from, &st)) != 0)
             code = found > 0 ? NF4_OK : NF4_ENOINPUT;
-        else if (S_ISREG(st.st_mode))
-            code = copy_path(from, to, dir);
+        else if (S_ISREG(st.st_mode) || (S_ISDIR(st.st_mode) && tokenizer_dir_name(names[i])))
+            code = copy_path(from, to, dir); /* the folder as a tree */
         else
             nf4_warn("%s: not a regular file; not copied", from);
         free(from);

@@ -27,6 +27,9 @@ struct tokenizer_source {
 
 /* Whether `name` is one of the files transformers saves a tokenizer as. */
 int tokenizer_file_name(const char *name);
+/* Whether `name` is the folder a tokenizer keeps its other chat templates in
+ * (transformers 4.53 and later: additional_chat_templates/NAME.jinja). */
+int tokenizer_dir_name(const char *name);
 
 /* Where the output's tokenizer comes from: `option` is --tokenizer's value or
  * NULL; `adapters` the --lora folders in order; `in` the model directory.
@@ -35,13 +38,13 @@ int tokenizer_file_name(const char *name);
 int tokenizer_choose(const char *option, const char *in, const char *const *adapters, size_t nadapters,
                      struct tokenizer_source *out);
 
-/* The tokenizer files in `dir`, sorted; free with dir_names_free. */
+/* The tokenizer's files (and folder) in `dir`, sorted; free with dir_names_free. */
 int tokenizer_list(const char *dir, char ***names, size_t *n);
 
 /* "tokenizer.json, tokenizer_config.json" into buf (cut short to fit). */
 void tokenizer_names_text(char *const *names, size_t n, char *buf, size_t cap);
 
-/* Copies the tokenizer files of `dir` into the output directory `to_dir`. */
+/* Copies the tokenizer files (and folder) of `dir` into the output directory `to_dir`. */
 int tokenizer_copy(const char *dir, const char *to_dir);
 
 #endif

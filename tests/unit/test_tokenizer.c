@@ -31,8 +31,9 @@ static int tok_setup(void **state)
           LORA_FIXTURES, t->base, t->base, t->base, t->base);
     tu_sh("cp -r %s/adapter-r8-all-linear %s && printf '{\"ad\": 1}' > %s/tokenizer_config.json && "
           "printf '{\"model\": {}}' > %s/tokenizer.json && printf '{{ messages }}' > %s/chat_template.jinja && "
-          "printf 'not the tokenizer' > %s/README.md",
-          LORA_FIXTURES, t->ad, t->ad, t->ad, t->ad, t->ad);
+          "printf 'not the tokenizer' > %s/README.md && mkdir %s/additional_chat_templates && "
+          "printf '{{ tools }}' > %s/additional_chat_templates/tool_use.jinja",
+          LORA_FIXTURES, t->ad, t->ad, t->ad, t->ad, t->ad, t->ad, t->ad);
     tu_sh("cp -r %s/adapter-r16-qv-lmhead %s", LORA_FIXTURES, t->ad2);
     tu_sh("mkdir %s && printf '{\"a\": 0}' > %s/vocab.json && printf '#v\\n' > %s/merges.txt && "
           "printf '{\"gpt2\": 1}' > %s/tokenizer_config.json && printf x > %s/notes.txt",
@@ -75,10 +76,11 @@ static void assert_output_tokenizer(const char *out, const char *from, const cha
         free(p);
     }
     for (size_t i = 0; i < n; i++)
-        tu_sh("cmp %s/%s %s/%s", from, names[i], out, names[i]);
+        tu_sh("diff -r %s/%s %s/%s", from, names[i], out, names[i]);
 }
 
-static const char *const AD_FILES[] = {"chat_template.jinja", "tokenizer.json", "tokenizer_config.json"};
+static const char *const AD_FILES[] = {"additional_chat_templates", "chat_template.jinja", "tokenizer.json",
+                                       "tokenizer_config.json"};
 static const char *const BASE_FILES[] = {"special_tokens_map.json", "tokenizer.model", "tokenizer_config.json"};
 static const char *const TOK_FILES[] = {"merges.txt", "tokenizer_config.json", "vocab.json"};
 #define COUNT(a) (sizeof(a) / sizeof *(a))
@@ -94,6 +96,9 @@ static void test_names(void **state)
     assert_false(tokenizer_file_name("preprocessor_config.json"));
     assert_false(tokenizer_file_name("chat_template.json")); /* a processor's */
     assert_false(tokenizer_file_name("tokenizer.json.bak"));
+    assert_true(tokenizer_dir_name("additional_chat_templates"));
+    assert_false(tokenizer_dir_name("original"));
+    assert_false(tokenizer_file_name("additional_chat_templates"));
 }
 
 /* With --lora, the adapter folder's tokenizer replaces IN's whole, and a note says so. */
@@ -101,8 +106,9 @@ static void test_adapter_tokenizer_by_default(void **state)
 {
     struct tok_case *t = tok_case_of(state);
     struct tu_run r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad, NULL);
-    char *want = tu_strdupf("nf4deq: %s: the tokenizer is the one %s was trained with (chat_template.jinja, "
-                            "tokenizer.json, tokenizer_config.json) instead of %s's; --tokenizer base keeps %s's\n",
+    char *want = tu_strdupf("nf4deq: %s: the tokenizer is the one %s was trained with (additional_chat_templates, "
+                            "chat_template.jinja, tokenizer.json, tokenizer_config.json) instead of %s's; "
+                            "--tokenizer base keeps %s's\n",
                             t->out, t->ad, t->base, t->base);
     if (r.status != 0 || !strstr(r.err, want) || strstr(r.err, "warning"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
@@ -125,13 +131,26 @@ static void test_adapter_tokenizer_by_default(void **state)
     assert_output_tokenizer(t->out, t->ad2, AD2_FILES, COUNT(AD2_FILES));
     tu_rmtree(t->out);
 
-    /* Neither holds one: IN's, and no note. */
+    /* Neither holds one: IN's (its chat templates' folder too), and no note. */
+    tu_sh("mkdir %s/additional_chat_templates && printf '{{ rag }}' > %s/additional_chat_templates/rag.jinja", t->base,
+          t->base);
     tu_sh("rm %s/tokenizer_config.json", t->ad2);
     r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad2, NULL);
-    if (r.status != 0 || strstr(r.err, "tokenizer"))
+    if (r.status != 0 || strstr(r.err, "tokenizer") || strstr(r.err, "not copied"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
-    assert_output_tokenizer(t->out, t->base, BASE_FILES, COUNT(BASE_FILES));
+    static const char *const BASE_AND_DIR[] = {"additional_chat_templates", "special_tokens_map.json",
+                                               "tokenizer.model", "tokenizer_config.json"};
+    assert_output_tokenizer(t->out, t->base, BASE_AND_DIR, COUNT(BASE_AND_DIR));
+    tu_rmtree(t->out);
+    /* The adapter's whole set, its folder included, and not the base's folder. */
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    assert_output_tokenizer(t->out, t->ad, AD_FILES, COUNT(AD_FILES));
+    char *gone = tu_strdupf("%s/additional_chat_templates/rag.jinja", t->out);
+    assert_false(tu_exists(gone));
+    free(gone);
 }
 
 /* --tokenizer base keeps IN's with --lora; --tokenizer DIR takes DIR's, with or without. */
@@ -235,7 +254,7 @@ static void test_inspect_says_whose(void **state)
     struct tok_case *t = tok_case_of(state);
     struct tu_run r = tu_run("inspect", "--json", t->base, "--lora", t->ad, NULL);
     char *want = tu_strdupf("\"tokenizer\": {\n    \"from\": \"adapter\",\n    \"path\": \"%s\",\n    \"files\": "
-                            "[\n      \"chat_template.jinja\",\n      \"tokenizer.json\",\n      "
+                            "[\n      \"additional_chat_templates\",\n      \"chat_template.jinja\",\n      \"tokenizer.json\",\n      "
                             "\"tokenizer_config.json\"\n    ]\n  }\n}", t->ad);
     if (r.status != 0 || !strstr(r.out, want))
         fail_msg("exit %d, stdout: %s", r.status, r.out);
