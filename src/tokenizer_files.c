@@ -13,7 +13,7 @@
 
 /* The names transformers' tokenizers save themselves as (each class's
  * vocabulary files, the shared configuration files, and the chat template
- * that transformers 4.50 and later write apart). A processor's own files
+ * that recent transformers write apart). A processor's own files
  * (preprocessor_config.json, processor_config.json, chat_template.json) are
  * not the tokenizer's, and stay IN's. */
 static const char *const TOKENIZER_NAMES[] = {

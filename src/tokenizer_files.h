@@ -28,7 +28,7 @@ struct tokenizer_source {
 /* Whether `name` is one of the files transformers saves a tokenizer as. */
 int tokenizer_file_name(const char *name);
 /* Whether `name` is the folder a tokenizer keeps its other chat templates in
- * (transformers 4.53 and later: additional_chat_templates/NAME.jinja). */
+ * (additional_chat_templates/NAME.jinja, as recent transformers save them). */
 int tokenizer_dir_name(const char *name);
 
 /* Where the output's tokenizer comes from: `option` is --tokenizer's value or
