@@ -28,7 +28,7 @@
     "      it cannot work), an NF4DEQ_CPU that names no CPU kernel, or an on/off\n"                            \
     "      NF4DEQ_ setting (convert --help) that is neither 0 nor 1\n"                                          \
     "  65  the input is not a valid safetensors / bitsandbytes 4-bit checkpoint\n"                             \
-    "  66  the input is missing or unreadable\n"                                                               \
+    "  66  the input (an adapter, a --tokenizer folder) is missing or unreadable\n"                             \
     "  69  a GPU was asked for (--device cuda) but none is usable, or NF4DEQ_CPU\n"                             \
     "      names a CPU kernel this processor or build lacks\n"                                                    \
     "  70  internal error (including out of memory)\n"                                                         \
@@ -97,7 +97,14 @@ static const char CONVERT_HELP[] =
     "                       embedding that an adapter changes apart from it is\n"
     "                       written as a tensor of its own, and an adapter trained on\n"
     "                       a resized vocabulary gives the output its embedding\n"
-    "                       layers and vocab_size (IN must then be a model dir)\n"
+    "                       layers and vocab_size (IN must then be a model dir).\n"
+    "                       A model dir's output takes the tokenizer of the last\n"
+    "                       adapter folder that holds one (see --tokenizer)\n"
+    "      --tokenizer DIR  the output's tokenizer (tokenizer.json,\n"
+    "                       tokenizer_config.json, chat_template.jinja, ...) is\n"
+    "                       DIR's, whole, instead of IN's; 'base' keeps IN's.\n"
+    "                       Default: IN's, or with --lora the adapter folder's,\n"
+    "                       where trainers save the one they used (model dirs)\n"
     "      --revision REV   with ORG/NAME: the branch, tag or commit (default main)\n"
     "      --resume         keep the shards a run that did not finish (stopped,\n"
     "                       killed, pre-empted) wrote for this directory OUT, and\n"
@@ -144,7 +151,9 @@ static const char INSPECT_HELP[] =
     "      --revision REV   with ORG/NAME: the branch, tag or commit (default main)\n"
     "  -d, --dtype TYPE     compute the size after conversion for this --dtype\n"
     "      --lora DIR       also list the tensors this adapter changes, with r, alpha\n"
-    "                       and scaling (may repeat)\n"
+    "                       and scaling (may repeat), and whose tokenizer convert\n"
+    "                       gives a model dir's output\n"
+    "      --tokenizer DIR  say that for convert's --tokenizer DIR (or base)\n"
     "  -h, --help           show this help\n"
     "\n" EXIT_CODES_HELP;
 

@@ -364,8 +364,10 @@ static int open_temp_dir(struct ctx *c, const char *out, size_t shards, struct r
 }
 
 /* Says where the output's tokenizer comes from when it is not IN's, and
- * warns when IN's is kept for a vocabulary the adapters resized. */
-static int say_tokenizer(const struct ctx *c, const char *in, const char *out)
+ * warns when IN's is kept for a vocabulary the adapters resized, or when the
+ * one taken has added tokens past the output's embedding rows, which the
+ * merged model could not embed (another model's tokenizer, most likely). */
+static int say_tokenizer(const struct ctx *c, const struct model *m, const char *in, const char *out)
 {
     const struct tokenizer_source *t = &c->tokenizer;
     const struct lora_set *l = c->lora;
@@ -394,6 +396,13 @@ static int say_tokenizer(const struct ctx *c, const char *in, const char *out)
                  "%s's", out, t->dir, list, in, rows, TOKENIZER_OF_BASE, in);
     else
         nf4_note("%s: the tokenizer is %s's (%s) instead of %s's%s", out, t->dir, list, in, rows);
+    uint64_t embedding_rows = l && l->vocab_rows ? l->vocab_rows : model_embedding_rows(m), id;
+    char token[64];
+    if (embedding_rows && tokenizer_highest_added_id(t->dir, &id, token, sizeof token) && id >= embedding_rows)
+        nf4_warn("%s: its tokenizer_config.json adds token %llu (\"%s\"), but the output's embedding has %llu "
+                 "rows (0 to %llu): the merged model cannot embed it. Is this the tokenizer of this model?", t->dir,
+                 (unsigned long long)id, token, (unsigned long long)embedding_rows,
+                 (unsigned long long)embedding_rows - 1);
     return NF4_OK;
 }
 
@@ -403,7 +412,7 @@ int convert_model_dir(struct ctx *c, const char *in, const char *out, int replac
     int code = model_job_open(c, in, 1, &j);
     if (code == NF4_OK &&
         (code = tokenizer_choose(c->opts->tokenizer, in, c->opts->lora_dirs, c->opts->nlora, &c->tokenizer)) == NF4_OK)
-        code = say_tokenizer(c, in, out);
+        code = say_tokenizer(c, j.m, in, out);
     if (code != NF4_OK) {
         if (j.m)
             model_job_close(&j);

@@ -85,43 +85,51 @@ static int config_patterns(const char *path, const cJSON *root, const char *key,
     return NF4_OK;
 }
 
-/* LoraConfig features whose weights are not a delta of the base as it is,
- * each refused by name, not left to a later key or shape error, or to a
- * merge that loads but is not the model trained. A key counts when present
- * and not null, false or empty. */
+/* LoraConfig features whose weights are not a plain delta of the base as it
+ * is (as PEFT 0.21 resolves them), each refused by name, not left to a later
+ * key or shape error, or to a merge that loads but is not the model trained.
+ * PEFT's bitsandbytes layers test the first three against None, and its
+ * 16-bit layers every variant by truth, where a config object, even {}, is
+ * true; lists count when not empty. (use_qalora acts on GPTQ layers alone:
+ * on bitsandbytes and 16-bit ones it is a plain LoRA, and merges as one.) */
+enum feature_test { SET_UNLESS_NULL, SET_IF_NON_EMPTY };
 static const struct {
-    const char *key, *why;
+    const char *key;
+    enum feature_test test;
+    const char *why;
 } UNMERGED_FEATURES[] = {
-    {"use_qalora", "is QA-LoRA (use_qalora): its A acts on groups of pooled inputs, and PEFT merges it only into "
-                   "GPTQ layers"},
-    {"alora_invocation_tokens", "is an activated LoRA (alora_invocation_tokens), which acts only after its "
-                                "invocation tokens: PEFT cannot merge it either"},
-    {"arrow_config", "is an Arrow router (arrow_config): PEFT cannot merge it either"},
-    {"kasa_config", "is KaSA (kasa_config), which truncates the base's singular values before its delta: merging "
-                    "it is not supported"},
-    {"use_bdlora", "has block-diagonal factors (use_bdlora): merging them is not supported"},
-    {"velora_config", "is VeLoRA (velora_config): merging it is not supported"},
-    {"monteclora_config", "is MonteCLoRA (monteclora_config): merging it is not supported"},
-    {"layer_replication", "replicates layers (layer_replication): the merged model would have layers the base does "
-                          "not have, which is not supported"},
-    {"target_parameters", "targets parameters (target_parameters, such as MoE experts' weights): merging them is "
-                          "not supported"},
+    {"alora_invocation_tokens", SET_UNLESS_NULL, "is an activated LoRA (alora_invocation_tokens), which acts only "
+                                                 "after its invocation tokens: PEFT cannot merge it either"},
+    {"arrow_config", SET_UNLESS_NULL, "is an Arrow router (arrow_config): PEFT cannot merge it either"},
+    {"velora_config", SET_UNLESS_NULL, "is VeLoRA (velora_config): merging it is not supported"},
+    {"kasa_config", SET_UNLESS_NULL, "is KaSA (kasa_config), which truncates a 16-bit base's singular values "
+                                     "before its delta: merging it is not supported"},
+    {"use_bdlora", SET_UNLESS_NULL, "has block-diagonal factors on 16-bit layers (use_bdlora): merging them is "
+                                    "not supported"},
+    {"monteclora_config", SET_UNLESS_NULL, "is MonteCLoRA on 16-bit layers (monteclora_config): merging it is not "
+                                           "supported"},
+    {"layer_replication", SET_IF_NON_EMPTY, "replicates layers (layer_replication): the merged model would have "
+                                            "layers the base does not have, which is not supported"},
+    {"target_parameters", SET_IF_NON_EMPTY, "targets parameters (target_parameters, such as MoE experts' weights): "
+                                            "merging them is not supported"},
 };
 
-static int feature_set(const cJSON *v)
+static int feature_set(const cJSON *v, enum feature_test test)
 {
     if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v))
         return 0;
+    if (test == SET_UNLESS_NULL)
+        return 1;
     if (cJSON_IsArray(v) || cJSON_IsObject(v))
         return v->child != NULL;
     return !(cJSON_IsString(v) && !v->valuestring[0]);
 }
 
-/* init_lora_weights: PEFT's initialisations that rewrite the base weights
- * (W - scaling * B0 A0, or a LoftQ quantization) redo that rewrite whenever
- * they load the adapter, so its weights are a delta of a base nf4deq never
- * sees. PEFT converts such an adapter into a plain one on request, saved
- * with init_lora_weights true. The others leave the base as it is. */
+/* init_lora_weights, matched as PEFT matches it. PiSSA, OLoRA, CorDA, LoftQ
+ * and LoRA-GA rewrite the base weights when training begins (W - scaling *
+ * B0 A0, or a LoftQ quantization): the trained weights are a delta of that
+ * rewritten base, which nf4deq does not have. PEFT converts such an adapter
+ * into a plain one on request, saved with init_lora_weights true. */
 static int check_init_lora_weights(const char *path, const cJSON *root)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
@@ -129,28 +137,25 @@ static int check_init_lora_weights(const char *path, const cJSON *root)
         return NF4_OK;
     if (!cJSON_IsString(v))
         return config_fail(path, "\"init_lora_weights\" must be true, false or the name of an initialisation");
-    static const char *const KEEPS_BASE[] = {"gaussian", "eva", "orthogonal", "mica"};
-    static const char *const REWRITES_BASE[] = {"pissa", "olora", "corda", "loftq", "lora_ga"};
     const char *name = v->valuestring;
-    for (size_t i = 0; i < sizeof KEEPS_BASE / sizeof *KEEPS_BASE; i++)
-        if (strcasecmp(name, KEEPS_BASE[i]) == 0)
-            return NF4_OK;
-    for (size_t i = 0; i < sizeof REWRITES_BASE / sizeof *REWRITES_BASE; i++)
-        if (strncasecmp(name, REWRITES_BASE[i], strlen(REWRITES_BASE[i])) == 0 &&
-            (i == 0 || !name[strlen(REWRITES_BASE[i])])) /* "pissa_niter_4" */
-            return nf4_fail(NF4_EDATA, path, NULL, "\"init_lora_weights\": \"%s\" rewrites the base weights, and "
-                            "PEFT rewrites them again when it loads the adapter: its weights are a delta of a base "
-                            "nf4deq does not have. Save it as a plain LoRA first (PEFT's save_pretrained with "
-                            "path_initial_model_for_weight_conversion), or merge it into the base it was trained "
-                            "on with init_lora_weights set to true", name);
-    return nf4_fail(NF4_EDATA, path, NULL, "\"init_lora_weights\": \"%s\" is no initialisation nf4deq knows "
-                    "(true, false, gaussian, eva, orthogonal, mica)", name);
+    if (strcasecmp(name, "gaussian") == 0 || strcmp(name, "eva") == 0 || strcmp(name, "orthogonal") == 0 ||
+        strcmp(name, "mica") == 0)
+        return NF4_OK;
+    if (strncmp(name, "pissa", 5) == 0 || strncmp(name, "corda", 5) == 0 || strcasecmp(name, "olora") == 0 ||
+        strcmp(name, "loftq") == 0 || strcmp(name, "lora_ga") == 0)
+        return nf4_fail(NF4_EDATA, path, NULL, "\"init_lora_weights\": \"%s\" rewrote the base weights when "
+                        "training began, so the adapter's weights are a delta of a base nf4deq does not have. Save "
+                        "it as a plain LoRA first (PEFT's save_pretrained with "
+                        "path_initial_model_for_weight_conversion), or merge it into the rewritten base it was "
+                        "trained on, with init_lora_weights set to true", name);
+    return nf4_fail(NF4_EDATA, path, NULL, "\"init_lora_weights\": \"%s\" is no initialisation PEFT or nf4deq "
+                    "knows (true, false, gaussian, eva, orthogonal, mica)", name);
 }
 
 static int check_unmerged_features(const char *path, const cJSON *root)
 {
     for (size_t i = 0; i < sizeof UNMERGED_FEATURES / sizeof *UNMERGED_FEATURES; i++)
-        if (feature_set(cJSON_GetObjectItemCaseSensitive(root, UNMERGED_FEATURES[i].key)))
+        if (feature_set(cJSON_GetObjectItemCaseSensitive(root, UNMERGED_FEATURES[i].key), UNMERGED_FEATURES[i].test))
             return config_fail(path, UNMERGED_FEATURES[i].why);
     return check_init_lora_weights(path, root);
 }

@@ -420,6 +420,16 @@ int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, siz
  * nothing is tied to it. */
 static const char *const TIED_EMBEDDINGS[] = {"model.embed_tokens.weight", "model.language_model.embed_tokens.weight"};
 
+uint64_t model_embedding_rows(const struct model *m)
+{
+    for (size_t i = 0; i < sizeof TIED_EMBEDDINGS / sizeof *TIED_EMBEDDINGS; i++) {
+        const struct model_tensor *t = model_find(m, TIED_EMBEDDINGS[i]);
+        if (t && t->t->ndim == 2)
+            return t->t->shape[0];
+    }
+    return 0;
+}
+
 int model_tied_embedding(const struct model *m, const char **embedding)
 {
     *embedding = NULL;

@@ -1,5 +1,7 @@
 #include "tokenizer_files.h"
 
+#include <cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +11,8 @@
 
 #include "file_copy.h"
 #include "fileio.h"
+#include "json_util.h"
+#include "model.h"
 #include "status.h"
 
 /* The names transformers' tokenizers save themselves as (each class's
@@ -44,17 +48,55 @@ int tokenizer_file_name(const char *name)
     return 0;
 }
 
-static int holds_tokenizer(const char *dir)
+/* *found: whether `dir` holds one of the marker files. A folder that cannot
+ * be searched is the error (NF4_ENOINPUT), not a folder without one. */
+static int holds_tokenizer(const char *dir, int *found)
 {
-    for (size_t i = 0; i < NAMES_OF(TOKENIZER_MARKERS); i++) {
+    *found = 0;
+    for (size_t i = 0; i < NAMES_OF(TOKENIZER_MARKERS) && !*found; i++) {
         char *p = path_join(dir, TOKENIZER_MARKERS[i]);
         struct stat st;
-        int found = p && stat(p, &st) == 0 && S_ISREG(st.st_mode);
+        if (!p)
+            return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        int e = stat(p, &st) == 0 ? 0 : errno;
         free(p);
-        if (found)
-            return 1;
+        if (!e) /* a FIFO or a link out of dir: tokenizer_check says what is wrong */
+            *found = 1;
+        else if (e != ENOENT && e != ENOTDIR)
+            return nf4_fail_errno(NF4_ENOINPUT, e, dir, NULL, "cannot look for a tokenizer in it");
     }
-    return 0;
+    return NF4_OK;
+}
+
+/* Every entry of the set to take must copy: a tokenizer is taken whole, or
+ * the run fails before anything is written, naming the entry. */
+static int tokenizer_check(const char *dir)
+{
+    char **names;
+    size_t n;
+    int code = tokenizer_list(dir, &names, &n);
+    for (size_t i = 0; code == NF4_OK && i < n; i++) {
+        char *p = path_join(dir, names[i]);
+        struct stat st;
+        int want_dir = tokenizer_dir_name(names[i]);
+        if (!p)
+            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        else if (stat(p, &st) != 0)
+            code = nf4_fail_errno(NF4_ENOINPUT, errno, p, NULL, "the tokenizer's %s: cannot stat",
+                                  want_dir ? "folder" : "file");
+        else if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))
+            code = nf4_fail(NF4_ENOINPUT, p, NULL, "the tokenizer's %s is not a %s", want_dir ? "folder" : "file",
+                            want_dir ? "directory" : "regular file");
+        else if (!path_stays_in_model(dir, p))
+            code = nf4_fail(NF4_ENOINPUT, p, NULL, "the tokenizer's %s links outside %s",
+                            want_dir ? "folder" : "file", dir);
+        else if (access(p, want_dir ? R_OK | X_OK : R_OK) != 0)
+            code = nf4_fail_errno(NF4_ENOINPUT, errno, p, NULL, "the tokenizer's %s cannot be read",
+                                  want_dir ? "folder" : "file");
+        free(p);
+    }
+    dir_names_free(names, n);
+    return code;
 }
 
 static int same_dir(const char *a, const char *b)
@@ -71,12 +113,16 @@ static int choose_given(const char *dir, const char *in, struct tokenizer_source
     if (!S_ISDIR(st.st_mode))
         return nf4_fail(NF4_ENOINPUT, dir, NULL, "--tokenizer: not a directory: give the folder that holds the "
                         "tokenizer's files");
-    if (!holds_tokenizer(dir))
+    int holds, code = holds_tokenizer(dir, &holds);
+    if (code != NF4_OK)
+        return code;
+    if (!holds)
         return nf4_fail(NF4_ENOINPUT, dir, NULL, "--tokenizer: holds no tokenizer (no tokenizer.json, "
                         "tokenizer_config.json or tokenizer.model)");
-    if (!same_dir(dir, in)) /* IN itself: its own files, as without the option */
-        *out = (struct tokenizer_source){TOKENIZER_GIVEN, dir};
-    return NF4_OK;
+    if (same_dir(dir, in)) /* IN itself: its own files, as without the option */
+        return NF4_OK;
+    *out = (struct tokenizer_source){TOKENIZER_GIVEN, dir};
+    return tokenizer_check(dir);
 }
 
 int tokenizer_choose(const char *option, const char *in, const char *const *adapters, size_t nadapters,
@@ -87,11 +133,15 @@ int tokenizer_choose(const char *option, const char *in, const char *const *adap
         return NF4_OK;
     if (option)
         return choose_given(option, in, out);
-    for (size_t i = nadapters; i-- > 0;)
-        if (holds_tokenizer(adapters[i])) {
+    for (size_t i = nadapters; i-- > 0;) {
+        int holds, code = holds_tokenizer(adapters[i], &holds);
+        if (code != NF4_OK)
+            return code;
+        if (holds) {
             *out = (struct tokenizer_source){TOKENIZER_ADAPTER, adapters[i]};
-            break;
+            return tokenizer_check(adapters[i]);
         }
+    }
     return NF4_OK;
 }
 
@@ -119,6 +169,43 @@ void tokenizer_names_text(char *const *names, size_t n, char *buf, size_t cap)
             break;
         at += (size_t)w;
     }
+}
+
+/* tokenizer_config.json is small (a Llama 3's: 50 KB); one past this is not read. */
+#define TOKENIZER_CONFIG_MAX_BYTES (16u << 20)
+
+int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_t cap)
+{
+    char *path = path_join(dir, "tokenizer_config.json"), *json = NULL;
+    size_t len = 0;
+    int found = 0;
+    struct stat st;
+    /* A best-effort check: nothing here may fail the run or leave a message. */
+    int readable = path && stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+                   (uint64_t)st.st_size <= TOKENIZER_CONFIG_MAX_BYTES;
+    if (readable && read_small_file(path, TOKENIZER_CONFIG_MAX_BYTES, &json, &len) != NF4_OK) {
+        nf4_clear_error(); /* what it recorded is no error of the run's */
+    } else if (readable) {
+        cJSON *root = json_parse_whole(json, len);
+        const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens_decoder"), *e;
+        if (!cJSON_IsObject(added))
+            added = NULL;
+        cJSON_ArrayForEach(e, added) {
+            char *end;
+            errno = 0;
+            unsigned long long v = strtoull(e->string, &end, 10);
+            if (!isdigit((unsigned char)e->string[0]) || *end || errno == ERANGE || (found && v <= *id))
+                continue;
+            const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+            snprintf(token, cap, "%s", cJSON_IsString(content) ? content->valuestring : "");
+            *id = v;
+            found = 1;
+        }
+        cJSON_Delete(root);
+    }
+    free(json);
+    free(path);
+    return found;
 }
 
 int tokenizer_copy(const char *dir, const char *to_dir)

@@ -10,6 +10,7 @@
 #define NF4DEQ_TOKENIZER_FILES_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* --tokenizer's word for IN's own tokenizer (a folder named so: ./base). */
 #define TOKENIZER_OF_BASE "base"
@@ -43,6 +44,11 @@ int tokenizer_list(const char *dir, char ***names, size_t *n);
 
 /* "tokenizer.json, tokenizer_config.json" into buf (cut short to fit). */
 void tokenizer_names_text(char *const *names, size_t n, char *buf, size_t cap);
+
+/* The highest token id tokenizer_config.json in `dir` gives an added token
+ * (its added_tokens_decoder), and that token's text cut to fit `cap`: 1, or 0
+ * where it names none or cannot be read (no verdict then). */
+int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_t cap);
 
 /* Copies the tokenizer files (and folder) of `dir` into the output directory `to_dir`. */
 int tokenizer_copy(const char *dir, const char *to_dir);

@@ -614,33 +614,37 @@ def lora_cases():
                                                       f32_bytes([1.0] * 8)) for name in ("model.d", "model.x")]))
     emit_lora("lora-bias-trained", 65, "merging them is not supported", config=adapter_config(lora_bias=True))
     emit_lora("lora-bias-mode-unknown", 65, '"bias" must be', config=adapter_config(bias="some"))
-    # PEFT features whose weights are no delta of the base as it is.
-    emit_lora("lora-init-pissa", 65, '"init_lora_weights": "pissa_niter_4" rewrites the base weights',
+    # PEFT features whose weights are no plain delta of the base as it is.
+    emit_lora("lora-init-pissa", 65, '"init_lora_weights": "pissa_niter_4" rewrote the base weights',
               config=adapter_config(init_lora_weights="pissa_niter_4"), kinds=both)
-    emit_lora("lora-init-loftq", 65, '"init_lora_weights": "loftq" rewrites the base weights',
+    emit_lora("lora-init-loftq", 65, '"init_lora_weights": "loftq" rewrote the base weights',
               config=adapter_config(init_lora_weights="loftq"))
-    emit_lora("lora-init-olora-case", 65, '"init_lora_weights": "OLoRA" rewrites the base weights',
+    emit_lora("lora-init-olora-case", 65, '"init_lora_weights": "OLoRA" rewrote the base weights',
               config=adapter_config(init_lora_weights="OLoRA"))
-    emit_lora("lora-init-unknown", 65, '"init_lora_weights": "pissa2" rewrites',
-              config=adapter_config(init_lora_weights="pissa2"))
-    emit_lora("lora-init-not-known", 65, '"init_lora_weights": "olora_v2" is no initialisation nf4deq knows',
-              config=adapter_config(init_lora_weights="olora_v2"))
+    emit_lora("lora-init-lora-ga", 65, '"init_lora_weights": "lora_ga" rewrote the base weights',
+              config=adapter_config(init_lora_weights="lora_ga"))
+    emit_lora("lora-init-pissa-capital", 65, '"init_lora_weights": "PiSSA" is no initialisation PEFT or nf4deq knows',
+              config=adapter_config(init_lora_weights="PiSSA"))
+    emit_lora("lora-init-eva-capital", 65, '"init_lora_weights": "EVA" is no initialisation',
+              config=adapter_config(init_lora_weights="EVA"))
     emit_lora("lora-init-number", 65, '"init_lora_weights" must be true, false or the name',
               config=adapter_config(init_lora_weights=1))
-    emit_lora("lora-init-gaussian", 0, "1 with LoRA merged", config=adapter_config(init_lora_weights="gaussian"))
+    emit_lora("lora-init-gaussian", 0, "1 with LoRA merged", config=adapter_config(init_lora_weights="Gaussian"))
     emit_lora("lora-init-false", 0, "1 with LoRA merged", config=adapter_config(init_lora_weights=False))
-    emit_lora("lora-qalora", 65, "is QA-LoRA (use_qalora)", config=adapter_config(use_qalora=True), kinds=both)
-    emit_lora("lora-qalora-off", 0, "1 with LoRA merged", config=adapter_config(use_qalora=False, qalora_group_size=16))
+    # use_qalora acts on GPTQ layers only: on a bitsandbytes base PEFT trains and merges a plain LoRA.
+    emit_lora("lora-qalora", 0, "1 with LoRA merged", config=adapter_config(use_qalora=True, qalora_group_size=16))
     emit_lora("lora-alora", 65, "is an activated LoRA (alora_invocation_tokens)",
-              config=adapter_config(alora_invocation_tokens=[128000, 882]))
+              config=adapter_config(alora_invocation_tokens=[128000, 882]), kinds=both)
+    emit_lora("lora-alora-empty", 65, "is an activated LoRA", config=adapter_config(alora_invocation_tokens=[]))
     emit_lora("lora-layer-replication", 65, "replicates layers (layer_replication)",
               config=adapter_config(layer_replication=[[0, 4], [2, 5]]))
     emit_lora("lora-target-parameters", 65, "targets parameters (target_parameters",
               config=adapter_config(target_parameters=["experts.gate_up_proj"]))
     emit_lora("lora-target-parameters-empty", 0, "1 with LoRA merged", config=adapter_config(target_parameters=[]))
-    emit_lora("lora-bdlora", 65, "has block-diagonal factors (use_bdlora)",
+    emit_lora("lora-bdlora", 65, "has block-diagonal factors on 16-bit layers (use_bdlora)",
               config=adapter_config(use_bdlora={"target_modules_bd_a": ["d"], "nblocks": 2}))
-    emit_lora("lora-kasa", 65, "is KaSA (kasa_config)", config=adapter_config(kasa_config={"r": 4}))
+    emit_lora("lora-kasa-empty", 65, "is KaSA (kasa_config)", config=adapter_config(kasa_config={}))
+    emit_lora("lora-kasa-null", 0, "1 with LoRA merged", config=adapter_config(kasa_config=None, velora_config=None))
     # Embedding LoRA: lora_embedding_A [r, vocab] and lora_embedding_B [dim, r] on a 16-bit [vocab, dim].
     emit_lora("lora-embedding-b-missing", 65, "has no matching base_model.model.model.d.lora_embedding_B",
               weights=st_bytes([T(PEFT + "model.d.lora_embedding_A", "F32", [4, 8], f32_bytes([0.0] * 32))]),

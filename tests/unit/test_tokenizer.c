@@ -236,6 +236,43 @@ static void test_tokenizer_refused(void **state)
             fail_msg("inspect, case %zu: exit %d, stdout: %s, stderr: %s", i, r.status, r.out, r.err);
         tu_run_free(&r);
     }
+    /* A set that cannot be taken whole: nothing is written, for --tokenizer or an adapter's. */
+    static const struct {
+        const char *make, *says;
+    } BROKEN[] = {
+        {"mkfifo %s/tokenizer.json", "tokenizer.json: the tokenizer's file is not a regular file"},
+        {"ln -s ../elsewhere.json %s/tokenizer.json", "tokenizer.json: the tokenizer's file links outside"},
+        {"ln -s missing.json %s/tokenizer.json", "tokenizer.json: the tokenizer's file: cannot stat: No such file"},
+        {"printf x > %s/additional_chat_templates", "additional_chat_templates: the tokenizer's folder is not a "
+                                                   "directory"},
+    };
+    tu_sh("printf '{}' > %s/elsewhere.json", t->dir);
+    entries = tu_count_entries(t->dir);
+    for (size_t i = 0; i < COUNT(BROKEN); i++) {
+        for (int adapter = 0; adapter < 2; adapter++) {
+            const char *dir = adapter ? t->ad : t->tok;
+            char *victim = tu_strdupf("%s/%s", dir, strstr(BROKEN[i].make, "additional") ? "additional_chat_templates"
+                                                                                        : "tokenizer.json");
+            char *saved = tu_strdupf("%s.saved", victim);
+            int had = tu_exists(victim);
+            if (had)
+                assert_int_equal(rename(victim, saved), 0);
+            tu_sh(BROKEN[i].make, dir);
+            struct tu_run r = adapter ? tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad, NULL)
+                                      : tu_run("convert", "--device", "cpu", t->base, t->out, "--tokenizer", t->tok,
+                                               NULL);
+            if (r.status != NF4_ENOINPUT || tu_lines(r.err) != 1 || !strstr(r.err, BROKEN[i].says))
+                fail_msg("case %zu, %s: exit %d, stderr: %s", i, dir, r.status, r.err);
+            tu_run_free(&r);
+            assert_int_equal(tu_count_entries(t->dir), entries);
+            tu_sh("rm -f %s", victim);
+            if (had)
+                assert_int_equal(rename(saved, victim), 0);
+            free(victim);
+            free(saved);
+        }
+    }
+
     struct tu_run r = tu_run("inspect", weights, "--tokenizer", t->tok, NULL);
     if (r.status != NF4_EUSAGE || r.out[0] || !strstr(r.err, "is a single weights file; --tokenizer applies to a "
                                                               "model directory"))
@@ -246,6 +283,47 @@ static void test_tokenizer_refused(void **state)
     free(weights);
     free(pipe_out);
     free(file_out);
+}
+
+/* A tokenizer whose added tokens run past the output's embedding rows (the
+ * fixture's 512) gets a warning, whoever's it is; one within them none. */
+static void test_added_tokens_past_the_embedding(void **state)
+{
+    struct tok_case *t = tok_case_of(state);
+    tu_sh("printf '{\"added_tokens_decoder\": {\"0\": {\"content\": \"<unk>\"}, \"512\": {\"content\": "
+          "\"<|eot_id|>\"}, \"x\": {}, \"-3\": {}, \"99999999999999999999999\": {}}}' > %s/tokenizer_config.json",
+          t->tok);
+    char *want = tu_strdupf("nf4deq: warning: %s: its tokenizer_config.json adds token 512 (\"<|eot_id|>\"), but the "
+                            "output's embedding has 512 rows (0 to 511): the merged model cannot embed it. Is this "
+                            "the tokenizer of this model?\n", t->tok);
+    struct tu_run r = tu_run("convert", "--device", "cpu", t->base, t->out, "--tokenizer", t->tok, NULL);
+    if (r.status != 0 || !strstr(r.err, want))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    free(want);
+    tu_rmtree(t->out);
+    tu_sh("printf '{\"added_tokens_decoder\": {\"511\": {\"content\": \"<last>\"}}}' > %s/tokenizer_config.json",
+          t->tok);
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--tokenizer", t->tok, NULL);
+    if (r.status != 0 || strstr(r.err, "warning"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(t->out);
+    /* Resized by the adapter to 516 rows: 515 fits, 516 does not. */
+    char *ad = tu_strdupf("%s/resized", t->dir);
+    tu_sh("cp -r %s/adapter-resized-copies %s && printf '{\"added_tokens_decoder\": {\"515\": {\"content\": "
+          "\"<t4>\"}}}' > %s/tokenizer_config.json", LORA_FIXTURES, ad, ad);
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", ad, NULL);
+    if (r.status != 0 || strstr(r.err, "warning"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(t->out);
+    tu_sh("printf '{\"added_tokens_decoder\": {\"516\": {\"content\": \"<t5>\"}}}' > %s/tokenizer_config.json", ad);
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", ad, NULL);
+    if (r.status != 0 || !strstr(r.err, "adds token 516 (\"<t5>\"), but the output's embedding has 516 rows"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    free(ad);
 }
 
 /* inspect says whose tokenizer convert would give the output, with --lora or --tokenizer only. */
@@ -287,6 +365,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adapter_tokenizer_by_default, tok_setup, tok_teardown),
         cmocka_unit_test_setup_teardown(test_tokenizer_option, tok_setup, tok_teardown),
         cmocka_unit_test_setup_teardown(test_tokenizer_refused, tok_setup, tok_teardown),
+        cmocka_unit_test_setup_teardown(test_added_tokens_past_the_embedding, tok_setup, tok_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_says_whose, tok_setup, tok_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
