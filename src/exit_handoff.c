@@ -182,10 +182,15 @@ pid_t handoff_device_files(const char *prefix)
     if (pid == 0) {
         /* Only system calls from here: the fork copied one thread of several.
          * No handler of the parent's runs here: a signal just ends the child,
-         * and the kernel closes the device files (the teardown) all the same. */
+         * and the kernel closes the device files (the teardown) all the same.
+         * One ignored since the start (nohup's SIGHUP) stays ignored, as in
+         * the parent. */
         static const int HANDLED[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-        for (size_t i = 0; i < sizeof HANDLED / sizeof HANDLED[0]; i++)
-            signal(HANDLED[i], SIG_DFL);
+        for (size_t i = 0; i < sizeof HANDLED / sizeof HANDLED[0]; i++) {
+            struct sigaction now;
+            if (sigaction(HANDLED[i], NULL, &now) == 0 && now.sa_handler != SIG_IGN)
+                signal(HANDLED[i], SIG_DFL);
+        }
         prctl(PR_SET_NAME, "nf4deq-teardown", 0, 0, 0);
         child_keep_only(prefix, gone[0], ready[1], fds, keep, n);
         close(gone[1]); /* already closed unless the parent's listing served: it predates the pipes */

@@ -145,11 +145,39 @@ static void wait_stopped(pid_t pid)
     fail_msg("the keeper %d did not stop", (int)pid);
 }
 
+static void p_on_term(int sig)
+{
+    (void)sig;
+}
+
+/* A signal mask of /proc/PID/status ("SigIgn", "SigCgt"). */
+static unsigned long long signal_mask(pid_t pid, const char *field)
+{
+    char *path = tu_strdupf("/proc/%d/status", (int)pid), line[256];
+    FILE *f = fopen(path, "r"); /* a file of size 0 to stat */
+    assert_non_null(f);
+    size_t len = strlen(field);
+    int found = 0;
+    unsigned long long mask = 0;
+    while (!found && fgets(line, sizeof line, f))
+        if (strncmp(line, field, len) == 0 && line[len] == ':') {
+            mask = strtoull(line + len + 1, NULL, 16);
+            found = 1;
+        }
+    fclose(f);
+    free(path);
+    assert_true(found);
+    return mask;
+}
+
 /* P: opens the stand-in device file and an unrelated file, hands off, tells
- * the test the keeper's pid, waits for the word to exit, and _exits. */
+ * the test the keeper's pid, waits for the word to exit, and _exits. As a run
+ * under nohup, it ignores SIGHUP; it handles SIGTERM, as nf4deq does. */
 static void run_p(const char *fifo, const char *prefix, const char *late_file, int no_fd_listing, int to_test,
                   int from_test)
 {
+    signal(SIGHUP, SIG_IGN);
+    signal(SIGTERM, p_on_term);
     int dev = open(fifo, O_WRONLY);
     int other = open("/dev/null", O_RDONLY);
     if (dev < 0 || other < 0)
@@ -222,6 +250,11 @@ static void check_keeper(struct tu_scratch *s, const char *late_file, int no_fd_
     stopped_keeper = keeper;
     wait_stopped(keeper); /* P's child until P exits: not ours to waitpid yet */
     int st = 0;
+
+    /* No handler of P's in the keeper, but what P ignored stays ignored. */
+    unsigned long long ignored = signal_mask(keeper, "SigIgn"), caught = signal_mask(keeper, "SigCgt");
+    assert_true(ignored & (1ull << (SIGHUP - 1)));
+    assert_false((ignored | caught) & (1ull << (SIGTERM - 1)));
 
     /* P exits; its stdout reaches EOF although the keeper lives on. */
     assert_int_equal(write(in[1], "x", 1), 1);
