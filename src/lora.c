@@ -85,14 +85,14 @@ static int config_patterns(const char *path, const cJSON *root, const char *key,
     return NF4_OK;
 }
 
-/* LoraConfig features whose weights are not a plain delta of the base as it
- * is (as PEFT 0.21 resolves them), each refused by name, not left to a later
- * key or shape error, or to a merge that loads but is not the model trained.
- * PEFT's bitsandbytes layers test the first three against None, and its
- * 16-bit layers every variant by truth, where a config object, even {}, is
- * true; lists count when not empty. (use_qalora acts on GPTQ layers alone:
- * on bitsandbytes and 16-bit ones it is a plain LoRA, and merges as one.) */
-enum feature_test { SET_UNLESS_NULL, SET_IF_NON_EMPTY };
+/* LoraConfig features nf4deq does not merge, each refused by name, not left
+ * to a later key or shape error, or to a merge that loads but is not the
+ * model trained. Each is tested as PEFT 0.21 tests it: its bitsandbytes
+ * layers test aLoRA, Arrow and VeLoRA against None; its 16-bit layers test
+ * every variant by truth, where a config object, even {}, is true; lists
+ * count when not empty. (use_qalora acts on GPTQ layers alone: on
+ * bitsandbytes and 16-bit ones it is a plain LoRA, and merges as one.) */
+enum feature_test { SET_UNLESS_NULL, SET_IF_TRUE };
 static const struct {
     const char *key;
     enum feature_test test;
@@ -101,35 +101,43 @@ static const struct {
     {"alora_invocation_tokens", SET_UNLESS_NULL, "is an activated LoRA (alora_invocation_tokens), which acts only "
                                                  "after its invocation tokens: PEFT cannot merge it either"},
     {"arrow_config", SET_UNLESS_NULL, "is an Arrow router (arrow_config): PEFT cannot merge it either"},
-    {"velora_config", SET_UNLESS_NULL, "is VeLoRA (velora_config): merging it is not supported"},
-    {"kasa_config", SET_UNLESS_NULL, "is KaSA (kasa_config), which truncates a 16-bit base's singular values "
-                                     "before its delta: merging it is not supported"},
-    {"use_bdlora", SET_UNLESS_NULL, "has block-diagonal factors on 16-bit layers (use_bdlora): merging them is "
-                                    "not supported"},
-    {"monteclora_config", SET_UNLESS_NULL, "is MonteCLoRA on 16-bit layers (monteclora_config): merging it is not "
-                                           "supported"},
-    {"layer_replication", SET_IF_NON_EMPTY, "replicates layers (layer_replication): the merged model would have "
-                                            "layers the base does not have, which is not supported"},
-    {"target_parameters", SET_IF_NON_EMPTY, "targets parameters (target_parameters, such as MoE experts' weights): "
-                                            "merging them is not supported"},
+    {"velora_config", SET_UNLESS_NULL, "is VeLoRA (velora_config), which PEFT cannot train on bitsandbytes layers "
+                                       "and which saves tensors of its own: merging it is not supported"},
+    {"kasa_config", SET_IF_TRUE, "is KaSA (kasa_config), which truncates a 16-bit base's singular values before "
+                                 "its delta: merging it is not supported"},
+    {"use_bdlora", SET_IF_TRUE, "has block-diagonal factors on 16-bit layers (use_bdlora): merging them is not "
+                                "supported"},
+    {"monteclora_config", SET_IF_TRUE, "is MonteCLoRA on 16-bit layers (monteclora_config), which saves tensors of "
+                                       "its own: merging it is not supported"},
+    {"layer_replication", SET_IF_TRUE, "replicates layers (layer_replication): the merged model would have layers "
+                                       "the base does not have, which is not supported"},
+    {"target_parameters", SET_IF_TRUE, "targets parameters (target_parameters, such as MoE experts' weights): "
+                                       "merging them is not supported"},
 };
 
+/* Python's truth of a JSON value, where an object becomes a config object,
+ * true even when empty. */
 static int feature_set(const cJSON *v, enum feature_test test)
 {
-    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v))
+    if (!v || cJSON_IsNull(v))
         return 0;
-    if (test == SET_UNLESS_NULL)
+    if (test == SET_UNLESS_NULL || cJSON_IsObject(v))
         return 1;
-    if (cJSON_IsArray(v) || cJSON_IsObject(v))
+    if (cJSON_IsArray(v))
         return v->child != NULL;
-    return !(cJSON_IsString(v) && !v->valuestring[0]);
+    if (cJSON_IsBool(v))
+        return cJSON_IsTrue(v);
+    if (cJSON_IsNumber(v))
+        return v->valuedouble != 0;
+    return cJSON_IsString(v) && v->valuestring[0];
 }
 
-/* init_lora_weights, matched as PEFT matches it. PiSSA, OLoRA, CorDA, LoftQ
- * and LoRA-GA rewrite the base weights when training begins (W - scaling *
- * B0 A0, or a LoftQ quantization): the trained weights are a delta of that
- * rewritten base, which nf4deq does not have. PEFT converts such an adapter
- * into a plain one on request, saved with init_lora_weights true. */
+/* init_lora_weights, matched as PEFT matches it. PiSSA, OLoRA, CorDA and
+ * LoRA-GA rewrite the base weights when training begins (W - scaling * B0
+ * A0), and LoftQ replaces them with its own quantization: the trained weights
+ * are a delta of that base, which nf4deq does not have. PEFT converts the
+ * first four into a plain adapter on request, saved with init_lora_weights
+ * true; a LoftQ adapter goes with the base LoftQ wrote. */
 static int check_init_lora_weights(const char *path, const cJSON *root)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "init_lora_weights");
@@ -138,11 +146,16 @@ static int check_init_lora_weights(const char *path, const cJSON *root)
     if (!cJSON_IsString(v))
         return config_fail(path, "\"init_lora_weights\" must be true, false or the name of an initialisation");
     const char *name = v->valuestring;
-    if (strcasecmp(name, "gaussian") == 0 || strcmp(name, "eva") == 0 || strcmp(name, "orthogonal") == 0 ||
-        strcmp(name, "mica") == 0)
+    if (!name[0] || strcasecmp(name, "gaussian") == 0 || strcmp(name, "eva") == 0 ||
+        strcmp(name, "orthogonal") == 0 || strcasecmp(name, "mica") == 0) /* "": false to Python */
         return NF4_OK;
+    if (strcmp(name, "loftq") == 0)
+        return config_fail(path, "\"init_lora_weights\": \"loftq\" replaced the base weights with LoftQ's own "
+                                 "quantization when training began, so the adapter's weights are a delta of that "
+                                 "base, which nf4deq does not have: merge it into the base LoftQ wrote, with "
+                                 "init_lora_weights set to true");
     if (strncmp(name, "pissa", 5) == 0 || strncmp(name, "corda", 5) == 0 || strcasecmp(name, "olora") == 0 ||
-        strcmp(name, "loftq") == 0 || strcmp(name, "lora_ga") == 0)
+        strcmp(name, "lora_ga") == 0)
         return nf4_fail(NF4_EDATA, path, NULL, "\"init_lora_weights\": \"%s\" rewrote the base weights when "
                         "training began, so the adapter's weights are a delta of a base nf4deq does not have. Save "
                         "it as a plain LoRA first (PEFT's save_pretrained with "

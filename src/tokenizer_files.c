@@ -58,9 +58,9 @@ static int holds_tokenizer(const char *dir, int *found)
         struct stat st;
         if (!p)
             return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-        int e = stat(p, &st) == 0 ? 0 : errno;
+        int e = lstat(p, &st) == 0 ? 0 : errno;
         free(p);
-        if (!e) /* a FIFO or a link out of dir: tokenizer_check says what is wrong */
+        if (!e) /* a FIFO, a link to nothing or out of dir: tokenizer_check says what is wrong */
             *found = 1;
         else if (e != ENOENT && e != ENOTDIR)
             return nf4_fail_errno(NF4_ENOINPUT, e, dir, NULL, "cannot look for a tokenizer in it");
@@ -68,8 +68,31 @@ static int holds_tokenizer(const char *dir, int *found)
     return NF4_OK;
 }
 
+/* One entry of the set to take: what copy_path would copy whole, or the
+ * failure (NF4_ENOINPUT) naming it. A file must be regular (through a link
+ * that stays in `root`) and readable; the templates folder a real folder,
+ * not a link (copy_tree leaves those out), readable and searchable. */
+static int check_entry(const char *root, const char *p, int want_dir)
+{
+    const char *what = want_dir ? "folder" : "file";
+    struct stat st, lst;
+    if (stat(p, &st) != 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, p, NULL, "the tokenizer's %s: cannot stat", what);
+    if (want_dir ? !S_ISDIR(st.st_mode) || lstat(p, &lst) != 0 || S_ISLNK(lst.st_mode) : !S_ISREG(st.st_mode))
+        return nf4_fail(NF4_ENOINPUT, p, NULL, "the tokenizer's %s is not a %s", what,
+                        want_dir ? "directory (a link to one is not copied)" : "regular file");
+    if (!want_dir && !path_stays_in_model(root, p))
+        return nf4_fail(NF4_ENOINPUT, p, NULL, "the tokenizer's file links outside %s", root);
+    if (access(p, want_dir ? R_OK | X_OK : R_OK) != 0)
+        return nf4_fail_errno(NF4_ENOINPUT, errno, p, NULL, "the tokenizer's %s cannot be read", what);
+    return NF4_OK;
+}
+
 /* Every entry of the set to take must copy: a tokenizer is taken whole, or
- * the run fails before anything is written, naming the entry. */
+ * the run fails before anything is written, naming the entry. The templates
+ * folder holds files (transformers writes NAME.jinja there), each checked
+ * as the others; a hidden entry, which copy_tree would skip or copy as it
+ * is, too. */
 static int tokenizer_check(const char *dir)
 {
     char **names;
@@ -77,22 +100,18 @@ static int tokenizer_check(const char *dir)
     int code = tokenizer_list(dir, &names, &n);
     for (size_t i = 0; code == NF4_OK && i < n; i++) {
         char *p = path_join(dir, names[i]);
-        struct stat st;
         int want_dir = tokenizer_dir_name(names[i]);
-        if (!p)
-            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-        else if (stat(p, &st) != 0)
-            code = nf4_fail_errno(NF4_ENOINPUT, errno, p, NULL, "the tokenizer's %s: cannot stat",
-                                  want_dir ? "folder" : "file");
-        else if (want_dir ? !S_ISDIR(st.st_mode) : !S_ISREG(st.st_mode))
-            code = nf4_fail(NF4_ENOINPUT, p, NULL, "the tokenizer's %s is not a %s", want_dir ? "folder" : "file",
-                            want_dir ? "directory" : "regular file");
-        else if (!path_stays_in_model(dir, p))
-            code = nf4_fail(NF4_ENOINPUT, p, NULL, "the tokenizer's %s links outside %s",
-                            want_dir ? "folder" : "file", dir);
-        else if (access(p, want_dir ? R_OK | X_OK : R_OK) != 0)
-            code = nf4_fail_errno(NF4_ENOINPUT, errno, p, NULL, "the tokenizer's %s cannot be read",
-                                  want_dir ? "folder" : "file");
+        code = p ? check_entry(dir, p, want_dir) : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        char **inner = NULL;
+        size_t ninner = 0;
+        if (code == NF4_OK && want_dir)
+            code = dir_list(p, NF4_ENOINPUT, &inner, &ninner);
+        for (size_t k = 0; code == NF4_OK && k < ninner; k++) {
+            char *q = path_join(p, inner[k]);
+            code = q ? check_entry(dir, q, 0) : nf4_fail(NF4_ESOFTWARE, p, NULL, "out of memory");
+            free(q);
+        }
+        dir_names_free(inner, ninner);
         free(p);
     }
     dir_names_free(names, n);
@@ -171,12 +190,27 @@ void tokenizer_names_text(char *const *names, size_t n, char *buf, size_t cap)
     }
 }
 
+/* The longest prefix of `text` that fits `cap` with its NUL and ends on a
+ * character boundary: a cut inside a UTF-8 sequence would leave a message
+ * (and a --json report) that is no longer UTF-8. */
+static void copy_utf8_prefix(char *out, size_t cap, const char *text)
+{
+    size_t n = strlen(text);
+    if (n >= cap) {
+        n = cap - 1;
+        while (n > 0 && ((unsigned char)text[n] & 0xC0) == 0x80) /* text[n] continues a character */
+            n--;
+    }
+    memcpy(out, text, n);
+    out[n] = '\0';
+}
+
 /* tokenizer_config.json is small (a Llama 3's: 50 KB); one past this is not read. */
 #define TOKENIZER_CONFIG_MAX_BYTES (16u << 20)
 
 int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_t cap)
 {
-    char *path = path_join(dir, "tokenizer_config.json"), *json = NULL;
+    char *path = path_join(dir, TOKENIZER_CONFIG_NAME), *json = NULL;
     size_t len = 0;
     int found = 0;
     struct stat st;
@@ -197,7 +231,7 @@ int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_
             if (!isdigit((unsigned char)e->string[0]) || *end || errno == ERANGE || (found && v <= *id))
                 continue;
             const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
-            snprintf(token, cap, "%s", cJSON_IsString(content) ? content->valuestring : "");
+            copy_utf8_prefix(token, cap, cJSON_IsString(content) ? content->valuestring : "");
             *id = v;
             found = 1;
         }

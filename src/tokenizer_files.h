@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#define TOKENIZER_CONFIG_NAME "tokenizer_config.json"
+
 /* --tokenizer's word for IN's own tokenizer (a folder named so: ./base). */
 #define TOKENIZER_OF_BASE "base"
 

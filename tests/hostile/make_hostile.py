@@ -617,8 +617,10 @@ def lora_cases():
     # PEFT features whose weights are no plain delta of the base as it is.
     emit_lora("lora-init-pissa", 65, '"init_lora_weights": "pissa_niter_4" rewrote the base weights',
               config=adapter_config(init_lora_weights="pissa_niter_4"), kinds=both)
-    emit_lora("lora-init-loftq", 65, '"init_lora_weights": "loftq" rewrote the base weights',
+    emit_lora("lora-init-loftq", 65, '"init_lora_weights": "loftq" replaced the base weights with LoftQ',
               config=adapter_config(init_lora_weights="loftq"))
+    emit_lora("lora-init-mica-capital", 0, "1 with LoRA merged", config=adapter_config(init_lora_weights="MiCA"))
+    emit_lora("lora-init-empty", 0, "1 with LoRA merged", config=adapter_config(init_lora_weights=""))
     emit_lora("lora-init-olora-case", 65, '"init_lora_weights": "OLoRA" rewrote the base weights',
               config=adapter_config(init_lora_weights="OLoRA"))
     emit_lora("lora-init-lora-ga", 65, '"init_lora_weights": "lora_ga" rewrote the base weights',
@@ -636,6 +638,7 @@ def lora_cases():
     emit_lora("lora-alora", 65, "is an activated LoRA (alora_invocation_tokens)",
               config=adapter_config(alora_invocation_tokens=[128000, 882]), kinds=both)
     emit_lora("lora-alora-empty", 65, "is an activated LoRA", config=adapter_config(alora_invocation_tokens=[]))
+    emit_lora("lora-alora-false", 65, "is an activated LoRA", config=adapter_config(alora_invocation_tokens=False))
     emit_lora("lora-layer-replication", 65, "replicates layers (layer_replication)",
               config=adapter_config(layer_replication=[[0, 4], [2, 5]]))
     emit_lora("lora-target-parameters", 65, "targets parameters (target_parameters",
@@ -645,6 +648,7 @@ def lora_cases():
               config=adapter_config(use_bdlora={"target_modules_bd_a": ["d"], "nblocks": 2}))
     emit_lora("lora-kasa-empty", 65, "is KaSA (kasa_config)", config=adapter_config(kasa_config={}))
     emit_lora("lora-kasa-null", 0, "1 with LoRA merged", config=adapter_config(kasa_config=None, velora_config=None))
+    emit_lora("lora-kasa-false", 0, "1 with LoRA merged", config=adapter_config(kasa_config=False, layer_replication=0))
     # Embedding LoRA: lora_embedding_A [r, vocab] and lora_embedding_B [dim, r] on a 16-bit [vocab, dim].
     emit_lora("lora-embedding-b-missing", 65, "has no matching base_model.model.model.d.lora_embedding_B",
               weights=st_bytes([T(PEFT + "model.d.lora_embedding_A", "F32", [4, 8], f32_bytes([0.0] * 32))]),

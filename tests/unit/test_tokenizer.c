@@ -245,6 +245,12 @@ static void test_tokenizer_refused(void **state)
         {"ln -s missing.json %s/tokenizer.json", "tokenizer.json: the tokenizer's file: cannot stat: No such file"},
         {"printf x > %s/additional_chat_templates", "additional_chat_templates: the tokenizer's folder is not a "
                                                    "directory"},
+        {"mkdir %1$s/additional_chat_templates && mkfifo %1$s/additional_chat_templates/tool_use.jinja",
+         "additional_chat_templates/tool_use.jinja: the tokenizer's file is not a regular file"},
+        {"mkdir %1$s/additional_chat_templates && ln -s ../../elsewhere.json %1$s/additional_chat_templates/x.jinja",
+         "additional_chat_templates/x.jinja: the tokenizer's file links outside"},
+        {"mkdir %1$s/templates && ln -s templates %1$s/additional_chat_templates",
+         "additional_chat_templates: the tokenizer's folder is not a directory (a link to one is not copied)"},
     };
     tu_sh("printf '{}' > %s/elsewhere.json", t->dir);
     entries = tu_count_entries(t->dir);
@@ -265,7 +271,7 @@ static void test_tokenizer_refused(void **state)
                 fail_msg("case %zu, %s: exit %d, stderr: %s", i, dir, r.status, r.err);
             tu_run_free(&r);
             assert_int_equal(tu_count_entries(t->dir), entries);
-            tu_sh("rm -f %s", victim);
+            tu_sh("rm -rf %s %s/templates", victim, dir);
             if (had)
                 assert_int_equal(rename(saved, victim), 0);
             free(victim);
@@ -273,7 +279,17 @@ static void test_tokenizer_refused(void **state)
         }
     }
 
-    struct tu_run r = tu_run("inspect", weights, "--tokenizer", t->tok, NULL);
+    /* An adapter whose only marker is a link to nothing holds a broken tokenizer, not none. */
+    tu_sh("ln -s gone.json %s/tokenizer.json", t->ad2);
+    struct tu_run r = tu_run("convert", "--device", "cpu", t->base, t->out, "--lora", t->ad2, NULL);
+    if (r.status != NF4_ENOINPUT || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "ad2/tokenizer.json: the tokenizer's file: cannot stat: No such file or directory"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(t->dir), entries);
+    tu_sh("rm %s/tokenizer.json", t->ad2);
+
+    r = tu_run("inspect", weights, "--tokenizer", t->tok, NULL);
     if (r.status != NF4_EUSAGE || r.out[0] || !strstr(r.err, "is a single weights file; --tokenizer applies to a "
                                                               "model directory"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
@@ -293,7 +309,7 @@ static void test_added_tokens_past_the_embedding(void **state)
     tu_sh("printf '{\"added_tokens_decoder\": {\"0\": {\"content\": \"<unk>\"}, \"512\": {\"content\": "
           "\"<|eot_id|>\"}, \"x\": {}, \"-3\": {}, \"99999999999999999999999\": {}}}' > %s/tokenizer_config.json",
           t->tok);
-    char *want = tu_strdupf("nf4deq: warning: %s: its tokenizer_config.json adds token 512 (\"<|eot_id|>\"), but the "
+    char *want = tu_strdupf("nf4deq: warning: %s/tokenizer_config.json: adds token 512 (\"<|eot_id|>\"), but the "
                             "output's embedding has 512 rows (0 to 511): the merged model cannot embed it. Is this "
                             "the tokenizer of this model?\n", t->tok);
     struct tu_run r = tu_run("convert", "--device", "cpu", t->base, t->out, "--tokenizer", t->tok, NULL);
@@ -307,6 +323,25 @@ static void test_added_tokens_past_the_embedding(void **state)
     r = tu_run("convert", "--device", "cpu", t->base, t->out, "--tokenizer", t->tok, NULL);
     if (r.status != 0 || strstr(r.err, "warning"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(t->out);
+    /* A long token is cut on a character boundary: the message stays UTF-8. */
+    tu_sh("printf '{\"added_tokens_decoder\": {\"9000\": {\"content\": \"%s\"}}}' > %s/tokenizer_config.json",
+          "\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9"
+          "\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9\\u00e9",
+          t->tok);
+    r = tu_run("convert", "--device", "cpu", "--json", t->base, t->out, "--tokenizer", t->tok, NULL);
+    /* 31 two-byte characters fill 62 of the 63 bytes; the 32nd would be cut in two. */
+    if (r.status != 0 || !strstr(r.err, "adds token 9000 (\"\xc3\xa9") || !strstr(r.err, "\xc3\xa9\"), but"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    for (const unsigned char *c = (const unsigned char *)r.out; *c; c++) /* stdout's JSON: no lone byte */
+        if (*c >= 0x80) {
+            size_t len = (*c & 0xE0) == 0xC0 ? 2 : (*c & 0xF0) == 0xE0 ? 3 : (*c & 0xF8) == 0xF0 ? 4 : 0;
+            assert_true(len > 0);
+            for (size_t k = 1; k < len; k++)
+                assert_int_equal(c[k] & 0xC0, 0x80);
+            c += len - 1;
+        }
     tu_run_free(&r);
     tu_rmtree(t->out);
     /* Resized by the adapter to 516 rows: 515 fits, 516 does not. */
