@@ -91,8 +91,8 @@ static int check_entry(const char *root, const char *p, int want_dir)
 /* Every entry of the set to take must copy: a tokenizer is taken whole, or
  * the run fails before anything is written, naming the entry. The templates
  * folder holds files (transformers writes NAME.jinja there), each checked
- * as the others; a hidden entry, which copy_tree would skip or copy as it
- * is, too. */
+ * as the others. A hidden entry that is not a regular file (a notebook's
+ * .ipynb_checkpoints) is passed over, as copy_tree passes over it. */
 static int tokenizer_check(const char *dir)
 {
     char **names;
@@ -108,7 +108,11 @@ static int tokenizer_check(const char *dir)
             code = dir_list(p, NF4_ENOINPUT, &inner, &ninner);
         for (size_t k = 0; code == NF4_OK && k < ninner; k++) {
             char *q = path_join(p, inner[k]);
-            code = q ? check_entry(dir, q, 0) : nf4_fail(NF4_ESOFTWARE, p, NULL, "out of memory");
+            struct stat st;
+            if (!q)
+                code = nf4_fail(NF4_ESOFTWARE, p, NULL, "out of memory");
+            else if (inner[k][0] != '.' || (stat(q, &st) == 0 && S_ISREG(st.st_mode)))
+                code = check_entry(dir, q, 0);
             free(q);
         }
         dir_names_free(inner, ninner);

@@ -36,8 +36,10 @@ int tokenizer_dir_name(const char *name);
 
 /* Where the output's tokenizer comes from: `option` is --tokenizer's value or
  * NULL; `adapters` the --lora folders in order; `in` the model directory.
- * A folder given that does not exist, or holds no tokenizer, fails with
- * NF4_ENOINPUT before anything is written. Returns an NF4_* code. */
+ * A folder given that does not exist or holds no tokenizer, and a set from
+ * another folder that cannot be copied whole (an entry not a regular file,
+ * unreadable, or a link out of its folder), fail with NF4_ENOINPUT before
+ * anything is written. Returns an NF4_* code. */
 int tokenizer_choose(const char *option, const char *in, const char *const *adapters, size_t nadapters,
                      struct tokenizer_source *out);
 

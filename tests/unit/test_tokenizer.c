@@ -249,6 +249,8 @@ static void test_tokenizer_refused(void **state)
          "additional_chat_templates/tool_use.jinja: the tokenizer's file is not a regular file"},
         {"mkdir %1$s/additional_chat_templates && ln -s ../../elsewhere.json %1$s/additional_chat_templates/x.jinja",
          "additional_chat_templates/x.jinja: the tokenizer's file links outside"},
+        {"mkdir -p %1$s/additional_chat_templates/.ipynb_checkpoints %1$s/additional_chat_templates/sub",
+         "additional_chat_templates/sub: the tokenizer's file is not a regular file"},
         {"mkdir %1$s/templates && ln -s templates %1$s/additional_chat_templates",
          "additional_chat_templates: the tokenizer's folder is not a directory (a link to one is not copied)"},
     };
