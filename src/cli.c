@@ -89,7 +89,8 @@ static const char CONVERT_HELP[] =
     "      --progress MODE  auto (a live line when stderr is a terminal), tty, plain\n"
     "                       (a line every 10 s, for logs) or none\n"
     "      --lora DIR       merge the PEFT LoRA adapter in DIR (adapter_config.json,\n"
-    "                       adapter_model.safetensors) into the dequantized weights,\n"
+    "                       adapter_model.safetensors; DIR may be an ORG/NAME in the\n"
+    "                       Hugging Face cache) into the dequantized weights,\n"
     "                       embedding LoRA, DoRA (use_dora) and trained token rows\n"
     "                       (trainable_token_indices) included; repeat to\n"
     "                       add several adapters' deltas, in order (at most 8; a\n"
@@ -282,6 +283,24 @@ static int add_lora(const char *cmd, const char **dirs, size_t *n, const char *a
     return NF4_OK;
 }
 
+/* Each --lora as input_resolve_adapter finds it (a path, or ORG/NAME in the
+ * hub cache), into resolved[] (all NULL before); free with free_adapters. */
+static int resolve_adapters(const char *const *given, size_t n, char **resolved)
+{
+    for (size_t i = 0; i < n; i++) {
+        int code = input_resolve_adapter(given[i], &resolved[i]);
+        if (code != NF4_OK)
+            return code;
+    }
+    return NF4_OK;
+}
+
+static void free_adapters(char **resolved, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(resolved[i]);
+}
+
 static int parse_tokenizer_arg(const char *cmd, const char *arg, const char **out)
 {
     if (!arg[0])
@@ -377,7 +396,7 @@ static int cmd_convert(int argc, char **argv)
         return usage_error("convert", "%s", "--json prints on standard output, so OUT cannot be - with it");
     nf4_set_quiet(quiet);
     nf4_warn_capture(json);
-    o.lora_dirs = lora;
+    char *adapters[LORA_MAX_ADAPTERS] = {0};
     /* A reader that goes away is a failed write (exit 74), not a silent death. */
     if (strcmp(out, "-") == 0)
         signal(SIGPIPE, SIG_IGN);
@@ -386,12 +405,16 @@ static int cmd_convert(int argc, char **argv)
     char *path = NULL;
     int code = input_resolve(in, revision, &path);
     if (code == NF4_OK)
+        code = resolve_adapters(lora, o.nlora, adapters);
+    o.lora_dirs = (const char *const *)adapters;
+    if (code == NF4_OK)
         code = convert_run(path, out, &o, &stats);
     struct convert_report r = {in, path, revision, out, code, &stats, (int)o.nlora};
     if (code == NF4_OK && !quiet)
         report_summary(stderr, &r);
     if (json && report_json(stdout, &r) != NF4_OK && code == NF4_OK)
         code = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory printing the report");
+    free_adapters(adapters, o.nlora);
     free(path);
     return code;
 }
@@ -462,10 +485,13 @@ static int cmd_inspect(int argc, char **argv)
         return usage_error("inspect", "%s", argc - optind < 1 ? "inspect needs IN" : "too many arguments");
     if (refuse_empty_in("inspect", argv[optind]) != NF4_OK)
         return NF4_EUSAGE;
-    char *path = NULL;
+    char *path = NULL, *adapters[LORA_MAX_ADAPTERS] = {0};
     int code = input_resolve(argv[optind], revision, &path);
     if (code == NF4_OK)
-        code = inspect_run(path, json, dtype, lora, nlora, tokenizer, stdout);
+        code = resolve_adapters(lora, nlora, adapters);
+    if (code == NF4_OK)
+        code = inspect_run(path, json, dtype, (const char *const *)adapters, nlora, tokenizer, stdout);
+    free_adapters(adapters, nlora);
     free(path);
     return code;
 }

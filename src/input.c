@@ -48,3 +48,13 @@ int input_resolve(const char *arg, const char *revision, char **path)
     }
     return hf_cache_resolve(arg, revision, path);
 }
+
+int input_resolve_adapter(const char *arg, char **path)
+{
+    *path = NULL;
+    struct stat st;
+    int exists = stat(arg, &st) == 0 || (errno != ENOENT && errno != ENOTDIR);
+    if (exists || !hf_repo_id_is_valid(arg))
+        return owned(arg, path); /* opening it reports what is wrong */
+    return hf_cache_resolve(arg, NULL, path);
+}

@@ -9,4 +9,10 @@
  * --revision; NF4_ENOINPUT for a model id the cache lacks. */
 int input_resolve(const char *arg, const char *revision, char **path);
 
+/* An adapter folder (--lora) as a user gives it: an existing path, or a model
+ * id (ORG/NAME) found in the hub cache at its main revision, as `hf download
+ * ORG/NAME` leaves an adapter. *path is malloc'd; NF4_ENOINPUT for an id the
+ * cache lacks. */
+int input_resolve_adapter(const char *arg, char **path);
+
 #endif

@@ -14,6 +14,7 @@
 #define FLUX_TRANSFORMER_EXPECTED DIFFUSERS "/tiny-flux-bnb4.transformer.expected.safetensors"
 #define FLUX_T5_EXPECTED DIFFUSERS "/tiny-flux-bnb4.text_encoder_2.expected.safetensors"
 #define BNB4 FIXTURES "/tensors.bnb4.safetensors"
+#define LORA_FIXTURES FIXTURES "/lora"
 #define COMMIT "0123456789abcdef0123456789abcdef01234567"
 #define COMMIT2 "89abcdef0123456789abcdef0123456789abcdef"
 
@@ -444,6 +445,52 @@ static void test_model_ids_resolve_in_the_cache(void **state)
     free(out);
 }
 
+/* --lora ORG/NAME: an adapter downloaded with `hf download`, its files links
+ * into blobs/, merges as the same adapter by its path does, and its tokenizer
+ * (links into blobs/ too) is the output's; inspect finds it the same way. */
+static void test_adapter_ids_resolve_in_the_cache(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *hub = tu_strdupf("%s/hub", s->dir), *repo = tu_strdupf("%s/hub/models--acme--adapter", s->dir);
+    static const char *const FILES[] = {"adapter_config.json", "adapter_model.safetensors"};
+    tu_sh("mkdir -p %s/refs %s/blobs %s/snapshots/" COMMIT, repo, repo, repo);
+    for (int i = 0; i < 2; i++)
+        tu_sh("cp " LORA_FIXTURES "/adapter-r16-qv-lmhead/%s %s/blobs/a%d && ln -s ../../blobs/a%d %s/snapshots/" COMMIT
+              "/%s", FILES[i], repo, i, i, repo, FILES[i]);
+    tu_sh("printf '{\"chat_template\": \"x\"}' > %s/blobs/t && ln -s ../../blobs/t %s/snapshots/" COMMIT
+          "/tokenizer_config.json && printf '" COMMIT "' > %s/refs/main", repo, repo, repo);
+    unsetenv("HUGGINGFACE_HUB_CACHE");
+    unsetenv("HF_HOME");
+    unsetenv("XDG_CACHE_HOME");
+    setenv("HF_HUB_CACHE", hub, 1);
+    char *by_id = tu_strdupf("%s/by-id", s->dir), *by_path = tu_strdupf("%s/by-path", s->dir);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", by_id, "--lora",
+                             "acme/adapter", NULL);
+    assert_converted_ok(&r);
+    r = tu_run("convert", "-q", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", by_path, "--lora",
+               LORA_FIXTURES "/adapter-r16-qv-lmhead", NULL);
+    assert_converted_ok(&r);
+    tu_sh("cmp %s/model.safetensors %s/model.safetensors", by_id, by_path);
+    tu_sh("cmp %s/blobs/t %s/tokenizer_config.json && test ! -L %s/tokenizer_config.json", repo, by_id, by_id);
+    r = tu_run("inspect", LORA_FIXTURES "/base-llama-bf16-bnb4", "--lora", "acme/adapter", NULL);
+    if (r.status != 0 || !strstr(r.out, "tensors changed by 1 adapter") || !strstr(r.out, "snapshots/" COMMIT))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    /* Not in the cache: the command that downloads it, nothing written. */
+    char *absent = tu_strdupf("%s/absent", s->dir);
+    r = tu_run("convert", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", absent, "--lora", "acme/nope", NULL);
+    if (r.status != NF4_ENOINPUT || tu_lines(r.err) != 1 || !strstr(r.err, "hf download acme/nope\n"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(absent));
+    unsetenv("HF_HUB_CACHE");
+    free(absent);
+    free(by_id);
+    free(by_path);
+    free(repo);
+    free(hub);
+}
+
 static void test_models_missing_from_the_cache_give_the_download_command(void **state)
 {
     struct tu_scratch *s = *state;
@@ -700,6 +747,7 @@ int main(void)
         SCRATCH(test_model_ids_resolve_in_the_cache),
         SCRATCH(test_models_missing_from_the_cache_give_the_download_command),
         cmocka_unit_test(test_hostile_ids_refs_and_revisions),
+        SCRATCH(test_adapter_ids_resolve_in_the_cache),
         SCRATCH(test_stdout_streams_the_file),
         SCRATCH(test_stdout_failures_exit_74_and_never_create_a_dash_file),
         SCRATCH(test_json_report_of_a_success),
