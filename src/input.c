@@ -20,6 +20,22 @@ static int owned(const char *s, char **out)
     return NF4_OK;
 }
 
+/* An existing path, or what is no path but a model id, found in the cache;
+ * a --revision (IN's only) must go with a model id. */
+static int path_or_model_id(const char *arg, const char *revision, char **path)
+{
+    struct stat st;
+    /* ENOTDIR: "org" is a file here, so "org/name" is no path either. */
+    int exists = stat(arg, &st) == 0 || (errno != ENOENT && errno != ENOTDIR);
+    if (exists || !hf_repo_id_is_valid(arg)) {
+        if (revision)
+            return nf4_fail(NF4_EUSAGE, arg, NULL, "--revision applies to a Hugging Face model id (ORG/NAME) in the "
+                            "cache, and this is %s", exists ? "a path" : "not one");
+        return owned(arg, path); /* opening it reports what is wrong */
+    }
+    return hf_cache_resolve(arg, revision, path);
+}
+
 int input_resolve(const char *arg, const char *revision, char **path)
 {
     *path = NULL;
@@ -38,23 +54,11 @@ int input_resolve(const char *arg, const char *revision, char **path)
                             "or device: safetensors are read at random offsets; save it to a file first");
         return owned(STDIN_PATH, path);
     }
-    /* ENOTDIR: "org" is a file here, so "org/name" is no path either. */
-    int exists = stat(arg, &st) == 0 || (errno != ENOENT && errno != ENOTDIR);
-    if (exists || !hf_repo_id_is_valid(arg)) {
-        if (revision)
-            return nf4_fail(NF4_EUSAGE, arg, NULL, "--revision applies to a Hugging Face model id (ORG/NAME) in the "
-                            "cache, and this is %s", exists ? "a path" : "not one");
-        return owned(arg, path); /* opening it reports what is wrong */
-    }
-    return hf_cache_resolve(arg, revision, path);
+    return path_or_model_id(arg, revision, path);
 }
 
 int input_resolve_adapter(const char *arg, char **path)
 {
     *path = NULL;
-    struct stat st;
-    int exists = stat(arg, &st) == 0 || (errno != ENOENT && errno != ENOTDIR);
-    if (exists || !hf_repo_id_is_valid(arg))
-        return owned(arg, path); /* opening it reports what is wrong */
-    return hf_cache_resolve(arg, NULL, path);
+    return path_or_model_id(arg, NULL, path);
 }

@@ -13,10 +13,10 @@
 #include "json_util.h"
 #include "layout.h"
 #include "lora.h"
-#include "tokenizer_files.h"
 #include "model.h"
 #include "model_dir.h"
 #include "status.h"
+#include "tokenizer_files.h"
 
 struct totals {
     uint64_t tensors, quantized, parameters, on_disk, converted;
@@ -27,7 +27,8 @@ struct inspect_opts {
     enum st_dtype dtype;
     const char *const *lora_dirs;
     size_t nlora;
-    const char *tokenizer; /* --tokenizer, as convert's */
+    const char *tokenizer;          /* --tokenizer, as convert's */
+    struct tokenizer_source source; /* what tokenizer_choose made of it, checked before any output */
     FILE *out;
 };
 
@@ -229,12 +230,10 @@ static void add_unused_json(const struct model *m, cJSON *obj)
 /* Whose tokenizer files convert gives a model directory's output, and which. */
 static int report_tokenizer(const char *in, const struct inspect_opts *o, cJSON *root, FILE *out)
 {
-    struct tokenizer_source t;
-    int code = tokenizer_choose(o->tokenizer, in, o->lora_dirs, o->nlora, &t);
+    const struct tokenizer_source t = o->source;
     char **names = NULL;
     size_t n = 0;
-    if (code == NF4_OK)
-        code = tokenizer_list(t.dir ? t.dir : in, &names, &n);
+    int code = tokenizer_list(t.dir ? t.dir : in, &names, &n);
     if (code != NF4_OK)
         return code;
     static const char *const ORIGIN[] = {[TOKENIZER_IN] = "base", [TOKENIZER_ADAPTER] = "adapter",
@@ -489,11 +488,10 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
     if (layout != LAYOUT_MODEL_DIR && tokenizer)
         return nf4_fail(NF4_EUSAGE, in, NULL, "is %s; --tokenizer applies to a model directory",
                         layout == LAYOUT_FILE ? "a single weights file" : "a diffusers pipeline");
-    struct tokenizer_source checked; /* a bad folder fails before anything is printed */
-    if (layout == LAYOUT_MODEL_DIR &&
-        (code = tokenizer_choose(tokenizer, in, lora_dirs, nlora, &checked)) != NF4_OK)
+    struct inspect_opts o = {json, dtype, lora_dirs, nlora, tokenizer, {TOKENIZER_IN, NULL}, out};
+    /* A bad folder fails before anything is printed. */
+    if (layout == LAYOUT_MODEL_DIR && (code = tokenizer_choose(tokenizer, in, lora_dirs, nlora, &o.source)) != NF4_OK)
         return code;
-    struct inspect_opts o = {json, dtype, lora_dirs, nlora, tokenizer, out};
     cJSON *root = json ? cJSON_CreateObject() : NULL;
     if (json && !root)
         return nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");

@@ -217,13 +217,11 @@ int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_
     char *path = path_join(dir, TOKENIZER_CONFIG_NAME), *json = NULL;
     size_t len = 0;
     int found = 0;
-    struct stat st;
-    /* A best-effort check: nothing here may fail the run or leave a message. */
-    int readable = path && stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-                   (uint64_t)st.st_size <= TOKENIZER_CONFIG_MAX_BYTES;
-    if (readable && read_small_file(path, TOKENIZER_CONFIG_MAX_BYTES, &json, &len) != NF4_OK) {
+    /* A best-effort check: nothing here may fail the run or leave a message.
+     * read_small_file refuses what is no regular file, or past the size. */
+    if (!path || read_small_file(path, TOKENIZER_CONFIG_MAX_BYTES, &json, &len) != NF4_OK) {
         nf4_clear_error(); /* what it recorded is no error of the run's */
-    } else if (readable) {
+    } else {
         cJSON *root = json_parse_whole(json, len);
         const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens_decoder"), *e;
         if (!cJSON_IsObject(added))
@@ -253,16 +251,9 @@ int tokenizer_copy(const char *dir, const char *to_dir)
     int code = tokenizer_list(dir, &names, &n);
     for (size_t i = 0; code == NF4_OK && i < n; i++) {
         char *from = path_join(dir, names[i]), *to = path_join(to_dir, names[i]);
-        struct stat st;
-        int found = -1;
-        if (!from || !to)
-            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-        else if ((found = stat_to_copy(from, &st)) != 0)
-            code = found > 0 ? NF4_OK : NF4_ENOINPUT;
-        else if (S_ISREG(st.st_mode) || (S_ISDIR(st.st_mode) && tokenizer_dir_name(names[i])))
-            code = copy_path(from, to, dir); /* the folder as a tree */
-        else
-            nf4_warn("%s: not a regular file; not copied", from);
+        /* A file, or the templates folder as a tree; tokenizer_check has
+         * vouched for each entry, and copy_path still says what it leaves. */
+        code = from && to ? copy_path(from, to, dir) : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
         free(from);
         free(to);
     }
