@@ -1301,22 +1301,21 @@ static int check_vocabulary(const struct lora_set *s, const struct binder *b, in
     return NF4_OK;
 }
 
-/* adapter_model.safetensors; where only a pickled adapter_model.bin is
- * there (PEFT before 0.6 saved those), a line that says how to convert it,
- * since unpickling runs code that nf4deq will not run. */
+/* adapter_model.safetensors, or where there is none, the adapter_model.bin
+ * that PEFT before 0.7 (December 2023; save_pretrained(safe_serialization=False) since)
+ * wrote with torch.save: read without unpickling (torch_file.h). */
 static int open_adapter_weights(const char *dir, const char *path, struct model **out)
 {
     struct stat st;
     if (stat(path, &st) != 0 && errno == ENOENT) {
         char *pickle = path_join(dir, ADAPTER_PICKLE_NAME);
-        int found = pickle && stat(pickle, &st) == 0;
+        if (!pickle)
+            return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        int found = stat(pickle, &st) == 0;
+        int code = found ? model_open_torch_file(pickle, out) : NF4_OK;
         free(pickle);
         if (found)
-            return nf4_fail(NF4_ENOINPUT, dir, NULL, "holds %s, a PyTorch pickle, and no %s: nf4deq reads no "
-                            "pickles (loading one can run code). Save it as safetensors in that folder first, for instance: "
-                            "python -c \"import torch, safetensors.torch as s; s.save_file(torch.load('%s', "
-                            "weights_only=True), '%s')\"", ADAPTER_PICKLE_NAME, ADAPTER_WEIGHTS_NAME,
-                            ADAPTER_PICKLE_NAME, ADAPTER_WEIGHTS_NAME);
+            return code;
     }
     return model_open_file(path, out);
 }

@@ -55,7 +55,8 @@
 #define LORA_MAX_PATTERN_STATES 16384u
 #define ADAPTER_CONFIG_NAME "adapter_config.json"
 #define ADAPTER_WEIGHTS_NAME "adapter_model.safetensors"
-/* What PEFT before safetensors wrote (torch.save: a pickle, never read here). */
+/* What PEFT before safetensors wrote (torch.save), read where there is no
+ * ADAPTER_WEIGHTS_NAME. */
 #define ADAPTER_PICKLE_NAME "adapter_model.bin"
 #define PEFT_KEY_PREFIX "base_model.model."
 /* A wrapped module's frozen base layer, saved as M.base_layer.P (lora.h's key list). */

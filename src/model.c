@@ -12,6 +12,7 @@
 #include "json_util.h"
 #include "status.h"
 #include "strutil.h"
+#include "torch_file.h"
 
 static int cmp_model_tensor(const void *a, const void *b)
 {
@@ -217,7 +218,7 @@ static int build_name_table(struct model *m)
     return NF4_OK;
 }
 
-int model_open_file(const char *path, struct model **out)
+static int open_one_file(const char *path, int (*open_file)(const char *, struct st_file **), struct model **out)
 {
     *out = NULL;
     struct model *m = calloc(1, sizeof *m);
@@ -231,7 +232,7 @@ int model_open_file(const char *path, struct model **out)
         goto fail;
     }
     m->nfiles = 1;
-    code = st_open(path, &m->files[0]);
+    code = open_file(path, &m->files[0]);
     if (code == NF4_OK)
         code = build_name_table(m);
     if (code == NF4_OK) {
@@ -241,6 +242,16 @@ int model_open_file(const char *path, struct model **out)
 fail:
     model_close(m);
     return code;
+}
+
+int model_open_file(const char *path, struct model **out)
+{
+    return open_one_file(path, st_open, out);
+}
+
+int model_open_torch_file(const char *path, struct model **out)
+{
+    return open_one_file(path, torch_open, out);
 }
 
 /* 1 for a regular file, through links (the Hugging Face cache links every

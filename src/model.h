@@ -59,6 +59,8 @@ int model_dir_is_model(const struct model_dir_files *f);
 int model_dir_require(const char *dir);
 
 int model_open_file(const char *path, struct model **out);
+/* A PyTorch checkpoint of tensors as a one-file model (torch_file.h). */
+int model_open_torch_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);
 void model_close(struct model *m);
 const struct model_tensor *model_find(const struct model *m, const char *name);

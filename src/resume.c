@@ -13,6 +13,7 @@
 #include "file_copy.h"
 #include "fileio.h"
 #include "json_util.h"
+#include "lora.h"
 #include "status.h"
 #include "strbuf.h"
 
@@ -257,8 +258,9 @@ int resume_fingerprint(const struct model *m, const struct convert_opts *o, cons
         char real[PATH_MAX];
         strbuf_puts(&b, "; lora ");
         strbuf_puts(&b, realpath(o->lora_dirs[i], real) ? real : o->lora_dirs[i]);
-        describe_file(&b, o->lora_dirs[i], "adapter_config.json");
-        describe_file(&b, o->lora_dirs[i], "adapter_model.safetensors");
+        describe_file(&b, o->lora_dirs[i], ADAPTER_CONFIG_NAME);
+        describe_file(&b, o->lora_dirs[i], ADAPTER_WEIGHTS_NAME);
+        describe_file(&b, o->lora_dirs[i], ADAPTER_PICKLE_NAME);
     }
     if (untied)
         strbuf_printf(&b, "; lm_head.weight apart from %s", untied);

@@ -20,14 +20,6 @@
 
 /* ---- validation helpers ---- */
 
-static int is_valid_utf8(const unsigned char *s, size_t len)
-{
-    for (size_t i = 0, n; i < len; i += n)
-        if ((n = utf8_sequence(s + i, len - i)) == 0)
-            return 0;
-    return 1;
-}
-
 /* What scan_header found wrong, if anything. */
 enum header_scan_fault { SCAN_OK, SCAN_NUMBER, SCAN_DEPTH };
 
@@ -143,6 +135,17 @@ static int cmp_tensor_offset(const void *a, const void *b)
     if (x->end != y->end)
         return x->end < y->end ? -1 : 1;
     return 0;
+}
+
+int st_index_names(struct st_file *f)
+{
+    for (size_t i = 0; i < f->count; i++)
+        f->by_name[i] = &f->tensors[i];
+    qsort(f->by_name, f->count, sizeof *f->by_name, cmp_tensor_name);
+    for (size_t i = 1; i < f->count; i++)
+        if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0)
+            return nf4_fail(NF4_EDATA, f->path, f->by_name[i]->name, "tensor name appears twice in the header");
+    return NF4_OK;
 }
 
 uint64_t st_tensor_bytes(const struct st_tensor *t)
@@ -264,7 +267,7 @@ static int parse_tensor(struct st_file *f, const cJSON *item, struct st_tensor *
 int st_parse_header(struct st_file *f, const char *json, size_t len, uint64_t data_len)
 {
     const char *path = f->path;
-    if (!is_valid_utf8((const unsigned char *)json, len))
+    if (!utf8_is_valid((const unsigned char *)json, len))
         return nf4_fail(NF4_EDATA, path, NULL, "header is not valid UTF-8");
     /* JSON white space may come first: writers pad the header at either end. */
     size_t start = 0;
@@ -319,14 +322,8 @@ int st_parse_header(struct st_file *f, const char *json, size_t len, uint64_t da
         if (code != NF4_OK)
             goto out;
     }
-    for (size_t i = 0; i < f->count; i++)
-        f->by_name[i] = &f->tensors[i];
-    qsort(f->by_name, f->count, sizeof *f->by_name, cmp_tensor_name);
-    for (size_t i = 1; i < f->count; i++)
-        if (strcmp(f->by_name[i - 1]->name, f->by_name[i]->name) == 0) {
-            code = nf4_fail(NF4_EDATA, path, f->by_name[i]->name, "tensor name appears twice in the header");
-            goto out;
-        }
+    if ((code = st_index_names(f)) != NF4_OK)
+        goto out;
     /* Offsets, sorted, must tile the data buffer exactly: no gaps, no overlap. */
     struct st_tensor **by_offset = malloc((f->count ? f->count : 1) * sizeof *by_offset);
     if (!by_offset) {

@@ -69,6 +69,9 @@ int st_parse_header(struct st_file *f, const char *json, size_t len, uint64_t da
 /* Frees what st_parse_header allocated (not f itself, path or fd). */
 void st_free_header(struct st_file *f);
 
+/* Fills f->by_name (allocated for f->count) from f->tensors, sorted; a name
+ * twice is NF4_EDATA. For readers of other formats that fill the table too. */
+int st_index_names(struct st_file *f);
 const struct st_tensor *st_find(const struct st_file *f, const char *name);
 uint64_t st_tensor_bytes(const struct st_tensor *t);
 

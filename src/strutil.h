@@ -33,4 +33,12 @@ static inline size_t utf8_sequence(const unsigned char *s, size_t left)
     return n;
 }
 
+static inline int utf8_is_valid(const unsigned char *s, size_t len)
+{
+    for (size_t i = 0, n; i < len; i += n)
+        if ((n = utf8_sequence(s + i, len - i)) == 0)
+            return 0;
+    return 1;
+}
+
 #endif

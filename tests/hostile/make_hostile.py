@@ -534,6 +534,85 @@ def emit_lora(name, code, msg, config=None, weights=None, kinds=("lora",)):
     emit_dir(name, files, code, msg, kinds=kinds)
 
 
+STORAGE_TYPES = {"F32": "FloatStorage", "F16": "HalfStorage", "BF16": "BFloat16Storage"}
+
+
+def pickle_str(text):
+    raw = text.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def pickle_int(n):
+    return b"J" + struct.pack("<i", n)
+
+
+def state_dict_pickle(ts, call=b"ctorch._utils\n_rebuild_tensor_v2\n"):
+    """The pickle torch.save writes for a dict of tensors (protocol 2), each
+    tensor at the start of its own storage, storage keys "0", "1", ..."""
+    out = [b"\x80\x02}("]
+    for k, t in enumerate(ts):
+        size = struct.calcsize({"F32": "f", "F16": "e", "BF16": "e"}[t.dtype])
+        strides = [1] * len(t.shape)
+        for d in range(len(t.shape) - 2, -1, -1):
+            strides[d] = strides[d + 1] * t.shape[d + 1]
+        out += [pickle_str(t.name), call, b"((", pickle_str("storage"),
+                b"ctorch\n" + STORAGE_TYPES[t.dtype].encode() + b"\n", pickle_str(str(k)), pickle_str("cpu"),
+                pickle_int(len(t.data) // size), b"tQ", pickle_int(0), b"(", *map(pickle_int, t.shape), b"t(",
+                *map(pickle_int, strides), b"t\x89ccollections\nOrderedDict\n)RtR"]
+    out.append(b"u.")
+    return b"".join(out)
+
+
+def torch_zip(ts, pickle=None, storages=None, compress=False, extra=()):
+    """A torch.save archive: adapter_model/data.pkl, byteorder, data/K, version."""
+    import io
+    import warnings
+    import zipfile
+    warnings.filterwarnings("ignore", "Duplicate name", UserWarning)  # a case writes one on purpose
+    buf = io.BytesIO()
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(buf, "w", method) as z:
+        def put(name, data):
+            info = zipfile.ZipInfo("adapter_model/" + name, date_time=(1980, 1, 1, 0, 0, 0))
+            info.compress_type = method
+            z.writestr(info, data)
+        put("data.pkl", pickle if pickle is not None else state_dict_pickle(ts))
+        put("byteorder", b"little")
+        for k, t in enumerate(ts):
+            put("data/%d" % k, storages[k] if storages else t.data)
+        for name, data in extra:
+            put(name, data)
+        put("version", b"3\n")
+    return buf.getvalue()
+
+
+def emit_pickled(name, code, msg, blob, kinds=("lora",)):
+    emit_dir(name, {"adapter_config.json": adapter_config(), "adapter_model.bin": blob}, code, msg, kinds=kinds)
+
+
+def pickled_cases(both):
+    ts = adapter_tensors()
+    emit_pickled("lora-pickled-ok", 0, "1 with LoRA merged", torch_zip(ts), kinds=both)
+    emit_pickled("lora-pickled-legacy", 65, "adapter_model.bin: is not a ZIP archive",
+                 b"\x80\x02\x8a\x0alZ\xfc\x9cF\xf9 j\xa8P\x19.\x80\x02M\xe9\x03.", kinds=both)
+    emit_pickled("lora-pickled-runs-code", 65, "the pickle calls os.system",
+                 torch_zip(ts, pickle=b"\x80\x02cos\nsystem\nX\x02\x00\x00\x00ls\x85R."), kinds=both)
+    emit_pickled("lora-pickled-other-callable", 65, "the pickle calls torch._utils._rebuild_qtensor",
+                 torch_zip(ts, pickle=state_dict_pickle(ts, b"ctorch._utils\n_rebuild_qtensor\n")))
+    emit_pickled("lora-pickled-storage-short", 65, "lora_B.weight: its storage adapter_model/data/1 is 124 bytes, not 32 elements of F32",
+                 torch_zip(ts, storages=[ts[0].data, ts[1].data[:-4]]), kinds=both)
+    emit_pickled("lora-pickled-storage-missing", 65, "its storage adapter_model/data/1 is not in the archive",
+                 torch_zip(ts).replace(b"adapter_model/data/1", b"adapter_model/data/x"))
+    emit_pickled("lora-pickled-compressed", 65, "ZIP entry is compressed (method 8)", torch_zip(ts, compress=True))
+    emit_pickled("lora-pickled-truncated", 65, "no end of central directory record", torch_zip(ts)[:-1], kinds=both)
+    emit_pickled("lora-pickled-big-endian", 65, "says the tensors are not little-endian",
+                 torch_zip(ts).replace(b"little", b"big\0\0\0"))
+    dup = torch_zip(ts, extra=[("data/0", ts[0].data)])
+    emit_pickled("lora-pickled-duplicate-entry", 65, "ZIP entry name appears twice", dup)
+    emit_pickled("lora-pickled-not-a-state-dict", 65, "holds a list, not a dict of tensors",
+                 torch_zip(ts, pickle=b"\x80\x02]."))
+
+
 def lora_cases():
     both = ("lora", "lora-inspect")
     emit_lora("lora-ok", 0, "1 with LoRA merged", kinds=both)
@@ -543,9 +622,7 @@ def lora_cases():
     emit_lora("lora-weights-header-truncated", 65, "runs past the end", weights=whole[:40])
     emit_lora("lora-weights-missing", 66, "adapter_model.safetensors: cannot open", weights=False, kinds=both)
     emit_lora("lora-config-missing", 66, "adapter_config.json: cannot open", config=False, kinds=both)
-    emit_dir("lora-weights-pickled", {"adapter_config.json": adapter_config(),
-                                      "adapter_model.bin": b"PK\x03\x04 a torch.save zip, never opened"},
-             66, "holds adapter_model.bin, a PyTorch pickle, and no adapter_model.safetensors", kinds=both)
+    pickled_cases(both)
     # adapter_config.json.
     emit_lora("lora-config-not-json", 65, "adapter_config.json: is not valid JSON", config=adapter_config()[:-2],
               kinds=both)
