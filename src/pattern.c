@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "strutil.h"
 
 #define CP_MAX 0x10FFFFu
@@ -82,21 +83,6 @@ struct parser {
     int nomem;
 };
 
-static int grow(void **items, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return 1;
-    size_t cap2 = *cap ? *cap * 2 : 16;
-    while (cap2 < need)
-        cap2 *= 2;
-    void *p = realloc(*items, cap2 * size);
-    if (!p)
-        return 0;
-    *items = p;
-    *cap = cap2;
-    return 1;
-}
-
 /* Records the first failure; every parse function returns NODE_NONE after one. */
 static uint32_t fail(struct parser *p, const char *why)
 {
@@ -113,7 +99,7 @@ static uint32_t out_of_memory(struct parser *p)
 
 static uint32_t new_node(struct parser *p, enum node_kind kind)
 {
-    if (!grow((void **)&p->nodes, &p->capnodes, p->nnodes + 1, sizeof *p->nodes))
+    if (!grow_array((void **)&p->nodes, &p->capnodes, p->nnodes + 1, sizeof *p->nodes))
         return out_of_memory(p);
     p->nodes[p->nnodes] = (struct node){.kind = (uint8_t)kind, .child = NODE_NONE, .next = NODE_NONE};
     return (uint32_t)p->nnodes++;
@@ -121,7 +107,7 @@ static uint32_t new_node(struct parser *p, enum node_kind kind)
 
 static int add_range(struct parser *p, uint32_t lo, uint32_t hi)
 {
-    if (!grow((void **)&p->ranges, &p->capranges, p->nranges + 1, sizeof *p->ranges)) {
+    if (!grow_array((void **)&p->ranges, &p->capranges, p->nranges + 1, sizeof *p->ranges)) {
         p->nomem = 1;
         return 0;
     }
@@ -215,7 +201,7 @@ static uint32_t set_node(struct parser *p, size_t first, int negate)
     normalize(p, first);
     if (negate && !complement(p, first))
         return out_of_memory(p);
-    if (!grow((void **)&p->sets, &p->capsets, p->nsets + 1, sizeof *p->sets))
+    if (!grow_array((void **)&p->sets, &p->capsets, p->nsets + 1, sizeof *p->sets))
         return out_of_memory(p);
     p->sets[p->nsets] = (struct cset){(uint32_t)first, (uint32_t)(p->nranges - first)};
     uint32_t k = new_node(p, N_SET);

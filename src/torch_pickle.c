@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "grow.h"
 #include "safetensors.h" /* checked_mul_u64, checked_add_u64 */
 #include "status.h"
 #include "strutil.h"
@@ -76,22 +77,6 @@ static int oom(struct machine *m)
     return nf4_fail(NF4_ESOFTWARE, m->path, NULL, "out of memory");
 }
 
-/* Grows *arr (of *cap elements of `size`) to hold `need`. 0 on failure. */
-static int reserve(void **arr, size_t *cap, size_t need, size_t size)
-{
-    if (need <= *cap)
-        return 1;
-    size_t n = *cap ? *cap : need < 4 ? 4 : need;
-    while (n < need)
-        n *= 2;
-    void *p = realloc(*arr, n * size);
-    if (!p)
-        return 0;
-    *arr = p;
-    *cap = n;
-    return 1;
-}
-
 static struct value *new_value(struct machine *m, enum value_kind kind)
 {
     if (m->nall >= TORCH_MAX_PICKLE_VALUES) {
@@ -100,7 +85,7 @@ static struct value *new_value(struct machine *m, enum value_kind kind)
         return NULL;
     }
     struct value *v = calloc(1, sizeof *v);
-    if (!v || !reserve((void **)&m->all, &m->capall, m->nall + 1, sizeof *m->all)) {
+    if (!v || !grow_array((void **)&m->all, &m->capall, m->nall + 1, sizeof *m->all)) {
         free(v);
         m->failed = oom(m);
         return NULL;
@@ -114,7 +99,7 @@ static int push(struct machine *m, struct value *v)
 {
     if (!v)
         return m->failed;
-    if (!reserve((void **)&m->stack, &m->capstack, m->sp + 1, sizeof *m->stack))
+    if (!grow_array((void **)&m->stack, &m->capstack, m->sp + 1, sizeof *m->stack))
         return oom(m);
     m->stack[m->sp++] = v;
     return NF4_OK;
@@ -146,7 +131,7 @@ static struct value *top(struct machine *m)
 
 static int append_item(struct machine *m, struct value *to, struct value *item)
 {
-    if (!reserve((void **)&to->items, &to->cap, to->n + 1, sizeof *to->items))
+    if (!grow_array((void **)&to->items, &to->cap, to->n + 1, sizeof *to->items))
         return oom(m);
     to->items[to->n++] = item;
     return NF4_OK;
@@ -310,7 +295,7 @@ static int memo_put(struct machine *m, uint64_t key)
     if (key > m->nmemo)
         return bad(m, "a memo key out of order");
     if (key == m->nmemo) {
-        if (!reserve((void **)&m->memo, &m->capmemo, m->nmemo + 1, sizeof *m->memo))
+        if (!grow_array((void **)&m->memo, &m->capmemo, m->nmemo + 1, sizeof *m->memo))
             return oom(m);
         m->nmemo++;
     }
@@ -452,8 +437,7 @@ static int rebuild_tensor(struct machine *m, const struct value *args)
     t->i = (int64_t)nelem;
     t->u = offset;
     t->dtype = a[0]->dtype;
-    t->items = NULL;
-    if (!reserve((void **)&t->items, &t->cap, 1, sizeof *t->items))
+    if (!grow_array((void **)&t->items, &t->cap, 1, sizeof *t->items))
         return oom(m);
     t->items[0] = a[0];
     t->n = 1;
@@ -507,7 +491,7 @@ static int push_kind(struct machine *m, enum value_kind kind, int64_t i)
 
 static int push_mark(struct machine *m)
 {
-    if (!reserve((void **)&m->marks, &m->capmarks, m->nmarks + 1, sizeof *m->marks))
+    if (!grow_array((void **)&m->marks, &m->capmarks, m->nmarks + 1, sizeof *m->marks))
         return oom(m);
     m->marks[m->nmarks++] = m->sp;
     return NF4_OK;
