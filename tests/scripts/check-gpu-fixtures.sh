@@ -67,6 +67,16 @@ for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 b
     "$bin" convert -q --device cpu "$lf/base-llama-$base" "$out/lora-$case_-cpu" --lora "$lf/adapter-$case_"
     check "lora $case_ (gpu vs cpu)" "$out/lora-$case_-gpu" "$out/lora-$case_-cpu"
 done
+# Pickled adapters (adapter_model.bin): the same tensors as the adapters above,
+# so the GPU's merge from each equals its merge from them, byte for byte.
+for c in bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 bf16-bnb4:r8-all-linear; do
+    base=${c%%:*}; case_=${c##*:}
+    "$bin" convert -q --device "$gpu" "$lf/base-llama-$base" "$out/lora-$case_-pickled-gpu" \
+        --lora "$lf/adapter-$case_-pickled" ||
+        { failed=$((failed + 1)); echo "FAIL: convert --lora adapter-$case_-pickled"; continue; }
+    check "lora $case_ from adapter_model.bin (gpu vs the safetensors adapter's)" "$out/lora-$case_-pickled-gpu" \
+        "$out/lora-$case_-gpu"
+done
 # A diffusers pipeline: each quantized component through the GPU against what
 # bitsandbytes returned, the unquantized VAE copied byte for byte; and a file
 # streamed to standard output, equal to the CPU's file.
