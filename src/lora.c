@@ -111,6 +111,9 @@ static const struct {
                                        "its own: merging it is not supported"},
     {"layer_replication", SET_IF_TRUE, "replicates layers (layer_replication): the merged model would have layers "
                                        "the base does not have, which is not supported"},
+    {"enable_lora", SET_IF_TRUE, "has LoRA on parts of fused layers (enable_lora: PEFT 0.2's MergedLinear, whose "
+                                 "lora_B is a grouped convolution), which PEFT itself no longer loads: merging it "
+                                 "is not supported"},
     {"target_parameters", SET_IF_TRUE, "targets parameters (target_parameters, such as MoE experts' weights): "
                                        "merging them is not supported"},
 };

@@ -712,6 +712,9 @@ def lora_cases():
     emit_lora("lora-init-false", 0, "1 with LoRA merged", config=adapter_config(init_lora_weights=False))
     # use_qalora acts on GPTQ layers only: on a bitsandbytes base PEFT trains and merges a plain LoRA.
     emit_lora("lora-qalora", 0, "1 with LoRA merged", config=adapter_config(use_qalora=True, qalora_group_size=16))
+    emit_lora("lora-enable-lora", 65, "enable_lora: PEFT 0.2's MergedLinear",
+              config=adapter_config(enable_lora=[True, False, True]), kinds=both)
+    emit_lora("lora-enable-lora-null", 0, "1 with LoRA merged", config=adapter_config(enable_lora=None, merge_weights=False))
     emit_lora("lora-alora", 65, "is an activated LoRA (alora_invocation_tokens)",
               config=adapter_config(alora_invocation_tokens=[128000, 882]), kinds=both)
     emit_lora("lora-alora-empty", 65, "is an activated LoRA", config=adapter_config(alora_invocation_tokens=[]))
