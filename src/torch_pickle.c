@@ -57,6 +57,7 @@ struct machine {
     struct value **memo;
     size_t nmemo, capmemo;
     int failed; /* why new_value returned NULL */
+    size_t dims; /* tensor dimensions made and copied out, within len: see rebuild_tensor */
 };
 
 static const char *kind_name(enum value_kind k)
@@ -385,8 +386,11 @@ static int op_binpersid(struct machine *m)
         t[1]->kind != V_CALLABLE || t[1]->call != CALL_STORAGE_TYPE || t[2]->kind != V_STR || t[3]->kind != V_STR ||
         !get_index(t[4], &elems))
         return bad(m, "a persistent id that is not (\"storage\", type, key, location, elements)");
-    if (!t[2]->len || strchr(t[2]->s, '/') || strcmp(t[2]->s, ".") == 0 || strcmp(t[2]->s, "..") == 0)
-        return bad(m, "a storage key that is not a plain entry name");
+    /* torch numbers its storages: a key is a few digits. Every tensor's record
+     * copies its storage's key, so a long one shared by many would add up. */
+    if (!t[2]->len || t[2]->len > TORCH_MAX_STORAGE_KEY || strchr(t[2]->s, '/') || strcmp(t[2]->s, ".") == 0 ||
+        strcmp(t[2]->s, "..") == 0)
+        return bad(m, "a storage key that is not a plain entry name of at most 64 bytes");
     struct value *s = new_value(m, V_STORAGE);
     if (!s)
         return m->failed;
@@ -410,6 +414,12 @@ static int rebuild_tensor(struct machine *m, const struct value *args)
         return bad(m, "a tensor with metadata (a conjugate, negative or other view)");
     if (a[2]->n > TORCH_MAX_DIMS)
         return bad(m, "a tensor of more than 64 dimensions");
+    /* A size tuple can be reused through the memo, two bytes a tensor: the
+     * shapes made must stay within the pickle's size. A real pickle writes
+     * each tensor's sizes anew, two bytes or more apiece. */
+    m->dims += a[2]->n;
+    if (m->dims > m->len)
+        return bad(m, "more tensor dimensions than the pickle has bytes");
     struct value *t = new_value(m, V_TENSOR);
     if (!t)
         return m->failed;
@@ -589,32 +599,63 @@ void torch_records_free(struct torch_tensor_record *r, size_t count)
     free(r);
 }
 
-static int cmp_record_name(const void *a, const void *b)
+static int cmp_key_name(const void *a, const void *b)
 {
-    return strcmp(*(char *const *)a, *(char *const *)b);
+    return strcmp((*(const struct value *const *)a)->s, (*(const struct value *const *)b)->s);
 }
 
-/* The dict STOP returned, as records: string keys, each once, tensor values. */
-static int take_records(struct machine *m, const struct value *d, struct torch_tensor_record **out, size_t *count)
+/* The dict STOP returned must map names, each once, to tensors. All of it is
+ * checked on the machine's own values before anything is copied out: a
+ * pickle can name one tensor or one long string under many keys through the
+ * memo at four bytes a time, and copies made first would grow with the
+ * square of its size. */
+static int check_dict(struct machine *m, const struct value *d)
 {
     if (d->kind != V_DICT)
         return nf4_fail(NF4_EDATA, m->path, NULL, "the pickle holds a %s, not a dict of tensors", kind_name(d->kind));
     size_t n = d->n / 2;
+    for (size_t k = 0; k < n; k++) {
+        const struct value *key = d->items[2 * k], *t = d->items[2 * k + 1];
+        if (key->kind != V_STR)
+            return nf4_fail(NF4_EDATA, m->path, NULL, "the dict has a %s key, not a tensor name",
+                            kind_name(key->kind));
+        if (t->kind != V_TENSOR)
+            return nf4_fail(NF4_EDATA, m->path, key->s, "holds a %s, not a tensor: not a state dict of tensors",
+                            kind_name(t->kind));
+        uint64_t end;
+        if (!checked_add_u64(t->u, (uint64_t)t->i, &end) || end > t->items[0]->u)
+            return nf4_fail(NF4_EDATA, m->path, key->s, "%" PRIu64 " elements from element %" PRIu64
+                            " run past the %" PRIu64 " of its storage", (uint64_t)t->i, t->u, t->items[0]->u);
+        /* Each record copies its shape: within the budget rebuild_tensor keeps. */
+        m->dims += t->ndim;
+        if (m->dims > m->len)
+            return bad(m, "more tensor dimensions than the pickle has bytes");
+    }
+    const struct value **keys = malloc((n ? n : 1) * sizeof *keys);
+    if (!keys)
+        return oom(m);
+    for (size_t k = 0; k < n; k++)
+        keys[k] = d->items[2 * k];
+    qsort(keys, n, sizeof *keys, cmp_key_name);
+    int code = NF4_OK;
+    for (size_t k = 1; k < n && code == NF4_OK; k++)
+        if (strcmp(keys[k - 1]->s, keys[k]->s) == 0)
+            code = nf4_fail(NF4_EDATA, m->path, keys[k]->s, "tensor name appears twice in the dict");
+    free(keys);
+    return code;
+}
+
+static int take_records(struct machine *m, const struct value *d, struct torch_tensor_record **out, size_t *count)
+{
+    int code = check_dict(m, d);
+    if (code != NF4_OK)
+        return code;
+    size_t n = d->n / 2;
     struct torch_tensor_record *r = calloc(n ? n : 1, sizeof *r);
-    char **names = calloc(n ? n : 1, sizeof *names);
-    int code = r && names ? NF4_OK : oom(m);
+    if (!r)
+        return oom(m);
     for (size_t k = 0; k < n && code == NF4_OK; k++) {
         const struct value *key = d->items[2 * k], *t = d->items[2 * k + 1];
-        if (key->kind != V_STR) {
-            code = nf4_fail(NF4_EDATA, m->path, NULL, "the dict has a %s key, not a tensor name",
-                            kind_name(key->kind));
-            break;
-        }
-        if (t->kind != V_TENSOR) {
-            code = nf4_fail(NF4_EDATA, m->path, key->s, "holds a %s, not a tensor: not a state dict of tensors",
-                            kind_name(t->kind));
-            break;
-        }
         r[k].name = strdup(key->s);
         r[k].storage = strdup(t->items[0]->s);
         r[k].shape = malloc((t->ndim ? t->ndim : 1) * sizeof *r[k].shape);
@@ -628,20 +669,7 @@ static int take_records(struct machine *m, const struct value *d, struct torch_t
         r[k].dtype = t->dtype;
         r[k].storage_elems = t->items[0]->u;
         r[k].offset = t->u;
-        names[k] = r[k].name;
-        uint64_t end;
-        if (!checked_add_u64(r[k].offset, r[k].nelem, &end) || end > r[k].storage_elems)
-            code = nf4_fail(NF4_EDATA, m->path, key->s, "elements %" PRIu64 " to %" PRIu64 " run past the %"
-                            PRIu64 " of its storage", r[k].offset, r[k].offset + r[k].nelem,
-                            r[k].storage_elems);
     }
-    if (code == NF4_OK) {
-        qsort(names, n, sizeof *names, cmp_record_name);
-        for (size_t k = 1; k < n && code == NF4_OK; k++)
-            if (strcmp(names[k - 1], names[k]) == 0)
-                code = nf4_fail(NF4_EDATA, m->path, names[k], "tensor name appears twice in the dict");
-    }
-    free(names);
     if (code != NF4_OK) {
         torch_records_free(r, n);
         return code;

@@ -17,13 +17,20 @@
 
 #include "dtype.h"
 
-/* An adapter's data.pkl holds about 150 bytes per tensor: 16 MiB is a
- * hundred thousand tensors. Larger ones are refused before they are read. */
-#define TORCH_MAX_PICKLE_BYTES (16u << 20)
-/* Objects the machine makes (about 100 bytes each, 200 MB at most); a real
- * adapter makes about ten per tensor. */
-#define TORCH_MAX_PICKLE_VALUES (2u << 20)
+/* An adapter's data.pkl holds about 150 bytes per tensor (a 70B model's
+ * adapter on every linear layer: 1,120 tensors, 170 KB): 8 MiB is fifty
+ * thousand tensors. Larger ones are refused before they are read. */
+#define TORCH_MAX_PICKLE_BYTES (8u << 20)
+/* Objects the machine makes, at most about 160 bytes each with their item
+ * lists: 160 MB. A real pickle makes about ten per tensor. Beside them, the
+ * shapes made and copied out (8 bytes a dimension, at most as many
+ * dimensions as the pickle has bytes: 2 x 64 MB) and the stack, marks and
+ * memo (8 bytes for each 1- or 2-byte opcode, 64 MB each at most) bound what
+ * a hostile pickle can take to about 450 MB. */
+#define TORCH_MAX_PICKLE_VALUES (1u << 20)
 #define TORCH_MAX_DIMS 64u
+/* torch names storages "0", "1", ... */
+#define TORCH_MAX_STORAGE_KEY 64u
 
 struct torch_tensor_record {
     char *name;

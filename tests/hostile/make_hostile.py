@@ -599,7 +599,7 @@ def pickled_cases(both):
                  torch_zip(ts, pickle=b"\x80\x02cos\nsystem\nX\x02\x00\x00\x00ls\x85R."), kinds=both)
     emit_pickled("lora-pickled-other-callable", 65, "the pickle calls torch._utils._rebuild_qtensor",
                  torch_zip(ts, pickle=state_dict_pickle(ts, b"ctorch._utils\n_rebuild_qtensor\n")))
-    emit_pickled("lora-pickled-storage-short", 65, "lora_B.weight: its storage adapter_model/data/1 is 124 bytes, not 32 elements of F32",
+    emit_pickled("lora-pickled-storage-short", 65, "lora_B.weight: its storage adapter_model/data/1 is 124 bytes, too few for 32 elements of F32",
                  torch_zip(ts, storages=[ts[0].data, ts[1].data[:-4]]), kinds=both)
     emit_pickled("lora-pickled-storage-missing", 65, "its storage adapter_model/data/1 is not in the archive",
                  torch_zip(ts).replace(b"adapter_model/data/1", b"adapter_model/data/x"))

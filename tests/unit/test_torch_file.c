@@ -180,7 +180,7 @@ static size_t assemble(const char *spec, unsigned char *out, size_t cap)
 
 static int read_pickle(const char *spec, struct torch_tensor_record **r, size_t *n)
 {
-    unsigned char buf[4096];
+    static unsigned char buf[32768];
     size_t len = assemble(spec, buf, sizeof buf);
     nf4_clear_error();
     return torch_pickle_read("t/data.pkl", buf, len, r, n);
@@ -272,6 +272,12 @@ static void test_hostile_pickles(void **state)
         {"P:2 t .", "no MARK"},
         {"P:2 i:1 t3 .", "too few items"},
         {"P:2 } x:95ff .", "runs past the end"},
+        /* One name and one tensor under two keys, through the memo. */
+        {"P:2 } ( s:w p:0 " REBUILD STORAGE("FloatStorage", "0", "7") "i:1 i:2 i:3 t2 i:3 i:1 t2 " HOOKS
+         "t R p:1 h:0 h:1 u .", "w: tensor name appears twice"},
+        {"P:2 ( s:storage g:torch:FloatStorage "
+         "s:0123456789012345678901234567890123456789012345678901234567890123456789 s:cpu i:1 t Q .",
+         "at most 64 bytes"},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
         struct torch_tensor_record *r = NULL;
@@ -287,12 +293,44 @@ static void test_hostile_pickles(void **state)
     }
 }
 
+/* One 64-dimension size tuple, made once and reused through the memo by
+ * tensor after tensor: the shapes would outgrow the pickle many times over. */
+static void test_pickle_dimensions_bounded(void **state)
+{
+    (void)state;
+    static char spec[32768];
+    size_t at = (size_t)snprintf(spec, sizeof spec, "P:2 } ( s:w0 " REBUILD STORAGE("FloatStorage", "0", "1")
+                                 "p:0 i:0 ( ");
+    for (int d = 0; d < 64; d++)
+        at += (size_t)snprintf(spec + at, sizeof spec - at, "i:1 ");
+    at += (size_t)snprintf(spec + at, sizeof spec - at, "t p:1 h:1 " HOOKS "t R ");
+    for (int k = 1; k < 200; k++)
+        at += (size_t)snprintf(spec + at, sizeof spec - at, "s:w%d " REBUILD "h:0 i:0 h:1 h:1 " HOOKS "t R ", k);
+    snprintf(spec + at, sizeof spec - at, "u .");
+    struct torch_tensor_record *r = NULL;
+    size_t n = 0;
+    assert_int_equal(read_pickle(spec, &r, &n), NF4_EDATA);
+    assert_non_null(strstr(nf4_last_error(), "more tensor dimensions than the pickle has bytes"));
+    /* The first few fit: the same with ten tensors is a valid dict. */
+    at = (size_t)snprintf(spec, sizeof spec, "P:2 } ( s:w0 " REBUILD STORAGE("FloatStorage", "0", "1") "p:0 i:0 ( ");
+    for (int d = 0; d < 64; d++)
+        at += (size_t)snprintf(spec + at, sizeof spec - at, "i:1 ");
+    at += (size_t)snprintf(spec + at, sizeof spec - at, "t p:1 h:1 " HOOKS "t R ");
+    for (int k = 1; k < 3; k++)
+        at += (size_t)snprintf(spec + at, sizeof spec - at, "s:w%d " REBUILD "h:0 i:0 h:1 h:1 " HOOKS "t R ", k);
+    snprintf(spec + at, sizeof spec - at, "u .");
+    assert_int_equal(read_pickle(spec, &r, &n), NF4_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(r[2].ndim, 64);
+    torch_records_free(r, n);
+}
+
 /* Over the limits: objects and size. */
 static void test_pickle_limits(void **state)
 {
     (void)state;
     size_t len = (size_t)TORCH_MAX_PICKLE_VALUES + 4; /* one N too many */
-    unsigned char *p = malloc(len + 1);
+    unsigned char *p = malloc((size_t)TORCH_MAX_PICKLE_BYTES + 1);
     p[0] = 0x80;
     p[1] = 2;
     memset(p + 2, 'N', len - 3);
@@ -453,6 +491,7 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test(test_pickle_of_one_tensor),
         cmocka_unit_test(test_hostile_pickles),
+        cmocka_unit_test(test_pickle_dimensions_bounded),
         cmocka_unit_test(test_pickle_limits),
         cmocka_unit_test_setup_teardown(test_hostile_archives, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refused_pickle_writes_nothing, tu_scratch_setup, tu_scratch_teardown),
