@@ -1314,7 +1314,8 @@ static int open_adapter_weights(const char *dir, const char *path, struct model 
         char *pickle = path_join(dir, ADAPTER_PICKLE_NAME);
         if (!pickle)
             return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-        int found = stat(pickle, &st) == 0;
+        /* lstat: a link to a blob not downloaded is this file, missing. */
+        int found = lstat(pickle, &st) == 0;
         int code = found ? model_open_torch_file(pickle, out) : NF4_OK;
         free(pickle);
         if (found)

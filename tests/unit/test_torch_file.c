@@ -481,6 +481,24 @@ static void test_refused_pickle_writes_nothing(void **state)
     free(out);
 }
 
+/* A link to a blob never downloaded (an interrupted hf download) is named as
+ * what is missing, not the safetensors file the folder never had. */
+static void test_missing_pickle_named(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *ad = tu_strdupf("%s/ad", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    tu_sh("mkdir %s && cp %s/adapter-r8-all-linear/adapter_config.json %s && ln -s %s/blobs/none %s/"
+          ADAPTER_PICKLE_NAME, ad, LORA_FIXTURES, ad, s->dir, ad);
+    struct tu_run r = tu_run("convert", LORA_FIXTURES "/base-llama-bf16-bnb4", out, "--lora", ad, NULL);
+    assert_int_equal(r.status, 66);
+    assert_int_equal(tu_lines(r.err), 1);
+    assert_non_null(strstr(r.err, ADAPTER_PICKLE_NAME ": cannot open"));
+    assert_false(tu_exists(out));
+    tu_run_free(&r);
+    free(ad);
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -495,6 +513,7 @@ int main(void)
         cmocka_unit_test(test_pickle_limits),
         cmocka_unit_test_setup_teardown(test_hostile_archives, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refused_pickle_writes_nothing, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_missing_pickle_named, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
