@@ -200,9 +200,8 @@ static int push_string(struct machine *m, size_t n)
     const unsigned char *q = arg(m, n);
     if (!q)
         return NF4_EDATA;
-    for (size_t k = 0, step; k < n; k += step)
-        if ((step = utf8_sequence(q + k, n - k)) == 0 || q[k] == 0)
-            return bad(m, "a string that is not UTF-8 without NUL");
+    if (memchr(q, 0, n) || !utf8_is_valid(q, n))
+        return bad(m, "a string that is not UTF-8 without NUL");
     struct value *v = new_value(m, V_STR);
     if (v && !(v->s = strndup((const char *)q, n)))
         return oom(m);
