@@ -586,6 +586,30 @@ def torch_zip(ts, pickle=None, storages=None, compress=False, extra=()):
     return buf.getvalue()
 
 
+def zip64_central(blob, short=False):
+    """The archive with every central directory record's sizes and local
+    header offset moved into a ZIP64 extra field, as writers do past 4 GiB
+    (short: the field holds only the first of the three)."""
+    eocd = blob.rfind(b"PK\x05\x06")
+    cd_size, cd_off = struct.unpack("<II", blob[eocd + 12:eocd + 20])
+    cd, out, i = blob[cd_off:cd_off + cd_size], b"", 0
+    while i < len(cd):
+        hdr = bytearray(cd[i:i + 46])
+        nl, el, cl = struct.unpack("<HHH", hdr[28:34])
+        name, rest = cd[i + 46:i + 46 + nl], cd[i + 46 + nl:i + 46 + nl + el + cl]
+        cs, us = struct.unpack("<II", hdr[20:28])
+        (off,) = struct.unpack("<I", hdr[42:46])
+        z64 = struct.pack("<HHQ", 1, 8, us) if short else struct.pack("<HHQQQ", 1, 24, us, cs, off)
+        hdr[20:28] = struct.pack("<II", 0xFFFFFFFF, 0xFFFFFFFF)
+        hdr[42:46] = struct.pack("<I", 0xFFFFFFFF)
+        hdr[30:32] = struct.pack("<H", el + len(z64))
+        out += bytes(hdr) + name + rest[:el] + z64 + rest[el:]
+        i += 46 + nl + el + cl
+    end = bytearray(blob[eocd:])
+    end[12:16] = struct.pack("<I", len(out))
+    return blob[:cd_off] + out + bytes(end)
+
+
 def emit_pickled(name, code, msg, blob, kinds=("lora",)):
     emit_dir(name, {"adapter_config.json": adapter_config(), "adapter_model.bin": blob}, code, msg, kinds=kinds)
 
@@ -609,6 +633,9 @@ def pickled_cases(both):
                  torch_zip(ts).replace(b"little", b"big\0\0\0"))
     dup = torch_zip(ts, extra=[("data/0", ts[0].data)])
     emit_pickled("lora-pickled-duplicate-entry", 65, "ZIP entry name appears twice", dup)
+    emit_pickled("lora-pickled-zip64-fields", 0, "1 with LoRA merged", zip64_central(torch_zip(ts)), kinds=both)
+    emit_pickled("lora-pickled-zip64-short", 65, "adapter_model/data.pkl: ZIP64 extra field is too short",
+                 zip64_central(torch_zip(ts), short=True))
     emit_pickled("lora-pickled-not-a-state-dict", 65, "holds a list, not a dict of tensors",
                  torch_zip(ts, pickle=b"\x80\x02]."))
 

@@ -454,6 +454,42 @@ static void test_hostile_archives(void **state)
     }
 }
 
+/* torch writes a ZIP64 end record and locator beside the 32-bit one, whose
+ * fields it fills while they fit. With those fields escaped, the reader must
+ * take the ZIP64 record's and find the same tensors; with the locator
+ * broken as well, refuse. */
+static void test_zip64_end_record(void **state)
+{
+    struct tu_scratch *s = *state;
+    size_t len = 0;
+    unsigned char *b = fixture_bin(&len);
+    size_t eocd = last_of(b, len, "PK\005\006");
+    memset(b + eocd + 8, 0xff, 4);   /* entries on this disk, and in all */
+    memset(b + eocd + 12, 0xff, 8);  /* the directory's size and offset */
+    char *path = tu_strdupf("%s/zip64.bin", s->dir);
+    tu_write_file(path, b, len);
+    struct st_file *got, *want;
+    nf4_clear_error();
+    assert_int_equal(torch_open(path, &got), NF4_OK);
+    assert_int_equal(torch_open(LORA_FIXTURES "/adapter-r16-qv-lmhead-pickled/" ADAPTER_PICKLE_NAME, &want), NF4_OK);
+    assert_int_equal(got->count, want->count);
+    for (size_t k = 0; k < want->count; k++) {
+        assert_string_equal(got->by_name[k]->name, want->by_name[k]->name);
+        assert_int_equal(got->by_name[k]->begin, want->by_name[k]->begin);
+        assert_int_equal(got->by_name[k]->end, want->by_name[k]->end);
+    }
+    st_close(got);
+    st_close(want);
+    size_t locator = last_of(b, len, "PK\006\007");
+    b[locator] = 'X';
+    tu_write_file(path, b, len);
+    nf4_clear_error();
+    assert_int_equal(torch_open(path, &got), NF4_EDATA);
+    assert_non_null(strstr(nf4_last_error(), "there is no ZIP64 locator"));
+    free(path);
+    free(b);
+}
+
 /* Refused adapters through the command: one line, exit 65, nothing written. */
 static void test_refused_pickle_writes_nothing(void **state)
 {
@@ -512,6 +548,7 @@ int main(void)
         cmocka_unit_test(test_pickle_dimensions_bounded),
         cmocka_unit_test(test_pickle_limits),
         cmocka_unit_test_setup_teardown(test_hostile_archives, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_zip64_end_record, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refused_pickle_writes_nothing, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_missing_pickle_named, tu_scratch_setup, tu_scratch_teardown),
     };
