@@ -26,7 +26,7 @@
  * shapes made and copied out (8 bytes a dimension, at most as many
  * dimensions as the pickle has bytes: 2 x 64 MB) and the stack, marks and
  * memo (8 bytes for each 1- or 2-byte opcode, 64 MB each at most) bound what
- * a hostile pickle can take to about 450 MB. */
+ * a hostile pickle can take to about 480 MB. */
 #define TORCH_MAX_PICKLE_VALUES (1u << 20)
 #define TORCH_MAX_DIMS 64u
 /* torch names storages "0", "1", ... */

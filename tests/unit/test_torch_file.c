@@ -311,7 +311,7 @@ static void test_pickle_dimensions_bounded(void **state)
     size_t n = 0;
     assert_int_equal(read_pickle(spec, &r, &n), NF4_EDATA);
     assert_non_null(strstr(nf4_last_error(), "more tensor dimensions than the pickle has bytes"));
-    /* The first few fit: the same with ten tensors is a valid dict. */
+    /* The first few fit: the same with three tensors is a valid dict. */
     at = (size_t)snprintf(spec, sizeof spec, "P:2 } ( s:w0 " REBUILD STORAGE("FloatStorage", "0", "1") "p:0 i:0 ( ");
     for (int d = 0; d < 64; d++)
         at += (size_t)snprintf(spec + at, sizeof spec - at, "i:1 ");
