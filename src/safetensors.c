@@ -349,6 +349,30 @@ out:
     return code;
 }
 
+/* What a file whose first 8 bytes are no header length is, where it is a
+ * checkpoint format people take for safetensors; NULL otherwise. Asked only
+ * once the length has failed, since a safetensors header may begin so. */
+static const char *other_format(const unsigned char b[8])
+{
+    if (memcmp(b, "PK\003\004", 4) == 0)
+        return "a ZIP archive, such as a PyTorch checkpoint (torch.save, pytorch_model.bin)";
+    if (b[0] == 0x80 && b[1] >= 2 && b[1] <= 5)
+        return "a pickle, such as a PyTorch checkpoint from before torch 1.6";
+    if (memcmp(b, "GGUF", 4) == 0)
+        return "a GGUF file (llama.cpp)";
+    return NULL;
+}
+
+static int bad_header_length(const char *path, const unsigned char b[8], const char *why, uint64_t header_len,
+                             uint64_t limit)
+{
+    const char *other = other_format(b);
+    if (other)
+        return nf4_fail(NF4_EDATA, path, NULL, "is %s, not safetensors: nf4deq converts safetensors checkpoints",
+                        other);
+    return nf4_fail(NF4_EDATA, path, NULL, why, header_len, limit);
+}
+
 int st_open(const char *path, struct st_file **out)
 {
     *out = NULL;
@@ -382,13 +406,13 @@ int st_open(const char *path, struct st_file **out)
     for (int i = 7; i >= 0; i--)
         header_len = (header_len << 8) | len_bytes[i];
     if (header_len > ST_MAX_HEADER_BYTES) {
-        code = nf4_fail(NF4_EDATA, path, NULL, "header length %" PRIu64 " exceeds the %llu-byte limit", header_len,
-                        ST_MAX_HEADER_BYTES);
+        code = bad_header_length(path, len_bytes, "header length %" PRIu64 " exceeds the %" PRIu64 "-byte limit",
+                                 header_len, ST_MAX_HEADER_BYTES);
         goto fail;
     }
     if (header_len > f->file_size - 8) {
-        code = nf4_fail(NF4_EDATA, path, NULL, "header length %" PRIu64 " runs past the end of the %" PRIu64
-                        "-byte file", header_len, f->file_size);
+        code = bad_header_length(path, len_bytes, "header length %" PRIu64 " runs past the end of the %" PRIu64
+                                 "-byte file", header_len, f->file_size);
         goto fail;
     }
     header = malloc(header_len ? header_len : 1);

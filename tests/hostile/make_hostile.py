@@ -207,6 +207,13 @@ def file_cases(B):
     emit("st-header-length-2p64-1", b"\xff" * 8 + ok[8:], 65, "exceeds the 100000000-byte limit")
     emit("st-header-length-past-eof", struct.pack("<Q", len(ok)) + ok[8:], 65, "runs past the end")
     emit("st-header-length-zero", struct.pack("<Q", 0) + ok[8:], 65, "header does not start with '{'")
+    # Checkpoint formats taken for safetensors, said as what they are.
+    with open(os.path.join(ROOT, "tests", "fixtures", "lora", "adapter-fp16-r4-pickled", "adapter_model.bin"), "rb") as f:
+        emit("st-is-torch-zip", f.read(), 65, "is a ZIP archive, such as a PyTorch checkpoint (torch.save",
+             kinds=("convert", "inspect"))
+    emit("st-is-legacy-pickle", b"\x80\x02\x8a\x0alZ\xfc\x9cF\xf9 j\xa8P\x19.\x80\x02M\xe9\x03.", 65,
+         "is a pickle, such as a PyTorch checkpoint from before torch 1.6")
+    emit("st-is-gguf", b"GGUF\x03\x00\x00\x00" + bytes(16), 65, "is a GGUF file (llama.cpp), not safetensors")
     # -- header text
     emit("st-header-not-utf8", header_edit(B, '"model.norm.weight"', b'"model.norm.w\xffight"'), 65,
          "header is not valid UTF-8")
