@@ -321,8 +321,26 @@ int model_dir_is_model(const struct model_dir_files *f)
     return f->nindexes > 0 || f->nweights > 0;
 }
 
+/* transformers' name for a PyTorch checkpoint (torch.save): said where it is
+ * all a directory holds, since nf4deq converts safetensors only. */
+#define PYTORCH_WEIGHTS_NAME "pytorch_model.bin"
+#define PYTORCH_INDEX_NAME "pytorch_model.bin.index.json"
+
 static int not_a_model(const char *dir)
 {
+    static const char *const PICKLED[] = {PYTORCH_INDEX_NAME, PYTORCH_WEIGHTS_NAME};
+    const char *pickled = NULL;
+    for (size_t i = 0; i < sizeof PICKLED / sizeof *PICKLED && !pickled; i++) {
+        char *p = path_join(dir, PICKLED[i]);
+        struct stat st;
+        if (p && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            pickled = PICKLED[i];
+        free(p);
+    }
+    if (pickled)
+        return nf4_fail(NF4_ENOINPUT, dir, NULL, "is not a model directory of safetensors: it holds %s, a PyTorch "
+                        "checkpoint (torch.save), and no *%s file; nf4deq converts safetensors checkpoints",
+                        pickled, WEIGHTS_FILE_SUFFIX);
     return nf4_fail(NF4_ENOINPUT, dir, NULL, "is not a model directory: it has no *%s file and no *%s (such as %s)",
                     WEIGHTS_FILE_SUFFIX, INDEX_FILE_SUFFIX, INDEX_FILE_NAME);
 }

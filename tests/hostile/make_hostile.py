@@ -498,6 +498,10 @@ def dir_cases(B):
         ROWS.append(("dir-empty" + ("" if k == "convert" else "--inspect"), "-", k, 66,
                      "is not a model directory: it has no *.safetensors file"))
     emit_dir("dir-only-config", {"config.json": shard_files(B)["config.json"]}, 66, "is not a model directory")
+    with open(os.path.join(ROOT, "tests", "fixtures", "lora", "adapter-fp16-r4-pickled", "adapter_model.bin"), "rb") as f:
+        emit_dir("dir-pytorch-model-bin", {"config.json": shard_files(B)["config.json"], "pytorch_model.bin": f.read()},
+                 66, "it holds pytorch_model.bin, a PyTorch checkpoint (torch.save), and no *.safetensors file",
+                 kinds=("convert", "inspect"))
 
 
 # ---- LoRA adapters for ok-baseline.safetensors -------------------------------
