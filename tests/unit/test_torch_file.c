@@ -293,33 +293,33 @@ static void test_hostile_pickles(void **state)
     }
 }
 
-/* One 64-dimension size tuple, made once and reused through the memo by
- * tensor after tensor: the shapes would outgrow the pickle many times over. */
-static void test_pickle_dimensions_bounded(void **state)
+/* A dict of `tensors` tensors w0, w1, ... of 64 dimensions of one, all
+ * through one storage (memo 0) and one size tuple (memo 1) made once. */
+static const char *reused_shape_pickle(int tensors)
 {
-    (void)state;
     static char spec[32768];
     size_t at = (size_t)snprintf(spec, sizeof spec, "P:2 } ( s:w0 " REBUILD STORAGE("FloatStorage", "0", "1")
                                  "p:0 i:0 ( ");
     for (int d = 0; d < 64; d++)
         at += (size_t)snprintf(spec + at, sizeof spec - at, "i:1 ");
     at += (size_t)snprintf(spec + at, sizeof spec - at, "t p:1 h:1 " HOOKS "t R ");
-    for (int k = 1; k < 200; k++)
+    for (int k = 1; k < tensors; k++)
         at += (size_t)snprintf(spec + at, sizeof spec - at, "s:w%d " REBUILD "h:0 i:0 h:1 h:1 " HOOKS "t R ", k);
     snprintf(spec + at, sizeof spec - at, "u .");
+    return spec;
+}
+
+/* Reused tensor after tensor, that tuple would make shapes that outgrow the
+ * pickle many times over. */
+static void test_pickle_dimensions_bounded(void **state)
+{
+    (void)state;
     struct torch_tensor_record *r = NULL;
     size_t n = 0;
-    assert_int_equal(read_pickle(spec, &r, &n), NF4_EDATA);
+    assert_int_equal(read_pickle(reused_shape_pickle(200), &r, &n), NF4_EDATA);
     assert_non_null(strstr(nf4_last_error(), "more tensor dimensions than the pickle has bytes"));
-    /* The first few fit: the same with three tensors is a valid dict. */
-    at = (size_t)snprintf(spec, sizeof spec, "P:2 } ( s:w0 " REBUILD STORAGE("FloatStorage", "0", "1") "p:0 i:0 ( ");
-    for (int d = 0; d < 64; d++)
-        at += (size_t)snprintf(spec + at, sizeof spec - at, "i:1 ");
-    at += (size_t)snprintf(spec + at, sizeof spec - at, "t p:1 h:1 " HOOKS "t R ");
-    for (int k = 1; k < 3; k++)
-        at += (size_t)snprintf(spec + at, sizeof spec - at, "s:w%d " REBUILD "h:0 i:0 h:1 h:1 " HOOKS "t R ", k);
-    snprintf(spec + at, sizeof spec - at, "u .");
-    assert_int_equal(read_pickle(spec, &r, &n), NF4_OK);
+    /* The first few fit: three such tensors are a valid dict. */
+    assert_int_equal(read_pickle(reused_shape_pickle(3), &r, &n), NF4_OK);
     assert_int_equal(n, 3);
     assert_int_equal(r[2].ndim, 64);
     torch_records_free(r, n);
