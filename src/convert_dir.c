@@ -398,13 +398,15 @@ static int say_tokenizer(const struct ctx *c, const struct model *m, const char 
         nf4_note("%s: the tokenizer is %s's (%s) instead of %s's%s", out, t->dir, list, in, rows);
     uint64_t embedding_rows = l && l->vocab_rows ? l->vocab_rows : model_embedding_rows(m), id;
     char token[64];
-    if (embedding_rows && tokenizer_highest_added_id(t->dir, &id, token, sizeof token) && id >= embedding_rows) {
-        char *config = path_join(t->dir, TOKENIZER_CONFIG_NAME);
+    const char *says;
+    if (embedding_rows && tokenizer_highest_added_id(t->dir, &id, token, sizeof token, &says) &&
+        id >= embedding_rows) {
+        char *named = path_join(t->dir, says);
         nf4_warn("%s: adds token %llu (\"%s\"), but the output's embedding has %llu rows (0 to %llu): the merged "
-                 "model cannot embed it. Is this the tokenizer of this model?", config ? config : t->dir,
+                 "model cannot embed it. Is this the tokenizer of this model?", named ? named : t->dir,
                  (unsigned long long)id, token, (unsigned long long)embedding_rows,
                  (unsigned long long)embedding_rows - 1);
-        free(config);
+        free(named);
     }
     return NF4_OK;
 }

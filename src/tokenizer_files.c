@@ -209,39 +209,79 @@ static void copy_utf8_prefix(char *out, size_t cap, const char *text)
     out[n] = '\0';
 }
 
-/* tokenizer_config.json is small (a Llama 3's: 50 KB); one past this is not read. */
+/* tokenizer_config.json is small (a Llama 3's: 50 KB), added_tokens.json
+ * smaller; one past this is not read. */
 #define TOKENIZER_CONFIG_MAX_BYTES (16u << 20)
+/* JSON numbers are doubles: ids past this are not exact, so not taken. */
+#define MAX_EXACT_ID 9007199254740992.0
 
-int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_t cap)
+/* dir/name as JSON, or NULL: a best-effort check, so nothing here may fail
+ * the run or leave a message. read_small_file refuses what is no regular
+ * file, or past the size. */
+static cJSON *read_tokenizer_json(const char *dir, const char *name)
 {
-    char *path = path_join(dir, TOKENIZER_CONFIG_NAME), *json = NULL;
+    char *path = path_join(dir, name), *json = NULL;
     size_t len = 0;
-    int found = 0;
-    /* A best-effort check: nothing here may fail the run or leave a message.
-     * read_small_file refuses what is no regular file, or past the size. */
-    if (!path || read_small_file(path, TOKENIZER_CONFIG_MAX_BYTES, &json, &len) != NF4_OK) {
+    cJSON *root = NULL;
+    if (!path || read_small_file(path, TOKENIZER_CONFIG_MAX_BYTES, &json, &len) != NF4_OK)
         nf4_clear_error(); /* what it recorded is no error of the run's */
-    } else {
-        cJSON *root = json_parse_whole(json, len);
-        const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens_decoder"), *e;
-        if (!cJSON_IsObject(added))
-            added = NULL;
-        cJSON_ArrayForEach(e, added) {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(e->string, &end, 10);
-            if (!isdigit((unsigned char)e->string[0]) || *end || errno == ERANGE || (found && v <= *id))
-                continue;
-            const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
-            copy_utf8_prefix(token, cap, cJSON_IsString(content) ? content->valuestring : "");
-            *id = v;
-            found = 1;
-        }
-        cJSON_Delete(root);
-    }
+    else
+        root = json_parse_whole(json, len);
     free(json);
     free(path);
-    return found;
+    return root;
+}
+
+struct highest_added {
+    int found;
+    uint64_t id;
+    char *token;
+    size_t cap;
+    const char *file;
+};
+
+static void consider(struct highest_added *h, uint64_t id, const char *text, const char *file)
+{
+    if (h->found && id <= h->id)
+        return;
+    copy_utf8_prefix(h->token, h->cap, text);
+    h->id = id;
+    h->file = file;
+    h->found = 1;
+}
+
+int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_t cap, const char **file)
+{
+    struct highest_added h = {0, 0, token, cap, NULL};
+    /* transformers 4.34 and later: {"id": {"content": text, ...}}. */
+    cJSON *root = read_tokenizer_json(dir, TOKENIZER_CONFIG_NAME);
+    const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens_decoder"), *e;
+    if (!cJSON_IsObject(added))
+        added = NULL;
+    cJSON_ArrayForEach(e, added) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(e->string, &end, 10);
+        if (!isdigit((unsigned char)e->string[0]) || *end || errno == ERANGE)
+            continue;
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(e, "content");
+        consider(&h, v, cJSON_IsString(content) ? content->valuestring : "", TOKENIZER_CONFIG_NAME);
+    }
+    cJSON_Delete(root);
+    /* Every version, and the only list before 4.34, which older adapters'
+     * folders hold: {text: id}. */
+    root = read_tokenizer_json(dir, ADDED_TOKENS_NAME);
+    added = cJSON_IsObject(root) ? root : NULL;
+    cJSON_ArrayForEach(e, added)
+        if (cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < MAX_EXACT_ID &&
+            e->valuedouble == (double)(uint64_t)e->valuedouble)
+            consider(&h, (uint64_t)e->valuedouble, e->string, ADDED_TOKENS_NAME);
+    cJSON_Delete(root);
+    if (h.found) {
+        *id = h.id;
+        *file = h.file;
+    }
+    return h.found;
 }
 
 int tokenizer_copy(const char *dir, const char *to_dir)

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #define TOKENIZER_CONFIG_NAME "tokenizer_config.json"
+#define ADDED_TOKENS_NAME "added_tokens.json"
 
 /* --tokenizer's word for IN's own tokenizer (a folder named so: ./base). */
 #define TOKENIZER_OF_BASE "base"
@@ -49,10 +50,11 @@ int tokenizer_list(const char *dir, char ***names, size_t *n);
 /* "tokenizer.json, tokenizer_config.json" into buf (cut short to fit). */
 void tokenizer_names_text(char *const *names, size_t n, char *buf, size_t cap);
 
-/* The highest token id tokenizer_config.json in `dir` gives an added token
- * (its added_tokens_decoder), and that token's text cut to fit `cap`: 1, or 0
- * where it names none or cannot be read (no verdict then). */
-int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_t cap);
+/* The highest token id the tokenizer in `dir` gives an added token
+ * (tokenizer_config.json's added_tokens_decoder, or added_tokens.json), that
+ * token's text cut to fit `cap`, and the name of the file that says so: 1,
+ * or 0 where they name none or cannot be read (no verdict then). */
+int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_t cap, const char **file);
 
 /* Copies the tokenizer files (and folder) of `dir` into the output directory `to_dir`. */
 int tokenizer_copy(const char *dir, const char *to_dir);

@@ -346,6 +346,27 @@ static void test_added_tokens_past_the_embedding(void **state)
         }
     tu_run_free(&r);
     tu_rmtree(t->out);
+    /* Before transformers 4.34 the added tokens were listed only in
+     * added_tokens.json ({text: id}), as older adapters' folders hold them;
+     * the higher of the two files' ids is the one said. */
+    tu_sh("printf '{\"added_tokens_decoder\": {\"511\": {\"content\": \"<last>\"}}}' > %s/tokenizer_config.json && "
+          "printf '{\"<pad>\": 600, \"<x>\": 7, \"<neg>\": -1, \"<half>\": 900.5, \"<str>\": \"999\"}' > "
+          "%s/added_tokens.json", t->tok, t->tok);
+    want = tu_strdupf("nf4deq: warning: %s/added_tokens.json: adds token 600 (\"<pad>\"), but the output's embedding "
+                      "has 512 rows (0 to 511)", t->tok);
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--tokenizer", t->tok, NULL);
+    if (r.status != 0 || !strstr(r.err, want))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    free(want);
+    tu_rmtree(t->out);
+    tu_sh("printf '{\"<pad>\": 500}' > %s/added_tokens.json", t->tok); /* within the rows, as is 511 */
+    r = tu_run("convert", "--device", "cpu", t->base, t->out, "--tokenizer", t->tok, NULL);
+    if (r.status != 0 || strstr(r.err, "warning"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(t->out);
+    tu_sh("rm %s/added_tokens.json", t->tok);
     /* Resized by the adapter to 516 rows: 515 fits, 516 does not. */
     char *ad = tu_strdupf("%s/resized", t->dir);
     tu_sh("cp -r %s/adapter-resized-copies %s && printf '{\"added_tokens_decoder\": {\"515\": {\"content\": "
