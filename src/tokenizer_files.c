@@ -268,8 +268,9 @@ int tokenizer_highest_added_id(const char *dir, uint64_t *id, char *token, size_
         consider(&h, v, cJSON_IsString(content) ? content->valuestring : "", TOKENIZER_CONFIG_NAME);
     }
     cJSON_Delete(root);
-    /* Every version, and the only list before 4.34, which older adapters'
-     * folders hold: {text: id}. */
+    /* Before 4.34 transformers kept them in added_tokens.json (and, for a
+     * fast tokenizer, tokenizer.json, which is large): {text: id}. Older
+     * adapters' folders hold it. */
     root = read_tokenizer_json(dir, ADDED_TOKENS_NAME);
     added = cJSON_IsObject(root) ? root : NULL;
     cJSON_ArrayForEach(e, added)

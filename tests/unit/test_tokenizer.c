@@ -346,7 +346,7 @@ static void test_added_tokens_past_the_embedding(void **state)
         }
     tu_run_free(&r);
     tu_rmtree(t->out);
-    /* Before transformers 4.34 the added tokens were listed only in
+    /* Before transformers 4.34 the added tokens were listed in
      * added_tokens.json ({text: id}), as older adapters' folders hold them;
      * the higher of the two files' ids is the one said. */
     tu_sh("printf '{\"added_tokens_decoder\": {\"511\": {\"content\": \"<last>\"}}}' > %s/tokenizer_config.json && "
