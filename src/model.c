@@ -330,13 +330,9 @@ static int not_a_model(const char *dir)
 {
     static const char *const PICKLED[] = {PYTORCH_INDEX_NAME, PYTORCH_WEIGHTS_NAME};
     const char *pickled = NULL;
-    for (size_t i = 0; i < sizeof PICKLED / sizeof *PICKLED && !pickled; i++) {
-        char *p = path_join(dir, PICKLED[i]);
-        struct stat st;
-        if (p && stat(p, &st) == 0 && S_ISREG(st.st_mode))
+    for (size_t i = 0; i < sizeof PICKLED / sizeof *PICKLED && !pickled; i++)
+        if (is_regular_file(dir, PICKLED[i]) == 1)
             pickled = PICKLED[i];
-        free(p);
-    }
     if (pickled)
         return nf4_fail(NF4_ENOINPUT, dir, NULL, "is not a model directory of safetensors: it holds %s, a PyTorch "
                         "checkpoint (torch.save), and no *%s file; nf4deq converts safetensors checkpoints",

@@ -14,6 +14,7 @@
 #include "json_util.h"
 #include "status.h"
 #include "strutil.h"
+#include "zip_archive.h" /* ZIP_LOCAL_HEADER_MAGIC */
 
 /* JSON numbers are doubles in cJSON: integers above 2^53 cannot be told apart. */
 #define MAX_EXACT_JSON_INT (UINT64_C(1) << 53)
@@ -354,7 +355,7 @@ out:
  * once the length has failed, since a safetensors header may begin so. */
 static const char *other_format(const unsigned char b[8])
 {
-    if (memcmp(b, "PK\003\004", 4) == 0)
+    if (memcmp(b, ZIP_LOCAL_HEADER_MAGIC, strlen(ZIP_LOCAL_HEADER_MAGIC)) == 0)
         return "a ZIP archive, such as a PyTorch checkpoint (torch.save, pytorch_model.bin)";
     if (b[0] == 0x80 && b[1] >= 2 && b[1] <= 5)
         return "a pickle, such as a PyTorch checkpoint from before torch 1.6";

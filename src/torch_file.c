@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -16,7 +17,6 @@
 #define PICKLE_ENTRY "data.pkl"
 #define STORAGE_DIR "data/"
 #define BYTEORDER_ENTRY "byteorder"
-#define ZIP_MAGIC "PK\003\004"
 /* "little" or "big": anything longer is not a byteorder record. */
 #define MAX_BYTEORDER_BYTES 16u
 
@@ -39,33 +39,19 @@ static int find_pickle(const char *path, const struct zip_archive *z, const stru
     return NF4_OK;
 }
 
-/* PREFIX/NAME, where PREFIX is the pickle entry's folder. */
-static char *sibling_name(const struct zip_entry *pkl, const char *name)
+/* PREFIX/DIR NAME, where PREFIX is the pickle entry's folder; NULL when out of memory. */
+static char *sibling_name(const struct zip_entry *pkl, const char *dir, const char *name)
 {
-    size_t prefix = (size_t)(strchr(pkl->name, '/') - pkl->name) + 1;
-    char *s = malloc(prefix + strlen(name) + 1);
-    if (s) {
-        memcpy(s, pkl->name, prefix);
-        strcpy(s + prefix, name);
-    }
-    return s;
-}
-
-static int read_entry(const char *path, int fd, const struct zip_entry *e, unsigned char **out)
-{
-    *out = malloc(e->size ? (size_t)e->size : 1);
-    if (!*out)
-        return nf4_fail(NF4_ESOFTWARE, path, e->name, "out of memory");
-    if (read_full_at(fd, *out, (size_t)e->size, e->data_offset) != 0)
-        return nf4_fail_errno(NF4_EIO, errno, path, e->name, "cannot read");
-    return NF4_OK;
+    int prefix = (int)(strchr(pkl->name, '/') - pkl->name) + 1;
+    char *s;
+    return asprintf(&s, "%.*s%s%s", prefix, pkl->name, dir, name) < 0 ? NULL : s;
 }
 
 /* torch records the byte order since 2.1; before, it was the machine's, and
  * every machine torch ran on was little-endian. */
 static int check_byteorder(const char *path, int fd, const struct zip_archive *z, const struct zip_entry *pkl)
 {
-    char *name = sibling_name(pkl, BYTEORDER_ENTRY);
+    char *name = sibling_name(pkl, "", BYTEORDER_ENTRY);
     if (!name)
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     const struct zip_entry *e = zip_find(z, name);
@@ -75,7 +61,7 @@ static int check_byteorder(const char *path, int fd, const struct zip_archive *z
     if (e->size > MAX_BYTEORDER_BYTES)
         return nf4_fail(NF4_EDATA, path, e->name, "is %" PRIu64 " bytes, not a byte order", e->size);
     unsigned char *text;
-    int code = read_entry(path, fd, e, &text);
+    int code = zip_entry_read(path, fd, e, &text);
     if (code == NF4_OK && !(e->size == 6 && memcmp(text, "little", 6) == 0))
         code = nf4_fail(NF4_EDATA, path, e->name, "says the tensors are not little-endian; nf4deq reads "
                         "little-endian ones");
@@ -87,13 +73,7 @@ static int check_byteorder(const char *path, int fd, const struct zip_archive *z
 static int place_tensor(const char *path, const struct zip_archive *z, const struct zip_entry *pkl,
                         struct torch_tensor_record *r, struct st_tensor *t)
 {
-    char *key = malloc(strlen(STORAGE_DIR) + strlen(r->storage) + 1);
-    if (!key)
-        return nf4_fail(NF4_ESOFTWARE, path, r->name, "out of memory");
-    strcpy(key, STORAGE_DIR);
-    strcat(key, r->storage);
-    char *name = sibling_name(pkl, key);
-    free(key);
+    char *name = sibling_name(pkl, STORAGE_DIR, r->storage);
     if (!name)
         return nf4_fail(NF4_ESOFTWARE, path, r->name, "out of memory");
     const struct zip_entry *e = zip_find(z, name);
@@ -138,7 +118,7 @@ static int read_tensors(struct st_file *f, const struct zip_archive *z)
     unsigned char *bytes;
     struct torch_tensor_record *r = NULL;
     size_t n = 0;
-    if ((code = read_entry(f->path, f->fd, pkl, &bytes)) == NF4_OK)
+    if ((code = zip_entry_read(f->path, f->fd, pkl, &bytes)) == NF4_OK)
         code = torch_pickle_read(f->path, bytes, (size_t)pkl->size, &r, &n);
     free(bytes);
     if (code == NF4_OK) {
@@ -174,7 +154,7 @@ int torch_open(const char *path, struct st_file **out)
         if (f->file_size >= sizeof magic && read_full_at(f->fd, magic, sizeof magic, 0) != 0)
             code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "cannot read");
     }
-    if (code == NF4_OK && memcmp(magic, ZIP_MAGIC, sizeof magic) != 0)
+    if (code == NF4_OK && memcmp(magic, ZIP_LOCAL_HEADER_MAGIC, sizeof magic) != 0)
         code = nf4_fail(NF4_EDATA, path, NULL, "is not a ZIP archive: not a checkpoint of torch 1.6 or later "
                         "(an older one, or one saved with _use_new_zipfile_serialization=False, is a bare "
                         "pickle, which nf4deq does not read)");

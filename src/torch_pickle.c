@@ -173,9 +173,10 @@ static uint64_t le_uint(const unsigned char *q, size_t n)
     return x;
 }
 
-static int push_int(struct machine *m, int64_t i)
+/* A new value of a kind that holds no more than i (None, a bool, an int, an empty list or dict). */
+static int push_kind(struct machine *m, enum value_kind kind, int64_t i)
 {
-    struct value *v = new_value(m, V_INT);
+    struct value *v = new_value(m, kind);
     if (v)
         v->i = i;
     return push(m, v);
@@ -192,7 +193,7 @@ static int op_long1(struct machine *m)
     uint64_t x = le_uint(q, *n);
     if (*n && *n < 8 && (q[*n - 1] & 0x80))
         x |= ~UINT64_C(0) << (8 * *n); /* sign extension */
-    return push_int(m, (int64_t)x);
+    return push_kind(m, V_INT, (int64_t)x);
 }
 
 static int push_string(struct machine *m, size_t n)
@@ -490,14 +491,6 @@ static int op_build(struct machine *m)
     return NF4_OK;
 }
 
-static int push_kind(struct machine *m, enum value_kind kind, int64_t i)
-{
-    struct value *v = new_value(m, kind);
-    if (v)
-        v->i = i;
-    return push(m, v);
-}
-
 static int push_mark(struct machine *m)
 {
     if (!grow_array((void **)&m->marks, &m->capmarks, m->nmarks + 1, sizeof *m->marks))
@@ -550,11 +543,11 @@ static int step(struct machine *m)
     case OP_NEWFALSE:
         return push_kind(m, V_BOOL, m->p[m->op_at] == OP_NEWTRUE);
     case OP_BININT1:
-        return (q = arg(m, 1)) ? push_int(m, *q) : NF4_EDATA;
+        return (q = arg(m, 1)) ? push_kind(m, V_INT, *q) : NF4_EDATA;
     case OP_BININT2:
-        return (q = arg(m, 2)) ? push_int(m, (int64_t)le_uint(q, 2)) : NF4_EDATA;
+        return (q = arg(m, 2)) ? push_kind(m, V_INT, (int64_t)le_uint(q, 2)) : NF4_EDATA;
     case OP_BININT:
-        return (q = arg(m, 4)) ? push_int(m, (int32_t)(uint32_t)le_uint(q, 4)) : NF4_EDATA;
+        return (q = arg(m, 4)) ? push_kind(m, V_INT, (int32_t)(uint32_t)le_uint(q, 4)) : NF4_EDATA;
     case OP_LONG1:
         return op_long1(m);
     case OP_SHORT_BINUNICODE:

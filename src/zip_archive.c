@@ -268,6 +268,20 @@ void zip_free(struct zip_archive *z)
     z->count = 0;
 }
 
+int zip_entry_read(const char *path, int fd, const struct zip_entry *e, unsigned char **out)
+{
+    *out = malloc(e->size ? (size_t)e->size : 1);
+    if (!*out)
+        return nf4_fail(NF4_ESOFTWARE, path, e->name, "out of memory");
+    if (read_full_at(fd, *out, (size_t)e->size, e->data_offset) != 0) {
+        int code = nf4_fail_errno(NF4_EIO, errno, path, e->name, "cannot read");
+        free(*out);
+        *out = NULL;
+        return code;
+    }
+    return NF4_OK;
+}
+
 const struct zip_entry *zip_find(const struct zip_archive *z, const char *name)
 {
     struct zip_entry key = {.name = (char *)name};

@@ -12,6 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The bytes every ZIP archive (its first local header) starts with. */
+#define ZIP_LOCAL_HEADER_MAGIC "PK\003\004"
+
 /* A real checkpoint's directory is a few hundred bytes per tensor; one that
  * claims more than this is refused before it is read. */
 #define ZIP_MAX_DIRECTORY_BYTES (64u << 20)
@@ -35,5 +38,8 @@ struct zip_archive {
 int zip_read_directory(const char *path, int fd, uint64_t size, struct zip_archive *out);
 void zip_free(struct zip_archive *z);
 const struct zip_entry *zip_find(const struct zip_archive *z, const char *name);
+/* Reads a stored entry's bytes whole into *out (malloc'd; NULL on failure):
+ * NF4_OK, NF4_ESOFTWARE when out of memory, NF4_EIO naming the entry. */
+int zip_entry_read(const char *path, int fd, const struct zip_entry *e, unsigned char **out);
 
 #endif
