@@ -180,11 +180,12 @@ TEST_WRAPS_test_exit_handoff = -Wl,--wrap=fork -Wl,--wrap=open
 # ---- AArch64: the NEON kernel, cross-built and run under qemu-user ----------
 CROSS_CC ?= aarch64-linux-gnu-gcc
 CROSS_SYSROOT ?= /usr/aarch64-linux-gnu
-CROSS_SRCS = src/dequant_cpu.c src/dequant_neon.c src/dequant_x86.c src/cpu_path.c src/parallel.c src/status.c src/dtype.c
+CROSS_SRCS = src/dequant_cpu.c src/dequant_neon.c src/dequant_x86.c src/cpu_path.c src/parallel.c src/status.c src/dtype.c \
+             src/merge_cpu.c src/merge_x86.c
 .PHONY: check-aarch64
 check-aarch64:
 	@sh tests/scripts/ensure-deps.sh cross
 	@mkdir -p $(BUILD)/aarch64
 	$(CROSS_CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -ffp-contract=off -O2 -Isrc -Iinclude -pthread \
-	    -o $(BUILD)/aarch64/neon_sweep tests/cross/neon_sweep.c $(CROSS_SRCS)
+	    -o $(BUILD)/aarch64/neon_sweep tests/cross/neon_sweep.c $(CROSS_SRCS) -lm
 	qemu-aarch64 -L $(CROSS_SYSROOT) $(BUILD)/aarch64/neon_sweep

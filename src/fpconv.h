@@ -124,4 +124,35 @@ static inline float f32_from_element(enum st_dtype dt, const void *p, uint64_t i
     }
 }
 
+/* Stores m into element i of an F16, BF16 or F32 array (nearest even, NaN
+ * canonical); returns 1 if a finite value became infinite. */
+static inline int f32_to_element(enum st_dtype dt, void *p, uint64_t i, float m)
+{
+    uint32_t bits;
+    switch (dt) {
+    case DT_F16:
+        bits = f32_to_f16(m);
+        ((uint16_t *)p)[i] = (uint16_t)bits;
+        return (bits & 0x7fffu) == 0x7c00u && (f32_bits(m) & 0x7fffffffu) < 0x7f800000u;
+    case DT_BF16:
+        bits = f32_to_bf16(m);
+        ((uint16_t *)p)[i] = (uint16_t)bits;
+        return (bits & 0x7fffu) == 0x7f80u && (f32_bits(m) & 0x7fffffffu) < 0x7f800000u;
+    default:
+        bits = f32_canonical_bits(m);
+        memcpy((float *)p + i, &bits, 4);
+        return 0;
+    }
+}
+
+/* Whether element i of an F16, BF16 or F32 array is infinite. */
+static inline int element_is_inf(enum st_dtype dt, const void *p, uint64_t i)
+{
+    switch (dt) {
+    case DT_F16: return (((const uint16_t *)p)[i] & 0x7fffu) == 0x7c00u;
+    case DT_BF16: return (((const uint16_t *)p)[i] & 0x7fffu) == 0x7f80u;
+    default: return (f32_bits(((const float *)p)[i]) & 0x7fffffffu) == 0x7f800000u;
+    }
+}
+
 #endif

@@ -5,12 +5,7 @@
 #include <string.h>
 
 #include "fpconv.h"
-#include "parallel.h"
 #include "status.h"
-
-#define MERGE_TILE 256 /* columns per tile: MERGE_ROWS x MERGE_TILE floats stay in L1 */
-#define MERGE_ROWS 4   /* full rows per tile: each R load feeds four rows */
-#define MERGE_MIN_ROWS_PER_THREAD 16
 
 /* ---- reading the factors ---- */
 
@@ -183,226 +178,7 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
     return NF4_OK;
 }
 
-/* ---- the arithmetic ---- */
-
-/* Stores m; returns 1 if a finite value became infinite. */
-static int store_value(void *p, enum st_dtype dt, uint64_t i, float m)
-{
-    uint32_t bits;
-    switch (dt) {
-    case DT_F16:
-        bits = f32_to_f16(m);
-        ((uint16_t *)p)[i] = (uint16_t)bits;
-        return (bits & 0x7fffu) == 0x7c00u && isfinite(m);
-    case DT_BF16:
-        bits = f32_to_bf16(m);
-        ((uint16_t *)p)[i] = (uint16_t)bits;
-        return (bits & 0x7fffu) == 0x7f80u && isfinite(m);
-    default:
-        bits = f32_canonical_bits(m);
-        memcpy((float *)p + i, &bits, 4);
-        return 0;
-    }
-}
-
-/* 8 floats: GCC and Clang lower it to one AVX register in the avx2 clone and
- * to two SSE registers otherwise. */
-typedef float v8f __attribute__((vector_size(32)));
-#define STRIP 16 /* columns one register block covers: 2 vectors x MERGE_ROWS rows = 8 accumulators */
-
-/* Macros, not functions: a function returning v8f would change ABI between the clones. */
-#define LOAD8(dst, p) memcpy(&(dst), (p), sizeof(v8f))
-#define SPLAT8(x) ((v8f){(x), (x), (x), (x), (x), (x), (x), (x)})
-
-/* acc[rr][c] = sum over k of L(row + rr, k) * R(k, c0 + c), k ascending, for
- * nrows rows. Each element sees the same multiplies and adds in the same order
- * on every path (separate roundings: the build has -ffp-contract=off), so the
- * register-blocked strips and the scalar edges agree bit for bit. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__SANITIZE_ADDRESS__)
-__attribute__((target_clones("avx2", "default")))
-#endif
-static void delta_tile(const struct merge_factor *f, uint64_t cols, uint64_t row, int nrows, uint64_t c0,
-                       int width, float acc[MERGE_ROWS][MERGE_TILE])
-{
-    const float *l[MERGE_ROWS];
-    for (int rr = 0; rr < nrows; rr++)
-        l[rr] = f->l + (row + rr - f->l_row0) * f->l_row_stride;
-    const uint64_t ks = f->l_k_stride;
-    int c = 0;
-    if (nrows == MERGE_ROWS) {
-        /* Register-blocked: 4 rows x 16 columns stay in registers for all k;
-         * each R load serves four rows. */
-        for (; c + STRIP <= width; c += STRIP) {
-            v8f a00 = SPLAT8(0.0f), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-            const float *rk = f->r + c0 + (uint64_t)c;
-            for (uint32_t k = 0; k < f->rank; k++, rk += cols) {
-                v8f r0, r1;
-                LOAD8(r0, rk);
-                LOAD8(r1, rk + 8);
-                const v8f b0 = SPLAT8(l[0][k * ks]), b1 = SPLAT8(l[1][k * ks]);
-                const v8f b2 = SPLAT8(l[2][k * ks]), b3 = SPLAT8(l[3][k * ks]);
-                a00 = a00 + b0 * r0;
-                a01 = a01 + b0 * r1;
-                a10 = a10 + b1 * r0;
-                a11 = a11 + b1 * r1;
-                a20 = a20 + b2 * r0;
-                a21 = a21 + b2 * r1;
-                a30 = a30 + b3 * r0;
-                a31 = a31 + b3 * r1;
-            }
-            memcpy(&acc[0][c], &a00, 32);
-            memcpy(&acc[0][c + 8], &a01, 32);
-            memcpy(&acc[1][c], &a10, 32);
-            memcpy(&acc[1][c + 8], &a11, 32);
-            memcpy(&acc[2][c], &a20, 32);
-            memcpy(&acc[2][c + 8], &a21, 32);
-            memcpy(&acc[3][c], &a30, 32);
-            memcpy(&acc[3][c + 8], &a31, 32);
-        }
-    }
-    /* Partial rows and the columns left over. */
-    for (int rr = 0; rr < nrows; rr++)
-        for (int cc = c; cc < width; cc++)
-            acc[rr][cc] = 0.0f;
-    if (c < width)
-        for (uint32_t k = 0; k < f->rank; k++) {
-            const float *rk = f->r + k * cols + c0;
-            for (int rr = 0; rr < nrows; rr++) {
-                const float b = l[rr][k * ks];
-                float *a = acc[rr];
-                for (int cc = c; cc < width; cc++)
-                    a[cc] = a[cc] + b * rk[cc];
-            }
-        }
-}
-
-/* m = the merged fp32 values of rows [row, row + nrows), columns [c0, c0 + width). */
-static void merged_tile(const struct merge_job *j, uint64_t row, int nrows, uint64_t c0, int width,
-                        float m[MERGE_ROWS][MERGE_TILE])
-{
-    float acc[MERGE_ROWS][MERGE_TILE];
-    for (int rr = 0; rr < nrows; rr++)
-        for (int c = 0; c < width; c++)
-            m[rr][c] = f32_from_element(j->w_dtype, j->w, (row + rr) * j->cols + c0 + c - j->e0);
-    for (size_t t = 0; t < j->nfactors; t++) {
-        const float s = j->f[t].scaling;
-        delta_tile(&j->f[t], j->cols, row, nrows, c0, width, acc);
-        for (int rr = 0; rr < nrows; rr++)
-            for (int c = 0; c < width; c++)
-                m[rr][c] = m[rr][c] + acc[rr][c] * s;
-    }
-}
-
-static int tile_width(uint64_t c0, uint64_t c_end)
-{
-    return c_end - c0 < MERGE_TILE ? (int)(c_end - c0) : MERGE_TILE;
-}
-
-/* Merges rows [row, row + nrows), columns [c_begin, c_end) of each. */
-static uint64_t merge_rows(const struct merge_job *j, uint64_t row, int nrows, uint64_t c_begin, uint64_t c_end)
-{
-    float m[MERGE_ROWS][MERGE_TILE];
-    uint64_t overflowed = 0;
-    for (uint64_t c0 = c_begin; c0 < c_end; c0 += MERGE_TILE) {
-        int width = tile_width(c0, c_end);
-        merged_tile(j, row, nrows, c0, width, m);
-        for (int rr = 0; rr < nrows; rr++)
-            for (int c = 0; c < width; c++)
-                overflowed += store_value(j->out, j->out_dtype, (row + rr) * j->cols + c0 + c - j->e0, m[rr][c]);
-    }
-    return overflowed;
-}
-
-/* The sum of squares DORA_NORM_LANES describes, of columns [c0, c0 + width)
- * of a row, added into its lane partials. */
-static void add_squares(double partial[DORA_NORM_LANES], uint64_t c0, int width, const float *m)
-{
-    for (int c = 0; c < width; c++) {
-        const double v = m[c];
-        double *p = &partial[(c0 + (uint64_t)c) % DORA_NORM_LANES];
-        *p = *p + v * v;
-    }
-}
-
-static float norm_of(double partial[DORA_NORM_LANES])
-{
-    for (int h = DORA_NORM_LANES / 2; h > 0; h /= 2)
-        for (int i = 0; i < h; i++)
-            partial[i] = partial[i] + partial[i + h];
-    return (float)sqrt(partial[0]);
-}
-
-/* DoRA: whole rows [row, row + nrows), each merged row scaled by its
- * magnitude over its L2 norm (the fp32 rounding of the fp64 norm, as PEFT's
- * norm is fp32); the factor and the product are fp32, rounded once to the
- * output dtype. The merged rows wait in j->dora_rows until their norms are
- * known. */
-static uint64_t merge_dora_rows(const struct merge_job *j, uint64_t row, int nrows)
-{
-    float m[MERGE_ROWS][MERGE_TILE];
-    double partial[MERGE_ROWS][DORA_NORM_LANES] = {{0}};
-    float *held = j->dora_rows + (row * j->cols - j->e0);
-    uint64_t overflowed = 0;
-    for (uint64_t c0 = 0; c0 < j->cols; c0 += MERGE_TILE) {
-        int width = tile_width(c0, j->cols);
-        merged_tile(j, row, nrows, c0, width, m);
-        for (int rr = 0; rr < nrows; rr++) {
-            add_squares(partial[rr], c0, width, m[rr]);
-            memcpy(held + rr * j->cols + c0, m[rr], (size_t)width * sizeof(float));
-        }
-    }
-    for (int rr = 0; rr < nrows; rr++) {
-        const float factor = j->magnitude[row + rr - j->e0 / j->cols] / norm_of(partial[rr]);
-        for (uint64_t c = 0; c < j->cols; c++)
-            overflowed += store_value(j->out, j->out_dtype, (row + rr) * j->cols + c - j->e0,
-                                      factor * held[rr * j->cols + c]);
-    }
-    return overflowed;
-}
-
-struct merge_run {
-    const struct merge_job *j;
-    uint64_t first_row;
-    uint64_t overflowed; /* atomic */
-};
-
-/* parallel_for's unit is a row the chunk touches. */
-static void merge_row_range(void *ctx, uint64_t first, uint64_t count)
-{
-    struct merge_run *run = ctx;
-    const struct merge_job *j = run->j;
-    const uint64_t end_e = j->e0 + j->n;
-    uint64_t overflowed = 0;
-    for (uint64_t u = first; u < first + count;) {
-        uint64_t row = run->first_row + u;
-        uint64_t row_e = row * j->cols;
-        uint64_t cb = row_e < j->e0 ? j->e0 - row_e : 0;
-        uint64_t ce = row_e + j->cols > end_e ? end_e - row_e : j->cols;
-        int nrows = 1;
-        if (cb == 0 && ce == j->cols) /* gather following full rows */
-            while (nrows < MERGE_ROWS && u + nrows < first + count && (row + nrows + 1) * j->cols <= end_e)
-                nrows++;
-        overflowed += j->magnitude ? merge_dora_rows(j, row, nrows) : merge_rows(j, row, nrows, cb, ce);
-        u += (uint64_t)nrows;
-    }
-    __atomic_add_fetch(&run->overflowed, overflowed, __ATOMIC_RELAXED);
-}
-
-/* Whether element i of an output of dtype dt is infinite. */
-static int out_is_inf(const void *p, enum st_dtype dt, uint64_t i)
-{
-    switch (dt) {
-    case DT_F16:
-        return (((const uint16_t *)p)[i] & 0x7fffu) == 0x7c00u;
-    case DT_BF16:
-        return (((const uint16_t *)p)[i] & 0x7fffu) == 0x7f80u;
-    default: {
-        float f;
-        memcpy(&f, (const float *)p + i, 4);
-        return isinf(f);
-    }
-    }
-}
+/* ---- trained token rows ---- */
 
 /* v rounded to dtype dt (nearest even), as fp32: PEFT's cast of the trained
  * rows to the weight's dtype. */
@@ -427,22 +203,12 @@ uint64_t merge_put_token_rows(const struct merge_job *j, uint64_t overflowed)
         for (uint64_t e = from; e < to; e++) {
             const uint64_t i = e - j->e0;
             /* The base value computed here is overwritten: its overflow is not the output's. */
-            if (out_is_inf(j->out, j->out_dtype, i) && isfinite(f32_from_element(j->w_dtype, j->w, i)))
+            if (element_is_inf(j->out_dtype, j->out, i) && isfinite(f32_from_element(j->w_dtype, j->w, i)))
                 overflowed--;
             const float raw = j->tok_values[k * j->cols + (e - row_e)], v = round_to_dtype(j->tok_dtype, raw);
-            store_value(j->out, j->out_dtype, i, v);
-            overflowed += out_is_inf(j->out, j->out_dtype, i) && isfinite(raw);
+            f32_to_element(j->out_dtype, j->out, i, v);
+            overflowed += element_is_inf(j->out_dtype, j->out, i) && isfinite(raw);
         }
     }
     return overflowed;
-}
-
-uint64_t merge_cpu(const struct merge_job *j, int threads)
-{
-    if (j->n == 0)
-        return 0;
-    struct merge_run run = {.j = j, .first_row = j->e0 / j->cols};
-    uint64_t rows = (j->e0 + j->n - 1) / j->cols - run.first_row + 1;
-    parallel_for(rows, threads, MERGE_MIN_ROWS_PER_THREAD, merge_row_range, &run);
-    return run.overflowed;
 }

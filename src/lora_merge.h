@@ -1,4 +1,6 @@
-/* Merging LoRA deltas into one chunk of a base tensor, on the CPU.
+/* Merging LoRA deltas into one chunk of a base tensor: the arithmetic, which
+ * merge_cpu (src/merge_cpu.h) and the GPU's merge kernel both do, and
+ * reading a chunk's factors.
  *
  * For element (row, col) of a rows x cols base tensor, in the order PEFT's
  * fp32 merge rounds:
@@ -20,7 +22,7 @@
  * A chunk is any run of elements [e0, e0 + n): it may start and end inside a
  * row (but for DoRA, whole rows). Its factors are read per chunk, in fp32: the
  * rows of L it touches and all of R. B @ A is never formed beyond a tile of one
- * to four rows. */
+ * to four rows (merge_simd.h). */
 #ifndef NF4DEQ_LORA_MERGE_H
 #define NF4DEQ_LORA_MERGE_H
 
@@ -39,10 +41,6 @@ uint64_t merge_factor_bytes_max(const struct lora_target *t, uint64_t n);
  * long, 8-byte aligned) and sets j->e0, n, cols, the factors and the trained
  * token rows. NF4_* code. */
 int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_t e0, uint64_t n, void *buf);
-
-/* Computes the job with up to `threads` threads. Returns how many finite
- * merged values became infinite in the output dtype. */
-uint64_t merge_cpu(const struct merge_job *j, int threads);
 
 /* Puts the job's trained token rows (j->ntok) into its computed output, on
  * either engine: given how many finite values the computation turned

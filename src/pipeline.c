@@ -17,6 +17,7 @@
 #include "gpu.h"
 #include "gpu_start.h"
 #include "lora_merge.h"
+#include "merge_cpu.h"
 #include "fileio.h"
 #include "status.h"
 
@@ -604,7 +605,7 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
         } else {
             if (it->w)
                 dequant_cpu_path(&t->job, 1, p->cpu_path);
-            t->overflowed = merge_cpu(&t->merge, 1);
+            t->overflowed = merge_cpu_path(&t->merge, 1, p->cpu_path);
         }
         if (code == NF4_OK && t->merge.ntok)
             t->overflowed = merge_put_token_rows(&t->merge, t->overflowed);

@@ -15,6 +15,7 @@
 #include "gpu.h"
 #include "gpu_tensor.h"
 #include "lora_merge.h"
+#include "merge_cpu.h"
 #include "status.h"
 
 struct mcase {

@@ -1,6 +1,8 @@
 /* Every vector CPU path this machine supports gives the scalar path's bytes on
- * the synthetic sweep (tests/unit/cpu_sweep.h), and NF4DEQ_CPU selects paths. */
+ * the synthetic sweep (tests/unit/cpu_sweep.h), its LoRA merge gives the
+ * reference's bytes (tests/unit/merge_sweep.h), and NF4DEQ_CPU selects paths. */
 #include "cpu_sweep.h"
+#include "merge_sweep.h"
 #include "test_util.h"
 
 /* One test per path, the path in the test's state. The scalar path through
@@ -16,6 +18,20 @@ static void test_path_matches_scalar(void **state)
     int cases = 0;
     int failed = sweep_path(path, stderr, &cases);
     print_message("%s: %d cases, %d failed\n", cpu_path_name(path), cases, failed);
+    assert_int_equal(failed, 0);
+}
+
+/* The merge on each path against the plain reference. */
+static void test_merge_path_matches_reference(void **state)
+{
+    enum cpu_path path = *(const enum cpu_path *)*state;
+    if (!cpu_path_supported(path)) {
+        print_message("%s: not supported here, skipped\n", cpu_path_name(path));
+        skip();
+    }
+    int cases = 0;
+    int failed = merge_sweep_path(path, stderr, &cases);
+    print_message("%s merge: %d cases, %d failed\n", cpu_path_name(path), cases, failed);
     assert_int_equal(failed, 0);
 }
 
@@ -60,6 +76,11 @@ int main(void)
         {"avx2 path matches the scalar reference", test_path_matches_scalar, NULL, NULL, (void *)&PATHS[2]},
         {"avx512 path matches the scalar reference", test_path_matches_scalar, NULL, NULL, (void *)&PATHS[3]},
         {"neon path matches the scalar reference", test_path_matches_scalar, NULL, NULL, (void *)&PATHS[4]},
+        {"scalar path merges as the reference", test_merge_path_matches_reference, NULL, NULL, (void *)&PATHS[0]},
+        {"sse path merges as the reference", test_merge_path_matches_reference, NULL, NULL, (void *)&PATHS[1]},
+        {"avx2 path merges as the reference", test_merge_path_matches_reference, NULL, NULL, (void *)&PATHS[2]},
+        {"avx512 path merges as the reference", test_merge_path_matches_reference, NULL, NULL, (void *)&PATHS[3]},
+        {"neon path merges as the reference", test_merge_path_matches_reference, NULL, NULL, (void *)&PATHS[4]},
         cmocka_unit_test(test_env_selects_and_refuses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
