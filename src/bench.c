@@ -20,6 +20,7 @@
 #define BENCH_MIN_ITERS 100
 #define BENCH_CPU_DEFAULT_ITERS 10
 #define BENCH_CPU_MIN_ITERS 3
+#define BENCH_CPU_MAX_LORA_RANK 4096
 #define MAX_SHAPES 32
 #define N_BASE_VARIANTS 12
 #define N_DIAG_VARIANTS 4
@@ -92,8 +93,12 @@ static void usage(FILE *f)
             "\n"
             "  --cpu                    time the CPU kernel\n"
             "  --threads N[,N...]       thread counts (default: 1, 2, 4, ... and every core)\n"
+            "  --lora-rank R            time the CPU LoRA merge instead: a bf16 base plus one\n"
+            "                           rank-R pair of fp32 factors, merged into the shape's\n"
+            "                           output type (R 1..%d)\n"
             "                           --iters defaults to %d here, at least %d\n",
-            BENCH_DEFAULT_ITERS, BENCH_MIN_ITERS, BENCH_CPU_DEFAULT_ITERS, BENCH_CPU_MIN_ITERS);
+            BENCH_DEFAULT_ITERS, BENCH_MIN_ITERS, BENCH_CPU_MAX_LORA_RANK, BENCH_CPU_DEFAULT_ITERS,
+            BENCH_CPU_MIN_ITERS);
 }
 
 static const char *dt_label(enum st_dtype dt)
@@ -418,7 +423,7 @@ int cmd_bench(int argc, char **argv)
         {"json", no_argument, NULL, 'j'},        {"sweep", no_argument, NULL, 'w'},
         {"device", required_argument, NULL, 'D'}, {"help", no_argument, NULL, 'h'},
         {"cpu", no_argument, NULL, 'c'},          {"threads", required_argument, NULL, 't'},
-        {NULL, 0, NULL, 0},
+        {"lora-rank", required_argument, NULL, 'r'}, {NULL, 0, NULL, 0},
     };
     struct shape shapes[MAX_SHAPES];
     int shape_has_dtype[MAX_SHAPES];
@@ -471,6 +476,15 @@ int cmd_bench(int argc, char **argv)
             if ((rc = parse_thread_counts(optarg, &cpu_opts)))
                 return rc;
             break;
+        case 'r': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || end == optarg || v < 1 || v > BENCH_CPU_MAX_LORA_RANK)
+                return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: bad --lora-rank '%s' (1..%d)", optarg,
+                                BENCH_CPU_MAX_LORA_RANK);
+            cpu_opts.lora_rank = (uint32_t)v;
+            break;
+        }
         case 'h': usage(stdout); return NF4_OK;
         default: return cli_option_error("bench", argv, &scan, c);
         }
@@ -482,6 +496,8 @@ int cmd_bench(int argc, char **argv)
                          bnb_path || sweep || device_given);
     if (cpu_opts.n_thread_counts)
         return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --threads goes with --cpu");
+    if (cpu_opts.lora_rank)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --lora-rank goes with --cpu");
     if (!iters)
         iters = BENCH_DEFAULT_ITERS;
     if (iters < BENCH_MIN_ITERS)

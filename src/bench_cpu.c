@@ -12,6 +12,8 @@
 
 #include "cpu_path.h"
 #include "dequant.h"
+#include "fpconv.h"
+#include "merge_cpu.h"
 #include "parallel.h"
 #include "status.h"
 
@@ -160,6 +162,47 @@ static uint64_t next_random(uint64_t *s)
     return *s;
 }
 
+/* What the path columns time: a dequantization, or a merge (merge set). */
+struct bench_kernel {
+    struct dequant_job *dequant;
+    struct merge_job *merge;
+};
+
+static void run_kernel(const struct bench_kernel *k, int threads, enum cpu_path path)
+{
+    if (k->merge)
+        merge_cpu_path(k->merge, threads, path);
+    else
+        dequant_cpu_path(k->dequant, threads, path);
+}
+
+static void set_output(const struct bench_kernel *k, void *out)
+{
+    if (k->merge)
+        k->merge->out = out;
+    else
+        k->dequant->out = out;
+}
+
+/* The merge bench's job: a random bf16 base of n elements (w) and factors L
+ * [rows, rank] and R [rank, cols] in fp32, scaling 2. */
+static void fill_merge(struct merge_job *mj, const struct bench_cpu_opts *o, uint16_t *w, float *l, float *r,
+                       uint64_t *rng)
+{
+    const uint64_t n = o->rows * o->cols;
+    for (uint64_t i = 0; i < n; i++)
+        w[i] = f32_to_bf16(((float)(next_random(rng) % 2001) - 1000.0f) * 1e-4f);
+    for (uint64_t i = 0; i < o->rows * o->lora_rank; i++)
+        l[i] = ((float)(next_random(rng) % 2001) - 1000.0f) * 1e-4f;
+    for (uint64_t i = 0; i < (uint64_t)o->lora_rank * o->cols; i++)
+        r[i] = ((float)(next_random(rng) % 2001) - 1000.0f) * 1e-4f;
+    *mj = (struct merge_job){.w = w, .w_dtype = DT_BF16, .out_dtype = o->dtype, .n = n, .cols = o->cols,
+                             .nfactors = 1};
+    mj->f[0] = (struct merge_factor){.l = l, .l_row_stride = o->lora_rank, .l_k_stride = 1,
+                                     .l_floats = o->rows * o->lora_rank, .r = r, .rank = o->lora_rank,
+                                     .scaling = 2.0f};
+}
+
 /* Columns of the table: memcpy, the write floor, then every supported path. */
 #define FLOOR_COLUMNS 2
 #define MAX_COLUMNS (FLOOR_COLUMNS + CPU_PATH_COUNT)
@@ -176,8 +219,12 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
     size_t out_alloc = ((size_t)out_bytes + OUT_ALIGN - 1) / OUT_ALIGN * OUT_ALIGN;
     unsigned char *out = aligned_alloc(OUT_ALIGN, out_alloc), *ref = aligned_alloc(OUT_ALIGN, out_alloc);
     float code_table[NESTED_CODE_ENTRIES];
+    const uint64_t rank = o->lora_rank;
+    uint16_t *merge_w = rank ? malloc((size_t)n * 2) : NULL;
+    float *merge_l = rank ? malloc((size_t)(o->rows * rank) * sizeof(float)) : NULL;
+    float *merge_r = rank ? malloc((size_t)(rank * o->cols) * sizeof(float)) : NULL;
     int rc = NF4_OK;
-    if (!packed || !codes || !nested || !out || !ref) {
+    if (!packed || !codes || !nested || !out || !ref || (rank && (!merge_w || !merge_l || !merge_r))) {
         rc = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bench: out of memory for a %" PRIu64 "-element tensor", n);
         goto done;
     }
@@ -203,6 +250,13 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
         .out_dtype = o->dtype,
         .out = ref,
     };
+    struct merge_job mj;
+    struct bench_kernel kernel = {&job, NULL};
+    if (rank) {
+        fill_merge(&mj, o, merge_w, merge_l, merge_r, &rng);
+        kernel.merge = &mj;
+        in_bytes = n * 2 + (o->rows + o->cols) * rank * sizeof(float);
+    }
 
     enum cpu_path paths[CPU_PATH_COUNT];
     int npaths = 0;
@@ -225,11 +279,12 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
 
     /* Every path must give the scalar bytes; this also faults the pages in. */
     int identical = 1;
-    dequant_cpu_path(&job, cores, CPU_PATH_SCALAR);
-    job.out = out;
+    set_output(&kernel, ref);
+    run_kernel(&kernel, cores, CPU_PATH_SCALAR);
+    set_output(&kernel, out);
     for (int p = 0; p < npaths; p++) {
         memset(out, 0x5a, (size_t)out_bytes);
-        dequant_cpu_path(&job, cores, paths[p]);
+        run_kernel(&kernel, cores, paths[p]);
         if (memcmp(out, ref, (size_t)out_bytes) != 0) {
             identical = 0;
             rc = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bench: the %s path's output differs from the scalar path's",
@@ -245,7 +300,7 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
         rc = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bench: out of memory");
         goto done;
     }
-    struct floor_job floors = {out, ref, out_bytes, fill_store_bytes(&job)};
+    struct floor_job floors = {out, ref, out_bytes, rank ? 0 : fill_store_bytes(&job)}; /* merges write through the cache */
     uint64_t copy_units_total = (out_bytes + COPY_UNIT_BYTES - 1) / COPY_UNIT_BYTES;
     for (int it = 0; it < o->iters; it++)
         for (int t = 0; t < nthreads; t++)
@@ -256,7 +311,7 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
                 else if (col == 1)
                     parallel_for(copy_units_total, threads[t], 1, fill_units, &floors);
                 else
-                    dequant_cpu_path(&job, threads[t], paths[col - FLOOR_COLUMNS]);
+                    run_kernel(&kernel, threads[t], paths[col - FLOOR_COLUMNS]);
                 runs[((size_t)t * MAX_COLUMNS + (size_t)col) * (size_t)o->iters + (size_t)it] = now_seconds() - t0;
             }
     for (int t = 0; t < nthreads; t++)
@@ -274,9 +329,10 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
     if (o->json) {
         printf("{\n  \"cpu\": \"%s\",\n  \"online_cores\": %d,\n  \"date\": \"%s\",\n  \"iters\": %d,\n"
                "  \"rows\": %" PRIu64 ",\n  \"cols\": %" PRIu64 ",\n  \"dtype\": \"%s\",\n  \"out_bytes\": %" PRIu64
-               ",\n  \"in_bytes\": %" PRIu64 ",\n  \"identical\": %s,\n  \"streamed\": %s,\n  \"results\": [",
-               model, cores, date, o->iters, o->rows, o->cols, dt, out_bytes, in_bytes, identical ? "true" : "false",
-               floors.store_bytes ? "true" : "false");
+               ",\n  \"in_bytes\": %" PRIu64 ",\n  \"lora_rank\": %" PRIu64 ",\n  \"identical\": %s,\n"
+               "  \"streamed\": %s,\n  \"results\": [",
+               model, cores, date, o->iters, o->rows, o->cols, dt, out_bytes, in_bytes, rank,
+               identical ? "true" : "false", floors.store_bytes ? "true" : "false");
         for (int t = 0; t < nthreads; t++) {
             printf("%s\n    {\"threads\": %d, \"memcpy_gbps\": %.3f, \"write_floor_gbps\": %.3f", t ? "," : "",
                    threads[t], out_bytes / med[t][0] / 1e9, out_bytes / med[t][1] / 1e9);
@@ -288,8 +344,14 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
         printf("\n  ]\n}\n");
     } else {
         printf("nf4deq bench --cpu: %s, %d online cores, %s, median of %d runs\n", model, cores, date, o->iters);
-        printf("%" PRIu64 "x%" PRIu64 " nf4 (blocksize %u, double quant) -> %s: %.2f MB out, %.2f MB in\n",
-               o->rows, o->cols, BENCH_BLOCKSIZE, dt, out_bytes / 1e6, in_bytes / 1e6);
+        if (rank)
+            printf("%" PRIu64 "x%" PRIu64 " bf16 base + LoRA rank %" PRIu64 " (fp32 factors) -> %s: %.2f MB out, "
+                   "%.2f MB in; GFLOP/s = GB/s x %.1f\n",
+                   o->rows, o->cols, rank, dt, out_bytes / 1e6, in_bytes / 1e6, 2.0 * (double)rank * (double)n /
+                   (double)out_bytes);
+        else
+            printf("%" PRIu64 "x%" PRIu64 " nf4 (blocksize %u, double quant) -> %s: %.2f MB out, %.2f MB in\n",
+                   o->rows, o->cols, BENCH_BLOCKSIZE, dt, out_bytes / 1e6, in_bytes / 1e6);
         printf("GB/s of output; in brackets: x the scalar path, and the share of memcpy (%.2f MB copied)\n",
                out_bytes / 1e6);
         if (floors.store_bytes)
@@ -312,8 +374,10 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
             }
             printf("\n");
         }
-        printf("\nidentical to the scalar path: %s; dequant_cpu uses %s\n", identical ? "yes, every path" : "NO",
-               cpu_path_name(cpu_path_active()));
+        printf("\nidentical to the scalar path: %s; %s uses %s\n", identical ? "yes, every path" : "NO",
+               rank ? "merge_cpu" : "dequant_cpu", cpu_path_name(cpu_path_active()));
+        if (rank)
+            printf("the merge's scalar and sse paths run its portable kernel; avx2 and avx512 their own\n");
     }
 done:
     free(packed);
@@ -321,5 +385,8 @@ done:
     free(nested);
     free(out);
     free(ref);
+    free(merge_w);
+    free(merge_l);
+    free(merge_r);
     return rc;
 }

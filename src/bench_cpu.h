@@ -1,5 +1,6 @@
-/* `nf4deq bench --cpu`: the CPU kernel alone, per vector path and per thread
- * count, in GB/s of output, next to memcpy measured in the same run. */
+/* `nf4deq bench --cpu`: the CPU kernel alone (or with --lora-rank, the CPU
+ * LoRA merge), per vector path and per thread count, in GB/s of output, next
+ * to memcpy measured in the same run. */
 #ifndef NF4DEQ_BENCH_CPU_H
 #define NF4DEQ_BENCH_CPU_H
 
@@ -16,6 +17,7 @@ struct bench_cpu_opts {
     int thread_counts[BENCH_CPU_MAX_THREAD_COUNTS]; /* 0 entries: powers of two up to every core */
     int n_thread_counts;
     int json;
+    uint32_t lora_rank; /* 0: dequantization; else the merge of one rank-r factor pair into a bf16 base */
 };
 
 /* Times one shape; prints a table (or JSON) on stdout. NF4_* code. */

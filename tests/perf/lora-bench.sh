@@ -2,47 +2,69 @@
 # Issue-9 speed table: converting a synthetic Llama-3-8B checkpoint plain and with
 # an r = 64 LoRA adapter on all seven projections merged (gen_bnb4 --lora-rank 64),
 # on the GPU and on the CPU with all cores, side by side in one run. Repetitions
-# interleave the four configurations so drift hits them alike; the page cache is
+# interleave the configurations so drift hits them alike; the page cache is
 # dropped before every run (when root). Prints median seconds, the merged/plain
-# ratio per device and nf4deq's own peak-RSS line.
+# ratio per device and nf4deq's own peak-RSS line. With NF4DEQ_BASELINE naming an
+# earlier build, its CPU merge (base-cpu:lora) runs beside them. Every merged output
+# of the first repetition is compared byte for byte with the first (the GPU's where it runs):
+# "identical" or DIFFERS.
 #
-#   tests/perf/lora-bench.sh LOGDIR [REPEATS] [WORKDIR]
+#   [NF4DEQ_BASELINE=old/nf4deq] tests/perf/lora-bench.sh LOGDIR [REPEATS] [WORKDIR]
 # WORKDIR holds the input and the output: /dev/shm for tmpfs, a disk path for disk.
+# LORA_BENCH_DEVICES="cpu" leaves the GPU out (a machine without one);
+# LORA_BENCH_LAYERS=N generates N layers instead of 32 (a machine with less memory).
 set -u
 log=${1:?LOGDIR}; reps=${2:-3}; work=${3:-/dev/shm/nf4lora}
-bin=build/nf4deq; gen=build/tools/gen_bnb4
+bin=build/nf4deq; gen=build/tools/gen_bnb4; base=${NF4DEQ_BASELINE:-}
+devices=${LORA_BENCH_DEVICES:-cuda cpu}; layers=()
+[ -n "${LORA_BENCH_LAYERS:-}" ] && layers=(--layers "$LORA_BENCH_LAYERS")
 mkdir -p "$log" "$work"
 table="$log/lora-table.txt"
 model=$work/llama3-8b; adapter=$work/llama3-8b-lora
 if [ ! -d "$model" ] || [ ! -d "$adapter" ]; then
     rm -rf "$model" "$adapter"
-    "$gen" --preset llama3-8b --lora-rank 64 "$model" | tee -a "$log/gen.txt" || exit 1
+    "$gen" --preset llama3-8b "${layers[@]}" --lora-rank 64 "$model" | tee -a "$log/gen.txt" || exit 1
 fi
 drop() { sync; [ "$(id -u)" = 0 ] && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; true; }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-declare -A times rss
-configs="cuda:plain cuda:lora cpu:plain cpu:lora"
+declare -A times rss same
+configs=; for d in $devices; do configs="$configs $d:plain $d:lora"; done
+[ -n "$base" ] && configs="$configs base-cpu:lora"
+rm -rf "$work/merged"
 for r in $(seq "$reps"); do
     for c in $configs; do
-        dev=${c%%:*}; kind=${c##*:}
+        dev=${c%%:*}; kind=${c##*:}; exe=$bin
+        [ "$dev" = base-cpu ] && { dev=cpu; exe=$base; }
         extra=(); [ "$kind" = lora ] && extra=(--lora "$adapter")
         rm -rf "$work/out"; drop
         t0=$(date +%s.%N)
-        "$bin" convert --device "$dev" --progress none "$model" "$work/out" "${extra[@]}" 2> "$log/last.err"
+        "$exe" convert --device "$dev" --progress none "$model" "$work/out" "${extra[@]}" 2> "$log/last.err"
         rc=$?; t1=$(date +%s.%N)
         cat "$log/last.err" >> "$log/runs.log"
         [ $rc -eq 0 ] || { echo "FAILED ($rc): $c"; cat "$log/last.err"; exit 1; }
         times[$c]="${times[$c]:-} $(awk "BEGIN { printf \"%.3f\", $t1 - $t0 }")"
         rss[$c]=$(sed -n 's/.*peak RSS \([0-9]*\) MB.*/\1/p' "$log/last.err")
+        if [ "$kind" = lora ] && [ "$r" = 1 ]; then
+            if [ ! -d "$work/merged" ]; then
+                mv "$work/out" "$work/merged"; same[$c]="the reference"
+            elif diff -r -q "$work/merged" "$work/out" > /dev/null; then
+                same[$c]=identical
+            else
+                same[$c]=DIFFERS
+            fi
+        fi
     done
 done
+rm -rf "$work/merged"
 rm -rf "$work/out"
 {
     echo "# $(date -u +%F\ %H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, workdir $work ($(df -T "$work" | awk 'NR==2 {print $2}'))"
-    printf '%-12s %10s %10s %10s  %s\n' config median_s ratio rss_MB runs
+    printf '%-14s %10s %10s %10s  %s\n' config median_s ratio rss_MB 'runs (merged output)'
     for c in $configs; do
         med=$(echo ${times[$c]} | tr ' ' '\n' | median)
-        plain=$(echo ${times[${c%%:*}:plain]} | tr ' ' '\n' | median)
-        printf '%-12s %10.2f %10.3f %10s  %s\n' "$c" "$med" "$(awk "BEGIN { print $med / $plain }")" "${rss[$c]}" "${times[$c]}"
+        dev=${c%%:*}; [ "$dev" = base-cpu ] && dev=cpu # the baseline's merge against this build's plain CPU run
+        plain=$(echo ${times[$dev:plain]} | tr ' ' '\n' | median)
+        printf '%-14s %10.2f %10.3f %10s  %s  (%s)\n' "$c" "$med" "$(awk "BEGIN { print $med / $plain }")" "${rss[$c]}" \
+            "${times[$c]}" "${same[$c]:-not a merge}"
     done
 } | tee -a "$table"

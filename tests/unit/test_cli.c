@@ -482,6 +482,42 @@ static void test_bench_cpu_checks_every_path(void **state)
     tu_run_free(&r);
 }
 
+/* bench --cpu --lora-rank times the merge: every path's bytes against the
+ * scalar path's, on an odd shape whose rows end mid-strip; the output goes
+ * through the cache, so the write floor is memset. Bad ranks and the option
+ * without --cpu are usage errors. */
+static void test_bench_cpu_merge(void **state)
+{
+    (void)state;
+    struct tu_run r = tu_run("bench", "--cpu", "--lora-rank", "5", "--shape", "37x1001:fp16", "--threads", "1,2",
+                             "--iters", "3", "--json", NULL);
+    if (r.status != 0)
+        fail_msg("bench --cpu --lora-rank exited %d: %s", r.status, r.err);
+    cJSON *root = cJSON_Parse(r.out);
+    assert_non_null(root);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "identical")));
+    assert_false(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "streamed")));
+    assert_int_equal((uint64_t)json_number(root, "lora_rank"), 5);
+    assert_int_equal((uint64_t)json_number(root, "out_bytes"), 37ull * 1001 * 2);
+    assert_int_equal((uint64_t)json_number(root, "in_bytes"), 37ull * 1001 * 2 + (37 + 1001) * 5 * 4);
+    cJSON_Delete(root);
+    tu_run_free(&r);
+    static const char *const BAD[][2] = {{"0", "bad --lora-rank '0' (1..4096)"},
+                                          {"4097", "bad --lora-rank '4097' (1..4096)"},
+                                          {"r16", "bad --lora-rank 'r16' (1..4096)"}};
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        r = tu_run("bench", "--cpu", "--lora-rank", BAD[i][0], NULL);
+        assert_int_equal(r.status, 2);
+        if (!strstr(r.err, BAD[i][1]))
+            fail_msg("--lora-rank %s: stderr \"%s\"", BAD[i][0], r.err);
+        tu_run_free(&r);
+    }
+    r = tu_run("bench", "--lora-rank", "8", NULL);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "nf4deq: bench: --lora-rank goes with --cpu"));
+    tu_run_free(&r);
+}
+
 /* A full stdout is an error, not a silent success. */
 static void test_stdout_write_error_exits_74(void **state)
 {
@@ -753,6 +789,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_text_and_json, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_bench_cpu_checks_every_path, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test(test_bench_cpu_merge),
         cmocka_unit_test_setup_teardown(test_stdout_write_error_exits_74, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_symlinks_inside_the_hub_cache_are_followed, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, tu_scratch_setup, tu_scratch_teardown),
