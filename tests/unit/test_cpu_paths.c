@@ -5,10 +5,9 @@
 #include "merge_sweep.h"
 #include "test_util.h"
 
-/* One test per path, the path in the test's state. The scalar path through
- * dequant_cpu_path (threads, block shares) must equal the sweep's reference,
- * dequant_cpu_range, too. */
-static void test_path_matches_scalar(void **state)
+/* Runs `sweep` on the path in the test's state (skipped where this machine
+ * lacks it); every case must pass. */
+static void sweep_state_path(void **state, int (*sweep)(enum cpu_path, FILE *, int *), const char *what)
 {
     enum cpu_path path = *(const enum cpu_path *)*state;
     if (!cpu_path_supported(path)) {
@@ -16,23 +15,22 @@ static void test_path_matches_scalar(void **state)
         skip();
     }
     int cases = 0;
-    int failed = sweep_path(path, stderr, &cases);
-    print_message("%s: %d cases, %d failed\n", cpu_path_name(path), cases, failed);
+    int failed = sweep(path, stderr, &cases);
+    print_message("%s%s: %d cases, %d failed\n", cpu_path_name(path), what, cases, failed);
     assert_int_equal(failed, 0);
+}
+
+/* One test per path. The scalar path through dequant_cpu_path (threads, block
+ * shares) must equal the sweep's reference, dequant_cpu_range, too. */
+static void test_path_matches_scalar(void **state)
+{
+    sweep_state_path(state, sweep_path, "");
 }
 
 /* The merge on each path against the plain reference. */
 static void test_merge_path_matches_reference(void **state)
 {
-    enum cpu_path path = *(const enum cpu_path *)*state;
-    if (!cpu_path_supported(path)) {
-        print_message("%s: not supported here, skipped\n", cpu_path_name(path));
-        skip();
-    }
-    int cases = 0;
-    int failed = merge_sweep_path(path, stderr, &cases);
-    print_message("%s merge: %d cases, %d failed\n", cpu_path_name(path), cases, failed);
-    assert_int_equal(failed, 0);
+    sweep_state_path(state, merge_sweep_path, " merge");
 }
 
 static const enum cpu_path PATHS[] = {CPU_PATH_SCALAR, CPU_PATH_SSE, CPU_PATH_AVX2, CPU_PATH_AVX512, CPU_PATH_NEON};
