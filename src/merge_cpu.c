@@ -308,11 +308,19 @@ static uint64_t merge_range(const struct merge_run *run, uint64_t row_a, uint64_
 
 /* ---- DoRA ---- */
 
-/* The sum of squares DORA_NORM_LANES describes, of one held row, as fp32. */
+/* The sum of squares DORA_NORM_LANES describes, of one held row, as fp32.
+ * Whole runs of DORA_NORM_LANES columns first, a fixed-length inner loop the
+ * compiler turns into vector code; each lane still adds its columns in order. */
 static float row_norm(const float *m, uint64_t cols)
 {
     double partial[DORA_NORM_LANES] = {0};
-    for (uint64_t c = 0; c < cols; c++) {
+    uint64_t c = 0;
+    for (; c + DORA_NORM_LANES <= cols; c += DORA_NORM_LANES)
+        for (int i = 0; i < DORA_NORM_LANES; i++) {
+            const double v = m[c + (uint64_t)i];
+            partial[i] = partial[i] + v * v;
+        }
+    for (; c < cols; c++) {
         const double v = m[c];
         partial[c % DORA_NORM_LANES] = partial[c % DORA_NORM_LANES] + v * v;
     }
@@ -320,6 +328,26 @@ static float row_norm(const float *m, uint64_t cols)
         for (int i = 0; i < h; i++)
             partial[i] = partial[i] + partial[i + h];
     return (float)sqrt(partial[0]);
+}
+
+/* out[i] = factor * m[i], rounded into out_dtype, for i < count. Inlined with
+ * a constant dtype, so the conversion's switch goes. */
+static inline __attribute__((always_inline)) uint64_t scale_run(enum st_dtype out_dtype, void *out, const float *m,
+                                                                float factor, uint64_t count)
+{
+    uint64_t overflowed = 0;
+    for (uint64_t i = 0; i < count; i++)
+        overflowed += (uint64_t)f32_to_element(out_dtype, out, i, factor * m[i]);
+    return overflowed;
+}
+
+static uint64_t scale_row(enum st_dtype out_dtype, void *out, const float *m, float factor, uint64_t count)
+{
+    switch (out_dtype) {
+    case DT_BF16: return scale_run(DT_BF16, out, m, factor, count);
+    case DT_F16: return scale_run(DT_F16, out, m, factor, count);
+    default: return scale_run(out_dtype, out, m, factor, count);
+    }
 }
 
 /* DoRA: whole rows [row_a, row_b), merged in fp32 into j->dora_rows, then each
@@ -333,13 +361,13 @@ static uint64_t merge_dora_range(const struct merge_run *run, uint64_t row_a, ui
     held.out = j->dora_rows;
     held.out_dtype = DT_F32;
     merge_range(&held, row_a, row_b);
+    const unsigned out_size = dtype_bits(j->out_dtype) / 8;
     uint64_t overflowed = 0;
     for (uint64_t row = row_a; row < row_b; row++) {
         const uint64_t first = row * j->cols - j->e0;
         const float *m = j->dora_rows + first;
         const float factor = j->magnitude[row - j->e0 / j->cols] / row_norm(m, j->cols);
-        for (uint64_t c = 0; c < j->cols; c++)
-            overflowed += (uint64_t)f32_to_element(j->out_dtype, j->out, first + c, factor * m[c]);
+        overflowed += scale_row(j->out_dtype, (char *)j->out + first * out_size, m, factor, j->cols);
     }
     return overflowed;
 }
