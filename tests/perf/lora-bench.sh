@@ -12,18 +12,21 @@
 #   [NF4DEQ_BASELINE=old/nf4deq] tests/perf/lora-bench.sh LOGDIR [REPEATS] [WORKDIR]
 # WORKDIR holds the input and the output: /dev/shm for tmpfs, a disk path for disk.
 # LORA_BENCH_DEVICES="cpu" leaves the GPU out (a machine without one);
-# LORA_BENCH_LAYERS=N generates N layers instead of 32 (a machine with less memory).
+# LORA_BENCH_LAYERS=N generates N layers instead of 32 (a machine with less memory);
+# LORA_BENCH_DORA=1 makes the adapter a DoRA one (gen_bnb4 --dora), in WORKDIR/llama3-8b-dora.
 set -u
 log=${1:?LOGDIR}; reps=${2:-3}; work=${3:-/dev/shm/nf4lora}
 bin=build/nf4deq; gen=build/tools/gen_bnb4; base=${NF4DEQ_BASELINE:-}
 devices=${LORA_BENCH_DEVICES:-cuda cpu}; layers=()
 [ -n "${LORA_BENCH_LAYERS:-}" ] && layers=(--layers "$LORA_BENCH_LAYERS")
+kind_flag=(); name=llama3-8b
+[ -n "${LORA_BENCH_DORA:-}" ] && { kind_flag=(--dora); name=llama3-8b-dora; }
 mkdir -p "$log" "$work"
 table="$log/lora-table.txt"
-model=$work/llama3-8b; adapter=$work/llama3-8b-lora
+model=$work/$name; adapter=$work/$name-lora
 if [ ! -d "$model" ] || [ ! -d "$adapter" ]; then
     rm -rf "$model" "$adapter"
-    "$gen" --preset llama3-8b "${layers[@]}" --lora-rank 64 "$model" | tee -a "$log/gen.txt" || exit 1
+    "$gen" --preset llama3-8b "${layers[@]}" --lora-rank 64 "${kind_flag[@]}" "$model" | tee -a "$log/gen.txt" || exit 1
 fi
 drop() { sync; [ "$(id -u)" = 0 ] && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; true; }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
