@@ -357,9 +357,9 @@ static uint64_t scale_row(enum st_dtype out_dtype, void *out, const float *m, fl
 static uint64_t merge_dora_range(const struct merge_run *run, uint64_t row_a, uint64_t row_b)
 {
     const struct merge_job *j = run->j;
-    struct merge_run held = *run;
-    held.out = j->dora_rows;
-    held.out_dtype = DT_F32;
+    /* Not a copy of *run: other threads add to its count meanwhile. */
+    const struct merge_run held = {
+        .j = j, .block = run->block, .out = j->dora_rows, .out_dtype = DT_F32, .first_row = run->first_row};
     merge_range(&held, row_a, row_b);
     const unsigned out_size = dtype_bits(j->out_dtype) / 8;
     uint64_t overflowed = 0;

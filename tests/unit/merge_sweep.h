@@ -2,9 +2,11 @@
  * plain reference of the arithmetic src/lora_merge.h states: one to three
  * factors of ranks from 1 to past the panel (R then read in place), with and
  * without fan_in_fan_out, DoRA rows, chunks that start and end inside a row,
- * odd widths (strips cut by the last column), every base and output dtype,
- * one and three threads, and values that reach the corners (NaN, infinities,
- * subnormals, sums that overflow fp16 or bf16, which the count must see).
+ * odd widths (strips cut by the last column), several column tiles, every
+ * base and output dtype, one thread and three (on enough rows for three row
+ * ranges), and values that reach the corners (NaN, infinities, subnormals,
+ * sums that overflow fp16 or bf16, which the count must see, and the least
+ * values that do, passed through unchanged where a scaling is 0).
  * Plain C, no test framework: the host CMocka test and the AArch64 cross
  * test (tests/cross) both run it. */
 #ifndef NF4DEQ_MERGE_SWEEP_H
@@ -39,6 +41,7 @@ static float merge_sweep_value(uint64_t *rng, unsigned corner_odds)
         0x7fc00000, 0xffc00001, 0x7f800000, 0xff800000, /* NaNs, infinities */
         0x00000000, 0x80000000, 0x00000001, 0x807fffff, /* zeros, subnormals */
         0x7f7fffff, 0xff7f0000, 0x477fe000, 0xc7000000, /* near bf16's and fp16's largest */
+        0x7f7f8000, 0xff7f7fff, 0x477ff000, 0xc77fefff, /* the least that round to inf, and just under */
         0x3f800000, 0x38800000, 0x33800000,             /* 1, fp16's smallest normal and subnormal */
     };
     uint64_t x = merge_sweep_rand(rng);
@@ -100,21 +103,35 @@ static uint64_t merge_sweep_reference(const struct merge_job *j, void *out)
 }
 
 /* One random job of the sweep, case number `index`, run on `path` and against
- * the reference. Returns 1 on a mismatch (said on `log`). */
+ * the reference. Returns 1 on a mismatch (said on `log`). Kinds of case, by
+ * index: every 23rd (5 mod 23) ranks past the panel, R read in place; every
+ * 11th (7 mod 11) ranks of 150-300 on 1000 or 4097 columns, so several column
+ * tiles and a last strip cut short; every 5th (2 mod 5) 40-90 rows, enough
+ * for three threads' row ranges. */
 static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
 {
     static const uint64_t COLS[] = {1, 7, 31, 32, 33, 64, 95, 160, 257, 4096};
+    static const uint64_t WIDE_COLS[] = {1000, 4097};
     static const uint32_t RANKS[] = {1, 2, 5, 8, 16, 64};
     static const enum st_dtype W_DTYPES[] = {DT_BF16, DT_F16, DT_F32, DT_F64};
     static const enum st_dtype OUT_DTYPES[] = {DT_BF16, DT_F16, DT_F32};
     uint64_t rng = 0x9e3779b97f4a7c15ull ^ (index * 0x2545f4914f6cdd1dull);
     merge_sweep_rand(&rng);
-    const uint64_t cols = COLS[index % (sizeof COLS / sizeof COLS[0])];
+    const int wide = index % 11 == 7, tall = index % 5 == 2 && !wide;
+    const uint64_t cols = wide ? WIDE_COLS[(index / 11) % 2] : COLS[index % (sizeof COLS / sizeof COLS[0])];
     const int dora = index % 7 == 3, huge_rank = index % 23 == 5 && cols < 1000;
-    const uint64_t rows = 1 + merge_sweep_rand(&rng) % (cols > 1000 ? 6 : 20);
+    const uint64_t rows = wide ? 1 + merge_sweep_rand(&rng) % 6
+                          : tall ? 40 + merge_sweep_rand(&rng) % (cols > 1000 ? 11 : 51)
+                                 : 1 + merge_sweep_rand(&rng) % (cols > 1000 ? 6 : 20);
     /* The chunk: whole rows for DoRA, else any run of elements. */
     uint64_t e0, n;
-    if (dora) {
+    if (tall && dora) { /* nearly every row, for several row ranges */
+        e0 = merge_sweep_rand(&rng) % 3 * cols;
+        n = rows * cols - e0;
+    } else if (tall) { /* cut inside the first and the last row */
+        e0 = merge_sweep_rand(&rng) % cols;
+        n = rows * cols - e0 - merge_sweep_rand(&rng) % cols;
+    } else if (dora) {
         const uint64_t r0 = merge_sweep_rand(&rng) % rows;
         e0 = r0 * cols;
         n = (1 + merge_sweep_rand(&rng) % (rows - r0)) * cols;
@@ -136,8 +153,12 @@ static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
     size_t nowned = 0;
     for (size_t t = 0; t < j.nfactors; t++) {
         struct merge_factor *f = &j.f[t];
-        f->rank = huge_rank ? 4100 + (uint32_t)t : RANKS[merge_sweep_rand(&rng) % 6];
-        f->scaling = merge_sweep_rand(&rng) % 5 == 0 ? 1e4f : (float)(merge_sweep_rand(&rng) % 64) / 16.0f + 0.25f;
+        f->rank = huge_rank ? 4100 + (uint32_t)t
+                  : wide    ? 150 + (uint32_t)(merge_sweep_rand(&rng) % 151)
+                            : RANKS[merge_sweep_rand(&rng) % 6];
+        /* Now and then 0, so the base's corners reach the output unchanged. */
+        const uint64_t pick = merge_sweep_rand(&rng) % 8;
+        f->scaling = pick == 0 ? 1e4f : pick == 1 ? 0.0f : (float)(merge_sweep_rand(&rng) % 64) / 16.0f + 0.25f;
         const int fan_in_fan_out = merge_sweep_rand(&rng) % 2;
         f->l_row0 = first_row;
         f->l_row_stride = fan_in_fan_out ? 1 : f->rank;
@@ -163,10 +184,12 @@ static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
         j.magnitude = owned[nowned++] = mag;
         j.dora_rows = owned[nowned++] = malloc(n * sizeof(float));
     }
-    unsigned char *got = malloc(n * out_size + MERGE_SWEEP_GUARD), *want = malloc(n * out_size);
-    memset(got, MERGE_SWEEP_POISON, n * out_size + MERGE_SWEEP_GUARD);
+    /* Guard bytes before and after the output. */
+    unsigned char *guarded = malloc(n * out_size + 2 * MERGE_SWEEP_GUARD), *want = malloc(n * out_size);
+    unsigned char *got = guarded + MERGE_SWEEP_GUARD;
+    memset(guarded, MERGE_SWEEP_POISON, n * out_size + 2 * MERGE_SWEEP_GUARD);
     j.out = got;
-    const int threads = index % 2 ? 3 : 1;
+    const int threads = tall || index % 2 ? 3 : 1;
     const uint64_t over_got = merge_cpu_path(&j, threads, path), over_want = merge_sweep_reference(&j, want);
 
     int failed = 0;
@@ -184,8 +207,8 @@ static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
             failed = 1;
         }
     for (unsigned x = 0; x < MERGE_SWEEP_GUARD && !failed; x++)
-        if (got[n * out_size + x] != MERGE_SWEEP_POISON) {
-            fprintf(log, "merge case %llu (%s): wrote past the output\n", (unsigned long long)index,
+        if (got[n * out_size + x] != MERGE_SWEEP_POISON || guarded[x] != MERGE_SWEEP_POISON) {
+            fprintf(log, "merge case %llu (%s): wrote outside the output\n", (unsigned long long)index,
                     cpu_path_name(path));
             failed = 1;
         }
@@ -197,7 +220,7 @@ static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
     for (size_t x = 0; x < nowned; x++)
         free(owned[x]);
     free(w);
-    free(got);
+    free(guarded);
     free(want);
     return failed;
 }
