@@ -300,7 +300,8 @@ int bench_cpu_run(const struct bench_cpu_opts *o)
         rc = nf4_fail(NF4_ESOFTWARE, NULL, NULL, "bench: out of memory");
         goto done;
     }
-    struct floor_job floors = {out, ref, out_bytes, rank ? 0 : fill_store_bytes(&job)}; /* merges write through the cache */
+    /* Merges write through the cache: their floor is memset. */
+    struct floor_job floors = {out, ref, out_bytes, rank ? 0 : fill_store_bytes(&job)};
     uint64_t copy_units_total = (out_bytes + COPY_UNIT_BYTES - 1) / COPY_UNIT_BYTES;
     for (int it = 0; it < o->iters; it++)
         for (int t = 0; t < nthreads; t++)
