@@ -2,12 +2,11 @@
  * attribute, so one build runs on any x86-64 and merge_cpu picks what the
  * processor has (src/cpu_path.c). See merge_simd.h for the scheme.
  *
- * The block kernels keep a 4 x 32 block of sums in registers (eight zmm, or
- * eight ymm for each 16-column half) for the whole rank, and the merged
- * values in as many more. They
- * convert with the bit rules of fpconv.h: bf16 by rounding on the bits, fp16
- * through vcvtps2ph (nearest even, IEEE subnormals, inf from 65520 up), with
- * NaN made the canonical 0x7fff first. */
+ * The block kernels keep a 4 x 32 block of sums in registers for the whole
+ * rank (eight zmm, or eight ymm for each 16-column half), add each factor's
+ * to the merged values, and convert those with the bit rules of fpconv.h:
+ * bf16 by rounding on the bits, fp16 through vcvtps2ph (nearest even, IEEE
+ * subnormals, inf from 65520 up) with NaN made the canonical 0x7fff first. */
 #include "merge_simd.h"
 
 #if defined(__x86_64__) || defined(__i386__)
