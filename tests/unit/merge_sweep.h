@@ -19,20 +19,11 @@
 #include <string.h>
 
 #include "cpu_path.h"
+#include "cpu_sweep.h" /* sweep_rand, SWEEP_GUARD */
 #include "fpconv.h"
 #include "merge_cpu.h"
 
-/* Bytes after the output that no path may touch. */
-#define MERGE_SWEEP_GUARD 64u
 #define MERGE_SWEEP_POISON 0xa5
-
-static uint64_t merge_sweep_rand(uint64_t *s)
-{
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return *s;
-}
 
 /* Mostly small values of either sign; one in `corner_odds` a corner. */
 static float merge_sweep_value(uint64_t *rng, unsigned corner_odds)
@@ -44,7 +35,7 @@ static float merge_sweep_value(uint64_t *rng, unsigned corner_odds)
         0x7f7f8000, 0xff7f7fff, 0x477ff000, 0xc77fefff, /* the least that round to inf, and just under */
         0x3f800000, 0x38800000, 0x33800000,             /* 1, fp16's smallest normal and subnormal */
     };
-    uint64_t x = merge_sweep_rand(rng);
+    uint64_t x = sweep_rand(rng);
     if (corner_odds && x % corner_odds == 0)
         return f32_from_bits(CORNERS[(x >> 8) % (sizeof CORNERS / sizeof CORNERS[0])]);
     return ((float)((x >> 16) % 20001) - 10000.0f) * 1e-4f;
@@ -116,50 +107,50 @@ static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
     static const enum st_dtype W_DTYPES[] = {DT_BF16, DT_F16, DT_F32, DT_F64};
     static const enum st_dtype OUT_DTYPES[] = {DT_BF16, DT_F16, DT_F32};
     uint64_t rng = 0x9e3779b97f4a7c15ull ^ (index * 0x2545f4914f6cdd1dull);
-    merge_sweep_rand(&rng);
+    sweep_rand(&rng);
     const int wide = index % 11 == 7, tall = index % 5 == 2 && !wide;
     const uint64_t cols = wide ? WIDE_COLS[(index / 11) % 2] : COLS[index % (sizeof COLS / sizeof COLS[0])];
     const int dora = index % 7 == 3, huge_rank = index % 23 == 5 && cols < 1000;
-    const uint64_t rows = wide ? 1 + merge_sweep_rand(&rng) % 6
-                          : tall ? 40 + merge_sweep_rand(&rng) % (cols > 1000 ? 11 : 51)
-                                 : 1 + merge_sweep_rand(&rng) % (cols > 1000 ? 6 : 20);
+    const uint64_t rows = wide ? 1 + sweep_rand(&rng) % 6
+                          : tall ? 40 + sweep_rand(&rng) % (cols > 1000 ? 11 : 51)
+                                 : 1 + sweep_rand(&rng) % (cols > 1000 ? 6 : 20);
     /* The chunk: whole rows for DoRA, else any run of elements. */
     uint64_t e0, n;
     if (tall && dora) { /* nearly every row, for several row ranges */
-        e0 = merge_sweep_rand(&rng) % 3 * cols;
+        e0 = sweep_rand(&rng) % 3 * cols;
         n = rows * cols - e0;
     } else if (tall) { /* cut inside the first and the last row */
-        e0 = merge_sweep_rand(&rng) % cols;
-        n = rows * cols - e0 - merge_sweep_rand(&rng) % cols;
+        e0 = sweep_rand(&rng) % cols;
+        n = rows * cols - e0 - sweep_rand(&rng) % cols;
     } else if (dora) {
-        const uint64_t r0 = merge_sweep_rand(&rng) % rows;
+        const uint64_t r0 = sweep_rand(&rng) % rows;
         e0 = r0 * cols;
-        n = (1 + merge_sweep_rand(&rng) % (rows - r0)) * cols;
+        n = (1 + sweep_rand(&rng) % (rows - r0)) * cols;
     } else {
-        e0 = merge_sweep_rand(&rng) % (rows * cols);
-        n = 1 + merge_sweep_rand(&rng) % (rows * cols - e0);
+        e0 = sweep_rand(&rng) % (rows * cols);
+        n = 1 + sweep_rand(&rng) % (rows * cols - e0);
     }
     const uint64_t first_row = e0 / cols, last_row = (e0 + n - 1) / cols, span = last_row - first_row + 1;
     struct merge_job j;
     memset(&j, 0, sizeof j);
-    j.w_dtype = W_DTYPES[merge_sweep_rand(&rng) % 4];
-    j.out_dtype = OUT_DTYPES[merge_sweep_rand(&rng) % 3];
+    j.w_dtype = W_DTYPES[sweep_rand(&rng) % 4];
+    j.out_dtype = OUT_DTYPES[sweep_rand(&rng) % 3];
     j.e0 = e0;
     j.n = n;
     j.cols = cols;
-    j.nfactors = dora ? 1 : 1 + (size_t)(merge_sweep_rand(&rng) % 3);
+    j.nfactors = dora ? 1 : 1 + (size_t)(sweep_rand(&rng) % 3);
     const unsigned corner_odds = index % 3 == 0 ? 40 : 0;
     float *owned[LORA_MAX_ADAPTERS * 2 + 2] = {0};
     size_t nowned = 0;
     for (size_t t = 0; t < j.nfactors; t++) {
         struct merge_factor *f = &j.f[t];
         f->rank = huge_rank ? 4100 + (uint32_t)t
-                  : wide    ? 150 + (uint32_t)(merge_sweep_rand(&rng) % 151)
-                            : RANKS[merge_sweep_rand(&rng) % 6];
+                  : wide    ? 150 + (uint32_t)(sweep_rand(&rng) % 151)
+                            : RANKS[sweep_rand(&rng) % 6];
         /* Now and then 0, so the base's corners reach the output unchanged. */
-        const uint64_t pick = merge_sweep_rand(&rng) % 8;
-        f->scaling = pick == 0 ? 1e4f : pick == 1 ? 0.0f : (float)(merge_sweep_rand(&rng) % 64) / 16.0f + 0.25f;
-        const int fan_in_fan_out = merge_sweep_rand(&rng) % 2;
+        const uint64_t pick = sweep_rand(&rng) % 8;
+        f->scaling = pick == 0 ? 1e4f : pick == 1 ? 0.0f : (float)(sweep_rand(&rng) % 64) / 16.0f + 0.25f;
+        const int fan_in_fan_out = sweep_rand(&rng) % 2;
         f->l_row0 = first_row;
         f->l_row_stride = fan_in_fan_out ? 1 : f->rank;
         f->l_k_stride = fan_in_fan_out ? span : 1;
@@ -184,10 +175,10 @@ static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
         j.magnitude = owned[nowned++] = mag;
         j.dora_rows = owned[nowned++] = malloc(n * sizeof(float));
     }
-    /* Guard bytes before and after the output. */
-    unsigned char *guarded = malloc(n * out_size + 2 * MERGE_SWEEP_GUARD), *want = malloc(n * out_size);
-    unsigned char *got = guarded + MERGE_SWEEP_GUARD;
-    memset(guarded, MERGE_SWEEP_POISON, n * out_size + 2 * MERGE_SWEEP_GUARD);
+    /* SWEEP_GUARD bytes before and after the output, which no path may touch. */
+    unsigned char *guarded = malloc(n * out_size + 2 * SWEEP_GUARD), *want = malloc(n * out_size);
+    unsigned char *got = guarded + SWEEP_GUARD;
+    memset(guarded, MERGE_SWEEP_POISON, n * out_size + 2 * SWEEP_GUARD);
     j.out = got;
     const int threads = tall || index % 2 ? 3 : 1;
     const uint64_t over_got = merge_cpu_path(&j, threads, path), over_want = merge_sweep_reference(&j, want);
@@ -206,7 +197,7 @@ static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
                     dtype_name(j.w_dtype), dtype_name(j.out_dtype), threads, g, x);
             failed = 1;
         }
-    for (unsigned x = 0; x < MERGE_SWEEP_GUARD && !failed; x++)
+    for (unsigned x = 0; x < SWEEP_GUARD && !failed; x++)
         if (got[n * out_size + x] != MERGE_SWEEP_POISON || guarded[x] != MERGE_SWEEP_POISON) {
             fprintf(log, "merge case %llu (%s): wrote outside the output\n", (unsigned long long)index,
                     cpu_path_name(path));
