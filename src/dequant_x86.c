@@ -14,6 +14,8 @@
 #include <float.h>
 #include <immintrin.h>
 
+#include "x86_bf16.h"
+
 #define TARGET_SSSE3 __attribute__((target("ssse3")))
 #define TARGET_F16C __attribute__((target("ssse3,f16c")))
 #define TARGET_AVX2 __attribute__((target("avx2,f16c")))
@@ -52,13 +54,6 @@ TARGET_SSSE3 __attribute__((noinline)) static void lut_planes(const float *value
     words_to_planes(w, plane);
 }
 
-/* f32_to_bf16 of finite values: round to nearest even on the bits. */
-TARGET_SSSE3 INLINE __m128i bf16_words_128(__m128i u)
-{
-    __m128i lsb = _mm_and_si128(_mm_srli_epi32(u, 16), _mm_set1_epi32(1));
-    return _mm_srli_epi32(_mm_add_epi32(u, _mm_add_epi32(lsb, _mm_set1_epi32(0x7fff))), 16);
-}
-
 /* SSSE3 has no fp16 conversion: fp16 tables come from block_lut. */
 TARGET_SSSE3 INLINE void block_planes_ssse3(const struct job_view *job, uint64_t block, __m128i plane[4])
 {
@@ -75,12 +70,6 @@ TARGET_SSSE3 INLINE void block_planes_ssse3(const struct job_view *job, uint64_t
         w[i] = job->out_dtype == DT_BF16 ? bf16_words_128(u) : u;
     }
     words_to_planes(w, plane);
-}
-
-TARGET_AVX2 INLINE __m256i bf16_words_256(__m256i u)
-{
-    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-    return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
 }
 
 /* The table with two 8-wide multiplies; fp16 through vcvtps2ph, which rounds

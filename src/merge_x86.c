@@ -12,6 +12,8 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+#include "x86_bf16.h"
+
 #define TARGET_AVX2 __attribute__((target("avx2,f16c")))
 #define TARGET_AVX512 __attribute__((target("avx512f,avx2,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -47,9 +49,7 @@ TARGET_AVX2 INLINE unsigned store8_avx2(void *p, enum st_dtype dt, uint64_t c, _
     __m256i overflow;
     switch (dt) {
     case DT_BF16: {
-        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-        __m256i h = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
-        h = _mm256_blendv_epi8(h, _mm256_set1_epi32(0x7fff), nan);
+        const __m256i h = _mm256_blendv_epi8(bf16_words_256(u), _mm256_set1_epi32(0x7fff), nan);
         _mm_storeu_si128((__m128i *)((uint16_t *)p + c),
                          _mm_packus_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
         overflow = _mm256_cmpgt_epi32(mag, _mm256_set1_epi32(BF16_INF_FROM - 1));
@@ -148,9 +148,7 @@ TARGET_AVX512 INLINE unsigned store16_avx512(void *p, enum st_dtype dt, uint64_t
     __mmask16 overflow;
     switch (dt) {
     case DT_BF16: {
-        __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-        __m512i h = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
-        h = _mm512_mask_mov_epi32(h, nan, _mm512_set1_epi32(0x7fff));
+        const __m512i h = _mm512_mask_mov_epi32(bf16_words_512(u), nan, _mm512_set1_epi32(0x7fff));
         _mm256_storeu_si256((__m256i *)((uint16_t *)p + c), _mm512_cvtepi32_epi16(h));
         overflow = _mm512_cmpge_epu32_mask(mag, _mm512_set1_epi32(BF16_INF_FROM));
         break;
