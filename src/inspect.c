@@ -133,7 +133,8 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
             } else {
                 put_name(out, t->name, 48);
                 fprintf(out, " %-6s %10s %12s  %s (%s: replaced, %s)\n", "-", "-", "-",
-                        adapter_dir(s, t->replace_adapter), t->replace_frozen ? "base layer" : "modules_to_save",
+                        adapter_dir(s, t->replace_adapter),
+                        t->replace_frozen ? "base layer" : t->replace_trained_bias ? "trained bias" : "modules_to_save",
                         dtype_name(t->replace->t->dtype));
             }
         } /* and a LoRA of the same adapter goes on the replacement, or its token rows */
@@ -146,20 +147,22 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddStringToObject(e, "tensor", t->name);
                 cJSON_AddStringToObject(e, "adapter", adapter_dir(s, x->adapter));
                 cJSON_AddStringToObject(e, "change", "merged");
-                cJSON_AddNumberToObject(e, "r", x->r);
+                cJSON_AddNumberToObject(e, "r", x->bias ? x->pair_r : x->r);
                 cJSON_AddNumberToObject(e, "alpha", x->alpha);
                 cJSON_AddNumberToObject(e, "scaling", x->scaling);
                 cJSON_AddBoolToObject(e, "fan_in_fan_out", x->fan_in_fan_out && !x->embedding);
                 cJSON_AddBoolToObject(e, "embedding", x->embedding);
                 cJSON_AddBoolToObject(e, "dora", x->magnitude != NULL);
+                cJSON_AddBoolToObject(e, "lora_bias", x->bias);
                 cJSON_AddStringToObject(e, "dtype", dtype_name(x->a->t->dtype));
                 cJSON_AddItemToArray(ja, e);
             } else {
                 put_name(out, t->name, 48);
-                fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->r, x->alpha, (double)x->scaling,
+                fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->bias ? x->pair_r : x->r, x->alpha, (double)x->scaling,
                         adapter_dir(s, x->adapter),
                         x->embedding        ? " (embedding)"
                         : x->magnitude      ? " (DoRA)"
+                        : x->bias           ? " (lora_bias)"
                         : x->fan_in_fan_out ? " (fan_in_fan_out)"
                                             : "");
             }

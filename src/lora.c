@@ -210,15 +210,15 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
     if (strcmp(type->valuestring, "LORA") != 0)
         return nf4_fail(NF4_EDATA, path, NULL, "is a %s adapter; only LoRA adapters can be merged",
                         type->valuestring);
-    int bias = 0;
     if ((code = config_bool(path, root, "use_dora", &c->use_dora)) != NF4_OK ||
         (code = config_bool(path, root, "use_rslora", &c->use_rslora)) != NF4_OK ||
         (code = config_bool(path, root, "ensure_weight_tying", &c->ensure_weight_tying)) != NF4_OK ||
         (code = config_bool(path, root, "fan_in_fan_out", &c->fan_in_fan_out)) != NF4_OK ||
-        (code = config_bool(path, root, "lora_bias", &bias)) != NF4_OK)
+        (code = config_bool(path, root, "lora_bias", &c->lora_bias)) != NF4_OK)
         return code;
-    if (bias)
-        return config_fail(path, "trains LoRA biases (lora_bias): merging them is not supported");
+    /* PEFT's LoraConfig refuses the two together: DoRA's merge has no rule for the bias. */
+    if (c->lora_bias && c->use_dora)
+        return config_fail(path, "sets both lora_bias and use_dora, which PEFT refuses");
     if ((code = check_unmerged_features(path, root)) != NF4_OK)
         return code;
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
@@ -336,6 +336,7 @@ struct binding {
     uint64_t rows, cols;
     const struct model_tensor *replace;
     int frozen; /* the replacement is a frozen layer PEFT saved whole (lora_target.replace_frozen) */
+    int trained_bias; /* the replacement is a bias trained with "bias": "all" or "lora_only" */
     struct token_rows *tokens; /* owned until gathered */
     struct lora_term term;
 };
@@ -438,6 +439,7 @@ static int is_embedding_layer_weight(const char *name)
 #define COPY_SEGMENT ".modules_to_save."
 #define LORA_A_SUFFIX ".lora_A.weight"
 #define LORA_B_SUFFIX ".lora_B.weight"
+#define LORA_BIAS_SUFFIX ".lora_B.bias"
 #define EMBEDDING_A_SUFFIX ".lora_embedding_A"
 #define EMBEDDING_B_SUFFIX ".lora_embedding_B"
 
@@ -677,6 +679,17 @@ static const uint64_t *resized_layer_shape(const struct binder *b, const struct 
     return layer->t->shape;
 }
 
+/* Module M's rank and alpha: the config's, or its rank_pattern and
+ * alpha_pattern entries. Returns whether the rank came from rank_pattern. */
+static int module_rank_alpha(const struct lora_config *c, const char *module, uint32_t *r, double *alpha)
+{
+    const cJSON *rp = pattern_for(c->rank_pattern, c->rank_compiled, module),
+                *ap = pattern_for(c->alpha_pattern, c->alpha_compiled, module);
+    *r = rp ? (uint32_t)rp->valuedouble : c->r;
+    *alpha = ap ? ap->valuedouble : c->alpha;
+    return rp != NULL;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
@@ -726,10 +739,9 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         goto out;
     if (parts_tied_weights(b, wname, mirrored))
         note_untie(b, file, aname, wname, 0);
-    const cJSON *rp = pattern_for(c->rank_pattern, c->rank_compiled, module),
-                *ap = pattern_for(c->alpha_pattern, c->alpha_compiled, module);
-    uint32_t r = rp ? (uint32_t)rp->valuedouble : c->r;
-    double alpha = ap ? ap->valuedouble : c->alpha;
+    uint32_t r;
+    double alpha;
+    int from_pattern = module_rank_alpha(c, module, &r, &alpha);
     const struct st_tensor *at = a->t, *btt = bt->t;
     if (!is_factor_dtype(at->dtype) || !is_factor_dtype(btt->dtype)) {
         code = nf4_fail(NF4_EDATA, file, is_factor_dtype(at->dtype) ? bname : aname,
@@ -745,7 +757,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         code = nf4_fail(NF4_EDATA, file, at->shape[0] != r ? aname : bname,
                         "has rank %llu, but the config says r = %u%s",
                         (unsigned long long)(at->shape[0] != r ? at->shape[0] : btt->shape[1]), r,
-                        rp ? " (rank_pattern)" : "");
+                        from_pattern ? " (rank_pattern)" : "");
         goto out;
     }
     uint64_t out_f = btt->shape[0], in_f = at->shape[1];
@@ -784,6 +796,86 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
 out:
     free(bname);
     free(wname);
+    return code;
+}
+
+static int check_b_has_a(const struct model *m, const char *file, const char *key, const char *suffix,
+                         const struct pair_kind *kind);
+
+/* A LoRA bias, M.lora_B.bias [out] (lora_bias): PEFT's layer adds
+ * scaling * (B @ A @ x + b), so the merged model's M.bias is the base's plus
+ * scaling * b, as PEFT's merge of a 16-bit layer computes it (its merge into
+ * a 4-bit layer leaves the scaling out, unlike its forward). A term of rank 1
+ * on M.bias seen as [1, out] (lora.h). PEFT cannot merge one into a layer
+ * without a bias, and neither does nf4deq. */
+static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_t index,
+                          const struct lora_config *c, const struct model_tensor *t, const char *name)
+{
+    const char *file = t->file->path, *key = t->t->name;
+    if (!c->lora_bias)
+        return nf4_fail(NF4_EDATA, file, key, "is a LoRA bias, but adapter_config.json does not set lora_bias");
+    int code = check_b_has_a(ad->weights, file, key, LORA_BIAS_SUFFIX, &LAYER_PAIR);
+    if (code != NF4_OK)
+        return code;
+    char *module = strndup(name, strlen(name) - strlen(LORA_BIAS_SUFFIX));
+    char *bname = module ? factor_key(module, LORA_B_SUFFIX) : NULL, *wname = module ? base_weight_name(module) : NULL;
+    size_t n = module ? strlen(module) + sizeof ".bias" : 0;
+    char *bias_name = module ? malloc(n) : NULL;
+    if (!bname || !wname || !bias_name) {
+        code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+        goto out;
+    }
+    snprintf(bias_name, n, "%s.bias", module);
+    /* A module the config leaves out: its pair is not merged (bind_pair warns), nor its bias. */
+    if (!lora_target_matches(&c->targets, module) && !wrapped_for_the_tie(b, c, wname))
+        goto out;
+    const struct model_tensor *bt = model_find(ad->weights, bname);
+    const struct st_tensor *x = t->t;
+    if (!bt) {
+        code = nf4_fail(NF4_EDATA, file, key, "has no matching %s", bname);
+        goto out;
+    }
+    if (!is_factor_dtype(x->dtype) || x->ndim != 1 || bt->t->ndim != 2 || x->shape[0] != bt->t->shape[0]) {
+        code = nf4_fail(NF4_EDATA, file, key, "must be an F32, BF16 or F16 vector of %llu, one per row of %s",
+                        (unsigned long long)(bt->t->ndim == 2 ? bt->t->shape[0] : 0), bname);
+        goto out;
+    }
+    size_t ndim;
+    const uint64_t *shape;
+    if (!base_shape(b, bias_name, &ndim, &shape)) {
+        code = nf4_fail(NF4_EDATA, file, key, "adds to %s, which the base model does not have: PEFT cannot merge a "
+                        "LoRA bias (lora_bias) into a layer without a bias either", bias_name);
+        goto out;
+    }
+    if (ndim != 1 || shape[0] != x->shape[0]) {
+        code = nf4_fail(NF4_EDATA, file, key, "has %llu values, but the base tensor %s is not a vector of as many",
+                        (unsigned long long)x->shape[0], bias_name);
+        goto out;
+    }
+    uint32_t r;
+    double alpha;
+    module_rank_alpha(c, module, &r, &alpha);
+    struct binding *y = add_binding(b, file, bias_name);
+    if (!y) {
+        code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+        goto out;
+    }
+    y->rows = 1;
+    y->cols = x->shape[0];
+    y->term = (struct lora_term){.a = t,
+                                 .r = 1,
+                                 .pair_r = r,
+                                 .alpha = alpha,
+                                 .bias = 1,
+                                 .scaling = lora_scaling(alpha, r, c->use_rslora),
+                                 .adapter = index};
+    if (!isfinite(y->term.scaling))
+        code = nf4_fail(NF4_EDATA, file, key, "lora_alpha / r is not a finite fp32 number");
+out:
+    free(module);
+    free(bname);
+    free(wname);
+    free(bias_name);
     return code;
 }
 
@@ -962,6 +1054,8 @@ static int bind_replacement(struct binder *b, const struct lora_adapter *ad, siz
     enum tie_role role = frozen ? TIE_NEUTRAL : c->ensure_weight_tying ? TIE_KEPT : TIE_PARTED;
     int code = saved ? bind_replacement_of(b, index, t, name, role)
                      : nf4_fail(NF4_EDATA, file, t->t->name, "is neither a LoRA weight nor in modules_to_save");
+    if (code == NF4_OK && !frozen && !mts)
+        b->items[b->n - 1].trained_bias = 1;
     free(name);
     return code;
 }
@@ -1087,8 +1181,8 @@ static const struct pair_kind *pair_kind_of(const char *name)
                                                      : NULL;
 }
 
-/* A pair's B factor (or DoRA magnitude), key ending in `suffix`, is bound with
- * its A; alone it is refused. NF4_OK or NF4_EDATA. */
+/* A pair's B factor (or DoRA magnitude, or LoRA bias), key ending in
+ * `suffix`, is bound with its A; alone it is refused. NF4_OK or NF4_EDATA. */
 static int check_b_has_a(const struct model *m, const char *file, const char *key, const char *suffix,
                          const struct pair_kind *kind)
 {
@@ -1166,6 +1260,8 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
             code = check_b_has_a(m, file, key, LORA_B_SUFFIX, &LAYER_PAIR);
         } else if (str_ends_with(name, EMBEDDING_B_SUFFIX)) {
             code = check_b_has_a(m, file, key, EMBEDDING_B_SUFFIX, &EMBEDDING_PAIR);
+        } else if (str_ends_with(name, LORA_BIAS_SUFFIX)) {
+            code = bind_lora_bias(b, ad, index, c, t, name);
         } else if (str_ends_with(name, TOKEN_DELTA_SUFFIX)) {
             code = bind_token_rows(b, ad, index, c, t, name);
         } else if (strstr(name, ".lora_") || strncmp(name, "lora_", 5) == 0) {
@@ -1252,6 +1348,7 @@ static int gather(struct lora_set *s, struct binder *b)
         if (x->replace) {
             t->replace = x->replace;
             t->replace_frozen = x->frozen;
+            t->replace_trained_bias = x->trained_bias;
             t->replace_adapter = x->term.adapter;
         } else {
             t->terms[t->nterms++] = x->term;

@@ -19,6 +19,10 @@
  * (DoRA) each layer's pair comes with
  *   base_model.model.<module>.lora_magnitude_vector [out]
  * and each merged row is then multiplied by magnitude / ||row of W + delta||_2.
+ * With lora_bias, lora_B has a bias too,
+ *   base_model.model.<module>.lora_B.bias     [out]
+ * and the base's <module>.bias [out] takes scaling * b: a term of rank 1 on
+ * that tensor, seen as [1, out], with L = 1 and R = b.
  * Trained token rows (trainable_token_indices, token_rows.h),
  *   base_model.model.<module>.token_adapter.trainable_tokens_delta [n, cols]
  * replace rows of <module>.weight whole.
@@ -73,6 +77,9 @@ struct lora_term {
     int embedding;        /* an embedding's lora_embedding_A [r, vocab] and _B [dim, r]:
                              laid on [vocab, dim] as a transposed layer's (fan_in_fan_out set) */
     const struct model_tensor *magnitude; /* DoRA (use_dora): lora_magnitude_vector [rows]; else NULL */
+    int bias;             /* a LoRA bias (lora_bias): a is lora_B.bias, read as R [1, out]; b is NULL, L = 1;
+                             r = 1, and pair_r is the rank of the module's pair (for inspect) */
+    uint32_t pair_r;
     size_t adapter;       /* index of the adapter, in --lora order */
 };
 
@@ -82,6 +89,7 @@ struct lora_target {
     uint64_t rows, cols; /* the base tensor's shape */
     const struct model_tensor *replace; /* the adapter's tensor that replaces it (then terms go on it); else NULL */
     int replace_frozen; /* it is a frozen layer PEFT saved whole (a base layer, an embedding layer), not a copy trained */
+    int replace_trained_bias; /* it is a bias trained with "bias": "all" or "lora_only", not a modules_to_save copy */
     size_t replace_adapter;
     size_t nterms;
     struct lora_term terms[LORA_MAX_ADAPTERS];
@@ -125,6 +133,7 @@ struct lora_config {
     double alpha;
     int use_rslora, fan_in_fan_out;
     int use_dora; /* DoRA: each pair has a lora_magnitude_vector; merged rows are rescaled */
+    int lora_bias; /* each lora_B has a bias, added to the base layer's, times scaling */
     int ensure_weight_tying; /* PEFT keeps modules_to_save copies of tied weights tied */
     int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
     const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
@@ -135,8 +144,8 @@ struct lora_config {
     cJSON *root;
 };
 /* Parses and checks an adapter config's text (`path` names it in messages):
- * NF4_EDATA for what is not a LoRA config nf4deq can merge (trained
- * LoRA biases, other adapter types, bad ranks or patterns). The lora_open
+ * NF4_EDATA for what is not a LoRA config nf4deq can merge (other
+ * adapter types, features PEFT cannot merge, bad ranks or patterns). The lora_open
  * path and the fuzzer use it. Free with lora_config_free, even on failure. */
 int lora_config_parse(const char *path, const char *json, size_t len, struct lora_config *c);
 void lora_config_free(struct lora_config *c);

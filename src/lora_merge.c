@@ -132,7 +132,9 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
             f->l_row_stride = x->r;
             f->l_k_stride = 1;
             f->l_floats = l_count;
-            if ((code = read_f32(x->b, first_row * x->r, l_count, at)) != NF4_OK)
+            if (x->bias) /* L = 1, R = lora_B.bias [1, out]: rank 1, one row */
+                at[0] = 1.0f;
+            else if ((code = read_f32(x->b, first_row * x->r, l_count, at)) != NF4_OK)
                 return code;
             at += l_count;
             f->r = at;

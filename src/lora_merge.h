@@ -9,7 +9,9 @@
  *   out   = m rounded once to the output dtype (nearest even)
  * where w is the base value in its own dtype: bitsandbytes' dequantization in
  * the weight's dtype, or the unquantized tensor as stored. L_t = B and R_t = A,
- * or L_t = A^T and R_t = B^T with fan_in_fan_out. No multiply-add is fused.
+ * or L_t = A^T and R_t = B^T with fan_in_fan_out; for a LoRA bias on a bias
+ * vector [1, out], L_t = 1 and R_t = b, so m = w + b * scaling, PEFT's
+ * bias + lora_B.bias * scaling. No multiply-add is fused.
  *
  * With DoRA (one adapter, j->magnitude set) each whole row is then rescaled:
  *   norm  = sqrt(sum over the row of m * m), summed in fp64 (DORA_NORM_LANES), then fp32

@@ -727,7 +727,20 @@ def lora_cases():
               config=adapter_config(use_dora=True),
               weights=st_bytes(adapter_tensors() + [T(PEFT + name + ".lora_magnitude_vector", "F32", [8],
                                                       f32_bytes([1.0] * 8)) for name in ("model.d", "model.x")]))
-    emit_lora("lora-bias-trained", 65, "merging them is not supported", config=adapter_config(lora_bias=True))
+    # LoRA biases (lora_bias): lora_B.bias [out] goes onto the base layer's bias, which ok-baseline lacks.
+    lora_bias = [T(PEFT + "model.d.lora_B.bias", "F32", [8], f32_bytes([i / 8 for i in range(8)]))]
+    emit_lora("lora-bias-no-base-bias", 65, "adds to model.d.bias, which the base model does not have",
+              config=adapter_config(lora_bias=True), weights=st_bytes(adapter_tensors() + lora_bias), kinds=both)
+    emit_lora("lora-bias-unset", 65, "is a LoRA bias, but adapter_config.json does not set lora_bias",
+              weights=st_bytes(adapter_tensors() + lora_bias))
+    emit_lora("lora-bias-shape", 65, "must be an F32, BF16 or F16 vector of 8, one per row",
+              config=adapter_config(lora_bias=True),
+              weights=st_bytes(adapter_tensors() + [T(PEFT + "model.d.lora_B.bias", "F32", [7], bytes(28))]))
+    emit_lora("lora-bias-alone", 65, "model.x.lora_B.bias: has no matching lora_A.weight",
+              config=adapter_config(lora_bias=True),
+              weights=st_bytes(adapter_tensors() + [T(PEFT + "model.x.lora_B.bias", "F32", [8], bytes(32))]))
+    emit_lora("lora-bias-dora", 65, "sets both lora_bias and use_dora, which PEFT refuses",
+              config=adapter_config(lora_bias=True, use_dora=True))
     emit_lora("lora-bias-mode-unknown", 65, '"bias" must be', config=adapter_config(bias="some"))
     # PEFT features whose weights are no plain delta of the base as it is.
     emit_lora("lora-init-pissa", 65, '"init_lora_weights": "pissa_niter_4" rewrote the base weights',

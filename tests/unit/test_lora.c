@@ -14,6 +14,7 @@
 #include "model.h"
 #include "resume.h"
 #include "strbuf.h"
+#include "strutil.h"
 
 #define LORA_FIXTURES FIXTURES "/lora"
 
@@ -48,7 +49,8 @@ struct tally {
 };
 
 /* Checks the tensor `name` of `got` against the fp32 and fp64 expected files:
- * byte-identical to the fp32 file when `has_lora` is 0; within the tolerance
+ * byte-identical to the fp32 file when `has_lora` is 0 (no LoRA, or a LoRA
+ * bias); within the tolerance
  * otherwise (the fp64 files of the tied cases hold only merged tensors). */
 static void check_tensor(const struct model *got, const struct st_file *e32, const struct st_file *e64,
                          const char *name, int has_lora, struct tally *tally)
@@ -67,7 +69,7 @@ static void check_tensor(const struct model *got, const struct st_file *e32, con
     assert_int_equal(st_read(e32, w32, 0, b, n), NF4_OK);
     if (!has_lora) {
         if (memcmp(a, b, n) != 0)
-            fail_msg("%s: has no LoRA but differs from a plain conversion", name);
+            fail_msg("%s: differs from the expected file (a plain conversion, or an exact merge)", name);
     } else {
         assert_int_equal(st_read(e64, w64, 0, c, n), NF4_OK);
         unsigned size = dtype_bits(w32->dtype) / 8;
@@ -89,6 +91,7 @@ static void check_tensor(const struct model *got, const struct st_file *e32, con
 }
 
 #define TIED_BASE "base-llama-bf16-bnb4-tied"
+#define BIAS_BASE "base-llama-bf16-bnb4-bias"
 
 struct lora_case {
     const char *base, *adapter, *expected;
@@ -132,6 +135,11 @@ static const struct lora_case CASES[] = {
     {TIED_BASE, "adapter-tied-resized-tokens", "merged-tied-resized-tokens", 3},
     {TIED_BASE, "adapter-tied-resized-copy", "merged-tied-resized-copy", 2},
     {"base-llama-bf16-bnb4", "adapter-resized-lora", "merged-resized-lora", 4},
+    /* LoRA biases (README.md, "LoRA biases"): scaling * lora_B.bias added to
+     * the attention projections' biases, after the trained bias that
+     * "bias": "all" saves where there is one. */
+    {BIAS_BASE, "adapter-lora-bias", "merged-lora-bias", 16},
+    {BIAS_BASE, "adapter-lora-bias-all", "merged-lora-bias-all", 8},
 };
 
 static void check_case(const struct lora_case *lc, const char *out)
@@ -157,7 +165,8 @@ static void check_case(const struct lora_case *lc, const char *out)
     for (size_t i = 0; i < e32->count; i++) {
         const char *name = e32->tensors[i].name;
         const struct lora_target *t = lora_find(set, name);
-        check_tensor(got, e32, e64, name, t && t->nterms > 0, &tally);
+        /* A LoRA bias is one multiply and one add, in PEFT's order: exact. */
+        check_tensor(got, e32, e64, name, t && t->nterms > 0 && !t->terms[0].bias, &tally);
     }
     /* The README's bar: at least 99.9% of merged elements equal the fp32 merge. */
     assert_true(tally.merged > 0);
@@ -975,6 +984,11 @@ static void test_refusals_write_nothing(void **state)
          "the rows of embed_tokens must be a list of row numbers", "adapter-tokens"},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"trainable_token_indices\": \"embed_tokens\"}",
          "\"trainable_token_indices\" must be a list of row numbers, or an object", "adapter-tokens"},
+        /* LoRA biases, on a base whose layers have none: PEFT cannot merge them either. */
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 32, \"lora_bias\": true}",
+         "adds to model.layers.0.self_attn.k_proj.bias, which the base model does not have", "adapter-lora-bias"},
+        {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 32}",
+         "k_proj.lora_B.bias: is a LoRA bias, but adapter_config.json does not set lora_bias", "adapter-lora-bias"},
     };
     for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
         char *weights_src = tu_strdupf(LORA_FIXTURES "/%s/" ADAPTER_WEIGHTS_NAME,
@@ -1474,6 +1488,75 @@ static void test_untargeted_module_left_out_with_a_warning(void **state)
 }
 
 /* inspect --lora lists each changed tensor with r, alpha and scaling. */
+/* Each LoRA bias of every adapter is added in adapter order, rounded once:
+ * the same adapter twice gives bias + b * s + b * s, element by element. A
+ * bias one adapter replaces ("bias": "all") and another changes is refused,
+ * as every tensor is. inspect marks the terms. */
+static void test_lora_bias_terms(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = LORA_FIXTURES "/" BIAS_BASE, *ad = LORA_FIXTURES "/adapter-lora-bias";
+    char *out = tu_strdupf("%s/twice", s->dir);
+    const char *dirs[2] = {ad, ad};
+    assert_int_equal(merge_on_cpu(base, out, dirs, 2, 0, 0, DT_INVALID), 16);
+    struct model *got, *bm, *am;
+    assert_int_equal(model_open_dir(out, &got), NF4_OK);
+    assert_int_equal(model_open_dir(base, &bm), NF4_OK);
+    char *weights = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+    assert_int_equal(model_open_file(weights, &am), NF4_OK);
+    size_t checked = 0;
+    for (size_t i = 0; i < am->count; i++) {
+        const char *key = am->tensors[i].t->name;
+        if (!str_ends_with(key, ".lora_B.bias"))
+            continue;
+        char *name = tu_strdupf("%.*s.bias", (int)(strlen(key) - strlen(".lora_B.bias") - strlen(PEFT_KEY_PREFIX)),
+                                key + strlen(PEFT_KEY_PREFIX));
+        const struct model_tensor *g = model_find(got, name), *w = model_find(bm, name), *b = &am->tensors[i];
+        assert_non_null(g);
+        assert_non_null(w);
+        assert_int_equal(g->t->dtype, DT_BF16);
+        assert_int_equal(b->t->dtype, DT_F32);
+        uint64_t n = w->t->nelem;
+        assert_int_equal(b->t->nelem, n);
+        uint16_t *gv = malloc(n * 2), *wv = malloc(n * 2);
+        float *bv = malloc(n * 4);
+        assert_int_equal(st_read(g->file, g->t, 0, gv, n * 2), NF4_OK);
+        assert_int_equal(st_read(w->file, w->t, 0, wv, n * 2), NF4_OK);
+        assert_int_equal(st_read(b->file, b->t, 0, bv, n * 4), NF4_OK);
+        for (uint64_t k = 0; k < n; k++) {
+            volatile float m = bf16_to_f32(wv[k]), d = bv[k] * 4.0f; /* alpha / r = 32 / 8 */
+            m = m + d;
+            m = m + d;
+            if (gv[k] != f32_to_bf16(m))
+                fail_msg("%s[%llu]: 0x%04x, expected 0x%04x", name, (unsigned long long)k, gv[k], f32_to_bf16(m));
+        }
+        checked++;
+        free(gv);
+        free(wv);
+        free(bv);
+        free(name);
+    }
+    assert_int_equal(checked, 8);
+    model_close(am);
+    model_close(bm);
+    model_close(got);
+    free(weights);
+    tu_rmtree(out);
+    free(out); /* assert_merge_refused counts what is left in s->dir */
+    assert_merge_refused(s, base, ad, LORA_FIXTURES "/adapter-lora-bias-all",
+                         "model.layers.0.self_attn.k_proj.bias: is replaced (modules_to_save) by one adapter and "
+                         "changed by another");
+    struct tu_run r = tu_run("inspect", base, "--lora", ad, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "model.layers.1.self_attn.v_proj.bias             8              32            4  "
+                                  LORA_FIXTURES "/adapter-lora-bias (lora_bias)\n"));
+    tu_run_free(&r);
+    r = tu_run("inspect", "--json", base, "--lora", ad, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "\"lora_bias\": true"));
+    tu_run_free(&r);
+}
+
 static void test_inspect_lists_changes(void **state)
 {
     (void)state;
@@ -1638,6 +1721,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_adapter_for_another_base, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_untargeted_module_left_out_with_a_warning, tu_scratch_setup,
                                         tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_lora_bias_terms, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
