@@ -55,6 +55,10 @@ static void plan_lora(struct out_item *it, const struct lora_target *t)
 {
     if (!t)
         return;
+    if (t->replace && t->nterms) {
+        it->round_src = 1;
+        it->round_src_to = it->w ? it->w->state.dtype : it->src->t->dtype;
+    }
     if (t->replace) {
         it->w = NULL;
         it->src = t->replace;

@@ -134,7 +134,7 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 put_name(out, t->name, 48);
                 fprintf(out, " %-6s %10s %12s  %s (%s: replaced, %s)\n", "-", "-", "-",
                         adapter_dir(s, t->replace_adapter),
-                        t->replace_frozen ? "base layer" : t->replace_trained_bias ? "trained bias" : "modules_to_save",
+                        t->replace_trained_bias ? "trained bias" : t->replace_frozen ? "base layer" : "modules_to_save",
                         dtype_name(t->replace->t->dtype));
             }
         } /* and a LoRA of the same adapter goes on the replacement, or its token rows */

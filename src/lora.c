@@ -772,6 +772,10 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                         (unsigned long long)shape[0], (unsigned long long)(ndim > 1 ? shape[1] : 0));
         goto out;
     }
+    if (rows == 0 || cols == 0) {
+        code = nf4_fail(NF4_EDATA, file, aname, "changes %s, which has no elements", wname);
+        goto out;
+    }
     const struct model_tensor *magnitude = NULL;
     if (c->use_dora && (code = find_magnitude(ad, module, kind, transposed, rows, a, &magnitude)) != NF4_OK)
         goto out;
@@ -835,7 +839,8 @@ static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_
         code = nf4_fail(NF4_EDATA, file, key, "has no matching %s", bname);
         goto out;
     }
-    if (!is_factor_dtype(x->dtype) || x->ndim != 1 || bt->t->ndim != 2 || x->shape[0] != bt->t->shape[0]) {
+    if (!is_factor_dtype(x->dtype) || x->ndim != 1 || bt->t->ndim != 2 || x->shape[0] != bt->t->shape[0] ||
+        x->shape[0] == 0) {
         code = nf4_fail(NF4_EDATA, file, key, "must be an F32, BF16 or F16 vector of %llu, one per row of %s",
                         (unsigned long long)(bt->t->ndim == 2 ? bt->t->shape[0] : 0), bname);
         goto out;
@@ -1054,7 +1059,9 @@ static int bind_replacement(struct binder *b, const struct lora_adapter *ad, siz
     enum tie_role role = frozen ? TIE_NEUTRAL : c->ensure_weight_tying ? TIE_KEPT : TIE_PARTED;
     int code = saved ? bind_replacement_of(b, index, t, name, role)
                      : nf4_fail(NF4_EDATA, file, t->t->name, "is neither a LoRA weight nor in modules_to_save");
-    if (code == NF4_OK && !frozen && !mts)
+    /* A bias trained with "bias": "all" or "lora_only", saved as M.bias, or as
+     * M.base_layer.bias under a LoRA layer (for inspect). */
+    if (code == NF4_OK && !mts && c->trains_bias && last && strcmp(last + 1, "bias") == 0)
         b->items[b->n - 1].trained_bias = 1;
     free(name);
     return code;
@@ -1343,8 +1350,8 @@ static int gather(struct lora_set *s, struct binder *b)
                                        : (t->replace && t->replace_adapter != x->term.adapter);
         if (other_adapter)
             return nf4_fail(NF4_EDATA, file, t->name,
-                            "is replaced (modules_to_save) by one adapter and changed by another: "
-                            "merge these adapters separately");
+                            "is replaced by one adapter (a modules_to_save copy, a trained bias or a saved base "
+                            "layer) and changed by another: merge these adapters separately");
         if (x->replace) {
             t->replace = x->replace;
             t->replace_frozen = x->frozen;

@@ -271,6 +271,21 @@ static int fill_dequant(struct task *t, unsigned char *arena, const struct out_i
     return NF4_OK;
 }
 
+/* Rounds n values of dtype `from` at p to dtype `to` in place (a replacement
+ * loaded into the base's narrower parameter), where that loses anything:
+ * from F32 to BF16 or F16, or between the two 16-bit types. Returns the
+ * values' dtype now. */
+static enum st_dtype round_in_place(void *p, uint64_t n, enum st_dtype from, enum st_dtype to)
+{
+    int narrower = from == DT_F32 && (to == DT_BF16 || to == DT_F16);
+    int across = (from == DT_BF16 && to == DT_F16) || (from == DT_F16 && to == DT_BF16);
+    if (!narrower && !across)
+        return from;
+    for (uint64_t i = 0; i < n; i++) /* front to back: element i is written at or before where it was read */
+        f32_to_element(to, p, i, f32_from_element(from, p, i));
+    return to;
+}
+
 /* Reads a merge chunk: the base values in their own dtype (a dequantization
  * job when 4-bit, the stored values otherwise), then the factors; the output
  * goes after them. */
@@ -290,6 +305,8 @@ static int fill_merge(struct task *t, unsigned char *arena, const struct out_ite
             return code;
         mj->w = arena;
         mj->w_dtype = it->src->t->dtype;
+        if (it->round_src)
+            mj->w_dtype = round_in_place(arena, cnt, mj->w_dtype, it->round_src_to);
         at = align_up((size_t)(cnt * in_size));
     }
     t->out = arena + at;

@@ -26,6 +26,11 @@ struct out_item {
     const struct model_tensor *src;
     const struct bnb_weight *w;
     const struct lora_target *lora; /* NULL, or terms to merge or token rows to put (never a replacement: that is `src`) */
+    /* A replacement with terms on it is first rounded to the dtype of the
+     * base tensor it replaces, as PEFT loads it into the base's parameter
+     * before merging: round_src set, and round_src_to. */
+    int round_src;
+    enum st_dtype round_src_to;
 };
 
 /* Output bytes a chunk aims at. Measured on the 1.1B preset into tmpfs

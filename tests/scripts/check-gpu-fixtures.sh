@@ -55,7 +55,8 @@ for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 b
     bf16-bnb4-tied:tied-embed-lora-mirror bf16-bnb4:dora bf16-bnb4:tokens bf16-bnb4:tokens-dict \
     bf16-bnb4-tied:tied-tokens bf16-bnb4-tied:tied-tokens-apart bf16-bnb4:resized-tokens bf16-bnb4:resized-copies \
     bf16-bnb4-tied:tied-resized-tokens bf16-bnb4-tied:tied-resized-copy bf16-bnb4:resized-lora \
-    bf16-bnb4-bias:lora-bias bf16-bnb4-bias:lora-bias-all; do
+    bf16-bnb4-bias:lora-bias bf16-bnb4-bias:lora-bias-all \
+    bf16-bnb4-bias:lora-bias-fp32; do
     base=${c%%:*}; case_=${c##*:}
     "$bin" convert -q --device "$gpu" "$lf/base-llama-$base" "$out/lora-$case_-gpu" --lora "$lf/adapter-$case_" ||
         { failed=$((failed + 1)); echo "FAIL: convert --lora adapter-$case_"; continue; }

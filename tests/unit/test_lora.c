@@ -140,7 +140,14 @@ static const struct lora_case CASES[] = {
      * "bias": "all" saves where there is one. */
     {BIAS_BASE, "adapter-lora-bias", "merged-lora-bias", 16},
     {BIAS_BASE, "adapter-lora-bias-all", "merged-lora-bias-all", 8},
+    /* fp32 trained biases (rounded to the base's bf16 first, as PEFT loads
+     * them), bf16 factors, scalings of rsLoRA and alpha_pattern that are not
+     * powers of two. */
+    {BIAS_BASE, "adapter-lora-bias-fp32", "merged-lora-bias-fp32", 8},
 };
+
+static void check_merge(const char *out, const char *base, const char *adapter, const char *e32_path,
+                        const char *e64_path);
 
 static void check_case(const struct lora_case *lc, const char *out)
 {
@@ -148,6 +155,18 @@ static void check_case(const struct lora_case *lc, const char *out)
     char *e64_path = tu_strdupf(LORA_FIXTURES "/%s.expected.fp64.safetensors", lc->expected);
     char *adapter = tu_strdupf(LORA_FIXTURES "/%s", lc->adapter);
     char *base = tu_strdupf(LORA_FIXTURES "/%s", lc->base);
+    check_merge(out, base, adapter, e32_path, e64_path);
+    free(e32_path);
+    free(e64_path);
+    free(adapter);
+    free(base);
+}
+
+/* The merged model dir `out` of `adapter` on `base` against the fp32 and
+ * fp64 expected files, with the tolerance. */
+static void check_merge(const char *out, const char *base, const char *adapter, const char *e32_path,
+                        const char *e64_path)
+{
     struct model *got, *bm;
     struct st_file *e32, *e64;
     assert_int_equal(model_open_dir(out, &got), NF4_OK);
@@ -171,7 +190,7 @@ static void check_case(const struct lora_case *lc, const char *out)
     /* The README's bar: at least 99.9% of merged elements equal the fp32 merge. */
     assert_true(tally.merged > 0);
     if (tally.exact * 1000 < tally.merged * 999)
-        fail_msg("%s: only %llu of %llu merged elements equal the fp32 merge", lc->expected,
+        fail_msg("%s: only %llu of %llu merged elements equal the fp32 merge", e32_path,
                  (unsigned long long)tally.exact, (unsigned long long)tally.merged);
     lora_close(set);
     bnb_free(w, nw);
@@ -179,10 +198,6 @@ static void check_case(const struct lora_case *lc, const char *out)
     st_close(e32);
     st_close(e64);
     model_close(got);
-    free(e32_path);
-    free(e64_path);
-    free(adapter);
-    free(base);
 }
 
 /* convert --device cpu IN OUT with the adapters in `dirs`, quietly: the
@@ -1544,8 +1559,8 @@ static void test_lora_bias_terms(void **state)
     tu_rmtree(out);
     free(out); /* assert_merge_refused counts what is left in s->dir */
     assert_merge_refused(s, base, ad, LORA_FIXTURES "/adapter-lora-bias-all",
-                         "model.layers.0.self_attn.k_proj.bias: is replaced (modules_to_save) by one adapter and "
-                         "changed by another");
+                         "model.layers.0.self_attn.k_proj.bias: is replaced by one adapter (a modules_to_save copy, "
+                         "a trained bias or a saved base layer) and changed by another");
     struct tu_run r = tu_run("inspect", base, "--lora", ad, NULL);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "model.layers.1.self_attn.v_proj.bias             8              32            4  "
@@ -1554,6 +1569,39 @@ static void test_lora_bias_terms(void **state)
     r = tu_run("inspect", "--json", base, "--lora", ad, NULL);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "\"lora_bias\": true"));
+    tu_run_free(&r);
+    /* A layer of no rows: refused, not a division by zero. */
+    struct syn_tensor empty_base[2] = {{"model.d.weight", DT_F32, {0, 8}, NULL}, {"model.d.bias", DT_F32, {0, 0}, NULL}};
+    struct syn_tensor empty_ad[3] = {{PEFT_KEY_PREFIX "model.d.lora_A.weight", DT_F32, {4, 8}, NULL},
+                                     {PEFT_KEY_PREFIX "model.d.lora_B.weight", DT_F32, {0, 4}, NULL},
+                                     {PEFT_KEY_PREFIX "model.d.lora_B.bias", DT_F32, {0, 0}, NULL}};
+    for (size_t i = 0; i < 3; i++)
+        syn_fill(&empty_ad[i], 1.0f);
+    for (size_t i = 0; i < 2; i++)
+        syn_fill(&empty_base[i], 1.0f);
+    char *ebase = tu_strdupf("%s-empty.safetensors", s->dir), *ead = tu_strdupf("%s-empty-adapter", s->dir);
+    char *eweights = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ead);
+    syn_write(ebase, empty_base, 2);
+    assert_int_equal(mkdir(ead, 0755), 0);
+    syn_write(eweights, empty_ad, 3);
+    write_config(ead, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"lora_bias\": true}");
+    assert_merge_refused(s, ebase, ead, NULL, "changes model.d.weight, which has no elements");
+    tu_rmtree(ead);
+    for (size_t i = 0; i < 3; i++)
+        free(empty_ad[i].v);
+    for (size_t i = 0; i < 2; i++)
+        free(empty_base[i].v);
+    unlink(ebase);
+    free(ebase);
+    free(ead);
+    free(eweights);
+    /* "bias": "all": every bias trained, under a LoRA layer (M.base_layer.bias) or not (M.bias). */
+    r = tu_run("inspect", base, "--lora", LORA_FIXTURES "/adapter-lora-bias-all", NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "model.layers.0.self_attn.q_proj.bias             -               -            -  "
+                                  LORA_FIXTURES "/adapter-lora-bias-all (trained bias: replaced, BF16)\n"));
+    assert_non_null(strstr(r.out, "model.layers.0.self_attn.k_proj.bias             -               -            -  "
+                                  LORA_FIXTURES "/adapter-lora-bias-all (trained bias: replaced, BF16)\n"));
     tu_run_free(&r);
 }
 
