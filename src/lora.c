@@ -11,6 +11,7 @@
 
 #include "fileio.h"
 #include "json_util.h"
+#include "lora_diffusers.h"
 #include "lora_target.h"
 #include "model_dir.h"
 #include "pattern.h"
@@ -532,12 +533,12 @@ static void note_untie(struct binder *b, const char *file, const char *key, cons
 }
 
 /* The adapter key of a module's factor, "base_model.model.M<suffix>", allocated. */
-static char *factor_key(const char *module, const char *suffix)
+static char *factor_key(const struct lora_adapter *ad, const char *module, const char *suffix)
 {
-    size_t n = strlen(PEFT_KEY_PREFIX) + strlen(module) + strlen(suffix) + 1;
+    size_t n = strlen(ad->key_prefix) + strlen(module) + strlen(suffix) + 1;
     char *key = malloc(n);
     if (key)
-        snprintf(key, n, "%s%s%s", PEFT_KEY_PREFIX, module, suffix);
+        snprintf(key, n, "%s%s%s", ad->key_prefix, module, suffix);
     return key;
 }
 
@@ -598,9 +599,9 @@ static int head_mirrors_embedding(struct binder *b, const struct lora_adapter *a
         return NF4_OK;
     }
     char *head = weight_module(TIED_HEAD_NAME), *embed = weight_module(b->tied_embedding);
-    char *keys[4] = {head ? factor_key(head, LORA_A_SUFFIX) : NULL, head ? factor_key(head, LORA_B_SUFFIX) : NULL,
-                     embed ? factor_key(embed, EMBEDDING_B_SUFFIX) : NULL,
-                     embed ? factor_key(embed, EMBEDDING_A_SUFFIX) : NULL};
+    char *keys[4] = {head ? factor_key(ad, head, LORA_A_SUFFIX) : NULL, head ? factor_key(ad, head, LORA_B_SUFFIX) : NULL,
+                     embed ? factor_key(ad, embed, EMBEDDING_B_SUFFIX) : NULL,
+                     embed ? factor_key(ad, embed, EMBEDDING_A_SUFFIX) : NULL};
     int code = NF4_OK;
     const struct model_tensor *t[4] = {0};
     *mirrored = 0;
@@ -646,7 +647,7 @@ static int find_magnitude(const struct lora_adapter *ad, const char *module, con
     if (kind->embedding || transposed)
         return nf4_fail(NF4_EDATA, file, aname, "DoRA (use_dora) on %s is not supported",
                         kind->embedding ? "an embedding" : "a transposed weight (fan_in_fan_out, Conv1D)");
-    char *key = factor_key(module, MAGNITUDE_SUFFIX);
+    char *key = factor_key(ad, module, MAGNITUDE_SUFFIX);
     if (!key)
         return nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
     const struct model_tensor *m = model_find(ad->weights, key);
@@ -671,7 +672,7 @@ static const uint64_t *resized_layer_shape(const struct binder *b, const struct 
 {
     if (ndim != 2 || !(is_embedding_layer_weight(wname) || is_tied_head(b, wname)))
         return NULL;
-    char *key = factor_key(module, BASE_LAYER_SEGMENT "weight");
+    char *key = factor_key(ad, module, BASE_LAYER_SEGMENT "weight");
     const struct model_tensor *layer = key ? model_find(ad->weights, key) : NULL;
     free(key);
     if (!layer || layer->t->ndim != 2 || layer->t->shape[1] != shape[1] || layer->t->shape[0] == shape[0])
@@ -694,7 +695,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                      const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
     const char *file = a->file->path, *aname = a->t->name;
-    char *bname = factor_key(module, kind->b_suffix), *wname = base_weight_name(module);
+    char *bname = factor_key(ad, module, kind->b_suffix), *wname = base_weight_name(module);
     int code = NF4_OK, mirrored = 0;
     if (!bname || !wname) {
         code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
@@ -752,6 +753,15 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     if (at->ndim != 2 || btt->ndim != 2) {
         code = nf4_fail(NF4_EDATA, file, at->ndim != 2 ? aname : bname, "is not a matrix");
         goto out;
+    }
+    if (c->rank_from_shapes) { /* a diffusers LoRA without its config: r = alpha = the pair's rank */
+        if (at->shape[0] == 0 || at->shape[0] > LORA_MAX_RANK) {
+            code = nf4_fail(NF4_EDATA, file, aname, "has rank %llu; a rank is from 1 to %u",
+                            (unsigned long long)at->shape[0], LORA_MAX_RANK);
+            goto out;
+        }
+        r = (uint32_t)at->shape[0];
+        alpha = r;
     }
     if (at->shape[0] != r || btt->shape[1] != r) {
         code = nf4_fail(NF4_EDATA, file, at->shape[0] != r ? aname : bname,
@@ -822,7 +832,7 @@ static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_
     if (code != NF4_OK)
         return code;
     char *module = strndup(name, strlen(name) - strlen(LORA_BIAS_SUFFIX));
-    char *bname = module ? factor_key(module, LORA_B_SUFFIX) : NULL, *wname = module ? base_weight_name(module) : NULL;
+    char *bname = module ? factor_key(ad, module, LORA_B_SUFFIX) : NULL, *wname = module ? base_weight_name(module) : NULL;
     size_t n = module ? strlen(module) + sizeof ".bias" : 0;
     char *bias_name = module ? malloc(n) : NULL;
     if (!bname || !wname || !bias_name) {
@@ -860,6 +870,8 @@ static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_
     uint32_t r;
     double alpha;
     module_rank_alpha(c, module, &r, &alpha);
+    if (c->rank_from_shapes) /* as for its pair (bind_pair checks the rank) */
+        alpha = r = (uint32_t)(bt->t->shape[1] <= LORA_MAX_RANK ? bt->t->shape[1] : 1);
     struct binding *y = add_binding(b, file, bias_name);
     if (!y) {
         code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
@@ -957,11 +969,9 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
 static int bind_tied_head_copy(struct binder *b, const struct lora_adapter *ad, size_t index,
                                const struct model_tensor *t)
 {
-    size_t n = strlen(PEFT_KEY_PREFIX) + strlen(b->tied_embedding) + 1;
-    char *key = malloc(n);
+    char *key = factor_key(ad, b->tied_embedding, "");
     if (!key)
         return nf4_fail(NF4_ESOFTWARE, t->file->path, t->t->name, "out of memory");
-    snprintf(key, n, "%s%s", PEFT_KEY_PREFIX, b->tied_embedding);
     const struct model_tensor *embed = model_find(ad->weights, key);
     free(key);
     if (!embed)
@@ -998,7 +1008,7 @@ static int bind_wrapper_part(struct binder *b, const struct lora_adapter *ad, si
     if (name) {
         memcpy(name, key_name, at);
         strcpy(name + at, seg + skip); /* "M.P" */
-        twin_key = factor_key(name, "");
+        twin_key = factor_key(ad, name, "");
     }
     int code = twin_key ? NF4_OK : nf4_fail(NF4_ESOFTWARE, t->file->path, t->t->name, "out of memory");
     const struct model_tensor *twin = twin_key ? model_find(ad->weights, twin_key) : NULL;
@@ -1099,7 +1109,7 @@ static int token_rows_of(const struct binder *b, const struct lora_adapter *ad, 
         *cols = shape[1];
         /* On a resized vocabulary PEFT saves the layer whole beside its rows:
          * the rows are that layer's. */
-        char *layer_key = factor_key(module, TOKEN_ADAPTER_SEGMENT BASE_LAYER_SEGMENT "weight");
+        char *layer_key = factor_key(ad, module, TOKEN_ADAPTER_SEGMENT BASE_LAYER_SEGMENT "weight");
         const struct model_tensor *layer = layer_key ? model_find(ad->weights, layer_key) : NULL;
         if (layer && layer->t->ndim == 2 && layer->t->shape[1] == *cols)
             *rows = layer->t->shape[0];
@@ -1120,7 +1130,7 @@ static int head_rows_are_embeddings(const struct binder *b, const struct lora_ad
                                     const struct lora_config *c, const struct token_rows *head, int *same,
                                     int *has_embedding)
 {
-    char *embed = weight_module(b->tied_embedding), *key = embed ? factor_key(embed, TOKEN_DELTA_SUFFIX) : NULL;
+    char *embed = weight_module(b->tied_embedding), *key = embed ? factor_key(ad, embed, TOKEN_DELTA_SUFFIX) : NULL;
     int code = key ? NF4_OK : nf4_fail(NF4_ESOFTWARE, ad->config_path, NULL, "out of memory");
     const struct model_tensor *t = key ? model_find(ad->weights, key) : NULL;
     struct token_rows *rows = NULL;
@@ -1210,11 +1220,11 @@ static int refuse_if_nothing_targeted(const struct binder *b, const struct lora_
                                       const struct lora_config *c)
 {
     const struct model *m = ad->weights;
-    const size_t plen = strlen(PEFT_KEY_PREFIX);
+    const size_t plen = strlen(ad->key_prefix);
     size_t pairs = 0, targeted = 0;
     for (size_t i = 0; i < m->count; i++) {
         const char *key = m->tensors[i].t->name;
-        const struct pair_kind *kind = strncmp(key, PEFT_KEY_PREFIX, plen) == 0 ? pair_kind_of(key + plen) : NULL;
+        const struct pair_kind *kind = strncmp(key, ad->key_prefix, plen) == 0 ? pair_kind_of(key + plen) : NULL;
         if (!kind)
             continue;
         char *module = lora_a_module(key + plen, kind), *wname = module ? base_weight_name(module) : NULL;
@@ -1241,14 +1251,16 @@ static int refuse_if_nothing_targeted(const struct binder *b, const struct lora_
 static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c)
 {
     const struct model *m = ad->weights;
-    const size_t plen = strlen(PEFT_KEY_PREFIX);
+    const size_t plen = strlen(ad->key_prefix);
     int code = refuse_if_nothing_targeted(b, ad, c);
     if (code != NF4_OK)
         return code;
     for (size_t i = 0; i < m->count; i++) {
         const struct model_tensor *t = &m->tensors[i];
         const char *key = t->t->name, *file = t->file->path;
-        if (strncmp(key, PEFT_KEY_PREFIX, plen) != 0)
+        if (strncmp(key, ad->key_prefix, plen) != 0 && ad->diffusers)
+            continue; /* another pipeline component's (diffusers_lora_prefix warned) */
+        if (strncmp(key, ad->key_prefix, plen) != 0)
             return nf4_fail(NF4_EDATA, file, key, "is not a PEFT key (no \"%s\" prefix)", PEFT_KEY_PREFIX);
         const char *name = key + plen;
         const struct pair_kind *kind = pair_kind_of(name);
@@ -1442,13 +1454,27 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];
         struct lora_config c = {0};
+        char *wpath = NULL;
         ad->dir = strdup(dirs[i]);
-        ad->config_path = path_join(dirs[i], ADAPTER_CONFIG_NAME);
-        char *wpath = path_join(dirs[i], ADAPTER_WEIGHTS_NAME);
-        if (!ad->dir || !ad->config_path || !wpath)
+        if (!ad->dir)
             code = nf4_fail(NF4_ESOFTWARE, dirs[i], NULL, "out of memory");
-        if (code == NF4_OK && (code = parse_config(ad->config_path, &c)) == NF4_OK &&
-            (code = open_adapter_weights(dirs[i], wpath, &ad->weights)) == NF4_OK)
+        if (code == NF4_OK)
+            code = diffusers_lora_path(dirs[i], &ad->config_path);
+        if (code == NF4_OK && ad->config_path) {
+            ad->diffusers = 1;
+            if ((code = model_open_file(ad->config_path, &ad->weights)) == NF4_OK &&
+                (code = diffusers_lora_prefix(ad->weights, base, &ad->key_prefix)) == NF4_OK)
+                code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);
+        } else if (code == NF4_OK) {
+            ad->config_path = path_join(dirs[i], ADAPTER_CONFIG_NAME);
+            ad->key_prefix = strdup(PEFT_KEY_PREFIX);
+            wpath = path_join(dirs[i], ADAPTER_WEIGHTS_NAME);
+            if (!ad->config_path || !ad->key_prefix || !wpath)
+                code = nf4_fail(NF4_ESOFTWARE, dirs[i], NULL, "out of memory");
+            if (code == NF4_OK && (code = parse_config(ad->config_path, &c)) == NF4_OK)
+                code = open_adapter_weights(dirs[i], wpath, &ad->weights);
+        }
+        if (code == NF4_OK)
             code = bind_adapter(&b, ad, i, &c);
         lora_config_free(&c);
         free(wpath);
@@ -1503,6 +1529,7 @@ void lora_close(struct lora_set *s)
     for (size_t i = 0; i < s->nadapters; i++) {
         free(s->adapters[i].dir);
         free(s->adapters[i].config_path);
+        free(s->adapters[i].key_prefix);
         if (s->adapters[i].weights)
             model_close(s->adapters[i].weights);
     }

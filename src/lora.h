@@ -102,8 +102,13 @@ struct lora_target {
 
 struct lora_adapter {
     char *dir;
-    char *config_path;
+    char *config_path; /* adapter_config.json, or a diffusers LoRA's weights file */
     struct model *weights;
+    /* What precedes a module's name in its keys: PEFT_KEY_PREFIX, or a
+     * diffusers LoRA's component ("transformer.", lora_diffusers.h), whose
+     * keys for other components are left out. */
+    char *key_prefix;
+    int diffusers;
 };
 
 struct lora_set {
@@ -134,6 +139,7 @@ struct lora_config {
     int use_rslora, fan_in_fan_out;
     int use_dora; /* DoRA: each pair has a lora_magnitude_vector; merged rows are rescaled */
     int lora_bias; /* each lora_B has a bias, added to the base layer's, times scaling */
+    int rank_from_shapes; /* a diffusers LoRA without its config: each pair's r and alpha are its rank */
     int ensure_weight_tying; /* PEFT keeps modules_to_save copies of tied weights tied */
     int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
     const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
@@ -150,7 +156,8 @@ struct lora_config {
 int lora_config_parse(const char *path, const char *json, size_t len, struct lora_config *c);
 void lora_config_free(struct lora_config *c);
 
-/* Opens each adapter directory, validates its config and binds every key of its
+/* Opens each adapter (a PEFT adapter directory, or a diffusers LoRA: its
+ * file, or a folder holding it), validates its config and binds every key of its
  * weights to a base tensor: `weights` are the base's 4-bit weights, the other
  * base tensors are looked up in `base`. Returns NF4_OK or NF4_ENOINPUT /
  * NF4_EDATA / NF4_ESOFTWARE with the reason recorded. */

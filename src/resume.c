@@ -14,6 +14,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "lora.h"
+#include "lora_diffusers.h"
 #include "status.h"
 #include "strbuf.h"
 
@@ -234,16 +235,17 @@ static int header_hash(const struct st_file *f, uint64_t *out)
     return NF4_OK;
 }
 
-/* "path size mtime" of a file, for the options string; "-" when it is absent. */
+/* "name size mtime" of a file in dir (name NULL: of dir itself, where it is a
+ * regular file), for the options string; "-" when it is absent. */
 static void describe_file(struct strbuf *b, const char *dir, const char *name)
 {
-    char *p = path_join(dir, name);
+    char *p = name ? path_join(dir, name) : strdup(dir);
     struct stat st;
-    if (p && stat(p, &st) == 0)
-        strbuf_printf(b, " %s %lld %lld.%09ld", name, (long long)st.st_size, (long long)st.st_mtim.tv_sec,
-                      st.st_mtim.tv_nsec);
+    if (p && stat(p, &st) == 0 && (name || S_ISREG(st.st_mode)))
+        strbuf_printf(b, " %s %lld %lld.%09ld", name ? name : "file", (long long)st.st_size,
+                      (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
     else
-        strbuf_printf(b, " %s -", name);
+        strbuf_printf(b, " %s -", name ? name : "file");
     free(p);
 }
 
@@ -258,9 +260,11 @@ int resume_fingerprint(const struct model *m, const struct convert_opts *o, cons
         char real[PATH_MAX];
         strbuf_puts(&b, "; lora ");
         strbuf_puts(&b, realpath(o->lora_dirs[i], real) ? real : o->lora_dirs[i]);
+        describe_file(&b, o->lora_dirs[i], NULL); /* a diffusers LoRA given as its file */
         describe_file(&b, o->lora_dirs[i], ADAPTER_CONFIG_NAME);
         describe_file(&b, o->lora_dirs[i], ADAPTER_WEIGHTS_NAME);
         describe_file(&b, o->lora_dirs[i], ADAPTER_PICKLE_NAME);
+        describe_file(&b, o->lora_dirs[i], DIFFUSERS_LORA_NAME);
     }
     if (untied)
         strbuf_printf(&b, "; lm_head.weight apart from %s", untied);

@@ -741,6 +741,35 @@ def lora_cases():
               weights=st_bytes(adapter_tensors() + [T(PEFT + "model.x.lora_B.bias", "F32", [8], bytes(32))]))
     emit_lora("lora-bias-dora", 65, "sets both lora_bias and use_dora, which PEFT refuses",
               config=adapter_config(lora_bias=True, use_dora=True))
+    # diffusers LoRAs (save_lora_weights): pytorch_lora_weights.safetensors, keys under the component's
+    # name, the config in the metadata; ok-baseline, a single file, is taken as the transformer.
+    def diffusers_lora(prefix="transformer.", config=None, raw=None, extra=()):
+        ts = [T(prefix + t.name[len(PEFT):], t.dtype, t.shape, t.data) for t in adapter_tensors()] + list(extra)
+        meta = {"format": "pt"}
+        if config is not None or raw is not None:
+            meta["lora_adapter_metadata"] = raw if raw is not None else json.dumps(
+                {"transformer." + k: v for k, v in config.items()})
+        return {"pytorch_lora_weights.safetensors": st_bytes(ts, metadata=meta)}
+    emit_dir("lora-diffusers-ok", diffusers_lora(config={"r": 4, "lora_alpha": 8, "target_modules": ["d"]}), 0,
+             "1 with LoRA merged", kinds=both)
+    emit_dir("lora-diffusers-no-metadata", diffusers_lora(), 0, "1 with LoRA merged", kinds=both)
+    emit_dir("lora-diffusers-other-component", diffusers_lora(prefix="text_encoder."), 65,
+             "is a diffusers LoRA with no tensors for transformer (its keys are for: text_encoder)", kinds=both)
+    emit_dir("lora-diffusers-metadata-not-json", diffusers_lora(raw="{\"transformer.r\": 4"), 65,
+             '(metadata "lora_adapter_metadata"): is not valid JSON', kinds=both)
+    emit_dir("lora-diffusers-metadata-rank", diffusers_lora(config={"r": 8, "lora_alpha": 8}), 65,
+             "has rank 4, but the config says r = 8", kinds=("lora",))
+    emit_dir("lora-diffusers-metadata-dora", diffusers_lora(config={"r": 4, "lora_alpha": 8, "use_dora": True}), 65,
+             "lora_magnitude_vector, which DoRA (use_dora) needs", kinds=("lora",))
+    emit_dir("lora-diffusers-rank-huge", diffusers_lora(extra=[
+        T("transformer.model.g.lora_A.weight", "F32", [65537, 0], b""),
+        T("transformer.model.g.lora_B.weight", "F32", [1, 65537], bytes(4 * 65537))]), 65,
+        "has rank 65537; a rank is from 1 to 65536", kinds=("lora",))
+    emit_dir("lora-diffusers-kohya", {"pytorch_lora_weights.safetensors": st_bytes(
+        [T("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "F32", [4, 256], bytes(4096)),
+         T("lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", "F32", [8, 4], bytes(128)),
+         T("lora_unet_double_blocks_0_img_attn_qkv.alpha", "F32", [], bytes(4))])}, 65,
+        "is a kohya-format LoRA (lora_unet_..., lora_down/lora_up), which nf4deq does not read", kinds=both)
     emit_lora("lora-bias-mode-unknown", 65, '"bias" must be', config=adapter_config(bias="some"))
     # PEFT features whose weights are no plain delta of the base as it is.
     emit_lora("lora-init-pissa", 65, '"init_lora_weights": "pissa_niter_4" rewrote the base weights',

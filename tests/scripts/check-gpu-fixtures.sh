@@ -88,6 +88,21 @@ check "flux pipeline transformer (gpu vs bitsandbytes)" "$out/flux/transformer" 
     "$dx/tiny-flux-bnb4.transformer.expected.safetensors"
 check "flux pipeline text_encoder_2 (gpu vs bitsandbytes)" "$out/flux/text_encoder_2" \
     "$dx/tiny-flux-bnb4.text_encoder_2.expected.safetensors"
+# diffusers LoRAs (save_lora_weights) merged into the transformer component:
+# within the tolerance, and equal to the CPU's merge byte for byte.
+for case_ in lora-flux lora-flux-nometa; do
+    "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4/transformer" "$out/flux-$case_-gpu" --lora "$dx/$case_" ||
+        { failed=$((failed + 1)); echo "FAIL: convert --lora $case_"; continue; }
+    if python3 tests/scripts/check_lora_tolerance.py "$out/flux-$case_-gpu" \
+        "$dx/tiny-flux-bnb4.transformer.$case_.expected.safetensors" \
+        "$dx/tiny-flux-bnb4.transformer.$case_.expected.fp64.safetensors" "$dx/$case_"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: $case_ tolerance"
+    fi
+    "$bin" convert -q --device cpu "$dx/tiny-flux-bnb4/transformer" "$out/flux-$case_-cpu" --lora "$dx/$case_"
+    check "$case_ (gpu vs cpu)" "$out/flux-$case_-gpu" "$out/flux-$case_-cpu"
+done
 if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
     passed=$((passed + 1))
 else

@@ -8,6 +8,7 @@ add, in PEFT's order.
 Needs numpy (the device image and the test venv have it).
 
 usage: check_lora_tolerance.py GOT_DIR EXPECTED_FP32 EXPECTED_FP64 ADAPTER_DIR
+(ADAPTER_DIR: a PEFT adapter, or a folder with a diffusers LoRA's pytorch_lora_weights.safetensors)
 """
 import os
 import sys
@@ -46,10 +47,13 @@ def main():
     got_dir, e32_path, e64_path, adapter = sys.argv[1:5]
     got, e32, e64 = load(got_dir), load(e32_path), load(e64_path)
     merged = set()
-    for key in load(os.path.join(adapter, "adapter_model.safetensors")):
+    weights, prefix = os.path.join(adapter, "adapter_model.safetensors"), PREFIX
+    if not os.path.exists(weights):  # a diffusers LoRA: the transformer's keys
+        weights, prefix = os.path.join(adapter, "pytorch_lora_weights.safetensors"), "transformer."
+    for key in load(weights):
         for a_suffix in (".lora_A.weight", ".lora_embedding_A"):  # a layer's LoRA, an embedding's
-            if key.endswith(a_suffix):
-                merged.add(key[len(PREFIX):-len(a_suffix)] + ".weight")
+            if key.startswith(prefix) and key.endswith(a_suffix):
+                merged.add(key[len(prefix):-len(a_suffix)] + ".weight")
     bad, total, exact = [], 0, 0
     if set(got) != set(e32):
         bad.append("tensor names differ: %s" % sorted(set(got) ^ set(e32)))

@@ -11,6 +11,7 @@
 #include "convert.h"
 #include "fpconv.h"
 #include "lora.h"
+#include "lora_diffusers.h"
 #include "model.h"
 #include "resume.h"
 #include "strbuf.h"
@@ -1605,6 +1606,84 @@ static void test_lora_bias_terms(void **state)
     tu_run_free(&r);
 }
 
+/* ---- diffusers LoRAs (pytorch_lora_weights.safetensors) ---- */
+
+#define DIFFUSERS_FIXTURES FIXTURES "/diffusers"
+
+/* A LoRA diffusers' save_lora_weights wrote for the tiny Flux transformer,
+ * with its config in the metadata (scalings 2 and 1) and without (scaling
+ * 1): merged into the transformer/ component within the tolerance; given as
+ * the file itself, on the single-file transformer, the same bytes. */
+static void test_diffusers_loras(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer";
+    static const char *const NAMES[] = {"lora-flux", "lora-flux-nometa"};
+    for (size_t i = 0; i < 2; i++) {
+        char *out = tu_strdupf("%s/flux-%zu", s->dir, i), *ad = tu_strdupf(DIFFUSERS_FIXTURES "/%s", NAMES[i]);
+        char *e32 = tu_strdupf(DIFFUSERS_FIXTURES "/tiny-flux-bnb4.transformer.%s.expected.safetensors", NAMES[i]);
+        char *e64 = tu_strdupf(DIFFUSERS_FIXTURES "/tiny-flux-bnb4.transformer.%s.expected.fp64.safetensors", NAMES[i]);
+        const char *dirs[1] = {ad};
+        assert_int_equal(merge_on_cpu(base, out, dirs, 1, i ? 1 : 0, 3, DT_INVALID), 18);
+        check_merge(out, base, ad, e32, e64);
+        free(out);
+        free(ad);
+        free(e32);
+        free(e64);
+    }
+    char *file_out = tu_strdupf("%s/flux.safetensors", s->dir), *dir_out = tu_strdupf("%s/flux-0/%s", s->dir,
+                                                                                       "diffusion_pytorch_model.safetensors");
+    const char *file[1] = {DIFFUSERS_FIXTURES "/lora-flux/pytorch_lora_weights.safetensors"};
+    assert_int_equal(merge_on_cpu(DIFFUSERS_FIXTURES "/tiny-flux-transformer.bnb4.safetensors", file_out, file, 1, 0, 0,
+                                  DT_INVALID), 18);
+    tu_assert_same_tensors(file_out, dir_out);
+    free(file_out);
+    free(dir_out);
+}
+
+/* A diffusers LoRA with tensors for the transformer and for another
+ * component: the transformer's are merged, the others left out with one
+ * warning; with none for the transformer, refused. inspect lists the change. */
+static void test_diffusers_lora_components(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer";
+    struct syn_tensor ts[4] = {
+        {"transformer.proj_out.lora_A.weight", DT_BF16, {4, 64}, NULL},
+        {"transformer.proj_out.lora_B.weight", DT_BF16, {16, 4}, NULL},
+        {"text_encoder.encoder.layers.0.self_attn.q_proj.lora_A.weight", DT_F32, {4, 8}, NULL},
+        {"text_encoder.encoder.layers.0.self_attn.q_proj.lora_B.weight", DT_F32, {8, 4}, NULL},
+    };
+    for (size_t i = 0; i < 4; i++)
+        syn_fill(&ts[i], 0.5f);
+    char *ad = tu_strdupf("%s-lora", s->dir), *path = tu_strdupf("%s/" DIFFUSERS_LORA_NAME, ad);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    syn_write(path, ts, 4);
+    char *out = tu_strdupf("%s/out", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", base, out, "--lora", ad, NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "2 of its tensors are for other pipeline components (text_encoder) than transformer") ||
+        !strstr(r.err, "1 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    r = tu_run("inspect", base, "--lora", path, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "proj_out.weight"));
+    assert_non_null(strstr(r.out, "1 tensor changed by 1 adapter"));
+    tu_run_free(&r);
+    tu_rmtree(out);
+    /* Only the text encoder's: nothing for this base. */
+    syn_write(path, ts + 2, 2);
+    assert_merge_refused(s, base, ad, NULL, "is a diffusers LoRA with no tensors for transformer (its keys are for: "
+                                            "text_encoder)");
+    tu_rmtree(ad);
+    for (size_t i = 0; i < 4; i++)
+        free(ts[i].v);
+    free(ad);
+    free(path);
+    free(out);
+}
+
 static void test_inspect_lists_changes(void **state)
 {
     (void)state;
@@ -1770,6 +1849,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_untargeted_module_left_out_with_a_warning, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_lora_bias_terms, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_diffusers_loras, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_diffusers_lora_components, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),

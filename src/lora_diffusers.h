@@ -1,0 +1,48 @@
+/* Diffusers LoRAs: what diffusers' save_lora_weights writes (its training
+ * scripts, FluxPipeline.save_lora_weights): one safetensors file,
+ * pytorch_lora_weights.safetensors, holding PEFT's keys of each pipeline
+ * component under the component's name instead of PEFT's prefix,
+ *   transformer.<module>.lora_A.weight   [r, in]
+ *   transformer.<module>.lora_B.weight   [out, r]
+ *   text_encoder.<module>.lora_A.weight  (another component)
+ * (and lora_magnitude_vector, lora_B.bias as PEFT saves them), and from
+ * diffusers 0.34 on the adapter's LoraConfig in the file's metadata,
+ * DIFFUSERS_LORA_METADATA: one JSON object of the config's keys, each
+ * prefixed by its component ("transformer.r": 4). Without it diffusers
+ * (0.40 on) takes each module's alpha to be its rank: scaling 1.
+ *
+ * lora.c binds such a file's keys as a PEFT adapter's, with the component's
+ * prefix for PEFT's; this module finds the file, the component and the
+ * config. */
+#ifndef NF4DEQ_LORA_DIFFUSERS_H
+#define NF4DEQ_LORA_DIFFUSERS_H
+
+#include "lora.h"
+#include "model.h"
+
+#define DIFFUSERS_LORA_NAME "pytorch_lora_weights.safetensors"
+#define DIFFUSERS_LORA_METADATA "lora_adapter_metadata"
+/* diffusers' name for the denoiser of every transformer pipeline (Flux, SD3, Sana, Wan...). */
+#define DIFFUSERS_DEFAULT_COMPONENT "transformer"
+
+/* Whether --lora ARG is a diffusers LoRA: a regular file (the weights
+ * themselves), or a folder with DIFFUSERS_LORA_NAME and no
+ * ADAPTER_CONFIG_NAME. *weights: that file's path (allocated), or NULL for
+ * anything else, which is read as a PEFT adapter folder. NF4_OK, or
+ * NF4_ESOFTWARE when out of memory. */
+int diffusers_lora_path(const char *arg, char **weights);
+
+/* The key prefix ("transformer.", allocated) of the component of `weights`
+ * that goes on `base`: the base folder's name (transformer/ of a pipeline)
+ * where keys start with it, else DIFFUSERS_DEFAULT_COMPONENT. Keys of other
+ * components are left out, with one warning. NF4_EDATA, naming the file and
+ * the components it holds, when none is the base's. */
+int diffusers_lora_prefix(const struct model *weights, const struct model *base, char **prefix);
+
+/* The adapter's config, checked by lora_config_parse, from the metadata's
+ * entries of the prefix's component; without any, what diffusers infers:
+ * each pair's own rank as r and alpha (c->rank_from_shapes), and use_dora and
+ * lora_bias where the keys hold magnitudes or biases. */
+int diffusers_lora_config(const struct model *weights, const char *prefix, struct lora_config *c);
+
+#endif
