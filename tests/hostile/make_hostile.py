@@ -763,7 +763,7 @@ def lora_cases():
              "lora_magnitude_vector, which DoRA (use_dora) needs", kinds=("lora",))
     emit_dir("lora-diffusers-rank-huge", diffusers_lora(extra=[
         T("transformer.model.g.lora_A.weight", "F32", [65537, 0], b""),
-        T("transformer.model.g.lora_B.weight", "F32", [1, 65537], bytes(4 * 65537))]), 65,
+        T("transformer.model.g.lora_B.weight", "F32", [0, 65537], b"")]), 65,
         "has rank 65537; a rank is from 1 to 65536", kinds=("lora",))
     emit_dir("lora-diffusers-kohya", {"pytorch_lora_weights.safetensors": st_bytes(
         [T("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "F32", [4, 256], bytes(4096)),
