@@ -25,6 +25,18 @@ convert() { # convert DEVICE IN OUT [DTYPE]
     if [ -n "${4:-}" ]; then set -- "$1" "$2" "$3" --dtype "$4"; else set -- "$1" "$2" "$3"; fi
     "$bin" convert -q --device "$1" "$2" "$3" ${4:+"$4"} ${5:+"$5"} || { failed=$((failed + 1)); echo "FAIL: convert $*"; }
 }
+merge() { # merge LABEL BASE ADAPTER OUT EXPECTED: --lora on the GPU, within the tolerance, equal to the CPU's
+    "$bin" convert -q --device "$gpu" "$2" "$4-gpu" --lora "$3" ||
+        { failed=$((failed + 1)); echo "FAIL: convert --lora $3"; return; }
+    if python3 tests/scripts/check_lora_tolerance.py "$4-gpu" "$5.expected.safetensors" "$5.expected.fp64.safetensors" \
+        "$3"; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1)); echo "FAIL: $1 tolerance"
+    fi
+    "$bin" convert -q --device cpu "$2" "$4-cpu" --lora "$3"
+    check "$1 (gpu vs cpu)" "$4-gpu" "$4-cpu"
+}
 for dt in bf16:bf16 fp16:f16 fp32:f32; do
     arg=${dt%%:*}; file=${dt##*:}
     convert "$gpu" "$fx/tensors.bnb4.safetensors" "$out/t-$arg.safetensors" "$arg"
@@ -58,16 +70,7 @@ for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 b
     bf16-bnb4-bias:lora-bias bf16-bnb4-bias:lora-bias-all \
     bf16-bnb4-bias:lora-bias-fp32; do
     base=${c%%:*}; case_=${c##*:}
-    "$bin" convert -q --device "$gpu" "$lf/base-llama-$base" "$out/lora-$case_-gpu" --lora "$lf/adapter-$case_" ||
-        { failed=$((failed + 1)); echo "FAIL: convert --lora adapter-$case_"; continue; }
-    if python3 tests/scripts/check_lora_tolerance.py "$out/lora-$case_-gpu" "$lf/merged-$case_.expected.safetensors" \
-        "$lf/merged-$case_.expected.fp64.safetensors" "$lf/adapter-$case_"; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1)); echo "FAIL: lora $case_ tolerance"
-    fi
-    "$bin" convert -q --device cpu "$lf/base-llama-$base" "$out/lora-$case_-cpu" --lora "$lf/adapter-$case_"
-    check "lora $case_ (gpu vs cpu)" "$out/lora-$case_-gpu" "$out/lora-$case_-cpu"
+    merge "lora $case_" "$lf/base-llama-$base" "$lf/adapter-$case_" "$out/lora-$case_" "$lf/merged-$case_"
 done
 # Pickled adapters (adapter_model.bin): the same tensors as the adapters above,
 # so the GPU's merge from each equals its merge from them, byte for byte.
@@ -91,17 +94,8 @@ check "flux pipeline text_encoder_2 (gpu vs bitsandbytes)" "$out/flux/text_encod
 # diffusers LoRAs (save_lora_weights) merged into the transformer component:
 # within the tolerance, and equal to the CPU's merge byte for byte.
 for case_ in lora-flux lora-flux-nometa; do
-    "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4/transformer" "$out/flux-$case_-gpu" --lora "$dx/$case_" ||
-        { failed=$((failed + 1)); echo "FAIL: convert --lora $case_"; continue; }
-    if python3 tests/scripts/check_lora_tolerance.py "$out/flux-$case_-gpu" \
-        "$dx/tiny-flux-bnb4.transformer.$case_.expected.safetensors" \
-        "$dx/tiny-flux-bnb4.transformer.$case_.expected.fp64.safetensors" "$dx/$case_"; then
-        passed=$((passed + 1))
-    else
-        failed=$((failed + 1)); echo "FAIL: $case_ tolerance"
-    fi
-    "$bin" convert -q --device cpu "$dx/tiny-flux-bnb4/transformer" "$out/flux-$case_-cpu" --lora "$dx/$case_"
-    check "$case_ (gpu vs cpu)" "$out/flux-$case_-gpu" "$out/flux-$case_-cpu"
+    merge "$case_" "$dx/tiny-flux-bnb4/transformer" "$dx/$case_" "$out/flux-$case_" \
+        "$dx/tiny-flux-bnb4.transformer.$case_"
 done
 if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
     passed=$((passed + 1))
