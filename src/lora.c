@@ -816,6 +816,12 @@ out:
 static int check_b_has_a(const struct model *m, const char *file, const char *key, const char *suffix,
                          const struct pair_kind *kind);
 
+/* Where an adapter's config is, for messages. */
+static const char *config_name(const struct lora_adapter *ad)
+{
+    return ad->diffusers ? "its metadata (" DIFFUSERS_LORA_METADATA ")" : ADAPTER_CONFIG_NAME;
+}
+
 /* A LoRA bias, M.lora_B.bias [out] (lora_bias): PEFT's layer adds
  * scaling * (B @ A @ x + b), so the merged model's M.bias is the base's plus
  * scaling * b, as PEFT's merge of a 16-bit layer computes it (its merge into
@@ -827,7 +833,7 @@ static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_
 {
     const char *file = t->file->path, *key = t->t->name;
     if (!c->lora_bias)
-        return nf4_fail(NF4_EDATA, file, key, "is a LoRA bias, but adapter_config.json does not set lora_bias");
+        return nf4_fail(NF4_EDATA, file, key, "is a LoRA bias, but %s does not set lora_bias", config_name(ad));
     int code = check_b_has_a(ad->weights, file, key, LORA_BIAS_SUFFIX, &LAYER_PAIR);
     if (code != NF4_OK)
         return code;
@@ -1267,8 +1273,8 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
         if (str_ends_with(name, MAGNITUDE_SUFFIX)) {
             /* Bound with its pair (find_magnitude); alone, or without use_dora, refused. */
             code = c->use_dora ? check_b_has_a(m, file, key, MAGNITUDE_SUFFIX, &LAYER_PAIR)
-                               : nf4_fail(NF4_EDATA, file, key, "is a DoRA magnitude, but adapter_config.json does "
-                                          "not set use_dora");
+                               : nf4_fail(NF4_EDATA, file, key, "is a DoRA magnitude, but %s does not set use_dora",
+                                          config_name(ad));
         } else if (kind) {
             char *module = lora_a_module(name, kind);
             if (!module)

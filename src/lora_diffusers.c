@@ -1,5 +1,6 @@
 #include "lora_diffusers.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 
 #include "fileio.h"
 #include "json_util.h"
+#include "lora_target.h"
 #include "status.h"
 #include "strbuf.h"
 #include "strutil.h"
@@ -15,12 +17,49 @@
 /* How many components a message names before "...". */
 #define LISTED_COMPONENTS 4
 
+/* Whether a path's last segment is one of a PEFT adapter's files. */
+static int is_peft_file(const char *path)
+{
+    const char *slash = strrchr(path, '/'), *name = slash ? slash + 1 : path;
+    return strcmp(name, ADAPTER_CONFIG_NAME) == 0 || strcmp(name, ADAPTER_WEIGHTS_NAME) == 0 ||
+           strcmp(name, ADAPTER_PICKLE_NAME) == 0;
+}
+
+/* The one visible *.safetensors file of a folder, as diffusers' load_lora_weights
+ * guesses it when the folder has no pytorch_lora_weights.safetensors (a LoRA
+ * repository on the Hub, my_flux_lora.safetensors); NULL for none or several. */
+static char *only_safetensors(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return NULL;
+    char *found = NULL;
+    int several = 0;
+    const struct dirent *e;
+    while ((e = readdir(d)) != NULL && !several) {
+        if (e->d_name[0] == '.' || !str_ends_with(e->d_name, ".safetensors") || is_peft_file(e->d_name))
+            continue; /* a PEFT adapter without its config is a PEFT adapter */
+        if (found)
+            several = 1;
+        else
+            found = path_join(dir, e->d_name);
+    }
+    closedir(d);
+    if (several) {
+        free(found);
+        found = NULL;
+    }
+    return found;
+}
+
 int diffusers_lora_path(const char *arg, char **weights)
 {
     *weights = NULL;
     struct stat st;
     if (stat(arg, &st) != 0)
         return NF4_OK; /* lora_open says what is missing */
+    if (S_ISREG(st.st_mode) && is_peft_file(arg))
+        return nf4_fail(NF4_EUSAGE, arg, NULL, "is a file of a PEFT adapter: give --lora the adapter's folder");
     if (S_ISREG(st.st_mode))
         return (*weights = strdup(arg)) ? NF4_OK : nf4_fail(NF4_ESOFTWARE, arg, NULL, "out of memory");
     if (!S_ISDIR(st.st_mode))
@@ -33,10 +72,15 @@ int diffusers_lora_path(const char *arg, char **weights)
     }
     /* lstat: in a Hugging Face cache each is a link, maybe to a blob not
      * downloaded; opening it then says so. */
-    int peft = lstat(config, &st) == 0 || errno != ENOENT;
-    if (!peft && lstat(file, &st) == 0) {
+    int peft = lstat(config, &st) == 0 || errno != ENOENT, diffusers = lstat(file, &st) == 0;
+    if (peft && diffusers)
+        nf4_warn("%s: holds a PEFT adapter (%s) and a diffusers LoRA (%s): merging the PEFT adapter; give --lora "
+                 "the file to merge the other", arg, ADAPTER_CONFIG_NAME, DIFFUSERS_LORA_NAME);
+    if (!peft && diffusers) {
         *weights = file;
         file = NULL;
+    } else if (!peft) {
+        *weights = only_safetensors(arg); /* else lora_open says adapter_config.json is missing */
     }
     free(config);
     free(file);
@@ -91,22 +135,50 @@ static int is_kohya(const struct model *w)
 {
     for (size_t i = 0; i < w->count; i++) {
         const char *key = w->tensors[i].t->name;
-        if (strncmp(key, "lora_unet_", 10) == 0 || strncmp(key, "lora_te", 7) == 0 || strstr(key, ".lora_down."))
+        if (strncmp(key, "lora_unet_", 10) == 0 || strncmp(key, "lora_te", 7) == 0 || strstr(key, ".lora_down.") ||
+            strncmp(key, "diffusion_model.", 16) == 0)
             return 1;
     }
     return 0;
 }
 
-/* The last segment of a folder's path, trailing slashes aside: "a/transformer/" -> "transformer". */
+/* The last segment of a folder's real path: "a/transformer/." -> "transformer". */
 static char *folder_name(const char *dir)
 {
-    size_t n = strlen(dir);
-    while (n > 1 && dir[n - 1] == '/')
+    char *real = realpath(dir, NULL);
+    const char *p = real ? real : dir;
+    size_t n = strlen(p);
+    while (n > 1 && p[n - 1] == '/')
         n--;
     size_t start = n;
-    while (start > 0 && dir[start - 1] != '/')
+    while (start > 0 && p[start - 1] != '/')
         start--;
-    return strndup(dir + start, n - start);
+    char *name = strndup(p + start, n - start);
+    free(real);
+    return name;
+}
+
+/* Whether the keys name the base's tensors with no component before them:
+ * what diffusers' ModelMixin.save_lora_adapter writes (one model's LoRA,
+ * its metadata unprefixed too). */
+static int keys_fit_unprefixed(const struct model *w, const struct model *base)
+{
+    static const char SUFFIX[] = ".lora_A.weight";
+    for (size_t i = 0; i < w->count; i++) {
+        const char *key = w->tensors[i].t->name;
+        size_t n = strlen(key);
+        if (n <= strlen(SUFFIX) || !str_ends_with(key, SUFFIX))
+            continue;
+        char *name = malloc(n + 1);
+        if (!name)
+            return 0;
+        snprintf(name, n + 1, "%.*s.weight", (int)(n - strlen(SUFFIX)), key);
+        int found = model_find(base, name) != NULL;
+        free(name);
+        if (found)
+            return 1;
+    }
+    return 0;
 }
 
 int diffusers_lora_prefix(const struct model *weights, const struct model *base, char **prefix)
@@ -135,21 +207,26 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
         else
             free(p);
     }
+    if (code == NF4_OK && !*prefix && keys_fit_unprefixed(weights, base) && !(*prefix = strdup("")))
+        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     struct strbuf others = {0};
     if (code == NF4_OK)
         list_components(weights, *prefix, &others);
     if (code == NF4_OK && others.oom)
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    else if (code == NF4_OK && !*prefix && keys_under(weights, PEFT_KEY_PREFIX))
+        code = nf4_fail(NF4_EDATA, path, NULL, "holds a PEFT adapter's keys (" PEFT_KEY_PREFIX "...): give --lora "
+                        "the adapter's folder, with its " ADAPTER_CONFIG_NAME);
     else if (code == NF4_OK && !*prefix && is_kohya(weights))
-        code = nf4_fail(NF4_EDATA, path, NULL, "is a kohya-format LoRA (lora_unet_..., lora_down/lora_up), which "
-                        "nf4deq does not read; load it in diffusers (load_lora_weights) and save it again with "
-                        "save_lora_weights, or as a PEFT adapter");
+        code = nf4_fail(NF4_EDATA, path, NULL, "is a kohya or ComfyUI-format LoRA (lora_unet_..., lora_down/lora_up, "
+                        "diffusion_model...), which nf4deq does not read; load it in diffusers (load_lora_weights) "
+                        "and save it again with save_lora_weights, or as a PEFT adapter");
     else if (code == NF4_OK && !*prefix)
         code = nf4_fail(NF4_EDATA, path, NULL, "is a diffusers LoRA with no tensors for %s%s%s (its keys are for: "
                         "%s); give the folder of the pipeline component it was trained on",
                         names[0] ? names[0] : "", names[0] ? " or " : "", DIFFUSERS_DEFAULT_COMPONENT,
                         others.p ? others.p : "nothing");
-    else if (code == NF4_OK && others.p)
+    else if (code == NF4_OK && others.p && **prefix)
         nf4_warn("%s: %zu of its tensors are for other pipeline components (%s) than %.*s: they are not merged "
                  "here; convert each such component with this --lora too", path,
                  weights->count - keys_under(weights, *prefix), others.p, (int)(strlen(*prefix) - 1), *prefix);
@@ -174,9 +251,26 @@ static int has_key_ending(const struct model *w, const char *prefix, const char 
     return 0;
 }
 
+/* Appends the component of `key` to `out` unless listed already (or
+ * LISTED_COMPONENTS are): "text_encoder" of "text_encoder.r". */
+static void note_component(struct strbuf *out, size_t *listed, const char *key)
+{
+    size_t n = component_len(key);
+    for (const char *at = out->p; at && *at;) { /* ", "-separated */
+        size_t len = strcspn(at, ",");
+        if (len == n && memcmp(at, key, n) == 0)
+            return;
+        at += len + (at[len] ? 2 : 0);
+    }
+    if (*listed == LISTED_COMPONENTS)
+        return;
+    strbuf_printf(out, "%s%.*s", (*listed)++ ? ", " : "", (int)n, key);
+}
+
 /* The metadata's entries of the prefix's component, the prefix taken off,
- * into cfg; *entries: how many. */
-static int metadata_entries(const char *label, const char *meta, const char *prefix, cJSON *cfg, size_t *entries)
+ * into cfg; *entries: how many. `covered`: the components of the others. */
+static int metadata_entries(const char *label, const char *meta, const char *prefix, cJSON *cfg, size_t *entries,
+                            struct strbuf *covered)
 {
     *entries = 0;
     cJSON *root = json_parse_whole(meta, strlen(meta));
@@ -189,10 +283,12 @@ static int metadata_entries(const char *label, const char *meta, const char *pre
     else if (twice)
         code = twice < 0 ? nf4_fail(NF4_ESOFTWARE, label, NULL, "out of memory")
                          : nf4_fail(NF4_EDATA, label, NULL, "has a duplicate key");
-    size_t plen = strlen(prefix);
+    size_t plen = strlen(prefix), listed = 0;
     for (const cJSON *e = code == NF4_OK ? root->child : NULL; e; e = e->next) {
-        if (strncmp(e->string, prefix, plen) != 0)
+        if (strncmp(e->string, prefix, plen) != 0) {
+            note_component(covered, &listed, e->string);
             continue;
+        }
         cJSON *copy = cJSON_Duplicate(e, 1);
         if (!copy || !cJSON_AddItemToObject(cfg, e->string + plen, copy)) {
             cJSON_Delete(copy);
@@ -202,6 +298,27 @@ static int metadata_entries(const char *label, const char *meta, const char *pre
         (*entries)++;
     }
     cJSON_Delete(root);
+    return code;
+}
+
+/* r and the rank_pattern ranks must be written as whole numbers (4, not
+ * 4.0), as lora_config_parse asks of adapter_config.json: checked on the
+ * metadata's own text, which cJSON would print again as 4. */
+static int check_integers(const char *label, const char *meta, const char *prefix)
+{
+    struct strbuf r = {0}, ranks = {0};
+    strbuf_printf(&r, "%sr", prefix);
+    strbuf_printf(&ranks, "%srank_pattern", prefix);
+    const char *keys[2] = {r.p, ranks.p}, *bad = NULL;
+    int code = NF4_OK;
+    if (r.oom || ranks.oom)
+        code = nf4_fail(NF4_ESOFTWARE, label, NULL, "out of memory");
+    else if (!json_keys_hold_plain_integers(meta, strlen(meta), keys, 2, &bad))
+        code = nf4_fail(NF4_EDATA, label, NULL, "%s", bad == keys[0] || strcmp(bad, keys[0]) == 0
+                                                        ? "\"r\" must be a whole number from 1 to 65536"
+                                                        : "\"rank_pattern\" ranks must be whole numbers");
+    free(r.p);
+    free(ranks.p);
     return code;
 }
 
@@ -221,11 +338,23 @@ int diffusers_lora_config(const struct model *weights, const char *prefix, struc
         cJSON_Delete(cfg);
         return nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory");
     }
+    if (meta && !meta[0])
+        meta = NULL; /* diffusers reads "" as no metadata */
     size_t entries = 0;
-    int code = meta ? metadata_entries(label.p, meta, prefix, cfg, &entries) : NF4_OK;
-    /* No config for this component: diffusers then takes r and alpha from
-     * each pair's shape, and DoRA and LoRA biases from the keys. */
-    int inferred = code == NF4_OK && entries == 0;
+    struct strbuf covered = {0};
+    int code = meta ? metadata_entries(label.p, meta, prefix, cfg, &entries, &covered) : NF4_OK;
+    /* Metadata for other components only: diffusers would give this one
+     * LoraConfig's defaults (r = 8, alpha = 8), which fit no saved LoRA. */
+    if (code == NF4_OK && meta && entries == 0)
+        code = covered.oom ? nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory")
+                           : nf4_fail(NF4_EDATA, label.p, NULL, "holds the LoRA config of %s, not of %.*s: merge it into "
+                                      "the component it is for", covered.p ? covered.p : "no component",
+                                      (int)(strlen(prefix) ? strlen(prefix) - 1 : 0), prefix);
+    if (code == NF4_OK && meta)
+        code = check_integers(label.p, meta, prefix);
+    /* No metadata: diffusers then takes r and alpha from each pair's shape,
+     * and DoRA and LoRA biases from the keys. */
+    int inferred = code == NF4_OK && !meta;
     if (inferred && (!cJSON_AddNumberToObject(cfg, "r", 1) || !cJSON_AddNumberToObject(cfg, "lora_alpha", 1) ||
                      !cJSON_AddBoolToObject(cfg, "use_dora", has_key_ending(weights, prefix, ".lora_magnitude_vector")) ||
                      !cJSON_AddBoolToObject(cfg, "lora_bias", has_key_ending(weights, prefix, ".lora_B.bias"))))
@@ -240,8 +369,13 @@ int diffusers_lora_config(const struct model *weights, const char *prefix, struc
     if (code == NF4_OK) {
         code = lora_config_parse(label.p, text, strlen(text), c);
         c->rank_from_shapes = inferred;
+        /* diffusers injects the adapter by its keys (inject_adapter_in_model
+         * with the state dict), so every key under the prefix is merged,
+         * whatever target_modules, exclude_modules and layers_to_transform say. */
+        lora_target_free(&c->targets);
     }
     free(text);
+    free(covered.p);
     cJSON_Delete(cfg);
     free(label.p);
     return code;

@@ -765,11 +765,33 @@ def lora_cases():
         T("transformer.model.g.lora_A.weight", "F32", [65537, 0], b""),
         T("transformer.model.g.lora_B.weight", "F32", [0, 65537], b"")]), 65,
         "has rank 65537; a rank is from 1 to 65536", kinds=("lora",))
+    # diffusers injects the adapter by its keys: the metadata's target rules do not leave any out.
+    emit_dir("lora-diffusers-targets-ignored", diffusers_lora(config={"r": 4, "lora_alpha": 8,
+                                                                      "target_modules": ["elsewhere"]}), 0,
+             "1 with LoRA merged", kinds=("lora",))
+    emit_dir("lora-diffusers-metadata-other", {"pytorch_lora_weights.safetensors": st_bytes(
+        [T("transformer." + t.name[len(PEFT):], t.dtype, t.shape, t.data) for t in adapter_tensors()],
+        metadata={"format": "pt", "lora_adapter_metadata": json.dumps({"text_encoder.r": 4,
+                                                                       "text_encoder.lora_alpha": 8})})}, 65,
+             "holds the LoRA config of text_encoder, not of transformer", kinds=("lora",))
+    emit_dir("lora-diffusers-metadata-empty", diffusers_lora(raw=""), 0, "1 with LoRA merged", kinds=("lora",))
+    emit_dir("lora-diffusers-r-float", diffusers_lora(raw='{"transformer.r": 4.0, "transformer.lora_alpha": 8}'), 65,
+             '"r" must be a whole number from 1 to 65536', kinds=("lora",))
+    # ModelMixin.save_lora_adapter: one model's LoRA, no component before the keys or in the metadata.
+    emit_dir("lora-diffusers-unprefixed", {"pytorch_lora_weights.safetensors": st_bytes(
+        [T(t.name[len(PEFT):], t.dtype, t.shape, t.data) for t in adapter_tensors()],
+        metadata={"format": "pt", "lora_adapter_metadata": json.dumps({"r": 4, "lora_alpha": 8})})}, 0,
+             "1 with LoRA merged", kinds=both)
+    # A LoRA repository's one *.safetensors file, as diffusers guesses it; a PEFT adapter's weights file is not one.
+    emit_dir("lora-diffusers-named", {"my_lora.safetensors": diffusers_lora()["pytorch_lora_weights.safetensors"]}, 0,
+             "1 with LoRA merged", kinds=("lora",))
+    emit_dir("lora-diffusers-peft-keys", {"peft_lora.safetensors": st_bytes(adapter_tensors())}, 65,
+             "holds a PEFT adapter's keys (base_model.model....): give --lora the adapter's folder", kinds=("lora",))
     emit_dir("lora-diffusers-kohya", {"pytorch_lora_weights.safetensors": st_bytes(
         [T("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "F32", [4, 256], bytes(4096)),
          T("lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", "F32", [8, 4], bytes(128)),
          T("lora_unet_double_blocks_0_img_attn_qkv.alpha", "F32", [], bytes(4))])}, 65,
-        "is a kohya-format LoRA (lora_unet_..., lora_down/lora_up), which nf4deq does not read", kinds=both)
+        "is a kohya or ComfyUI-format LoRA (lora_unet_..., lora_down/lora_up, diffusion_model...), which nf4deq does not read", kinds=both)
     emit_lora("lora-bias-mode-unknown", 65, '"bias" must be', config=adapter_config(bias="some"))
     # PEFT features whose weights are no plain delta of the base as it is.
     emit_lora("lora-init-pissa", 65, '"init_lora_weights": "pissa_niter_4" rewrote the base weights',

@@ -1684,6 +1684,42 @@ static void test_diffusers_lora_components(void **state)
     free(out);
 }
 
+/* The component is the real name of IN's folder ("text_encoder_2/." is
+ * text_encoder_2), so a LoRA for two components goes on the right one; and a
+ * PEFT adapter's file given for its folder is a usage error. */
+static void test_diffusers_lora_component_by_folder(void **state)
+{
+    struct tu_scratch *s = *state;
+    struct syn_tensor ts[4] = {
+        {"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_A.weight", DT_F32, {2, 64}, NULL},
+        {"text_encoder_2.encoder.block.0.layer.0.SelfAttention.q.lora_B.weight", DT_F32, {64, 2}, NULL},
+        {"transformer.proj_out.lora_A.weight", DT_BF16, {4, 64}, NULL},
+        {"transformer.proj_out.lora_B.weight", DT_BF16, {16, 4}, NULL},
+    };
+    for (size_t i = 0; i < 4; i++)
+        syn_fill(&ts[i], 0.5f);
+    char *lora = tu_strdupf("%s-two.safetensors", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    syn_write(lora, ts, 4);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/text_encoder_2/.", out,
+                             "--lora", lora, NULL);
+    if (r.status != 0 || !strstr(r.err, "2 of its tensors are for other pipeline components (transformer) than "
+                                        "text_encoder_2") || !strstr(r.err, "1 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    r = tu_run("convert", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", out, "--lora",
+               LORA_FIXTURES "/adapter-r8-all-linear/" ADAPTER_WEIGHTS_NAME, NULL);
+    if (r.status != NF4_EUSAGE || !strstr(r.err, "is a file of a PEFT adapter: give --lora the adapter's folder"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    unlink(lora);
+    for (size_t i = 0; i < 4; i++)
+        free(ts[i].v);
+    free(lora);
+    free(out);
+}
+
 static void test_inspect_lists_changes(void **state)
 {
     (void)state;
@@ -1851,6 +1887,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lora_bias_terms, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_loras, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_components, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_diffusers_lora_component_by_folder, tu_scratch_setup,
+                                        tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
