@@ -20,6 +20,7 @@
 #include "gpu_start.h"
 #include "layout.h"
 #include "lora.h"
+#include "lora_diffusers.h"
 #include "mapped_writer.h"
 #include "model.h"
 #include "model_dir.h"
@@ -192,7 +193,7 @@ static int open_device(struct ctx *c, const char *out);
 static int default_threads(const struct ctx *c, const char *out)
 {
     int cores = online_cores();
-    if (c->lora)
+    if (c->merging)
         return cores;
     int plain = PLAIN_THREADS;
     char *dir = c->to_stdout ? NULL : strdup(out);
@@ -212,7 +213,7 @@ int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64
         .threads = c->threads,
         .mem_bytes = mem,
         .max_chunk_elements = c->opts->chunk_elements,
-        .merging = c->lora != NULL,
+        .merging = c->merging,
         .cpu_path = c->cpu_path,
         .gpu_start = c->gpu_start,
         .require_gpu = c->opts->device == DEVICE_CUDA,
@@ -234,7 +235,7 @@ int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64
  * (docs/PERFORMANCE.md, "What the GPU path pays for CUDA into tmpfs"). */
 static int auto_wants_gpu(const struct ctx *c)
 {
-    return c->lora != NULL || c->cpu_path == CPU_PATH_SCALAR;
+    return c->merging || c->cpu_path == CPU_PATH_SCALAR;
 }
 
 /* The CPU, or the GPU opened on a thread of its own while the pipeline starts
@@ -267,6 +268,7 @@ int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_wei
     if (c->opts->nlora == 0)
         return NF4_OK;
     int code = lora_open(&c->lora, c->opts->lora_dirs, c->opts->nlora, m, weights, nweights);
+    c->merging = code == NF4_OK;
     if (code == NF4_OK && c->lora->untied_embedding)
         nf4_note("%s: the adapters part %s from %s, which the base ties it to: the output has both, and its "
                  "config.json says tie_word_embeddings: false", m->dir, TIED_HEAD_NAME, c->lora->untied_embedding);
@@ -278,6 +280,27 @@ void convert_warn_if_nothing_to_do(const struct ctx *c, const char *in, size_t n
     if (nweights == 0 && c->opts->nlora == 0)
         nf4_warn("%s: no bitsandbytes 4-bit weights, so nothing to dequantize: tensors are %s", in,
                  c->opts->dtype != DT_INVALID && !as_is ? "cast to --dtype or copied" : "copied as they are");
+}
+
+/* A pipeline takes diffusers LoRAs only, whose keys name their components
+ * (transformer.<module>...): a PEFT adapter is one model's. */
+static int check_pipeline_loras(const char *in, const struct convert_opts *o)
+{
+    for (size_t i = 0; i < o->nlora; i++) {
+        char *file = NULL;
+        struct stat st;
+        if (stat(o->lora_dirs[i], &st) != 0)
+            return nf4_fail_errno(NF4_ENOINPUT, errno, o->lora_dirs[i], NULL, "cannot open");
+        int code = diffusers_lora_path(o->lora_dirs[i], &file);
+        free(file);
+        if (code != NF4_OK)
+            return code;
+        if (!file)
+            return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline, and %s is no diffusers LoRA (%s): a PEFT "
+                            "adapter merges into one model: give the component's directory (such as %s/transformer)",
+                            o->lora_dirs[i], DIFFUSERS_LORA_NAME, in);
+    }
+    return NF4_OK;
 }
 
 static int convert_file(struct ctx *c, const char *in, const char *out)
@@ -498,9 +521,8 @@ static int run(const char *in, const char *out, int out_is_dir_syntax, const str
         code = model_dir_require(in); /* "not a model" before anything about OUT */
     if (code == NF4_OK && !c.to_stdout && layout != LAYOUT_FILE)
         code = check_out_outside_in(in, out);
-    if (code == NF4_OK && layout == LAYOUT_PIPELINE && o->nlora)
-        code = nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline; --lora merges into one model: give the "
-                        "component's directory (such as %s/transformer)", in);
+    if (code == NF4_OK && layout == LAYOUT_PIPELINE)
+        code = check_pipeline_loras(in, o);
     if (code == NF4_OK && layout != LAYOUT_MODEL_DIR && o->tokenizer)
         code = nf4_fail(NF4_EUSAGE, in, NULL, "is %s; --tokenizer gives a model directory its tokenizer",
                         layout == LAYOUT_FILE ? "a single weights file" : "a diffusers pipeline");

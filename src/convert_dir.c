@@ -16,6 +16,7 @@
 #include "file_copy.h"
 #include "fileio.h"
 #include "layout.h"
+#include "lora_diffusers.h"
 #include "model_dir.h"
 #include "out_lock.h"
 #include "resume.h"
@@ -181,6 +182,10 @@ struct model_job {
     struct model *m;
     struct bnb_weight *weights;
     size_t nweights;
+    /* What --lora does to this model: c->lora for a model directory, or a
+     * pipeline component's own set (owned; lora_open_component); NULL: nothing. */
+    struct lora_set *lora;
+    int owns_lora;
     struct out_item **plans; /* per shard */
     size_t *nplan;
     uint64_t tensors, bytes; /* output totals, for the progress line */
@@ -193,14 +198,27 @@ static void model_job_close(struct model_job *j)
     free(j->plans);
     free(j->nplan);
     bnb_free(j->weights, j->nweights);
+    if (j->owns_lora)
+        lora_close(j->lora);
     model_close(j->m);
     free(j->in);
     memset(j, 0, sizeof *j);
 }
 
+/* The LoRAs a pipeline component takes (lora_open_component): `dirs`, n of
+ * them, each with keys under "<component>."; NULL for a model directory,
+ * which takes --lora whole (convert_open_lora). */
+struct component_loras {
+    const char *component;
+    const char *const *dirs;
+    size_t n;
+};
+
 /* Opens the model in `in` and plans every shard (the progress line needs the
- * totals before anything is written). `with_lora`: open --lora against it. */
-static int model_job_open(struct ctx *c, const char *in, int with_lora, struct model_job *j)
+ * totals before anything is written). `with_lora`: open --lora against it,
+ * all of it (cl NULL) or a pipeline component's part (cl->n of them). */
+static int model_job_open(struct ctx *c, const char *in, int with_lora, const struct component_loras *cl,
+                          struct model_job *j)
 {
     memset(j, 0, sizeof *j);
     if (!(j->in = strdup(in)))
@@ -209,8 +227,17 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, struct m
     if (code != NF4_OK)
         goto fail;
     if ((code = bnb_collect(j->m, &j->weights, &j->nweights)) != NF4_OK ||
-        (code = refuse_conv1d_weights(in, j->weights, j->nweights)) != NF4_OK ||
-        (with_lora && (code = convert_open_lora(c, j->m, j->weights, j->nweights)) != NF4_OK))
+        (code = refuse_conv1d_weights(in, j->weights, j->nweights)) != NF4_OK)
+        goto fail;
+    if (with_lora && !cl && (code = convert_open_lora(c, j->m, j->weights, j->nweights)) == NF4_OK) {
+        j->lora = c->lora;
+    } else if (with_lora && cl && cl->n &&
+               (code = lora_open_component(&j->lora, cl->dirs, cl->n, j->m, j->weights, j->nweights,
+                                           cl->component)) == NF4_OK) {
+        j->owns_lora = 1;
+        c->merging = 1;
+    }
+    if (code != NF4_OK)
         goto fail;
     j->plans = calloc(j->m->nfiles, sizeof *j->plans);
     j->nplan = calloc(j->m->nfiles, sizeof *j->nplan);
@@ -219,7 +246,7 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, struct m
         goto fail;
     }
     for (size_t i = 0; i < j->m->nfiles; i++) {
-        code = convert_plan_file(j->m, i, j->weights, j->nweights, c->lora, c->opts->dtype, &j->plans[i], &j->nplan[i]);
+        code = convert_plan_file(j->m, i, j->weights, j->nweights, j->lora, c->opts->dtype, &j->plans[i], &j->nplan[i]);
         if (code != NF4_OK)
             goto fail;
         j->tensors += j->nplan[i];
@@ -285,7 +312,7 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     if (code == NF4_OK && !config)
         code = nf4_fail(NF4_ESOFTWARE, j->in, NULL, "out of memory"); /* not "there is no config.json" */
     struct config_changes ch = {config_dtype(c->opts, j->weights, j->nweights),
-                                c->lora && c->lora->untied_embedding, c->lora ? c->lora->vocab_rows : 0};
+                                j->lora && j->lora->untied_embedding, j->lora ? j->lora->vocab_rows : 0};
     if (code == NF4_OK && stat(config, &st) == 0)
         code = write_config(j->in, dir, &ch);
     free(config);
@@ -414,7 +441,7 @@ static int say_tokenizer(const struct ctx *c, const struct model *m, const char 
 int convert_model_dir(struct ctx *c, const char *in, const char *out, int replace)
 {
     struct model_job j;
-    int code = model_job_open(c, in, 1, &j);
+    int code = model_job_open(c, in, 1, NULL, &j);
     if (code == NF4_OK &&
         (code = tokenizer_choose(c->opts->tokenizer, in, c->opts->lora_dirs, c->opts->nlora, &c->tokenizer)) == NF4_OK)
         code = say_tokenizer(c, j.m, in, out);
@@ -442,28 +469,86 @@ int convert_model_dir(struct ctx *c, const char *in, const char *out, int replac
 
 /* ---- diffusers pipelines ---- */
 
+/* The diffusers LoRAs of --lora, opened to see which components they hold
+ * keys for (convert_run lets a pipeline take only those). */
+struct pipeline_loras {
+    struct model **weights;
+    size_t n;
+};
+
+static void pipeline_loras_close(struct pipeline_loras *pl)
+{
+    for (size_t i = 0; i < pl->n; i++)
+        if (pl->weights[i])
+            model_close(pl->weights[i]);
+    free(pl->weights);
+    memset(pl, 0, sizeof *pl);
+}
+
+/* Opens each --lora's weights and checks that its keys are for components of
+ * this pipeline (a warning for those of components it does not have). */
+static int pipeline_loras_open(struct ctx *c, const struct pipeline_entry *e, size_t n, struct pipeline_loras *pl)
+{
+    memset(pl, 0, sizeof *pl);
+    size_t nl = c->opts->nlora, ncomp = 0;
+    if (!nl)
+        return NF4_OK;
+    const char **components = calloc(n ? n : 1, sizeof *components);
+    pl->weights = calloc(nl, sizeof *pl->weights);
+    int code = components && pl->weights ? NF4_OK : nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < n && code == NF4_OK; i++)
+        if (e[i].kind == ENTRY_COMPONENT)
+            components[ncomp++] = e[i].name;
+    for (size_t i = 0; i < nl && code == NF4_OK; i++) {
+        char *file = NULL;
+        if ((code = diffusers_lora_path(c->opts->lora_dirs[i], &file)) == NF4_OK && !file)
+            code = nf4_fail(NF4_ESOFTWARE, c->opts->lora_dirs[i], NULL, "not a diffusers LoRA (internal error)");
+        if (code == NF4_OK && (code = model_open_file(file, &pl->weights[i])) == NF4_OK)
+            code = diffusers_lora_check_components(pl->weights[i], components, ncomp);
+        pl->n = i + 1;
+        free(file);
+    }
+    free(components);
+    if (code != NF4_OK)
+        pipeline_loras_close(pl);
+    return code;
+}
+
 /* A component with no 4-bit weight (a VAE, a CLIP text encoder) is copied as
  * it is, byte for byte, whatever --dtype says: bitsandbytes never touched it,
- * and a cast would change what the pipeline's author chose to ship. */
+ * and a cast would change what the pipeline's author chose to ship; unless a
+ * diffusers LoRA of --lora has keys for it, which are merged into it. */
 static int pipeline_open_components(struct ctx *c, const char *in, const struct pipeline_entry *e, size_t n,
                                     struct model_job *jobs, uint64_t *tensors, uint64_t *bytes)
 {
-    for (size_t i = 0; i < n; i++) {
+    struct pipeline_loras pl;
+    int code = pipeline_loras_open(c, e, n, &pl);
+    const char **dirs = code == NF4_OK ? calloc(pl.n ? pl.n : 1, sizeof *dirs) : NULL;
+    if (code == NF4_OK && !dirs)
+        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    for (size_t i = 0; i < n && code == NF4_OK; i++) {
         if (e[i].kind != ENTRY_COMPONENT)
             continue;
+        struct component_loras cl = {e[i].name, dirs, 0};
+        for (size_t k = 0; k < pl.n; k++)
+            if (diffusers_lora_keys_for(pl.weights[k], e[i].name))
+                dirs[cl.n++] = c->opts->lora_dirs[k];
         char *path = path_join(in, e[i].name);
-        int code = path ? model_job_open(c, path, 0, &jobs[i]) : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+        code = path ? model_job_open(c, path, cl.n > 0, &cl, &jobs[i])
+                    : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
         free(path);
         if (code != NF4_OK)
-            return code;
-        if (jobs[i].nweights == 0) {
+            break;
+        if (jobs[i].nweights == 0 && !jobs[i].lora) {
             model_job_close(&jobs[i]);
             continue;
         }
         *tensors += jobs[i].tensors;
         *bytes += jobs[i].bytes;
     }
-    return NF4_OK;
+    free(dirs);
+    pipeline_loras_close(&pl);
+    return code;
 }
 
 /* One entry of the pipeline's root into dir: a converted component, or a copy. */

@@ -18,6 +18,9 @@
 struct ctx {
     const struct convert_opts *opts;
     struct lora_set *lora;
+    /* LoRA deltas are merged: --lora on a model, or on a pipeline component
+     * (whose sets are its own, convert_dir.c); the engine is chosen for it. */
+    int merging;
     struct convert_stats *stats;
     struct gpu_start *gpu_start; /* NULL: the CPU only */
     enum cpu_path cpu_path;      /* NF4DEQ_CPU's, or the best this processor has */

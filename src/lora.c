@@ -1449,6 +1449,12 @@ static int open_adapter_weights(const char *dir, const char *path, struct model 
 int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
               const struct bnb_weight *weights, size_t nweights)
 {
+    return lora_open_component(out, dirs, ndirs, base, weights, nweights, NULL);
+}
+
+int lora_open_component(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
+                        const struct bnb_weight *weights, size_t nweights, const char *component)
+{
     *out = NULL;
     if (ndirs > LORA_MAX_ADAPTERS)
         return nf4_fail(NF4_EUSAGE, NULL, NULL, "at most %d --lora adapters", LORA_MAX_ADAPTERS);
@@ -1469,8 +1475,10 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
         if (code == NF4_OK && ad->config_path) {
             ad->diffusers = 1;
             if ((code = model_open_file(ad->config_path, &ad->weights)) == NF4_OK &&
-                (code = diffusers_lora_prefix(ad->weights, base, &ad->key_prefix)) == NF4_OK)
+                (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK)
                 code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);
+        } else if (code == NF4_OK && component) {
+            code = nf4_fail(NF4_ESOFTWARE, dirs[i], NULL, "a PEFT adapter for a pipeline component (internal error)");
         } else if (code == NF4_OK) {
             ad->config_path = path_join(dirs[i], ADAPTER_CONFIG_NAME);
             ad->key_prefix = strdup(PEFT_KEY_PREFIX);

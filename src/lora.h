@@ -163,6 +163,10 @@ void lora_config_free(struct lora_config *c);
  * NF4_EDATA / NF4_ESOFTWARE with the reason recorded. */
 int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
               const struct bnb_weight *weights, size_t nweights);
+/* lora_open for one component of a diffusers pipeline: every adapter is a
+ * diffusers LoRA with keys under "<component>.", which are the ones bound. */
+int lora_open_component(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
+                        const struct bnb_weight *weights, size_t nweights, const char *component);
 void lora_close(struct lora_set *s);
 const struct lora_target *lora_find(const struct lora_set *s, const char *name);
 /* Whether t (NULL: no) is merged as DoRA: then it has exactly one term. */

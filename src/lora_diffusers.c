@@ -94,6 +94,22 @@ static size_t component_len(const char *key)
     return dot ? (size_t)(dot - key) : strlen(key);
 }
 
+/* Appends the component of `key` to `out` unless listed already (or
+ * LISTED_COMPONENTS are): "text_encoder" of "text_encoder.r". */
+static void note_component(struct strbuf *out, size_t *listed, const char *key)
+{
+    size_t n = component_len(key);
+    for (const char *at = out->p; at && *at;) { /* ", "-separated */
+        size_t len = strcspn(at, ",");
+        if (len == n && memcmp(at, key, n) == 0)
+            return;
+        at += len + (at[len] ? 2 : 0);
+    }
+    if (*listed == LISTED_COMPONENTS)
+        return;
+    strbuf_printf(out, "%s%.*s", (*listed)++ ? ", " : "", (int)n, key);
+}
+
 static size_t keys_under(const struct model *w, const char *prefix)
 {
     size_t n = 0, plen = strlen(prefix);
@@ -181,10 +197,57 @@ static int keys_fit_unprefixed(const struct model *w, const struct model *base)
     return 0;
 }
 
-int diffusers_lora_prefix(const struct model *weights, const struct model *base, char **prefix)
+size_t diffusers_lora_keys_for(const struct model *weights, const char *component)
+{
+    size_t n = 0, clen = strlen(component);
+    for (size_t i = 0; i < weights->count; i++) {
+        const char *key = weights->tensors[i].t->name;
+        n += strncmp(key, component, clen) == 0 && key[clen] == '.';
+    }
+    return n;
+}
+
+int diffusers_lora_check_components(const struct model *weights, const char *const *components, size_t n)
+{
+    const char *path = weights->files[0]->path;
+    struct strbuf missing = {0};
+    size_t listed = 0, left = 0;
+    for (size_t i = 0; i < weights->count; i++) {
+        const char *key = weights->tensors[i].t->name;
+        size_t len = component_len(key), k;
+        for (k = 0; k < n; k++)
+            if (strlen(components[k]) == len && memcmp(components[k], key, len) == 0)
+                break;
+        if (k < n)
+            continue;
+        left++;
+        note_component(&missing, &listed, key);
+    }
+    int code = NF4_OK;
+    if (missing.oom)
+        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    else if (left && left == weights->count) /* other components', or keys with none (save_lora_adapter) */
+        code = nf4_fail(NF4_EDATA, path, NULL, "has no tensors for a component of this pipeline (its keys are for: "
+                        "%s); give --lora the folder of the component it was trained on", missing.p);
+    else if (left)
+        nf4_warn("%s: %zu of its tensors are for %s, which this pipeline does not have: they are not merged", path,
+                 left, missing.p);
+    free(missing.p);
+    return code;
+}
+
+int diffusers_lora_prefix(const struct model *weights, const struct model *base, const char *component,
+                          char **prefix)
 {
     *prefix = NULL;
     const char *path = weights->files[0]->path;
+    if (component) {
+        size_t n = strlen(component) + 2;
+        if (!(*prefix = malloc(n)))
+            return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+        snprintf(*prefix, n, "%s.", component);
+        return NF4_OK;
+    }
     char *own = base->dir ? folder_name(base->dir) : NULL;
     if (base->dir && !own)
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
@@ -249,22 +312,6 @@ static int has_key_ending(const struct model *w, const char *prefix, const char 
             return 1;
     }
     return 0;
-}
-
-/* Appends the component of `key` to `out` unless listed already (or
- * LISTED_COMPONENTS are): "text_encoder" of "text_encoder.r". */
-static void note_component(struct strbuf *out, size_t *listed, const char *key)
-{
-    size_t n = component_len(key);
-    for (const char *at = out->p; at && *at;) { /* ", "-separated */
-        size_t len = strcspn(at, ",");
-        if (len == n && memcmp(at, key, n) == 0)
-            return;
-        at += len + (at[len] ? 2 : 0);
-    }
-    if (*listed == LISTED_COMPONENTS)
-        return;
-    strbuf_printf(out, "%s%.*s", (*listed)++ ? ", " : "", (int)n, key);
 }
 
 /* The metadata's entries of the prefix's component, the prefix taken off,

@@ -33,11 +33,23 @@
 int diffusers_lora_path(const char *arg, char **weights);
 
 /* The key prefix ("transformer.", allocated) of the component of `weights`
- * that goes on `base`: the base folder's name (transformer/ of a pipeline)
- * where keys start with it, else DIFFUSERS_DEFAULT_COMPONENT. Keys of other
- * components are left out, with one warning. NF4_EDATA, naming the file and
- * the components it holds, when none is the base's. */
-int diffusers_lora_prefix(const struct model *weights, const struct model *base, char **prefix);
+ * that goes on `base`: `component` where given (a pipeline's, lora_open_component),
+ * else the base folder's name (transformer/ of a pipeline) where keys start
+ * with it, else DIFFUSERS_DEFAULT_COMPONENT, else none where the keys name
+ * the base's tensors themselves. Keys of other components are left out, with
+ * one warning (not for a pipeline's component). NF4_EDATA, naming the file
+ * and the components it holds, when none is the base's. */
+int diffusers_lora_prefix(const struct model *weights, const struct model *base, const char *component,
+                          char **prefix);
+
+/* How many keys of `weights` are under "<component>.". */
+size_t diffusers_lora_keys_for(const struct model *weights, const char *component);
+
+/* Warns, once per LoRA, about keys for components the pipeline does not have
+ * (`components`, n of them), which are not merged; NF4_EDATA when that is
+ * every key (another pipeline's LoRA, or one model's with no component
+ * before its keys, as ModelMixin.save_lora_adapter writes). */
+int diffusers_lora_check_components(const struct model *weights, const char *const *components, size_t n);
 
 /* The adapter's config, checked by lora_config_parse, from the metadata's
  * entries of the prefix's component; without any, what diffusers infers:

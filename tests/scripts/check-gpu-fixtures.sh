@@ -97,6 +97,13 @@ for case_ in lora-flux lora-flux-nometa; do
     merge "$case_" "$dx/tiny-flux-bnb4/transformer" "$dx/$case_" "$out/flux-$case_" \
         "$dx/tiny-flux-bnb4.transformer.$case_"
 done
+# ... and into the whole pipeline: its transformer as the component's own merge.
+if "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4" "$out/flux-pipe-lora" --lora "$dx/lora-flux"; then
+    check "flux pipeline --lora lora-flux (gpu vs the component's cpu merge)" "$out/flux-pipe-lora/transformer" \
+        "$out/flux-lora-flux-cpu"
+else
+    failed=$((failed + 1)); echo "FAIL: convert the pipeline --lora lora-flux"
+fi
 if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
     passed=$((passed + 1))
 else

@@ -1684,6 +1684,94 @@ static void test_diffusers_lora_components(void **state)
     free(out);
 }
 
+/* A whole pipeline with diffusers LoRAs: each component takes the keys under
+ * its name, merged as in the component's own conversion; a component with
+ * no 4-bit weight is converted where a LoRA changes it (the VAE here), copied
+ * byte for byte otherwise; keys of components the pipeline lacks are left
+ * out with a warning, a LoRA with none for it is refused, and so is a PEFT
+ * adapter (one model's). */
+static void test_diffusers_lora_pipeline(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *pipe = DIFFUSERS_FIXTURES "/tiny-flux-bnb4";
+    char *out = tu_strdupf("%s/pipe", s->dir), *one = tu_strdupf("%s/one", s->dir);
+    const char *dirs[1] = {DIFFUSERS_FIXTURES "/lora-flux"};
+    assert_int_equal(merge_on_cpu(pipe, out, dirs, 1, 0, 0, DT_INVALID), 18);
+    assert_int_equal(merge_on_cpu(DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", one, dirs, 1, 0, 0, DT_INVALID), 18);
+    char *got = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", out),
+         *want = tu_strdupf("%s/diffusion_pytorch_model.safetensors", one),
+         *t5 = tu_strdupf("%s/text_encoder_2/model.safetensors", out),
+         *vae = tu_strdupf("%s/vae/diffusion_pytorch_model.safetensors", out);
+    tu_assert_same_tensors(got, want);
+    tu_assert_same_tensors(t5, DIFFUSERS_FIXTURES "/tiny-flux-bnb4.text_encoder_2.expected.safetensors");
+    size_t na = 0, nb = 0;
+    char *a = tu_read_file(vae, &na), *b = tu_read_file(DIFFUSERS_FIXTURES "/tiny-flux-bnb4/vae/"
+                                                        "diffusion_pytorch_model.safetensors", &nb);
+    assert_true(a && b && na == nb && memcmp(a, b, na) == 0);
+    free(a);
+    free(b);
+    tu_rmtree(out);
+    /* The VAE's attention and a text encoder the pipeline does not have. */
+    struct syn_tensor ts[4] = {
+        {"vae.decoder.mid_block.attentions.0.to_q.lora_A.weight", DT_F32, {2, 32}, NULL},
+        {"vae.decoder.mid_block.attentions.0.to_q.lora_B.weight", DT_F32, {32, 2}, NULL},
+        {"text_encoder.encoder.layers.0.self_attn.q_proj.lora_A.weight", DT_F32, {4, 8}, NULL},
+        {"text_encoder.encoder.layers.0.self_attn.q_proj.lora_B.weight", DT_F32, {8, 4}, NULL},
+    };
+    for (size_t i = 0; i < 4; i++)
+        syn_fill(&ts[i], 0.5f);
+    char *lora = tu_strdupf("%s-vae.safetensors", s->dir);
+    syn_write(lora, ts, 4);
+    struct tu_run r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", lora, NULL);
+    if (r.status != 0 || !strstr(r.err, "2 of its tensors are for text_encoder, which this pipeline does not have") ||
+        !strstr(r.err, "1 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    struct model *vm;
+    assert_int_equal(model_open_file(vae, &vm), NF4_OK);
+    const struct model_tensor *q = model_find(vm, "decoder.mid_block.attentions.0.to_q.weight");
+    assert_non_null(q);
+    float got_q, base_q[1];
+    struct model *bm;
+    assert_int_equal(model_open_file(DIFFUSERS_FIXTURES "/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors", &bm),
+                     NF4_OK);
+    assert_int_equal(st_read(q->file, q->t, 0, &got_q, 4), NF4_OK);
+    const struct model_tensor *bq = model_find(bm, "decoder.mid_block.attentions.0.to_q.weight");
+    assert_int_equal(st_read(bq->file, bq->t, 0, base_q, 4), NF4_OK);
+    volatile float acc = 0.0f;
+    for (int k = 0; k < 2; k++) {
+        volatile float prod = ts[1].v[k] * ts[0].v[k * 32];
+        acc = acc + prod;
+    }
+    volatile float d = acc * 1.0f, m = base_q[0] + d; /* no metadata: scaling 1 */
+    assert_true(memcmp(&got_q, (const void *)&m, 4) == 0);
+    model_close(vm);
+    model_close(bm);
+    tu_rmtree(out);
+    /* Only components the pipeline does not have. */
+    syn_write(lora, ts + 2, 2);
+    r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", lora, NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "has no tensors for a component of this pipeline (its keys are for: text_encoder)"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", LORA_FIXTURES "/adapter-r8-all-linear", NULL);
+    if (r.status != NF4_EUSAGE || !strstr(r.err, "is no diffusers LoRA"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    unlink(lora);
+    for (size_t i = 0; i < 4; i++)
+        free(ts[i].v);
+    free(lora);
+    free(got);
+    free(want);
+    free(t5);
+    free(vae);
+    free(out);
+    free(one);
+}
+
 /* The component is the real name of IN's folder ("text_encoder_2/." is
  * text_encoder_2), so a LoRA for two components goes on the right one; and a
  * PEFT adapter's file given for its folder is a usage error. */
@@ -1889,6 +1977,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_diffusers_lora_components, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_component_by_folder, tu_scratch_setup,
                                         tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_diffusers_lora_pipeline, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
