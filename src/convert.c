@@ -291,14 +291,21 @@ static int check_pipeline_loras(const char *in, const struct convert_opts *o)
         struct stat st;
         if (stat(o->lora_dirs[i], &st) != 0)
             return nf4_fail_errno(NF4_ENOINPUT, errno, o->lora_dirs[i], NULL, "cannot open");
-        int code = diffusers_lora_path(o->lora_dirs[i], &file);
+        int code = diffusers_lora_path(o->lora_dirs[i], &file), diffusers = file != NULL;
         free(file);
         if (code != NF4_OK)
             return code;
-        if (!file)
-            return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline, and %s is no diffusers LoRA (%s): a PEFT "
-                            "adapter merges into one model: give the component's directory (such as %s/transformer)",
-                            o->lora_dirs[i], DIFFUSERS_LORA_NAME, in);
+        if (diffusers)
+            continue;
+        char *config = path_join(o->lora_dirs[i], ADAPTER_CONFIG_NAME);
+        int peft = config && lstat(config, &st) == 0;
+        free(config);
+        if (peft)
+            return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline, and %s is a PEFT adapter, which merges "
+                            "into one model: give IN the component's directory (such as %s/transformer)",
+                            o->lora_dirs[i], in);
+        return nf4_fail(NF4_ENOINPUT, o->lora_dirs[i], NULL, "is neither a PEFT adapter (%s) nor a diffusers LoRA (%s, "
+                        "or one *.safetensors file)", ADAPTER_CONFIG_NAME, DIFFUSERS_LORA_NAME);
     }
     return NF4_OK;
 }

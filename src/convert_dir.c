@@ -15,6 +15,7 @@
 
 #include "file_copy.h"
 #include "fileio.h"
+#include "json_util.h"
 #include "layout.h"
 #include "lora_diffusers.h"
 #include "model_dir.h"
@@ -24,10 +25,10 @@
 #include "strutil.h"
 
 /* The dtype config.json should name: --dtype, or the weights' common dtype. */
-static const char *config_dtype(const struct convert_opts *o, const struct bnb_weight *w, size_t n)
+static const char *config_dtype(enum st_dtype dtype, const struct bnb_weight *w, size_t n)
 {
-    if (o->dtype != DT_INVALID)
-        return dtype_torch_name(o->dtype);
+    if (dtype != DT_INVALID)
+        return dtype_torch_name(dtype);
     for (size_t i = 1; i < n; i++)
         if (w[i].state.dtype != w[0].state.dtype)
             return NULL;
@@ -186,6 +187,7 @@ struct model_job {
      * pipeline component's own set (owned; lora_open_component); NULL: nothing. */
     struct lora_set *lora;
     int owns_lora;
+    enum st_dtype dtype; /* the output dtype of its floating tensors: --dtype's, or DT_INVALID (each its own) */
     struct out_item **plans; /* per shard */
     size_t *nplan;
     uint64_t tensors, bytes; /* output totals, for the progress line */
@@ -239,6 +241,9 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
     }
     if (code != NF4_OK)
         goto fail;
+    /* A pipeline component converted only for a LoRA keeps its dtypes, as it
+     * would have been copied: --dtype is for what bitsandbytes quantized. */
+    j->dtype = cl && j->nweights == 0 ? DT_INVALID : c->opts->dtype;
     j->plans = calloc(j->m->nfiles, sizeof *j->plans);
     j->nplan = calloc(j->m->nfiles, sizeof *j->nplan);
     if (!j->plans || !j->nplan) {
@@ -246,7 +251,7 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
         goto fail;
     }
     for (size_t i = 0; i < j->m->nfiles; i++) {
-        code = convert_plan_file(j->m, i, j->weights, j->nweights, j->lora, c->opts->dtype, &j->plans[i], &j->nplan[i]);
+        code = convert_plan_file(j->m, i, j->weights, j->nweights, j->lora, j->dtype, &j->plans[i], &j->nplan[i]);
         if (code != NF4_OK)
             goto fail;
         j->tensors += j->nplan[i];
@@ -311,7 +316,7 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     struct stat st;
     if (code == NF4_OK && !config)
         code = nf4_fail(NF4_ESOFTWARE, j->in, NULL, "out of memory"); /* not "there is no config.json" */
-    struct config_changes ch = {config_dtype(c->opts, j->weights, j->nweights),
+    struct config_changes ch = {config_dtype(j->dtype, j->weights, j->nweights),
                                 j->lora && j->lora->untied_embedding, j->lora ? j->lora->vocab_rows : 0};
     if (code == NF4_OK && stat(config, &st) == 0)
         code = write_config(j->in, dir, &ch);
@@ -474,6 +479,7 @@ int convert_model_dir(struct ctx *c, const char *in, const char *out, int replac
 struct pipeline_loras {
     struct model **weights;
     size_t n;
+    char *cls; /* model_index.json's _class_name, or NULL */
 };
 
 static void pipeline_loras_close(struct pipeline_loras *pl)
@@ -482,12 +488,48 @@ static void pipeline_loras_close(struct pipeline_loras *pl)
         if (pl->weights[i])
             model_close(pl->weights[i]);
     free(pl->weights);
+    free(pl->cls);
     memset(pl, 0, sizeof *pl);
 }
 
+/* Whether diffusers' LoRA loader for a pipeline of class `cls`
+ * (model_index.json's _class_name) loads a LoRA's keys into `component`: its
+ * _lora_loadable_modules (diffusers 0.42, loaders/lora_pipeline.py). Every
+ * loader takes the denoiser; the text encoders only Stable Diffusion's (1.x,
+ * XL and 3, the last two the second encoder too) and Flux.1's. */
+static int diffusers_loads(const char *cls, const char *component)
+{
+    if (strcmp(component, "transformer") == 0 || strcmp(component, "unet") == 0)
+        return 1;
+    int sdxl_sd3 = cls && (strncmp(cls, "StableDiffusionXL", 17) == 0 || strncmp(cls, "StableDiffusion3", 16) == 0);
+    int one_encoder = cls && ((strncmp(cls, "StableDiffusion", 15) == 0) ||
+                              (strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9')));
+    if (strcmp(component, "text_encoder") == 0)
+        return one_encoder || sdxl_sd3;
+    return strcmp(component, "text_encoder_2") == 0 && sdxl_sd3;
+}
+
+/* model_index.json's _class_name (allocated), or NULL where it has none. */
+static char *pipeline_class(const char *in)
+{
+    char *path = path_join(in, PIPELINE_INDEX_NAME), *text = NULL, *cls = NULL;
+    size_t len = 0;
+    if (path && read_small_file(path, MAX_JSON_FILE_BYTES, &text, &len) == NF4_OK) {
+        cJSON *root = json_parse_whole(text, len);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
+        if (cJSON_IsString(name))
+            cls = strdup(name->valuestring);
+        cJSON_Delete(root);
+    }
+    free(text);
+    free(path);
+    return cls;
+}
+
 /* Opens each --lora's weights and checks that its keys are for components of
- * this pipeline (a warning for those of components it does not have). */
-static int pipeline_loras_open(struct ctx *c, const struct pipeline_entry *e, size_t n, struct pipeline_loras *pl)
+ * this pipeline that diffusers loads LoRAs into (a warning for the others'). */
+static int pipeline_loras_open(struct ctx *c, const char *in, const struct pipeline_entry *e, size_t n,
+                               struct pipeline_loras *pl)
 {
     memset(pl, 0, sizeof *pl);
     size_t nl = c->opts->nlora, ncomp = 0;
@@ -495,9 +537,10 @@ static int pipeline_loras_open(struct ctx *c, const struct pipeline_entry *e, si
         return NF4_OK;
     const char **components = calloc(n ? n : 1, sizeof *components);
     pl->weights = calloc(nl, sizeof *pl->weights);
+    pl->cls = pipeline_class(in);
     int code = components && pl->weights ? NF4_OK : nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
     for (size_t i = 0; i < n && code == NF4_OK; i++)
-        if (e[i].kind == ENTRY_COMPONENT)
+        if (e[i].kind == ENTRY_COMPONENT && diffusers_loads(pl->cls, e[i].name))
             components[ncomp++] = e[i].name;
     for (size_t i = 0; i < nl && code == NF4_OK; i++) {
         char *file = NULL;
@@ -522,7 +565,7 @@ static int pipeline_open_components(struct ctx *c, const char *in, const struct 
                                     struct model_job *jobs, uint64_t *tensors, uint64_t *bytes)
 {
     struct pipeline_loras pl;
-    int code = pipeline_loras_open(c, e, n, &pl);
+    int code = pipeline_loras_open(c, in, e, n, &pl);
     const char **dirs = code == NF4_OK ? calloc(pl.n ? pl.n : 1, sizeof *dirs) : NULL;
     if (code == NF4_OK && !dirs)
         code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
@@ -530,7 +573,7 @@ static int pipeline_open_components(struct ctx *c, const char *in, const struct 
         if (e[i].kind != ENTRY_COMPONENT)
             continue;
         struct component_loras cl = {e[i].name, dirs, 0};
-        for (size_t k = 0; k < pl.n; k++)
+        for (size_t k = 0; k < pl.n && diffusers_loads(pl.cls, e[i].name); k++)
             if (diffusers_lora_keys_for(pl.weights[k], e[i].name))
                 dirs[cl.n++] = c->opts->lora_dirs[k];
         char *path = path_join(in, e[i].name);
@@ -592,7 +635,7 @@ int convert_pipeline(struct ctx *c, const char *in, const char *out, int replace
     if (!jobs)
         code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     if (code == NF4_OK && (code = pipeline_open_components(c, in, e, n, jobs, &tensors, &bytes)) == NF4_OK)
-        convert_warn_if_nothing_to_do(c, in, tensors, 1); /* only components with 4-bit weights count */
+        convert_warn_if_nothing_to_do(c, in, tensors, 1); /* components with 4-bit weights (none with --lora) */
     if (code == NF4_OK && (code = convert_open_engine(c, out, tensors, bytes)) == NF4_OK &&
         (code = make_temp_dir(out, &tmp)) == NF4_OK) {
         for (size_t i = 0; i < n && code == NF4_OK; i++)

@@ -227,11 +227,12 @@ int diffusers_lora_check_components(const struct model *weights, const char *con
     if (missing.oom)
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     else if (left && left == weights->count) /* other components', or keys with none (save_lora_adapter) */
-        code = nf4_fail(NF4_EDATA, path, NULL, "has no tensors for a component of this pipeline (its keys are for: "
-                        "%s); give --lora the folder of the component it was trained on", missing.p);
+        code = nf4_fail(NF4_EDATA, path, NULL, "has no tensors for a component of this pipeline that diffusers loads "
+                        "LoRAs into (its keys are for: %s); give IN the folder of the component it was trained on",
+                        missing.p);
     else if (left)
-        nf4_warn("%s: %zu of its tensors are for %s, which this pipeline does not have: they are not merged", path,
-                 left, missing.p);
+        nf4_warn("%s: %zu of its tensors are for %s, which this pipeline does not have or diffusers does not load "
+                 "LoRAs into: they are not merged", path, left, missing.p);
     free(missing.p);
     return code;
 }

@@ -198,7 +198,7 @@ static void test_pipeline_refuses_lora_and_stdout(void **state)
 {
     struct tu_scratch *s = *state;
     char *out = tu_strdupf("%s/flux-out", s->dir);
-    struct tu_run r = tu_run("convert", "--lora", FIXTURES "/lora", FLUX, out, NULL);
+    struct tu_run r = tu_run("convert", "--lora", FIXTURES "/lora/adapter-r8-all-linear", FLUX, out, NULL);
     assert_int_equal(r.status, NF4_EUSAGE);
     assert_non_null(strstr(r.err, "transformer"));
     tu_run_free(&r);
@@ -698,7 +698,7 @@ static void test_json_report_of_failures(void **state)
     const char *const CASES[][8] = {
         {"convert", "--json", "-q", bad, out, NULL},
         {"convert", "--json", "-q", "no/such-model", out, NULL},
-        {"convert", "--json", "--lora", FIXTURES "/lora", FLUX, out, NULL},
+        {"convert", "--json", "--lora", FIXTURES "/lora/adapter-r8-all-linear", FLUX, out, NULL},
     };
     static const int CODES[] = {NF4_EDATA, NF4_ENOINPUT, NF4_EUSAGE};
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {

@@ -1684,12 +1684,12 @@ static void test_diffusers_lora_components(void **state)
     free(out);
 }
 
-/* A whole pipeline with diffusers LoRAs: each component takes the keys under
- * its name, merged as in the component's own conversion; a component with
- * no 4-bit weight is converted where a LoRA changes it (the VAE here), copied
- * byte for byte otherwise; keys of components the pipeline lacks are left
- * out with a warning, a LoRA with none for it is refused, and so is a PEFT
- * adapter (one model's). */
+/* A whole pipeline with diffusers LoRAs: each component diffusers' loader
+ * loads LoRAs into takes the keys under its name, merged as in the
+ * component's own conversion; one with no 4-bit weight is converted where a
+ * LoRA changes it, copied byte for byte otherwise; keys of other components
+ * are left out with a warning, a LoRA with none for the pipeline is refused,
+ * and so is a PEFT adapter (one model's). */
 static void test_diffusers_lora_pipeline(void **state)
 {
     struct tu_scratch *s = *state;
@@ -1707,61 +1707,95 @@ static void test_diffusers_lora_pipeline(void **state)
     size_t na = 0, nb = 0;
     char *a = tu_read_file(vae, &na), *b = tu_read_file(DIFFUSERS_FIXTURES "/tiny-flux-bnb4/vae/"
                                                         "diffusion_pytorch_model.safetensors", &nb);
+    /* (the plain copy of a component no LoRA changes) */
     assert_true(a && b && na == nb && memcmp(a, b, na) == 0);
     free(a);
     free(b);
     tu_rmtree(out);
-    /* The VAE's attention and a text encoder the pipeline does not have. */
-    struct syn_tensor ts[4] = {
+    /* Keys for the transformer, the VAE (diffusers loads no LoRA into a VAE)
+     * and a text encoder the pipeline does not have: the transformer's merged,
+     * the others left out with one warning, the VAE copied byte for byte. */
+    struct syn_tensor ts[6] = {
+        {"text_encoder.decoder.mid_block.attentions.0.to_q.lora_A.weight", DT_F32, {2, 32}, NULL},
+        {"text_encoder.decoder.mid_block.attentions.0.to_q.lora_B.weight", DT_F32, {32, 2}, NULL},
+        {"transformer.proj_out.lora_A.weight", DT_BF16, {4, 64}, NULL},
+        {"transformer.proj_out.lora_B.weight", DT_BF16, {16, 4}, NULL},
         {"vae.decoder.mid_block.attentions.0.to_q.lora_A.weight", DT_F32, {2, 32}, NULL},
         {"vae.decoder.mid_block.attentions.0.to_q.lora_B.weight", DT_F32, {32, 2}, NULL},
-        {"text_encoder.encoder.layers.0.self_attn.q_proj.lora_A.weight", DT_F32, {4, 8}, NULL},
-        {"text_encoder.encoder.layers.0.self_attn.q_proj.lora_B.weight", DT_F32, {8, 4}, NULL},
     };
-    for (size_t i = 0; i < 4; i++)
+    for (size_t i = 0; i < 6; i++)
         syn_fill(&ts[i], 0.5f);
     char *lora = tu_strdupf("%s-vae.safetensors", s->dir);
-    syn_write(lora, ts, 4);
+    syn_write(lora, ts, 6);
     struct tu_run r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", lora, NULL);
-    if (r.status != 0 || !strstr(r.err, "2 of its tensors are for text_encoder, which this pipeline does not have") ||
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "4 of its tensors are for text_encoder, vae, which this pipeline does not have or diffusers "
+                       "does not load LoRAs into") ||
         !strstr(r.err, "1 with LoRA merged"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
-    struct model *vm;
-    assert_int_equal(model_open_file(vae, &vm), NF4_OK);
-    const struct model_tensor *q = model_find(vm, "decoder.mid_block.attentions.0.to_q.weight");
-    assert_non_null(q);
-    float got_q, base_q[1];
-    struct model *bm;
+    a = tu_read_file(vae, &na);
+    b = tu_read_file(DIFFUSERS_FIXTURES "/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors", &nb);
+    assert_true(a && b && na == nb && memcmp(a, b, na) == 0);
+    free(a);
+    free(b);
+    tu_rmtree(out);
+    /* A Flux pipeline's CLIP text encoder (the VAE's weights under that
+     * name, here): no 4-bit weight, but diffusers loads LoRAs into it, so it
+     * is converted, the LoRA merged, every dtype kept whatever --dtype says. */
+    char *pipe2 = tu_strdupf("%s-pipe", s->dir);
+    assert_int_equal(tu_sh_status("cp -r %s %s && mv %s/vae %s/text_encoder", pipe, pipe2, pipe2, pipe2), 0);
+    syn_write(lora, ts, 2);
+    r = tu_run("convert", "--device", "cpu", "--dtype", "bf16", pipe2, out, "--lora", lora, NULL);
+    if (r.status != 0 || !strstr(r.err, "1 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    char *te = tu_strdupf("%s/text_encoder/diffusion_pytorch_model.safetensors", out);
+    struct model *vm, *bm;
+    assert_int_equal(model_open_file(te, &vm), NF4_OK);
     assert_int_equal(model_open_file(DIFFUSERS_FIXTURES "/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors", &bm),
                      NF4_OK);
+    assert_int_equal(vm->count, bm->count);
+    for (size_t i = 0; i < vm->count; i++)
+        assert_int_equal(vm->tensors[i].t->dtype, bm->tensors[i].t->dtype); /* F32 kept */
+    const struct model_tensor *q = model_find(vm, "decoder.mid_block.attentions.0.to_q.weight"),
+                              *bq = model_find(bm, "decoder.mid_block.attentions.0.to_q.weight");
+    float got_q, base_q;
     assert_int_equal(st_read(q->file, q->t, 0, &got_q, 4), NF4_OK);
-    const struct model_tensor *bq = model_find(bm, "decoder.mid_block.attentions.0.to_q.weight");
-    assert_int_equal(st_read(bq->file, bq->t, 0, base_q, 4), NF4_OK);
+    assert_int_equal(st_read(bq->file, bq->t, 0, &base_q, 4), NF4_OK);
     volatile float acc = 0.0f;
     for (int k = 0; k < 2; k++) {
         volatile float prod = ts[1].v[k] * ts[0].v[k * 32];
         acc = acc + prod;
     }
-    volatile float d = acc * 1.0f, m = base_q[0] + d; /* no metadata: scaling 1 */
+    volatile float d = acc * 1.0f, m = base_q + d; /* no metadata: scaling 1 */
     assert_true(memcmp(&got_q, (const void *)&m, 4) == 0);
     model_close(vm);
     model_close(bm);
     tu_rmtree(out);
-    /* Only components the pipeline does not have. */
-    syn_write(lora, ts + 2, 2);
+    tu_rmtree(pipe2);
+    free(pipe2);
+    free(te);
+    /* Only components the pipeline does not have, or diffusers loads nothing into. */
+    syn_write(lora, ts + 4, 2);
     r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", lora, NULL);
     if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
-        !strstr(r.err, "has no tensors for a component of this pipeline (its keys are for: text_encoder)"))
+        !strstr(r.err, "has no tensors for a component of this pipeline that diffusers loads LoRAs into (its keys are "
+                       "for: vae)"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", LORA_FIXTURES "/adapter-r8-all-linear", NULL);
-    if (r.status != NF4_EUSAGE || !strstr(r.err, "is no diffusers LoRA"))
+    if (r.status != NF4_EUSAGE || !strstr(r.err, "is a PEFT adapter, which merges into one model"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", LORA_FIXTURES, NULL); /* many *.safetensors */
+    if (r.status != NF4_ENOINPUT || !strstr(r.err, "is neither a PEFT adapter (adapter_config.json) nor a diffusers "
+                                                   "LoRA"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     assert_false(tu_exists(out));
     unlink(lora);
-    for (size_t i = 0; i < 4; i++)
+    for (size_t i = 0; i < 6; i++)
         free(ts[i].v);
     free(lora);
     free(got);
