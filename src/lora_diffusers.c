@@ -123,30 +123,13 @@ static size_t keys_under(const struct model *w, const char *prefix)
 static void list_components(const struct model *w, const char *prefix, struct strbuf *out)
 {
     size_t listed = 0, plen = prefix ? strlen(prefix) : 0;
-    const char *seen[LISTED_COMPONENTS];
-    size_t seen_len[LISTED_COMPONENTS];
-    for (size_t i = 0; i < w->count; i++) {
-        const char *key = w->tensors[i].t->name;
-        if (prefix && strncmp(key, prefix, plen) == 0)
-            continue;
-        size_t n = component_len(key), k;
-        for (k = 0; k < listed; k++)
-            if (seen_len[k] == n && memcmp(seen[k], key, n) == 0)
-                break;
-        if (k < listed)
-            continue;
-        if (listed == LISTED_COMPONENTS) {
-            strbuf_puts(out, ", ...");
-            return;
-        }
-        strbuf_printf(out, "%s%.*s", listed ? ", " : "", (int)n, key);
-        seen[listed] = key;
-        seen_len[listed++] = n;
-    }
+    for (size_t i = 0; i < w->count; i++)
+        if (!prefix || strncmp(w->tensors[i].t->name, prefix, plen) != 0)
+            note_component(out, &listed, w->tensors[i].t->name);
 }
 
-/* Whether the keys are kohya's (sd-scripts, ComfyUI): lora_unet_... or
- * lora_te..., with lora_down and lora_up, which diffusers converts at load. */
+/* Whether the keys are kohya's (sd-scripts) or ComfyUI's: lora_unet_..., lora_te...,
+ * lora_down and lora_up, diffusion_model...: formats diffusers converts at load. */
 static int is_kohya(const struct model *w)
 {
     for (size_t i = 0; i < w->count; i++) {
