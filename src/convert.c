@@ -291,7 +291,7 @@ static int check_pipeline_loras(const char *in, const struct convert_opts *o)
         struct stat st;
         if (stat(o->lora_dirs[i], &st) != 0)
             return nf4_fail_errno(NF4_ENOINPUT, errno, o->lora_dirs[i], NULL, "cannot open");
-        int code = diffusers_lora_path(o->lora_dirs[i], &file), diffusers = file != NULL;
+        int code = diffusers_lora_path(o->lora_dirs[i], &file, 1), diffusers = file != NULL;
         free(file);
         if (code != NF4_OK)
             return code;

@@ -544,9 +544,9 @@ static int pipeline_loras_open(struct ctx *c, const char *in, const struct pipel
             components[ncomp++] = e[i].name;
     for (size_t i = 0; i < nl && code == NF4_OK; i++) {
         char *file = NULL;
-        if ((code = diffusers_lora_path(c->opts->lora_dirs[i], &file)) == NF4_OK && !file)
+        if ((code = diffusers_lora_path(c->opts->lora_dirs[i], &file, 0)) == NF4_OK && !file)
             code = nf4_fail(NF4_ESOFTWARE, c->opts->lora_dirs[i], NULL, "not a diffusers LoRA (internal error)");
-        if (code == NF4_OK && (code = model_open_file(file, &pl->weights[i])) == NF4_OK)
+        if (code == NF4_OK && (code = diffusers_lora_open(file, &pl->weights[i])) == NF4_OK)
             code = diffusers_lora_check_components(pl->weights[i], components, ncomp);
         pl->n = i + 1;
         free(file);

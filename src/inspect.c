@@ -486,8 +486,8 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
     if (code != NF4_OK)
         return code;
     if (layout == LAYOUT_PIPELINE && nlora)
-        return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline; --lora applies to one model: give the "
-                        "component's directory (such as %s/transformer)", in);
+        return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline; inspect takes --lora for one model: give "
+                        "the component's directory (such as %s/transformer)", in);
     if (layout != LAYOUT_MODEL_DIR && tokenizer)
         return nf4_fail(NF4_EUSAGE, in, NULL, "is %s; --tokenizer applies to a model directory",
                         layout == LAYOUT_FILE ? "a single weights file" : "a diffusers pipeline");

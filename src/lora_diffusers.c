@@ -9,6 +9,7 @@
 
 #include "fileio.h"
 #include "json_util.h"
+#include "layout.h"
 #include "lora_target.h"
 #include "status.h"
 #include "strbuf.h"
@@ -16,6 +17,10 @@
 
 /* How many components a message names before "...". */
 #define LISTED_COMPONENTS 4
+#define KOHYA_REFUSAL                                                                                              \
+    "is a kohya or ComfyUI-format LoRA (lora_unet_..., lora_down/lora_up, diffusion_model...), which nf4deq does " \
+    "not read; load it in diffusers (load_lora_weights) and save it again with save_lora_weights, or as a PEFT "  \
+    "adapter"
 
 /* Whether a path's last segment is one of a PEFT adapter's files. */
 static int is_peft_file(const char *path)
@@ -52,7 +57,12 @@ static char *only_safetensors(const char *dir)
     return found;
 }
 
-int diffusers_lora_path(const char *arg, char **weights)
+int diffusers_lora_open(const char *path, struct model **out)
+{
+    return str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
+}
+
+int diffusers_lora_path(const char *arg, char **weights, int warn)
 {
     *weights = NULL;
     struct stat st;
@@ -73,9 +83,14 @@ int diffusers_lora_path(const char *arg, char **weights)
     /* lstat: in a Hugging Face cache each is a link, maybe to a blob not
      * downloaded; opening it then says so. */
     int peft = lstat(config, &st) == 0 || errno != ENOENT, diffusers = lstat(file, &st) == 0;
-    if (peft && diffusers)
+    if (!diffusers) { /* the pickle, where there is no safetensors file */
+        free(file);
+        file = path_join(arg, DIFFUSERS_LORA_PICKLE_NAME);
+        diffusers = file && lstat(file, &st) == 0;
+    }
+    if (peft && diffusers && warn)
         nf4_warn("%s: holds a PEFT adapter (%s) and a diffusers LoRA (%s): merging the PEFT adapter; give --lora "
-                 "the file to merge the other", arg, ADAPTER_CONFIG_NAME, DIFFUSERS_LORA_NAME);
+                 "the file to merge the other", arg, ADAPTER_CONFIG_NAME, file);
     if (!peft && diffusers) {
         *weights = file;
         file = NULL;
@@ -157,6 +172,23 @@ static char *folder_name(const char *dir)
     return name;
 }
 
+/* Whether folder `dir` is a component of a diffusers pipeline: its parent
+ * holds model_index.json. */
+static int in_pipeline(const char *dir)
+{
+    char *real = realpath(dir, NULL), *index = NULL;
+    if (real) {
+        size_t n = strlen(real) + sizeof "/../" PIPELINE_INDEX_NAME;
+        if ((index = malloc(n)))
+            snprintf(index, n, "%s/../%s", real, PIPELINE_INDEX_NAME);
+    }
+    struct stat st;
+    int found = index && stat(index, &st) == 0 && S_ISREG(st.st_mode);
+    free(index);
+    free(real);
+    return found;
+}
+
 /* Whether the keys name the base's tensors with no component before them:
  * what diffusers' ModelMixin.save_lora_adapter writes (one model's LoRA,
  * its metadata unprefixed too). */
@@ -209,6 +241,8 @@ int diffusers_lora_check_components(const struct model *weights, const char *con
     int code = NF4_OK;
     if (missing.oom)
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    else if (left && left == weights->count && is_kohya(weights))
+        code = nf4_fail(NF4_EDATA, path, NULL, KOHYA_REFUSAL);
     else if (left && left == weights->count) /* other components', or keys with none (save_lora_adapter) */
         code = nf4_fail(NF4_EDATA, path, NULL, "has no tensors for a component of this pipeline that diffusers loads "
                         "LoRAs into (its keys are for: %s); give IN the folder of the component it was trained on",
@@ -237,7 +271,10 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     int own_usable = own && own[0] && strcmp(own, ".") != 0 && strcmp(own, "..") != 0 &&
                      strcmp(own, DIFFUSERS_DEFAULT_COMPONENT) != 0;
-    const char *names[2] = {own_usable ? own : NULL, DIFFUSERS_DEFAULT_COMPONENT};
+    /* A pipeline's component takes its own keys only: another one's
+     * transformer keys do not fit it. */
+    const char *names[2] = {own_usable ? own : NULL,
+                            own_usable && in_pipeline(base->dir) ? NULL : DIFFUSERS_DEFAULT_COMPONENT};
     int code = NF4_OK;
     for (size_t i = 0; i < 2 && !*prefix && code == NF4_OK; i++) {
         if (!names[i])
@@ -265,13 +302,11 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
         code = nf4_fail(NF4_EDATA, path, NULL, "holds a PEFT adapter's keys (" PEFT_KEY_PREFIX "...): give --lora "
                         "the adapter's folder, with its " ADAPTER_CONFIG_NAME);
     else if (code == NF4_OK && !*prefix && is_kohya(weights))
-        code = nf4_fail(NF4_EDATA, path, NULL, "is a kohya or ComfyUI-format LoRA (lora_unet_..., lora_down/lora_up, "
-                        "diffusion_model...), which nf4deq does not read; load it in diffusers (load_lora_weights) "
-                        "and save it again with save_lora_weights, or as a PEFT adapter");
+        code = nf4_fail(NF4_EDATA, path, NULL, KOHYA_REFUSAL);
     else if (code == NF4_OK && !*prefix)
         code = nf4_fail(NF4_EDATA, path, NULL, "is a diffusers LoRA with no tensors for %s%s%s (its keys are for: "
-                        "%s); give the folder of the pipeline component it was trained on",
-                        names[0] ? names[0] : "", names[0] ? " or " : "", DIFFUSERS_DEFAULT_COMPONENT,
+                        "%s); give IN the folder of the pipeline component it was trained on",
+                        names[0] ? names[0] : "", names[0] && names[1] ? " or " : "", names[1] ? names[1] : "",
                         others.p ? others.p : "nothing");
     else if (code == NF4_OK && others.p && **prefix)
         nf4_warn("%s: %zu of its tensors are for other pipeline components (%s) than %.*s: they are not merged "

@@ -21,16 +21,25 @@
 #include "model.h"
 
 #define DIFFUSERS_LORA_NAME "pytorch_lora_weights.safetensors"
+/* What save_lora_weights(safe_serialization=False) writes instead. */
+#define DIFFUSERS_LORA_PICKLE_NAME "pytorch_lora_weights.bin"
 #define DIFFUSERS_LORA_METADATA "lora_adapter_metadata"
 /* diffusers' name for the denoiser of every transformer pipeline (Flux, SD3, Sana, Wan...). */
 #define DIFFUSERS_DEFAULT_COMPONENT "transformer"
 
 /* Whether --lora ARG is a diffusers LoRA: a regular file (the weights
- * themselves), or a folder with DIFFUSERS_LORA_NAME and no
- * ADAPTER_CONFIG_NAME. *weights: that file's path (allocated), or NULL for
- * anything else, which is read as a PEFT adapter folder. NF4_OK, or
- * NF4_ESOFTWARE when out of memory. */
-int diffusers_lora_path(const char *arg, char **weights);
+ * themselves), or a folder with no ADAPTER_CONFIG_NAME and
+ * DIFFUSERS_LORA_NAME, or else DIFFUSERS_LORA_PICKLE_NAME, or one other
+ * *.safetensors file. *weights: that file's path (allocated), or NULL for
+ * anything else, which is read as a PEFT adapter folder. `warn`: say so when
+ * a folder holds both kinds. NF4_OK, NF4_EUSAGE for a PEFT adapter's own
+ * file, or NF4_ESOFTWARE when out of memory. */
+int diffusers_lora_path(const char *arg, char **weights, int warn);
+
+/* Opens a diffusers LoRA's weights: safetensors, or a torch.save pickle
+ * (save_lora_weights(safe_serialization=False)), read as torch_file.h reads
+ * a pickled PEFT adapter. */
+int diffusers_lora_open(const char *path, struct model **out);
 
 /* The key prefix ("transformer.", allocated) of the component of `weights`
  * that goes on `base`: `component` where given (a pipeline's, lora_open_component),

@@ -260,11 +260,14 @@ int resume_fingerprint(const struct model *m, const struct convert_opts *o, cons
         char real[PATH_MAX];
         strbuf_puts(&b, "; lora ");
         strbuf_puts(&b, realpath(o->lora_dirs[i], real) ? real : o->lora_dirs[i]);
-        describe_file(&b, o->lora_dirs[i], NULL); /* a diffusers LoRA given as its file */
+        char *diffusers = NULL; /* a diffusers LoRA's file, given or found in the folder */
+        if (diffusers_lora_path(o->lora_dirs[i], &diffusers, 0) != NF4_OK)
+            nf4_clear_error();
+        describe_file(&b, diffusers ? diffusers : o->lora_dirs[i], NULL);
+        free(diffusers);
         describe_file(&b, o->lora_dirs[i], ADAPTER_CONFIG_NAME);
         describe_file(&b, o->lora_dirs[i], ADAPTER_WEIGHTS_NAME);
         describe_file(&b, o->lora_dirs[i], ADAPTER_PICKLE_NAME);
-        describe_file(&b, o->lora_dirs[i], DIFFUSERS_LORA_NAME);
     }
     if (untied)
         strbuf_printf(&b, "; lm_head.weight apart from %s", untied);

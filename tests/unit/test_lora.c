@@ -1637,6 +1637,29 @@ static void test_diffusers_loras(void **state)
     assert_int_equal(merge_on_cpu(DIFFUSERS_FIXTURES "/tiny-flux-transformer.bnb4.safetensors", file_out, file, 1, 0, 0,
                                   DT_INVALID), 18);
     tu_assert_same_tensors(file_out, dir_out);
+    /* The same tensors pickled (pytorch_lora_weights.bin, no metadata): the
+     * nometa merge, byte for byte. */
+    char *pickled = tu_strdupf("%s/pickled", s->dir), *nometa = tu_strdupf("%s/flux-1", s->dir);
+    const char *pdirs[1] = {DIFFUSERS_FIXTURES "/lora-flux-pickled"};
+    assert_int_equal(merge_on_cpu(base, pickled, pdirs, 1, 0, 0, DT_INVALID), 18);
+    char *pf = tu_strdupf("%s/diffusion_pytorch_model.safetensors", pickled),
+         *nf = tu_strdupf("%s/diffusion_pytorch_model.safetensors", nometa);
+    tu_assert_same_tensors(pf, nf);
+    /* Another component's folder takes its own keys only: text_encoder_2/ is
+     * not given the transformer's. */
+    char *out = tu_strdupf("%s/te2", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/text_encoder_2", out,
+                             "--lora", DIFFUSERS_FIXTURES "/lora-flux", NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "is a diffusers LoRA with no tensors for text_encoder_2 (its keys are for: transformer)"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    free(out);
+    free(pf);
+    free(nf);
+    free(pickled);
+    free(nometa);
     free(file_out);
     free(dir_out);
 }
@@ -1788,6 +1811,17 @@ static void test_diffusers_lora_pipeline(void **state)
     if (r.status != NF4_EUSAGE || !strstr(r.err, "is a PEFT adapter, which merges into one model"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
+    struct syn_tensor kohya[2] = {{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", DT_F32, {4, 8}, NULL},
+                                  {"lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", DT_F32, {8, 4}, NULL}};
+    for (size_t i = 0; i < 2; i++)
+        syn_fill(&kohya[i], 0.5f);
+    syn_write(lora, kohya, 2);
+    r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", lora, NULL);
+    if (r.status != NF4_EDATA || !strstr(r.err, "is a kohya or ComfyUI-format LoRA"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    for (size_t i = 0; i < 2; i++)
+        free(kohya[i].v);
     r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", LORA_FIXTURES, NULL); /* many *.safetensors */
     if (r.status != NF4_ENOINPUT || !strstr(r.err, "is neither a PEFT adapter (adapter_config.json) nor a diffusers "
                                                    "LoRA"))
