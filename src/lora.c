@@ -374,6 +374,12 @@ static int is_factor_dtype(enum st_dtype dt)
     return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
 }
 
+/* An F32, BF16 or F16 vector of n values (a DoRA magnitude, a LoRA bias). */
+static int is_factor_vector(const struct st_tensor *x, uint64_t n)
+{
+    return is_factor_dtype(x->dtype) && x->ndim == 1 && x->shape[0] == n;
+}
+
 static int is_tied_head(const struct binder *b, const char *name)
 {
     return b->tied_embedding && strcmp(name, TIED_HEAD_NAME) == 0;
@@ -462,14 +468,20 @@ static char *lora_a_module(const char *name, const struct pair_kind *kind)
     return strndup(name, strlen(name) - strlen(kind->a_suffix));
 }
 
+/* A module's parameter: "M", "bias" -> "M.bias", allocated. */
+static char *module_param_name(const char *module, const char *param)
+{
+    size_t n = strlen(module) + strlen(param) + 2;
+    char *w = malloc(n);
+    if (w)
+        snprintf(w, n, "%s.%s", module, param);
+    return w;
+}
+
 /* The base tensor a LoRA module changes: "M" -> "M.weight", allocated. */
 static char *base_weight_name(const char *module)
 {
-    size_t n = strlen(module) + sizeof ".weight";
-    char *w = malloc(n);
-    if (w)
-        snprintf(w, n, "%s.weight", module);
-    return w;
+    return module_param_name(module, "weight");
 }
 
 /* The module of a weight: "M.weight" -> "M", allocated (the inverse of
@@ -654,7 +666,7 @@ static int find_magnitude(const struct lora_adapter *ad, const char *module, con
     int code = NF4_OK;
     if (!m)
         code = nf4_fail(NF4_EDATA, file, aname, "has no matching %s, which DoRA (use_dora) needs", key);
-    else if (!is_factor_dtype(m->t->dtype) || m->t->ndim != 1 || m->t->shape[0] != rows)
+    else if (!is_factor_vector(m->t, rows))
         code = nf4_fail(NF4_EDATA, m->file->path, key, "must be an F32, BF16 or F16 vector of %llu, one per row of "
                         "the weight", (unsigned long long)rows);
     free(key);
@@ -839,13 +851,11 @@ static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_
         return code;
     char *module = strndup(name, strlen(name) - strlen(LORA_BIAS_SUFFIX));
     char *bname = module ? factor_key(ad, module, LORA_B_SUFFIX) : NULL, *wname = module ? base_weight_name(module) : NULL;
-    size_t n = module ? strlen(module) + sizeof ".bias" : 0;
-    char *bias_name = module ? malloc(n) : NULL;
+    char *bias_name = module ? module_param_name(module, "bias") : NULL;
     if (!bname || !wname || !bias_name) {
         code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
         goto out;
     }
-    snprintf(bias_name, n, "%s.bias", module);
     /* A module the config leaves out: its pair is not merged (bind_pair warns), nor its bias. */
     if (!lora_target_matches(&c->targets, module) && !wrapped_for_the_tie(b, c, wname))
         goto out;
@@ -855,8 +865,7 @@ static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_
         code = nf4_fail(NF4_EDATA, file, key, "has no matching %s", bname);
         goto out;
     }
-    if (!is_factor_dtype(x->dtype) || x->ndim != 1 || bt->t->ndim != 2 || x->shape[0] != bt->t->shape[0] ||
-        x->shape[0] == 0) {
+    if (bt->t->ndim != 2 || bt->t->shape[0] == 0 || !is_factor_vector(x, bt->t->shape[0])) {
         code = nf4_fail(NF4_EDATA, file, key, "must be an F32, BF16 or F16 vector of %llu, one per row of %s",
                         (unsigned long long)(bt->t->ndim == 2 ? bt->t->shape[0] : 0), bname);
         goto out;
