@@ -212,6 +212,16 @@ static int keys_fit_unprefixed(const struct model *w, const struct model *base)
     return 0;
 }
 
+/* The prefix of a component's keys: "transformer" -> "transformer.", allocated. */
+static char *key_prefix_of(const char *component)
+{
+    size_t n = strlen(component) + 2;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s.", component);
+    return p;
+}
+
 size_t diffusers_lora_keys_for(const struct model *weights, const char *component)
 {
     size_t n = 0, clen = strlen(component);
@@ -259,13 +269,8 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
 {
     *prefix = NULL;
     const char *path = weights->files[0]->path;
-    if (component) {
-        size_t n = strlen(component) + 2;
-        if (!(*prefix = malloc(n)))
-            return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-        snprintf(*prefix, n, "%s.", component);
-        return NF4_OK;
-    }
+    if (component)
+        return (*prefix = key_prefix_of(component)) ? NF4_OK : nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     char *own = base->dir ? folder_name(base->dir) : NULL;
     if (base->dir && !own)
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
@@ -276,21 +281,9 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
     const char *names[2] = {own_usable ? own : NULL,
                             own_usable && in_pipeline(base->dir) ? NULL : DIFFUSERS_DEFAULT_COMPONENT};
     int code = NF4_OK;
-    for (size_t i = 0; i < 2 && !*prefix && code == NF4_OK; i++) {
-        if (!names[i])
-            continue;
-        size_t n = strlen(names[i]) + 2;
-        char *p = malloc(n);
-        if (!p) {
+    for (size_t i = 0; i < 2 && !*prefix && code == NF4_OK; i++)
+        if (names[i] && diffusers_lora_keys_for(weights, names[i]) && !(*prefix = key_prefix_of(names[i])))
             code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-            break;
-        }
-        snprintf(p, n, "%s.", names[i]);
-        if (keys_under(weights, p))
-            *prefix = p;
-        else
-            free(p);
-    }
     if (code == NF4_OK && !*prefix && keys_fit_unprefixed(weights, base) && !(*prefix = strdup("")))
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     struct strbuf others = {0};
