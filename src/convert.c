@@ -56,10 +56,8 @@ static void plan_lora(struct out_item *it, const struct lora_target *t)
 {
     if (!t)
         return;
-    if (t->replace && t->nterms) {
-        it->round_src = 1;
+    if (t->replace && t->nterms)
         it->round_src_to = it->w ? it->w->state.dtype : it->src->t->dtype;
-    }
     if (t->replace) {
         it->w = NULL;
         it->src = t->replace;
@@ -76,6 +74,7 @@ static void plan_base_tensor(struct out_item *it, const char *name, const struct
                              const struct bnb_weight *weights, size_t nweights, enum st_dtype dtype)
 {
     it->out.name = name;
+    it->round_src_to = DT_INVALID;
     const struct bnb_weight *w = bnb_find(weights, nweights, t->name);
     if (w) {
         it->w = w;

@@ -305,7 +305,7 @@ static int fill_merge(struct task *t, unsigned char *arena, const struct out_ite
             return code;
         mj->w = arena;
         mj->w_dtype = it->src->t->dtype;
-        if (it->round_src)
+        if (it->round_src_to != DT_INVALID)
             mj->w_dtype = round_in_place(arena, cnt, mj->w_dtype, it->round_src_to);
         at = align_up((size_t)(cnt * in_size));
     }

@@ -28,8 +28,7 @@ struct out_item {
     const struct lora_target *lora; /* NULL, or terms to merge or token rows to put (never a replacement: that is `src`) */
     /* A replacement with terms on it is first rounded to the dtype of the
      * base tensor it replaces, as PEFT loads it into the base's parameter
-     * before merging: round_src set, and round_src_to. */
-    int round_src;
+     * before merging; DT_INVALID: the source is merged as stored. */
     enum st_dtype round_src_to;
 };
 
