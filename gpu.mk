@@ -12,6 +12,9 @@
 #                         build/perf/cuda_teardown: what a process pays at exit for CUDA;
 #                         build/perf/tmpfs_write: how fast each way of filling one
 #                         output file is (write(2), threads through a mapping, the GPU)
+#   make device-pack      the binaries a device-machine call runs, built for its one
+#                         architecture (DEVICE_ARCH, default 90) and packed into
+#                         .carry/bins.tar.xz (tests/gpu/device-pack.sh says why)
 #   GPU_BIG=0             skip the > 2^31-element tensor (needs ~13 GB host memory)
 
 GPU_BINS     = $(BUILD)/gpu/test_gpu $(BUILD)/gpu/nf4bench $(BUILD)/gpu/test_gpu_faults $(BUILD)/gpu/test_gpu_merge
@@ -20,7 +23,8 @@ PTX75_BUILD ?= build/ptx75
 NOASM_BUILD ?= build/noasm
 GPU_BIG     ?= 1
 
-.PHONY: gpu-tests gpu-tests-ptx75 gpu-tests-noasm check-gpu perf-tools
+.PHONY: gpu-tests gpu-tests-ptx75 gpu-tests-noasm check-gpu perf-tools device-pack
+DEVICE_ARCH ?= 90
 
 $(BUILD)/gpu/%: tests/gpu/%.c tests/gpu/check.h tests/gpu/gpu_tensor.h $(BUILD)/libnf4deq.a $(wildcard include/*.h src/*.h)
 	@mkdir -p $(@D)
@@ -53,3 +57,6 @@ gpu-tests-noasm:
 
 check-gpu: gpu-tests gpu-tests-ptx75 gpu-tests-noasm
 	@sh tests/gpu/run-checks.sh $(BUILD) $(PTX75_BUILD) $(GPU_BIG) $(NOASM_BUILD)
+
+device-pack:
+	@MAKE='$(MAKE)' sh tests/gpu/device-pack.sh $(DEVICE_ARCH)

@@ -1,8 +1,7 @@
 #!/bin/bash
 # One device-machine call: GPU checks (both builds) and the benchmark, logs under $OUT.
-# Build everything here first (make gpu-tests gpu-tests-ptx75 all), then run it there
-# carrying build/gpu build/ptx75/gpu build/nf4deq .carry (or packing them into
-# .carry/bins.tar.xz: tar -cJf .carry/bins.tar.xz build/gpu build/ptx75/gpu build/noasm/gpu build/nf4deq):
+# Build and pack its binaries here first (make device-pack: .carry/bins.tar.xz and
+# .carry/lib), then run it there carrying those two:
 #   bash tests/gpu/device-run.sh [check|bench|all]
 set -o pipefail
 what=${1:-all}
