@@ -160,7 +160,8 @@ static const char INSPECT_HELP[] =
     "      --lora DIR       also list the tensors this adapter (PEFT, or diffusers:\n"
     "                       see convert --help) changes, with r, alpha and scaling\n"
     "                       (may repeat), and whose tokenizer convert gives a model\n"
-    "                       dir's output; for a pipeline, give the component\n"
+    "                       dir's output; for a pipeline, per component, as convert\n"
+    "                       merges its diffusers LoRAs\n"
     "      --tokenizer DIR  say that for convert's --tokenizer DIR (or base)\n"
     "  -h, --help           show this help\n"
     "\n" EXIT_CODES_HELP;

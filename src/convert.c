@@ -20,13 +20,13 @@
 #include "gpu_start.h"
 #include "layout.h"
 #include "lora.h"
-#include "lora_diffusers.h"
 #include "mapped_writer.h"
 #include "model.h"
 #include "model_dir.h"
 #include "out_lock.h"
 #include "resume.h"
 #include "pipeline.h"
+#include "pipeline_lora.h"
 #include "progress.h"
 #include "safetensors.h"
 #include "safetensors_writer.h"
@@ -281,34 +281,6 @@ void convert_warn_if_nothing_to_do(const struct ctx *c, const char *in, size_t n
                  c->opts->dtype != DT_INVALID && !as_is ? "cast to --dtype or copied" : "copied as they are");
 }
 
-/* A pipeline takes diffusers LoRAs only, whose keys name their components
- * (transformer.<module>...): a PEFT adapter is one model's. */
-static int check_pipeline_loras(const char *in, const struct convert_opts *o)
-{
-    for (size_t i = 0; i < o->nlora; i++) {
-        char *file = NULL;
-        struct stat st;
-        if (stat(o->lora_dirs[i], &st) != 0)
-            return nf4_fail_errno(NF4_ENOINPUT, errno, o->lora_dirs[i], NULL, "cannot open");
-        int code = diffusers_lora_path(o->lora_dirs[i], &file, 1), diffusers = file != NULL;
-        free(file);
-        if (code != NF4_OK)
-            return code;
-        if (diffusers)
-            continue;
-        char *config = path_join(o->lora_dirs[i], ADAPTER_CONFIG_NAME);
-        int peft = config && lstat(config, &st) == 0;
-        free(config);
-        if (peft)
-            return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline, and %s is a PEFT adapter, which merges "
-                            "into one model: give IN the component's directory (such as %s/transformer)",
-                            o->lora_dirs[i], in);
-        return nf4_fail(NF4_ENOINPUT, o->lora_dirs[i], NULL, "is neither a PEFT adapter (%s) nor a diffusers LoRA (%s, "
-                        "or one *.safetensors file)", ADAPTER_CONFIG_NAME, DIFFUSERS_LORA_NAME);
-    }
-    return NF4_OK;
-}
-
 static int convert_file(struct ctx *c, const char *in, const char *out)
 {
     struct model *m;
@@ -528,7 +500,7 @@ static int run(const char *in, const char *out, int out_is_dir_syntax, const str
     if (code == NF4_OK && !c.to_stdout && layout != LAYOUT_FILE)
         code = check_out_outside_in(in, out);
     if (code == NF4_OK && layout == LAYOUT_PIPELINE)
-        code = check_pipeline_loras(in, o);
+        code = pipeline_loras_check(in, o->lora_dirs, o->nlora);
     if (code == NF4_OK && layout != LAYOUT_MODEL_DIR && o->tokenizer)
         code = nf4_fail(NF4_EUSAGE, in, NULL, "is %s; --tokenizer gives a model directory its tokenizer",
                         layout == LAYOUT_FILE ? "a single weights file" : "a diffusers pipeline");

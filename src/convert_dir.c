@@ -15,9 +15,8 @@
 
 #include "file_copy.h"
 #include "fileio.h"
-#include "json_util.h"
 #include "layout.h"
-#include "lora_diffusers.h"
+#include "pipeline_lora.h"
 #include "model_dir.h"
 #include "out_lock.h"
 #include "resume.h"
@@ -474,89 +473,6 @@ int convert_model_dir(struct ctx *c, const char *in, const char *out, int replac
 
 /* ---- diffusers pipelines ---- */
 
-/* The diffusers LoRAs of --lora, opened to see which components they hold
- * keys for (convert_run lets a pipeline take only those). */
-struct pipeline_loras {
-    struct model **weights;
-    size_t n;
-    char *cls; /* model_index.json's _class_name, or NULL */
-};
-
-static void pipeline_loras_close(struct pipeline_loras *pl)
-{
-    for (size_t i = 0; i < pl->n; i++)
-        if (pl->weights[i])
-            model_close(pl->weights[i]);
-    free(pl->weights);
-    free(pl->cls);
-    memset(pl, 0, sizeof *pl);
-}
-
-/* Whether diffusers' LoRA loader for a pipeline of class `cls`
- * (model_index.json's _class_name) loads a LoRA's keys into `component`: its
- * _lora_loadable_modules (diffusers 0.42, loaders/lora_pipeline.py). Every
- * loader takes the denoiser; the text encoders only Stable Diffusion's (1.x,
- * XL and 3, the last two the second encoder too) and Flux.1's. */
-static int diffusers_loads(const char *cls, const char *component)
-{
-    if (strcmp(component, "transformer") == 0 || strcmp(component, "unet") == 0)
-        return 1;
-    int sdxl_sd3 = cls && (strncmp(cls, "StableDiffusionXL", 17) == 0 || strncmp(cls, "StableDiffusion3", 16) == 0);
-    int one_encoder = cls && ((strncmp(cls, "StableDiffusion", 15) == 0) ||
-                              (strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9')));
-    if (strcmp(component, "text_encoder") == 0)
-        return one_encoder || sdxl_sd3;
-    return strcmp(component, "text_encoder_2") == 0 && sdxl_sd3;
-}
-
-/* model_index.json's _class_name (allocated), or NULL where it has none. */
-static char *pipeline_class(const char *in)
-{
-    char *path = path_join(in, PIPELINE_INDEX_NAME), *text = NULL, *cls = NULL;
-    size_t len = 0;
-    if (path && read_small_file(path, MAX_JSON_FILE_BYTES, &text, &len) == NF4_OK) {
-        cJSON *root = json_parse_whole(text, len);
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
-        if (cJSON_IsString(name))
-            cls = strdup(name->valuestring);
-        cJSON_Delete(root);
-    }
-    free(text);
-    free(path);
-    return cls;
-}
-
-/* Opens each --lora's weights and checks that its keys are for components of
- * this pipeline that diffusers loads LoRAs into (a warning for the others'). */
-static int pipeline_loras_open(struct ctx *c, const char *in, const struct pipeline_entry *e, size_t n,
-                               struct pipeline_loras *pl)
-{
-    memset(pl, 0, sizeof *pl);
-    size_t nl = c->opts->nlora, ncomp = 0;
-    if (!nl)
-        return NF4_OK;
-    const char **components = calloc(n ? n : 1, sizeof *components);
-    pl->weights = calloc(nl, sizeof *pl->weights);
-    pl->cls = pipeline_class(in);
-    int code = components && pl->weights ? NF4_OK : nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
-    for (size_t i = 0; i < n && code == NF4_OK; i++)
-        if (e[i].kind == ENTRY_COMPONENT && diffusers_loads(pl->cls, e[i].name))
-            components[ncomp++] = e[i].name;
-    for (size_t i = 0; i < nl && code == NF4_OK; i++) {
-        char *file = NULL;
-        if ((code = diffusers_lora_path(c->opts->lora_dirs[i], &file, 0)) == NF4_OK && !file)
-            code = nf4_fail(NF4_ESOFTWARE, c->opts->lora_dirs[i], NULL, "not a diffusers LoRA (internal error)");
-        if (code == NF4_OK && (code = diffusers_lora_open(file, &pl->weights[i])) == NF4_OK)
-            code = diffusers_lora_check_components(pl->weights[i], components, ncomp);
-        pl->n = i + 1;
-        free(file);
-    }
-    free(components);
-    if (code != NF4_OK)
-        pipeline_loras_close(pl);
-    return code;
-}
-
 /* A component with no 4-bit weight (a VAE, a CLIP text encoder) is copied as
  * it is, byte for byte, whatever --dtype says: bitsandbytes never touched it,
  * and a cast would change what the pipeline's author chose to ship; unless a
@@ -565,17 +481,14 @@ static int pipeline_open_components(struct ctx *c, const char *in, const struct 
                                     struct model_job *jobs, uint64_t *tensors, uint64_t *bytes)
 {
     struct pipeline_loras pl;
-    int code = pipeline_loras_open(c, in, e, n, &pl);
+    int code = pipeline_loras_open(in, c->opts->lora_dirs, c->opts->nlora, e, n, &pl);
     const char **dirs = code == NF4_OK ? calloc(pl.n ? pl.n : 1, sizeof *dirs) : NULL;
     if (code == NF4_OK && !dirs)
         code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     for (size_t i = 0; i < n && code == NF4_OK; i++) {
         if (e[i].kind != ENTRY_COMPONENT)
             continue;
-        struct component_loras cl = {e[i].name, dirs, 0};
-        for (size_t k = 0; k < pl.n && diffusers_loads(pl.cls, e[i].name); k++)
-            if (diffusers_lora_keys_for(pl.weights[k], e[i].name))
-                dirs[cl.n++] = c->opts->lora_dirs[k];
+        struct component_loras cl = {e[i].name, dirs, pipeline_loras_for(&pl, e[i].name, dirs)};
         char *path = path_join(in, e[i].name);
         code = path ? model_job_open(c, path, cl.n > 0, &cl, &jobs[i])
                     : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");

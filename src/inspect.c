@@ -15,6 +15,7 @@
 #include "lora.h"
 #include "model.h"
 #include "model_dir.h"
+#include "pipeline_lora.h"
 #include "status.h"
 #include "tokenizer_files.h"
 
@@ -30,6 +31,15 @@ struct inspect_opts {
     const char *tokenizer;          /* --tokenizer, as convert's */
     struct tokenizer_source source; /* what tokenizer_choose made of it, checked before any output */
     FILE *out;
+};
+
+/* What inspect_model shows: IN itself, with the whole of --lora, or one
+ * component of a pipeline, with the LoRAs it takes (pipeline_loras_for). */
+struct model_part {
+    const char *component; /* the pipeline's name for it, or NULL for IN itself */
+    const char *const *lora_dirs;
+    size_t nlora;
+    int as_is; /* copied unchanged (a component with no 4-bit weight that no LoRA changes) */
 };
 
 /* A name from the file in inspect's table: control bytes as '?' (as in
@@ -260,16 +270,15 @@ static int report_tokenizer(const char *in, const struct inspect_opts *o, cJSON 
 }
 
 /* One file or model directory: its tensor table and totals line, or its
- * files, tensors and totals added to `obj`. `as_is`: it is copied unchanged
- * (an unquantized pipeline component), so --dtype does not apply, and its
- * tensor bytes after conversion are its tensor bytes now (not its file
- * sizes: the totals count tensor bytes, headers apart, everywhere). */
-static int inspect_model(const char *in, int is_dir, const struct inspect_opts *o, cJSON *obj, struct totals *tot,
-                         int as_is)
+ * files, tensors and totals added to `obj`. A component copied as it is, or
+ * converted only to merge a LoRA, keeps its dtypes: --dtype does not apply.
+ * A copied one's tensor bytes after conversion are its tensor bytes now (not
+ * its file sizes: the totals count tensor bytes, headers apart, everywhere). */
+static int inspect_model(const char *in, int is_dir, const struct inspect_opts *o, const struct model_part *part,
+                         cJSON *obj, struct totals *tot)
 {
     FILE *out = o->out;
     int json = obj != NULL;
-    enum st_dtype dtype = as_is ? DT_INVALID : o->dtype;
     struct model *m;
     int code = is_dir ? model_open_dir(in, &m) : model_open_file(in, &m);
     if (code != NF4_OK)
@@ -278,11 +287,13 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     size_t nw = 0;
     struct lora_set *lora = NULL;
     if ((code = bnb_collect(m, &w, &nw)) != NF4_OK || (is_dir && (code = refuse_conv1d_weights(in, w, nw)) != NF4_OK) ||
-        (o->nlora && (code = lora_open(&lora, o->lora_dirs, o->nlora, m, w, nw)) != NF4_OK)) {
+        (part->nlora && (code = lora_open_component(&lora, part->lora_dirs, part->nlora, m, w, nw,
+                                                    part->component)) != NF4_OK)) {
         bnb_free(w, nw);
         model_close(m);
         return code;
     }
+    const enum st_dtype dtype = part->as_is || (part->component && nw == 0) ? DT_INVALID : o->dtype;
     memset(tot, 0, sizeof *tot);
     tot->tensors = m->count;
     tot->quantized = nw;
@@ -370,7 +381,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     }
     if (json) {
         add_totals_json(obj, tot);
-        if (is_dir && !as_is) /* a component copied as it is keeps every file */
+        if (is_dir && !part->as_is) /* a component copied as it is keeps every file */
             add_unused_json(m, obj);
         if (lora)
             report_lora(lora, obj, out);
@@ -379,7 +390,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                 "\n%zu tensors in %zu file%s, %zu quantized weights; %" PRIu64 " parameters; %" PRIu64
                 " bytes on disk; %" PRIu64 " bytes after conversion\n",
                 m->count, m->nfiles, m->nfiles == 1 ? "" : "s", nw, tot->parameters, tot->on_disk, tot->converted);
-        if (!as_is)
+        if (!part->as_is)
             report_unused(m, out);
         if (lora) {
             report_lora(lora, NULL, out);
@@ -387,7 +398,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                     lora->nadapters, lora->nadapters == 1 ? "" : "s");
         }
     }
-    if (is_dir && !as_is && (o->nlora || o->tokenizer))
+    if (is_dir && !part->component && (o->nlora || o->tokenizer))
         code = report_tokenizer(in, o, obj, out);
     lora_close(lora);
     bnb_free(w, nw);
@@ -395,8 +406,9 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     return code;
 }
 
-/* A diffusers pipeline: each component as a model, what convert does with it,
- * the other entries, and the totals over the components. */
+/* A diffusers pipeline: each component as a model, what convert does with it
+ * (and with --lora, which LoRAs it takes), the other entries, and the totals
+ * over the components. */
 static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON *root)
 {
     struct pipeline_entry *e = NULL;
@@ -404,8 +416,13 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
     int code = pipeline_list(in, &e, &n);
     if (code != NF4_OK)
         return code;
+    struct pipeline_loras pl;
+    code = pipeline_loras_open(in, o->lora_dirs, o->nlora, e, n, &pl);
+    const char **dirs = code == NF4_OK ? calloc(pl.n ? pl.n : 1, sizeof *dirs) : NULL;
+    if (code == NF4_OK && !dirs)
+        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     struct totals sum = {0};
-    size_t ncomponents = 0, nquantized = 0;
+    size_t ncomponents = 0, nquantized = 0, nmerged = 0;
     cJSON *jcomponents = root ? cJSON_AddArrayToObject(root, "components") : NULL;
     cJSON *jcopied = root ? cJSON_AddArrayToObject(root, "copied") : NULL;
     cJSON *jskipped = root ? cJSON_AddArrayToObject(root, "not_copied") : NULL;
@@ -427,7 +444,8 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
             continue;
         }
         int quantized = 0;
-        /* Whether it has 4-bit weights decides what convert does with it. */
+        /* Whether it has 4-bit weights, or a LoRA changes it, decides what
+         * convert does with it. */
         struct model *m;
         if ((code = model_open_dir(path, &m)) == NF4_OK) {
             struct bnb_weight *w = NULL;
@@ -437,36 +455,47 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
             bnb_free(w, nw);
             model_close(m);
         }
+        struct model_part part = {e[i].name, dirs, pipeline_loras_for(&pl, e[i].name, dirs), 0};
+        part.as_is = !quantized && !part.nlora;
+        const char *action = quantized ? "convert" : part.nlora ? "merge" : "copy";
         cJSON *jc = NULL;
         if (code == NF4_OK && root) {
             jc = cJSON_CreateObject();
             cJSON_AddStringToObject(jc, "name", e[i].name);
             cJSON_AddStringToObject(jc, "path", path);
-            cJSON_AddStringToObject(jc, "action", quantized ? "convert" : "copy");
+            cJSON_AddStringToObject(jc, "action", action);
             cJSON_AddItemToArray(jcomponents, jc);
         } else if (code == NF4_OK) {
             fprintf(o->out, "%s== component ", ncomponents ? "\n" : "");
             put_name(o->out, e[i].name, 0);
-            fprintf(o->out, ": %s ==\n", quantized ? "converted" : "no 4-bit weights, copied as it is");
+            fprintf(o->out, ": %s ==\n", quantized     ? "converted"
+                                         : part.nlora ? "no 4-bit weights, converted to merge a LoRA, its dtypes kept"
+                                                      : "no 4-bit weights, copied as it is");
         }
         struct totals t = {0};
         if (code == NF4_OK)
-            code = inspect_model(path, 1, o, jc, &t, !quantized);
+            code = inspect_model(path, 1, o, &part, jc, &t);
         free(path);
         add_totals(&sum, &t);
         ncomponents++;
         nquantized += quantized;
+        nmerged += !quantized && part.nlora;
     }
     if (code == NF4_OK && root) {
         add_totals_json(root, &sum);
         cJSON *jt = cJSON_GetObjectItemCaseSensitive(root, "totals");
         cJSON_AddNumberToObject(jt, "components", (double)ncomponents);
         cJSON_AddNumberToObject(jt, "converted_components", (double)nquantized);
+        if (o->nlora)
+            cJSON_AddNumberToObject(jt, "merged_components", (double)nmerged);
     } else if (code == NF4_OK) {
         const size_t nskipped = n - ncomponents - ncopied;
-        fprintf(o->out, "\npipeline: %zu component%s (%zu converted, %zu copied), %zu other entr%s copied",
-                ncomponents, ncomponents == 1 ? "" : "s", nquantized, ncomponents - nquantized, ncopied,
-                ncopied == 1 ? "y" : "ies");
+        char merged[64] = "";
+        if (nmerged)
+            snprintf(merged, sizeof merged, ", %zu more to merge a LoRA", nmerged);
+        fprintf(o->out, "\npipeline: %zu component%s (%zu converted%s, %zu copied), %zu other entr%s copied",
+                ncomponents, ncomponents == 1 ? "" : "s", nquantized, merged, ncomponents - nquantized - nmerged,
+                ncopied, ncopied == 1 ? "y" : "ies");
         if (nskipped)
             fprintf(o->out, ", %zu not (a checkpoint beside the components, or a link to nothing or outside)",
                     nskipped);
@@ -474,6 +503,8 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
                 " bytes on disk; %" PRIu64 " bytes after conversion\n", sum.tensors, sum.quantized, sum.parameters,
                 sum.on_disk, sum.converted);
     }
+    free(dirs);
+    pipeline_loras_close(&pl);
     pipeline_entries_free(e, n);
     return code;
 }
@@ -485,12 +516,11 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
     int code = layout_of(in, &layout);
     if (code != NF4_OK)
         return code;
-    if (layout == LAYOUT_PIPELINE && nlora)
-        return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline; inspect takes --lora for one model: give "
-                        "the component's directory (such as %s/transformer)", in);
     if (layout != LAYOUT_MODEL_DIR && tokenizer)
         return nf4_fail(NF4_EUSAGE, in, NULL, "is %s; --tokenizer applies to a model directory",
                         layout == LAYOUT_FILE ? "a single weights file" : "a diffusers pipeline");
+    if (layout == LAYOUT_PIPELINE && (code = pipeline_loras_check(in, lora_dirs, nlora)) != NF4_OK)
+        return code;
     struct inspect_opts o = {json, dtype, lora_dirs, nlora, tokenizer, {TOKENIZER_IN, NULL}, out};
     /* A bad folder fails before anything is printed. */
     if (layout == LAYOUT_MODEL_DIR && (code = tokenizer_choose(tokenizer, in, lora_dirs, nlora, &o.source)) != NF4_OK)
@@ -502,9 +532,25 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
     if (layout == LAYOUT_PIPELINE) {
         if (root)
             cJSON_AddStringToObject(root, "pipeline", in);
-        code = inspect_pipeline(in, &o, root);
+        /* A component found bad (its header, a LoRA's keys for it) fails
+         * after others' tables are made: print them only if all are. */
+        char *text = NULL;
+        size_t len = 0;
+        FILE *buffer = root ? NULL : open_memstream(&text, &len);
+        if (!root && !buffer) {
+            code = nf4_fail_errno(NF4_ESOFTWARE, errno, in, NULL, "cannot buffer the report");
+        } else {
+            o.out = root ? out : buffer;
+            code = inspect_pipeline(in, &o, root);
+        }
+        if (buffer && fclose(buffer) != 0 && code == NF4_OK)
+            code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+        if (code == NF4_OK && text)
+            fwrite(text, 1, len, out);
+        free(text);
     } else {
-        code = inspect_model(in, layout == LAYOUT_MODEL_DIR, &o, root, &tot, 0);
+        const struct model_part whole = {NULL, lora_dirs, nlora, 0};
+        code = inspect_model(in, layout == LAYOUT_MODEL_DIR, &o, &whole, root, &tot);
     }
     if (code == NF4_OK && root) {
         char *text = json_print_pretty(root);

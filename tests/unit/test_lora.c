@@ -6,6 +6,7 @@
  * the refusals, which must write nothing. */
 #include "test_util.h"
 
+#include <cJSON.h>
 #include <math.h>
 
 #include "convert.h"
@@ -1707,6 +1708,132 @@ static void test_diffusers_lora_components(void **state)
     free(out);
 }
 
+/* The tensor bytes of a safetensors file, headers apart: what inspect's
+ * bytes_after_conversion counts. */
+static uint64_t tensor_bytes_of(const char *path)
+{
+    struct model *m;
+    assert_int_equal(model_open_file(path, &m), NF4_OK);
+    uint64_t n = 0;
+    for (size_t i = 0; i < m->count; i++)
+        n += st_tensor_bytes(m->tensors[i].t);
+    model_close(m);
+    return n;
+}
+
+/* A component of inspect --json's "components" by name. */
+static const cJSON *json_component(const cJSON *root, const char *name)
+{
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItemCaseSensitive(root, "components"))
+        if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(c, "name")), name) == 0)
+            return c;
+    fail_msg("no component %s", name);
+    return NULL;
+}
+
+/* inspect PIPELINE --lora: each component with the LoRAs convert merges into
+ * it (the same warning for keys of others), one with no 4-bit weight shown
+ * as converted to merge them with its dtypes kept, and its totals those of
+ * what convert writes. A LoRA refused for any component, even one found bad
+ * after others' tables are made, prints no report. */
+static void test_diffusers_lora_pipeline_inspect(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *pipe = DIFFUSERS_FIXTURES "/tiny-flux-bnb4";
+    struct tu_run r = tu_run("inspect", pipe, "--lora", DIFFUSERS_FIXTURES "/lora-flux", NULL);
+    if (r.status != 0 || r.err[0] || !strstr(r.out, "== component transformer: converted ==\n") ||
+        !strstr(r.out, "\n18 tensors changed by 1 adapter\n\n== component vae: no 4-bit weights, copied as it is") ||
+        !strstr(r.out, "\npipeline: 3 components (2 converted, 1 copied)"))
+        fail_msg("exit %d, stderr: %s, stdout: %s", r.status, r.err, r.out);
+    size_t changes = 0; /* only the transformer's */
+    for (const char *at = r.out; (at = strstr(at, "CHANGED BY LORA")); at++)
+        changes++;
+    assert_int_equal(changes, 1);
+    tu_run_free(&r);
+    /* The VAE as a Flux pipeline's text_encoder, which diffusers loads LoRAs into. */
+    char *pipe2 = tu_strdupf("%s-pipe", s->dir), *lora = tu_strdupf("%s-te.safetensors", s->dir),
+         *out = tu_strdupf("%s/out", s->dir);
+    assert_int_equal(tu_sh_status("cp -r %s %s && mv %s/vae %s/text_encoder", pipe, pipe2, pipe2, pipe2), 0);
+    struct syn_tensor ts[4] = {
+        {"text_encoder.decoder.mid_block.attentions.0.to_q.lora_A.weight", DT_F32, {2, 32}, NULL},
+        {"text_encoder.decoder.mid_block.attentions.0.to_q.lora_B.weight", DT_F32, {32, 2}, NULL},
+        {"vae.decoder.mid_block.attentions.0.to_q.lora_A.weight", DT_F32, {2, 32}, NULL},
+        {"vae.decoder.mid_block.attentions.0.to_q.lora_B.weight", DT_F32, {32, 2}, NULL},
+    };
+    for (size_t i = 0; i < 4; i++)
+        syn_fill(&ts[i], 0.5f);
+    syn_write(lora, ts, 4);
+    r = tu_run("inspect", "--dtype", "bf16", pipe2, "--lora", lora, NULL);
+    if (r.status != 0 || tu_lines(r.err) != 1 || !strstr(r.err, "2 of its tensors are for vae") ||
+        !strstr(r.out, "== component text_encoder: no 4-bit weights, converted to merge a LoRA, its dtypes kept ==\n") ||
+        !strstr(r.out, "decoder.mid_block.attentions.0.to_q.weight       F32   [32, 32]                 4096  -> F32 "
+                       "(4096 bytes)\n") ||
+        !strstr(r.out, "\n1 tensor changed by 1 adapter\n") ||
+        !strstr(r.out, "\npipeline: 3 components (2 converted, 1 more to merge a LoRA, 0 copied)"))
+        fail_msg("exit %d, stderr: %s, stdout: %s", r.status, r.err, r.out);
+    tu_run_free(&r);
+    r = tu_run("inspect", "--json", "--dtype", "bf16", pipe2, "--lora", lora, NULL);
+    assert_int_equal(r.status, 0);
+    cJSON *root = cJSON_Parse(r.out);
+    assert_non_null(root);
+    const cJSON *te = json_component(root, "text_encoder"), *tr = json_component(root, "transformer"),
+                *totals = cJSON_GetObjectItemCaseSensitive(root, "totals");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(te, "action")), "merge");
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(tr, "action")), "convert");
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(te, "lora")), 1);
+    assert_null(cJSON_GetObjectItemCaseSensitive(tr, "lora"));
+    assert_int_equal(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(totals, "merged_components")), 1);
+    assert_int_equal(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(totals, "converted_components")), 2);
+    /* Its totals are what convert writes, F32 kept under --dtype bf16. */
+    r = (tu_run_free(&r), tu_run("convert", "-q", "--device", "cpu", "--dtype", "bf16", pipe2, out, "--lora", lora,
+                                 NULL));
+    assert_int_equal(r.status, 0);
+    char *te_out = tu_strdupf("%s/text_encoder/diffusion_pytorch_model.safetensors", out),
+         *tr_out = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", out);
+    assert_int_equal(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(
+                         cJSON_GetObjectItemCaseSensitive(te, "totals"), "bytes_after_conversion")),
+                     tensor_bytes_of(te_out));
+    assert_int_equal(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(
+                         cJSON_GetObjectItemCaseSensitive(tr, "totals"), "bytes_after_conversion")),
+                     tensor_bytes_of(tr_out));
+    cJSON_Delete(root);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    /* Refused as convert refuses it, with nothing on standard output: a PEFT
+     * adapter, a LoRA with nothing for the pipeline, and one whose
+     * transformer keys fail to bind after the text encoders' tables. */
+    r = tu_run("inspect", pipe, "--lora", LORA_FIXTURES "/adapter-r8-all-linear", NULL);
+    if (r.status != NF4_EUSAGE || r.out[0] || !strstr(r.err, "is a PEFT adapter, which merges into one model"))
+        fail_msg("exit %d, stderr: %s, stdout: %s", r.status, r.err, r.out);
+    tu_run_free(&r);
+    syn_write(lora, ts + 2, 2);
+    r = tu_run("inspect", pipe, "--lora", lora, NULL);
+    if (r.status != NF4_EDATA || r.out[0] || tu_lines(r.err) != 1 || !strstr(r.err, "(its keys are for: vae)"))
+        fail_msg("exit %d, stderr: %s, stdout: %s", r.status, r.err, r.out);
+    tu_run_free(&r);
+    struct syn_tensor bad[2] = {{"transformer.proj_out.lora_A.weight", DT_BF16, {4, 63}, NULL},
+                                {"transformer.proj_out.lora_B.weight", DT_BF16, {16, 4}, NULL}};
+    for (size_t i = 0; i < 2; i++)
+        syn_fill(&bad[i], 0.5f);
+    syn_write(lora, bad, 2);
+    r = tu_run("inspect", pipe, "--lora", lora, NULL);
+    if (r.status != NF4_EDATA || r.out[0] || tu_lines(r.err) != 1 || !strstr(r.err, "transformer.proj_out.lora_A"))
+        fail_msg("exit %d, stderr: %s, stdout: %s", r.status, r.err, r.out);
+    tu_run_free(&r);
+    for (size_t i = 0; i < 2; i++)
+        free(bad[i].v);
+    for (size_t i = 0; i < 4; i++)
+        free(ts[i].v);
+    unlink(lora);
+    tu_rmtree(pipe2);
+    free(te_out);
+    free(tr_out);
+    free(pipe2);
+    free(lora);
+    free(out);
+}
+
 /* A whole pipeline with diffusers LoRAs: each component diffusers' loader
  * loads LoRAs into takes the keys under its name, merged as in the
  * component's own conversion; one with no 4-bit weight is converted where a
@@ -2046,6 +2173,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_diffusers_lora_component_by_folder, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_pipeline, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_diffusers_lora_pipeline_inspect, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),

@@ -1,0 +1,40 @@
+/* Diffusers LoRAs on a whole diffusers pipeline (`convert PIPE OUT --lora L`,
+ * `inspect PIPE --lora L`): which component takes which LoRA. Each LoRA's
+ * keys say their component ("transformer.", "text_encoder."); a component
+ * takes the LoRAs with keys under its name, where diffusers' loader for the
+ * pipeline's class loads LoRAs into it (diffusers_loads). lora.c then binds
+ * them per component (lora_open_component). */
+#ifndef NF4DEQ_PIPELINE_LORA_H
+#define NF4DEQ_PIPELINE_LORA_H
+
+#include <stddef.h>
+
+#include "layout.h"
+#include "model.h"
+
+struct pipeline_loras {
+    const char *const *args; /* --lora as given, n of them */
+    struct model **weights;  /* each one's weights, opened to read its keys */
+    size_t n;
+    char *cls; /* model_index.json's _class_name, or NULL */
+};
+
+/* Whether each --lora can go on the pipeline `in`, before anything is read
+ * or written: NF4_EUSAGE for a PEFT adapter (which merges into one model),
+ * NF4_ENOINPUT for what is missing or neither kind. */
+int pipeline_loras_check(const char *in, const char *const *args, size_t n);
+
+/* Opens each LoRA's weights and checks that its keys are for components of
+ * this pipeline (`e`, ne entries of pipeline_list) that diffusers loads LoRAs
+ * into: a warning for keys of others, NF4_EDATA where none is. n = 0 opens
+ * nothing. Close with pipeline_loras_close, even on failure. */
+int pipeline_loras_open(const char *in, const char *const *args, size_t n, const struct pipeline_entry *e,
+                        size_t ne, struct pipeline_loras *pl);
+
+/* The --lora arguments that `component` takes, stored in `dirs` (room for
+ * pl->n); how many. */
+size_t pipeline_loras_for(const struct pipeline_loras *pl, const char *component, const char **dirs);
+
+void pipeline_loras_close(struct pipeline_loras *pl);
+
+#endif
