@@ -93,9 +93,10 @@ static const char CONVERT_HELP[] =
     "                       adapter_model.safetensors, or a pickled\n"
     "                       adapter_model.bin, read without running it; DIR may be\n"
     "                       an ORG/NAME in the Hugging Face cache), or a diffusers\n"
-    "                       LoRA (pytorch_lora_weights.safetensors or its folder;\n"
-    "                       IN is then the component it was trained on, or its\n"
-    "                       whole pipeline) into the\n"
+    "                       LoRA (pytorch_lora_weights.safetensors or its folder,\n"
+    "                       or a kohya or ComfyUI Flux.1 LoRA, read as diffusers\n"
+    "                       converts it; IN is then the component it was trained\n"
+    "                       on, or its whole pipeline) into the\n"
     "                       dequantized weights, embedding LoRA, DoRA (use_dora),\n"
     "                       LoRA biases (lora_bias) and trained token rows\n"
     "                       (trainable_token_indices) included;\n"
@@ -130,6 +131,8 @@ static const char CONVERT_HELP[] =
     "  NF4DEQ_GPU_HANDOFF=0 wait for CUDA's teardown before exiting\n"
     "  NF4DEQ_OUTPUT_MAP=0|1 output through one write(2) stream (0) or a shared\n"
     "                       mapping (1); default: the mapping on tmpfs, 2+ workers\n"
+    "  TMPDIR               where a kohya LoRA's diffusers form is written while it\n"
+    "                       is read (default /tmp)\n"
     "\n" EXIT_CODES_HELP;
 
 static const char CLEAN_HELP[] =

@@ -1483,7 +1483,7 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
             code = diffusers_lora_path(dirs[i], &ad->config_path, !component);
         if (code == NF4_OK && ad->config_path) {
             ad->diffusers = 1;
-            if ((code = diffusers_lora_open(ad->config_path, &ad->weights)) == NF4_OK &&
+            if ((code = diffusers_lora_open(ad->config_path, !component, &ad->weights)) == NF4_OK &&
                 (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK)
                 code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);
         } else if (code == NF4_OK && component) {

@@ -10,6 +10,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "layout.h"
+#include "lora_kohya.h"
 #include "lora_target.h"
 #include "status.h"
 #include "strbuf.h"
@@ -17,9 +18,9 @@
 
 /* How many components a message names before "...". */
 #define LISTED_COMPONENTS 4
-#define KOHYA_REFUSAL                                                                                              \
-    "is a kohya or ComfyUI-format LoRA (lora_unet_..., lora_down/lora_up, diffusion_model...), which nf4deq does " \
-    "not read; load it in diffusers (load_lora_weights) and save it again with save_lora_weights, or as a PEFT "  \
+#define KOHYA_REFUSAL                                                                                          \
+    "is a kohya or ComfyUI-format LoRA without lora_down/lora_up pairs (LoHa, LoKr...), which nf4deq does not " \
+    "read; load it in diffusers (load_lora_weights) and save it again with save_lora_weights, or as a PEFT "  \
     "adapter"
 
 /* Whether a path's last segment is one of a PEFT adapter's files. */
@@ -57,9 +58,15 @@ static char *only_safetensors(const char *dir)
     return found;
 }
 
-int diffusers_lora_open(const char *path, struct model **out)
+int diffusers_lora_open(const char *path, int warn, struct model **out)
 {
-    return str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
+    int code = str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
+    if (code != NF4_OK || !kohya_lora_detect(*out))
+        return code;
+    struct model *kohya = *out;
+    code = kohya_lora_convert(kohya, path, warn, out);
+    model_close(kohya);
+    return code;
 }
 
 int diffusers_lora_path(const char *arg, char **weights, int warn)
@@ -144,7 +151,8 @@ static void list_components(const struct model *w, const char *prefix, struct st
 }
 
 /* Whether the keys are kohya's (sd-scripts) or ComfyUI's: lora_unet_..., lora_te...,
- * lora_down and lora_up, diffusion_model...: formats diffusers converts at load. */
+ * diffusion_model...; those with lora_down and lora_up pairs were converted on
+ * opening (lora_kohya.h). */
 static int is_kohya(const struct model *w)
 {
     for (size_t i = 0; i < w->count; i++) {

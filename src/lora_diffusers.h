@@ -38,8 +38,9 @@ int diffusers_lora_path(const char *arg, char **weights, int warn);
 
 /* Opens a diffusers LoRA's weights: safetensors, or a torch.save pickle
  * (save_lora_weights(safe_serialization=False)), read as torch_file.h reads
- * a pickled PEFT adapter. */
-int diffusers_lora_open(const char *path, struct model **out);
+ * a pickled PEFT adapter; a kohya or ComfyUI Flux.1 LoRA as diffusers
+ * converts it (lora_kohya.h), saying what is left out where `warn`. */
+int diffusers_lora_open(const char *path, int warn, struct model **out);
 
 /* The key prefix ("transformer.", allocated) of the component of `weights`
  * that goes on `base`: `component` where given (a pipeline's, lora_open_component),

@@ -249,6 +249,26 @@ int model_open_file(const char *path, struct model **out)
     return open_one_file(path, st_open, out);
 }
 
+int model_open_file_as(const char *path, const char *shown, struct model **out)
+{
+    int code = model_open_file(path, out);
+    if (code != NF4_OK)
+        return code;
+    char *name = strdup(shown), *file_name = strdup(shown);
+    if (!name || !file_name) {
+        free(name);
+        free(file_name);
+        model_close(*out);
+        *out = NULL;
+        return nf4_fail(NF4_ESOFTWARE, shown, NULL, "out of memory");
+    }
+    free((*out)->files[0]->path);
+    (*out)->files[0]->path = name;
+    free((*out)->file_names[0]);
+    (*out)->file_names[0] = file_name;
+    return NF4_OK;
+}
+
 int model_open_torch_file(const char *path, struct model **out)
 {
     return open_one_file(path, torch_open, out);

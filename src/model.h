@@ -59,6 +59,9 @@ int model_dir_is_model(const struct model_dir_files *f);
 int model_dir_require(const char *dir);
 
 int model_open_file(const char *path, struct model **out);
+/* model_open_file of a file nf4deq wrote in place of `shown` (a kohya LoRA's
+ * diffusers form, lora_kohya.h): messages name `shown`. */
+int model_open_file_as(const char *path, const char *shown, struct model **out);
 /* A PyTorch checkpoint of tensors as a one-file model (torch_file.h). */
 int model_open_torch_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);

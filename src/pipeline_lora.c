@@ -94,7 +94,7 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
         char *file = NULL;
         if ((code = diffusers_lora_path(args[i], &file, 0)) == NF4_OK && !file)
             code = nf4_fail(NF4_ESOFTWARE, args[i], NULL, "not a diffusers LoRA (internal error)");
-        if (code == NF4_OK && (code = diffusers_lora_open(file, &pl->weights[i])) == NF4_OK)
+        if (code == NF4_OK && (code = diffusers_lora_open(file, 1, &pl->weights[i])) == NF4_OK)
             code = diffusers_lora_check_components(pl->weights[i], components, ncomp);
         pl->n = i + 1;
         free(file);

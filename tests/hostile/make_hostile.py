@@ -791,7 +791,13 @@ def lora_cases():
         [T("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "F32", [4, 256], bytes(4096)),
          T("lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", "F32", [8, 4], bytes(128)),
          T("lora_unet_double_blocks_0_img_attn_qkv.alpha", "F32", [], bytes(4))])}, 65,
-        "is a kohya or ComfyUI-format LoRA (lora_unet_..., lora_down/lora_up, diffusion_model...), which nf4deq does not read", kinds=both)
+        "lora_unet_double_blocks_0_img_attn_qkv.alpha: is 0; an alpha is a positive number", kinds=both)
+    # a kohya LoHa: no lora_down/lora_up pairs to convert
+    emit_dir("lora-diffusers-kohya-loha", {"pytorch_lora_weights.safetensors": st_bytes(
+        [T("lora_unet_double_blocks_0_img_attn_qkv.hada_w1_a", "F32", [4, 4], bytes(64)),
+         T("lora_unet_double_blocks_0_img_attn_qkv.hada_w1_b", "F32", [4, 4], bytes(64))])}, 65,
+        "is a kohya or ComfyUI-format LoRA without lora_down/lora_up pairs (LoHa, LoKr...), which nf4deq does not read",
+        kinds=both)
     emit_lora("lora-bias-mode-unknown", 65, '"bias" must be', config=adapter_config(bias="some"))
     # PEFT features whose weights are no plain delta of the base as it is.
     emit_lora("lora-init-pissa", 65, '"init_lora_weights": "pissa_niter_4" rewrote the base weights',

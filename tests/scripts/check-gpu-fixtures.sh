@@ -104,6 +104,17 @@ if "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4" "$out/flux-pipe-lora" 
 else
     failed=$((failed + 1)); echo "FAIL: convert the pipeline --lora lora-flux"
 fi
+# A kohya Flux.1 LoRA, as diffusers converts it: on the GPU, the CPU's merge of
+# diffusers' own conversion of it, byte for byte.
+"$bin" convert -q --device cpu "$dx/tiny-flux-bnb4/transformer" "$out/flux-kohya-ref" \
+    --lora "$dx/lora-flux-kohya.diffusers.safetensors"
+if "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4/transformer" "$out/flux-kohya-gpu" \
+    --lora "$dx/lora-flux-kohya.safetensors"; then
+    check "flux transformer --lora lora-flux-kohya (gpu vs the cpu merge of its diffusers form)" \
+        "$out/flux-kohya-gpu" "$out/flux-kohya-ref"
+else
+    failed=$((failed + 1)); echo "FAIL: convert --lora lora-flux-kohya"
+fi
 if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
     passed=$((passed + 1))
 else

@@ -1708,6 +1708,183 @@ static void test_diffusers_lora_components(void **state)
     free(out);
 }
 
+/* Kohya and ComfyUI Flux.1 LoRAs read as diffusers 0.42 loads them: each
+ * file's conversion holds, byte for byte, the tensors of the .diffusers file
+ * make_kohya_fixtures.py wrote with diffusers' own conversion (alpha folded
+ * into the factors in their dtypes, qkv and linear1 split, dense and
+ * block-diagonal, the text encoder's keys, what it leaves out), and merges as
+ * that file does, alone and in a pipeline. */
+static void test_kohya_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char *const KOHYA_CASES[][2] = {
+        {DIFFUSERS_FIXTURES "/lora-flux-kohya.safetensors", DIFFUSERS_FIXTURES "/lora-flux-kohya.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-flux-comfy.safetensors", DIFFUSERS_FIXTURES "/lora-flux-kohya.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-flux-kohya-linear1.safetensors",
+         DIFFUSERS_FIXTURES "/lora-flux-kohya-linear1.diffusers.safetensors"},
+    };
+    for (size_t i = 0; i < sizeof KOHYA_CASES / sizeof KOHYA_CASES[0]; i++) {
+        struct model *m;
+        assert_int_equal(diffusers_lora_open(KOHYA_CASES[i][0], 0, &m), NF4_OK);
+        assert_int_equal(m->nfiles, 1);
+        assert_string_equal(m->files[0]->path, KOHYA_CASES[i][0]); /* messages name the kohya file */
+        tu_assert_same_st(m->files[0], KOHYA_CASES[i][0], KOHYA_CASES[i][1]);
+        model_close(m);
+    }
+    char *got = tu_strdupf("%s/got", s->dir), *want = tu_strdupf("%s/want", s->dir),
+         *pipe = tu_strdupf("%s/pipe", s->dir);
+    const char *kohya[1] = {KOHYA_CASES[0][0]}, *converted[1] = {KOHYA_CASES[0][1]};
+    const char *tmpdir = getenv("TMPDIR");
+    char *saved_tmpdir = tmpdir ? strdup(tmpdir) : NULL;
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
+    const char *transformer = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer";
+    assert_int_equal(merge_on_cpu(transformer, got, kohya, 1, 0, 0, DT_INVALID), 16);
+    assert_int_equal(merge_on_cpu(transformer, want, converted, 1, 0, 0, DT_INVALID), 16);
+    char *got_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", got),
+         *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want),
+         *pipe_file = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", pipe);
+    tu_assert_same_tensors(got_file, want_file);
+    /* What is not merged, said once, also in a pipeline (which has no CLIP text encoder here). */
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4", pipe, "--lora",
+                             KOHYA_CASES[1][0], NULL);
+    if (r.status != 0 || tu_lines(r.err) != 3 ||
+        !strstr(r.err, "lora-flux-comfy.safetensors: 5 of its tensors (diffusion_model.final_layer.linear, "
+                       "diffusion_model.img_in) are for modules diffusers does not load from a kohya LoRA: they are "
+                       "not merged\n") ||
+        !strstr(r.err, "6 of its tensors are for text_encoder, which this pipeline does not have"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_assert_same_tensors(pipe_file, want_file);
+    r = tu_run("inspect", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", "--lora", KOHYA_CASES[0][0], NULL);
+    if (r.status != 0 || !strstr(r.out, "\n16 tensors changed by 1 adapter\n") ||
+        !strstr(r.err, "7 of its tensors (lora_te2_encoder_block_0_layer_0_SelfAttention_q, "
+                       "lora_unet_final_layer_linear, lora_unet_img_in) are for modules diffusers does not load"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(got);
+    tu_rmtree(want);
+    tu_rmtree(pipe);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    if (saved_tmpdir)
+        setenv("TMPDIR", saved_tmpdir, 1);
+    else
+        unsetenv("TMPDIR");
+    free(saved_tmpdir);
+    free(got_file);
+    free(want_file);
+    free(pipe_file);
+    free(got);
+    free(want);
+    free(pipe);
+}
+
+/* Kohya LoRAs diffusers would not load, or not as nf4deq would merge them:
+ * refused with one line naming the file and the key, nothing written. */
+static void test_kohya_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct {
+        const char *names[3]; /* down, up, alpha (NULL: none) */
+        uint64_t down[2], up[2];
+        enum st_dtype dtype;
+        float alpha;
+        const char *want;
+    } KOHYA_CASES[] = {
+        {{"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight", NULL, NULL}, {4, 64}, {256, 4}, DT_BF16, 0,
+         "lora_unet_double_blocks_0_img_mlp_0.lora_down.weight: has no matching "
+         "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight"},
+        {{NULL, "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight", NULL}, {4, 64}, {256, 4}, DT_BF16, 0,
+         "is a kohya or ComfyUI-format LoRA without lora_down/lora_up pairs"},
+        {{"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight", "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight",
+          "lora_unet_double_blocks_0_img_mlp_0.alpha"}, {4, 64}, {256, 4}, DT_BF16, -1.0f,
+         "lora_unet_double_blocks_0_img_mlp_0.alpha: is -1; an alpha is a positive number"},
+        {{"lora_unet_single_blocks_0_linear1.lora_down.weight", "lora_unet_single_blocks_0_linear1.lora_up.weight",
+          NULL}, {4, 64}, {448, 4}, DT_BF16, 0,
+         "lora_unet_single_blocks_0_linear1.lora_up.weight: has 448 rows; diffusers splits it into Flux.1's 3072 + "
+         "3072 + 3072 + 12288"},
+        {{"lora_unet_double_blocks_0_txt_attn_qkv.lora_down.weight",
+          "lora_unet_double_blocks_0_txt_attn_qkv.lora_up.weight", NULL}, {3, 64}, {190, 3}, DT_F16, 0,
+         "has 190 rows; diffusers splits it into three equal parts"},
+        {{"lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight",
+          "lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight", NULL}, {4, 64}, {64, 4}, DT_BF16, 0,
+         "lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight: is not of a Flux.1 module diffusers "
+         "converts from kohya's names"},
+        {{"lora_unet_double_blocks_19_img_mlp_0.lora_down.weight", "lora_unet_double_blocks_19_img_mlp_0.lora_up.weight",
+          NULL}, {4, 64}, {256, 4}, DT_BF16, 0, "a LoRA for another model?"},
+        {{"lora_unet_double_blocks_00_img_mlp_0.lora_down.weight", "lora_unet_double_blocks_00_img_mlp_0.lora_up.weight",
+          NULL}, {4, 64}, {256, 4}, DT_BF16, 0, "a LoRA for another model?"},
+        {{"lora_transformer_single_transformer_blocks_0_proj_out.lora_down.weight",
+          "lora_transformer_single_transformer_blocks_0_proj_out.lora_up.weight", NULL}, {4, 64}, {64, 4}, DT_BF16, 0,
+         "is of the kohya \"mixture\" layout"},
+        {{"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight", "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight",
+          NULL}, {4, 64}, {256, 3}, DT_BF16, 0, "is a matrix; with lora_unet_double_blocks_0_img_mlp_0.lora_up.weight "
+                                                "it is not a LoRA pair [r, in], [out, r]"},
+        {{"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight", "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight",
+          NULL}, {4, 64}, {256, 4}, DT_I8, 0, "is I8; LoRA weights must be F32, BF16 or F16"},
+        {{"lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight",
+          "lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_up.weight", NULL}, {4, 64}, {256, 4}, DT_BF16, 0,
+         "has no matching lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight"},
+    };
+    char *lora = tu_strdupf("%s-kohya.safetensors", s->dir);
+    /* The converted LoRA's temp file goes where the scratch folder is checked empty. */
+    const char *tmpdir = getenv("TMPDIR");
+    char *saved_tmpdir = tmpdir ? strdup(tmpdir) : NULL;
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < sizeof KOHYA_CASES / sizeof KOHYA_CASES[0]; i++) {
+        struct syn_tensor ts[3];
+        size_t n = 0;
+        const uint64_t *shapes[2] = {KOHYA_CASES[i].down, KOHYA_CASES[i].up};
+        for (size_t k = 0; k < 2; k++)
+            if (KOHYA_CASES[i].names[k])
+                ts[n++] = (struct syn_tensor){KOHYA_CASES[i].names[k], KOHYA_CASES[i].dtype, {shapes[k][0], shapes[k][1]}, NULL};
+        if (KOHYA_CASES[i].names[2])
+            ts[n++] = (struct syn_tensor){KOHYA_CASES[i].names[2], DT_F32, {1, 1}, NULL};
+        for (size_t k = 0; k < n; k++) {
+            syn_fill(&ts[k], 0.5f);
+            if (k == n - 1 && KOHYA_CASES[i].names[2])
+                ts[k].v[0] = KOHYA_CASES[i].alpha;
+        }
+        syn_write(lora, ts, n);
+        assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", lora, NULL, KOHYA_CASES[i].want);
+        for (size_t k = 0; k < n; k++)
+            free(ts[k].v);
+    }
+    /* lora_te_ and lora_te1_ of one layer: both would load as the same module. */
+    struct syn_tensor te[4] = {
+        {"lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight", DT_BF16, {4, 32}, NULL},
+        {"lora_te_text_model_encoder_layers_0_mlp_fc1.lora_up.weight", DT_BF16, {37, 4}, NULL},
+        {"lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight", DT_BF16, {4, 32}, NULL},
+        {"lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_up.weight", DT_BF16, {37, 4}, NULL},
+    };
+    for (size_t k = 0; k < 4; k++)
+        syn_fill(&te[k], 0.5f);
+    syn_write(lora, te, 4);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", lora, NULL,
+                         "becomes text_encoder.text_model.encoder.layers.0.mlp.fc1.lora_A.weight, as "
+                         "lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight does");
+    /* A good LoRA whose conversion cannot be written. */
+    syn_write(lora, te, 2);
+    assert_int_equal(setenv("TMPDIR", "/nonexistent-nf4deq-tmp", 1), 0);
+    char *out = tu_strdupf("%s/out", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", out,
+                             "--lora", lora, NULL);
+    if (r.status != NF4_ECANTCREAT || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "cannot create a temp file for the converted LoRA (set TMPDIR)"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    if (saved_tmpdir)
+        setenv("TMPDIR", saved_tmpdir, 1);
+    else
+        unsetenv("TMPDIR");
+    free(saved_tmpdir);
+    free(out);
+    for (size_t k = 0; k < 4; k++)
+        free(te[k].v);
+    unlink(lora);
+    free(lora);
+}
+
 /* The tensor bytes of a safetensors file, headers apart: what inspect's
  * bytes_after_conversion counts. */
 static uint64_t tensor_bytes_of(const char *path)
@@ -1944,7 +2121,8 @@ static void test_diffusers_lora_pipeline(void **state)
         syn_fill(&kohya[i], 0.5f);
     syn_write(lora, kohya, 2);
     r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", lora, NULL);
-    if (r.status != NF4_EDATA || !strstr(r.err, "is a kohya or ComfyUI-format LoRA"))
+    if (r.status != NF4_EDATA || !strstr(r.err, "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight: has 8 rows; "
+                                             "diffusers splits it into three equal parts"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     for (size_t i = 0; i < 2; i++)
@@ -2174,6 +2352,8 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_pipeline, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_pipeline_inspect, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_kohya_lora_as_diffusers_loads_it, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_kohya_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),

@@ -242,10 +242,11 @@ static inline int tu_lines(const char *s)
 
 /* Asserts that two safetensors files hold the same tensors: names, dtypes,
  * shapes and data bytes (headers may differ in metadata and layout). */
-static inline void tu_assert_same_tensors(const char *got_path, const char *want_path)
+/* Every tensor of `want_path` in `got` (named got_path in messages), with
+ * the same name, dtype, shape and bytes, and no other. */
+static inline void tu_assert_same_st(const struct st_file *got, const char *got_path, const char *want_path)
 {
-    struct st_file *got, *want;
-    assert_int_equal(st_open(got_path, &got), NF4_OK);
+    struct st_file *want;
     assert_int_equal(st_open(want_path, &want), NF4_OK);
     if (got->count != want->count)
         fail_msg("%s has %zu tensors, %s has %zu", got_path, got->count, want_path, want->count);
@@ -274,8 +275,15 @@ static inline void tu_assert_same_tensors(const char *got_path, const char *want
         free(a);
         free(b);
     }
-    st_close(got);
     st_close(want);
+}
+
+static inline void tu_assert_same_tensors(const char *got_path, const char *want_path)
+{
+    struct st_file *got;
+    assert_int_equal(st_open(got_path, &got), NF4_OK);
+    tu_assert_same_st(got, got_path, want_path);
+    st_close(got);
 }
 
 #endif

@@ -1,0 +1,673 @@
+#include "lora_kohya.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dtype.h"
+#include "fileio.h"
+#include "fpconv.h"
+#include "safetensors_writer.h"
+#include "status.h"
+#include "strbuf.h"
+#include "strutil.h"
+
+#define KOHYA_DOWN ".lora_down.weight"
+#define KOHYA_UP ".lora_up.weight"
+#define KOHYA_ALPHA ".alpha"
+#define KOHYA_UNET "lora_unet_"
+/* Flux.1's blocks, as far as diffusers' conversion looks for them. */
+#define FLUX_DOUBLE_BLOCKS 19
+#define FLUX_SINGLE_BLOCKS 38
+#define MAX_SPLITS 4
+/* The longest module name read; the names built from one fit their buffers. */
+#define KOHYA_NAME_MAX 512
+/* How many left-out keys the warning names before "...". */
+#define LISTED_LEFT_OUT 3
+
+/* A kohya module of a block and the diffusers modules it becomes: one, or
+ * the parts of a fused layer, rows in equal parts unless `rows` says. */
+struct module_map {
+    const char *kohya;
+    size_t nparts;
+    const char *parts[MAX_SPLITS];
+    uint64_t rows[MAX_SPLITS];
+};
+
+static const struct module_map DOUBLE_BLOCK[] = {
+    {"img_attn_proj", 1, {"attn.to_out.0"}, {0}},
+    {"img_attn_qkv", 3, {"attn.to_q", "attn.to_k", "attn.to_v"}, {0}},
+    {"img_mlp_0", 1, {"ff.net.0.proj"}, {0}},
+    {"img_mlp_2", 1, {"ff.net.2"}, {0}},
+    {"img_mod_lin", 1, {"norm1.linear"}, {0}},
+    {"txt_attn_proj", 1, {"attn.to_add_out"}, {0}},
+    {"txt_attn_qkv", 3, {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}, {0}},
+    {"txt_mlp_0", 1, {"ff_context.net.0.proj"}, {0}},
+    {"txt_mlp_2", 1, {"ff_context.net.2"}, {0}},
+    {"txt_mod_lin", 1, {"norm1_context.linear"}, {0}},
+};
+
+static const struct module_map SINGLE_BLOCK[] = {
+    {"linear1", 4, {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"}, {3072, 3072, 3072, 12288}},
+    {"linear2", 1, {"proj_out"}, {0}},
+    {"modulation_lin", 1, {"norm.linear"}, {0}},
+};
+
+/* Modules diffusers converts to keys without "transformer.", which
+ * load_lora_weights then loads into nothing. */
+static const char *const UNLOADED[] = {
+    "lora_unet_guidance_in_in_layer", "lora_unet_guidance_in_out_layer", "lora_unet_img_in", "lora_unet_txt_in",
+    "lora_unet_time_in_in_layer", "lora_unet_time_in_out_layer", "lora_unet_vector_in_in_layer",
+    "lora_unet_vector_in_out_layer", "lora_unet_final_layer_adaLN_modulation_1", "lora_unet_final_layer_linear",
+};
+
+/* A key of the LoRA under the name diffusers converts: ComfyUI's renamed. */
+struct kohya_key {
+    char *name;
+    const struct model_tensor *t;
+};
+
+/* One tensor of the converted LoRA: a block of a kohya factor, each value
+ * times `scale`, rounded to the factor's dtype. */
+struct kohya_part {
+    char *name;
+    const struct model_tensor *src;
+    uint64_t shape[2];
+    uint64_t row0, col0;
+    float scale;
+};
+
+struct conversion {
+    const char *path;
+    struct kohya_key *keys;
+    size_t nkeys;
+    struct kohya_part *parts;
+    size_t nparts, cap;
+    struct strbuf left_out; /* modules not merged, for the warning */
+    size_t nleft, listed;
+    char *last_listed;
+};
+
+/* ---- names ---- */
+
+/* `s` with every `from` replaced by `to` (allocated). */
+static char *replace_all(const char *s, const char *from, const char *to)
+{
+    size_t nf = strlen(from), nt = strlen(to), n = 0;
+    for (const char *p = s; (p = strstr(p, from)); p += nf)
+        n++;
+    char *out = malloc(strlen(s) + n * nt + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (const char *p = s, *hit; (hit = strstr(p, from)) || *p; p = hit + nf) {
+        if (!hit) {
+            strcpy(o, p);
+            return out;
+        }
+        memcpy(o, p, (size_t)(hit - p));
+        o += hit - p;
+        memcpy(o, to, nt);
+        o += nt;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* diffusers' _custom_replace: the dots before the first "lora_down",
+ * "lora_up" (or "alpha") become underscores, and all of them where there is
+ * none. Turns ComfyUI's module paths into kohya's names. */
+static void dots_to_underscores(char *key, int with_alpha)
+{
+    const char *subs[3] = {"lora_down", "lora_up", "alpha"};
+    char *first = NULL;
+    for (size_t i = 0; i < (with_alpha ? 3u : 2u); i++) {
+        char *hit = strstr(key, subs[i]);
+        if (hit && (!first || hit < first))
+            first = hit;
+    }
+    char *end = first ? (first > key && first[-1] == '.' ? first - 1 : first) : key + strlen(key);
+    for (char *p = key; p < end; p++)
+        if (*p == '.')
+            *p = '_';
+}
+
+/* The CLIP text encoder's module of kohya's lora_te1_<name>, as diffusers'
+ * _convert_text_encoder_lora_key and its later conversion to PEFT's keys
+ * name it: text_model_encoder_layers_0_self_attn_q_proj ->
+ * text_model.encoder.layers.0.self_attn.q_proj. */
+static char *text_encoder_module(const char *name)
+{
+    static const char *const FIXES[][2] = {
+        {"text.model", "text_model"}, {"self.attn", "self_attn"}, {"q.proj", "q_proj"},
+        {"k.proj", "k_proj"},         {"v.proj", "v_proj"},       {"out.proj", "out_proj"},
+        {"text.projection", "text_projection"},
+    };
+    char *m = strdup(name);
+    for (char *p = m; p && *p; p++)
+        if (*p == '_')
+            *p = '.';
+    for (size_t i = 0; m && i < sizeof FIXES / sizeof FIXES[0]; i++) {
+        char *fixed = replace_all(m, FIXES[i][0], FIXES[i][1]);
+        free(m);
+        m = fixed;
+    }
+    return m;
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct kohya_key *)a)->name, ((const struct kohya_key *)b)->name);
+}
+
+static const struct kohya_key *find_key(const struct conversion *cv, const char *module, const char *suffix)
+{
+    char name[1024];
+    if ((size_t)snprintf(name, sizeof name, "%s%s", module, suffix) >= sizeof name)
+        return NULL;
+    struct kohya_key probe = {name, NULL};
+    return bsearch(&probe, cv->keys, cv->nkeys, sizeof *cv->keys, key_cmp);
+}
+
+/* Notes `n` tensors left out, naming the module of `key` in the warning
+ * (the first few). */
+static void note_left_out(struct conversion *cv, const char *key, size_t n)
+{
+    static const char *const SUFFIXES[] = {KOHYA_DOWN, KOHYA_UP, KOHYA_ALPHA};
+    size_t len = strlen(key);
+    for (size_t i = 0; i < sizeof SUFFIXES / sizeof SUFFIXES[0]; i++)
+        if (str_ends_with(key, SUFFIXES[i]))
+            len -= strlen(SUFFIXES[i]);
+    cv->nleft += n;
+    if (cv->last_listed && strlen(cv->last_listed) == len && strncmp(cv->last_listed, key, len) == 0)
+        return;
+    if (cv->listed < LISTED_LEFT_OUT)
+        strbuf_printf(&cv->left_out, "%s%.*s", cv->listed ? ", " : "", (int)len, key);
+    else if (cv->listed == LISTED_LEFT_OUT)
+        strbuf_puts(&cv->left_out, ", ...");
+    cv->listed++;
+    free(cv->last_listed);
+    cv->last_listed = strndup(key, len);
+}
+
+static int has_kohya_prefix(const char *key)
+{
+    return strncmp(key, KOHYA_UNET, strlen(KOHYA_UNET)) == 0 || strncmp(key, "lora_te_", 8) == 0 ||
+           strncmp(key, "lora_te1_", 9) == 0;
+}
+
+/* The keys under the names diffusers converts, sorted, and what its loading
+ * leaves out before converting noted, in its order: DoRA scales; from
+ * ComfyUI's names, the position embedding, T5-XXL, diff_b where some kohya
+ * module has it, .norm and .diff where some key has both; then every key
+ * under none of lora_unet_, lora_te_ and lora_te1_ (kohya's T5, lora_te2_). */
+static int rename_keys(struct conversion *cv, const struct model *w)
+{
+    const size_t n = w->count;
+    char **renamed = calloc(n ? n : 1, sizeof *renamed);
+    cv->keys = calloc(n ? n : 1, sizeof *cv->keys);
+    if (!renamed || !cv->keys) {
+        free(renamed);
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    }
+    int code = NF4_OK, diff_b = 0, norm_diff = 0, with_alpha = 0;
+    for (size_t i = 0; i < n && code == NF4_OK; i++) {
+        const char *key = w->tensors[i].t->name;
+        if (strncmp(key, "transformer.", 12) == 0)
+            code = nf4_fail(NF4_EDATA, cv->path, key, "is a diffusers key in a kohya LoRA (lora_down/lora_up keys); "
+                            "nf4deq does not read such a mix");
+        else if (strncmp(key, "lora_transformer_", 17) == 0)
+            code = nf4_fail(NF4_EDATA, cv->path, key, "is of the kohya \"mixture\" layout (lora_transformer_...), "
+                            "which nf4deq does not read");
+        if (code != NF4_OK || strstr(key, "dora_scale"))
+            continue;
+        char *a = replace_all(key, "diffusion_model.", KOHYA_UNET);
+        renamed[i] = a ? replace_all(a, "text_encoders.clip_l.transformer.", "lora_te_") : NULL;
+        free(a);
+        if (!renamed[i])
+            code = nf4_fail(NF4_ESOFTWARE, cv->path, key, "out of memory");
+        else if (strstr(renamed[i], "position_embedding") ||
+                 strncmp(renamed[i], "text_encoders.t5xxl.transformer.", 32) == 0) {
+            free(renamed[i]);
+            renamed[i] = NULL;
+        } else {
+            diff_b |= has_kohya_prefix(renamed[i]) && strstr(renamed[i], "diff_b");
+        }
+    }
+    for (size_t i = 0; i < n && code == NF4_OK; i++)
+        if (renamed[i] && diff_b && strstr(renamed[i], ".diff_b")) {
+            free(renamed[i]);
+            renamed[i] = NULL;
+        } else if (renamed[i]) {
+            norm_diff |= strstr(renamed[i], ".norm") && strstr(renamed[i], ".diff");
+        }
+    for (size_t i = 0; i < n && code == NF4_OK; i++)
+        if (renamed[i] && norm_diff && (strstr(renamed[i], ".norm") || strstr(renamed[i], ".diff"))) {
+            free(renamed[i]);
+            renamed[i] = NULL;
+        } else if (renamed[i]) {
+            with_alpha |= strstr(renamed[i], "alpha") != NULL;
+        }
+    for (size_t i = 0; i < n && code == NF4_OK; i++) {
+        if (!renamed[i] || !has_kohya_prefix(renamed[i])) {
+            note_left_out(cv, w->tensors[i].t->name, 1);
+            free(renamed[i]);
+            continue;
+        }
+        dots_to_underscores(renamed[i], with_alpha);
+        cv->keys[cv->nkeys++] = (struct kohya_key){renamed[i], &w->tensors[i]};
+    }
+    if (code != NF4_OK)
+        for (size_t i = 0; i < n; i++)
+            free(renamed[i]);
+    free(renamed);
+    if (code != NF4_OK)
+        return code;
+    qsort(cv->keys, cv->nkeys, sizeof *cv->keys, key_cmp);
+    for (size_t i = 1; i < cv->nkeys; i++)
+        if (strcmp(cv->keys[i - 1].name, cv->keys[i].name) == 0)
+            return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "names the same factor as %s",
+                            cv->keys[i - 1].t->t->name);
+    return NF4_OK;
+}
+
+/* ---- scales ---- */
+
+static int is_factor_dtype(enum st_dtype dt)
+{
+    return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
+}
+
+/* The value of a one-element float tensor, exactly. */
+static int read_alpha(const struct conversion *cv, const struct model_tensor *mt, double *alpha)
+{
+    const struct st_tensor *t = mt->t;
+    unsigned char buf[8];
+    if (t->nelem != 1 || !(is_factor_dtype(t->dtype) || t->dtype == DT_F64))
+        return nf4_fail(NF4_EDATA, cv->path, t->name, "is not one F16, BF16, F32 or F64 value (an alpha)");
+    int code = st_read(mt->file, t, 0, buf, dtype_bits(t->dtype) / 8);
+    if (code != NF4_OK)
+        return code;
+    if (t->dtype == DT_F64)
+        memcpy(alpha, buf, 8);
+    else
+        *alpha = f32_from_element(t->dtype, buf, 0);
+    if (!isfinite(*alpha) || *alpha <= 0)
+        return nf4_fail(NF4_EDATA, cv->path, t->name, "is %g; an alpha is a positive number", *alpha);
+    return NF4_OK;
+}
+
+/* `v` rounded to `dt` as a PyTorch tensor of that dtype holds it. */
+static double round_to(enum st_dtype dt, double v)
+{
+    unsigned char b[8];
+    if (dt == DT_F64)
+        return v;
+    f32_to_element(dt, b, 0, (float)v);
+    return f32_from_element(dt, b, 0);
+}
+
+/* diffusers' split of the scale alpha / r into down * up, up a power of two
+ * at most 1, so that neither factor loses range. */
+static void split_scale(double scale, float *down, float *up)
+{
+    double d = scale, u = 1.0;
+    while (d * 2 < u) {
+        d *= 2;
+        u /= 2;
+    }
+    *down = (float)d;
+    *up = (float)u;
+}
+
+/* The factors' scales of a module: `fused`, a layer diffusers splits
+ * (_convert_to_ai_toolkit_cat), computes alpha / r in alpha's own dtype, a
+ * tensor; one to one (_convert_to_ai_toolkit, and the text encoder's) in
+ * Python floats. Without alpha: alpha = r in the factor's dtype; the text
+ * encoder's is then not scaled at all (the same values). */
+static int module_scales(const struct conversion *cv, const char *module, const struct model_tensor *down, int fused,
+                         float *sd, float *su)
+{
+    const struct kohya_key *ak = find_key(cv, module, KOHYA_ALPHA);
+    uint64_t r = down->t->shape[0];
+    double alpha;
+    enum st_dtype adt = down->t->dtype;
+    if (ak) {
+        int code = read_alpha(cv, ak->t, &alpha);
+        if (code != NF4_OK)
+            return code;
+        adt = ak->t->t->dtype;
+    } else {
+        alpha = round_to(adt, (double)r);
+    }
+    double scale = alpha / (double)r;
+    if (fused && adt == DT_F32)
+        scale = (float)alpha / (float)r;
+    else if (fused)
+        scale = round_to(adt, adt == DT_F64 ? scale : (double)((float)alpha / (float)r));
+    split_scale(scale, sd, su);
+    return NF4_OK;
+}
+
+/* ---- the converted LoRA ---- */
+
+static int add_part(struct conversion *cv, const char *target, const char *factor, const struct model_tensor *src,
+                    uint64_t rows, uint64_t cols, uint64_t row0, uint64_t col0, float scale)
+{
+    if (cv->nparts == cv->cap) {
+        size_t cap = cv->cap ? cv->cap * 2 : 64;
+        struct kohya_part *p = realloc(cv->parts, cap * sizeof *p);
+        if (!p)
+            return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+        cv->parts = p;
+        cv->cap = cap;
+    }
+    struct kohya_part *p = &cv->parts[cv->nparts];
+    size_t len = strlen(target) + strlen(factor) + 1;
+    if (!(p->name = malloc(len)))
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    snprintf(p->name, len, "%s%s", target, factor);
+    p->src = src;
+    p->shape[0] = rows;
+    p->shape[1] = cols;
+    p->row0 = row0;
+    p->col0 = col0;
+    p->scale = scale;
+    cv->nparts++;
+    return NF4_OK;
+}
+
+/* The values of part `p`, rounded to its dtype, into `out` (its bytes). */
+static int part_values(const struct kohya_part *p, void *out)
+{
+    const struct st_tensor *t = p->src->t;
+    const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = t->shape[1];
+    void *rows = malloc(p->shape[0] * src_cols * esize + 1);
+    if (!rows)
+        return nf4_fail(NF4_ESOFTWARE, p->src->file->path, t->name, "out of memory");
+    int code = st_read(p->src->file, t, p->row0 * src_cols * esize, rows, p->shape[0] * src_cols * esize);
+    for (uint64_t i = 0, k = 0; code == NF4_OK && i < p->shape[0]; i++)
+        for (uint64_t c = 0; c < p->shape[1]; c++, k++)
+            f32_to_element(t->dtype, out, k, f32_from_element(t->dtype, rows, i * src_cols + p->col0 + c) * p->scale);
+    free(rows);
+    return code;
+}
+
+/* Whether `up` (times `su`) is block-diagonal for these parts: part j's rows
+ * hold zeros outside its own `rank` columns. diffusers then gives each part
+ * its own ranks. */
+static int block_diagonal(const struct conversion *cv, const struct model_tensor *up, float su, const uint64_t *rows,
+                          size_t n, uint64_t rank, int *sparse)
+{
+    const struct st_tensor *t = up->t;
+    struct kohya_part whole = {NULL, up, {t->shape[0], t->shape[1]}, 0, 0, su};
+    const uint64_t esize = dtype_bits(t->dtype) / 8;
+    unsigned char *v = malloc(t->nelem * esize + 1);
+    if (!v)
+        return nf4_fail(NF4_ESOFTWARE, cv->path, t->name, "out of memory");
+    int code = part_values(&whole, v);
+    *sparse = 1;
+    for (uint64_t j = 0, row = 0; code == NF4_OK && j < n && *sparse; row += rows[j++])
+        for (uint64_t i = row; i < row + rows[j] && *sparse; i++)
+            for (uint64_t c = 0; c < t->shape[1] && *sparse; c++)
+                if (c / rank != j && f32_from_element(t->dtype, v, i * t->shape[1] + c) != 0.0f)
+                    *sparse = 0;
+    free(v);
+    return code;
+}
+
+/* Converts one kohya module of the transformer (`map`, under `target_root`:
+ * "transformer.transformer_blocks.0.") or of the text encoder (map NULL,
+ * `target_root` the whole module with its component). */
+static int convert_module(struct conversion *cv, const char *module, const struct module_map *map,
+                          const char *target_root)
+{
+    const struct kohya_key *dk = find_key(cv, module, KOHYA_DOWN), *uk = find_key(cv, module, KOHYA_UP);
+    if (!uk)
+        return nf4_fail(NF4_EDATA, cv->path, dk->t->t->name, "has no matching %s%s", module, KOHYA_UP);
+    const struct model_tensor *down = dk->t, *up = uk->t;
+    const struct st_tensor *dt = down->t, *ut = up->t;
+    if (!is_factor_dtype(dt->dtype) || !is_factor_dtype(ut->dtype))
+        return nf4_fail(NF4_EDATA, cv->path, is_factor_dtype(dt->dtype) ? ut->name : dt->name,
+                        "is %s; LoRA weights must be F32, BF16 or F16",
+                        dtype_name(is_factor_dtype(dt->dtype) ? ut->dtype : dt->dtype));
+    if (dt->ndim != 2 || ut->ndim != 2 || dt->shape[0] == 0 || ut->shape[1] != dt->shape[0])
+        return nf4_fail(NF4_EDATA, cv->path, dt->name, "is %s; with %s it is not a LoRA pair [r, in], [out, r]",
+                        dt->ndim == 2 ? "a matrix" : "not a matrix", ut->name);
+    const uint64_t r = dt->shape[0], in = dt->shape[1], out = ut->shape[0];
+    const size_t n = map ? map->nparts : 1;
+    float sd = 1.0f, su = 1.0f;
+    int code = NF4_OK;
+    if ((map || find_key(cv, module, KOHYA_ALPHA)) && (code = module_scales(cv, module, down, n > 1, &sd, &su)) != NF4_OK)
+        return code;
+    char target[KOHYA_NAME_MAX + 64]; /* target_root and the longest part's name */
+    if (n == 1) {
+        snprintf(target, sizeof target, "%s%s", target_root, map ? map->parts[0] : "");
+        if ((code = add_part(cv, target, ".lora_A.weight", down, r, in, 0, 0, sd)) == NF4_OK)
+            code = add_part(cv, target, ".lora_B.weight", up, out, r, 0, 0, su);
+        return code;
+    }
+    uint64_t rows[MAX_SPLITS], sum = 0;
+    for (size_t j = 0; j < n; j++)
+        sum += rows[j] = map->rows[0] ? map->rows[j] : out / n;
+    if (sum != out)
+        return nf4_fail(NF4_EDATA, cv->path, ut->name, "has %" PRIu64 " rows; diffusers splits it into %s", out,
+                        map->rows[0] ? "Flux.1's 3072 + 3072 + 3072 + 12288" : "three equal parts");
+    int sparse = 0;
+    if (r % n == 0 && (code = block_diagonal(cv, up, su, rows, n, r / n, &sparse)) != NF4_OK)
+        return code;
+    const uint64_t pr = sparse ? r / n : r;
+    for (size_t j = 0, row = 0; j < n && code == NF4_OK; row += rows[j++]) {
+        snprintf(target, sizeof target, "%s%s", target_root, map->parts[j]);
+        if ((code = add_part(cv, target, ".lora_A.weight", down, pr, in, sparse ? j * pr : 0, 0, sd)) == NF4_OK)
+            code = add_part(cv, target, ".lora_B.weight", up, rows[j], pr, row, sparse ? j * pr : 0, su);
+    }
+    return code;
+}
+
+/* `name` as "<prefix><digits>_<rest>" with the number below `limit` written
+ * as diffusers writes it: the block and *rest, else -1. */
+static long block_of(const char *name, const char *prefix, long limit, const char **rest)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(name, prefix, n) != 0)
+        return -1;
+    const char *p = name + n;
+    long i = 0;
+    if (!(*p >= '0' && *p <= '9') || (p[0] == '0' && p[1] >= '0' && p[1] <= '9'))
+        return -1;
+    for (; *p >= '0' && *p <= '9' && i < limit; p++)
+        i = i * 10 + (*p - '0');
+    if (i >= limit || *p != '_')
+        return -1;
+    *rest = p + 1;
+    return i;
+}
+
+static const struct module_map *find_map(const struct module_map *maps, size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(maps[i].kohya, name) == 0)
+            return &maps[i];
+    return NULL;
+}
+
+/* One module, by its kohya name (the key of its down factor, less KOHYA_DOWN). */
+static int convert_named(struct conversion *cv, const char *module, const char *key)
+{
+    char root[KOHYA_NAME_MAX + 32]; /* "text_encoder." and a module of convert_all's bound */
+    const char *rest;
+    long i;
+    const struct module_map *map = NULL;
+    if ((i = block_of(module, "lora_unet_double_blocks_", FLUX_DOUBLE_BLOCKS, &rest)) >= 0 &&
+        (map = find_map(DOUBLE_BLOCK, sizeof DOUBLE_BLOCK / sizeof DOUBLE_BLOCK[0], rest))) {
+        snprintf(root, sizeof root, "transformer.transformer_blocks.%ld.", i);
+        return convert_module(cv, module, map, root);
+    }
+    if ((i = block_of(module, "lora_unet_single_blocks_", FLUX_SINGLE_BLOCKS, &rest)) >= 0 &&
+        (map = find_map(SINGLE_BLOCK, sizeof SINGLE_BLOCK / sizeof SINGLE_BLOCK[0], rest))) {
+        snprintf(root, sizeof root, "transformer.single_transformer_blocks.%ld.", i);
+        return convert_module(cv, module, map, root);
+    }
+    for (size_t k = 0; k < sizeof UNLOADED / sizeof UNLOADED[0]; k++)
+        if (strcmp(module, UNLOADED[k]) == 0) {
+            note_left_out(cv, key, 1 + (find_key(cv, module, KOHYA_UP) != NULL) +
+                                       (find_key(cv, module, KOHYA_ALPHA) != NULL));
+            return NF4_OK;
+        }
+    const char *te = strncmp(module, "lora_te_", 8) == 0 ? module + 8 : strncmp(module, "lora_te1_", 9) == 0 ? module + 9 : NULL;
+    if (!te)
+        return nf4_fail(NF4_EDATA, cv->path, key, "is not of a Flux.1 module diffusers converts from kohya's names "
+                        "(lora_unet_double_blocks_0..18, single_blocks_0..37, lora_te1_...): a LoRA for another "
+                        "model?");
+    char *m = text_encoder_module(te);
+    if (!m)
+        return nf4_fail(NF4_ESOFTWARE, cv->path, key, "out of memory");
+    snprintf(root, sizeof root, "text_encoder.%s", m);
+    free(m);
+    return convert_module(cv, module, NULL, root);
+}
+
+/* Every factor pair, and a check that no up or alpha is without its down. */
+static int convert_all(struct conversion *cv)
+{
+    int code = NF4_OK;
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
+        const char *key = cv->keys[i].name;
+        char module[KOHYA_NAME_MAX];
+        size_t len = strlen(key);
+        const char *suffix = str_ends_with(key, KOHYA_DOWN)    ? KOHYA_DOWN
+                             : str_ends_with(key, KOHYA_UP)    ? KOHYA_UP
+                             : str_ends_with(key, KOHYA_ALPHA) ? KOHYA_ALPHA
+                                                               : NULL;
+        if (!suffix)
+            return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is not a kohya LoRA factor (%s, %s or %s)",
+                            KOHYA_DOWN + 1, KOHYA_UP + 1, KOHYA_ALPHA + 1);
+        if (len - strlen(suffix) >= sizeof module)
+            return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is too long a name");
+        memcpy(module, key, len - strlen(suffix));
+        module[len - strlen(suffix)] = '\0';
+        if (strcmp(suffix, KOHYA_DOWN) != 0) {
+            if (!find_key(cv, module, KOHYA_DOWN))
+                return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "has no matching %s%s", module,
+                                KOHYA_DOWN);
+            continue;
+        }
+        code = convert_named(cv, module, cv->keys[i].t->t->name);
+    }
+    return code;
+}
+
+static int part_cmp(const void *a, const void *b)
+{
+    const struct kohya_part *x = *(const struct kohya_part *const *)a, *y = *(const struct kohya_part *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : strcmp(x->src->t->name, y->src->t->name);
+}
+
+/* Two kohya modules that become one diffusers module (lora_te_ and lora_te1_
+ * of the same layer) would each load over the other. */
+static int check_one_each(const struct conversion *cv)
+{
+    const struct kohya_part **by_name = calloc(cv->nparts ? cv->nparts : 1, sizeof *by_name);
+    if (!by_name)
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    for (size_t i = 0; i < cv->nparts; i++)
+        by_name[i] = &cv->parts[i];
+    qsort(by_name, cv->nparts, sizeof *by_name, part_cmp);
+    int code = NF4_OK;
+    for (size_t i = 1; i < cv->nparts && code == NF4_OK; i++)
+        if (strcmp(by_name[i - 1]->name, by_name[i]->name) == 0)
+            code = nf4_fail(NF4_EDATA, cv->path, by_name[i]->src->t->name, "becomes %s, as %s does",
+                            by_name[i]->name, by_name[i - 1]->src->t->name);
+    free(by_name);
+    return code;
+}
+
+/* ---- the temp file ---- */
+
+static int write_parts(const struct conversion *cv, int fd, const char *tmp)
+{
+    struct st_out_tensor *outs = calloc(cv->nparts ? cv->nparts : 1, sizeof *outs);
+    if (!outs)
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    for (size_t i = 0; i < cv->nparts; i++)
+        outs[i] = (struct st_out_tensor){cv->parts[i].name, cv->parts[i].src->t->dtype, 2, cv->parts[i].shape};
+    struct st_writer *w = NULL;
+    int code = st_writer_begin_stream(&w, fd, tmp, outs, cv->nparts, NULL, 0);
+    for (size_t k = 0; code == NF4_OK && k < cv->nparts; k++) {
+        size_t idx = st_writer_order(w, k);
+        uint64_t bytes = st_writer_tensor_bytes(w, idx);
+        void *buf = malloc(bytes + 1);
+        code = buf ? part_values(&cv->parts[idx], buf) : nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+        if (code == NF4_OK)
+            code = st_writer_write(w, buf, bytes);
+        free(buf);
+    }
+    if (code == NF4_OK)
+        code = st_writer_finish(w);
+    else if (w)
+        st_writer_abort(w);
+    free(outs);
+    return code;
+}
+
+int kohya_lora_detect(const struct model *w)
+{
+    for (size_t i = 0; i < w->count; i++)
+        if (strstr(w->tensors[i].t->name, KOHYA_DOWN))
+            return 1;
+    return 0;
+}
+
+int kohya_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
+{
+    *out = NULL;
+    struct conversion cv = {.path = path};
+    int code = rename_keys(&cv, w);
+    if (code == NF4_OK)
+        code = convert_all(&cv);
+    if (code == NF4_OK)
+        code = check_one_each(&cv);
+    if (code == NF4_OK && cv.left_out.oom)
+        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    if (code == NF4_OK && warn && cv.nleft)
+        nf4_warn("%s: %zu of its tensors (%s) are for modules diffusers does not load from a kohya LoRA: they are "
+                 "not merged", path, cv.nleft, cv.left_out.p);
+    const char *dir = getenv("TMPDIR");
+    char *tmp = NULL;
+    if (code == NF4_OK) {
+        size_t len = strlen(dir && *dir ? dir : "/tmp") + 64;
+        if ((tmp = malloc(len)))
+            snprintf(tmp, len, "%s/nf4deq-kohya-XXXXXX", dir && *dir ? dir : "/tmp");
+        else
+            code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    }
+    int fd = -1;
+    if (code == NF4_OK && (fd = mkstemp(tmp)) < 0)
+        code = nf4_fail_errno(NF4_ECANTCREAT, errno, tmp, NULL, "cannot create a temp file for the converted LoRA "
+                              "(set TMPDIR)");
+    if (fd >= 0) {
+        temp_register(tmp, 0);
+        code = write_parts(&cv, fd, tmp);
+        if (close(fd) != 0 && code == NF4_OK)
+            code = nf4_fail_errno(NF4_EIO, errno, tmp, NULL, "cannot write");
+        if (code == NF4_OK)
+            code = model_open_file_as(tmp, path, out);
+        unlink(tmp); /* what is open stays readable */
+        temp_unregister(tmp);
+    }
+    free(tmp);
+    for (size_t i = 0; i < cv.nkeys; i++)
+        free(cv.keys[i].name);
+    free(cv.keys);
+    for (size_t i = 0; i < cv.nparts; i++)
+        free(cv.parts[i].name);
+    free(cv.parts);
+    free(cv.left_out.p);
+    free(cv.last_listed);
+    return code;
+}

@@ -1,0 +1,46 @@
+/* Kohya (sd-scripts) and ComfyUI LoRAs for Flux.1, the form most Flux LoRAs
+ * are shared in (Civitai, ai-toolkit's kohya export, ComfyUI's LoRA saver):
+ *   lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight   [r, in]
+ *   lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight     [out, r]
+ *   lora_unet_double_blocks_0_img_attn_qkv.alpha              [] (or [1])
+ *   lora_te1_text_model_encoder_layers_0_self_attn_q_proj...   the CLIP text encoder
+ * or with ComfyUI's names, diffusion_model.double_blocks.0.img_attn.qkv.lora_down.weight
+ * and text_encoders.clip_l.transformer.text_model.encoder.layers.0....
+ *
+ * diffusers reads them by converting them at load into its own LoRA
+ * (FluxLoraLoaderMixin.lora_state_dict, _convert_kohya_flux_lora_to_diffusers,
+ * diffusers 0.42), and so does nf4deq, into the keys lora_diffusers.h reads:
+ * - Flux.1's module names become diffusers' (img_attn_proj: transformer_blocks.N.attn.to_out.0, ...).
+ * - alpha is folded into the factors: scale = alpha / r, split into
+ *   scale_down * scale_up with scale_up a power of two, down * scale_down and
+ *   up * scale_up each rounded to the factor's dtype; the LoRA then has
+ *   r = alpha = its rank, scaling 1.
+ * - A fused layer is split: double blocks' qkv into to_q, to_k, to_v (rows in
+ *   thirds), single blocks' linear1 into those and proj_mlp (rows 3072, 3072,
+ *   3072, 12288: Flux.1's sizes, which diffusers assumes). Each part takes all
+ *   of down and its rows of up; or, where up is block-diagonal (kohya's
+ *   split_qkv), its own ranks of down and its block of up.
+ * - Modules the conversion gives keys load_lora_weights then loads nowhere
+ *   (img_in, txt_in, time_in, vector_in, guidance_in, final_layer), kohya's T5
+ *   (lora_te2_), DoRA scales and ComfyUI's extra tensors (position embedding,
+ *   T5-XXL, diff and diff_b) are not merged, with one warning.
+ * What nf4deq cannot read as diffusers does (LoHa, LoKr, the "mixture" layout,
+ * other models' kohya LoRAs) is refused, naming the key. */
+#ifndef NF4DEQ_LORA_KOHYA_H
+#define NF4DEQ_LORA_KOHYA_H
+
+#include "model.h"
+
+/* Whether `w` holds kohya's factor pairs (a key with ".lora_down.weight"), as
+ * diffusers decides to convert a LoRA. */
+int kohya_lora_detect(const struct model *w);
+
+/* Converts `w`, a kohya or ComfyUI Flux.1 LoRA read from `path`, into the
+ * diffusers LoRA diffusers 0.42 loads from it: written to a temp file in
+ * $TMPDIR (else /tmp), unlinked once open, and opened as *out, whose messages
+ * name `path`. `warn`: say what is left out. NF4_OK, NF4_EDATA naming the key
+ * for what diffusers would not load, NF4_EIO / NF4_ECANTCREAT for the temp
+ * file, or NF4_ESOFTWARE. */
+int kohya_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
+
+#endif
