@@ -1708,6 +1708,25 @@ static void test_diffusers_lora_components(void **state)
     free(out);
 }
 
+/* Points TMPDIR (where a kohya LoRA's conversion goes) at `dir`; returns
+ * what it was, for tmpdir_restore. */
+static char *tmpdir_set(const char *dir)
+{
+    const char *was = getenv("TMPDIR");
+    char *saved = was ? strdup(was) : NULL;
+    assert_int_equal(setenv("TMPDIR", dir, 1), 0);
+    return saved;
+}
+
+static void tmpdir_restore(char *saved)
+{
+    if (saved)
+        setenv("TMPDIR", saved, 1);
+    else
+        unsetenv("TMPDIR");
+    free(saved);
+}
+
 /* Kohya and ComfyUI Flux.1 LoRAs read as diffusers 0.42 loads them: each
  * file's conversion holds, byte for byte, the tensors of the .diffusers file
  * make_kohya_fixtures.py wrote with diffusers' own conversion (alpha folded
@@ -1734,9 +1753,7 @@ static void test_kohya_lora_as_diffusers_loads_it(void **state)
     char *got = tu_strdupf("%s/got", s->dir), *want = tu_strdupf("%s/want", s->dir),
          *pipe = tu_strdupf("%s/pipe", s->dir);
     const char *kohya[1] = {KOHYA_CASES[0][0]}, *converted[1] = {KOHYA_CASES[0][1]};
-    const char *tmpdir = getenv("TMPDIR");
-    char *saved_tmpdir = tmpdir ? strdup(tmpdir) : NULL;
-    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
+    char *saved_tmpdir = tmpdir_set(s->dir); /* where no temp file may stay */
     const char *transformer = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer";
     assert_int_equal(merge_on_cpu(transformer, got, kohya, 1, 0, 0, DT_INVALID), 16);
     assert_int_equal(merge_on_cpu(transformer, want, converted, 1, 0, 0, DT_INVALID), 16);
@@ -1765,11 +1782,7 @@ static void test_kohya_lora_as_diffusers_loads_it(void **state)
     tu_rmtree(want);
     tu_rmtree(pipe);
     assert_int_equal(tu_count_entries(s->dir), 0);
-    if (saved_tmpdir)
-        setenv("TMPDIR", saved_tmpdir, 1);
-    else
-        unsetenv("TMPDIR");
-    free(saved_tmpdir);
+    tmpdir_restore(saved_tmpdir);
     free(got_file);
     free(want_file);
     free(pipe_file);
@@ -1827,9 +1840,7 @@ static void test_kohya_lora_refusals(void **state)
     };
     char *lora = tu_strdupf("%s-kohya.safetensors", s->dir);
     /* The converted LoRA's temp file goes where the scratch folder is checked empty. */
-    const char *tmpdir = getenv("TMPDIR");
-    char *saved_tmpdir = tmpdir ? strdup(tmpdir) : NULL;
-    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    char *saved_tmpdir = tmpdir_set(s->dir);
     for (size_t i = 0; i < sizeof KOHYA_CASES / sizeof KOHYA_CASES[0]; i++) {
         struct syn_tensor ts[3];
         size_t n = 0;
@@ -1864,7 +1875,7 @@ static void test_kohya_lora_refusals(void **state)
                          "lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight does");
     /* A good LoRA whose conversion cannot be written. */
     syn_write(lora, te, 2);
-    assert_int_equal(setenv("TMPDIR", "/nonexistent-nf4deq-tmp", 1), 0);
+    free(tmpdir_set("/nonexistent-nf4deq-tmp"));
     char *out = tu_strdupf("%s/out", s->dir);
     struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", out,
                              "--lora", lora, NULL);
@@ -1873,11 +1884,7 @@ static void test_kohya_lora_refusals(void **state)
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     assert_int_equal(tu_count_entries(s->dir), 0);
-    if (saved_tmpdir)
-        setenv("TMPDIR", saved_tmpdir, 1);
-    else
-        unsetenv("TMPDIR");
-    free(saved_tmpdir);
+    tmpdir_restore(saved_tmpdir);
     free(out);
     for (size_t k = 0; k < 4; k++)
         free(te[k].v);
