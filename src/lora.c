@@ -1484,7 +1484,8 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
         if (code == NF4_OK && ad->config_path) {
             ad->diffusers = 1;
             if ((code = diffusers_lora_open(ad->config_path, !component, &ad->weights)) == NF4_OK &&
-                (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK)
+                (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK &&
+                (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK)
                 code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);
         } else if (code == NF4_OK && component) {
             code = nf4_fail(NF4_ESOFTWARE, dirs[i], NULL, "a PEFT adapter for a pipeline component (internal error)");

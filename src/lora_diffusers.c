@@ -322,6 +322,42 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
     return code;
 }
 
+#define CLIP_TEXT_MODEL "text_model."
+
+struct text_model_rename {
+    const char *path; /* the LoRA's, for messages */
+    const char *prefix;
+    size_t plen;
+    int base_has; /* the base's tensors are under CLIP_TEXT_MODEL */
+};
+
+static int text_model_name(const char *key, void *arg, char **renamed)
+{
+    const struct text_model_rename *r = arg;
+    const size_t tlen = strlen(CLIP_TEXT_MODEL);
+    if (strncmp(key, r->prefix, r->plen) != 0)
+        return NF4_OK;
+    const char *rest = key + r->plen;
+    int has = strncmp(rest, CLIP_TEXT_MODEL, tlen) == 0;
+    if (has == r->base_has)
+        return NF4_OK;
+    size_t n = strlen(key) + tlen + 1;
+    if (!(*renamed = malloc(n)))
+        return nf4_fail(NF4_ESOFTWARE, r->path, key, "out of memory");
+    snprintf(*renamed, n, "%s%s%s", r->prefix, has ? "" : CLIP_TEXT_MODEL, has ? rest + tlen : rest);
+    return NF4_OK;
+}
+
+int diffusers_lora_align_text_model(struct model *weights, const char *prefix, const struct model *base)
+{
+    if (strncmp(prefix, "text_encoder", 12) != 0)
+        return NF4_OK;
+    struct text_model_rename r = {weights->files[0]->path, prefix, strlen(prefix), 0};
+    for (size_t i = 0; i < base->count && !r.base_has; i++)
+        r.base_has = strncmp(base->tensors[i].t->name, CLIP_TEXT_MODEL, strlen(CLIP_TEXT_MODEL)) == 0;
+    return model_rename_tensors(weights, text_model_name, &r);
+}
+
 /* Whether a key under `prefix` ends with `suffix`. */
 static int has_key_ending(const struct model *w, const char *prefix, const char *suffix)
 {

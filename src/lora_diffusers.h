@@ -52,6 +52,15 @@ int diffusers_lora_open(const char *path, int warn, struct model **out);
 int diffusers_lora_prefix(const struct model *weights, const struct model *base, const char *component,
                           char **prefix);
 
+/* diffusers 0.42 with transformers 5, whose CLIPTextModel has no text_model
+ * any more, removes "text_model." from the keys it loads into a text
+ * encoder; the encoder's tensors on disk may still have it (saved by
+ * transformers 4), as transformers maps them on loading. For a text
+ * encoder's prefix ("text_encoder.", "text_encoder_2."), renames the keys
+ * under it so that they name `base`'s tensors: "text_model." added or
+ * removed as the base has it. */
+int diffusers_lora_align_text_model(struct model *weights, const char *prefix, const struct model *base);
+
 /* How many keys of `weights` are under "<component>.". */
 size_t diffusers_lora_keys_for(const struct model *weights, const char *component);
 

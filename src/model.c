@@ -269,6 +269,29 @@ int model_open_file_as(const char *path, const char *shown, struct model **out)
     return NF4_OK;
 }
 
+int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *arg, char **renamed), void *arg)
+{
+    if (m->nfiles != 1)
+        return nf4_fail(NF4_ESOFTWARE, m->dir, NULL, "renaming the tensors of a sharded model (internal error)");
+    struct st_file *f = m->files[0];
+    int code = NF4_OK;
+    for (size_t i = 0; i < f->count && code == NF4_OK; i++) {
+        char *renamed = NULL;
+        if ((code = rename(f->tensors[i].name, arg, &renamed)) == NF4_OK && renamed) {
+            free(f->tensors[i].name);
+            f->tensors[i].name = renamed;
+        }
+    }
+    if (code != NF4_OK)
+        return code;
+    qsort(m->tensors, m->count, sizeof *m->tensors, cmp_model_tensor);
+    for (size_t i = 1; i < m->count; i++)
+        if (strcmp(m->tensors[i - 1].t->name, m->tensors[i].t->name) == 0)
+            return nf4_fail(NF4_EDATA, f->path, m->tensors[i].t->name, "is the name of two of its tensors once "
+                            "renamed");
+    return st_index_names(f);
+}
+
 int model_open_torch_file(const char *path, struct model **out)
 {
     return open_one_file(path, torch_open, out);

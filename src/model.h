@@ -62,6 +62,10 @@ int model_open_file(const char *path, struct model **out);
 /* model_open_file of a file nf4deq wrote in place of `shown` (a kohya LoRA's
  * diffusers form, lora_kohya.h): messages name `shown`. */
 int model_open_file_as(const char *path, const char *shown, struct model **out);
+/* Renames tensors of a one-file model: rename(name, arg, &new) gives each a
+ * new name (allocated) or leaves *new NULL to keep it, and returns an NF4_*
+ * code. NF4_EDATA where two tensors would then share a name. */
+int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *arg, char **renamed), void *arg);
 /* A PyTorch checkpoint of tensors as a one-file model (torch_file.h). */
 int model_open_torch_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);

@@ -658,20 +658,24 @@ static void test_dora_alone_per_tensor(void **state)
 }
 
 /* Copies the tensors of safetensors file `from` for which keep(name, arg) is
- * true to `to`. */
-static void copy_tensors(const char *from, const char *to, int (*keep)(const char *, const void *), const void *arg)
+ * true to `to`, each name after `name_prefix` (NULL: none). */
+static void copy_tensors(const char *from, const char *to, int (*keep)(const char *, const void *), const void *arg,
+                         const char *name_prefix)
 {
     struct st_file *f;
     assert_int_equal(st_open(from, &f), NF4_OK);
     struct st_out_tensor *outs = calloc(f->count, sizeof *outs);
     const struct st_tensor **src = calloc(f->count, sizeof *src);
+    char **names = calloc(f->count, sizeof *names);
     size_t n = 0;
     for (size_t i = 0; i < f->count; i++) {
         const struct st_tensor *t = &f->tensors[i];
         if (!keep(t->name, arg))
             continue;
         src[n] = t;
-        outs[n++] = (struct st_out_tensor){t->name, t->dtype, t->ndim, t->shape};
+        names[n] = tu_strdupf("%s%s", name_prefix ? name_prefix : "", t->name);
+        outs[n] = (struct st_out_tensor){names[n], t->dtype, t->ndim, t->shape};
+        n++;
     }
     struct st_writer *w;
     assert_int_equal(st_writer_begin(&w, to, outs, n, NULL, 0), NF4_OK);
@@ -684,6 +688,9 @@ static void copy_tensors(const char *from, const char *to, int (*keep)(const cha
         free(buf);
     }
     assert_int_equal(st_writer_finish(w), NF4_OK);
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
     free(outs);
     free(src);
     st_close(f);
@@ -761,8 +768,8 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
     char *one = tu_strdupf("%s/model-00001-of-00002.safetensors", sharded),
          *two = tu_strdupf("%s/model-00002-of-00002.safetensors", sharded);
     tu_sh("mkdir %s && cp %s/config.json %s/", sharded, tied, sharded);
-    copy_tensors(weights, one, not_starts_with, "model.embed_tokens.");
-    copy_tensors(weights, two, starts_with, "model.embed_tokens.");
+    copy_tensors(weights, one, not_starts_with, "model.embed_tokens.", NULL);
+    copy_tensors(weights, two, starts_with, "model.embed_tokens.", NULL);
     struct st_file *f;
     assert_int_equal(st_open(one, &f), NF4_OK);
     struct strbuf idx = {0};
@@ -824,7 +831,7 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
     char *kept = tu_strdupf("%s/kept", s->dir), *from = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad),
          *to = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, kept);
     tu_sh("mkdir %s && cp %s/" ADAPTER_CONFIG_NAME " %s/", kept, ad, kept);
-    copy_tensors(from, to, all_but, PEFT_KEY_PREFIX "model.embed_tokens.weight");
+    copy_tensors(from, to, all_but, PEFT_KEY_PREFIX "model.embed_tokens.weight", NULL);
     r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", kept, NULL);
     if (r.status != 0)
         fail_msg("the head's copy alone: exit %d, stderr: %s", r.status, r.err);
@@ -1708,6 +1715,98 @@ static void test_diffusers_lora_components(void **state)
     free(out);
 }
 
+/* A text encoder's LoRA keys with and without CLIP's "text_model." (as
+ * transformers 4 and 5 name the module), on a text encoder whose tensors on
+ * disk have it or not: diffusers 0.42 with transformers 5 loads all four
+ * alike, so each merges into the same tensor; a LoRA with both forms of one
+ * key is refused. */
+static void test_diffusers_lora_text_model(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *flat = tu_strdupf("%s-flat", s->dir), *nested = tu_strdupf("%s-nested", s->dir),
+         *with = tu_strdupf("%s-with.safetensors", s->dir), *without = tu_strdupf("%s-without.safetensors", s->dir),
+         *ref = tu_strdupf("%s-ref.safetensors", s->dir);
+    assert_int_equal(tu_sh_status("cp -r %s %s && mv %s/vae %s/text_encoder && cp -r %s %s", DIFFUSERS_FIXTURES
+                                  "/tiny-flux-bnb4", flat, flat, flat, flat, nested), 0);
+    char *te = tu_strdupf("%s/text_encoder/diffusion_pytorch_model.safetensors", flat),
+         *nested_te = tu_strdupf("%s/text_encoder/diffusion_pytorch_model.safetensors", nested);
+    copy_tensors(te, nested_te, all_but, "", "text_model."); /* as transformers 4 saved CLIP */
+    struct syn_tensor ts[4] = {
+        {"text_encoder.text_model.decoder.mid_block.attentions.0.to_q.lora_A.weight", DT_F32, {2, 32}, NULL},
+        {"text_encoder.text_model.decoder.mid_block.attentions.0.to_q.lora_B.weight", DT_F32, {32, 2}, NULL},
+        {"text_encoder.decoder.mid_block.attentions.0.to_q.lora_A.weight", DT_F32, {2, 32}, NULL},
+        {"text_encoder.decoder.mid_block.attentions.0.to_q.lora_B.weight", DT_F32, {32, 2}, NULL},
+    };
+    syn_fill(&ts[0], 0.5f);
+    syn_fill(&ts[1], 0.5f);
+    ts[2].v = ts[0].v;
+    ts[3].v = ts[1].v;
+    syn_write(with, ts, 2);
+    syn_write(without, ts + 2, 2);
+    const char *pipes[2] = {flat, nested}, *loras[2] = {with, without};
+    char *outs[2][2];
+    for (size_t p = 0; p < 2; p++)
+        for (size_t l = 0; l < 2; l++) {
+            outs[p][l] = tu_strdupf("%s/out-%zu-%zu", s->dir, p, l);
+            struct tu_run r = tu_run("convert", "--device", "cpu", pipes[p], outs[p][l], "--lora", loras[l], NULL);
+            if (r.status != 0 || !strstr(r.err, "1 with LoRA merged"))
+                fail_msg("%s --lora %s: exit %d, stderr: %s", pipes[p], loras[l], r.status, r.err);
+            tu_run_free(&r);
+        }
+    char *got[2][2];
+    for (size_t p = 0; p < 2; p++)
+        for (size_t l = 0; l < 2; l++)
+            got[p][l] = tu_strdupf("%s/text_encoder/diffusion_pytorch_model.safetensors", outs[p][l]);
+    tu_assert_same_tensors(got[0][1], got[0][0]);
+    tu_assert_same_tensors(got[1][1], got[1][0]);
+    copy_tensors(got[0][0], ref, all_but, "", "text_model.");
+    tu_assert_same_tensors(got[1][0], ref);
+    /* and it is a merge: the flat output's to_q differs from the base's */
+    struct model *m;
+    assert_int_equal(model_open_file(got[0][0], &m), NF4_OK);
+    const struct model_tensor *q = model_find(m, "decoder.mid_block.attentions.0.to_q.weight");
+    struct model *b;
+    assert_int_equal(model_open_file(te, &b), NF4_OK);
+    const struct model_tensor *bq = model_find(b, "decoder.mid_block.attentions.0.to_q.weight");
+    float gv[32], bv[32];
+    assert_int_equal(st_read(q->file, q->t, 0, gv, sizeof gv), NF4_OK);
+    assert_int_equal(st_read(bq->file, bq->t, 0, bv, sizeof bv), NF4_OK);
+    assert_true(memcmp(gv, bv, sizeof gv) != 0);
+    model_close(m);
+    model_close(b);
+    /* Both forms of one key. */
+    syn_write(with, ts, 4);
+    char *out = tu_strdupf("%s/both", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", flat, out, "--lora", with, NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "text_encoder.decoder.mid_block.attentions.0.to_q.lora_A.weight: is the name of two of its "
+                       "tensors once renamed"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    for (size_t p = 0; p < 2; p++)
+        for (size_t l = 0; l < 2; l++) {
+            tu_rmtree(outs[p][l]);
+            free(outs[p][l]);
+            free(got[p][l]);
+        }
+    tu_rmtree(flat);
+    tu_rmtree(nested);
+    unlink(with);
+    unlink(without);
+    unlink(ref);
+    free(ts[0].v);
+    free(ts[1].v);
+    free(flat);
+    free(nested);
+    free(with);
+    free(without);
+    free(ref);
+    free(te);
+    free(nested_te);
+    free(out);
+}
+
 /* Points TMPDIR (where a kohya LoRA's conversion goes) at `dir`; returns
  * what it was, for tmpdir_restore. */
 static char *tmpdir_set(const char *dir)
@@ -2359,6 +2458,7 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_pipeline, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_pipeline_inspect, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_diffusers_lora_text_model, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_kohya_lora_as_diffusers_loads_it, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_kohya_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
