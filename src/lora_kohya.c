@@ -76,6 +76,7 @@ struct kohya_key {
 struct kohya_part {
     char *name;
     const struct model_tensor *src;
+    enum st_dtype dtype; /* its own: the source's, or for a fused layer's down the promoted one */
     uint64_t shape[2];
     uint64_t row0, col0;
     float scale;
@@ -255,10 +256,18 @@ static int rename_keys(struct conversion *cv, const struct model *w)
         if (!renamed[i] || !has_kohya_prefix(renamed[i])) {
             note_left_out(cv, w->tensors[i].t->name, 1);
             free(renamed[i]);
+            renamed[i] = NULL;
             continue;
         }
         dots_to_underscores(renamed[i], with_alpha);
+        if (strlen(renamed[i]) >= KOHYA_NAME_MAX) {
+            code = nf4_fail(NF4_EDATA, cv->path, w->tensors[i].t->name, "is too long a name for a LoRA key");
+            free(renamed[i]);
+            renamed[i] = NULL;
+            continue;
+        }
         cv->keys[cv->nkeys++] = (struct kohya_key){renamed[i], &w->tensors[i]};
+        renamed[i] = NULL; /* now cv's */
     }
     if (code != NF4_OK)
         for (size_t i = 0; i < n; i++)
@@ -281,22 +290,35 @@ static int is_factor_dtype(enum st_dtype dt)
     return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
 }
 
-/* The value of a one-element float tensor, exactly. */
+/* The value of a one-element tensor (an alpha), exactly: float, or integer
+ * as sd-scripts saves an alpha given as a whole number. */
 static int read_alpha(const struct conversion *cv, const struct model_tensor *mt, double *alpha)
 {
     const struct st_tensor *t = mt->t;
-    unsigned char buf[8];
-    if (t->nelem != 1 || !(is_factor_dtype(t->dtype) || t->dtype == DT_F64))
-        return nf4_fail(NF4_EDATA, cv->path, t->name, "is not one F16, BF16, F32 or F64 value (an alpha)");
-    int code = st_read(mt->file, t, 0, buf, dtype_bits(t->dtype) / 8);
+    unsigned char buf[8] = {0};
+    const enum st_dtype dt = t->dtype;
+    const int integer = dt == DT_U8 || dt == DT_I8 || dt == DT_I16 || dt == DT_I32 || dt == DT_I64;
+    if (t->nelem != 1 || !(is_factor_dtype(dt) || dt == DT_F64 || integer))
+        return nf4_fail(NF4_EDATA, cv->path, t->name, "is not one number (an alpha: F16, BF16, F32, F64 or an "
+                        "integer)");
+    int code = st_read(mt->file, t, 0, buf, dtype_bits(dt) / 8);
     if (code != NF4_OK)
         return code;
-    if (t->dtype == DT_F64)
-        memcpy(alpha, buf, 8);
-    else
-        *alpha = f32_from_element(t->dtype, buf, 0);
-    if (!isfinite(*alpha) || *alpha <= 0)
-        return nf4_fail(NF4_EDATA, cv->path, t->name, "is %g; an alpha is a positive number", *alpha);
+    int64_t i64;
+    switch (dt) {
+    case DT_F64: memcpy(alpha, buf, 8); break;
+    case DT_U8: *alpha = buf[0]; break;
+    case DT_I8: *alpha = (int8_t)buf[0]; break;
+    case DT_I16: *alpha = (int16_t)(buf[0] | buf[1] << 8); break;
+    case DT_I32: *alpha = (int32_t)((uint32_t)buf[0] | (uint32_t)buf[1] << 8 | (uint32_t)buf[2] << 16 |
+                                    (uint32_t)buf[3] << 24);
+        break;
+    case DT_I64: memcpy(&i64, buf, 8); *alpha = (double)i64; break;
+    default: *alpha = f32_from_element(dt, buf, 0); break;
+    }
+    /* diffusers' split of a negative scale never returns. */
+    if (!isfinite(*alpha) || *alpha < 0)
+        return nf4_fail(NF4_EDATA, cv->path, t->name, "is %g; an alpha is a number from 0 up", *alpha);
     return NF4_OK;
 }
 
@@ -323,23 +345,43 @@ static void split_scale(double scale, float *down, float *up)
     *up = (float)u;
 }
 
-/* The factors' scales of a module: `fused`, a layer diffusers splits
- * (_convert_to_ai_toolkit_cat), computes alpha / r in alpha's own dtype, a
- * tensor; one to one (_convert_to_ai_toolkit, and the text encoder's) in
- * Python floats. Without alpha: alpha = r in the factor's dtype; the text
- * encoder's is then not scaled at all (the same values). */
+/* PyTorch's result dtype of two floating dtypes: the wider; F32 for BF16
+ * with F16. */
+static enum st_dtype promote(enum st_dtype a, enum st_dtype b)
+{
+    if (a == b)
+        return a;
+    if (a == DT_F64 || b == DT_F64)
+        return DT_F64;
+    return DT_F32;
+}
+
+/* The factors' scales of a module, and the dtype its down factor is written
+ * in (*a_dtype). `fused`, a layer diffusers splits (_convert_to_ai_toolkit_cat),
+ * computes alpha / r as a tensor of alpha's dtype (F32 for an integer alpha),
+ * and down times it in the dtype PyTorch promotes the two to: the factor's
+ * own for a 0-dim alpha, the wider of the two for one of shape [1]. One to one
+ * (_convert_to_ai_toolkit, the text encoder's) takes alpha.item(): Python
+ * floats. Without alpha: alpha = r in the factor's dtype; the text encoder's
+ * is then not scaled at all (the same values). */
 static int module_scales(const struct conversion *cv, const char *module, const struct model_tensor *down, int fused,
-                         float *sd, float *su)
+                         float *sd, float *su, enum st_dtype *a_dtype)
 {
     const struct kohya_key *ak = find_key(cv, module, KOHYA_ALPHA);
     uint64_t r = down->t->shape[0];
     double alpha;
     enum st_dtype adt = down->t->dtype;
+    *a_dtype = down->t->dtype;
     if (ak) {
         int code = read_alpha(cv, ak->t, &alpha);
         if (code != NF4_OK)
             return code;
-        adt = ak->t->t->dtype;
+        adt = is_factor_dtype(ak->t->t->dtype) || ak->t->t->dtype == DT_F64 ? ak->t->t->dtype : DT_F32;
+        if (fused && ak->t->t->ndim > 0)
+            *a_dtype = promote(*a_dtype, adt);
+        if (*a_dtype == DT_F64)
+            return nf4_fail(NF4_EDATA, cv->path, ak->t->t->name, "is an F64 alpha of shape [1], with which diffusers "
+                            "makes %s's parts F64; LoRA weights must be F32, BF16 or F16", down->t->name);
     } else {
         alpha = round_to(adt, (double)r);
     }
@@ -355,7 +397,7 @@ static int module_scales(const struct conversion *cv, const char *module, const 
 /* ---- the converted LoRA ---- */
 
 static int add_part(struct conversion *cv, const char *target, const char *factor, const struct model_tensor *src,
-                    uint64_t rows, uint64_t cols, uint64_t row0, uint64_t col0, float scale)
+                    enum st_dtype dtype, uint64_t rows, uint64_t cols, uint64_t row0, uint64_t col0, float scale)
 {
     if (cv->nparts == cv->cap) {
         size_t cap = cv->cap ? cv->cap * 2 : 64;
@@ -371,6 +413,7 @@ static int add_part(struct conversion *cv, const char *target, const char *facto
         return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     snprintf(p->name, len, "%s%s", target, factor);
     p->src = src;
+    p->dtype = dtype;
     p->shape[0] = rows;
     p->shape[1] = cols;
     p->row0 = row0;
@@ -380,7 +423,8 @@ static int add_part(struct conversion *cv, const char *target, const char *facto
     return NF4_OK;
 }
 
-/* The values of part `p`, rounded to its dtype, into `out` (its bytes). */
+/* The values of part `p`, each its source's times its scale in fp32 and
+ * rounded to its dtype, into `out` (its bytes). */
 static int part_values(const struct kohya_part *p, void *out)
 {
     const struct st_tensor *t = p->src->t;
@@ -391,7 +435,7 @@ static int part_values(const struct kohya_part *p, void *out)
     int code = st_read(p->src->file, t, p->row0 * src_cols * esize, rows, p->shape[0] * src_cols * esize);
     for (uint64_t i = 0, k = 0; code == NF4_OK && i < p->shape[0]; i++)
         for (uint64_t c = 0; c < p->shape[1]; c++, k++)
-            f32_to_element(t->dtype, out, k, f32_from_element(t->dtype, rows, i * src_cols + p->col0 + c) * p->scale);
+            f32_to_element(p->dtype, out, k, f32_from_element(t->dtype, rows, i * src_cols + p->col0 + c) * p->scale);
     free(rows);
     return code;
 }
@@ -403,7 +447,7 @@ static int block_diagonal(const struct conversion *cv, const struct model_tensor
                           size_t n, uint64_t rank, int *sparse)
 {
     const struct st_tensor *t = up->t;
-    struct kohya_part whole = {NULL, up, {t->shape[0], t->shape[1]}, 0, 0, su};
+    struct kohya_part whole = {NULL, up, t->dtype, {t->shape[0], t->shape[1]}, 0, 0, su};
     const uint64_t esize = dtype_bits(t->dtype) / 8;
     unsigned char *v = malloc(t->nelem * esize + 1);
     if (!v)
@@ -427,27 +471,31 @@ static int convert_module(struct conversion *cv, const char *module, const struc
 {
     const struct kohya_key *dk = find_key(cv, module, KOHYA_DOWN), *uk = find_key(cv, module, KOHYA_UP);
     if (!uk)
-        return nf4_fail(NF4_EDATA, cv->path, dk->t->t->name, "has no matching %s%s", module, KOHYA_UP);
+        return nf4_fail(NF4_EDATA, cv->path, dk->t->t->name, "has no matching lora_up.weight");
     const struct model_tensor *down = dk->t, *up = uk->t;
     const struct st_tensor *dt = down->t, *ut = up->t;
     if (!is_factor_dtype(dt->dtype) || !is_factor_dtype(ut->dtype))
         return nf4_fail(NF4_EDATA, cv->path, is_factor_dtype(dt->dtype) ? ut->name : dt->name,
                         "is %s; LoRA weights must be F32, BF16 or F16",
                         dtype_name(is_factor_dtype(dt->dtype) ? ut->dtype : dt->dtype));
-    if (dt->ndim != 2 || ut->ndim != 2 || dt->shape[0] == 0 || ut->shape[1] != dt->shape[0])
+    if (dt->ndim != 2 || ut->ndim != 2 || ut->shape[1] != dt->shape[0])
         return nf4_fail(NF4_EDATA, cv->path, dt->name, "is %s; with %s it is not a LoRA pair [r, in], [out, r]",
                         dt->ndim == 2 ? "a matrix" : "not a matrix", ut->name);
+    if (dt->nelem == 0 || ut->nelem == 0)
+        return nf4_fail(NF4_EDATA, cv->path, dt->nelem ? ut->name : dt->name, "is empty");
     const uint64_t r = dt->shape[0], in = dt->shape[1], out = ut->shape[0];
     const size_t n = map ? map->nparts : 1;
     float sd = 1.0f, su = 1.0f;
+    enum st_dtype a_dtype = dt->dtype;
     int code = NF4_OK;
-    if ((map || find_key(cv, module, KOHYA_ALPHA)) && (code = module_scales(cv, module, down, n > 1, &sd, &su)) != NF4_OK)
+    if ((map || find_key(cv, module, KOHYA_ALPHA)) &&
+        (code = module_scales(cv, module, down, n > 1, &sd, &su, &a_dtype)) != NF4_OK)
         return code;
     char target[KOHYA_NAME_MAX + 64]; /* target_root and the longest part's name */
     if (n == 1) {
         snprintf(target, sizeof target, "%s%s", target_root, map ? map->parts[0] : "");
-        if ((code = add_part(cv, target, ".lora_A.weight", down, r, in, 0, 0, sd)) == NF4_OK)
-            code = add_part(cv, target, ".lora_B.weight", up, out, r, 0, 0, su);
+        if ((code = add_part(cv, target, ".lora_A.weight", down, a_dtype, r, in, 0, 0, sd)) == NF4_OK)
+            code = add_part(cv, target, ".lora_B.weight", up, ut->dtype, out, r, 0, 0, su);
         return code;
     }
     uint64_t rows[MAX_SPLITS], sum = 0;
@@ -462,8 +510,9 @@ static int convert_module(struct conversion *cv, const char *module, const struc
     const uint64_t pr = sparse ? r / n : r;
     for (size_t j = 0, row = 0; j < n && code == NF4_OK; row += rows[j++]) {
         snprintf(target, sizeof target, "%s%s", target_root, map->parts[j]);
-        if ((code = add_part(cv, target, ".lora_A.weight", down, pr, in, sparse ? j * pr : 0, 0, sd)) == NF4_OK)
-            code = add_part(cv, target, ".lora_B.weight", up, rows[j], pr, row, sparse ? j * pr : 0, su);
+        if ((code = add_part(cv, target, ".lora_A.weight", down, a_dtype, pr, in, sparse ? j * pr : 0, 0, sd)) ==
+            NF4_OK)
+            code = add_part(cv, target, ".lora_B.weight", up, ut->dtype, rows[j], pr, row, sparse ? j * pr : 0, su);
     }
     return code;
 }
@@ -495,10 +544,38 @@ static const struct module_map *find_map(const struct module_map *maps, size_t n
     return NULL;
 }
 
-/* One module, by its kohya name (the key of its down factor, less KOHYA_DOWN). */
-static int convert_named(struct conversion *cv, const char *module, const char *key)
+/* A module of the CLIP text encoder, as diffusers' loading treats it: the
+ * self-attention projections (which it names to_q_lora... and loads only if
+ * one of them is out_proj), the mlp (lora_linear_layer: always), or another
+ * (loaded nowhere). */
+enum te_kind { TE_ATTN, TE_MLP, TE_OTHER };
+
+static enum te_kind te_kind_of(const char *module)
 {
-    char root[KOHYA_NAME_MAX + 32]; /* "text_encoder." and a module of convert_all's bound */
+    static const char *const ATTN[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj"};
+    for (size_t i = 0; i < sizeof ATTN / sizeof ATTN[0]; i++)
+        if (str_ends_with(module, ATTN[i]))
+            return TE_ATTN;
+    return strstr(module, "self_attn") ? TE_OTHER : strstr(module, "mlp") ? TE_MLP : TE_OTHER;
+}
+
+/* The text encoder's module of a kohya key's module ("lora_te1_..."), or NULL
+ * for a key of the transformer; *oom on failure. */
+static char *te_module(const char *module, int *oom)
+{
+    const char *te = strncmp(module, "lora_te_", 8) == 0    ? module + 8
+                     : strncmp(module, "lora_te1_", 9) == 0 ? module + 9
+                                                            : NULL;
+    char *m = te ? text_encoder_module(te) : NULL;
+    *oom = te && !m;
+    return m;
+}
+
+/* One module of the transformer, by its kohya name (the key of its down
+ * factor, less KOHYA_DOWN). */
+static int convert_transformer_module(struct conversion *cv, const char *module, const char *key)
+{
+    char root[64];
     const char *rest;
     long i;
     const struct module_map *map = NULL;
@@ -514,49 +591,119 @@ static int convert_named(struct conversion *cv, const char *module, const char *
     }
     for (size_t k = 0; k < sizeof UNLOADED / sizeof UNLOADED[0]; k++)
         if (strcmp(module, UNLOADED[k]) == 0) {
-            note_left_out(cv, key, 1 + (find_key(cv, module, KOHYA_UP) != NULL) +
-                                       (find_key(cv, module, KOHYA_ALPHA) != NULL));
+            if (!find_key(cv, module, KOHYA_UP))
+                return nf4_fail(NF4_EDATA, cv->path, key, "has no matching lora_up.weight");
+            note_left_out(cv, key, 2 + (find_key(cv, module, KOHYA_ALPHA) != NULL));
             return NF4_OK;
         }
-    const char *te = strncmp(module, "lora_te_", 8) == 0 ? module + 8 : strncmp(module, "lora_te1_", 9) == 0 ? module + 9 : NULL;
-    if (!te)
-        return nf4_fail(NF4_EDATA, cv->path, key, "is not of a Flux.1 module diffusers converts from kohya's names "
-                        "(lora_unet_double_blocks_0..18, single_blocks_0..37, lora_te1_...): a LoRA for another "
-                        "model?");
-    char *m = text_encoder_module(te);
-    if (!m)
-        return nf4_fail(NF4_ESOFTWARE, cv->path, key, "out of memory");
-    snprintf(root, sizeof root, "text_encoder.%s", m);
-    free(m);
-    return convert_module(cv, module, NULL, root);
+    return nf4_fail(NF4_EDATA, cv->path, key, "is not of a Flux.1 module diffusers converts from kohya's names "
+                    "(lora_unet_double_blocks_0..18, single_blocks_0..37, lora_te1_...): a LoRA for another model?");
 }
 
-/* Every factor pair, and a check that no up or alpha is without its down. */
-static int convert_all(struct conversion *cv)
+enum factor { FACTOR_NONE, FACTOR_DOWN, FACTOR_UP, FACTOR_ALPHA };
+
+/* The key's module (less its suffix) into `module` (KOHYA_NAME_MAX bytes,
+ * which rename_keys bounds the keys by), and which factor it is. */
+static enum factor split_key(const char *key, char *module)
+{
+    static const char *const SUFFIXES[] = {NULL, KOHYA_DOWN, KOHYA_UP, KOHYA_ALPHA};
+    enum factor f = FACTOR_NONE;
+    for (int k = FACTOR_DOWN; k <= FACTOR_ALPHA && f == FACTOR_NONE; k++)
+        if (str_ends_with(key, SUFFIXES[k]))
+            f = (enum factor)k;
+    size_t len = strlen(key) - (f != FACTOR_NONE ? strlen(SUFFIXES[f]) : 0);
+    memcpy(module, key, len);
+    module[len] = '\0';
+    return f;
+}
+
+/* The transformer's keys: every down converted, an up or alpha without its
+ * down refused (diffusers: "Incompatible keys"), final_layer's left out. */
+static int convert_transformer(struct conversion *cv)
 {
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
-        const char *key = cv->keys[i].name;
+        const char *key = cv->keys[i].name, *original = cv->keys[i].t->t->name;
         char module[KOHYA_NAME_MAX];
-        size_t len = strlen(key);
-        const char *suffix = str_ends_with(key, KOHYA_DOWN)    ? KOHYA_DOWN
-                             : str_ends_with(key, KOHYA_UP)    ? KOHYA_UP
-                             : str_ends_with(key, KOHYA_ALPHA) ? KOHYA_ALPHA
-                                                               : NULL;
-        if (!suffix)
-            return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is not a kohya LoRA factor (%s, %s or %s)",
-                            KOHYA_DOWN + 1, KOHYA_UP + 1, KOHYA_ALPHA + 1);
-        if (len - strlen(suffix) >= sizeof module)
-            return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is too long a name");
-        memcpy(module, key, len - strlen(suffix));
-        module[len - strlen(suffix)] = '\0';
-        if (strcmp(suffix, KOHYA_DOWN) != 0) {
+        if (strncmp(key, KOHYA_UNET, strlen(KOHYA_UNET)) != 0)
+            continue;
+        const enum factor suffix = split_key(key, module);
+        /* assign_remaining_weights takes final_layer's factors one by one, and every final_layer alpha */
+        if ((suffix != FACTOR_NONE && suffix != FACTOR_ALPHA && (strcmp(module, "lora_unet_final_layer_adaLN_modulation_1") == 0 ||
+                                                 strcmp(module, "lora_unet_final_layer_linear") == 0)) ||
+            (suffix == FACTOR_ALPHA && strstr(key, "final_layer"))) {
             if (!find_key(cv, module, KOHYA_DOWN))
-                return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "has no matching %s%s", module,
-                                KOHYA_DOWN);
+                note_left_out(cv, original, 1);
+            else if (suffix == FACTOR_DOWN)
+                note_left_out(cv, original, 1 + (find_key(cv, module, KOHYA_UP) != NULL) +
+                                                (find_key(cv, module, KOHYA_ALPHA) != NULL));
             continue;
         }
-        code = convert_named(cv, module, cv->keys[i].t->t->name);
+        if (suffix == FACTOR_NONE)
+            return nf4_fail(NF4_EDATA, cv->path, original, "is not a kohya LoRA factor (lora_down.weight, "
+                            "lora_up.weight or alpha)");
+        if (suffix != FACTOR_DOWN) {
+            if (!find_key(cv, module, KOHYA_DOWN))
+                return nf4_fail(NF4_EDATA, cv->path, original, "has no matching lora_down.weight");
+            continue;
+        }
+        code = convert_transformer_module(cv, module, original);
+    }
+    return code;
+}
+
+/* The text encoder's keys (lora_te_, lora_te1_), as diffusers loads them: the
+ * self-attention projections where one of them is out_proj, the mlp always,
+ * nothing else; none of the LoRA where neither is there (it cannot tell their
+ * form). Keys of neither kind, and an up or alpha without its down, are left
+ * out ("Unsupported keys"); a down without its up is refused. */
+static int convert_text_encoder(struct conversion *cv)
+{
+    int has_out = 0, has_mlp = 0, oom = 0;
+    const char *first = NULL;
+    for (size_t i = 0; i < cv->nkeys && !oom; i++) {
+        char module[KOHYA_NAME_MAX];
+        if (split_key(cv->keys[i].name, module) != FACTOR_DOWN)
+            continue;
+        char *m = te_module(module, &oom);
+        if (!m)
+            continue;
+        first = first ? first : cv->keys[i].t->t->name;
+        enum te_kind kind = te_kind_of(m);
+        has_out |= kind == TE_ATTN && str_ends_with(m, "out_proj");
+        has_mlp |= kind == TE_MLP;
+        free(m);
+    }
+    if (oom)
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    if (first && !has_out && !has_mlp)
+        return nf4_fail(NF4_EDATA, cv->path, first, "is a text encoder key, and none of them is of an out_proj or mlp "
+                        "module: diffusers cannot tell their form, and loads none of this LoRA");
+    int code = NF4_OK;
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
+        const char *key = cv->keys[i].name, *original = cv->keys[i].t->t->name;
+        char module[KOHYA_NAME_MAX];
+        const enum factor suffix = split_key(key, module);
+        char *m = te_module(module, &oom);
+        if (oom)
+            return nf4_fail(NF4_ESOFTWARE, cv->path, original, "out of memory");
+        if (!m)
+            continue;
+        enum te_kind kind = te_kind_of(m);
+        int loaded = kind == TE_MLP || (kind == TE_ATTN && has_out);
+        if (suffix != FACTOR_DOWN) {
+            if (!find_key(cv, module, KOHYA_DOWN))
+                note_left_out(cv, original, 1);
+        } else if (!find_key(cv, module, KOHYA_UP)) {
+            code = nf4_fail(NF4_EDATA, cv->path, original, "has no matching lora_up.weight");
+        } else if (!loaded) {
+            note_left_out(cv, original, 2 + (find_key(cv, module, KOHYA_ALPHA) != NULL));
+        } else {
+            char root[KOHYA_NAME_MAX + 32]; /* "text_encoder." and a module of KOHYA_NAME_MAX */
+            snprintf(root, sizeof root, "text_encoder.%s", m);
+            code = convert_module(cv, module, NULL, root);
+        }
+        free(m);
     }
     return code;
 }
@@ -595,7 +742,7 @@ static int write_parts(const struct conversion *cv, int fd, const char *tmp)
     if (!outs)
         return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     for (size_t i = 0; i < cv->nparts; i++)
-        outs[i] = (struct st_out_tensor){cv->parts[i].name, cv->parts[i].src->t->dtype, 2, cv->parts[i].shape};
+        outs[i] = (struct st_out_tensor){cv->parts[i].name, cv->parts[i].dtype, 2, cv->parts[i].shape};
     struct st_writer *w = NULL;
     int code = st_writer_begin_stream(&w, fd, tmp, outs, cv->nparts, NULL, 0);
     for (size_t k = 0; code == NF4_OK && k < cv->nparts; k++) {
@@ -629,7 +776,9 @@ int kohya_lora_convert(const struct model *w, const char *path, int warn, struct
     struct conversion cv = {.path = path};
     int code = rename_keys(&cv, w);
     if (code == NF4_OK)
-        code = convert_all(&cv);
+        code = convert_transformer(&cv);
+    if (code == NF4_OK)
+        code = convert_text_encoder(&cv);
     if (code == NF4_OK)
         code = check_one_each(&cv);
     if (code == NF4_OK && cv.left_out.oom)

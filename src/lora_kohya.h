@@ -20,6 +20,9 @@
  *   3072, 12288: Flux.1's sizes, which diffusers assumes). Each part takes all
  *   of down and its rows of up; or, where up is block-diagonal (kohya's
  *   split_qkv), its own ranks of down and its block of up.
+ * - The text encoder's keys load as _load_lora_into_text_encoder loads them:
+ *   the attention projections only where one is out_proj (else diffusers
+ *   reads them in a form PEFT leaves out), the mlp always, nothing else.
  * - Modules the conversion gives keys load_lora_weights then loads nowhere
  *   (img_in, txt_in, time_in, vector_in, guidance_in, final_layer), kohya's T5
  *   (lora_te2_), DoRA scales and ComfyUI's extra tensors (position embedding,

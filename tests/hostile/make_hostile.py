@@ -791,7 +791,8 @@ def lora_cases():
         [T("lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "F32", [4, 256], bytes(4096)),
          T("lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight", "F32", [8, 4], bytes(128)),
          T("lora_unet_double_blocks_0_img_attn_qkv.alpha", "F32", [], bytes(4))])}, 65,
-        "lora_unet_double_blocks_0_img_attn_qkv.alpha: is 0; an alpha is a positive number", kinds=both)
+        "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight: has 8 rows; diffusers splits it into three equal parts",
+        kinds=both)
     # a kohya LoHa: no lora_down/lora_up pairs to convert
     emit_dir("lora-diffusers-kohya-loha", {"pytorch_lora_weights.safetensors": st_bytes(
         [T("lora_unet_double_blocks_0_img_attn_qkv.hada_w1_a", "F32", [4, 4], bytes(64)),

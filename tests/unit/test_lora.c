@@ -1807,23 +1807,31 @@ static void test_diffusers_lora_text_model(void **state)
     free(out);
 }
 
-/* Points TMPDIR (where a kohya LoRA's conversion goes) at `dir`; returns
- * what it was, for tmpdir_restore. */
-static char *tmpdir_set(const char *dir)
+/* The kohya tests point TMPDIR (where a LoRA's conversion goes) into their
+ * scratch folder; their teardown puts it back even when one fails. */
+static char *saved_tmpdir;
+static int saved_tmpdir_set;
+
+static int kohya_setup(void **state)
 {
     const char *was = getenv("TMPDIR");
-    char *saved = was ? strdup(was) : NULL;
-    assert_int_equal(setenv("TMPDIR", dir, 1), 0);
-    return saved;
+    saved_tmpdir = was ? strdup(was) : NULL;
+    saved_tmpdir_set = 1;
+    return tu_scratch_setup(state);
 }
 
-static void tmpdir_restore(char *saved)
+static int kohya_teardown(void **state)
 {
-    if (saved)
-        setenv("TMPDIR", saved, 1);
-    else
-        unsetenv("TMPDIR");
-    free(saved);
+    if (saved_tmpdir_set) {
+        if (saved_tmpdir)
+            setenv("TMPDIR", saved_tmpdir, 1);
+        else
+            unsetenv("TMPDIR");
+        free(saved_tmpdir);
+        saved_tmpdir = NULL;
+        saved_tmpdir_set = 0;
+    }
+    return tu_scratch_teardown(state);
 }
 
 /* Kohya and ComfyUI Flux.1 LoRAs read as diffusers 0.42 loads them: each
@@ -1840,6 +1848,7 @@ static void test_kohya_lora_as_diffusers_loads_it(void **state)
         {DIFFUSERS_FIXTURES "/lora-flux-comfy.safetensors", DIFFUSERS_FIXTURES "/lora-flux-kohya.diffusers.safetensors"},
         {DIFFUSERS_FIXTURES "/lora-flux-kohya-linear1.safetensors",
          DIFFUSERS_FIXTURES "/lora-flux-kohya-linear1.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-flux-kohya-te.safetensors", DIFFUSERS_FIXTURES "/lora-flux-kohya-te.diffusers.safetensors"},
     };
     for (size_t i = 0; i < sizeof KOHYA_CASES / sizeof KOHYA_CASES[0]; i++) {
         struct model *m;
@@ -1852,7 +1861,7 @@ static void test_kohya_lora_as_diffusers_loads_it(void **state)
     char *got = tu_strdupf("%s/got", s->dir), *want = tu_strdupf("%s/want", s->dir),
          *pipe = tu_strdupf("%s/pipe", s->dir);
     const char *kohya[1] = {KOHYA_CASES[0][0]}, *converted[1] = {KOHYA_CASES[0][1]};
-    char *saved_tmpdir = tmpdir_set(s->dir); /* where no temp file may stay */
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
     const char *transformer = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer";
     assert_int_equal(merge_on_cpu(transformer, got, kohya, 1, 0, 0, DT_INVALID), 16);
     assert_int_equal(merge_on_cpu(transformer, want, converted, 1, 0, 0, DT_INVALID), 16);
@@ -1864,24 +1873,24 @@ static void test_kohya_lora_as_diffusers_loads_it(void **state)
     struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4", pipe, "--lora",
                              KOHYA_CASES[1][0], NULL);
     if (r.status != 0 || tu_lines(r.err) != 3 ||
-        !strstr(r.err, "lora-flux-comfy.safetensors: 5 of its tensors (diffusion_model.final_layer.linear, "
-                       "diffusion_model.img_in) are for modules diffusers does not load from a kohya LoRA: they are "
-                       "not merged\n") ||
+        !strstr(r.err, "lora-flux-comfy.safetensors: 11 of its tensors (diffusion_model.final_layer.adaLN_modulation.1, "
+                       "diffusion_model.final_layer.linear, diffusion_model.img_in, ...) are for modules diffusers "
+                       "does not load from a kohya LoRA: they are not merged\n") ||
         !strstr(r.err, "6 of its tensors are for text_encoder, which this pipeline does not have"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     tu_assert_same_tensors(pipe_file, want_file);
     r = tu_run("inspect", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", "--lora", KOHYA_CASES[0][0], NULL);
     if (r.status != 0 || !strstr(r.out, "\n16 tensors changed by 1 adapter\n") ||
-        !strstr(r.err, "7 of its tensors (lora_te2_encoder_block_0_layer_0_SelfAttention_q, "
-                       "lora_unet_final_layer_linear, lora_unet_img_in) are for modules diffusers does not load"))
+        !strstr(r.err, "13 of its tensors (lora_te2_encoder_block_0_layer_0_SelfAttention_q, "
+                       "lora_unet_final_layer_adaLN_modulation_1, lora_unet_final_layer_linear, ...) are for modules "
+                       "diffusers does not load"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     tu_rmtree(got);
     tu_rmtree(want);
     tu_rmtree(pipe);
     assert_int_equal(tu_count_entries(s->dir), 0);
-    tmpdir_restore(saved_tmpdir);
     free(got_file);
     free(want_file);
     free(pipe_file);
@@ -1903,13 +1912,12 @@ static void test_kohya_lora_refusals(void **state)
         const char *want;
     } KOHYA_CASES[] = {
         {{"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight", NULL, NULL}, {4, 64}, {256, 4}, DT_BF16, 0,
-         "lora_unet_double_blocks_0_img_mlp_0.lora_down.weight: has no matching "
-         "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight"},
+         "lora_unet_double_blocks_0_img_mlp_0.lora_down.weight: has no matching lora_up.weight"},
         {{NULL, "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight", NULL}, {4, 64}, {256, 4}, DT_BF16, 0,
          "is a kohya or ComfyUI-format LoRA without lora_down/lora_up pairs"},
         {{"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight", "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight",
           "lora_unet_double_blocks_0_img_mlp_0.alpha"}, {4, 64}, {256, 4}, DT_BF16, -1.0f,
-         "lora_unet_double_blocks_0_img_mlp_0.alpha: is -1; an alpha is a positive number"},
+         "lora_unet_double_blocks_0_img_mlp_0.alpha: is -1; an alpha is a number from 0 up"},
         {{"lora_unet_single_blocks_0_linear1.lora_down.weight", "lora_unet_single_blocks_0_linear1.lora_up.weight",
           NULL}, {4, 64}, {448, 4}, DT_BF16, 0,
          "lora_unet_single_blocks_0_linear1.lora_up.weight: has 448 rows; diffusers splits it into Flux.1's 3072 + "
@@ -1933,13 +1941,26 @@ static void test_kohya_lora_refusals(void **state)
                                                 "it is not a LoRA pair [r, in], [out, r]"},
         {{"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight", "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight",
           NULL}, {4, 64}, {256, 4}, DT_I8, 0, "is I8; LoRA weights must be F32, BF16 or F16"},
+        {{"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight", "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight",
+          NULL}, {4, 64}, {0, 4}, DT_BF16, 0, "lora_unet_double_blocks_0_img_mlp_0.lora_up.weight: is empty"},
+        {{"lora_unet_img_in.lora_down.weight", NULL, NULL}, {4, 16}, {64, 4}, DT_BF16, 0,
+         "lora_unet_img_in.lora_down.weight: has no matching lora_up.weight"},
+        {{"lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_down.weight",
+          "lora_te1_text_model_encoder_layers_0_self_attn_q_proj.lora_up.weight", NULL}, {4, 32}, {32, 4}, DT_BF16, 0,
+         "is a text encoder key, and none of them is of an out_proj or mlp module: diffusers cannot tell their form"},
+        {{"lora_unet_double_blocks_0_img_mlp_0_________________________________________________________________________"
+          "________________________________________________________________________________________________________"
+          "________________________________________________________________________________________________________"
+          "________________________________________________________________________________________________________"
+          "________________________________________________________________________________________________________"
+          ".lora_down.weight", NULL, NULL}, {4, 64}, {256, 4}, DT_BF16, 0, "is too long a name for a LoRA key"},
         {{"lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight",
           "lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_up.weight", NULL}, {4, 64}, {256, 4}, DT_BF16, 0,
-         "has no matching lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight"},
+         "lora_te_text_model_encoder_layers_0_mlp_fc1.lora_down.weight: has no matching lora_up.weight"},
     };
     char *lora = tu_strdupf("%s-kohya.safetensors", s->dir);
     /* The converted LoRA's temp file goes where the scratch folder is checked empty. */
-    char *saved_tmpdir = tmpdir_set(s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
     for (size_t i = 0; i < sizeof KOHYA_CASES / sizeof KOHYA_CASES[0]; i++) {
         struct syn_tensor ts[3];
         size_t n = 0;
@@ -1974,7 +1995,7 @@ static void test_kohya_lora_refusals(void **state)
                          "lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight does");
     /* A good LoRA whose conversion cannot be written. */
     syn_write(lora, te, 2);
-    free(tmpdir_set("/nonexistent-nf4deq-tmp"));
+    assert_int_equal(setenv("TMPDIR", "/nonexistent-nf4deq-tmp", 1), 0);
     char *out = tu_strdupf("%s/out", s->dir);
     struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", out,
                              "--lora", lora, NULL);
@@ -1983,7 +2004,6 @@ static void test_kohya_lora_refusals(void **state)
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     assert_int_equal(tu_count_entries(s->dir), 0);
-    tmpdir_restore(saved_tmpdir);
     free(out);
     for (size_t k = 0; k < 4; k++)
         free(te[k].v);
@@ -2459,8 +2479,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_diffusers_lora_pipeline, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_pipeline_inspect, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_text_model, tu_scratch_setup, tu_scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_kohya_lora_as_diffusers_loads_it, tu_scratch_setup, tu_scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_kohya_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_kohya_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_kohya_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
