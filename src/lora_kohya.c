@@ -260,6 +260,12 @@ static int rename_keys(struct conversion *cv, const struct model *w)
             continue;
         }
         dots_to_underscores(renamed[i], with_alpha);
+        if (strstr(renamed[i], "text_projection")) { /* diffusers drops it before converting */
+            note_left_out(cv, w->tensors[i].t->name, 1);
+            free(renamed[i]);
+            renamed[i] = NULL;
+            continue;
+        }
         if (strlen(renamed[i]) >= KOHYA_NAME_MAX) {
             code = nf4_fail(NF4_EDATA, cv->path, w->tensors[i].t->name, "is too long a name for a LoRA key");
             free(renamed[i]);
@@ -333,11 +339,14 @@ static double round_to(enum st_dtype dt, double v)
 }
 
 /* diffusers' split of the scale alpha / r into down * up, up a power of two
- * at most 1, so that neither factor loses range. */
-static void split_scale(double scale, float *down, float *up)
+ * at most 1, so that neither factor loses range. `dt`: the dtype of the
+ * comparison's tensor in a fused layer, where `up`, a Python float, is
+ * compared in it (so halving stops once it rounds to 0 there: at 2^-25 in
+ * F16), or DT_F64 for Python floats throughout. */
+static void split_scale(double scale, enum st_dtype dt, float *down, float *up)
 {
     double d = scale, u = 1.0;
-    while (d * 2 < u) {
+    while (d * 2 < round_to(dt, u)) {
         d *= 2;
         u /= 2;
     }
@@ -390,7 +399,7 @@ static int module_scales(const struct conversion *cv, const char *module, const 
         scale = (float)alpha / (float)r;
     else if (fused)
         scale = round_to(adt, adt == DT_F64 ? scale : (double)((float)alpha / (float)r));
-    split_scale(scale, sd, su);
+    split_scale(scale, fused ? adt : DT_F64, sd, su);
     return NF4_OK;
 }
 

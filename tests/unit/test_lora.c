@@ -1873,18 +1873,17 @@ static void test_kohya_lora_as_diffusers_loads_it(void **state)
     struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4", pipe, "--lora",
                              KOHYA_CASES[1][0], NULL);
     if (r.status != 0 || tu_lines(r.err) != 3 ||
-        !strstr(r.err, "lora-flux-comfy.safetensors: 11 of its tensors (diffusion_model.final_layer.adaLN_modulation.1, "
-                       "diffusion_model.final_layer.linear, diffusion_model.img_in, ...) are for modules diffusers "
-                       "does not load from a kohya LoRA: they are not merged\n") ||
+        !strstr(r.err, "lora-flux-comfy.safetensors: 11 of its tensors (text_encoders.clip_l.transformer.text_projection, "
+                       "diffusion_model.final_layer.adaLN_modulation.1, diffusion_model.final_layer.linear, ...) are "
+                       "for modules diffusers does not load from a kohya LoRA: they are not merged\n") ||
         !strstr(r.err, "6 of its tensors are for text_encoder, which this pipeline does not have"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     tu_assert_same_tensors(pipe_file, want_file);
     r = tu_run("inspect", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", "--lora", KOHYA_CASES[0][0], NULL);
     if (r.status != 0 || !strstr(r.out, "\n16 tensors changed by 1 adapter\n") ||
-        !strstr(r.err, "13 of its tensors (lora_te2_encoder_block_0_layer_0_SelfAttention_q, "
-                       "lora_unet_final_layer_adaLN_modulation_1, lora_unet_final_layer_linear, ...) are for modules "
-                       "diffusers does not load"))
+        !strstr(r.err, "13 of its tensors (lora_te1_text_projection, lora_te2_encoder_block_0_layer_0_SelfAttention_q, "
+                       "lora_unet_final_layer_adaLN_modulation_1, ...) are for modules diffusers does not load"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     tu_rmtree(got);
@@ -1993,6 +1992,28 @@ static void test_kohya_lora_refusals(void **state)
     assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", lora, NULL,
                          "becomes text_encoder.text_model.encoder.layers.0.mlp.fc1.lora_A.weight, as "
                          "lora_te1_text_model_encoder_layers_0_mlp_fc1.lora_down.weight does");
+    /* The text encoder's text_projection alone: diffusers drops it before it
+     * looks at the rest, so the LoRA loads. */
+    struct syn_tensor tp[4] = {
+        {"lora_te1_text_projection.lora_down.weight", DT_BF16, {2, 32}, NULL},
+        {"lora_te1_text_projection.lora_up.weight", DT_BF16, {32, 2}, NULL},
+        {"lora_unet_double_blocks_0_img_mlp_0.lora_down.weight", DT_BF16, {4, 64}, NULL},
+        {"lora_unet_double_blocks_0_img_mlp_0.lora_up.weight", DT_BF16, {256, 4}, NULL},
+    };
+    for (size_t k = 0; k < 4; k++)
+        syn_fill(&tp[k], 0.5f);
+    syn_write(lora, tp, 4);
+    char *tp_out = tu_strdupf("%s/tp", s->dir);
+    struct tu_run tr = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", tp_out,
+                              "--lora", lora, NULL);
+    if (tr.status != 0 || !strstr(tr.err, "2 of its tensors (lora_te1_text_projection) are for modules diffusers does "
+                                          "not load") || !strstr(tr.err, "1 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", tr.status, tr.err);
+    tu_run_free(&tr);
+    tu_rmtree(tp_out);
+    free(tp_out);
+    for (size_t k = 0; k < 4; k++)
+        free(tp[k].v);
     /* A good LoRA whose conversion cannot be written. */
     syn_write(lora, te, 2);
     assert_int_equal(setenv("TMPDIR", "/nonexistent-nf4deq-tmp", 1), 0);
