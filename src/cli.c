@@ -33,7 +33,8 @@
     "      names a CPU kernel this processor or build lacks\n"                                                    \
     "  70  internal error (including out of memory)\n"                                                         \
     "  73  the output cannot be created (exists without --force, is a link or a\n"                            \
-    "      device, another nf4deq is writing it, permissions)\n"                                                \
+    "      device, another nf4deq is writing it, permissions), or the temp file\n"                              \
+    "      a kohya LoRA is converted into (TMPDIR)\n"                                                           \
     "  74  read or write failed (I/O error, disk full, closed standard output,\n"                              \
     "      an input that changed while it was read)\n"
 
