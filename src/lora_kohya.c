@@ -173,15 +173,27 @@ static const struct kohya_key *find_key(const struct conversion *cv, const char 
     return bsearch(&probe, cv->keys, cv->nkeys, sizeof *cv->keys, key_cmp);
 }
 
+enum factor { FACTOR_NONE, FACTOR_DOWN, FACTOR_UP, FACTOR_ALPHA };
+
+/* Which factor `key` is, by its suffix, and the length of its module (the
+ * key less that suffix). */
+static enum factor factor_of(const char *key, size_t *module_len)
+{
+    static const char *const SUFFIXES[] = {NULL, KOHYA_DOWN, KOHYA_UP, KOHYA_ALPHA};
+    enum factor f = FACTOR_NONE;
+    for (int k = FACTOR_DOWN; k <= FACTOR_ALPHA && f == FACTOR_NONE; k++)
+        if (str_ends_with(key, SUFFIXES[k]))
+            f = (enum factor)k;
+    *module_len = strlen(key) - (f != FACTOR_NONE ? strlen(SUFFIXES[f]) : 0);
+    return f;
+}
+
 /* Notes `n` tensors left out, naming the module of `key` in the warning
  * (the first few). */
 static void note_left_out(struct conversion *cv, const char *key, size_t n)
 {
-    static const char *const SUFFIXES[] = {KOHYA_DOWN, KOHYA_UP, KOHYA_ALPHA};
-    size_t len = strlen(key);
-    for (size_t i = 0; i < sizeof SUFFIXES / sizeof SUFFIXES[0]; i++)
-        if (str_ends_with(key, SUFFIXES[i]))
-            len -= strlen(SUFFIXES[i]);
+    size_t len;
+    factor_of(key, &len);
     cv->nleft += n;
     if (cv->last_listed && strlen(cv->last_listed) == len && strncmp(cv->last_listed, key, len) == 0)
         return;
@@ -609,18 +621,12 @@ static int convert_transformer_module(struct conversion *cv, const char *module,
                     "(lora_unet_double_blocks_0..18, single_blocks_0..37, lora_te1_...): a LoRA for another model?");
 }
 
-enum factor { FACTOR_NONE, FACTOR_DOWN, FACTOR_UP, FACTOR_ALPHA };
-
 /* The key's module (less its suffix) into `module` (KOHYA_NAME_MAX bytes,
  * which rename_keys bounds the keys by), and which factor it is. */
 static enum factor split_key(const char *key, char *module)
 {
-    static const char *const SUFFIXES[] = {NULL, KOHYA_DOWN, KOHYA_UP, KOHYA_ALPHA};
-    enum factor f = FACTOR_NONE;
-    for (int k = FACTOR_DOWN; k <= FACTOR_ALPHA && f == FACTOR_NONE; k++)
-        if (str_ends_with(key, SUFFIXES[k]))
-            f = (enum factor)k;
-    size_t len = strlen(key) - (f != FACTOR_NONE ? strlen(SUFFIXES[f]) : 0);
+    size_t len;
+    enum factor f = factor_of(key, &len);
     memcpy(module, key, len);
     module[len] = '\0';
     return f;
