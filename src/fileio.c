@@ -186,6 +186,43 @@ int create_temp_beside(const char *path, char **tmp_path)
     return fd;
 }
 
+int create_unnamed_temp(const char *dir, const char *prefix, char **shown)
+{
+    size_t len = strlen(dir) + strlen(prefix) + 32;
+    char *name = malloc(len);
+    if (!name) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        snprintf(name, len, "%s/%s-... (unnamed)", dir, prefix);
+        *shown = name;
+        return fd;
+    }
+    if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL) { /* those say: no O_TMPFILE here */
+        free(name);
+        return -1;
+    }
+    snprintf(name, len, "%s/%s-XXXXXX", dir, prefix);
+    sigset_t all, old; /* no signal handler runs while the name exists */
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
+    fd = mkostemp(name, O_CLOEXEC);
+    int e = errno;
+    if (fd >= 0)
+        unlink(name);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (fd < 0) {
+        free(name);
+        errno = e;
+        return -1;
+    }
+    snprintf(name + strlen(name), len - strlen(name), " (unnamed)");
+    *shown = name;
+    return fd;
+}
+
 int create_temp_dir_beside(const char *path, char **tmp_path)
 {
     char *tmpl = temp_template(path);

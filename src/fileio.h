@@ -31,6 +31,11 @@ int write_file_atomic(const char *path, const void *data, size_t len);
 int create_temp_beside(const char *path, char **tmp_path);
 /* Same, for a directory. Returns 0 or -1 (errno). */
 int create_temp_dir_beside(const char *path, char **tmp_path);
+/* A read-write temp file in `dir` that no name reaches, so that no exit, not
+ * even SIGKILL, leaves it behind: O_TMPFILE, or where the file system lacks
+ * it a mkstemp'd name unlinked before the call returns. Returns fd or -1
+ * (errno). *shown (malloc'd) names it in messages: "DIR/PREFIX-... (unnamed)". */
+int create_unnamed_temp(const char *dir, const char *prefix, char **shown);
 
 /* Temp paths removed by cleanup_temps() and by the SIGINT/SIGTERM/SIGHUP handler.
  * Files before directories, newest first. */

@@ -801,28 +801,22 @@ int kohya_lora_convert(const struct model *w, const char *path, int warn, struct
     if (code == NF4_OK && warn && cv.nleft)
         nf4_warn("%s: %zu of its tensors (%s) are for modules diffusers does not load from a kohya LoRA: they are "
                  "not merged", path, cv.nleft, cv.left_out.p);
+    /* Written to a file that no name reaches, so that even SIGKILL leaves nothing in TMPDIR. */
     const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir)
+        dir = "/tmp";
     char *tmp = NULL;
-    if (code == NF4_OK) {
-        size_t len = strlen(dir && *dir ? dir : "/tmp") + 64;
-        if ((tmp = malloc(len)))
-            snprintf(tmp, len, "%s/nf4deq-kohya-XXXXXX", dir && *dir ? dir : "/tmp");
-        else
-            code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    }
     int fd = -1;
-    if (code == NF4_OK && (fd = mkstemp(tmp)) < 0)
-        code = nf4_fail_errno(NF4_ECANTCREAT, errno, tmp, NULL, "cannot create a temp file for the converted LoRA "
-                              "(set TMPDIR)");
+    if (code == NF4_OK && (fd = create_unnamed_temp(dir, "nf4deq-kohya", &tmp)) < 0)
+        code = errno == ENOMEM ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
+                               : nf4_fail_errno(NF4_ECANTCREAT, errno, dir, NULL, "cannot create a temp file for "
+                                                "the converted LoRA (set TMPDIR)");
     if (fd >= 0) {
-        temp_register(tmp, 0);
         code = write_parts(&cv, fd, tmp);
-        if (close(fd) != 0 && code == NF4_OK)
-            code = nf4_fail_errno(NF4_EIO, errno, tmp, NULL, "cannot write");
         if (code == NF4_OK)
-            code = model_open_file_as(tmp, path, out);
-        unlink(tmp); /* what is open stays readable */
-        temp_unregister(tmp);
+            code = model_open_fd_as(fd, path, out);
+        else
+            close(fd);
     }
     free(tmp);
     for (size_t i = 0; i < cv.nkeys; i++)

@@ -218,30 +218,41 @@ static int build_name_table(struct model *m)
     return NF4_OK;
 }
 
-static int open_one_file(const char *path, int (*open_file)(const char *, struct st_file **), struct model **out)
+/* A model of the one file `f`, which it takes over (closed on failure too). */
+static int model_of_file(const char *path, struct st_file *f, struct model **out)
 {
     *out = NULL;
     struct model *m = calloc(1, sizeof *m);
-    if (!m)
+    if (!m) {
+        st_close(f);
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    }
     m->files = calloc(1, sizeof *m->files);
     m->file_names = calloc(1, sizeof *m->file_names);
+    if (m->files)
+        m->files[0] = f;
+    else
+        st_close(f);
     int code = NF4_OK;
-    if (!m->files || !m->file_names || !(m->file_names[0] = strdup(path))) {
+    if (!m->files || !m->file_names || !(m->file_names[0] = strdup(path)))
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-        goto fail;
-    }
-    m->nfiles = 1;
-    code = open_file(path, &m->files[0]);
+    m->nfiles = m->files ? 1 : 0;
     if (code == NF4_OK)
         code = build_name_table(m);
     if (code == NF4_OK) {
         *out = m;
         return NF4_OK;
     }
-fail:
     model_close(m);
     return code;
+}
+
+static int open_one_file(const char *path, int (*open_file)(const char *, struct st_file **), struct model **out)
+{
+    *out = NULL;
+    struct st_file *f;
+    int code = open_file(path, &f);
+    return code == NF4_OK ? model_of_file(path, f, out) : code;
 }
 
 int model_open_file(const char *path, struct model **out)
@@ -249,24 +260,12 @@ int model_open_file(const char *path, struct model **out)
     return open_one_file(path, st_open, out);
 }
 
-int model_open_file_as(const char *path, const char *shown, struct model **out)
+int model_open_fd_as(int fd, const char *shown, struct model **out)
 {
-    int code = model_open_file(path, out);
-    if (code != NF4_OK)
-        return code;
-    char *name = strdup(shown), *file_name = strdup(shown);
-    if (!name || !file_name) {
-        free(name);
-        free(file_name);
-        model_close(*out);
-        *out = NULL;
-        return nf4_fail(NF4_ESOFTWARE, shown, NULL, "out of memory");
-    }
-    free((*out)->files[0]->path);
-    (*out)->files[0]->path = name;
-    free((*out)->file_names[0]);
-    (*out)->file_names[0] = file_name;
-    return NF4_OK;
+    *out = NULL;
+    struct st_file *f;
+    int code = st_open_fd(fd, shown, &f);
+    return code == NF4_OK ? model_of_file(shown, f, out) : code;
 }
 
 int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *arg, char **renamed), void *arg)

@@ -59,9 +59,10 @@ int model_dir_is_model(const struct model_dir_files *f);
 int model_dir_require(const char *dir);
 
 int model_open_file(const char *path, struct model **out);
-/* model_open_file of a file nf4deq wrote in place of `shown` (a kohya LoRA's
- * diffusers form, lora_kohya.h): messages name `shown`. */
-int model_open_file_as(const char *path, const char *shown, struct model **out);
+/* A model of the safetensors file open on `fd`, which it takes over (closed
+ * on failure too), named `shown`: a file nf4deq wrote in place of `shown`
+ * that has no name of its own (a kohya LoRA's diffusers form, lora_kohya.h). */
+int model_open_fd_as(int fd, const char *shown, struct model **out);
 /* Renames tensors of a one-file model: rename(name, arg, &new) gives each a
  * new name (allocated) or leaves *new NULL to keep it, and returns an NF4_*
  * code. NF4_EDATA where two tensors would then share a name. */

@@ -377,20 +377,29 @@ static int bad_header_length(const char *path, const unsigned char b[8], const c
 int st_open(const char *path, struct st_file **out)
 {
     *out = NULL;
+    int fd;
+    struct stat st;
+    int code = open_regular_file(path, &fd, &st);
+    return code == NF4_OK ? st_open_fd(fd, path, out) : code;
+}
+
+int st_open_fd(int fd, const char *path, struct st_file **out)
+{
+    *out = NULL;
     struct st_file *f = calloc(1, sizeof *f);
-    if (!f)
-        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    f->fd = -1;
-    f->path = strdup(path);
-    if (!f->path) {
+    if (!f || !(f->path = strdup(path))) {
         free(f);
+        close(fd);
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     }
+    f->fd = fd;
     int code = NF4_OK;
     char *header = NULL;
     struct stat st;
-    if ((code = open_regular_file(path, &f->fd, &st)) != NF4_OK)
+    if (fstat(fd, &st) != 0) {
+        code = nf4_fail_errno(NF4_EIO, errno, path, NULL, "cannot stat");
         goto fail;
+    }
     f->file_size = (uint64_t)st.st_size;
     f->mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 + st.st_mtim.tv_nsec;
     if (f->file_size < 8) {

@@ -54,6 +54,9 @@ struct st_file {
  * NF4_EIO / NF4_ESOFTWARE with the reason recorded (naming the file and, where
  * there is one, the tensor). */
 int st_open(const char *path, struct st_file **out);
+/* st_open of the regular file open on `fd`, which it takes over (closed on
+ * failure too); messages name `path`. */
+int st_open_fd(int fd, const char *path, struct st_file **out);
 void st_close(struct st_file *f);
 /* NF4_OK while the file has the size and mtime it had at open; otherwise
  * NF4_EIO naming it, with the sizes before and now. A file truncated, grown

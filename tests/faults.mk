@@ -4,7 +4,7 @@
 # function stays reachable as __real_NAME. (Calls made inside shared libraries,
 # libc's own and cJSON's, are not affected: cJSON is hooked with cJSON_InitHooks.)
 FAULT_WRAPPED = write pread read fsync close rename renameat2 mkostemp mkdtemp \
-                malloc calloc realloc strdup strndup asprintf fallocate mmap
+                malloc calloc realloc strdup strndup asprintf fallocate mmap open
 TEST_WRAPS_test_faults = $(foreach f,$(FAULT_WRAPPED),-Wl,--wrap=$(f))
 
 # The signal tests convert a synthetic model made by gen_bnb4 with the build's nf4deq.

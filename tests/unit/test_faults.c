@@ -27,6 +27,7 @@
 
 #include "convert.h"
 #include "fileio.h"
+#include "lora_diffusers.h"
 #include "model.h"
 
 /* Wrapping malloc works under ASan too: __real_malloc is the sanitizer's
@@ -42,9 +43,9 @@
 /* ---- the fault table ------------------------------------------------------ */
 
 enum fn { FN_WRITE, FN_PREAD, FN_READ, FN_FSYNC, FN_CLOSE, FN_RENAME, FN_RENAMEAT2, FN_MKOSTEMP, FN_MKDTEMP,
-          FN_ALLOC, FN_FALLOCATE, FN_MMAP, FN_COUNT };
+          FN_ALLOC, FN_FALLOCATE, FN_MMAP, FN_OPEN, FN_COUNT };
 static const char *const FN_NAMES[FN_COUNT] = {"write", "pread", "read", "fsync", "close", "rename", "renameat2",
-                                               "mkostemp", "mkdtemp", "alloc", "fallocate", "mmap"};
+                                               "mkostemp", "mkdtemp", "alloc", "fallocate", "mmap", "open"};
 
 enum mode {
     M_COUNT,  /* only count the matching calls */
@@ -87,6 +88,7 @@ int __real_mkostemp(char *tmpl, int flags);
 char *__real_mkdtemp(char *tmpl);
 int __real_fallocate(int fd, int mode, off_t off, off_t len);
 void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+int __real_open(const char *path, int flags, ...);
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t n, size_t size);
 void *__real_realloc(void *p, size_t n);
@@ -286,6 +288,22 @@ char *__wrap_mkdtemp(char *tmpl)
         }
     }
     return __real_mkdtemp(tmpl);
+}
+
+/* open fails only with M_ERR: a file system without O_TMPFILE says EOPNOTSUPP. */
+int __wrap_open(const char *path, int flags, ...);
+int __wrap_open(const char *path, int flags, ...)
+{
+    mode_t mode = 0;
+    if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = va_arg(ap, mode_t);
+        va_end(ap);
+    }
+    if (hit(FN_OPEN, -1, path) && g.f.mode == M_ERR)
+        return fail_with(g.f.err);
+    return __real_open(path, flags, mode);
 }
 
 /* The output through a mapping (src/mapped_writer.c): space reserved with
@@ -490,10 +508,10 @@ static int convert(const char *in, const char *out, int force)
 static char *ref_root, *ref_file, *ref_dir;
 static struct snap ref_dir_snap, ref_file_snap;
 
-static void assert_dir_tensors(const char *out, const char *expected)
+/* Every tensor of `expected` is in `got` with the same dtype and bytes, and
+ * `got` has no other. */
+static void assert_model_tensors(const struct model *got, const char *label, const char *expected)
 {
-    struct model *got;
-    assert_int_equal(model_open_dir(out, &got), NF4_OK);
     struct st_file *want;
     assert_int_equal(st_open(expected, &want), NF4_OK);
     assert_int_equal(got->count, want->count);
@@ -501,7 +519,7 @@ static void assert_dir_tensors(const char *out, const char *expected)
         const struct st_tensor *w = &want->tensors[i];
         const struct model_tensor *t = model_find(got, w->name);
         if (!t)
-            fail_msg("%s lacks %s", out, w->name);
+            fail_msg("%s lacks %s", label, w->name);
         assert_int_equal(t->t->dtype, w->dtype);
         uint64_t n = st_tensor_bytes(w);
         assert_int_equal(st_tensor_bytes(t->t), n);
@@ -509,11 +527,18 @@ static void assert_dir_tensors(const char *out, const char *expected)
         assert_int_equal(st_read(t->file, t->t, 0, a, n), NF4_OK);
         assert_int_equal(st_read(want, w, 0, b, n), NF4_OK);
         if (memcmp(a, b, n) != 0)
-            fail_msg("%s: %s differs from %s", out, w->name, expected);
+            fail_msg("%s: %s differs from %s", label, w->name, expected);
         free(a);
         free(b);
     }
     st_close(want);
+}
+
+static void assert_dir_tensors(const char *out, const char *expected)
+{
+    struct model *got;
+    assert_int_equal(model_open_dir(out, &got), NF4_OK);
+    assert_model_tensors(got, out, expected);
     model_close(got);
 }
 
@@ -1111,6 +1136,107 @@ static void test_sigint_file(void **state)
     kill_binary(big_file, 0, SIGINT);
 }
 
+/* ---- a kohya LoRA's temp file ------------------------------------------------ */
+
+#define KOHYA_LORA FIXTURES "/diffusers/lora-flux-kohya.safetensors"
+#define KOHYA_AS_DIFFUSERS FIXTURES "/diffusers/lora-flux-kohya.diffusers.safetensors"
+
+/* diffusers_lora_open of KOHYA_LORA with TMPDIR=tmp and fault f armed. */
+static int open_kohya(const char *tmp, struct fault f, struct model **m)
+{
+    char *old = getenv("TMPDIR") ? tu_strdupf("%s", getenv("TMPDIR")) : NULL;
+    setenv("TMPDIR", tmp, 1);
+    nf4_clear_error();
+    g.f = f;
+    g.matched = 0;
+    g.fired = 0;
+    for (int i = 0; i < FN_COUNT; i++)
+        g.seen[i] = 0;
+    g.armed = 1;
+    int rc = diffusers_lora_open(KOHYA_LORA, 0, m);
+    g.armed = 0;
+    old ? setenv("TMPDIR", old, 1) : unsetenv("TMPDIR");
+    free(old);
+    return rc;
+}
+
+/* Its diffusers form goes to a file no name reaches (O_TMPFILE); where the
+ * file system lacks O_TMPFILE, to a mkstemp'd name unlinked at once. Either
+ * way TMPDIR holds nothing even while the LoRA is open, and what is read back
+ * is diffusers' own conversion. */
+static void test_kohya_temp_has_no_name(void **state)
+{
+    (void)state;
+    char *tmp = tu_mkdtemp();
+    static const struct {
+        const char *name;
+        enum mode mode;
+        int err;
+        long mkostemps;
+    } WAYS[] = {
+        {"O_TMPFILE", M_COUNT, 0, 0},
+        {"no O_TMPFILE (EOPNOTSUPP)", M_ERR, EOPNOTSUPP, 1},
+        {"no O_TMPFILE (EISDIR, kernels before 3.11)", M_ERR, EISDIR, 1},
+    };
+    for (size_t i = 0; i < sizeof WAYS / sizeof WAYS[0]; i++) {
+        struct model *m = NULL;
+        struct fault f = {.fn = FN_OPEN, .mode = WAYS[i].mode, .err = WAYS[i].err, .nth = 1, .path = tmp};
+        if (open_kohya(tmp, f, &m) != NF4_OK)
+            fail_msg("%s: %s", WAYS[i].name, nf4_last_error());
+        if (g.matched != 1 || g.seen[FN_MKOSTEMP] != WAYS[i].mkostemps)
+            fail_msg("%s: %ld O_TMPFILE opens and %ld mkostemps in TMPDIR, expected 1 and %ld", WAYS[i].name,
+                     (long)g.matched, (long)g.seen[FN_MKOSTEMP], WAYS[i].mkostemps);
+        if (tu_count_entries(tmp) != 0)
+            fail_msg("%s: TMPDIR holds %d entries while the LoRA is open", WAYS[i].name, tu_count_entries(tmp));
+        assert_string_equal(m->files[0]->path, KOHYA_LORA);
+        assert_model_tensors(m, WAYS[i].name, KOHYA_AS_DIFFUSERS);
+        model_close(m);
+    }
+    tu_rmtree(tmp);
+    free(tmp);
+}
+
+/* A TMPDIR where no file can be made is exit 73, one line naming it. */
+static void test_kohya_temp_cannot_be_made(void **state)
+{
+    (void)state;
+    char *tmp = tu_mkdtemp();
+    struct model *m = NULL;
+    assert_int_equal(open_kohya(tmp, (struct fault){.fn = FN_OPEN, .mode = M_ERR, .err = EACCES, .nth = 1,
+                                                    .path = tmp}, &m), NF4_ECANTCREAT);
+    assert_null(m);
+    assert_int_equal(g.fired, 1);
+    const char *msg = nf4_last_error();
+    if (!strstr(msg, tmp) || !strstr(msg, "TMPDIR") || strchr(msg, '\n'))
+        fail_msg("not one line naming TMPDIR: %s", msg);
+    assert_int_equal(tu_count_entries(tmp), 0);
+    tu_rmtree(tmp);
+    free(tmp);
+}
+
+/* SIGKILL in the middle of writing the temp file leaves nothing in TMPDIR:
+ * no handler runs, so only a file without a name is safe. */
+static void test_kohya_temp_survives_sigkill(void **state)
+{
+    (void)state;
+    char *tmp = tu_mkdtemp();
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct model *m = NULL;
+        /* The second write into TMPDIR: the header is in, the data is not. */
+        open_kohya(tmp, (struct fault){.fn = FN_WRITE, .mode = M_SIGNAL, .err = SIGKILL, .nth = 2, .path = tmp}, &m);
+        _exit(0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!WIFSIGNALED(status) || WTERMSIG(status) != SIGKILL)
+        fail_msg("the conversion was not killed in its temp file's writes (status %#x)", status);
+    assert_int_equal(tu_count_entries(tmp), 0);
+    tu_rmtree(tmp);
+    free(tmp);
+}
+
 int main(void)
 {
     static struct CMUnitTest faults[4 + NCASES + NSIG_CASES];
@@ -1123,6 +1249,11 @@ int main(void)
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_mapped_file);
     for (size_t i = 0; i < NSIG_CASES; i++)
         faults[n++] = (struct CMUnitTest){SIG_CASES[i].name, test_signal_case, NULL, NULL, (void *)&SIG_CASES[i]};
+    const struct CMUnitTest temps[] = {
+        cmocka_unit_test(test_kohya_temp_has_no_name),
+        cmocka_unit_test(test_kohya_temp_cannot_be_made),
+        cmocka_unit_test(test_kohya_temp_survives_sigkill),
+    };
     const struct CMUnitTest signals[] = {
         cmocka_unit_test(test_sigterm_dir),
         cmocka_unit_test(test_sigint_dir),
@@ -1130,6 +1261,7 @@ int main(void)
         cmocka_unit_test(test_sigint_file),
     };
     int failed = _cmocka_run_group_tests("faults", faults, n, group_setup, group_teardown);
+    failed += cmocka_run_group_tests_name("kohya temp files", temps, NULL, NULL);
     failed += cmocka_run_group_tests_name("signals", signals, big_setup, big_teardown);
     return failed;
 }
