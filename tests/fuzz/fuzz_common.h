@@ -4,10 +4,12 @@
 #ifndef NF4DEQ_FUZZ_COMMON_H
 #define NF4DEQ_FUZZ_COMMON_H
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "status.h"
 
@@ -65,6 +67,68 @@ static inline char *fuzz_copy_string(const uint8_t *data, size_t size)
         p[size] = '\0';
     }
     return p;
+}
+
+/* ---- a scratch folder, for targets whose inputs are files ---- */
+
+struct fuzz_scratch {
+    char *dir;   /* under FUZZ_TMPDIR, else tmpfs (/dev/shm) where writable, else /tmp */
+    char *input; /* dir/<name>: where fuzz_write_input puts each input */
+    char *extra; /* dir/<name> of a file the target itself may make (NULL: none) */
+};
+
+static inline struct fuzz_scratch *fuzz_scratch(void)
+{
+    static struct fuzz_scratch s;
+    return &s;
+}
+
+static inline void fuzz_scratch_remove(void)
+{
+    struct fuzz_scratch *s = fuzz_scratch();
+    if (s->input)
+        unlink(s->input);
+    if (s->extra)
+        unlink(s->extra);
+    if (s->dir)
+        rmdir(s->dir);
+}
+
+/* Makes the folder (tmpfs when there is one: conversions fsync) and removes
+ * it at exit; `extra` may be NULL. Exits where it cannot. */
+static inline const struct fuzz_scratch *fuzz_scratch_init(const char *target, const char *input, const char *extra)
+{
+    struct fuzz_scratch *s = fuzz_scratch();
+    const char *base = getenv("FUZZ_TMPDIR");
+    if (!base || !*base)
+        base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    if (asprintf(&s->dir, "%s/nf4deq-%s-XXXXXX", base, target) < 0 || !mkdtemp(s->dir) ||
+        asprintf(&s->input, "%s/%s", s->dir, input) < 0 || (extra && asprintf(&s->extra, "%s/%s", s->dir, extra) < 0)) {
+        perror(target);
+        exit(1);
+    }
+    atexit(fuzz_scratch_remove);
+    return s;
+}
+
+static inline void fuzz_write_input(const uint8_t *data, size_t size)
+{
+    const char *path = fuzz_scratch()->input;
+    FILE *f = fopen(path, "wb");
+    FUZZ_ASSERT(f && fwrite(data, 1, size, f) == size && fclose(f) == 0, "cannot write %s", path);
+}
+
+/* The folder holds the input and nothing else: what failed left nothing. */
+static inline void fuzz_assert_only_input_left(const char *when)
+{
+    const struct fuzz_scratch *s = fuzz_scratch();
+    const char *input = strrchr(s->input, '/') + 1;
+    DIR *d = opendir(s->dir);
+    FUZZ_ASSERT(d, "cannot list %s", s->dir);
+    for (const struct dirent *e; (e = readdir(d));)
+        FUZZ_ASSERT(!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, input),
+                    "%s left %s behind in %s", when, e->d_name, s->dir);
+    closedir(d);
 }
 
 #endif

@@ -3,15 +3,11 @@
  * with small chunks, as `nf4deq convert --device cpu -j 1` runs it. Whatever
  * happens, the scratch directory must end up holding the input alone: a
  * failed conversion leaves no output and no temp file. */
-#include <dirent.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "bnb_state.h"
 #include "convert.h"
-#include "fileio.h"
-#define FUZZ_OWN_INITIALIZE /* it also picks a scratch directory */
+#define FUZZ_OWN_INITIALIZE /* it also makes a scratch folder */
 #include "fuzz_common.h"
 #include "inspect.h"
 #include "model.h"
@@ -22,61 +18,23 @@
 #define FUZZ_MAX_DATA_BYTES (16u << 20)
 #define FUZZ_MEM_BYTES (4u << 20)
 
-static char *scratch, *in_path, *out_path;
+static const char *in_path, *out_path;
 static FILE *devnull;
-
-static void remove_scratch(void)
-{
-    if (in_path)
-        unlink(in_path);
-    if (out_path)
-        unlink(out_path);
-    if (scratch)
-        rmdir(scratch);
-}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     nf4_set_quiet(1);
-    /* tmpfs when there is one: every successful conversion fsyncs twice. */
-    const char *base = getenv("FUZZ_TMPDIR");
-    if (!base || !*base)
-        base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    if (asprintf(&scratch, "%s/nf4deq-fuzz-XXXXXX", base) < 0 || !mkdtemp(scratch) ||
-        asprintf(&in_path, "%s/in.safetensors", scratch) < 0 ||
-        asprintf(&out_path, "%s/out.safetensors", scratch) < 0) {
-        perror("fuzz_file: scratch directory");
-        exit(1);
-    }
+    const struct fuzz_scratch *s = fuzz_scratch_init("fuzz", "in.safetensors", "out.safetensors");
+    in_path = s->input;
+    out_path = s->extra;
     devnull = fopen("/dev/null", "w");
     if (!devnull) {
         perror("/dev/null");
         exit(1);
     }
-    atexit(remove_scratch);
     return 0;
-}
-
-static void write_input(const uint8_t *data, size_t size)
-{
-    int fd = open(in_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    FUZZ_ASSERT(fd >= 0, "cannot create %s: %s", in_path, strerror(errno));
-    FUZZ_ASSERT(write_full(fd, data, size) == 0, "cannot write %s", in_path);
-    close(fd);
-}
-
-/* The scratch directory must hold the input and nothing else. */
-static void assert_only_input_left(const char *when)
-{
-    DIR *d = opendir(scratch);
-    FUZZ_ASSERT(d, "cannot list %s", scratch);
-    struct dirent *e;
-    while ((e = readdir(d)))
-        FUZZ_ASSERT(!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || !strcmp(e->d_name, "in.safetensors"),
-                    "%s left %s behind", when, e->d_name);
-    closedir(d);
 }
 
 static int data_is_bounded(const struct model *m, const struct bnb_weight *w, size_t nw)
@@ -128,12 +86,12 @@ static void convert_once(enum st_dtype dtype, uint64_t chunk)
         const char *msg = nf4_last_error();
         FUZZ_ASSERT(!strchr(msg, '\n'), "message spans lines: %s", msg);
     }
-    assert_only_input_left(code == NF4_OK ? "a conversion" : "a failed conversion");
+    fuzz_assert_only_input_left(code == NF4_OK ? "a conversion" : "a failed conversion");
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    write_input(data, size);
+    fuzz_write_input(data, size);
     nf4_clear_error();
     struct model *m = NULL;
     int code = model_open_file(in_path, &m);

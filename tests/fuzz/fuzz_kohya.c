@@ -4,55 +4,31 @@
  * diffusers LoRA factor of the transformer or the text encoder; a refusal
  * must be bad data with a one-line message; either way the temp file is gone
  * (TMPDIR is a scratch folder that must end up holding the input alone). */
-#include <dirent.h>
-#include <unistd.h>
-
 #define FUZZ_OWN_INITIALIZE
 #include "fuzz_common.h"
 #include "lora_kohya.h"
 #include "model.h"
 #include "strutil.h"
 
-static char *scratch, *path;
-
-static void remove_scratch(void)
-{
-    if (path)
-        unlink(path);
-    if (scratch)
-        rmdir(scratch);
-}
+static const char *path;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     nf4_set_quiet(1);
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    if (asprintf(&scratch, "%s/nf4deq-fuzz-kohya-XXXXXX", base) < 0 || !mkdtemp(scratch) ||
-        asprintf(&path, "%s/lora.safetensors", scratch) < 0 || setenv("TMPDIR", scratch, 1) != 0) {
-        perror("fuzz_kohya");
+    const struct fuzz_scratch *s = fuzz_scratch_init("fuzz-kohya", "lora.safetensors", NULL);
+    path = s->input;
+    if (setenv("TMPDIR", s->dir, 1) != 0) {
+        perror("fuzz_kohya: TMPDIR");
         exit(1);
     }
-    atexit(remove_scratch);
     return 0;
-}
-
-static size_t scratch_entries(void)
-{
-    DIR *d = opendir(scratch);
-    FUZZ_ASSERT(d, "cannot list %s", scratch);
-    size_t n = 0;
-    for (const struct dirent *e; (e = readdir(d));)
-        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
-    closedir(d);
-    return n;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    FILE *f = fopen(path, "wb");
-    FUZZ_ASSERT(f && fwrite(data, 1, size, f) == size && fclose(f) == 0, "cannot write %s", path);
+    fuzz_write_input(data, size);
     nf4_clear_error();
     struct model *m, *out = NULL;
     if (model_open_file(path, &m) != NF4_OK || !kohya_lora_detect(m)) {
@@ -75,6 +51,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         model_close(out);
     }
-    FUZZ_ASSERT(scratch_entries() == 1, "the temp file stayed in %s", scratch);
+    fuzz_assert_only_input_left("a conversion");
     return 0;
 }

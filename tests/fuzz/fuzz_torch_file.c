@@ -2,38 +2,24 @@
  * ZIP directory, the local headers, the pickle and the placing of each tensor.
  * When it accepts, every tensor's bytes must lie in the file and be exactly
  * its elements; a refusal must be bad data with a one-line message. */
-#include <unistd.h>
-
 #define FUZZ_OWN_INITIALIZE
 #include "fuzz_common.h"
 #include "torch_file.h"
 
-static char *path;
-
-static void remove_input(void)
-{
-    if (path)
-        unlink(path);
-}
+static const char *path;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
     nf4_set_quiet(1);
-    const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    if (asprintf(&path, "%s/nf4deq-fuzz-torch-%d.bin", base, (int)getpid()) < 0) {
-        perror("fuzz_torch_file");
-        exit(1);
-    }
-    atexit(remove_input);
+    path = fuzz_scratch_init("fuzz-torch", "adapter_model.bin", NULL)->input;
     return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    FILE *f = fopen(path, "wb");
-    FUZZ_ASSERT(f && fwrite(data, 1, size, f) == size && fclose(f) == 0, "cannot write %s", path);
+    fuzz_write_input(data, size);
     nf4_clear_error();
     struct st_file *st;
     int code = torch_open(path, &st);
