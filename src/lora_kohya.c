@@ -1,17 +1,13 @@
 #include "lora_kohya.h"
 
-#include <errno.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "dtype.h"
-#include "fileio.h"
 #include "fpconv.h"
-#include "safetensors_writer.h"
+#include "lora_rewrite.h"
 #include "status.h"
 #include "strbuf.h"
 #include "strutil.h"
@@ -71,23 +67,11 @@ struct kohya_key {
     const struct model_tensor *t;
 };
 
-/* One tensor of the converted LoRA: a block of a kohya factor, each value
- * times `scale`, rounded to the factor's dtype. */
-struct kohya_part {
-    char *name;
-    const struct model_tensor *src;
-    enum st_dtype dtype; /* its own: the source's, or for a fused layer's down the promoted one */
-    uint64_t shape[2];
-    uint64_t row0, col0;
-    float scale;
-};
-
 struct conversion {
     const char *path;
     struct kohya_key *keys;
     size_t nkeys;
-    struct kohya_part *parts;
-    size_t nparts, cap;
+    struct lora_rewrite rw; /* the converted LoRA */
     struct strbuf left_out; /* modules not merged, for the warning */
     size_t nleft, listed;
     char *last_listed;
@@ -303,69 +287,6 @@ static int rename_keys(struct conversion *cv, const struct model *w)
 
 /* ---- scales ---- */
 
-static int is_factor_dtype(enum st_dtype dt)
-{
-    return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
-}
-
-/* The value of a one-element tensor (an alpha), exactly: float, or integer
- * as sd-scripts saves an alpha given as a whole number. */
-static int read_alpha(const struct conversion *cv, const struct model_tensor *mt, double *alpha)
-{
-    const struct st_tensor *t = mt->t;
-    unsigned char buf[8] = {0};
-    const enum st_dtype dt = t->dtype;
-    const int integer = dt == DT_U8 || dt == DT_I8 || dt == DT_I16 || dt == DT_I32 || dt == DT_I64;
-    if (t->nelem != 1 || !(is_factor_dtype(dt) || dt == DT_F64 || integer))
-        return nf4_fail(NF4_EDATA, cv->path, t->name, "is not one number (an alpha: F16, BF16, F32, F64 or an "
-                        "integer)");
-    int code = st_read(mt->file, t, 0, buf, dtype_bits(dt) / 8);
-    if (code != NF4_OK)
-        return code;
-    int64_t i64;
-    switch (dt) {
-    case DT_F64: memcpy(alpha, buf, 8); break;
-    case DT_U8: *alpha = buf[0]; break;
-    case DT_I8: *alpha = (int8_t)buf[0]; break;
-    case DT_I16: *alpha = (int16_t)(buf[0] | buf[1] << 8); break;
-    case DT_I32: *alpha = (int32_t)((uint32_t)buf[0] | (uint32_t)buf[1] << 8 | (uint32_t)buf[2] << 16 |
-                                    (uint32_t)buf[3] << 24);
-        break;
-    case DT_I64: memcpy(&i64, buf, 8); *alpha = (double)i64; break;
-    default: *alpha = f32_from_element(dt, buf, 0); break;
-    }
-    /* diffusers' split of a negative scale never returns. */
-    if (!isfinite(*alpha) || *alpha < 0)
-        return nf4_fail(NF4_EDATA, cv->path, t->name, "is %g; an alpha is a number from 0 up", *alpha);
-    return NF4_OK;
-}
-
-/* `v` rounded to `dt` as a PyTorch tensor of that dtype holds it. */
-static double round_to(enum st_dtype dt, double v)
-{
-    unsigned char b[8];
-    if (dt == DT_F64)
-        return v;
-    f32_to_element(dt, b, 0, (float)v);
-    return f32_from_element(dt, b, 0);
-}
-
-/* diffusers' split of the scale alpha / r into down * up, up a power of two
- * at most 1, so that neither factor loses range. `dt`: the dtype of the
- * comparison's tensor in a fused layer, where `up`, a Python float, is
- * compared in it (so halving stops once it rounds to 0 there: at 2^-25 in
- * F16), or DT_F64 for Python floats throughout. */
-static void split_scale(double scale, enum st_dtype dt, float *down, float *up)
-{
-    double d = scale, u = 1.0;
-    while (d * 2 < round_to(dt, u)) {
-        d *= 2;
-        u /= 2;
-    }
-    *down = (float)d;
-    *up = (float)u;
-}
-
 /* PyTorch's result dtype of two floating dtypes: the wider; F32 for BF16
  * with F16. */
 static enum st_dtype promote(enum st_dtype a, enum st_dtype b)
@@ -394,72 +315,28 @@ static int module_scales(const struct conversion *cv, const char *module, const 
     enum st_dtype adt = down->t->dtype;
     *a_dtype = down->t->dtype;
     if (ak) {
-        int code = read_alpha(cv, ak->t, &alpha);
+        int code = lora_read_alpha(cv->path, ak->t, &alpha);
         if (code != NF4_OK)
             return code;
-        adt = is_factor_dtype(ak->t->t->dtype) || ak->t->t->dtype == DT_F64 ? ak->t->t->dtype : DT_F32;
+        adt = lora_is_factor_dtype(ak->t->t->dtype) || ak->t->t->dtype == DT_F64 ? ak->t->t->dtype : DT_F32;
         if (fused && ak->t->t->ndim > 0)
             *a_dtype = promote(*a_dtype, adt);
         if (*a_dtype == DT_F64)
             return nf4_fail(NF4_EDATA, cv->path, ak->t->t->name, "is an F64 alpha of shape [1], with which diffusers "
                             "makes %s's parts F64; LoRA weights must be F32, BF16 or F16", down->t->name);
     } else {
-        alpha = round_to(adt, (double)r);
+        alpha = lora_round_to(adt, (double)r);
     }
     double scale = alpha / (double)r;
     if (fused && adt == DT_F32)
         scale = (float)alpha / (float)r;
     else if (fused)
-        scale = round_to(adt, adt == DT_F64 ? scale : (double)((float)alpha / (float)r));
-    split_scale(scale, fused ? adt : DT_F64, sd, su);
+        scale = lora_round_to(adt, adt == DT_F64 ? scale : (double)((float)alpha / (float)r));
+    lora_split_scale(scale, fused ? adt : DT_F64, sd, su);
     return NF4_OK;
 }
 
 /* ---- the converted LoRA ---- */
-
-static int add_part(struct conversion *cv, const char *target, const char *factor, const struct model_tensor *src,
-                    enum st_dtype dtype, uint64_t rows, uint64_t cols, uint64_t row0, uint64_t col0, float scale)
-{
-    if (cv->nparts == cv->cap) {
-        size_t cap = cv->cap ? cv->cap * 2 : 64;
-        struct kohya_part *p = realloc(cv->parts, cap * sizeof *p);
-        if (!p)
-            return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-        cv->parts = p;
-        cv->cap = cap;
-    }
-    struct kohya_part *p = &cv->parts[cv->nparts];
-    size_t len = strlen(target) + strlen(factor) + 1;
-    if (!(p->name = malloc(len)))
-        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-    snprintf(p->name, len, "%s%s", target, factor);
-    p->src = src;
-    p->dtype = dtype;
-    p->shape[0] = rows;
-    p->shape[1] = cols;
-    p->row0 = row0;
-    p->col0 = col0;
-    p->scale = scale;
-    cv->nparts++;
-    return NF4_OK;
-}
-
-/* The values of part `p`, each its source's times its scale in fp32 and
- * rounded to its dtype, into `out` (its bytes). */
-static int part_values(const struct kohya_part *p, void *out)
-{
-    const struct st_tensor *t = p->src->t;
-    const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = t->shape[1];
-    void *rows = malloc(p->shape[0] * src_cols * esize + 1);
-    if (!rows)
-        return nf4_fail(NF4_ESOFTWARE, p->src->file->path, t->name, "out of memory");
-    int code = st_read(p->src->file, t, p->row0 * src_cols * esize, rows, p->shape[0] * src_cols * esize);
-    for (uint64_t i = 0, k = 0; code == NF4_OK && i < p->shape[0]; i++)
-        for (uint64_t c = 0; c < p->shape[1]; c++, k++)
-            f32_to_element(p->dtype, out, k, f32_from_element(t->dtype, rows, i * src_cols + p->col0 + c) * p->scale);
-    free(rows);
-    return code;
-}
 
 /* Whether `up` (times `su`) is block-diagonal for these parts: part j's rows
  * hold zeros outside its own `rank` columns. diffusers then gives each part
@@ -468,12 +345,12 @@ static int block_diagonal(const struct conversion *cv, const struct model_tensor
                           size_t n, uint64_t rank, int *sparse)
 {
     const struct st_tensor *t = up->t;
-    struct kohya_part whole = {NULL, up, t->dtype, {t->shape[0], t->shape[1]}, 0, 0, su};
+    struct lora_part whole = {NULL, up, t->dtype, {t->shape[0], t->shape[1]}, 0, 0, su};
     const uint64_t esize = dtype_bits(t->dtype) / 8;
     unsigned char *v = malloc(t->nelem * esize + 1);
     if (!v)
         return nf4_fail(NF4_ESOFTWARE, cv->path, t->name, "out of memory");
-    int code = part_values(&whole, v);
+    int code = lora_part_values(&whole, v);
     *sparse = 1;
     for (uint64_t j = 0, row = 0; code == NF4_OK && j < n && *sparse; row += rows[j++])
         for (uint64_t i = row; i < row + rows[j] && *sparse; i++)
@@ -495,10 +372,10 @@ static int convert_module(struct conversion *cv, const char *module, const struc
         return nf4_fail(NF4_EDATA, cv->path, dk->t->t->name, "has no matching lora_up.weight");
     const struct model_tensor *down = dk->t, *up = uk->t;
     const struct st_tensor *dt = down->t, *ut = up->t;
-    if (!is_factor_dtype(dt->dtype) || !is_factor_dtype(ut->dtype))
-        return nf4_fail(NF4_EDATA, cv->path, is_factor_dtype(dt->dtype) ? ut->name : dt->name,
+    if (!lora_is_factor_dtype(dt->dtype) || !lora_is_factor_dtype(ut->dtype))
+        return nf4_fail(NF4_EDATA, cv->path, lora_is_factor_dtype(dt->dtype) ? ut->name : dt->name,
                         "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(is_factor_dtype(dt->dtype) ? ut->dtype : dt->dtype));
+                        dtype_name(lora_is_factor_dtype(dt->dtype) ? ut->dtype : dt->dtype));
     if (dt->ndim != 2 || ut->ndim != 2 || ut->shape[1] != dt->shape[0])
         return nf4_fail(NF4_EDATA, cv->path, dt->name, "is %s; with %s it is not a LoRA pair [r, in], [out, r]",
                         dt->ndim == 2 ? "a matrix" : "not a matrix", ut->name);
@@ -515,8 +392,8 @@ static int convert_module(struct conversion *cv, const char *module, const struc
     char target[KOHYA_NAME_MAX + 64]; /* target_root and the longest part's name */
     if (n == 1) {
         snprintf(target, sizeof target, "%s%s", target_root, map ? map->parts[0] : "");
-        if ((code = add_part(cv, target, ".lora_A.weight", down, a_dtype, r, in, 0, 0, sd)) == NF4_OK)
-            code = add_part(cv, target, ".lora_B.weight", up, ut->dtype, out, r, 0, 0, su);
+        if ((code = lora_rewrite_add(&cv->rw, target, ".lora_A.weight", down, a_dtype, r, in, 0, 0, sd)) == NF4_OK)
+            code = lora_rewrite_add(&cv->rw, target, ".lora_B.weight", up, ut->dtype, out, r, 0, 0, su);
         return code;
     }
     uint64_t rows[MAX_SPLITS], sum = 0;
@@ -531,9 +408,9 @@ static int convert_module(struct conversion *cv, const char *module, const struc
     const uint64_t pr = sparse ? r / n : r;
     for (size_t j = 0, row = 0; j < n && code == NF4_OK; row += rows[j++]) {
         snprintf(target, sizeof target, "%s%s", target_root, map->parts[j]);
-        if ((code = add_part(cv, target, ".lora_A.weight", down, a_dtype, pr, in, sparse ? j * pr : 0, 0, sd)) ==
+        if ((code = lora_rewrite_add(&cv->rw, target, ".lora_A.weight", down, a_dtype, pr, in, sparse ? j * pr : 0, 0, sd)) ==
             NF4_OK)
-            code = add_part(cv, target, ".lora_B.weight", up, ut->dtype, rows[j], pr, row, sparse ? j * pr : 0, su);
+            code = lora_rewrite_add(&cv->rw, target, ".lora_B.weight", up, ut->dtype, rows[j], pr, row, sparse ? j * pr : 0, su);
     }
     return code;
 }
@@ -723,60 +600,6 @@ static int convert_text_encoder(struct conversion *cv)
     return code;
 }
 
-static int part_cmp(const void *a, const void *b)
-{
-    const struct kohya_part *x = *(const struct kohya_part *const *)a, *y = *(const struct kohya_part *const *)b;
-    int c = strcmp(x->name, y->name);
-    return c ? c : strcmp(x->src->t->name, y->src->t->name);
-}
-
-/* Two kohya modules that become one diffusers module (lora_te_ and lora_te1_
- * of the same layer) would each load over the other. */
-static int check_one_each(const struct conversion *cv)
-{
-    const struct kohya_part **by_name = calloc(cv->nparts ? cv->nparts : 1, sizeof *by_name);
-    if (!by_name)
-        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-    for (size_t i = 0; i < cv->nparts; i++)
-        by_name[i] = &cv->parts[i];
-    qsort(by_name, cv->nparts, sizeof *by_name, part_cmp);
-    int code = NF4_OK;
-    for (size_t i = 1; i < cv->nparts && code == NF4_OK; i++)
-        if (strcmp(by_name[i - 1]->name, by_name[i]->name) == 0)
-            code = nf4_fail(NF4_EDATA, cv->path, by_name[i]->src->t->name, "becomes %s, as %s does",
-                            by_name[i]->name, by_name[i - 1]->src->t->name);
-    free(by_name);
-    return code;
-}
-
-/* ---- the temp file ---- */
-
-static int write_parts(const struct conversion *cv, int fd, const char *tmp)
-{
-    struct st_out_tensor *outs = calloc(cv->nparts ? cv->nparts : 1, sizeof *outs);
-    if (!outs)
-        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-    for (size_t i = 0; i < cv->nparts; i++)
-        outs[i] = (struct st_out_tensor){cv->parts[i].name, cv->parts[i].dtype, 2, cv->parts[i].shape};
-    struct st_writer *w = NULL;
-    int code = st_writer_begin_stream(&w, fd, tmp, outs, cv->nparts, NULL, 0);
-    for (size_t k = 0; code == NF4_OK && k < cv->nparts; k++) {
-        size_t idx = st_writer_order(w, k);
-        uint64_t bytes = st_writer_tensor_bytes(w, idx);
-        void *buf = malloc(bytes + 1);
-        code = buf ? part_values(&cv->parts[idx], buf) : nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-        if (code == NF4_OK)
-            code = st_writer_write(w, buf, bytes);
-        free(buf);
-    }
-    if (code == NF4_OK)
-        code = st_writer_finish(w);
-    else if (w)
-        st_writer_abort(w);
-    free(outs);
-    return code;
-}
-
 int kohya_lora_detect(const struct model *w)
 {
     for (size_t i = 0; i < w->count; i++)
@@ -788,43 +611,25 @@ int kohya_lora_detect(const struct model *w)
 int kohya_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
     *out = NULL;
-    struct conversion cv = {.path = path};
+    struct conversion cv = {.path = path, .rw = {.path = path}};
     int code = rename_keys(&cv, w);
     if (code == NF4_OK)
         code = convert_transformer(&cv);
     if (code == NF4_OK)
         code = convert_text_encoder(&cv);
     if (code == NF4_OK)
-        code = check_one_each(&cv);
+        code = lora_rewrite_check_one_each(&cv.rw);
     if (code == NF4_OK && cv.left_out.oom)
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     if (code == NF4_OK && warn && cv.nleft)
         nf4_warn("%s: %zu of its tensors (%s) are for modules diffusers does not load from a kohya LoRA: they are "
                  "not merged", path, cv.nleft, cv.left_out.p);
-    /* Written to a file that no name reaches, so that even SIGKILL leaves nothing in TMPDIR. */
-    const char *dir = getenv("TMPDIR");
-    if (!dir || !*dir)
-        dir = "/tmp";
-    char *tmp = NULL;
-    int fd = -1;
-    if (code == NF4_OK && (fd = create_unnamed_temp(dir, "nf4deq-kohya", &tmp)) < 0)
-        code = errno == ENOMEM ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
-                               : nf4_fail_errno(NF4_ECANTCREAT, errno, dir, NULL, "cannot create a temp file for "
-                                                "the converted LoRA (set TMPDIR)");
-    if (fd >= 0) {
-        code = write_parts(&cv, fd, tmp);
-        if (code == NF4_OK)
-            code = model_open_fd_as(fd, path, out);
-        else
-            close(fd);
-    }
-    free(tmp);
+    if (code == NF4_OK)
+        code = lora_rewrite_open(&cv.rw, out);
     for (size_t i = 0; i < cv.nkeys; i++)
         free(cv.keys[i].name);
     free(cv.keys);
-    for (size_t i = 0; i < cv.nparts; i++)
-        free(cv.parts[i].name);
-    free(cv.parts);
+    lora_rewrite_free(&cv.rw);
     free(cv.left_out.p);
     free(cv.last_listed);
     return code;

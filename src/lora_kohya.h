@@ -39,11 +39,10 @@
 int kohya_lora_detect(const struct model *w);
 
 /* Converts `w`, a kohya or ComfyUI Flux.1 LoRA read from `path`, into the
- * diffusers LoRA diffusers 0.42 loads from it: written to a temp file in
- * $TMPDIR (else /tmp), unlinked once open, and opened as *out, whose messages
- * name `path`. `warn`: say what is left out. NF4_OK, NF4_EDATA naming the key
- * for what diffusers would not load, NF4_EIO / NF4_ECANTCREAT for the temp
- * file, or NF4_ESOFTWARE. */
+ * diffusers LoRA diffusers 0.42 loads from it, opened as *out (a temp file
+ * with no name, lora_rewrite.h), whose messages name `path`. `warn`: say what
+ * is left out. NF4_OK, NF4_EDATA naming the key for what diffusers would not
+ * load, NF4_EIO / NF4_ECANTCREAT for the temp file, or NF4_ESOFTWARE. */
 int kohya_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
 
 #endif

@@ -1,0 +1,191 @@
+#include "lora_rewrite.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fileio.h"
+#include "fpconv.h"
+#include "safetensors_writer.h"
+#include "status.h"
+
+int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *factor, const struct model_tensor *src,
+                     enum st_dtype dtype, uint64_t rows, uint64_t cols, uint64_t row0, uint64_t col0, float scale)
+{
+    if (rw->nparts == rw->cap) {
+        size_t cap = rw->cap ? rw->cap * 2 : 64;
+        struct lora_part *p = realloc(rw->parts, cap * sizeof *p);
+        if (!p)
+            return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
+        rw->parts = p;
+        rw->cap = cap;
+    }
+    struct lora_part *p = &rw->parts[rw->nparts];
+    size_t len = strlen(target) + strlen(factor) + 1;
+    if (!(p->name = malloc(len)))
+        return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
+    snprintf(p->name, len, "%s%s", target, factor);
+    p->src = src;
+    p->dtype = dtype;
+    p->shape[0] = rows;
+    p->shape[1] = cols;
+    p->row0 = row0;
+    p->col0 = col0;
+    p->scale = scale;
+    rw->nparts++;
+    return NF4_OK;
+}
+
+int lora_part_values(const struct lora_part *p, void *out)
+{
+    const struct st_tensor *t = p->src->t;
+    const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = t->shape[1];
+    void *rows = malloc(p->shape[0] * src_cols * esize + 1);
+    if (!rows)
+        return nf4_fail(NF4_ESOFTWARE, p->src->file->path, t->name, "out of memory");
+    int code = st_read(p->src->file, t, p->row0 * src_cols * esize, rows, p->shape[0] * src_cols * esize);
+    for (uint64_t i = 0, k = 0; code == NF4_OK && i < p->shape[0]; i++)
+        for (uint64_t c = 0; c < p->shape[1]; c++, k++)
+            f32_to_element(p->dtype, out, k, f32_from_element(t->dtype, rows, i * src_cols + p->col0 + c) * p->scale);
+    free(rows);
+    return code;
+}
+
+static int part_cmp(const void *a, const void *b)
+{
+    const struct lora_part *x = *(const struct lora_part *const *)a, *y = *(const struct lora_part *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : strcmp(x->src->t->name, y->src->t->name);
+}
+
+int lora_rewrite_check_one_each(const struct lora_rewrite *rw)
+{
+    const struct lora_part **by_name = calloc(rw->nparts ? rw->nparts : 1, sizeof *by_name);
+    if (!by_name)
+        return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
+    for (size_t i = 0; i < rw->nparts; i++)
+        by_name[i] = &rw->parts[i];
+    qsort(by_name, rw->nparts, sizeof *by_name, part_cmp);
+    int code = NF4_OK;
+    for (size_t i = 1; i < rw->nparts && code == NF4_OK; i++)
+        if (strcmp(by_name[i - 1]->name, by_name[i]->name) == 0)
+            code = nf4_fail(NF4_EDATA, rw->path, by_name[i]->src->t->name, "becomes %s, as %s does",
+                            by_name[i]->name, by_name[i - 1]->src->t->name);
+    free(by_name);
+    return code;
+}
+
+static int write_parts(const struct lora_rewrite *rw, int fd, const char *tmp)
+{
+    struct st_out_tensor *outs = calloc(rw->nparts ? rw->nparts : 1, sizeof *outs);
+    if (!outs)
+        return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
+    for (size_t i = 0; i < rw->nparts; i++)
+        outs[i] = (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype, 2, rw->parts[i].shape};
+    struct st_writer *w = NULL;
+    int code = st_writer_begin_stream(&w, fd, tmp, outs, rw->nparts, NULL, 0);
+    for (size_t k = 0; code == NF4_OK && k < rw->nparts; k++) {
+        size_t idx = st_writer_order(w, k);
+        uint64_t bytes = st_writer_tensor_bytes(w, idx);
+        void *buf = malloc(bytes + 1);
+        code = buf ? lora_part_values(&rw->parts[idx], buf) : nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
+        if (code == NF4_OK)
+            code = st_writer_write(w, buf, bytes);
+        free(buf);
+    }
+    if (code == NF4_OK)
+        code = st_writer_finish(w);
+    else if (w)
+        st_writer_abort(w);
+    free(outs);
+    return code;
+}
+
+int lora_rewrite_open(const struct lora_rewrite *rw, struct model **out)
+{
+    *out = NULL;
+    /* A file that no name reaches, so that even SIGKILL leaves nothing in TMPDIR. */
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir)
+        dir = "/tmp";
+    char *tmp = NULL;
+    int fd = create_unnamed_temp(dir, "nf4deq-lora", &tmp);
+    if (fd < 0)
+        return errno == ENOMEM ? nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory")
+                               : nf4_fail_errno(NF4_ECANTCREAT, errno, dir, NULL, "cannot create a temp file for "
+                                                "the converted LoRA (set TMPDIR)");
+    int code = write_parts(rw, fd, tmp);
+    if (code == NF4_OK)
+        code = model_open_fd_as(fd, rw->path, out);
+    else
+        close(fd);
+    free(tmp);
+    return code;
+}
+
+void lora_rewrite_free(struct lora_rewrite *rw)
+{
+    for (size_t i = 0; i < rw->nparts; i++)
+        free(rw->parts[i].name);
+    free(rw->parts);
+    rw->parts = NULL;
+    rw->nparts = rw->cap = 0;
+}
+
+/* ---- alphas ---- */
+
+int lora_is_factor_dtype(enum st_dtype dt)
+{
+    return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
+}
+
+int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alpha)
+{
+    const struct st_tensor *t = mt->t;
+    unsigned char buf[8] = {0};
+    const enum st_dtype dt = t->dtype;
+    const int integer = dt == DT_U8 || dt == DT_I8 || dt == DT_I16 || dt == DT_I32 || dt == DT_I64;
+    if (t->nelem != 1 || !(lora_is_factor_dtype(dt) || dt == DT_F64 || integer))
+        return nf4_fail(NF4_EDATA, path, t->name, "is not one number (an alpha: F16, BF16, F32, F64 or an integer)");
+    int code = st_read(mt->file, t, 0, buf, dtype_bits(dt) / 8);
+    if (code != NF4_OK)
+        return code;
+    int64_t i64;
+    switch (dt) {
+    case DT_F64: memcpy(alpha, buf, 8); break;
+    case DT_U8: *alpha = buf[0]; break;
+    case DT_I8: *alpha = (int8_t)buf[0]; break;
+    case DT_I16: *alpha = (int16_t)(buf[0] | buf[1] << 8); break;
+    case DT_I32: *alpha = (int32_t)((uint32_t)buf[0] | (uint32_t)buf[1] << 8 | (uint32_t)buf[2] << 16 |
+                                    (uint32_t)buf[3] << 24);
+        break;
+    case DT_I64: memcpy(&i64, buf, 8); *alpha = (double)i64; break;
+    default: *alpha = f32_from_element(dt, buf, 0); break;
+    }
+    if (!isfinite(*alpha) || *alpha < 0)
+        return nf4_fail(NF4_EDATA, path, t->name, "is %g; an alpha is a number from 0 up", *alpha);
+    return NF4_OK;
+}
+
+double lora_round_to(enum st_dtype dt, double v)
+{
+    unsigned char b[8];
+    if (dt == DT_F64)
+        return v;
+    f32_to_element(dt, b, 0, (float)v);
+    return f32_from_element(dt, b, 0);
+}
+
+void lora_split_scale(double scale, enum st_dtype dt, float *down, float *up)
+{
+    double d = scale, u = 1.0;
+    while (d * 2 < lora_round_to(dt, u)) {
+        d *= 2;
+        u /= 2;
+    }
+    *down = (float)d;
+    *up = (float)u;
+}

@@ -1,0 +1,72 @@
+/* A LoRA file rewritten into the diffusers LoRA that diffusers makes of it
+ * when a pipeline loads it (lora_kohya.h: Flux.1's kohya and ComfyUI forms;
+ * lora_qwen.h: Qwen-Image's). Each tensor of the result is a block of one of
+ * the file's factors, each value times a scale (the alpha folded in) in fp32,
+ * rounded to a dtype, as PyTorch computes `factor * python_float`. The result
+ * is written to a temp file in $TMPDIR (else /tmp) that no name reaches, and
+ * read back as a model whose messages name the LoRA file. */
+#ifndef NF4DEQ_LORA_REWRITE_H
+#define NF4DEQ_LORA_REWRITE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "model.h"
+
+/* One tensor of the result: rows row0.. and columns col0.. of `src`, times `scale`. */
+struct lora_part {
+    char *name;
+    const struct model_tensor *src;
+    enum st_dtype dtype; /* its own: the source's, or one PyTorch promotes it to */
+    uint64_t shape[2];
+    uint64_t row0, col0;
+    float scale;
+};
+
+struct lora_rewrite {
+    const char *path; /* the LoRA file, for messages */
+    struct lora_part *parts;
+    size_t nparts, cap;
+};
+
+/* Adds the part named target + factor (".lora_A.weight"). NF4_OK or NF4_ESOFTWARE. */
+int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *factor, const struct model_tensor *src,
+                     enum st_dtype dtype, uint64_t rows, uint64_t cols, uint64_t row0, uint64_t col0, float scale);
+
+/* The values of part `p` into `out` (its bytes). */
+int lora_part_values(const struct lora_part *p, void *out);
+
+/* NF4_EDATA, naming both sources, where two parts have one name: two keys of
+ * the file that become one diffusers key would each load over the other. */
+int lora_rewrite_check_one_each(const struct lora_rewrite *rw);
+
+/* Writes the parts to the temp file and opens it as *out, named rw->path.
+ * NF4_OK, NF4_ECANTCREAT (naming TMPDIR) or NF4_EIO for the temp file, or
+ * NF4_ESOFTWARE. */
+int lora_rewrite_open(const struct lora_rewrite *rw, struct model **out);
+
+void lora_rewrite_free(struct lora_rewrite *rw);
+
+/* ---- alphas ---- */
+
+/* Whether a factor of this dtype is read: F32, BF16 or F16. */
+int lora_is_factor_dtype(enum st_dtype dt);
+
+/* The value of a one-element tensor (an alpha), exactly: float, or integer
+ * as sd-scripts saves an alpha given as a whole number. NF4_EDATA, naming the
+ * file `path` and the key, for another shape or dtype, and for a negative or
+ * non-finite alpha (diffusers' split of a negative scale never returns). */
+int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alpha);
+
+/* `v` rounded to `dt` as a PyTorch tensor of that dtype holds it. */
+double lora_round_to(enum st_dtype dt, double v);
+
+/* diffusers' split of the scale alpha / r into down * up, up a power of two
+ * at most 1, so that neither factor loses range. `dt`: the dtype of the
+ * comparison's tensor in a fused Flux.1 layer, where `up`, a Python float, is
+ * compared in it (so halving stops once it rounds to 0 there: at 2^-25 in
+ * F16), or DT_F64 for Python floats throughout. */
+void lora_split_scale(double scale, enum st_dtype dt, float *down, float *up);
+
+#endif
