@@ -1471,6 +1471,10 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
     if (!s)
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
     struct binder b = {.base = base, .weights = weights, .nweights = nweights};
+    /* A LoRA in another form is read as the loader of the base's class reads it. */
+    char *cls = base->dir ? diffusers_class_name(base->dir, CONFIG_FILE_NAME) : NULL;
+    const enum lora_family family = diffusers_lora_family(cls);
+    free(cls);
     int code = model_tied_embedding(base, &b.tied_embedding);
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];
@@ -1483,7 +1487,7 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
             code = diffusers_lora_path(dirs[i], &ad->config_path, !component);
         if (code == NF4_OK && ad->config_path) {
             ad->diffusers = 1;
-            if ((code = diffusers_lora_open(ad->config_path, !component, &ad->weights)) == NF4_OK &&
+            if ((code = diffusers_lora_open(ad->config_path, family, !component, &ad->weights)) == NF4_OK &&
                 (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK &&
                 (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK)
                 code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);

@@ -1,5 +1,6 @@
 #include "lora_diffusers.h"
 
+#include <cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include "json_util.h"
 #include "layout.h"
 #include "lora_kohya.h"
+#include "lora_qwen.h"
 #include "lora_target.h"
 #include "status.h"
 #include "strbuf.h"
@@ -58,14 +60,47 @@ static char *only_safetensors(const char *dir)
     return found;
 }
 
-int diffusers_lora_open(const char *path, int warn, struct model **out)
+enum lora_family diffusers_lora_family(const char *cls)
+{
+    if (cls && strncmp(cls, "QwenImage", 9) == 0)
+        return LORA_FAMILY_QWEN_IMAGE;
+    if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
+        return LORA_FAMILY_FLUX;
+    return LORA_FAMILY_OTHER;
+}
+
+char *diffusers_class_name(const char *dir, const char *name)
+{
+    char *path = path_join(dir, name), *text = NULL, *cls = NULL;
+    size_t len = 0;
+    if (path && read_small_file(path, MAX_JSON_FILE_BYTES, &text, &len) == NF4_OK) {
+        cJSON *root = json_parse_whole(text, len);
+        const cJSON *value = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
+        if (cJSON_IsString(value))
+            cls = strdup(value->valuestring);
+        cJSON_Delete(root);
+    }
+    nf4_clear_error(); /* a file that cannot be read only has no class */
+    free(text);
+    free(path);
+    return cls;
+}
+
+int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out)
 {
     int code = str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
-    if (code != NF4_OK || !kohya_lora_detect(*out))
+    if (code != NF4_OK)
         return code;
-    struct model *kohya = *out;
-    code = kohya_lora_convert(kohya, path, warn, out);
-    model_close(kohya);
+    int (*convert)(const struct model *, const char *, int, struct model **) = NULL;
+    if (family == LORA_FAMILY_QWEN_IMAGE && qwen_lora_detect(*out))
+        convert = qwen_lora_convert;
+    else if (family != LORA_FAMILY_QWEN_IMAGE && kohya_lora_detect(*out))
+        convert = kohya_lora_convert;
+    if (!convert)
+        return NF4_OK;
+    struct model *original = *out;
+    code = convert(original, path, warn, out);
+    model_close(original);
     return code;
 }
 

@@ -36,11 +36,28 @@
  * file, or NF4_ESOFTWARE when out of memory. */
 int diffusers_lora_path(const char *arg, char **weights, int warn);
 
+/* Whose LoRA loader reads a LoRA that is not in diffusers' form: diffusers
+ * converts such a LoRA by the pipeline's class. */
+enum lora_family {
+    LORA_FAMILY_OTHER,      /* unknown: read as Flux.1's loader reads it */
+    LORA_FAMILY_FLUX,       /* Flux.1's pipelines and transformer (not Flux2...) */
+    LORA_FAMILY_QWEN_IMAGE, /* QwenImagePipeline, QwenImageEditPipeline, ... and their transformer */
+};
+
+/* The family of a pipeline's or a model's class name (model_index.json's or
+ * config.json's _class_name; NULL: LORA_FAMILY_OTHER). */
+enum lora_family diffusers_lora_family(const char *cls);
+
+/* The _class_name of the JSON file dir/name (allocated), or NULL where it
+ * cannot be read or has none. */
+char *diffusers_class_name(const char *dir, const char *name);
+
 /* Opens a diffusers LoRA's weights: safetensors, or a torch.save pickle
  * (save_lora_weights(safe_serialization=False)), read as torch_file.h reads
- * a pickled PEFT adapter; a kohya or ComfyUI Flux.1 LoRA as diffusers
- * converts it (lora_kohya.h), saying what is left out where `warn`. */
-int diffusers_lora_open(const char *path, int warn, struct model **out);
+ * a pickled PEFT adapter; one in another form as the loader of `family`
+ * converts it (Flux.1's and others: kohya and ComfyUI, lora_kohya.h;
+ * Qwen-Image's, lora_qwen.h), saying what is left out where `warn`. */
+int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out);
 
 /* The key prefix ("transformer.", allocated) of the component of `weights`
  * that goes on `base`: `component` where given (a pipeline's, lora_open_component),

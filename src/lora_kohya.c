@@ -79,29 +79,6 @@ struct conversion {
 
 /* ---- names ---- */
 
-/* `s` with every `from` replaced by `to` (allocated). */
-static char *replace_all(const char *s, const char *from, const char *to)
-{
-    size_t nf = strlen(from), nt = strlen(to), n = 0;
-    for (const char *p = s; (p = strstr(p, from)); p += nf)
-        n++;
-    char *out = malloc(strlen(s) + n * nt + 1), *o = out;
-    if (!out)
-        return NULL;
-    for (const char *p = s, *hit; (hit = strstr(p, from)) || *p; p = hit + nf) {
-        if (!hit) {
-            strcpy(o, p);
-            return out;
-        }
-        memcpy(o, p, (size_t)(hit - p));
-        o += hit - p;
-        memcpy(o, to, nt);
-        o += nt;
-    }
-    *o = '\0';
-    return out;
-}
-
 /* diffusers' _custom_replace: the dots before the first "lora_down",
  * "lora_up" (or "alpha") become underscores, and all of them where there is
  * none. Turns ComfyUI's module paths into kohya's names. */
@@ -136,7 +113,7 @@ static char *text_encoder_module(const char *name)
         if (*p == '_')
             *p = '.';
     for (size_t i = 0; m && i < sizeof FIXES / sizeof FIXES[0]; i++) {
-        char *fixed = replace_all(m, FIXES[i][0], FIXES[i][1]);
+        char *fixed = str_replace_all(m, FIXES[i][0], FIXES[i][1]);
         free(m);
         m = fixed;
     }
@@ -221,8 +198,8 @@ static int rename_keys(struct conversion *cv, const struct model *w)
                             "which nf4deq does not read");
         if (code != NF4_OK || strstr(key, "dora_scale"))
             continue;
-        char *a = replace_all(key, "diffusion_model.", KOHYA_UNET);
-        renamed[i] = a ? replace_all(a, "text_encoders.clip_l.transformer.", "lora_te_") : NULL;
+        char *a = str_replace_all(key, "diffusion_model.", KOHYA_UNET);
+        renamed[i] = a ? str_replace_all(a, "text_encoders.clip_l.transformer.", "lora_te_") : NULL;
         free(a);
         if (!renamed[i])
             code = nf4_fail(NF4_ESOFTWARE, cv->path, key, "out of memory");
@@ -619,6 +596,10 @@ int kohya_lora_convert(const struct model *w, const char *path, int warn, struct
         code = convert_text_encoder(&cv);
     if (code == NF4_OK)
         code = lora_rewrite_check_one_each(&cv.rw);
+    if (code == NF4_OK && cv.rw.nparts == 0)
+        code = nf4_fail(NF4_EDATA, path, NULL, "has none of the keys diffusers loads from a kohya Flux.1 LoRA "
+                        "(lora_unet_double_blocks_N_..., lora_unet_single_blocks_N_..., lora_te1_...) among its %zu "
+                        "tensors: a LoRA for another model?", w->count);
     if (code == NF4_OK && cv.left_out.oom)
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     if (code == NF4_OK && warn && cv.nleft)

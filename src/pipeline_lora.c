@@ -1,13 +1,11 @@
 #include "pipeline_lora.h"
 
-#include <cJSON.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "fileio.h"
-#include "json_util.h"
 #include "lora.h"
 #include "lora_diffusers.h"
 #include "status.h"
@@ -58,23 +56,6 @@ static int diffusers_loads(const char *cls, const char *component)
     return strcmp(component, "text_encoder_2") == 0 && sdxl_sd3;
 }
 
-/* model_index.json's _class_name (allocated), or NULL where it has none. */
-static char *pipeline_class(const char *in)
-{
-    char *path = path_join(in, PIPELINE_INDEX_NAME), *text = NULL, *cls = NULL;
-    size_t len = 0;
-    if (path && read_small_file(path, MAX_JSON_FILE_BYTES, &text, &len) == NF4_OK) {
-        cJSON *root = json_parse_whole(text, len);
-        const cJSON *name = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
-        if (cJSON_IsString(name))
-            cls = strdup(name->valuestring);
-        cJSON_Delete(root);
-    }
-    free(text);
-    free(path);
-    return cls;
-}
-
 int pipeline_loras_open(const char *in, const char *const *args, size_t n, const struct pipeline_entry *e,
                         size_t ne, struct pipeline_loras *pl)
 {
@@ -85,7 +66,7 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
     size_t ncomp = 0;
     const char **components = calloc(ne ? ne : 1, sizeof *components);
     pl->weights = calloc(n, sizeof *pl->weights);
-    pl->cls = pipeline_class(in);
+    pl->cls = diffusers_class_name(in, PIPELINE_INDEX_NAME);
     int code = components && pl->weights ? NF4_OK : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     for (size_t i = 0; i < ne && code == NF4_OK; i++)
         if (e[i].kind == ENTRY_COMPONENT && diffusers_loads(pl->cls, e[i].name))
@@ -94,7 +75,7 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
         char *file = NULL;
         if ((code = diffusers_lora_path(args[i], &file, 0)) == NF4_OK && !file)
             code = nf4_fail(NF4_ESOFTWARE, args[i], NULL, "not a diffusers LoRA (internal error)");
-        if (code == NF4_OK && (code = diffusers_lora_open(file, 1, &pl->weights[i])) == NF4_OK)
+        if (code == NF4_OK && (code = diffusers_lora_open(file, diffusers_lora_family(pl->cls), 1, &pl->weights[i])) == NF4_OK)
             code = diffusers_lora_check_components(pl->weights[i], components, ncomp);
         pl->n = i + 1;
         free(file);

@@ -86,3 +86,25 @@ void strbuf_json_string_for_terminal(struct strbuf *b, const char *s)
 {
     put_json_string(b, s, 1);
 }
+
+char *str_replace_all(const char *s, const char *from, const char *to)
+{
+    size_t nf = strlen(from), nt = strlen(to), n = 0;
+    for (const char *p = s; (p = strstr(p, from)); p += nf)
+        n++;
+    char *out = malloc(strlen(s) + n * nt + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (const char *p = s, *hit; (hit = strstr(p, from)) || *p; p = hit + nf) {
+        if (!hit) {
+            strcpy(o, p);
+            return out;
+        }
+        memcpy(o, p, (size_t)(hit - p));
+        o += hit - p;
+        memcpy(o, to, nt);
+        o += nt;
+    }
+    *o = '\0';
+    return out;
+}

@@ -1,12 +1,14 @@
-/* kohya_lora_convert on arbitrary bytes written to a file (a kohya or
- * ComfyUI Flux.1 LoRA): the renaming, the alpha, the splits of fused layers
- * and the temp file. When it accepts, every tensor of the result is a
- * diffusers LoRA factor of the transformer or the text encoder; a refusal
+/* kohya_lora_convert and qwen_lora_convert on arbitrary bytes written to a
+ * file (a kohya or ComfyUI Flux.1 LoRA, a Qwen-Image LoRA in another form than
+ * diffusers'): the renaming, the alpha, the splits of fused layers and the
+ * temp file. When one accepts, every tensor of the result is a diffusers LoRA
+ * factor of the transformer (or Flux.1's text encoder); a refusal
  * must be bad data with a one-line message; either way the temp file is gone
  * (TMPDIR is a scratch folder that must end up holding the input alone). */
 #define FUZZ_OWN_INITIALIZE
 #include "fuzz_common.h"
 #include "lora_kohya.h"
+#include "lora_qwen.h"
 #include "model.h"
 #include "strutil.h"
 
@@ -26,31 +28,45 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+/* One conversion's result: named after the file, only 2-D lora_A/lora_B
+ * factors under `components` (NULL-terminated prefixes). */
+static void check_result(int code, struct model *out, const char *const *components)
+{
+    if (code != NF4_OK) {
+        fuzz_check_failure(code);
+        return;
+    }
+    FUZZ_ASSERT(strcmp(out->files[0]->path, path) == 0, "the result names %s", out->files[0]->path);
+    for (size_t i = 0; i < out->count; i++) {
+        const struct st_tensor *t = out->tensors[i].t;
+        int under = 0;
+        for (const char *const *c = components; *c; c++)
+            under |= strncmp(t->name, *c, strlen(*c)) == 0;
+        FUZZ_ASSERT(under && (str_ends_with(t->name, ".lora_A.weight") || str_ends_with(t->name, ".lora_B.weight")),
+                    "%s", t->name);
+        FUZZ_ASSERT(t->ndim == 2 && t->shape[0] && t->shape[1], "%s: shape", t->name);
+    }
+    model_close(out);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_write_input(data, size);
     nf4_clear_error();
     struct model *m, *out = NULL;
-    if (model_open_file(path, &m) != NF4_OK || !kohya_lora_detect(m)) {
-        if (m)
-            model_close(m);
+    if (model_open_file(path, &m) != NF4_OK)
         return 0;
+    static const char *const FLUX[] = {"transformer.", "text_encoder.", NULL}, *const QWEN[] = {"transformer.", NULL};
+    if (kohya_lora_detect(m)) {
+        check_result(kohya_lora_convert(m, path, 0, &out), out, FLUX);
+        fuzz_assert_only_input_left("a kohya conversion");
     }
-    int code = kohya_lora_convert(m, path, 0, &out);
+    nf4_clear_error();
+    out = NULL;
+    if (qwen_lora_detect(m)) {
+        check_result(qwen_lora_convert(m, path, 0, &out), out, QWEN);
+        fuzz_assert_only_input_left("a Qwen-Image conversion");
+    }
     model_close(m);
-    if (code != NF4_OK) {
-        fuzz_check_failure(code);
-    } else {
-        FUZZ_ASSERT(strcmp(out->files[0]->path, path) == 0, "the result names %s", out->files[0]->path);
-        for (size_t i = 0; i < out->count; i++) {
-            const struct st_tensor *t = out->tensors[i].t;
-            FUZZ_ASSERT((strncmp(t->name, "transformer.", 12) == 0 || strncmp(t->name, "text_encoder.", 13) == 0) &&
-                            (str_ends_with(t->name, ".lora_A.weight") || str_ends_with(t->name, ".lora_B.weight")),
-                        "%s", t->name);
-            FUZZ_ASSERT(t->ndim == 2 && t->shape[0] && t->shape[1], "%s: shape", t->name);
-        }
-        model_close(out);
-    }
-    fuzz_assert_only_input_left("a conversion");
     return 0;
 }

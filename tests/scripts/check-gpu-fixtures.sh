@@ -115,6 +115,17 @@ if "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4/transformer" "$out/flux
 else
     failed=$((failed + 1)); echo "FAIL: convert --lora lora-flux-kohya"
 fi
+# A Qwen-Image LoRA in lightx2v's form, on the pipeline: the same, against the
+# CPU's merge of diffusers' conversion into the transformer alone.
+"$bin" convert -q --device cpu "$dx/tiny-qwen-image/transformer" "$out/qwen-lightning-ref" \
+    --lora "$dx/lora-qwen-lightning.diffusers.safetensors"
+if "$bin" convert -q --device "$gpu" "$dx/tiny-qwen-image" "$out/qwen-lightning-gpu" \
+    --lora "$dx/lora-qwen-lightning.safetensors"; then
+    check "qwen-image pipeline --lora lora-qwen-lightning (gpu vs the cpu merge of its diffusers form)" \
+        "$out/qwen-lightning-gpu/transformer" "$out/qwen-lightning-ref"
+else
+    failed=$((failed + 1)); echo "FAIL: convert --lora lora-qwen-lightning"
+fi
 if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
     passed=$((passed + 1))
 else

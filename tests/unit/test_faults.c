@@ -1153,7 +1153,7 @@ static int open_kohya(const char *tmp, struct fault f, struct model **m)
     for (int i = 0; i < FN_COUNT; i++)
         g.seen[i] = 0;
     g.armed = 1;
-    int rc = diffusers_lora_open(KOHYA_LORA, 0, m);
+    int rc = diffusers_lora_open(KOHYA_LORA, LORA_FAMILY_FLUX, 0, m);
     g.armed = 0;
     old ? setenv("TMPDIR", old, 1) : unsetenv("TMPDIR");
     free(old);

@@ -1852,7 +1852,7 @@ static void test_kohya_lora_as_diffusers_loads_it(void **state)
     };
     for (size_t i = 0; i < sizeof KOHYA_CASES / sizeof KOHYA_CASES[0]; i++) {
         struct model *m;
-        assert_int_equal(diffusers_lora_open(KOHYA_CASES[i][0], 0, &m), NF4_OK);
+        assert_int_equal(diffusers_lora_open(KOHYA_CASES[i][0], LORA_FAMILY_FLUX, 0, &m), NF4_OK);
         assert_int_equal(m->nfiles, 1);
         assert_string_equal(m->files[0]->path, KOHYA_CASES[i][0]); /* messages name the kohya file */
         tu_assert_same_st(m->files[0], KOHYA_CASES[i][0], KOHYA_CASES[i][1]);
@@ -2028,6 +2028,146 @@ static void test_kohya_lora_refusals(void **state)
     free(out);
     for (size_t k = 0; k < 4; k++)
         free(te[k].v);
+    unlink(lora);
+    free(lora);
+}
+
+/* Qwen-Image LoRAs in the forms they are shared in (lightx2v's Lightning
+ * LoRAs, kohya's and ComfyUI's names, PEFT's adapter name left in) read as
+ * diffusers 0.42 loads them into a Qwen-Image pipeline: each conversion holds,
+ * byte for byte, the tensors of the .diffusers file make_qwen_fixtures.py
+ * wrote with diffusers' own (alphas of every dtype folded into the factors),
+ * and merges as that file does, alone and in a pipeline. The form is the
+ * pipeline's: the same file on Flux.1's transformer is read as Flux.1's
+ * loader reads it, which finds nothing in it to load: refused. */
+static void test_qwen_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char *const QWEN_CASES[][2] = {
+        {DIFFUSERS_FIXTURES "/lora-qwen-lightning.safetensors",
+         DIFFUSERS_FIXTURES "/lora-qwen-lightning.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-qwen-kohya.safetensors", DIFFUSERS_FIXTURES "/lora-qwen-kohya.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-qwen-comfy.safetensors", DIFFUSERS_FIXTURES "/lora-qwen-comfy.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-qwen-default.safetensors",
+         DIFFUSERS_FIXTURES "/lora-qwen-default.diffusers.safetensors"},
+    };
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
+    for (size_t i = 0; i < sizeof QWEN_CASES / sizeof QWEN_CASES[0]; i++) {
+        struct model *m;
+        assert_int_equal(diffusers_lora_open(QWEN_CASES[i][0], LORA_FAMILY_QWEN_IMAGE, 0, &m), NF4_OK);
+        assert_int_equal(m->nfiles, 1);
+        assert_string_equal(m->files[0]->path, QWEN_CASES[i][0]);
+        tu_assert_same_st(m->files[0], QWEN_CASES[i][0], QWEN_CASES[i][1]);
+        model_close(m);
+    }
+    const char *pipeline = DIFFUSERS_FIXTURES "/tiny-qwen-image";
+    const char *transformer = DIFFUSERS_FIXTURES "/tiny-qwen-image/transformer";
+    char *got = tu_strdupf("%s/got", s->dir), *want = tu_strdupf("%s/want", s->dir), *pipe = tu_strdupf("%s/pipe", s->dir);
+    char *got_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", got),
+         *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want),
+         *pipe_file = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", pipe);
+    static const uint64_t MERGED[] = {28, 27, 14, 8};
+    for (size_t i = 0; i < sizeof QWEN_CASES / sizeof QWEN_CASES[0]; i++) {
+        const char *lora[1] = {QWEN_CASES[i][0]}, *converted[1] = {QWEN_CASES[i][1]};
+        assert_int_equal(merge_on_cpu(transformer, got, lora, 1, 0, 0, DT_INVALID), MERGED[i]);
+        assert_int_equal(merge_on_cpu(transformer, want, converted, 1, 0, 0, DT_INVALID), MERGED[i]);
+        tu_assert_same_tensors(got_file, want_file);
+        tu_rmtree(got);
+        tu_rmtree(want);
+    }
+    /* In the pipeline: the DoRA scales diffusers drops, said once. */
+    struct tu_run r = tu_run("convert", "--device", "cpu", pipeline, pipe, "--lora", QWEN_CASES[2][0], NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "lora-qwen-comfy.safetensors: 3 of its tensors (diffusion_model.transformer_blocks.1.attn.to_k."
+                       "dora_scale, diffusion_model.transformer_blocks.1.attn.to_out.0.dora_scale, "
+                       "diffusion_model.transformer_blocks.1.txt_mlp.net.0.proj.dora_scale) are DoRA scales or alphas "
+                       "without factors, which diffusers drops from a Qwen-Image LoRA: they are not merged\n") ||
+        !strstr(r.err, "14 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    const char *comfy_converted[1] = {QWEN_CASES[2][1]};
+    assert_int_equal(merge_on_cpu(transformer, want, comfy_converted, 1, 0, 0, DT_INVALID), 14);
+    tu_assert_same_tensors(pipe_file, want_file);
+    r = tu_run("inspect", pipeline, "--lora", QWEN_CASES[1][0], "--json", NULL);
+    if (r.status != 0 || !strstr(r.out, "\"merge\""))
+        fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
+    tu_run_free(&r);
+    /* Flux.1's loader reads these keys as kohya's, and knows none of them. */
+    r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", got, "--lora",
+               QWEN_CASES[0][0], NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "lora-qwen-lightning.safetensors: has none of the keys diffusers loads from a kohya Flux.1 LoRA"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(want);
+    tu_rmtree(pipe);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    free(got_file);
+    free(want_file);
+    free(pipe_file);
+    free(got);
+    free(want);
+    free(pipe);
+}
+
+/* Qwen-Image LoRAs diffusers' conversion raises on (or loops forever on, or
+ * silently keeps half of): refused with one line naming the file and the key,
+ * nothing written. */
+static void test_qwen_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct {
+        const char *names[3]; /* a factor pair (either may be NULL) and another key */
+        enum st_dtype dtype;
+        float extra; /* the third key's value */
+        const char *want;
+    } QWEN_CASES[] = {
+        {{"transformer_blocks.0.attn.to_q.lora_down.weight", NULL, "transformer_blocks.0.attn.to_q.alpha"}, DT_BF16, 4,
+         "transformer_blocks.0.attn.to_q.lora_down.weight: has no matching lora_up.weight"},
+        {{"diffusion_model.transformer_blocks.0.attn.to_q.lora_A.weight", NULL, NULL}, DT_BF16, 0,
+         "diffusion_model.transformer_blocks.0.attn.to_q.lora_A.weight: has no matching lora_B.weight"},
+        {{NULL, "diffusion_model.transformer_blocks.0.attn.to_q.lora_B.weight", NULL}, DT_BF16, 0,
+         "diffusion_model.transformer_blocks.0.attn.to_q.lora_B.weight: has no matching lora_A.weight"},
+        {{"transformer_blocks.0.attn.to_q.lora_down.weight", "transformer_blocks.0.attn.to_q.lora_up.weight",
+          "transformer_blocks.0.attn.to_q.alpha"}, DT_BF16, -2, "transformer_blocks.0.attn.to_q.alpha: is -2; an alpha "
+                                                                "is a number from 0 up"},
+        {{"lora_unet_transformer_blocks_0_attn_to_q.lora_down.weight",
+          "lora_unet_transformer_blocks_0_attn_to_q.lora_up.weight", "lora_unet_transformer_blocks_0_attn_to_q.lora_A.weight"},
+         DT_BF16, 1, "lora_unet_transformer_blocks_0_attn_to_q.lora_A.weight: is not a LoRA factor diffusers reads from a "
+                     "Qwen-Image LoRA in this file (lora_down/lora_up pairs)"},
+        {{"diffusion_model.transformer_blocks.0.attn.to_q.lora_A.weight",
+          "diffusion_model.transformer_blocks.0.attn.to_q.lora_B.weight", "transformer_blocks.0.attn.to_q.lora_A.weight"},
+         DT_BF16, 1, "becomes transformer_blocks.0.attn.to_q.lora_A.weight, as"},
+        {{"transformer_blocks.0.attn.to_q.lora_down.weight", "transformer_blocks.0.attn.to_q.lora_up.weight",
+          "transformer_blocks.0.attn.to_q.alpha"}, DT_I8, 4, "is I8; LoRA weights must be F32, BF16 or F16"},
+        {{NULL, NULL, "transformer_blocks.0.attn.to_q.alpha"}, DT_BF16, 4,
+         "holds no LoRA factor pair (lora_down/lora_up or lora_A/lora_B)"},
+        {{"lora_unet_transformer_blocks_0_attn_to_q.lora_down.weight",
+          "lora_unet_transformer_blocks_0_attn_to_q.lora_up.weight", "lora_unet_transformer_blocks_0_attn_to_q.hada_w1_a"},
+         DT_BF16, 1, "lora_unet_transformer_blocks_0_attn_to_q.hada_w1_a: is not a LoRA factor diffusers reads"},
+    };
+    char *lora = tu_strdupf("%s-qwen.safetensors", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < sizeof QWEN_CASES / sizeof QWEN_CASES[0]; i++) {
+        struct syn_tensor ts[3];
+        size_t n = 0;
+        static const uint64_t SHAPES[2][2] = {{4, 32}, {32, 4}};
+        for (size_t k = 0; k < 2; k++)
+            if (QWEN_CASES[i].names[k])
+                ts[n++] = (struct syn_tensor){QWEN_CASES[i].names[k], QWEN_CASES[i].dtype, {SHAPES[k][0], SHAPES[k][1]},
+                                              NULL};
+        if (QWEN_CASES[i].names[2])
+            ts[n++] = (struct syn_tensor){QWEN_CASES[i].names[2], DT_F32, {1, 1}, NULL};
+        for (size_t k = 0; k < n; k++) {
+            syn_fill(&ts[k], 0.5f);
+            if (k == n - 1 && QWEN_CASES[i].names[2])
+                ts[k].v[0] = QWEN_CASES[i].extra;
+        }
+        syn_write(lora, ts, n);
+        assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-qwen-image/transformer", lora, NULL, QWEN_CASES[i].want);
+        for (size_t k = 0; k < n; k++)
+            free(ts[k].v);
+    }
     unlink(lora);
     free(lora);
 }
@@ -2502,6 +2642,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_diffusers_lora_text_model, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_kohya_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_kohya_lora_refusals, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_qwen_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_qwen_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),

@@ -1,0 +1,401 @@
+#include "lora_qwen.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lora_rewrite.h"
+#include "status.h"
+#include "strbuf.h"
+#include "strutil.h"
+
+#define QWEN_DOWN ".lora_down.weight"
+#define QWEN_UP ".lora_up.weight"
+#define QWEN_A ".lora_A.weight"
+#define QWEN_B ".lora_B.weight"
+#define QWEN_ALPHA ".alpha"
+#define QWEN_UNET "lora_unet_"
+#define QWEN_COMFY "diffusion_model."
+#define QWEN_PEFT_ADAPTER "default."
+#define QWEN_BLOCKS "transformer_blocks"
+/* How many left-out keys the warning names before "...". */
+#define LISTED_LEFT_OUT 3
+
+/* Modules outside the blocks, by kohya's name and diffusers': kohya's names of
+ * these are mapped whole, before the blocks' rule (which would garble them). */
+static const char *const TOP_LEVEL[][2] = {
+    {"img_in", "img_in"},
+    {"txt_in", "txt_in"},
+    {"proj_out", "proj_out"},
+    {"norm_out_linear", "norm_out.linear"},
+    {"time_text_embed_timestep_embedder_linear_1", "time_text_embed.timestep_embedder.linear_1"},
+    {"time_text_embed_timestep_embedder_linear_2", "time_text_embed.timestep_embedder.linear_2"},
+};
+
+/* Runs of a block's name kept whole, with their underscores: the longest
+ * first at each word. */
+static const char *const KEPT_WHOLE[][3] = {
+    {"add", "q", "proj"}, {"add", "k", "proj"}, {"add", "v", "proj"}, {"to", "add", "out"},
+    {"to", "q", NULL},    {"to", "k", NULL},    {"to", "v", NULL},    {"to", "out", NULL},
+    {"add", "q", NULL},   {"add", "k", NULL},   {"add", "v", NULL},   {"txt", "mlp", NULL},
+    {"img", "mlp", NULL}, {"txt", "mod", NULL}, {"img", "mod", NULL},
+};
+
+/* A key under the name diffusers gives it, and whether the conversion took it. */
+struct qwen_key {
+    char *name;
+    const struct model_tensor *t;
+    int taken;
+};
+
+struct conversion {
+    const char *path;
+    struct qwen_key *keys;
+    size_t nkeys;
+    struct lora_rewrite rw;
+    struct strbuf left_out; /* keys not merged, for the warning */
+    size_t nleft;
+};
+
+static void note_left_out(struct conversion *cv, const char *key)
+{
+    if (cv->nleft < LISTED_LEFT_OUT)
+        strbuf_printf(&cv->left_out, "%s%s", cv->nleft ? ", " : "", key);
+    else if (cv->nleft == LISTED_LEFT_OUT)
+        strbuf_puts(&cv->left_out, ", ...");
+    cv->nleft++;
+}
+
+/* ---- names ---- */
+
+static int starts_with(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* The words of `head` from `i` on start a run kept whole: its length, else 0. */
+static size_t kept_whole(char *const *words, size_t n, size_t i)
+{
+    for (size_t k = 0; k < sizeof KEPT_WHOLE / sizeof KEPT_WHOLE[0]; k++) {
+        size_t len = KEPT_WHOLE[k][2] ? 3 : 2;
+        size_t j = 0;
+        while (j < len && i + j < n && strcmp(words[i + j], KEPT_WHOLE[k][j]) == 0)
+            j++;
+        if (j == len)
+            return len;
+    }
+    return 0;
+}
+
+/* diffusers' convert_key of a kohya name (less "lora_unet_"): a top-level
+ * module mapped whole; else, whatever the key holds, its first 19 bytes taken
+ * for "transformer_blocks_", the rest up to the first dot (and before the
+ * last one) split at underscores and joined with dots but for the runs kept
+ * whole. Allocated; NULL when out of memory. */
+static char *kohya_key(const char *key)
+{
+    for (size_t k = 0; k < sizeof TOP_LEVEL / sizeof TOP_LEVEL[0]; k++) {
+        size_t n = strlen(TOP_LEVEL[k][0]);
+        if (strncmp(key, TOP_LEVEL[k][0], n) == 0 && (key[n] == '\0' || key[n] == '.')) {
+            struct strbuf b = {0};
+            strbuf_printf(&b, "%s%s", TOP_LEVEL[k][1], key + n);
+            return b.oom ? (free(b.p), NULL) : b.p;
+        }
+    }
+    const char *last_dot = strrchr(key, '.');
+    const size_t base_len = last_dot ? (size_t)(last_dot - key) : strlen(key);
+    const size_t skip = strlen(QWEN_BLOCKS "_");
+    const char *rest = key + (base_len < skip ? base_len : skip), *base_end = key + base_len;
+    const char *dot = memchr(rest, '.', (size_t)(base_end - rest));
+    const char *head_end = dot ? dot : base_end;
+    char *head = strndup(rest, (size_t)(head_end - rest));
+    size_t nwords = 1;
+    for (const char *p = head; p && *p; p++)
+        nwords += *p == '_';
+    char **words = head ? calloc(nwords, sizeof *words) : NULL;
+    struct strbuf b = {0};
+    if (!words) {
+        free(head);
+        return NULL;
+    }
+    words[0] = head;
+    for (size_t i = 1; i < nwords; i++) {
+        words[i] = strchr(words[i - 1], '_');
+        *words[i]++ = '\0';
+    }
+    strbuf_puts(&b, QWEN_BLOCKS ".");
+    for (size_t i = 0; i < nwords;) {
+        size_t len = kept_whole(words, nwords, i);
+        if (!len)
+            len = 1;
+        for (size_t j = 0; j < len; j++)
+            strbuf_printf(&b, "%s%s", j ? "_" : i ? "." : "", words[i + j]);
+        i += len;
+    }
+    strbuf_put(&b, head_end, (size_t)(base_end - head_end)); /* the tail: from the first dot on */
+    if (last_dot && last_dot[1])
+        strbuf_puts(&b, last_dot); /* the suffix, where not empty */
+    free(words);
+    free(head);
+    return b.oom ? (free(b.p), NULL) : b.p;
+}
+
+static int key_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct qwen_key *)a)->name, ((const struct qwen_key *)b)->name);
+}
+
+static struct qwen_key *find_key(const struct conversion *cv, const char *name)
+{
+    struct qwen_key probe = {(char *)name, NULL, 0};
+    return bsearch(&probe, cv->keys, cv->nkeys, sizeof *cv->keys, key_cmp);
+}
+
+/* The forms diffusers converts, over the keys but DoRA scales. */
+struct forms {
+    int alpha, unet, comfy, peft_adapter;
+};
+
+static struct forms forms_of(const struct model *w)
+{
+    struct forms f = {0};
+    for (size_t i = 0; i < w->count; i++) {
+        const char *key = w->tensors[i].t->name;
+        if (strstr(key, "dora_scale"))
+            continue;
+        f.alpha |= str_ends_with(key, QWEN_ALPHA) || strcmp(key, QWEN_ALPHA) == 0;
+        f.unet |= starts_with(key, QWEN_UNET);
+        f.comfy |= starts_with(key, QWEN_COMFY);
+        f.peft_adapter |= strstr(key, QWEN_PEFT_ADAPTER) != NULL;
+    }
+    return f;
+}
+
+int qwen_lora_detect(const struct model *w)
+{
+    struct forms f = forms_of(w);
+    return f.alpha || f.unet || f.comfy || f.peft_adapter;
+}
+
+static int any_starts_with(const struct conversion *cv, const char *prefix)
+{
+    for (size_t i = 0; i < cv->nkeys; i++)
+        if (starts_with(cv->keys[i].name, prefix))
+            return 1;
+    return 0;
+}
+
+/* Replaces each key's name by rename(name) (allocated, NULL when out of memory). */
+static int rename_each(struct conversion *cv, char *(*rename)(const char *name))
+{
+    for (size_t i = 0; i < cv->nkeys; i++) {
+        char *name = rename(cv->keys[i].name);
+        if (!name)
+            return nf4_fail(NF4_ESOFTWARE, cv->path, cv->keys[i].t->t->name, "out of memory");
+        free(cv->keys[i].name);
+        cv->keys[i].name = name;
+    }
+    return NF4_OK;
+}
+
+static char *without_comfy_prefix(const char *name)
+{
+    return strdup(starts_with(name, QWEN_COMFY) ? name + strlen(QWEN_COMFY) : name);
+}
+
+static char *from_kohya(const char *name)
+{
+    return kohya_key(starts_with(name, QWEN_UNET) ? name + strlen(QWEN_UNET) : name);
+}
+
+static char *without_peft_adapter(const char *name)
+{
+    return str_replace_all(name, QWEN_PEFT_ADAPTER, "");
+}
+
+/* Each key (DoRA scales left out) under diffusers' name: each renaming
+ * applies to every key where any key, as renamed so far, is of its form, in
+ * diffusers' order. Sorted; two keys that become one are refused (diffusers
+ * keeps one of them). */
+static int rename_keys(struct conversion *cv, const struct model *w)
+{
+    cv->keys = calloc(w->count ? w->count : 1, sizeof *cv->keys);
+    if (!cv->keys)
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    for (size_t i = 0; i < w->count; i++) {
+        const char *key = w->tensors[i].t->name;
+        if (strstr(key, "dora_scale")) { /* diffusers: "not compatible ... filter out" */
+            note_left_out(cv, key);
+            continue;
+        }
+        if (!(cv->keys[cv->nkeys].name = strdup(key)))
+            return nf4_fail(NF4_ESOFTWARE, cv->path, key, "out of memory");
+        cv->keys[cv->nkeys++].t = &w->tensors[i];
+    }
+    int code = NF4_OK;
+    if (any_starts_with(cv, QWEN_COMFY))
+        code = rename_each(cv, without_comfy_prefix);
+    if (code == NF4_OK && any_starts_with(cv, QWEN_UNET))
+        code = rename_each(cv, from_kohya);
+    int peft_adapter = 0;
+    for (size_t i = 0; i < cv->nkeys; i++)
+        peft_adapter |= strstr(cv->keys[i].name, QWEN_PEFT_ADAPTER) != NULL;
+    if (code == NF4_OK && peft_adapter)
+        code = rename_each(cv, without_peft_adapter);
+    if (code != NF4_OK)
+        return code;
+    qsort(cv->keys, cv->nkeys, sizeof *cv->keys, key_cmp);
+    for (size_t i = 1; i < cv->nkeys; i++)
+        if (strcmp(cv->keys[i - 1].name, cv->keys[i].name) == 0)
+            return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "becomes %s, as %s does (diffusers would "
+                            "keep one of them)", cv->keys[i].name, cv->keys[i - 1].t->t->name);
+    return NF4_OK;
+}
+
+/* ---- factors ---- */
+
+/* The pair `down`, `up` (keys of cv) as "transformer." + a_name / b_name,
+ * with the alpha at alpha_name if there is one folded in. */
+static int convert_pair(struct conversion *cv, struct qwen_key *down, struct qwen_key *up, const char *a_name,
+                        const char *b_name, const char *alpha_name)
+{
+    const struct st_tensor *dt = down->t->t, *ut = up->t->t;
+    down->taken = up->taken = 1;
+    if (!lora_is_factor_dtype(dt->dtype) || !lora_is_factor_dtype(ut->dtype))
+        return nf4_fail(NF4_EDATA, cv->path, lora_is_factor_dtype(dt->dtype) ? ut->name : dt->name,
+                        "is %s; LoRA weights must be F32, BF16 or F16",
+                        dtype_name(lora_is_factor_dtype(dt->dtype) ? ut->dtype : dt->dtype));
+    if (dt->ndim != 2 || ut->ndim != 2 || ut->shape[1] != dt->shape[0])
+        return nf4_fail(NF4_EDATA, cv->path, dt->name, "is %s; with %s it is not a LoRA pair [r, in], [out, r]",
+                        dt->ndim == 2 ? "a matrix" : "not a matrix", ut->name);
+    if (dt->nelem == 0 || ut->nelem == 0)
+        return nf4_fail(NF4_EDATA, cv->path, dt->nelem ? ut->name : dt->name, "is empty");
+    const uint64_t r = dt->shape[0];
+    float sd = 1.0f, su = 1.0f;
+    struct qwen_key *alpha = find_key(cv, alpha_name);
+    if (alpha) {
+        double a;
+        int code = lora_read_alpha(cv->path, alpha->t, &a);
+        if (code != NF4_OK)
+            return code;
+        lora_split_scale(a / (double)r, DT_F64, &sd, &su); /* alpha.item() / rank: Python floats */
+        alpha->taken = 1;
+    }
+    int code = lora_rewrite_add(&cv->rw, "transformer.", a_name, down->t, dt->dtype, r, dt->shape[1], 0, 0, sd);
+    return code == NF4_OK ? lora_rewrite_add(&cv->rw, "transformer.", b_name, up->t, ut->dtype, ut->shape[0], r, 0, 0,
+                                             su)
+                          : code;
+}
+
+/* Names from `key` with its suffix `from` replaced (every occurrence, as
+ * str.replace). */
+struct names {
+    char *other, *a, *b, *alpha;
+};
+
+static void names_free(struct names *n)
+{
+    free(n->other);
+    free(n->a);
+    free(n->b);
+    free(n->alpha);
+}
+
+/* kohya's factors (lora_down, lora_up): each down with its up, which must be there. */
+static int convert_kohya_pairs(struct conversion *cv)
+{
+    int code = NF4_OK;
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
+        struct qwen_key *down = &cv->keys[i];
+        if (!str_ends_with(down->name, QWEN_DOWN))
+            continue;
+        struct names n = {str_replace_all(down->name, QWEN_DOWN, QWEN_UP), str_replace_all(down->name, QWEN_DOWN, QWEN_A),
+                          NULL, str_replace_all(down->name, QWEN_DOWN, QWEN_ALPHA)};
+        n.b = n.other ? str_replace_all(n.other, QWEN_UP, QWEN_B) : NULL;
+        struct qwen_key *up = n.other ? find_key(cv, n.other) : NULL;
+        if (!n.other || !n.a || !n.b || !n.alpha)
+            code = nf4_fail(NF4_ESOFTWARE, cv->path, down->t->t->name, "out of memory");
+        else if (!up)
+            code = nf4_fail(NF4_EDATA, cv->path, down->t->t->name, "has no matching lora_up.weight");
+        else
+            code = convert_pair(cv, down, up, n.a, n.b, n.alpha);
+        names_free(&n);
+    }
+    return code;
+}
+
+/* PEFT's factors (lora_A, lora_B), with alphas: each A with its B and each B
+ * with its A. */
+static int convert_peft_pairs(struct conversion *cv)
+{
+    int code = NF4_OK;
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
+        struct qwen_key *a = &cv->keys[i];
+        if (!str_ends_with(a->name, QWEN_A))
+            continue;
+        struct names n = {str_replace_all(a->name, QWEN_A, QWEN_B), NULL, NULL,
+                          str_replace_all(a->name, QWEN_A, QWEN_ALPHA)};
+        struct qwen_key *b = n.other ? find_key(cv, n.other) : NULL;
+        if (!n.other || !n.alpha)
+            code = nf4_fail(NF4_ESOFTWARE, cv->path, a->t->t->name, "out of memory");
+        else if (!b)
+            code = nf4_fail(NF4_EDATA, cv->path, a->t->t->name, "has no matching lora_B.weight");
+        else
+            code = convert_pair(cv, a, b, a->name, b->name, n.alpha);
+        names_free(&n);
+    }
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++)
+        if (str_ends_with(cv->keys[i].name, QWEN_B) && !cv->keys[i].taken)
+            code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "has no matching lora_A.weight");
+    return code;
+}
+
+/* The factors in kohya's form where any key is one, else PEFT's; then every
+ * alpha goes, and what is left is refused (diffusers: "state_dict should be
+ * empty"). */
+static int convert_factors(struct conversion *cv)
+{
+    int kohya = 0, peft = 0;
+    for (size_t i = 0; i < cv->nkeys; i++) {
+        kohya |= strstr(cv->keys[i].name, QWEN_DOWN) || strstr(cv->keys[i].name, QWEN_UP);
+        peft |= strstr(cv->keys[i].name, QWEN_A) || strstr(cv->keys[i].name, QWEN_B);
+    }
+    int code = kohya ? convert_kohya_pairs(cv) : peft ? convert_peft_pairs(cv) : NF4_OK;
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
+        struct qwen_key *k = &cv->keys[i];
+        if (k->taken)
+            continue;
+        if (!strstr(k->name, QWEN_ALPHA))
+            return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is not a LoRA factor diffusers reads from a "
+                            "Qwen-Image LoRA in this file (%s)", kohya ? "lora_down/lora_up pairs"
+                            : peft ? "lora_A/lora_B pairs" : "it holds no factor pair");
+        note_left_out(cv, k->t->t->name); /* an alpha without its pair */
+    }
+    if (code == NF4_OK && cv->rw.nparts == 0)
+        return nf4_fail(NF4_EDATA, cv->path, NULL, "holds no LoRA factor pair (lora_down/lora_up or lora_A/lora_B)");
+    return code;
+}
+
+int qwen_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
+{
+    *out = NULL;
+    struct conversion cv = {.path = path, .rw = {.path = path}};
+    int code = rename_keys(&cv, w);
+    if (code == NF4_OK)
+        code = convert_factors(&cv);
+    if (code == NF4_OK)
+        code = lora_rewrite_check_one_each(&cv.rw);
+    if (code == NF4_OK && cv.left_out.oom)
+        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    if (code == NF4_OK && warn && cv.nleft)
+        nf4_warn("%s: %zu of its tensors (%s) are DoRA scales or alphas without factors, which diffusers drops from "
+                 "a Qwen-Image LoRA: they are not merged", path, cv.nleft, cv.left_out.p);
+    if (code == NF4_OK)
+        code = lora_rewrite_open(&cv.rw, out);
+    for (size_t i = 0; i < cv.nkeys; i++)
+        free(cv.keys[i].name);
+    free(cv.keys);
+    lora_rewrite_free(&cv.rw);
+    free(cv.left_out.p);
+    return code;
+}
