@@ -206,18 +206,10 @@ static void model_job_close(struct model_job *j)
     memset(j, 0, sizeof *j);
 }
 
-/* The LoRAs a pipeline component takes (lora_open_component): `dirs`, n of
- * them, each with keys under "<component>."; NULL for a model directory,
- * which takes --lora whole (convert_open_lora). */
-struct component_loras {
-    const char *component;
-    const char *const *dirs;
-    size_t n;
-};
-
 /* Opens the model in `in` and plans every shard (the progress line needs the
  * totals before anything is written). `with_lora`: open --lora against it,
- * all of it (cl NULL) or a pipeline component's part (cl->n of them). */
+ * all of it (cl NULL: a model directory) or a pipeline component's part (cl->n
+ * of them, pipeline_lora.h). */
 static int model_job_open(struct ctx *c, const char *in, int with_lora, const struct component_loras *cl,
                           struct model_job *j)
 {
@@ -234,7 +226,7 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
         j->lora = c->lora;
     } else if (with_lora && cl && cl->n &&
                (code = lora_open_component(&j->lora, cl->dirs, cl->n, j->m, j->weights, j->nweights,
-                                           cl->component)) == NF4_OK) {
+                                           cl->component, cl->converted)) == NF4_OK) {
         j->owns_lora = 1;
         c->merging = 1;
     }
@@ -482,13 +474,13 @@ static int pipeline_open_components(struct ctx *c, const char *in, const struct 
 {
     struct pipeline_loras pl;
     int code = pipeline_loras_open(in, c->opts->lora_dirs, c->opts->nlora, e, n, &pl);
-    const char **dirs = code == NF4_OK ? calloc(pl.n ? pl.n : 1, sizeof *dirs) : NULL;
-    if (code == NF4_OK && !dirs)
-        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    struct component_loras cl = {0};
+    if (code == NF4_OK)
+        code = component_loras_init(&cl, &pl, in);
     for (size_t i = 0; i < n && code == NF4_OK; i++) {
         if (e[i].kind != ENTRY_COMPONENT)
             continue;
-        struct component_loras cl = {e[i].name, dirs, pipeline_loras_for(&pl, e[i].name, dirs)};
+        pipeline_loras_for(&pl, e[i].name, &cl);
         char *path = path_join(in, e[i].name);
         code = path ? model_job_open(c, path, cl.n > 0, &cl, &jobs[i])
                     : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
@@ -502,7 +494,7 @@ static int pipeline_open_components(struct ctx *c, const char *in, const struct 
         *tensors += jobs[i].tensors;
         *bytes += jobs[i].bytes;
     }
-    free(dirs);
+    component_loras_free(&cl);
     pipeline_loras_close(&pl);
     return code;
 }

@@ -39,6 +39,7 @@ struct model_part {
     const char *component; /* the pipeline's name for it, or NULL for IN itself */
     const char *const *lora_dirs;
     size_t nlora;
+    struct model *const *lora_converted; /* as in struct component_loras; NULL: none */
     int as_is; /* copied unchanged (a component with no 4-bit weight that no LoRA changes) */
 };
 
@@ -287,8 +288,8 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     size_t nw = 0;
     struct lora_set *lora = NULL;
     if ((code = bnb_collect(m, &w, &nw)) != NF4_OK || (is_dir && (code = refuse_conv1d_weights(in, w, nw)) != NF4_OK) ||
-        (part->nlora && (code = lora_open_component(&lora, part->lora_dirs, part->nlora, m, w, nw,
-                                                    part->component)) != NF4_OK)) {
+        (part->nlora && (code = lora_open_component(&lora, part->lora_dirs, part->nlora, m, w, nw, part->component,
+                                                    part->lora_converted)) != NF4_OK)) {
         bnb_free(w, nw);
         model_close(m);
         return code;
@@ -418,9 +419,9 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
         return code;
     struct pipeline_loras pl;
     code = pipeline_loras_open(in, o->lora_dirs, o->nlora, e, n, &pl);
-    const char **dirs = code == NF4_OK ? calloc(pl.n ? pl.n : 1, sizeof *dirs) : NULL;
-    if (code == NF4_OK && !dirs)
-        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    struct component_loras cl = {0};
+    if (code == NF4_OK)
+        code = component_loras_init(&cl, &pl, in);
     struct totals sum = {0};
     size_t ncomponents = 0, nquantized = 0, nmerged = 0;
     cJSON *jcomponents = root ? cJSON_AddArrayToObject(root, "components") : NULL;
@@ -455,7 +456,8 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
             bnb_free(w, nw);
             model_close(m);
         }
-        struct model_part part = {e[i].name, dirs, pipeline_loras_for(&pl, e[i].name, dirs), 0};
+        pipeline_loras_for(&pl, e[i].name, &cl);
+        struct model_part part = {e[i].name, cl.dirs, cl.n, cl.converted, 0};
         part.as_is = !quantized && !part.nlora;
         const char *action = quantized ? "convert" : part.nlora ? "merge" : "copy";
         cJSON *jc = NULL;
@@ -503,7 +505,7 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
                 " bytes on disk; %" PRIu64 " bytes after conversion\n", sum.tensors, sum.quantized, sum.parameters,
                 sum.on_disk, sum.converted);
     }
-    free(dirs);
+    component_loras_free(&cl);
     pipeline_loras_close(&pl);
     pipeline_entries_free(e, n);
     return code;
@@ -549,7 +551,7 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
             fwrite(text, 1, len, out);
         free(text);
     } else {
-        const struct model_part whole = {NULL, lora_dirs, nlora, 0};
+        const struct model_part whole = {NULL, lora_dirs, nlora, NULL, 0};
         code = inspect_model(in, layout == LAYOUT_MODEL_DIR, &o, &whole, root, &tot);
     }
     if (code == NF4_OK && root) {

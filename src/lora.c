@@ -1458,11 +1458,12 @@ static int open_adapter_weights(const char *dir, const char *path, struct model 
 int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
               const struct bnb_weight *weights, size_t nweights)
 {
-    return lora_open_component(out, dirs, ndirs, base, weights, nweights, NULL);
+    return lora_open_component(out, dirs, ndirs, base, weights, nweights, NULL, NULL);
 }
 
 int lora_open_component(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
-                        const struct bnb_weight *weights, size_t nweights, const char *component)
+                        const struct bnb_weight *weights, size_t nweights, const char *component,
+                        struct model *const *converted)
 {
     *out = NULL;
     if (ndirs > LORA_MAX_ADAPTERS)
@@ -1487,7 +1488,9 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
             code = diffusers_lora_path(dirs[i], &ad->config_path, !component);
         if (code == NF4_OK && ad->config_path) {
             ad->diffusers = 1;
-            if ((code = diffusers_lora_open(ad->config_path, family, !component, &ad->weights)) == NF4_OK &&
+            if ((code = converted && converted[i] ? model_reopen(converted[i], &ad->weights)
+                                                  : diffusers_lora_open(ad->config_path, family, !component,
+                                                                        &ad->weights)) == NF4_OK &&
                 (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK &&
                 (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK)
                 code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);

@@ -22,8 +22,6 @@
 #define MAX_SPLITS 4
 /* The longest module name read; the names built from one fit their buffers. */
 #define KOHYA_NAME_MAX 512
-/* How many left-out keys the warning names before "...". */
-#define LISTED_LEFT_OUT 3
 
 /* A kohya module of a block and the diffusers modules it becomes: one, or
  * the parts of a fused layer, rows in equal parts unless `rows` says. */
@@ -72,9 +70,6 @@ struct conversion {
     struct kohya_key *keys;
     size_t nkeys;
     struct lora_rewrite rw; /* the converted LoRA */
-    struct strbuf left_out; /* modules not merged, for the warning */
-    size_t nleft, listed;
-    char *last_listed;
 };
 
 /* ---- names ---- */
@@ -155,16 +150,7 @@ static void note_left_out(struct conversion *cv, const char *key, size_t n)
 {
     size_t len;
     factor_of(key, &len);
-    cv->nleft += n;
-    if (cv->last_listed && strlen(cv->last_listed) == len && strncmp(cv->last_listed, key, len) == 0)
-        return;
-    if (cv->listed < LISTED_LEFT_OUT)
-        strbuf_printf(&cv->left_out, "%s%.*s", cv->listed ? ", " : "", (int)len, key);
-    else if (cv->listed == LISTED_LEFT_OUT)
-        strbuf_puts(&cv->left_out, ", ...");
-    cv->listed++;
-    free(cv->last_listed);
-    cv->last_listed = strndup(key, len);
+    lora_rewrite_leave_out(&cv->rw, key, len, n);
 }
 
 static int has_kohya_prefix(const char *key)
@@ -349,20 +335,13 @@ static int convert_module(struct conversion *cv, const char *module, const struc
         return nf4_fail(NF4_EDATA, cv->path, dk->t->t->name, "has no matching lora_up.weight");
     const struct model_tensor *down = dk->t, *up = uk->t;
     const struct st_tensor *dt = down->t, *ut = up->t;
-    if (!lora_is_factor_dtype(dt->dtype) || !lora_is_factor_dtype(ut->dtype))
-        return nf4_fail(NF4_EDATA, cv->path, lora_is_factor_dtype(dt->dtype) ? ut->name : dt->name,
-                        "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(lora_is_factor_dtype(dt->dtype) ? ut->dtype : dt->dtype));
-    if (dt->ndim != 2 || ut->ndim != 2 || ut->shape[1] != dt->shape[0])
-        return nf4_fail(NF4_EDATA, cv->path, dt->name, "is %s; with %s it is not a LoRA pair [r, in], [out, r]",
-                        dt->ndim == 2 ? "a matrix" : "not a matrix", ut->name);
-    if (dt->nelem == 0 || ut->nelem == 0)
-        return nf4_fail(NF4_EDATA, cv->path, dt->nelem ? ut->name : dt->name, "is empty");
+    int code = lora_check_pair(cv->path, dt, ut);
+    if (code != NF4_OK)
+        return code;
     const uint64_t r = dt->shape[0], in = dt->shape[1], out = ut->shape[0];
     const size_t n = map ? map->nparts : 1;
     float sd = 1.0f, su = 1.0f;
     enum st_dtype a_dtype = dt->dtype;
-    int code = NF4_OK;
     if ((map || find_key(cv, module, KOHYA_ALPHA)) &&
         (code = module_scales(cv, module, down, n > 1, &sd, &su, &a_dtype)) != NF4_OK)
         return code;
@@ -600,18 +579,10 @@ int kohya_lora_convert(const struct model *w, const char *path, int warn, struct
         code = nf4_fail(NF4_EDATA, path, NULL, "has none of the keys diffusers loads from a kohya Flux.1 LoRA "
                         "(lora_unet_double_blocks_N_..., lora_unet_single_blocks_N_..., lora_te1_...) among its %zu "
                         "tensors: a LoRA for another model?", w->count);
-    if (code == NF4_OK && cv.left_out.oom)
-        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    if (code == NF4_OK && warn && cv.nleft)
-        nf4_warn("%s: %zu of its tensors (%s) are for modules diffusers does not load from a kohya LoRA: they are "
-                 "not merged", path, cv.nleft, cv.left_out.p);
-    if (code == NF4_OK)
-        code = lora_rewrite_open(&cv.rw, out);
+    code = lora_rewrite_finish(&cv.rw, code, warn, "are for modules diffusers does not load from a kohya LoRA",
+                               out);
     for (size_t i = 0; i < cv.nkeys; i++)
         free(cv.keys[i].name);
     free(cv.keys);
-    lora_rewrite_free(&cv.rw);
-    free(cv.left_out.p);
-    free(cv.last_listed);
     return code;
 }

@@ -18,8 +18,6 @@
 #define QWEN_COMFY "diffusion_model."
 #define QWEN_PEFT_ADAPTER "default."
 #define QWEN_BLOCKS "transformer_blocks"
-/* How many left-out keys the warning names before "...". */
-#define LISTED_LEFT_OUT 3
 
 /* Modules outside the blocks, by kohya's name and diffusers': kohya's names of
  * these are mapped whole, before the blocks' rule (which would garble them). */
@@ -53,17 +51,11 @@ struct conversion {
     struct qwen_key *keys;
     size_t nkeys;
     struct lora_rewrite rw;
-    struct strbuf left_out; /* keys not merged, for the warning */
-    size_t nleft;
 };
 
 static void note_left_out(struct conversion *cv, const char *key)
 {
-    if (cv->nleft < LISTED_LEFT_OUT)
-        strbuf_printf(&cv->left_out, "%s%s", cv->nleft ? ", " : "", key);
-    else if (cv->nleft == LISTED_LEFT_OUT)
-        strbuf_puts(&cv->left_out, ", ...");
-    cv->nleft++;
+    lora_rewrite_leave_out(&cv->rw, key, strlen(key), 1);
 }
 
 /* ---- names ---- */
@@ -261,27 +253,20 @@ static int convert_pair(struct conversion *cv, struct qwen_key *down, struct qwe
 {
     const struct st_tensor *dt = down->t->t, *ut = up->t->t;
     down->taken = up->taken = 1;
-    if (!lora_is_factor_dtype(dt->dtype) || !lora_is_factor_dtype(ut->dtype))
-        return nf4_fail(NF4_EDATA, cv->path, lora_is_factor_dtype(dt->dtype) ? ut->name : dt->name,
-                        "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(lora_is_factor_dtype(dt->dtype) ? ut->dtype : dt->dtype));
-    if (dt->ndim != 2 || ut->ndim != 2 || ut->shape[1] != dt->shape[0])
-        return nf4_fail(NF4_EDATA, cv->path, dt->name, "is %s; with %s it is not a LoRA pair [r, in], [out, r]",
-                        dt->ndim == 2 ? "a matrix" : "not a matrix", ut->name);
-    if (dt->nelem == 0 || ut->nelem == 0)
-        return nf4_fail(NF4_EDATA, cv->path, dt->nelem ? ut->name : dt->name, "is empty");
+    int code = lora_check_pair(cv->path, dt, ut);
+    if (code != NF4_OK)
+        return code;
     const uint64_t r = dt->shape[0];
     float sd = 1.0f, su = 1.0f;
     struct qwen_key *alpha = find_key(cv, alpha_name);
     if (alpha) {
         double a;
-        int code = lora_read_alpha(cv->path, alpha->t, &a);
-        if (code != NF4_OK)
+        if ((code = lora_read_alpha(cv->path, alpha->t, &a)) != NF4_OK)
             return code;
         lora_split_scale(a / (double)r, DT_F64, &sd, &su); /* alpha.item() / rank: Python floats */
         alpha->taken = 1;
     }
-    int code = lora_rewrite_add(&cv->rw, "transformer.", a_name, down->t, dt->dtype, r, dt->shape[1], 0, 0, sd);
+    code = lora_rewrite_add(&cv->rw, "transformer.", a_name, down->t, dt->dtype, r, dt->shape[1], 0, 0, sd);
     return code == NF4_OK ? lora_rewrite_add(&cv->rw, "transformer.", b_name, up->t, ut->dtype, ut->shape[0], r, 0, 0,
                                              su)
                           : code;
@@ -385,17 +370,10 @@ int qwen_lora_convert(const struct model *w, const char *path, int warn, struct 
         code = convert_factors(&cv);
     if (code == NF4_OK)
         code = lora_rewrite_check_one_each(&cv.rw);
-    if (code == NF4_OK && cv.left_out.oom)
-        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    if (code == NF4_OK && warn && cv.nleft)
-        nf4_warn("%s: %zu of its tensors (%s) are DoRA scales or alphas without factors, which diffusers drops from "
-                 "a Qwen-Image LoRA: they are not merged", path, cv.nleft, cv.left_out.p);
-    if (code == NF4_OK)
-        code = lora_rewrite_open(&cv.rw, out);
+    code = lora_rewrite_finish(&cv.rw, code, warn, "are DoRA scales or alphas without factors, which diffusers "
+                               "drops from a Qwen-Image LoRA", out);
     for (size_t i = 0; i < cv.nkeys; i++)
         free(cv.keys[i].name);
     free(cv.keys);
-    lora_rewrite_free(&cv.rw);
-    free(cv.left_out.p);
     return code;
 }

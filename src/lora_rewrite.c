@@ -12,6 +12,9 @@
 #include "safetensors_writer.h"
 #include "status.h"
 
+/* How many left-out names the warning gives before "...". */
+#define LISTED_LEFT_OUT 3
+
 int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *factor, const struct model_tensor *src,
                      enum st_dtype dtype, uint64_t rows, uint64_t cols, uint64_t row0, uint64_t col0, float scale)
 {
@@ -104,9 +107,8 @@ static int write_parts(const struct lora_rewrite *rw, int fd, const char *tmp)
     return code;
 }
 
-int lora_rewrite_open(const struct lora_rewrite *rw, struct model **out)
+static int rewrite_open(const struct lora_rewrite *rw, struct model **out)
 {
-    *out = NULL;
     /* A file that no name reaches, so that even SIGKILL leaves nothing in TMPDIR. */
     const char *dir = getenv("TMPDIR");
     if (!dir || !*dir)
@@ -126,13 +128,36 @@ int lora_rewrite_open(const struct lora_rewrite *rw, struct model **out)
     return code;
 }
 
-void lora_rewrite_free(struct lora_rewrite *rw)
+void lora_rewrite_leave_out(struct lora_rewrite *rw, const char *name, size_t len, size_t n)
 {
+    rw->nleft += n;
+    if (rw->last_listed && strlen(rw->last_listed) == len && strncmp(rw->last_listed, name, len) == 0)
+        return;
+    if (rw->listed < LISTED_LEFT_OUT)
+        strbuf_printf(&rw->left_out, "%s%.*s", rw->listed ? ", " : "", (int)len, name);
+    else if (rw->listed == LISTED_LEFT_OUT)
+        strbuf_puts(&rw->left_out, ", ...");
+    rw->listed++;
+    free(rw->last_listed);
+    rw->last_listed = strndup(name, len);
+}
+
+int lora_rewrite_finish(struct lora_rewrite *rw, int code, int warn, const char *why, struct model **out)
+{
+    *out = NULL;
+    if (code == NF4_OK && rw->left_out.oom)
+        code = nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
+    if (code == NF4_OK && warn && rw->nleft)
+        nf4_warn("%s: %zu of its tensors (%s) %s: they are not merged", rw->path, rw->nleft, rw->left_out.p, why);
+    if (code == NF4_OK)
+        code = rewrite_open(rw, out);
     for (size_t i = 0; i < rw->nparts; i++)
         free(rw->parts[i].name);
     free(rw->parts);
-    rw->parts = NULL;
-    rw->nparts = rw->cap = 0;
+    free(rw->left_out.p);
+    free(rw->last_listed);
+    memset(rw, 0, sizeof *rw);
+    return code;
 }
 
 /* ---- alphas ---- */
@@ -140,6 +165,20 @@ void lora_rewrite_free(struct lora_rewrite *rw)
 int lora_is_factor_dtype(enum st_dtype dt)
 {
     return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
+}
+
+int lora_check_pair(const char *path, const struct st_tensor *dt, const struct st_tensor *ut)
+{
+    if (!lora_is_factor_dtype(dt->dtype) || !lora_is_factor_dtype(ut->dtype))
+        return nf4_fail(NF4_EDATA, path, lora_is_factor_dtype(dt->dtype) ? ut->name : dt->name,
+                        "is %s; LoRA weights must be F32, BF16 or F16",
+                        dtype_name(lora_is_factor_dtype(dt->dtype) ? ut->dtype : dt->dtype));
+    if (dt->ndim != 2 || ut->ndim != 2 || ut->shape[1] != dt->shape[0])
+        return nf4_fail(NF4_EDATA, path, dt->name, "is %s; with %s it is not a LoRA pair [r, in], [out, r]",
+                        dt->ndim == 2 ? "a matrix" : "not a matrix", ut->name);
+    if (dt->nelem == 0 || ut->nelem == 0)
+        return nf4_fail(NF4_EDATA, path, dt->nelem ? ut->name : dt->name, "is empty");
+    return NF4_OK;
 }
 
 int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alpha)

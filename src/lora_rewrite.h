@@ -13,6 +13,7 @@
 
 #include "dtype.h"
 #include "model.h"
+#include "strbuf.h"
 
 /* One tensor of the result: rows row0.. and columns col0.. of `src`, times `scale`. */
 struct lora_part {
@@ -28,6 +29,11 @@ struct lora_rewrite {
     const char *path; /* the LoRA file, for messages */
     struct lora_part *parts;
     size_t nparts, cap;
+    /* What is not merged, for one warning: how many tensors, and the first
+     * few names (LISTED_LEFT_OUT), each named once. */
+    size_t nleft, listed;
+    struct strbuf left_out;
+    char *last_listed;
 };
 
 /* Adds the part named target + factor (".lora_A.weight"). NF4_OK or NF4_ESOFTWARE. */
@@ -41,17 +47,24 @@ int lora_part_values(const struct lora_part *p, void *out);
  * the file that become one diffusers key would each load over the other. */
 int lora_rewrite_check_one_each(const struct lora_rewrite *rw);
 
-/* Writes the parts to the temp file and opens it as *out, named rw->path.
- * NF4_OK, NF4_ECANTCREAT (naming TMPDIR) or NF4_EIO for the temp file, or
- * NF4_ESOFTWARE. */
-int lora_rewrite_open(const struct lora_rewrite *rw, struct model **out);
+/* Notes `n` tensors of the file not merged, under `name` (its first `len`
+ * bytes: a module's name, named once however many of its tensors go). */
+void lora_rewrite_leave_out(struct lora_rewrite *rw, const char *name, size_t len, size_t n);
 
-void lora_rewrite_free(struct lora_rewrite *rw);
+/* Where `code` is NF4_OK: warns (where `warn`) "PATH: N of its tensors
+ * (NAMES) `why`: they are not merged", writes the parts to the temp file and
+ * opens it as *out, named rw->path (NF4_ECANTCREAT naming TMPDIR, or NF4_EIO,
+ * for the temp file; NF4_ESOFTWARE). Frees rw either way; returns the code. */
+int lora_rewrite_finish(struct lora_rewrite *rw, int code, int warn, const char *why, struct model **out);
 
 /* ---- alphas ---- */
 
 /* Whether a factor of this dtype is read: F32, BF16 or F16. */
 int lora_is_factor_dtype(enum st_dtype dt);
+
+/* NF4_OK where `down` and `up` make a LoRA pair [r, in], [out, r] of factor
+ * dtypes, not empty; else NF4_EDATA naming `path` and the tensor. */
+int lora_check_pair(const char *path, const struct st_tensor *down, const struct st_tensor *up);
 
 /* The value of a one-element tensor (an alpha), exactly: float, or integer
  * as sd-scripts saves an alpha given as a whole number. NF4_EDATA, naming the

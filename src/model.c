@@ -2,6 +2,7 @@
 
 #include <cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -265,7 +266,21 @@ int model_open_fd_as(int fd, const char *shown, struct model **out)
     *out = NULL;
     struct st_file *f;
     int code = st_open_fd(fd, shown, &f);
-    return code == NF4_OK ? model_of_file(shown, f, out) : code;
+    if (code == NF4_OK && (code = model_of_file(shown, f, out)) == NF4_OK)
+        (*out)->unnamed = 1;
+    return code;
+}
+
+int model_reopen(const struct model *m, struct model **out)
+{
+    *out = NULL;
+    const char *shown = m->files[0]->path;
+    if (!m->unnamed || m->nfiles != 1)
+        return nf4_fail(NF4_ESOFTWARE, shown, NULL, "opening again a model that has a name (internal error)");
+    int fd = fcntl(m->files[0]->fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0)
+        return nf4_fail_errno(NF4_EIO, errno, shown, NULL, "cannot open again");
+    return model_open_fd_as(fd, shown, out);
 }
 
 int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *arg, char **renamed), void *arg)

@@ -39,6 +39,7 @@ struct model {
      * transformers could load one still quantized, and inspect names them. */
     char **unused_names;
     size_t nunused;
+    int unnamed; /* one file no name reaches (model_open_fd_as): opened again only by model_reopen */
 };
 
 /* The candidate files of a directory, each list sorted by name. */
@@ -63,6 +64,9 @@ int model_open_file(const char *path, struct model **out);
  * on failure too), named `shown`: a file nf4deq wrote in place of `shown`
  * that has no name of its own (a kohya LoRA's diffusers form, lora_kohya.h). */
 int model_open_fd_as(int fd, const char *shown, struct model **out);
+/* `m`, a model of a file with no name (m->unnamed), opened again on a
+ * duplicate of its descriptor: its own header and names, the same bytes. */
+int model_reopen(const struct model *m, struct model **out);
 /* Renames tensors of a one-file model: rename(name, arg, &new) gives each a
  * new name (allocated) or leaves *new NULL to keep it, and returns an NF4_*
  * code. NF4_EDATA where two tensors would then share a name. */

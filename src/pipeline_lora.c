@@ -84,13 +84,30 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
     return code;
 }
 
-size_t pipeline_loras_for(const struct pipeline_loras *pl, const char *component, const char **dirs)
+int component_loras_init(struct component_loras *cl, const struct pipeline_loras *pl, const char *in)
 {
-    size_t n = 0;
+    memset(cl, 0, sizeof *cl);
+    cl->dirs = calloc(pl->n ? pl->n : 1, sizeof *cl->dirs);
+    cl->converted = calloc(pl->n ? pl->n : 1, sizeof *cl->converted);
+    return cl->dirs && cl->converted ? NF4_OK : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+}
+
+void component_loras_free(struct component_loras *cl)
+{
+    free(cl->dirs);
+    free(cl->converted);
+    memset(cl, 0, sizeof *cl);
+}
+
+void pipeline_loras_for(const struct pipeline_loras *pl, const char *component, struct component_loras *cl)
+{
+    cl->component = component;
+    cl->n = 0;
     for (size_t k = 0; k < pl->n && diffusers_loads(pl->cls, component); k++)
-        if (diffusers_lora_keys_for(pl->weights[k], component))
-            dirs[n++] = pl->args[k];
-    return n;
+        if (diffusers_lora_keys_for(pl->weights[k], component)) {
+            cl->dirs[cl->n] = pl->args[k];
+            cl->converted[cl->n++] = pl->weights[k]->unnamed ? pl->weights[k] : NULL;
+        }
 }
 
 void pipeline_loras_close(struct pipeline_loras *pl)

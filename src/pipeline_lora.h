@@ -31,9 +31,23 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n);
 int pipeline_loras_open(const char *in, const char *const *args, size_t n, const struct pipeline_entry *e,
                         size_t ne, struct pipeline_loras *pl);
 
-/* The --lora arguments that `component` takes, stored in `dirs` (room for
- * pl->n); how many. */
-size_t pipeline_loras_for(const struct pipeline_loras *pl, const char *component, const char **dirs);
+/* The LoRAs one component of a pipeline takes (lora_open_component): their
+ * --lora arguments, and for each the LoRA pipeline_loras_open made by
+ * converting it (a kohya or Qwen-Image LoRA, opened again with model_reopen
+ * rather than converted again) or NULL (opened again from its file). */
+struct component_loras {
+    const char *component;
+    const char **dirs;
+    struct model **converted;
+    size_t n;
+};
+
+/* Room in cl for every LoRA of pl. NF4_OK or NF4_ESOFTWARE (naming `in`). */
+int component_loras_init(struct component_loras *cl, const struct pipeline_loras *pl, const char *in);
+void component_loras_free(struct component_loras *cl);
+
+/* The LoRAs `component` takes, into cl (component_loras_init): cl->n of them. */
+void pipeline_loras_for(const struct pipeline_loras *pl, const char *component, struct component_loras *cl);
 
 void pipeline_loras_close(struct pipeline_loras *pl);
 

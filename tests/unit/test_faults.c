@@ -1214,6 +1214,42 @@ static void test_kohya_temp_cannot_be_made(void **state)
     free(tmp);
 }
 
+/* A pipeline converts a kohya LoRA once: to see which components it is for,
+ * and then, opened again from that temp file, for each of them. */
+static void test_kohya_converted_once(void **state)
+{
+    (void)state;
+    char *tmp = tu_mkdtemp(), *scratch = tu_mkdtemp(), *out = tu_strdupf("%s/out", scratch);
+    char *old = getenv("TMPDIR") ? tu_strdupf("%s", getenv("TMPDIR")) : NULL;
+    setenv("TMPDIR", tmp, 1);
+    const char *loras[1] = {KOHYA_LORA};
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CPU;
+    o.lora_dirs = loras;
+    o.nlora = 1;
+    struct convert_stats st;
+    nf4_clear_error();
+    g.f = (struct fault){.fn = FN_OPEN, .mode = M_COUNT, .path = tmp};
+    g.matched = 0;
+    g.armed = 1;
+    int rc = convert_run(FIXTURES "/diffusers/tiny-flux-bnb4", out, &o, &st);
+    g.armed = 0;
+    old ? setenv("TMPDIR", old, 1) : unsetenv("TMPDIR");
+    free(old);
+    if (rc != 0)
+        fail_msg("convert: %s", nf4_last_error());
+    assert_int_equal(st.merged, 16);
+    if (g.matched != 1)
+        fail_msg("the kohya LoRA was converted %ld times", (long)g.matched);
+    assert_int_equal(tu_count_entries(tmp), 0);
+    tu_rmtree(tmp);
+    tu_rmtree(scratch);
+    free(tmp);
+    free(scratch);
+    free(out);
+}
+
 /* SIGKILL in the middle of writing the temp file leaves nothing in TMPDIR:
  * no handler runs, so only a file without a name is safe. */
 static void test_kohya_temp_survives_sigkill(void **state)
@@ -1252,6 +1288,7 @@ int main(void)
     const struct CMUnitTest temps[] = {
         cmocka_unit_test(test_kohya_temp_has_no_name),
         cmocka_unit_test(test_kohya_temp_cannot_be_made),
+        cmocka_unit_test(test_kohya_converted_once),
         cmocka_unit_test(test_kohya_temp_survives_sigkill),
     };
     const struct CMUnitTest signals[] = {

@@ -1898,6 +1898,29 @@ static void test_kohya_lora_as_diffusers_loads_it(void **state)
     free(pipe);
 }
 
+/* A LoRA file of names[0] [down] and names[1] [up] (either NULL: left out),
+ * in `dtype`, 0.5-scaled values, and names[2] (NULL: none) an F32 [1, 1] of
+ * `third` (an alpha, or a key of another kind). */
+static void write_pair_lora(const char *path, const char *const names[3], const uint64_t down[2], const uint64_t up[2],
+                            enum st_dtype dtype, float third)
+{
+    struct syn_tensor ts[3];
+    size_t n = 0;
+    const uint64_t *shapes[2] = {down, up};
+    for (size_t k = 0; k < 2; k++)
+        if (names[k])
+            ts[n++] = (struct syn_tensor){names[k], dtype, {shapes[k][0], shapes[k][1]}, NULL};
+    if (names[2])
+        ts[n++] = (struct syn_tensor){names[2], DT_F32, {1, 1}, NULL};
+    for (size_t k = 0; k < n; k++)
+        syn_fill(&ts[k], 0.5f);
+    if (names[2])
+        ts[n - 1].v[0] = third;
+    syn_write(path, ts, n);
+    for (size_t k = 0; k < n; k++)
+        free(ts[k].v);
+}
+
 /* Kohya LoRAs diffusers would not load, or not as nf4deq would merge them:
  * refused with one line naming the file and the key, nothing written. */
 static void test_kohya_lora_refusals(void **state)
@@ -1961,23 +1984,9 @@ static void test_kohya_lora_refusals(void **state)
     /* The converted LoRA's temp file goes where the scratch folder is checked empty. */
     assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
     for (size_t i = 0; i < sizeof KOHYA_CASES / sizeof KOHYA_CASES[0]; i++) {
-        struct syn_tensor ts[3];
-        size_t n = 0;
-        const uint64_t *shapes[2] = {KOHYA_CASES[i].down, KOHYA_CASES[i].up};
-        for (size_t k = 0; k < 2; k++)
-            if (KOHYA_CASES[i].names[k])
-                ts[n++] = (struct syn_tensor){KOHYA_CASES[i].names[k], KOHYA_CASES[i].dtype, {shapes[k][0], shapes[k][1]}, NULL};
-        if (KOHYA_CASES[i].names[2])
-            ts[n++] = (struct syn_tensor){KOHYA_CASES[i].names[2], DT_F32, {1, 1}, NULL};
-        for (size_t k = 0; k < n; k++) {
-            syn_fill(&ts[k], 0.5f);
-            if (k == n - 1 && KOHYA_CASES[i].names[2])
-                ts[k].v[0] = KOHYA_CASES[i].alpha;
-        }
-        syn_write(lora, ts, n);
+        write_pair_lora(lora, KOHYA_CASES[i].names, KOHYA_CASES[i].down, KOHYA_CASES[i].up, KOHYA_CASES[i].dtype,
+                        KOHYA_CASES[i].alpha);
         assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", lora, NULL, KOHYA_CASES[i].want);
-        for (size_t k = 0; k < n; k++)
-            free(ts[k].v);
     }
     /* lora_te_ and lora_te1_ of one layer: both would load as the same module. */
     struct syn_tensor te[4] = {
@@ -2148,25 +2157,10 @@ static void test_qwen_lora_refusals(void **state)
     };
     char *lora = tu_strdupf("%s-qwen.safetensors", s->dir);
     assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    static const uint64_t DOWN[2] = {4, 32}, UP[2] = {32, 4};
     for (size_t i = 0; i < sizeof QWEN_CASES / sizeof QWEN_CASES[0]; i++) {
-        struct syn_tensor ts[3];
-        size_t n = 0;
-        static const uint64_t SHAPES[2][2] = {{4, 32}, {32, 4}};
-        for (size_t k = 0; k < 2; k++)
-            if (QWEN_CASES[i].names[k])
-                ts[n++] = (struct syn_tensor){QWEN_CASES[i].names[k], QWEN_CASES[i].dtype, {SHAPES[k][0], SHAPES[k][1]},
-                                              NULL};
-        if (QWEN_CASES[i].names[2])
-            ts[n++] = (struct syn_tensor){QWEN_CASES[i].names[2], DT_F32, {1, 1}, NULL};
-        for (size_t k = 0; k < n; k++) {
-            syn_fill(&ts[k], 0.5f);
-            if (k == n - 1 && QWEN_CASES[i].names[2])
-                ts[k].v[0] = QWEN_CASES[i].extra;
-        }
-        syn_write(lora, ts, n);
+        write_pair_lora(lora, QWEN_CASES[i].names, DOWN, UP, QWEN_CASES[i].dtype, QWEN_CASES[i].extra);
         assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-qwen-image/transformer", lora, NULL, QWEN_CASES[i].want);
-        for (size_t k = 0; k < n; k++)
-            free(ts[k].v);
     }
     unlink(lora);
     free(lora);
