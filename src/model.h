@@ -62,7 +62,7 @@ int model_dir_require(const char *dir);
 int model_open_file(const char *path, struct model **out);
 /* A model of the safetensors file open on `fd`, which it takes over (closed
  * on failure too), named `shown`: a file nf4deq wrote in place of `shown`
- * that has no name of its own (a kohya LoRA's diffusers form, lora_kohya.h). */
+ * that has no name of its own (a converted LoRA, lora_rewrite.h). */
 int model_open_fd_as(int fd, const char *shown, struct model **out);
 /* `m`, a model of a file with no name (m->unnamed), opened again on a
  * duplicate of its descriptor: its own header and names, the same bytes. */
