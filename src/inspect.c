@@ -399,7 +399,12 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                     lora->nadapters, lora->nadapters == 1 ? "" : "s");
         }
     }
-    if (is_dir && !part->component && (o->nlora || o->tokenizer))
+    /* Which tokenizer the output gets matters where a PEFT adapter may bring
+     * its own; a diffusers LoRA on a pipeline's component has none. */
+    int peft = 0;
+    for (size_t i = 0; lora && i < lora->nadapters; i++)
+        peft |= !lora->adapters[i].diffusers;
+    if (is_dir && !part->component && (peft || o->tokenizer))
         code = report_tokenizer(in, o, obj, out);
     lora_close(lora);
     bnb_free(w, nw);

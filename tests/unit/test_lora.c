@@ -2101,6 +2101,11 @@ static void test_qwen_lora_as_diffusers_loads_it(void **state)
     if (r.status != 0 || !strstr(r.out, "\"merge\""))
         fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
     tu_run_free(&r);
+    /* The component alone: its changes, and no tokenizer (a diffusers LoRA brings none). */
+    r = tu_run("inspect", transformer, "--lora", QWEN_CASES[0][0], NULL);
+    if (r.status != 0 || !strstr(r.out, "\n28 tensors changed by 1 adapter\n") || strstr(r.out, "Tokenizer"))
+        fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
+    tu_run_free(&r);
     /* Flux.1's loader reads these keys as kohya's, and knows none of them. */
     r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", got, "--lora",
                QWEN_CASES[0][0], NULL);
