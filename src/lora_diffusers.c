@@ -23,7 +23,7 @@
 #define KOHYA_REFUSAL                                                                                          \
     "is a kohya or ComfyUI-format LoRA without lora_down/lora_up pairs (LoHa, LoKr...), which nf4deq does not " \
     "read; load it in diffusers (load_lora_weights) and save it again with save_lora_weights, or as a PEFT "  \
-    "adapter"
+    "adapter (a Qwen-Image LoRA is read on the pipeline or its transformer folder, whose class says how)"
 
 /* Whether a path's last segment is one of a PEFT adapter's files. */
 static int is_peft_file(const char *path)
@@ -199,6 +199,19 @@ static int is_kohya(const struct model *w)
     return 0;
 }
 
+/* Refuses a LoRA is_kohya finds that was not converted, saying why by its form. */
+static int kohya_refusal(const struct model *w)
+{
+    const char *path = w->files[0]->path;
+    for (size_t i = 0; i < w->count; i++)
+        if (strstr(w->tensors[i].t->name, ".lora_down."))
+            return nf4_fail(NF4_EDATA, path, w->tensors[i].t->name, "is a lora_down key in a form this pipeline's "
+                            "diffusers loader does not convert (Qwen-Image's converts files with a key ending in "
+                            ".alpha, or starting with lora_unet_ or diffusion_model., or holding default.): "
+                            "diffusers loads none of it");
+    return nf4_fail(NF4_EDATA, path, NULL, KOHYA_REFUSAL);
+}
+
 /* The last segment of a folder's real path: "a/transformer/." -> "transformer". */
 static char *folder_name(const char *dir)
 {
@@ -295,7 +308,7 @@ int diffusers_lora_check_components(const struct model *weights, const char *con
     if (missing.oom)
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     else if (left && left == weights->count && is_kohya(weights))
-        code = nf4_fail(NF4_EDATA, path, NULL, KOHYA_REFUSAL);
+        code = kohya_refusal(weights);
     else if (left && left == weights->count) /* other components', or keys with none (save_lora_adapter) */
         code = nf4_fail(NF4_EDATA, path, NULL, "has no tensors for a component of this pipeline that diffusers loads "
                         "LoRAs into (its keys are for: %s); give IN the folder of the component it was trained on",
@@ -338,7 +351,7 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
         code = nf4_fail(NF4_EDATA, path, NULL, "holds a PEFT adapter's keys (" PEFT_KEY_PREFIX "...): give --lora "
                         "the adapter's folder, with its " ADAPTER_CONFIG_NAME);
     else if (code == NF4_OK && !*prefix && is_kohya(weights))
-        code = nf4_fail(NF4_EDATA, path, NULL, KOHYA_REFUSAL);
+        code = kohya_refusal(weights);
     else if (code == NF4_OK && !*prefix)
         code = nf4_fail(NF4_EDATA, path, NULL, "is a diffusers LoRA with no tensors for %s%s%s (its keys are for: "
                         "%s); give IN the folder of the pipeline component it was trained on",

@@ -567,7 +567,7 @@ int kohya_lora_detect(const struct model *w)
 int kohya_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
     *out = NULL;
-    struct conversion cv = {.path = path, .rw = {.path = path}};
+    struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
     int code = rename_keys(&cv, w);
     if (code == NF4_OK)
         code = convert_transformer(&cv);

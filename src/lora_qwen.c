@@ -7,7 +7,6 @@
 #include "lora_rewrite.h"
 #include "status.h"
 #include "strbuf.h"
-#include "strutil.h"
 
 #define QWEN_DOWN ".lora_down.weight"
 #define QWEN_UP ".lora_up.weight"
@@ -65,6 +64,13 @@ static int starts_with(const char *s, const char *prefix)
     return strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
+/* Python's str.endswith: the whole of `s` may be the suffix. */
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && memcmp(s + a - b, suffix, b) == 0;
+}
+
 /* The words of `head` from `i` on start a run kept whole: its length, else 0. */
 static size_t kept_whole(char *const *words, size_t n, size_t i)
 {
@@ -96,8 +102,12 @@ static char *kohya_key(const char *key)
     }
     const char *last_dot = strrchr(key, '.');
     const size_t base_len = last_dot ? (size_t)(last_dot - key) : strlen(key);
-    const size_t skip = strlen(QWEN_BLOCKS "_");
-    const char *rest = key + (base_len < skip ? base_len : skip), *base_end = key + base_len;
+    /* Python slices characters: skip as many UTF-8 sequences (names are valid UTF-8). */
+    const char *rest = key, *base_end = key + base_len;
+    for (size_t k = 0; k < strlen(QWEN_BLOCKS "_") && rest < base_end; k++)
+        do
+            rest++;
+        while (rest < base_end && ((unsigned char)*rest & 0xC0) == 0x80);
     const char *dot = memchr(rest, '.', (size_t)(base_end - rest));
     const char *head_end = dot ? dot : base_end;
     char *head = strndup(rest, (size_t)(head_end - rest));
@@ -155,7 +165,7 @@ static struct forms forms_of(const struct model *w)
         const char *key = w->tensors[i].t->name;
         if (strstr(key, "dora_scale"))
             continue;
-        f.alpha |= str_ends_with(key, QWEN_ALPHA) || strcmp(key, QWEN_ALPHA) == 0;
+        f.alpha |= ends_with(key, QWEN_ALPHA);
         f.unet |= starts_with(key, QWEN_UNET);
         f.comfy |= starts_with(key, QWEN_COMFY);
         f.peft_adapter |= strstr(key, QWEN_PEFT_ADAPTER) != NULL;
@@ -259,7 +269,7 @@ static int convert_pair(struct conversion *cv, struct qwen_key *down, struct qwe
     const uint64_t r = dt->shape[0];
     float sd = 1.0f, su = 1.0f;
     struct qwen_key *alpha = find_key(cv, alpha_name);
-    if (alpha) {
+    if (alpha && !alpha->taken) { /* diffusers pops it: a second pair naming it gets none */
         double a;
         if ((code = lora_read_alpha(cv->path, alpha->t, &a)) != NF4_OK)
             return code;
@@ -292,7 +302,7 @@ static int convert_kohya_pairs(struct conversion *cv)
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
         struct qwen_key *down = &cv->keys[i];
-        if (!str_ends_with(down->name, QWEN_DOWN))
+        if (!ends_with(down->name, QWEN_DOWN))
             continue;
         struct names n = {str_replace_all(down->name, QWEN_DOWN, QWEN_UP), str_replace_all(down->name, QWEN_DOWN, QWEN_A),
                           NULL, str_replace_all(down->name, QWEN_DOWN, QWEN_ALPHA)};
@@ -316,7 +326,7 @@ static int convert_peft_pairs(struct conversion *cv)
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
         struct qwen_key *a = &cv->keys[i];
-        if (!str_ends_with(a->name, QWEN_A))
+        if (!ends_with(a->name, QWEN_A))
             continue;
         struct names n = {str_replace_all(a->name, QWEN_A, QWEN_B), NULL, NULL,
                           str_replace_all(a->name, QWEN_A, QWEN_ALPHA)};
@@ -330,7 +340,7 @@ static int convert_peft_pairs(struct conversion *cv)
         names_free(&n);
     }
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++)
-        if (str_ends_with(cv->keys[i].name, QWEN_B) && !cv->keys[i].taken)
+        if (ends_with(cv->keys[i].name, QWEN_B) && !cv->keys[i].taken)
             code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "has no matching lora_A.weight");
     return code;
 }
@@ -364,7 +374,7 @@ static int convert_factors(struct conversion *cv)
 int qwen_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
     *out = NULL;
-    struct conversion cv = {.path = path, .rw = {.path = path}};
+    struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
     int code = rename_keys(&cv, w);
     if (code == NF4_OK)
         code = convert_factors(&cv);

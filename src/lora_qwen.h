@@ -18,11 +18,13 @@
  * - alpha is folded into the factors: scale = alpha / r in Python floats,
  *   split into scale_down * scale_up with scale_up a power of two, each
  *   factor times its part in fp32, rounded to its dtype; r = alpha = rank;
- * - every key then goes under "transformer.".
- * Where diffusers' conversion raises (a lora_down without its lora_up, a
- * lora_A without its lora_B or the reverse, a key of neither kind) nf4deq
- * refuses, naming the key; so where it would loop forever (a negative alpha)
- * or silently keep one of two keys that become one. */
+ * - every key then goes under "transformer."; the file's metadata is kept,
+ *   since diffusers then reads the LoRA config from it.
+ * An alpha goes to the first pair that names it, as diffusers pops it. Where
+ * diffusers' conversion raises (a lora_down without its lora_up, a lora_A
+ * without its lora_B or the reverse, a key of neither kind) nf4deq refuses,
+ * naming the key; so where it would loop forever (a negative alpha) or
+ * silently keep one of two keys that become one. */
 #ifndef NF4DEQ_LORA_QWEN_H
 #define NF4DEQ_LORA_QWEN_H
 

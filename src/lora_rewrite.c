@@ -89,7 +89,7 @@ static int write_parts(const struct lora_rewrite *rw, int fd, const char *tmp)
     for (size_t i = 0; i < rw->nparts; i++)
         outs[i] = (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype, 2, rw->parts[i].shape};
     struct st_writer *w = NULL;
-    int code = st_writer_begin_stream(&w, fd, tmp, outs, rw->nparts, NULL, 0);
+    int code = st_writer_begin_stream(&w, fd, tmp, outs, rw->nparts, rw->meta, rw->nmeta);
     for (size_t k = 0; code == NF4_OK && k < rw->nparts; k++) {
         size_t idx = st_writer_order(w, k);
         uint64_t bytes = st_writer_tensor_bytes(w, idx);

@@ -27,6 +27,10 @@ struct lora_part {
 
 struct lora_rewrite {
     const char *path; /* the LoRA file, for messages */
+    /* The file's metadata, carried over: diffusers reads the LoRA config
+     * (lora_adapter_metadata) from the file after converting its keys. */
+    const struct st_meta *meta;
+    size_t nmeta;
     struct lora_part *parts;
     size_t nparts, cap;
     /* What is not merged, for one warning: how many tensors, and the first

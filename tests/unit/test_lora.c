@@ -2059,6 +2059,8 @@ static void test_qwen_lora_as_diffusers_loads_it(void **state)
         {DIFFUSERS_FIXTURES "/lora-qwen-comfy.safetensors", DIFFUSERS_FIXTURES "/lora-qwen-comfy.diffusers.safetensors"},
         {DIFFUSERS_FIXTURES "/lora-qwen-default.safetensors",
          DIFFUSERS_FIXTURES "/lora-qwen-default.diffusers.safetensors"},
+        /* The config in the metadata (scaling 4), applied after the alphas are folded in. */
+        {DIFFUSERS_FIXTURES "/lora-qwen-meta.safetensors", DIFFUSERS_FIXTURES "/lora-qwen-meta.diffusers.safetensors"},
     };
     assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
     for (size_t i = 0; i < sizeof QWEN_CASES / sizeof QWEN_CASES[0]; i++) {
@@ -2075,7 +2077,7 @@ static void test_qwen_lora_as_diffusers_loads_it(void **state)
     char *got_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", got),
          *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want),
          *pipe_file = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", pipe);
-    static const uint64_t MERGED[] = {28, 27, 14, 8};
+    static const uint64_t MERGED[] = {28, 27, 14, 8, 8};
     for (size_t i = 0; i < sizeof QWEN_CASES / sizeof QWEN_CASES[0]; i++) {
         const char *lora[1] = {QWEN_CASES[i][0]}, *converted[1] = {QWEN_CASES[i][1]};
         assert_int_equal(merge_on_cpu(transformer, got, lora, 1, 0, 0, DT_INVALID), MERGED[i]);
@@ -2167,6 +2169,19 @@ static void test_qwen_lora_refusals(void **state)
         write_pair_lora(lora, QWEN_CASES[i].names, DOWN, UP, QWEN_CASES[i].dtype, QWEN_CASES[i].extra);
         assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-qwen-image/transformer", lora, NULL, QWEN_CASES[i].want);
     }
+    /* Not refused: diffusers cuts 19 characters off a kohya name, not bytes, so a
+     * name with "é" in that stretch still lands on transformer_blocks.0.attn.to_q. */
+    static const char *const ACCENTED[3] = {"lora_unet_transform\xc3\xa9r_blocks_0_attn_to_q.lora_down.weight",
+                                            "lora_unet_transform\xc3\xa9r_blocks_0_attn_to_q.lora_up.weight", NULL};
+    write_pair_lora(lora, ACCENTED, DOWN, UP, DT_BF16, 0);
+    char *out = tu_strdupf("%s/accented", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-qwen-image/transformer", out,
+                             "--lora", lora, NULL);
+    if (r.status != 0 || !strstr(r.err, "1 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    free(out);
     unlink(lora);
     free(lora);
 }
