@@ -86,7 +86,7 @@ static size_t kept_whole(char *const *words, size_t n, size_t i)
 }
 
 /* diffusers' convert_key of a kohya name (less "lora_unet_"): a top-level
- * module mapped whole; else, whatever the key holds, its first 19 bytes taken
+ * module mapped whole; else, whatever the key holds, its first 19 characters taken
  * for "transformer_blocks_", the rest up to the first dot (and before the
  * last one) split at underscores and joined with dots but for the runs kept
  * whole. Allocated; NULL when out of memory. */
@@ -310,7 +310,7 @@ static int convert_kohya_pairs(struct conversion *cv)
         struct qwen_key *up = n.other ? find_key(cv, n.other) : NULL;
         if (!n.other || !n.a || !n.b || !n.alpha)
             code = nf4_fail(NF4_ESOFTWARE, cv->path, down->t->t->name, "out of memory");
-        else if (!up)
+        else if (!up || up->taken) /* diffusers pops each up: a second down naming it finds none */
             code = nf4_fail(NF4_EDATA, cv->path, down->t->t->name, "has no matching lora_up.weight");
         else
             code = convert_pair(cv, down, up, n.a, n.b, n.alpha);
@@ -333,7 +333,7 @@ static int convert_peft_pairs(struct conversion *cv)
         struct qwen_key *b = n.other ? find_key(cv, n.other) : NULL;
         if (!n.other || !n.alpha)
             code = nf4_fail(NF4_ESOFTWARE, cv->path, a->t->t->name, "out of memory");
-        else if (!b)
+        else if (!b || b->taken)
             code = nf4_fail(NF4_EDATA, cv->path, a->t->t->name, "has no matching lora_B.weight");
         else
             code = convert_pair(cv, a, b, a->name, b->name, n.alpha);
