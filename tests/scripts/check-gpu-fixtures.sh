@@ -25,6 +25,16 @@ convert() { # convert DEVICE IN OUT [DTYPE]
     if [ -n "${4:-}" ]; then set -- "$1" "$2" "$3" --dtype "$4"; else set -- "$1" "$2" "$3"; fi
     "$bin" convert -q --device "$1" "$2" "$3" ${4:+"$4"} ${5:+"$5"} || { failed=$((failed + 1)); echo "FAIL: convert $*"; }
 }
+converted_lora() { # converted_lora NAME IN GOT_DIR REF_BASE LORA: --lora LORA.safetensors (a form diffusers
+    # converts) into IN on the GPU gives, in GOT_DIR below its output, the CPU's merge of diffusers' own
+    # conversion of it (LORA.diffusers.safetensors) into REF_BASE, byte for byte
+    "$bin" convert -q --device cpu "$4" "$out/$1-ref" --lora "$5.diffusers.safetensors"
+    if "$bin" convert -q --device "$gpu" "$2" "$out/$1-gpu" --lora "$5.safetensors"; then
+        check "$1 --lora ${5##*/} (gpu vs the cpu merge of its diffusers form)" "$out/$1-gpu$3" "$out/$1-ref"
+    else
+        failed=$((failed + 1)); echo "FAIL: convert --lora ${5##*/}"
+    fi
+}
 merge() { # merge LABEL BASE ADAPTER OUT EXPECTED: --lora on the GPU, within the tolerance, equal to the CPU's
     "$bin" convert -q --device "$gpu" "$2" "$4-gpu" --lora "$3" ||
         { failed=$((failed + 1)); echo "FAIL: convert --lora $3"; return; }
@@ -104,28 +114,12 @@ if "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4" "$out/flux-pipe-lora" 
 else
     failed=$((failed + 1)); echo "FAIL: convert the pipeline --lora lora-flux"
 fi
-# A kohya Flux.1 LoRA, as diffusers converts it: on the GPU, the CPU's merge of
-# diffusers' own conversion of it, byte for byte.
-"$bin" convert -q --device cpu "$dx/tiny-flux-bnb4/transformer" "$out/flux-kohya-ref" \
-    --lora "$dx/lora-flux-kohya.diffusers.safetensors"
-if "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4/transformer" "$out/flux-kohya-gpu" \
-    --lora "$dx/lora-flux-kohya.safetensors"; then
-    check "flux transformer --lora lora-flux-kohya (gpu vs the cpu merge of its diffusers form)" \
-        "$out/flux-kohya-gpu" "$out/flux-kohya-ref"
-else
-    failed=$((failed + 1)); echo "FAIL: convert --lora lora-flux-kohya"
-fi
-# A Qwen-Image LoRA in lightx2v's form, on the pipeline: the same, against the
-# CPU's merge of diffusers' conversion into the transformer alone.
-"$bin" convert -q --device cpu "$dx/tiny-qwen-image/transformer" "$out/qwen-lightning-ref" \
-    --lora "$dx/lora-qwen-lightning.diffusers.safetensors"
-if "$bin" convert -q --device "$gpu" "$dx/tiny-qwen-image" "$out/qwen-lightning-gpu" \
-    --lora "$dx/lora-qwen-lightning.safetensors"; then
-    check "qwen-image pipeline --lora lora-qwen-lightning (gpu vs the cpu merge of its diffusers form)" \
-        "$out/qwen-lightning-gpu/transformer" "$out/qwen-lightning-ref"
-else
-    failed=$((failed + 1)); echo "FAIL: convert --lora lora-qwen-lightning"
-fi
+# A kohya Flux.1 LoRA on the transformer, and a Qwen-Image LoRA in lightx2v's
+# form on the whole pipeline, each as diffusers converts it.
+converted_lora "flux transformer" "$dx/tiny-flux-bnb4/transformer" "" "$dx/tiny-flux-bnb4/transformer" \
+    "$dx/lora-flux-kohya"
+converted_lora "qwen-image pipeline" "$dx/tiny-qwen-image" /transformer "$dx/tiny-qwen-image/transformer" \
+    "$dx/lora-qwen-lightning"
 if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
     passed=$((passed + 1))
 else

@@ -480,6 +480,19 @@ static void snap_free(struct snap *s)
     s->n = 0;
 }
 
+/* Arms fault f (M_COUNT: only count) for the calls that follow, from
+ * zeroed counters and no recorded error; disarm with g.armed = 0. */
+static void arm(struct fault f)
+{
+    nf4_clear_error();
+    g.f = f;
+    g.matched = 0;
+    g.fired = 0;
+    for (int i = 0; i < FN_COUNT; i++)
+        g.seen[i] = 0;
+    g.armed = 1;
+}
+
 static int convert(const char *in, const char *out, int force)
 {
     struct convert_opts o;
@@ -491,13 +504,8 @@ static int convert(const char *in, const char *out, int force)
     o.chunk_elements = 4096; /* many chunks: many reads and writes per tensor */
     o.mem = 1;               /* the smallest ring the pipeline allows */
     struct convert_stats st;
-    nf4_clear_error();
     nf4_set_quiet(1);
-    g.matched = 0;
-    g.fired = 0;
-    for (int i = 0; i < FN_COUNT; i++)
-        g.seen[i] = 0;
-    g.armed = 1;
+    arm(g.f);
     int rc = convert_run(in, out, &o, &st);
     g.armed = 0;
     return rc;
@@ -1141,22 +1149,28 @@ static void test_sigint_file(void **state)
 #define KOHYA_LORA FIXTURES "/diffusers/lora-flux-kohya.safetensors"
 #define KOHYA_AS_DIFFUSERS FIXTURES "/diffusers/lora-flux-kohya.diffusers.safetensors"
 
-/* diffusers_lora_open of KOHYA_LORA with TMPDIR=tmp and fault f armed. */
-static int open_kohya(const char *tmp, struct fault f, struct model **m)
+/* Points TMPDIR at `tmp`; returns what it was (allocated, NULL: unset) for tmpdir_restore. */
+static char *tmpdir_set(const char *tmp)
 {
     char *old = getenv("TMPDIR") ? tu_strdupf("%s", getenv("TMPDIR")) : NULL;
     setenv("TMPDIR", tmp, 1);
-    nf4_clear_error();
-    g.f = f;
-    g.matched = 0;
-    g.fired = 0;
-    for (int i = 0; i < FN_COUNT; i++)
-        g.seen[i] = 0;
-    g.armed = 1;
-    int rc = diffusers_lora_open(KOHYA_LORA, LORA_FAMILY_FLUX, 0, m);
-    g.armed = 0;
+    return old;
+}
+
+static void tmpdir_restore(char *old)
+{
     old ? setenv("TMPDIR", old, 1) : unsetenv("TMPDIR");
     free(old);
+}
+
+/* diffusers_lora_open of KOHYA_LORA with TMPDIR=tmp and fault f armed. */
+static int open_kohya(const char *tmp, struct fault f, struct model **m)
+{
+    char *old = tmpdir_set(tmp);
+    arm(f);
+    int rc = diffusers_lora_open(KOHYA_LORA, LORA_FAMILY_FLUX, 0, m);
+    g.armed = 0;
+    tmpdir_restore(old);
     return rc;
 }
 
@@ -1220,8 +1234,7 @@ static void test_kohya_converted_once(void **state)
 {
     (void)state;
     char *tmp = tu_mkdtemp(), *scratch = tu_mkdtemp(), *out = tu_strdupf("%s/out", scratch);
-    char *old = getenv("TMPDIR") ? tu_strdupf("%s", getenv("TMPDIR")) : NULL;
-    setenv("TMPDIR", tmp, 1);
+    char *old = tmpdir_set(tmp);
     const char *loras[1] = {KOHYA_LORA};
     struct convert_opts o;
     convert_opts_init(&o);
@@ -1229,14 +1242,10 @@ static void test_kohya_converted_once(void **state)
     o.lora_dirs = loras;
     o.nlora = 1;
     struct convert_stats st;
-    nf4_clear_error();
-    g.f = (struct fault){.fn = FN_OPEN, .mode = M_COUNT, .path = tmp};
-    g.matched = 0;
-    g.armed = 1;
+    arm((struct fault){.fn = FN_OPEN, .mode = M_COUNT, .path = tmp});
     int rc = convert_run(FIXTURES "/diffusers/tiny-flux-bnb4", out, &o, &st);
     g.armed = 0;
-    old ? setenv("TMPDIR", old, 1) : unsetenv("TMPDIR");
-    free(old);
+    tmpdir_restore(old);
     if (rc != 0)
         fail_msg("convert: %s", nf4_last_error());
     assert_int_equal(st.merged, 16);
