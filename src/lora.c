@@ -1455,6 +1455,16 @@ static int open_adapter_weights(const char *dir, const char *path, struct model 
     return model_open_file(path, out);
 }
 
+/* A LoRA in another form than diffusers' is read as the loader of the
+ * base's class reads it (its config.json), asked only where one is opened. */
+static enum lora_family base_family(const struct model *base)
+{
+    char *cls = base->dir ? diffusers_class_name(base->dir, CONFIG_FILE_NAME) : NULL;
+    const enum lora_family family = diffusers_lora_family(cls);
+    free(cls);
+    return family;
+}
+
 int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
               const struct bnb_weight *weights, size_t nweights)
 {
@@ -1472,10 +1482,6 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
     if (!s)
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
     struct binder b = {.base = base, .weights = weights, .nweights = nweights};
-    /* A LoRA in another form is read as the loader of the base's class reads it. */
-    char *cls = base->dir ? diffusers_class_name(base->dir, CONFIG_FILE_NAME) : NULL;
-    const enum lora_family family = diffusers_lora_family(cls);
-    free(cls);
     int code = model_tied_embedding(base, &b.tied_embedding);
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];
@@ -1489,8 +1495,8 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
         if (code == NF4_OK && ad->config_path) {
             ad->diffusers = 1;
             if ((code = converted && converted[i] ? model_reopen(converted[i], &ad->weights)
-                                                  : diffusers_lora_open(ad->config_path, family, !component,
-                                                                        &ad->weights)) == NF4_OK &&
+                                                  : diffusers_lora_open(ad->config_path, base_family(base),
+                                                                        !component, &ad->weights)) == NF4_OK &&
                 (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK &&
                 (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK)
                 code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);
