@@ -308,7 +308,7 @@ static int block_diagonal(const struct conversion *cv, const struct model_tensor
                           size_t n, uint64_t rank, int *sparse)
 {
     const struct st_tensor *t = up->t;
-    struct lora_part whole = {NULL, up, t->dtype, {t->shape[0], t->shape[1]}, 0, 0, su};
+    struct lora_part whole = {.src = up, .dtype = t->dtype, .shape = {t->shape[0], t->shape[1]}, .scale = su};
     const uint64_t esize = dtype_bits(t->dtype) / 8;
     unsigned char *v = malloc(t->nelem * esize + 1);
     if (!v)

@@ -38,16 +38,9 @@ static const char *const KEPT_WHOLE[][3] = {
     {"img", "mlp", NULL}, {"txt", "mod", NULL}, {"img", "mod", NULL},
 };
 
-/* A key under the name diffusers gives it, and whether the conversion took it. */
-struct qwen_key {
-    char *name;
-    const struct model_tensor *t;
-    int taken;
-};
-
 struct conversion {
     const char *path;
-    struct qwen_key *keys;
+    struct lora_key *keys;
     size_t nkeys;
     struct lora_rewrite rw;
 };
@@ -142,15 +135,9 @@ static char *kohya_key(const char *key)
     return b.oom ? (free(b.p), NULL) : b.p;
 }
 
-static int key_cmp(const void *a, const void *b)
+static struct lora_key *find_key(const struct conversion *cv, const char *name)
 {
-    return strcmp(((const struct qwen_key *)a)->name, ((const struct qwen_key *)b)->name);
-}
-
-static struct qwen_key *find_key(const struct conversion *cv, const char *name)
-{
-    struct qwen_key probe = {(char *)name, NULL, 0};
-    return bsearch(&probe, cv->keys, cv->nkeys, sizeof *cv->keys, key_cmp);
+    return lora_key_find(cv->keys, cv->nkeys, name);
 }
 
 /* The forms diffusers converts, over the keys but DoRA scales. */
@@ -246,19 +233,15 @@ static int rename_keys(struct conversion *cv, const struct model *w)
         code = rename_each(cv, without_peft_adapter);
     if (code != NF4_OK)
         return code;
-    qsort(cv->keys, cv->nkeys, sizeof *cv->keys, key_cmp);
-    for (size_t i = 1; i < cv->nkeys; i++)
-        if (strcmp(cv->keys[i - 1].name, cv->keys[i].name) == 0)
-            return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "becomes %s, as %s does (diffusers would "
-                            "keep one of them)", cv->keys[i].name, cv->keys[i - 1].t->t->name);
-    return NF4_OK;
+    lora_keys_sort(cv->keys, cv->nkeys);
+    return lora_keys_check_distinct(cv->path, cv->keys, cv->nkeys);
 }
 
 /* ---- factors ---- */
 
 /* The pair `down`, `up` (keys of cv) as "transformer." + a_name / b_name,
  * with the alpha at alpha_name if there is one folded in. */
-static int convert_pair(struct conversion *cv, struct qwen_key *down, struct qwen_key *up, const char *a_name,
+static int convert_pair(struct conversion *cv, struct lora_key *down, struct lora_key *up, const char *a_name,
                         const char *b_name, const char *alpha_name)
 {
     const struct st_tensor *dt = down->t->t, *ut = up->t->t;
@@ -268,7 +251,7 @@ static int convert_pair(struct conversion *cv, struct qwen_key *down, struct qwe
         return code;
     const uint64_t r = dt->shape[0];
     float sd = 1.0f, su = 1.0f;
-    struct qwen_key *alpha = find_key(cv, alpha_name);
+    struct lora_key *alpha = find_key(cv, alpha_name);
     if (alpha && !alpha->taken) { /* diffusers pops it: a second pair naming it gets none */
         double a;
         if ((code = lora_read_alpha(cv->path, alpha->t, &a)) != NF4_OK)
@@ -301,13 +284,13 @@ static int convert_kohya_pairs(struct conversion *cv)
 {
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
-        struct qwen_key *down = &cv->keys[i];
+        struct lora_key *down = &cv->keys[i];
         if (!ends_with(down->name, QWEN_DOWN))
             continue;
         struct names n = {str_replace_all(down->name, QWEN_DOWN, QWEN_UP), str_replace_all(down->name, QWEN_DOWN, QWEN_A),
                           NULL, str_replace_all(down->name, QWEN_DOWN, QWEN_ALPHA)};
         n.b = n.other ? str_replace_all(n.other, QWEN_UP, QWEN_B) : NULL;
-        struct qwen_key *up = n.other ? find_key(cv, n.other) : NULL;
+        struct lora_key *up = n.other ? find_key(cv, n.other) : NULL;
         if (!n.other || !n.a || !n.b || !n.alpha)
             code = nf4_fail(NF4_ESOFTWARE, cv->path, down->t->t->name, "out of memory");
         else if (!up || up->taken) /* diffusers pops each up: a second down naming it finds none */
@@ -325,12 +308,12 @@ static int convert_peft_pairs(struct conversion *cv)
 {
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
-        struct qwen_key *a = &cv->keys[i];
+        struct lora_key *a = &cv->keys[i];
         if (!ends_with(a->name, QWEN_A))
             continue;
         struct names n = {str_replace_all(a->name, QWEN_A, QWEN_B), NULL, NULL,
                           str_replace_all(a->name, QWEN_A, QWEN_ALPHA)};
-        struct qwen_key *b = n.other ? find_key(cv, n.other) : NULL;
+        struct lora_key *b = n.other ? find_key(cv, n.other) : NULL;
         if (!n.other || !n.alpha)
             code = nf4_fail(NF4_ESOFTWARE, cv->path, a->t->t->name, "out of memory");
         else if (!b || b->taken)
@@ -357,7 +340,7 @@ static int convert_factors(struct conversion *cv)
     }
     int code = kohya ? convert_kohya_pairs(cv) : peft ? convert_peft_pairs(cv) : NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
-        struct qwen_key *k = &cv->keys[i];
+        struct lora_key *k = &cv->keys[i];
         if (k->taken)
             continue;
         if (!strstr(k->name, QWEN_ALPHA))
@@ -382,8 +365,6 @@ int qwen_lora_convert(const struct model *w, const char *path, int warn, struct 
         code = lora_rewrite_check_one_each(&cv.rw);
     code = lora_rewrite_finish(&cv.rw, code, warn, "are DoRA scales or alphas without factors, which diffusers "
                                "drops from a Qwen-Image LoRA", out);
-    for (size_t i = 0; i < cv.nkeys; i++)
-        free(cv.keys[i].name);
-    free(cv.keys);
+    lora_keys_free(cv.keys, cv.nkeys);
     return code;
 }

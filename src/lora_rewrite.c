@@ -38,14 +38,40 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
     p->row0 = row0;
     p->col0 = col0;
     p->scale = scale;
+    p->vector = p->identity = 0;
     rw->nparts++;
     return NF4_OK;
 }
 
+int lora_rewrite_add_vector(struct lora_rewrite *rw, const char *target, const char *factor,
+                            const struct model_tensor *src)
+{
+    const struct st_tensor *t = src->t;
+    int code = lora_rewrite_add(rw, target, factor, src, t->dtype, 1, t->nelem, 0, 0, 1.0f);
+    if (code == NF4_OK)
+        rw->parts[rw->nparts - 1].vector = 1;
+    return code;
+}
+
+int lora_rewrite_add_identity(struct lora_rewrite *rw, const char *target, const char *factor,
+                              const struct model_tensor *src, enum st_dtype dtype, uint64_t rows, uint64_t cols)
+{
+    int code = lora_rewrite_add(rw, target, factor, src, dtype, rows, cols, 0, 0, 1.0f);
+    if (code == NF4_OK)
+        rw->parts[rw->nparts - 1].identity = 1;
+    return code;
+}
+
 int lora_part_values(const struct lora_part *p, void *out)
 {
+    if (p->identity) {
+        for (uint64_t i = 0, k = 0; i < p->shape[0]; i++)
+            for (uint64_t c = 0; c < p->shape[1]; c++, k++)
+                f32_to_element(p->dtype, out, k, i == c ? 1.0f : 0.0f);
+        return NF4_OK;
+    }
     const struct st_tensor *t = p->src->t;
-    const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = t->shape[1];
+    const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = p->vector ? t->nelem : t->shape[1];
     void *rows = malloc(p->shape[0] * src_cols * esize + 1);
     if (!rows)
         return nf4_fail(NF4_ESOFTWARE, p->src->file->path, t->name, "out of memory");
@@ -87,7 +113,8 @@ static int write_parts(const struct lora_rewrite *rw, int fd, const char *tmp)
     if (!outs)
         return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
     for (size_t i = 0; i < rw->nparts; i++)
-        outs[i] = (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype, 2, rw->parts[i].shape};
+        outs[i] = (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype, rw->parts[i].vector ? 1 : 2,
+                                         rw->parts[i].vector ? &rw->parts[i].shape[1] : rw->parts[i].shape};
     struct st_writer *w = NULL;
     int code = st_writer_begin_stream(&w, fd, tmp, outs, rw->nparts, rw->meta, rw->nmeta);
     for (size_t k = 0; code == NF4_OK && k < rw->nparts; k++) {
@@ -158,6 +185,40 @@ int lora_rewrite_finish(struct lora_rewrite *rw, int code, int warn, const char 
     free(rw->last_listed);
     memset(rw, 0, sizeof *rw);
     return code;
+}
+
+/* ---- the file's keys, renamed ---- */
+
+static int key_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct lora_key *)a)->name, ((const struct lora_key *)b)->name);
+}
+
+void lora_keys_sort(struct lora_key *keys, size_t n)
+{
+    qsort(keys, n, sizeof *keys, key_cmp);
+}
+
+struct lora_key *lora_key_find(struct lora_key *keys, size_t n, const char *name)
+{
+    struct lora_key probe = {(char *)name, NULL, 0};
+    return bsearch(&probe, keys, n, sizeof *keys, key_cmp);
+}
+
+int lora_keys_check_distinct(const char *path, const struct lora_key *keys, size_t n)
+{
+    for (size_t i = 1; i < n; i++)
+        if (strcmp(keys[i - 1].name, keys[i].name) == 0)
+            return nf4_fail(NF4_EDATA, path, keys[i].t->t->name, "becomes %s, as %s does (diffusers would keep one "
+                            "of them)", keys[i].name, keys[i - 1].t->t->name);
+    return NF4_OK;
+}
+
+void lora_keys_free(struct lora_key *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(keys[i].name);
+    free(keys);
 }
 
 /* ---- alphas ---- */

@@ -1,6 +1,6 @@
 /* A LoRA file rewritten into the diffusers LoRA that diffusers makes of it
  * when a pipeline loads it (lora_kohya.h: Flux.1's kohya and ComfyUI forms;
- * lora_qwen.h: Qwen-Image's). Each tensor of the result is a block of one of
+ * lora_qwen.h: Qwen-Image's; lora_wan.h: Wan's). Each tensor of the result is a block of one of
  * the file's factors, each value times a scale (the alpha folded in) in fp32,
  * rounded to a dtype, as PyTorch computes `factor * python_float`. The result
  * is written to a temp file in $TMPDIR (else /tmp) that no name reaches, and
@@ -15,7 +15,10 @@
 #include "model.h"
 #include "strbuf.h"
 
-/* One tensor of the result: rows row0.. and columns col0.. of `src`, times `scale`. */
+/* One tensor of the result: rows row0.. and columns col0.. of `src`, times
+ * `scale`; or a vector (a bias: ndim 1, shape {1, n}), or the identity
+ * matrix of that shape (`identity`: values 1 and 0, `src` only named in
+ * messages). */
 struct lora_part {
     char *name;
     const struct model_tensor *src;
@@ -23,6 +26,7 @@ struct lora_part {
     uint64_t shape[2];
     uint64_t row0, col0;
     float scale;
+    unsigned vector : 1, identity : 1;
 };
 
 struct lora_rewrite {
@@ -44,6 +48,16 @@ struct lora_rewrite {
 int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *factor, const struct model_tensor *src,
                      enum st_dtype dtype, uint64_t rows, uint64_t cols, uint64_t row0, uint64_t col0, float scale);
 
+/* Adds the part named target + factor (".lora_B.bias") holding the vector
+ * `src` (one dimension, a factor dtype) as it is. NF4_OK or NF4_ESOFTWARE. */
+int lora_rewrite_add_vector(struct lora_rewrite *rw, const char *target, const char *factor,
+                            const struct model_tensor *src);
+
+/* Adds the part named target + factor holding the identity matrix [rows,
+ * cols] in `dtype` (what torch.eye(cols, rows).T holds), made for `src`. */
+int lora_rewrite_add_identity(struct lora_rewrite *rw, const char *target, const char *factor,
+                              const struct model_tensor *src, enum st_dtype dtype, uint64_t rows, uint64_t cols);
+
 /* The values of part `p` into `out` (its bytes). */
 int lora_part_values(const struct lora_part *p, void *out);
 
@@ -60,6 +74,29 @@ void lora_rewrite_leave_out(struct lora_rewrite *rw, const char *name, size_t le
  * opens it as *out, named rw->path (NF4_ECANTCREAT naming TMPDIR, or NF4_EIO,
  * for the temp file; NF4_ESOFTWARE). Frees rw either way; returns the code. */
 int lora_rewrite_finish(struct lora_rewrite *rw, int code, int warn, const char *why, struct model **out);
+
+/* ---- the file's keys, renamed ---- */
+
+/* A key of the LoRA file under the name a conversion gives it, and whether
+ * the conversion took it. */
+struct lora_key {
+    char *name;
+    const struct model_tensor *t;
+    int taken;
+};
+
+/* Sorts keys by name for lora_key_find. */
+void lora_keys_sort(struct lora_key *keys, size_t n);
+
+/* The key named `name` in sorted keys, or NULL. */
+struct lora_key *lora_key_find(struct lora_key *keys, size_t n, const char *name);
+
+/* NF4_EDATA, naming the file `path` and both keys, where two sorted keys have
+ * one name: diffusers' dict would keep one of them. */
+int lora_keys_check_distinct(const char *path, const struct lora_key *keys, size_t n);
+
+/* Frees each key's name, and the array. */
+void lora_keys_free(struct lora_key *keys, size_t n);
 
 /* ---- alphas ---- */
 
