@@ -34,7 +34,7 @@
     "  70  internal error (including out of memory)\n"                                                         \
     "  73  the output cannot be created (exists without --force, is a link or a\n"                            \
     "      device, another nf4deq is writing it, permissions), or the temp file\n"                              \
-    "      a kohya or Qwen-Image LoRA is converted into (TMPDIR)\n"                                             \
+    "      a kohya, Qwen-Image or Wan LoRA is converted into (TMPDIR)\n"                                        \
     "  74  read or write failed (I/O error, disk full, closed standard output,\n"                              \
     "      an input that changed while it was read)\n"
 
@@ -96,8 +96,8 @@ static const char CONVERT_HELP[] =
     "                       an ORG/NAME in the Hugging Face cache), or a diffusers\n"
     "                       LoRA (pytorch_lora_weights.safetensors or its folder,\n"
     "                       or a kohya or ComfyUI Flux.1 LoRA, or a Qwen-Image\n"
-    "                       LoRA in another form, read as diffusers converts\n"
-    "                       it; IN is then the component it was trained\n"
+    "                       or Wan LoRA in another form, read as diffusers\n"
+    "                       converts it; IN is then the component it was trained\n"
     "                       on, or its whole pipeline) into the\n"
     "                       dequantized weights, embedding LoRA, DoRA (use_dora),\n"
     "                       LoRA biases (lora_bias) and trained token rows\n"
@@ -133,8 +133,8 @@ static const char CONVERT_HELP[] =
     "  NF4DEQ_GPU_HANDOFF=0 wait for CUDA's teardown before exiting\n"
     "  NF4DEQ_OUTPUT_MAP=0|1 output through one write(2) stream (0) or a shared\n"
     "                       mapping (1); default: the mapping on tmpfs, 2+ workers\n"
-    "  TMPDIR               where a kohya or Qwen-Image LoRA's diffusers form is\n"
-    "                       written while it is read (default /tmp)\n"
+    "  TMPDIR               where a kohya, Qwen-Image or Wan LoRA's diffusers\n"
+    "                       form is written while it is read (default /tmp)\n"
     "\n" EXIT_CODES_HELP;
 
 static const char CLEAN_HELP[] =

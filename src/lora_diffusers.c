@@ -13,6 +13,7 @@
 #include "layout.h"
 #include "lora_kohya.h"
 #include "lora_qwen.h"
+#include "lora_wan.h"
 #include "lora_target.h"
 #include "status.h"
 #include "strbuf.h"
@@ -64,6 +65,9 @@ enum lora_family diffusers_lora_family(const char *cls)
 {
     if (cls && strncmp(cls, "QwenImage", 9) == 0)
         return LORA_FAMILY_QWEN_IMAGE;
+    if (cls && (strncmp(cls, "Wan", 3) == 0 || strncmp(cls, "SkyReelsV2", 10) == 0 ||
+                strcmp(cls, "LucyEditPipeline") == 0))
+        return LORA_FAMILY_WAN;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     return LORA_FAMILY_OTHER;
@@ -92,10 +96,12 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     if (code != NF4_OK)
         return code;
     int (*convert)(const struct model *, const char *, int, struct model **) = NULL;
-    if (family == LORA_FAMILY_QWEN_IMAGE && qwen_lora_detect(*out))
-        convert = qwen_lora_convert;
-    else if (family != LORA_FAMILY_QWEN_IMAGE && kohya_lora_detect(*out))
-        convert = kohya_lora_convert;
+    switch (family) {
+    case LORA_FAMILY_QWEN_IMAGE: convert = qwen_lora_detect(*out) ? qwen_lora_convert : NULL; break;
+    case LORA_FAMILY_WAN: convert = wan_lora_detect(*out) ? wan_lora_convert : NULL; break;
+    case LORA_FAMILY_FLUX:
+    case LORA_FAMILY_OTHER: convert = kohya_lora_detect(*out) ? kohya_lora_convert : NULL; break;
+    }
     if (!convert)
         return NF4_OK;
     struct model *original = *out;

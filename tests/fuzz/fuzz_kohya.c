@@ -1,14 +1,16 @@
-/* kohya_lora_convert and qwen_lora_convert on arbitrary bytes written to a
- * file (a kohya or ComfyUI Flux.1 LoRA, a Qwen-Image LoRA in another form than
- * diffusers'): the renaming, the alpha, the splits of fused layers and the
- * temp file. When one accepts, every tensor of the result is a diffusers LoRA
- * factor of the transformer (or Flux.1's text encoder); a refusal
+/* kohya_lora_convert, qwen_lora_convert and wan_lora_convert on arbitrary
+ * bytes written to a file (a kohya or ComfyUI Flux.1 LoRA, a Qwen-Image or
+ * Wan LoRA in another form than diffusers'): the renaming, the alpha, the
+ * splits of fused layers, Wan's biases and head diff, and the temp file. When
+ * one accepts, every tensor of the result is a diffusers LoRA factor of the
+ * transformer (or Flux.1's text encoder), or a Wan bias; a refusal
  * must be bad data with a one-line message; either way the temp file is gone
  * (TMPDIR is a scratch folder that must end up holding the input alone). */
 #define FUZZ_OWN_INITIALIZE
 #include "fuzz_common.h"
 #include "lora_kohya.h"
 #include "lora_qwen.h"
+#include "lora_wan.h"
 #include "model.h"
 #include "strutil.h"
 
@@ -29,8 +31,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 /* One conversion's result: named after the file, only 2-D lora_A/lora_B
- * factors under `components` (NULL-terminated prefixes). */
-static void check_result(int code, struct model *out, const char *const *components)
+ * factors under `components` (NULL-terminated prefixes), and where `biases`
+ * 1-D lora_B.bias vectors. */
+static void check_result(int code, struct model *out, const char *const *components, int biases)
 {
     if (code != NF4_OK) {
         fuzz_check_failure(code);
@@ -42,6 +45,10 @@ static void check_result(int code, struct model *out, const char *const *compone
         int under = 0;
         for (const char *const *c = components; *c; c++)
             under |= strncmp(t->name, *c, strlen(*c)) == 0;
+        if (biases && str_ends_with(t->name, ".lora_B.bias")) {
+            FUZZ_ASSERT(under && t->ndim == 1 && t->shape[0], "%s: shape", t->name);
+            continue;
+        }
         FUZZ_ASSERT(under && (str_ends_with(t->name, ".lora_A.weight") || str_ends_with(t->name, ".lora_B.weight")),
                     "%s", t->name);
         FUZZ_ASSERT(t->ndim == 2 && t->shape[0] && t->shape[1], "%s: shape", t->name);
@@ -56,16 +63,23 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct model *m, *out = NULL;
     if (model_open_file(path, &m) != NF4_OK)
         return 0;
-    static const char *const FLUX[] = {"transformer.", "text_encoder.", NULL}, *const QWEN[] = {"transformer.", NULL};
+    static const char *const FLUX[] = {"transformer.", "text_encoder.", NULL};
+    static const char *const TRANSFORMER[] = {"transformer.", NULL};
     if (kohya_lora_detect(m)) {
-        check_result(kohya_lora_convert(m, path, 0, &out), out, FLUX);
+        check_result(kohya_lora_convert(m, path, 0, &out), out, FLUX, 0);
         fuzz_assert_only_input_left("a kohya conversion");
     }
     nf4_clear_error();
     out = NULL;
     if (qwen_lora_detect(m)) {
-        check_result(qwen_lora_convert(m, path, 0, &out), out, QWEN);
+        check_result(qwen_lora_convert(m, path, 0, &out), out, TRANSFORMER, 0);
         fuzz_assert_only_input_left("a Qwen-Image conversion");
+    }
+    nf4_clear_error();
+    out = NULL;
+    if (wan_lora_detect(m)) {
+        check_result(wan_lora_convert(m, path, 0, &out), out, TRANSFORMER, 1);
+        fuzz_assert_only_input_left("a Wan conversion");
     }
     model_close(m);
     return 0;

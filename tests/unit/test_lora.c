@@ -2186,6 +2186,143 @@ static void test_qwen_lora_refusals(void **state)
     free(lora);
 }
 
+/* Wan LoRAs in the forms they are shared in (Wan's own names under
+ * diffusion_model., as ComfyUI, CausVid and lightx2v share them, with
+ * lora_down / lora_up or lora_A / lora_B, alphas, diff_b biases, norm and weight
+ * diffs, head.head.diff; musubi-tuner's lora_unet_ names) read as diffusers
+ * 0.42 loads them into a Wan pipeline: each conversion holds, byte for byte,
+ * the tensors of the .diffusers file make_wan_fixtures.py wrote with
+ * diffusers' own, and merges as that file does, alone and in a pipeline. */
+static void test_wan_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char *const WAN_CASES[][2] = {
+        {DIFFUSERS_FIXTURES "/lora-wan-comfy.safetensors", DIFFUSERS_FIXTURES "/lora-wan-comfy.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-wan-distill.safetensors",
+         DIFFUSERS_FIXTURES "/lora-wan-distill.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-wan-lora-a.safetensors", DIFFUSERS_FIXTURES "/lora-wan-lora-a.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-wan-musubi.safetensors", DIFFUSERS_FIXTURES "/lora-wan-musubi.diffusers.safetensors"},
+        /* The config in the metadata (scaling 2), applied after the alphas are folded in. */
+        {DIFFUSERS_FIXTURES "/lora-wan-meta.safetensors", DIFFUSERS_FIXTURES "/lora-wan-meta.diffusers.safetensors"},
+    };
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
+    for (size_t i = 0; i < sizeof WAN_CASES / sizeof WAN_CASES[0]; i++) {
+        struct model *m;
+        assert_int_equal(diffusers_lora_open(WAN_CASES[i][0], LORA_FAMILY_WAN, 0, &m), NF4_OK);
+        assert_int_equal(m->nfiles, 1);
+        assert_string_equal(m->files[0]->path, WAN_CASES[i][0]);
+        tu_assert_same_st(m->files[0], WAN_CASES[i][0], WAN_CASES[i][1]);
+        model_close(m);
+    }
+    const char *pipeline = DIFFUSERS_FIXTURES "/tiny-wan";
+    const char *transformer = DIFFUSERS_FIXTURES "/tiny-wan/transformer";
+    char *got = tu_strdupf("%s/got", s->dir), *want = tu_strdupf("%s/want", s->dir), *pipe = tu_strdupf("%s/pipe", s->dir);
+    char *got_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", got),
+         *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want),
+         *pipe_file = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", pipe);
+    static const uint64_t MERGED[] = {48, 50, 10, 24, 4}; /* weights, and biases where the LoRA has diff_b */
+    for (size_t i = 0; i < sizeof WAN_CASES / sizeof WAN_CASES[0]; i++) {
+        const char *lora[1] = {WAN_CASES[i][0]}, *converted[1] = {WAN_CASES[i][1]};
+        assert_int_equal(merge_on_cpu(transformer, got, lora, 1, 0, 0, DT_INVALID), MERGED[i]);
+        assert_int_equal(merge_on_cpu(transformer, want, converted, 1, 0, 0, DT_INVALID), MERGED[i]);
+        tu_assert_same_tensors(got_file, want_file);
+        tu_rmtree(got);
+        tu_rmtree(want);
+    }
+    /* In the pipeline: what diffusers does not load, said once. */
+    struct tu_run r = tu_run("convert", "--device", "cpu", pipeline, pipe, "--lora", WAN_CASES[0][0], NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "lora-wan-comfy.safetensors: 5 of its tensors (diffusion_model.blocks.0.norm3.diff, "
+                       "diffusion_model.blocks.0.norm3.diff_b, diffusion_model.blocks.1.self_attn.norm_q.diff, ...) "
+                       "are ones diffusers does not load from a Wan LoRA: they are not merged\n") ||
+        !strstr(r.err, "48 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    const char *comfy_converted[1] = {WAN_CASES[0][1]};
+    assert_int_equal(merge_on_cpu(transformer, want, comfy_converted, 1, 0, 0, DT_INVALID), 48);
+    tu_assert_same_tensors(pipe_file, want_file);
+    /* The component alone: the head's diff as a LoRA with an identity up, and its bias. */
+    r = tu_run("inspect", transformer, "--lora", WAN_CASES[1][0], NULL);
+    if (r.status != 0 || !strstr(r.out, "\n50 tensors changed by 1 adapter\n") || !strstr(r.out, "proj_out.bias") ||
+        strstr(r.out, "Tokenizer"))
+        fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
+    tu_run_free(&r);
+    /* Qwen-Image's loader reads diffusion_model. keys as ComfyUI's Qwen-Image
+     * names, which name no module of this model. */
+    r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-qwen-image/transformer", got, "--lora",
+               WAN_CASES[3][0], NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, "lora-wan-musubi.safetensors: "))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(want);
+    tu_rmtree(pipe);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    free(got_file);
+    free(want_file);
+    free(pipe_file);
+    free(got);
+    free(want);
+    free(pipe);
+}
+
+/* Wan LoRAs diffusers' conversion raises on (or would load half of):
+ * refused with one line naming the file and the key, nothing written. */
+static void test_wan_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+#define WAN_Q "diffusion_model.blocks.0.self_attn.q"
+    static const struct {
+        const char *names[3]; /* a factor pair (either may be NULL) and another key, [1, 1] */
+        enum st_dtype dtype;
+        float extra; /* the third key's value */
+        const char *want;
+    } WAN_CASES[] = {
+        {{WAN_Q ".lora_down.weight", NULL, WAN_Q ".alpha"}, DT_BF16, 4,
+         WAN_Q ".alpha: has no matching lora_up.weight"},
+        {{"diffusion_model.blocks.0.cross_attn.k.lora_down.weight", NULL, NULL}, DT_BF16, 0,
+         "diffusion_model.blocks.0.cross_attn.k.lora_down.weight: has no matching lora_up.weight"},
+        {{NULL, "diffusion_model.blocks.1.ffn.0.lora_B.weight", NULL}, DT_BF16, 0,
+         "diffusion_model.blocks.1.ffn.0.lora_B.weight: has no matching lora_down.weight"},
+        {{WAN_Q ".lora_down.weight", WAN_Q ".lora_up.weight", WAN_Q ".alpha"}, DT_BF16, -2,
+         WAN_Q ".alpha: is -2; an alpha is a number from 0 up"},
+        {{WAN_Q ".lora_down.weight", WAN_Q ".lora_up.weight", WAN_Q ".dora_scale"}, DT_BF16, 1,
+         WAN_Q ".dora_scale: is not a key diffusers reads from a Wan LoRA in Wan's names (diffusion_model.)"},
+        {{"diffusion_model.head.head.lora_down.weight", "diffusion_model.head.head.lora_up.weight", NULL}, DT_BF16, 0,
+         "has no key of a block (blocks.N.), which diffusers' Wan conversion needs"},
+        {{"diffusion_model.blocks.x.self_attn.q.lora_down.weight", NULL, NULL}, DT_BF16, 0,
+         "diffusion_model.blocks.x.self_attn.q.lora_down.weight: has no block number after \"blocks.\""},
+        {{WAN_Q ".lora_down.weight", WAN_Q ".lora_up.weight", "diffusion_model.text_embedding.0.alpha"}, DT_BF16, 1,
+         "has keys of text_embedding.0 but not its lora_down.weight and lora_up.weight, which diffusers needs"},
+        {{WAN_Q ".lora_down.weight", WAN_Q ".lora_up.weight", WAN_Q ".lora_down.diff"}, DT_BF16, 1,
+         WAN_Q ".lora_down.diff: is a diff of a LoRA key, which diffusers refuses"},
+        {{WAN_Q ".lora_down.weight", WAN_Q ".lora_up.weight", WAN_Q ".diff_b"}, DT_BF16, 1,
+         WAN_Q ".diff_b: is not a bias (a vector of F32, BF16 or F16)"},
+        {{WAN_Q ".lora_down.weight", WAN_Q ".lora_up.weight", "diffusion_model.head.head.diff"}, DT_BF16, 1,
+         "diffusion_model.head.head.diff: has no head.head.diff_b, which diffusers needs beside it"},
+        /* diffusers cuts 16 characters off every key, whatever it starts with */
+        {{WAN_Q ".lora_down.weight", WAN_Q ".lora_up.weight", "0123456789abcdefblocks.0.self_attn.q.lora_up.weight"},
+         DT_BF16, 1, "becomes blocks.0.self_attn.q.lora_up.weight, as"},
+        {{WAN_Q ".lora_down.weight", WAN_Q ".lora_up.weight", NULL}, DT_I8, 0,
+         "is I8; LoRA weights must be F32, BF16 or F16"},
+        {{"lora_unet_blocks_0_self_attn_q.lora_down.weight", "lora_unet_blocks_0_self_attn_q.lora_up.weight",
+          "lora_unet_blocks_0_self_attn_q.alpha"}, DT_BF16, 1,
+         "has no lora_unet_blocks_0_self_attn_k.lora_down.weight, which diffusers needs: a musubi-tuner Wan LoRA has "
+         "every module of each of its 1 blocks"},
+        {{"lora_unet_head_head.lora_down.weight", "lora_unet_head_head.lora_up.weight", NULL}, DT_BF16, 0,
+         "lora_unet_head_head.lora_down.weight: is not a key of a block (lora_unet_blocks_N_...)"},
+    };
+#undef WAN_Q
+    char *lora = tu_strdupf("%s-wan.safetensors", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    static const uint64_t DOWN[2] = {4, 32}, UP[2] = {32, 4};
+    for (size_t i = 0; i < sizeof WAN_CASES / sizeof WAN_CASES[0]; i++) {
+        write_pair_lora(lora, WAN_CASES[i].names, DOWN, UP, WAN_CASES[i].dtype, WAN_CASES[i].extra);
+        assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-wan/transformer", lora, NULL, WAN_CASES[i].want);
+    }
+    unlink(lora);
+    free(lora);
+}
+
 /* The tensor bytes of a safetensors file, headers apart: what inspect's
  * bytes_after_conversion counts. */
 static uint64_t tensor_bytes_of(const char *path)
@@ -2658,6 +2795,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_kohya_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_qwen_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_qwen_lora_refusals, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_wan_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_wan_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
