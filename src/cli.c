@@ -16,9 +16,11 @@
 #include "inspect.h"
 #include "lora.h"
 #include "out_lock.h"
+#include "pipeline_lora.h"
 #include "progress.h"
 #include "report.h"
 #include "status.h"
+#include "strbuf.h"
 #include "tokenizer_files.h"
 
 #define EXIT_CODES_HELP                                                                                        \
@@ -98,7 +100,9 @@ static const char CONVERT_HELP[] =
     "                       or a kohya or ComfyUI Flux.1 LoRA, or a Qwen-Image\n"
     "                       or Wan LoRA in another form, read as diffusers\n"
     "                       converts it; IN is then the component it was trained\n"
-    "                       on, or its whole pipeline) into the\n"
+    "                       on, or its whole pipeline; on a pipeline,\n"
+    "                       COMPONENT=LORA puts LORA's transformer keys into\n"
+    "                       COMPONENT, as Wan 2.2's transformer_2) into the\n"
     "                       dequantized weights, embedding LoRA, DoRA (use_dora),\n"
     "                       LoRA biases (lora_bias) and trained token rows\n"
     "                       (trainable_token_indices) included;\n"
@@ -297,13 +301,24 @@ static int add_lora(const char *cmd, const char **dirs, size_t *n, const char *a
 }
 
 /* Each --lora as input_resolve_adapter finds it (a path, or ORG/NAME in the
- * hub cache), into resolved[] (all NULL before); free with free_adapters. */
+ * hub cache), into resolved[] (all NULL before), a pipeline's COMPONENT=
+ * kept before it (pipeline_lora_arg); free with free_adapters. */
 static int resolve_adapters(const char *const *given, size_t n, char **resolved)
 {
     for (size_t i = 0; i < n; i++) {
-        int code = input_resolve_adapter(given[i], &resolved[i]);
+        size_t len;
+        const char *lora = pipeline_lora_arg(given[i], &len);
+        int code = input_resolve_adapter(lora, &resolved[i]);
         if (code != NF4_OK)
             return code;
+        if (len) {
+            struct strbuf b = {0};
+            strbuf_printf(&b, "%.*s=%s", (int)len, given[i], resolved[i]);
+            if (b.oom)
+                return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
+            free(resolved[i]);
+            resolved[i] = b.p;
+        }
     }
     return NF4_OK;
 }

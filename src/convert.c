@@ -499,8 +499,9 @@ static int run(const char *in, const char *out, int out_is_dir_syntax, const str
         code = model_dir_require(in); /* "not a model" before anything about OUT */
     if (code == NF4_OK && !c.to_stdout && layout != LAYOUT_FILE)
         code = check_out_outside_in(in, out);
-    if (code == NF4_OK && layout == LAYOUT_PIPELINE)
-        code = pipeline_loras_check(in, o->lora_dirs, o->nlora);
+    if (code == NF4_OK)
+        code = layout == LAYOUT_PIPELINE ? pipeline_loras_check(in, o->lora_dirs, o->nlora)
+                                         : pipeline_lora_refuse_components(in, o->lora_dirs, o->nlora);
     if (code == NF4_OK && layout != LAYOUT_MODEL_DIR && o->tokenizer)
         code = nf4_fail(NF4_EUSAGE, in, NULL, "is %s; --tokenizer gives a model directory its tokenizer",
                         layout == LAYOUT_FILE ? "a single weights file" : "a diffusers pipeline");

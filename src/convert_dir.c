@@ -226,7 +226,7 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
         j->lora = c->lora;
     } else if (with_lora && cl && cl->n &&
                (code = lora_open_component(&j->lora, cl->dirs, cl->n, j->m, j->weights, j->nweights,
-                                           cl->component, cl->converted)) == NF4_OK) {
+                                           cl->key_components, cl->converted)) == NF4_OK) {
         j->owns_lora = 1;
         c->merging = 1;
     }

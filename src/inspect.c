@@ -39,7 +39,8 @@ struct model_part {
     const char *component; /* the pipeline's name for it, or NULL for IN itself */
     const char *const *lora_dirs;
     size_t nlora;
-    struct model *const *lora_converted; /* as in struct component_loras; NULL: none */
+    const char *const *lora_key_components; /* as in struct component_loras; NULL for IN itself */
+    struct model *const *lora_converted;     /* as in struct component_loras; NULL: none */
     int as_is; /* copied unchanged (a component with no 4-bit weight that no LoRA changes) */
 };
 
@@ -288,8 +289,8 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     size_t nw = 0;
     struct lora_set *lora = NULL;
     if ((code = bnb_collect(m, &w, &nw)) != NF4_OK || (is_dir && (code = refuse_conv1d_weights(in, w, nw)) != NF4_OK) ||
-        (part->nlora && (code = lora_open_component(&lora, part->lora_dirs, part->nlora, m, w, nw, part->component,
-                                                    part->lora_converted)) != NF4_OK)) {
+        (part->nlora && (code = lora_open_component(&lora, part->lora_dirs, part->nlora, m, w, nw,
+                                                    part->lora_key_components, part->lora_converted)) != NF4_OK)) {
         bnb_free(w, nw);
         model_close(m);
         return code;
@@ -462,7 +463,7 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
             model_close(m);
         }
         pipeline_loras_for(&pl, e[i].name, &cl);
-        struct model_part part = {e[i].name, cl.dirs, cl.n, cl.converted, 0};
+        struct model_part part = {e[i].name, cl.dirs, cl.n, cl.key_components, cl.converted, 0};
         part.as_is = !quantized && !part.nlora;
         const char *action = quantized ? "convert" : part.nlora ? "merge" : "copy";
         cJSON *jc = NULL;
@@ -526,7 +527,8 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
     if (layout != LAYOUT_MODEL_DIR && tokenizer)
         return nf4_fail(NF4_EUSAGE, in, NULL, "is %s; --tokenizer applies to a model directory",
                         layout == LAYOUT_FILE ? "a single weights file" : "a diffusers pipeline");
-    if (layout == LAYOUT_PIPELINE && (code = pipeline_loras_check(in, lora_dirs, nlora)) != NF4_OK)
+    if (layout == LAYOUT_PIPELINE ? (code = pipeline_loras_check(in, lora_dirs, nlora)) != NF4_OK
+                                  : (code = pipeline_lora_refuse_components(in, lora_dirs, nlora)) != NF4_OK)
         return code;
     struct inspect_opts o = {json, dtype, lora_dirs, nlora, tokenizer, {TOKENIZER_IN, NULL}, out};
     /* A bad folder fails before anything is printed. */
@@ -556,7 +558,7 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
             fwrite(text, 1, len, out);
         free(text);
     } else {
-        const struct model_part whole = {NULL, lora_dirs, nlora, NULL, 0};
+        const struct model_part whole = {NULL, lora_dirs, nlora, NULL, NULL, 0};
         code = inspect_model(in, layout == LAYOUT_MODEL_DIR, &o, &whole, root, &tot);
     }
     if (code == NF4_OK && root) {

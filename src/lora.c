@@ -1472,7 +1472,7 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
 }
 
 int lora_open_component(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
-                        const struct bnb_weight *weights, size_t nweights, const char *component,
+                        const struct bnb_weight *weights, size_t nweights, const char *const *key_components,
                         struct model *const *converted)
 {
     *out = NULL;
@@ -1485,6 +1485,7 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
     int code = model_tied_embedding(base, &b.tied_embedding);
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];
+        const char *component = key_components ? key_components[i] : NULL;
         struct lora_config c = {0};
         char *wpath = NULL;
         ad->dir = strdup(dirs[i]);

@@ -164,11 +164,13 @@ void lora_config_free(struct lora_config *c);
 int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
               const struct bnb_weight *weights, size_t nweights);
 /* lora_open for one component of a diffusers pipeline: every adapter is a
- * diffusers LoRA with keys under "<component>.", which are the ones bound.
- * `converted` (NULL, or ndirs entries): each adapter's LoRA as already
- * converted from another form (model_reopen), or NULL to read its file. */
+ * diffusers LoRA, and adapter i's keys under "<key_components[i]>." are the
+ * ones bound (the component's own name, or "transformer" for a LoRA loaded
+ * into Wan 2.2's transformer_2). `converted` (NULL, or ndirs entries): each
+ * adapter's LoRA as already converted from another form (model_reopen), or
+ * NULL to read its file. */
 int lora_open_component(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
-                        const struct bnb_weight *weights, size_t nweights, const char *component,
+                        const struct bnb_weight *weights, size_t nweights, const char *const *key_components,
                         struct model *const *converted);
 void lora_close(struct lora_set *s);
 const struct lora_target *lora_find(const struct lora_set *s, const char *name);

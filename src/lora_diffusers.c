@@ -251,6 +251,19 @@ static int in_pipeline(const char *dir)
     return found;
 }
 
+/* Whether `dir`, named `own`, is the transformer_2 of a Wan pipeline (its
+ * parent's model_index.json). */
+static int second_wan_transformer(const char *dir, const char *own)
+{
+    if (strcmp(own, "transformer_2") != 0)
+        return 0;
+    char *parent = path_join(dir, ".."), *cls = parent ? diffusers_class_name(parent, PIPELINE_INDEX_NAME) : NULL;
+    int wan = diffusers_lora_family(cls) == LORA_FAMILY_WAN;
+    free(cls);
+    free(parent);
+    return wan;
+}
+
 /* Whether the keys name the base's tensors with no component before them:
  * what diffusers' ModelMixin.save_lora_adapter writes (one model's LoRA,
  * its metadata unprefixed too). */
@@ -339,9 +352,13 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
     int own_usable = own && own[0] && strcmp(own, ".") != 0 && strcmp(own, "..") != 0 &&
                      strcmp(own, DIFFUSERS_DEFAULT_COMPONENT) != 0;
     /* A pipeline's component takes its own keys only: another one's
-     * transformer keys do not fit it. */
+     * transformer keys do not fit it. But Wan 2.2's transformer_2 is a second
+     * transformer, which diffusers loads transformer keys into
+     * (load_into_transformer_2). */
     const char *names[2] = {own_usable ? own : NULL,
-                            own_usable && in_pipeline(base->dir) ? NULL : DIFFUSERS_DEFAULT_COMPONENT};
+                            own_usable && in_pipeline(base->dir) && !second_wan_transformer(base->dir, own)
+                                ? NULL
+                                : DIFFUSERS_DEFAULT_COMPONENT};
     int code = NF4_OK;
     for (size_t i = 0; i < 2 && !*prefix && code == NF4_OK; i++)
         if (names[i] && diffusers_lora_keys_for(weights, names[i]) && !(*prefix = key_prefix_of(names[i])))

@@ -11,6 +11,34 @@
 #include "status.h"
 #include "strutil.h"
 
+const char *pipeline_lora_arg(const char *arg, size_t *component_len)
+{
+    struct stat st;
+    size_t n = 0;
+    *component_len = 0;
+    if (lstat(arg, &st) == 0)
+        return arg;
+    while ((arg[n] >= 'a' && arg[n] <= 'z') || (arg[n] >= 'A' && arg[n] <= 'Z') || (arg[n] >= '0' && arg[n] <= '9') ||
+           arg[n] == '_')
+        n++;
+    if (n == 0 || arg[n] != '=')
+        return arg;
+    *component_len = n;
+    return arg + n + 1;
+}
+
+int pipeline_lora_refuse_components(const char *in, const char *const *args, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        pipeline_lora_arg(args[i], &len);
+        if (len)
+            return nf4_fail(NF4_EUSAGE, in, NULL, "is not a diffusers pipeline, so --lora %s cannot name a component "
+                            "(COMPONENT=LORA is for a pipeline)", args[i]);
+    }
+    return NF4_OK;
+}
+
 /* A pipeline takes diffusers LoRAs only, whose keys name their components
  * (transformer.<module>...): a PEFT adapter is one model's. */
 int pipeline_loras_check(const char *in, const char *const *args, size_t n)
@@ -18,22 +46,24 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n)
     for (size_t i = 0; i < n; i++) {
         char *file = NULL;
         struct stat st;
-        if (stat(args[i], &st) != 0)
-            return nf4_fail_errno(NF4_ENOINPUT, errno, args[i], NULL, "cannot open");
-        int code = diffusers_lora_path(args[i], &file, 1), diffusers = file != NULL;
+        size_t len;
+        const char *lora = pipeline_lora_arg(args[i], &len);
+        if (stat(lora, &st) != 0)
+            return nf4_fail_errno(NF4_ENOINPUT, errno, lora, NULL, "cannot open");
+        int code = diffusers_lora_path(lora, &file, 1), diffusers = file != NULL;
         free(file);
         if (code != NF4_OK)
             return code;
         if (diffusers)
             continue;
-        char *config = path_join(args[i], ADAPTER_CONFIG_NAME);
+        char *config = path_join(lora, ADAPTER_CONFIG_NAME);
         int peft = config && lstat(config, &st) == 0;
         free(config);
         if (peft)
             return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline, and %s is a PEFT adapter, which merges "
                             "into one model: give IN the component's directory (such as %s/transformer)",
-                            args[i], in);
-        return nf4_fail(NF4_ENOINPUT, args[i], NULL, "is neither a PEFT adapter (%s) nor a diffusers LoRA (%s, "
+                            lora, in);
+        return nf4_fail(NF4_ENOINPUT, lora, NULL, "is neither a PEFT adapter (%s) nor a diffusers LoRA (%s, "
                         "or one *.safetensors file)", ADAPTER_CONFIG_NAME, DIFFUSERS_LORA_NAME);
     }
     return NF4_OK;
@@ -56,6 +86,38 @@ static int diffusers_loads(const char *cls, const char *component)
     return strcmp(component, "text_encoder_2") == 0 && sdxl_sd3;
 }
 
+/* Whether diffusers can load a LoRA's transformer keys into `component` of
+ * a pipeline of class `cls`, as --lora COMPONENT=LORA asks: the transformer
+ * itself, and Wan 2.2's second expert (load_into_transformer_2, which only
+ * Wan's and SkyReels-V2's loaders have). */
+static int diffusers_loads_into(const char *cls, const char *component)
+{
+    return strcmp(component, DIFFUSERS_DEFAULT_COMPONENT) == 0 ||
+           (strcmp(component, "transformer_2") == 0 && diffusers_lora_family(cls) == LORA_FAMILY_WAN);
+}
+
+/* The component --lora args[i] names (pl->into[i], pl->paths[i]): one of the
+ * pipeline's that diffusers can load into, else NF4_EUSAGE. */
+static int take_into(const char *in, struct pipeline_loras *pl, size_t i, const struct pipeline_entry *e, size_t ne)
+{
+    size_t len;
+    pl->paths[i] = pipeline_lora_arg(pl->args[i], &len);
+    if (!len)
+        return NF4_OK;
+    if (!(pl->into[i] = strndup(pl->args[i], len)))
+        return nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    size_t k = 0;
+    while (k < ne && !(e[k].kind == ENTRY_COMPONENT && strcmp(e[k].name, pl->into[i]) == 0))
+        k++;
+    if (k == ne)
+        return nf4_fail(NF4_EUSAGE, in, NULL, "has no component %s (--lora %s)", pl->into[i], pl->args[i]);
+    if (!diffusers_loads_into(pl->cls, pl->into[i]))
+        return nf4_fail(NF4_EUSAGE, in, NULL, "is a %s, and diffusers loads a LoRA into %s only (and a Wan pipeline's "
+                        "into transformer_2), not into %s (--lora %s)", pl->cls ? pl->cls : "pipeline",
+                        DIFFUSERS_DEFAULT_COMPONENT, pl->into[i], pl->args[i]);
+    return NF4_OK;
+}
+
 int pipeline_loras_open(const char *in, const char *const *args, size_t n, const struct pipeline_entry *e,
                         size_t ne, struct pipeline_loras *pl)
 {
@@ -65,19 +127,27 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
         return NF4_OK;
     size_t ncomp = 0;
     const char **components = calloc(ne ? ne : 1, sizeof *components);
+    static const char *const TRANSFORMER[1] = {DIFFUSERS_DEFAULT_COMPONENT};
     pl->weights = calloc(n, sizeof *pl->weights);
+    pl->paths = calloc(n, sizeof *pl->paths);
+    pl->into = calloc(n, sizeof *pl->into);
     pl->cls = diffusers_class_name(in, PIPELINE_INDEX_NAME);
-    int code = components && pl->weights ? NF4_OK : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    int code = components && pl->weights && pl->paths && pl->into ? NF4_OK
+                                                                  : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    if (code == NF4_OK)
+        pl->n = n; /* what pipeline_loras_close frees */
     for (size_t i = 0; i < ne && code == NF4_OK; i++)
         if (e[i].kind == ENTRY_COMPONENT && diffusers_loads(pl->cls, e[i].name))
             components[ncomp++] = e[i].name;
+    for (size_t i = 0; i < n && code == NF4_OK; i++)
+        code = take_into(in, pl, i, e, ne);
     for (size_t i = 0; i < n && code == NF4_OK; i++) {
         char *file = NULL;
-        if ((code = diffusers_lora_path(args[i], &file, 0)) == NF4_OK && !file)
-            code = nf4_fail(NF4_ESOFTWARE, args[i], NULL, "not a diffusers LoRA (internal error)");
+        if ((code = diffusers_lora_path(pl->paths[i], &file, 0)) == NF4_OK && !file)
+            code = nf4_fail(NF4_ESOFTWARE, pl->paths[i], NULL, "not a diffusers LoRA (internal error)");
         if (code == NF4_OK && (code = diffusers_lora_open(file, diffusers_lora_family(pl->cls), 1, &pl->weights[i])) == NF4_OK)
-            code = diffusers_lora_check_components(pl->weights[i], components, ncomp);
-        pl->n = i + 1;
+            code = pl->into[i] ? diffusers_lora_check_components(pl->weights[i], TRANSFORMER, 1)
+                               : diffusers_lora_check_components(pl->weights[i], components, ncomp);
         free(file);
     }
     free(components);
@@ -88,13 +158,16 @@ int component_loras_init(struct component_loras *cl, const struct pipeline_loras
 {
     memset(cl, 0, sizeof *cl);
     cl->dirs = calloc(pl->n ? pl->n : 1, sizeof *cl->dirs);
+    cl->key_components = calloc(pl->n ? pl->n : 1, sizeof *cl->key_components);
     cl->converted = calloc(pl->n ? pl->n : 1, sizeof *cl->converted);
-    return cl->dirs && cl->converted ? NF4_OK : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    return cl->dirs && cl->key_components && cl->converted ? NF4_OK
+                                                           : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
 }
 
 void component_loras_free(struct component_loras *cl)
 {
     free(cl->dirs);
+    free(cl->key_components);
     free(cl->converted);
     memset(cl, 0, sizeof *cl);
 }
@@ -103,11 +176,16 @@ void pipeline_loras_for(const struct pipeline_loras *pl, const char *component, 
 {
     cl->component = component;
     cl->n = 0;
-    for (size_t k = 0; k < pl->n && diffusers_loads(pl->cls, component); k++)
-        if (diffusers_lora_keys_for(pl->weights[k], component)) {
-            cl->dirs[cl->n] = pl->args[k];
-            cl->converted[cl->n++] = pl->weights[k]->unnamed ? pl->weights[k] : NULL;
-        }
+    for (size_t k = 0; k < pl->n; k++) {
+        /* given to a component, the LoRA goes there alone; else where its keys say */
+        const char *keys = pl->into[k] ? DIFFUSERS_DEFAULT_COMPONENT : component;
+        if (pl->into[k] ? strcmp(pl->into[k], component) != 0
+                        : !diffusers_loads(pl->cls, component) || !diffusers_lora_keys_for(pl->weights[k], component))
+            continue;
+        cl->dirs[cl->n] = pl->paths[k];
+        cl->key_components[cl->n] = keys;
+        cl->converted[cl->n++] = pl->weights[k]->unnamed ? pl->weights[k] : NULL;
+    }
 }
 
 void pipeline_loras_close(struct pipeline_loras *pl)
@@ -115,6 +193,10 @@ void pipeline_loras_close(struct pipeline_loras *pl)
     for (size_t i = 0; i < pl->n; i++)
         if (pl->weights[i])
             model_close(pl->weights[i]);
+    for (size_t i = 0; i < pl->n; i++)
+        free(pl->into[i]);
+    free(pl->into);
+    free(pl->paths);
     free(pl->weights);
     free(pl->cls);
     memset(pl, 0, sizeof *pl);

@@ -14,10 +14,25 @@
 
 struct pipeline_loras {
     const char *const *args; /* --lora as given, n of them */
+    const char **paths;      /* each one's LoRA: its argument, less "COMPONENT=" */
+    char **into;             /* the COMPONENT it names, or NULL: the components its keys name */
     struct model **weights;  /* each one's weights, opened to read its keys */
     size_t n;
     char *cls; /* model_index.json's _class_name, or NULL */
 };
+
+/* --lora COMPONENT=LORA on a pipeline: the LoRA's transformer keys go into
+ * COMPONENT instead, as diffusers' load_lora_weights(...,
+ * load_into_transformer_2=True) loads them into Wan 2.2's transformer_2.
+ * An argument that names an existing path is that path; otherwise a leading
+ * name of letters, digits and '_' before '=' is the component. Returns the
+ * LoRA's part of `arg`, and the component's length in *component_len (0:
+ * none). */
+const char *pipeline_lora_arg(const char *arg, size_t *component_len);
+
+/* NF4_EUSAGE, naming `in`, where some --lora names a component: IN is not a
+ * pipeline. */
+int pipeline_lora_refuse_components(const char *in, const char *const *args, size_t n);
 
 /* Whether each --lora can go on the pipeline `in`, before anything is read
  * or written: NF4_EUSAGE for a PEFT adapter (which merges into one model),
@@ -26,8 +41,11 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n);
 
 /* Opens each LoRA's weights and checks that its keys are for components of
  * this pipeline (`e`, ne entries of pipeline_list) that diffusers loads LoRAs
- * into: a warning for keys of others, NF4_EDATA where none is. n = 0 opens
- * nothing. Close with pipeline_loras_close, even on failure. */
+ * into: a warning for keys of others, NF4_EDATA where none is; a LoRA given
+ * as COMPONENT=LORA needs transformer keys, and NF4_EUSAGE where the
+ * pipeline has no such component or diffusers' loader for its class cannot
+ * load into it. n = 0 opens nothing. Close with pipeline_loras_close, even on
+ * failure. */
 int pipeline_loras_open(const char *in, const char *const *args, size_t n, const struct pipeline_entry *e,
                         size_t ne, struct pipeline_loras *pl);
 
@@ -38,6 +56,7 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
 struct component_loras {
     const char *component;
     const char **dirs;
+    const char **key_components; /* whose keys each one merges: component, or the transformer's */
     struct model **converted;
     size_t n;
 };

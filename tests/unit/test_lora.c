@@ -2265,6 +2265,92 @@ static void test_wan_lora_as_diffusers_loads_it(void **state)
     free(pipe);
 }
 
+/* Wan 2.2's two experts: a LoRA given as transformer_2=FILE merges into
+ * transformer_2 alone, as diffusers' load_into_transformer_2 loads it, beside
+ * one for the transformer; so does a LoRA on transformer_2's folder alone.
+ * Where diffusers cannot load into the component named: exit 2. */
+static void test_wan_lora_into_transformer_2(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *comfy = DIFFUSERS_FIXTURES "/lora-wan-comfy.safetensors",
+               *musubi = DIFFUSERS_FIXTURES "/lora-wan-musubi.safetensors";
+    char *pipe = tu_strdupf("%s/wan22", s->dir), *out = tu_strdupf("%s/out", s->dir),
+         *want = tu_strdupf("%s/want", s->dir), *index = tu_strdupf("%s/model_index.json", pipe);
+    assert_int_equal(tu_sh_status("cp -R %s/tiny-wan %s && cp -R %s/transformer %s/transformer_2", DIFFUSERS_FIXTURES,
+                                  pipe, pipe, pipe), 0);
+    static const char WAN22[] = "{\"_class_name\": \"WanPipeline\", \"transformer\": [\"diffusers\", "
+                                "\"WanTransformer3DModel\"], \"transformer_2\": [\"diffusers\", \"WanTransformer3DModel\"]}\n";
+    tu_write_file(index, WAN22, strlen(WAN22));
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    char *into = tu_strdupf("transformer_2=%s", musubi);
+    struct tu_run r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", comfy, "--lora", into, NULL);
+    if (r.status != 0 || !strstr(r.err, "72 with LoRA merged")) /* 48 + 24 */
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    const char *transformer = DIFFUSERS_FIXTURES "/tiny-wan/transformer";
+    const char *const files[2][2] = {{comfy, "transformer"}, {musubi, "transformer_2"}};
+    for (size_t i = 0; i < 2; i++) {
+        const char *lora[1] = {files[i][0]};
+        assert_int_equal(merge_on_cpu(transformer, want, lora, 1, 0, 0, DT_INVALID), i ? 24 : 48);
+        char *got_file = tu_strdupf("%s/%s/diffusion_pytorch_model.safetensors", out, files[i][1]),
+             *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want);
+        tu_assert_same_tensors(got_file, want_file);
+        tu_rmtree(want);
+        free(got_file);
+        free(want_file);
+    }
+    tu_rmtree(out);
+    /* transformer_2's folder alone takes the LoRA's transformer keys too. */
+    char *second = tu_strdupf("%s/transformer_2", pipe);
+    r = tu_run("convert", "--device", "cpu", second, out, "--lora", musubi, NULL);
+    if (r.status != 0 || !strstr(r.err, "24 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    r = tu_run("inspect", pipe, "--lora", into, "--json", NULL);
+    if (r.status != 0 || !strstr(r.out, "\"name\": \"transformer_2\"") || !strstr(r.out, "\"merge\""))
+        fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
+    tu_run_free(&r);
+    /* No such component; one diffusers cannot load into; IN not a pipeline. */
+    char *third = tu_strdupf("transformer_3=%s", musubi), *encoder = tu_strdupf("text_encoder=%s", musubi);
+    static const char FLUX2[] = "{\"_class_name\": \"FluxPipeline\", \"transformer\": [\"diffusers\", \"X\"], "
+                                "\"transformer_2\": [\"diffusers\", \"X\"]}\n";
+    struct {
+        const char *in, *lora, *want;
+        int flux;
+    } cases[] = {
+        {pipe, third, "has no component transformer_3 (--lora transformer_3=", 0},
+        {pipe, encoder, "has no component text_encoder", 0},
+        {pipe, into, "is a FluxPipeline, and diffusers loads a LoRA into transformer only (and a Wan pipeline's into "
+                     "transformer_2), not into transformer_2", 1},
+        {transformer, into, "is not a diffusers pipeline, so --lora transformer_2=", 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].flux)
+            tu_write_file(index, FLUX2, strlen(FLUX2));
+        for (int inspect = 0; inspect < 2; inspect++) {
+            r = inspect ? tu_run("inspect", cases[i].in, "--lora", cases[i].lora, NULL)
+                        : tu_run("convert", "--device", "cpu", cases[i].in, out, "--lora", cases[i].lora, NULL);
+            if (r.status != NF4_EUSAGE || tu_lines(r.err) != 1 || !strstr(r.err, cases[i].want) || r.out[0])
+                fail_msg("%s: exit %d, stderr: %s", cases[i].lora, r.status, r.err);
+            tu_run_free(&r);
+            assert_false(tu_exists(out));
+        }
+        if (cases[i].flux)
+            tu_write_file(index, WAN22, strlen(WAN22));
+    }
+    tu_rmtree(pipe);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    free(third);
+    free(encoder);
+    free(second);
+    free(into);
+    free(index);
+    free(pipe);
+    free(out);
+    free(want);
+}
+
 /* Wan LoRAs diffusers' conversion raises on (or would load half of):
  * refused with one line naming the file and the key, nothing written. */
 static void test_wan_lora_refusals(void **state)
@@ -2797,6 +2883,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_qwen_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_wan_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_wan_lora_refusals, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_wan_lora_into_transformer_2, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
