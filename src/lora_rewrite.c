@@ -38,18 +38,22 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
     p->row0 = row0;
     p->col0 = col0;
     p->scale = scale;
-    p->vector = p->identity = 0;
+    p->vector = p->as_is = p->identity = 0;
     rw->nparts++;
     return NF4_OK;
 }
 
-int lora_rewrite_add_vector(struct lora_rewrite *rw, const char *target, const char *factor,
-                            const struct model_tensor *src)
+int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const char *factor,
+                          const struct model_tensor *src)
 {
     const struct st_tensor *t = src->t;
-    int code = lora_rewrite_add(rw, target, factor, src, t->dtype, 1, t->nelem, 0, 0, 1.0f);
-    if (code == NF4_OK)
-        rw->parts[rw->nparts - 1].vector = 1;
+    const int vector = t->ndim == 1;
+    int code = lora_rewrite_add(rw, target, factor, src, t->dtype, vector ? 1 : t->shape[0],
+                                vector ? t->nelem : t->shape[1], 0, 0, 1.0f);
+    if (code == NF4_OK) {
+        rw->parts[rw->nparts - 1].vector = vector;
+        rw->parts[rw->nparts - 1].as_is = 1;
+    }
     return code;
 }
 
@@ -76,7 +80,10 @@ int lora_part_values(const struct lora_part *p, void *out)
     if (!rows)
         return nf4_fail(NF4_ESOFTWARE, p->src->file->path, t->name, "out of memory");
     int code = st_read(p->src->file, t, p->row0 * src_cols * esize, rows, p->shape[0] * src_cols * esize);
-    for (uint64_t i = 0, k = 0; code == NF4_OK && i < p->shape[0]; i++)
+    for (uint64_t i = 0; code == NF4_OK && p->as_is && i < p->shape[0]; i++) /* the same dtype: its bytes */
+        memcpy((unsigned char *)out + i * p->shape[1] * esize, rows + (i * src_cols + p->col0) * esize,
+               p->shape[1] * esize);
+    for (uint64_t i = 0, k = 0; code == NF4_OK && !p->as_is && i < p->shape[0]; i++)
         for (uint64_t c = 0; c < p->shape[1]; c++, k++)
             f32_to_element(p->dtype, out, k, f32_from_element(t->dtype, rows, i * src_cols + p->col0 + c) * p->scale);
     free(rows);
@@ -247,16 +254,25 @@ int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alp
     const struct st_tensor *t = mt->t;
     unsigned char buf[8] = {0};
     const enum st_dtype dt = t->dtype;
-    const int integer = dt == DT_U8 || dt == DT_I8 || dt == DT_I16 || dt == DT_I32 || dt == DT_I64;
+    /* What .item() makes a Python number of: a bool too (True / r). */
+    const int integer = dt == DT_BOOL || dt == DT_U8 || dt == DT_I8 || dt == DT_I16 || dt == DT_U16 || dt == DT_I32 ||
+                        dt == DT_U32 || dt == DT_I64 || dt == DT_U64;
     if (t->nelem != 1 || !(lora_is_factor_dtype(dt) || dt == DT_F64 || integer))
-        return nf4_fail(NF4_EDATA, path, t->name, "is not one number (an alpha: F16, BF16, F32, F64 or an integer)");
+        return nf4_fail(NF4_EDATA, path, t->name, "is not one number (an alpha: F16, BF16, F32, F64, an integer or "
+                        "a bool)");
     int code = st_read(mt->file, t, 0, buf, dtype_bits(dt) / 8);
     if (code != NF4_OK)
         return code;
     int64_t i64;
+    uint64_t u64;
     switch (dt) {
     case DT_F64: memcpy(alpha, buf, 8); break;
+    case DT_BOOL: *alpha = buf[0] != 0; break;
     case DT_U8: *alpha = buf[0]; break;
+    case DT_U16: *alpha = (uint16_t)(buf[0] | buf[1] << 8); break;
+    case DT_U32: *alpha = (uint32_t)buf[0] | (uint32_t)buf[1] << 8 | (uint32_t)buf[2] << 16 | (uint32_t)buf[3] << 24;
+        break;
+    case DT_U64: memcpy(&u64, buf, 8); *alpha = (double)u64; break;
     case DT_I8: *alpha = (int8_t)buf[0]; break;
     case DT_I16: *alpha = (int16_t)(buf[0] | buf[1] << 8); break;
     case DT_I32: *alpha = (int32_t)((uint32_t)buf[0] | (uint32_t)buf[1] << 8 | (uint32_t)buf[2] << 16 |

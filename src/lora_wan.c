@@ -121,17 +121,19 @@ static int add_pair(struct conversion *cv, const char *module, struct lora_key *
     int code = lora_check_pair(cv->path, dt, ut);
     if (code != NF4_OK)
         return code;
-    float sd = 1.0f, su = 1.0f;
-    if (alpha) {
-        double a;
-        alpha->taken = 1;
-        if ((code = lora_read_alpha(cv->path, alpha->t, &a)) != NF4_OK)
-            return code;
-        lora_split_scale(a / (double)dt->shape[0], DT_F64, &sd, &su); /* alpha.item() / rank: Python floats */
-    }
     char a_name[WAN_NAME_MAX], b_name[WAN_NAME_MAX];
     snprintf(a_name, sizeof a_name, "%s.lora_A.weight", module);
     snprintf(b_name, sizeof b_name, "%s.lora_B.weight", module);
+    if (!alpha) { /* diffusers copies the factors */
+        code = lora_rewrite_add_copy(&cv->rw, WAN_TARGET, a_name, down->t);
+        return code == NF4_OK ? lora_rewrite_add_copy(&cv->rw, WAN_TARGET, b_name, up->t) : code;
+    }
+    double a;
+    float sd, su;
+    alpha->taken = 1;
+    if ((code = lora_read_alpha(cv->path, alpha->t, &a)) != NF4_OK)
+        return code;
+    lora_split_scale(a / (double)dt->shape[0], DT_F64, &sd, &su); /* alpha.item() / rank: Python floats */
     code = lora_rewrite_add(&cv->rw, WAN_TARGET, a_name, down->t, dt->dtype, dt->shape[0], dt->shape[1], 0, 0, sd);
     return code == NF4_OK ? lora_rewrite_add(&cv->rw, WAN_TARGET, b_name, up->t, ut->dtype, ut->shape[0],
                                              ut->shape[1], 0, 0, su)
@@ -145,7 +147,7 @@ static int add_bias(struct conversion *cv, const char *target, struct lora_key *
     bias->taken = 1;
     if (t->ndim != 1 || !lora_is_factor_dtype(t->dtype) || t->nelem == 0)
         return nf4_fail(NF4_EDATA, cv->path, t->name, "is not a bias (a vector of F32, BF16 or F16)");
-    return lora_rewrite_add_vector(&cv->rw, WAN_TARGET, target, bias->t);
+    return lora_rewrite_add_copy(&cv->rw, WAN_TARGET, target, bias->t);
 }
 
 /* How a module's factors are read. */
@@ -339,8 +341,7 @@ static int convert_head(struct conversion *cv)
     diff->taken = 1;
     if (t->ndim != 2 || !lora_is_factor_dtype(t->dtype) || t->nelem == 0)
         return nf4_fail(NF4_EDATA, cv->path, t->name, "is not a weight's diff (a matrix of F32, BF16 or F16)");
-    code = lora_rewrite_add(&cv->rw, WAN_TARGET, "proj_out.lora_A.weight", diff->t, t->dtype, t->shape[0],
-                            t->shape[1], 0, 0, 1.0f);
+    code = lora_rewrite_add_copy(&cv->rw, WAN_TARGET, "proj_out.lora_A.weight", diff->t);
     /* torch.eye(rows of the diff, outputs of the bias).T */
     return code == NF4_OK ? lora_rewrite_add_identity(&cv->rw, WAN_TARGET, "proj_out.lora_B.weight", diff->t,
                                                       t->dtype, bias->t->t->nelem, t->shape[0])
@@ -376,16 +377,16 @@ static int convert_top_level(struct conversion *cv)
     return code;
 }
 
-/* What is left: diffusers goes on where every such key holds ".diff" (diffs
- * of weights it does not read), and none ending in it holds "lora"; else it
- * raises. */
-static int check_left(struct conversion *cv, const char *form)
+/* What Wan's names leave: diffusers goes on where every such key holds
+ * ".diff" (diffs of weights it does not read), and none ending in it holds
+ * "lora"; else it raises. (musubi's converter lets nothing be left.) */
+static int check_left(struct conversion *cv)
 {
     for (size_t i = 0; i < cv->nkeys; i++) {
         const struct lora_key *k = &cv->keys[i];
         if (!k->taken && !strstr(k->name, ".diff"))
             return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is not a key diffusers reads from a Wan LoRA in "
-                            "%s", form);
+                            "Wan's names (diffusion_model.)");
     }
     for (size_t i = 0; i < cv->nkeys; i++) {
         struct lora_key *k = &cv->keys[i];
@@ -408,7 +409,7 @@ static int convert_wan_names(struct conversion *cv)
     cv->up = any_key_holding(cv, "lora_B") ? "lora_B" : "lora_up";
     if ((code = drop_unloaded(cv)) == NF4_OK && (code = convert_blocks(cv)) == NF4_OK &&
         (code = convert_top_level(cv)) == NF4_OK)
-        code = check_left(cv, "Wan's names (diffusion_model.)");
+        code = check_left(cv);
     return code;
 }
 
@@ -488,7 +489,11 @@ static int convert_musubi(struct conversion *cv)
             else
                 code = add_pair(cv, ours, d, u, a);
         }
-    return code == NF4_OK ? check_left(cv, "musubi-tuner's names (lora_unet_)") : code;
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) /* diffusers: "state_dict should be empty" */
+        if (!cv->keys[i].taken)
+            code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is not a key diffusers reads from a Wan "
+                            "LoRA in musubi-tuner's names (lora_unet_blocks_N_...)");
+    return code;
 }
 
 /* ---- both ---- */

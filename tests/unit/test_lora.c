@@ -328,8 +328,8 @@ static void syn_fill(struct syn_tensor *t, float scale)
 
 static void syn_write(const char *path, struct syn_tensor *ts, size_t n)
 {
-    struct st_out_tensor outs[16] = {{0}};
-    assert_true(n <= 16);
+    struct st_out_tensor outs[48] = {{0}};
+    assert_true(n <= 48);
     for (size_t i = 0; i < n; i++)
         outs[i] = (struct st_out_tensor){ts[i].name, ts[i].dtype, ts[i].shape[1] ? 2 : 1, ts[i].shape};
     struct st_writer *w;
@@ -2393,6 +2393,111 @@ static void test_wan_lora_refusals(void **state)
         write_pair_lora(lora, WAN_CASES[i].names, DOWN, UP, WAN_CASES[i].dtype, WAN_CASES[i].extra);
         assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-wan/transformer", lora, NULL, WAN_CASES[i].want);
     }
+    /* A whole musubi-tuner block (it converts), then with a diff beside it:
+     * musubi's converter, unlike the other, lets nothing be left. */
+    static const char *const MODULES[] = {"self_attn_q", "self_attn_k", "self_attn_v", "self_attn_o", "cross_attn_q",
+                                          "cross_attn_k", "cross_attn_v", "cross_attn_o", "ffn_0", "ffn_2"};
+    struct syn_tensor block[31];
+    char *names[31];
+    size_t n = 0;
+    for (size_t m = 0; m < 10; m++) {
+        const uint64_t in = m == 9 ? 64 : 32, out = m == 8 ? 64 : 32;
+        names[n] = tu_strdupf("lora_unet_blocks_0_%s.lora_down.weight", MODULES[m]);
+        block[n] = (struct syn_tensor){names[n], DT_BF16, {4, in}, NULL}, n++;
+        names[n] = tu_strdupf("lora_unet_blocks_0_%s.lora_up.weight", MODULES[m]);
+        block[n] = (struct syn_tensor){names[n], DT_BF16, {out, 4}, NULL}, n++;
+        names[n] = tu_strdupf("lora_unet_blocks_0_%s.alpha", MODULES[m]);
+        block[n] = (struct syn_tensor){names[n], DT_F32, {1, 0}, NULL}, n++;
+    }
+    names[n] = tu_strdupf("lora_unet_blocks_0_modulation.diff");
+    block[n] = (struct syn_tensor){names[n], DT_BF16, {32, 0}, NULL}, n++;
+    for (size_t k = 0; k < n; k++)
+        syn_fill(&block[k], 0.5f);
+    for (size_t k = 2; k < n; k += 3)
+        block[k].v[0] = 8.0f; /* the alphas */
+    syn_write(lora, block, n - 1);
+    char *out = tu_strdupf("%s/musubi", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-wan/transformer", out, "--lora",
+                             lora, NULL);
+    if (r.status != 0 || !strstr(r.err, "10 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    syn_write(lora, block, n);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-wan/transformer", lora, NULL,
+                         "lora_unet_blocks_0_modulation.diff: is not a key diffusers reads from a Wan LoRA in "
+                         "musubi-tuner's names (lora_unet_blocks_N_...)");
+    for (size_t k = 0; k < n; k++) {
+        free(block[k].v);
+        free(names[k]);
+    }
+    free(out);
+    unlink(lora);
+    free(lora);
+}
+
+/* Where diffusers copies a tensor (factors without an alpha, a diff_b, the
+ * head's diff), the conversion holds its bytes as they are: NaN payloads,
+ * signalling NaNs and -0 included, which a multiply would change. */
+static void test_wan_lora_copies_bytes(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char HEADER[] =
+        "{\"diffusion_model.blocks.0.ffn.0.lora_down.weight\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[0,8]},"
+        "\"diffusion_model.blocks.0.ffn.0.lora_up.weight\":{\"dtype\":\"BF16\",\"shape\":[2,2],\"data_offsets\":[8,16]},"
+        "\"diffusion_model.blocks.0.ffn.0.diff_b\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[16,20]}}";
+    static const unsigned char DATA[20] = {0xa1, 0x7f, 0x01, 0xff, 0x00, 0x80, 0x81, 0x7f,  /* NaNs, -0 */
+                                           0x40, 0x7f, 0xc0, 0xff, 0x80, 0x3f, 0x01, 0x00,  /* sNaN, 1, subnormal */
+                                           0x01, 0x7c, 0x00, 0x80};                         /* F16 sNaN, -0 */
+    char *lora = tu_strdupf("%s-copy.safetensors", s->dir);
+    tu_write_safetensors_raw(lora, HEADER, strlen(HEADER), DATA, sizeof DATA);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    struct model *m;
+    assert_int_equal(diffusers_lora_open(lora, LORA_FAMILY_WAN, 0, &m), NF4_OK);
+    static const char *const WANT[][2] = {{"transformer.blocks.0.ffn.net.0.proj.lora_A.weight", "0"},
+                                          {"transformer.blocks.0.ffn.net.0.proj.lora_B.weight", "8"},
+                                          {"transformer.blocks.0.ffn.net.0.proj.lora_B.bias", "16"}};
+    assert_int_equal(m->count, 3);
+    for (size_t i = 0; i < 3; i++) {
+        const struct model_tensor *t = NULL;
+        for (size_t k = 0; k < m->count && !t; k++)
+            t = strcmp(m->tensors[k].t->name, WANT[i][0]) == 0 ? &m->tensors[k] : NULL;
+        assert_non_null(t);
+        unsigned char got[8];
+        const size_t at = (size_t)atoi(WANT[i][1]), len = i == 2 ? 4 : 8;
+        assert_int_equal(st_read(t->file, t->t, 0, got, len), NF4_OK);
+        assert_memory_equal(got, DATA + at, len);
+    }
+    model_close(m);
+    /* Alphas of every integer dtype and a bool, as .item() reads them: r = 1,
+     * so lora_A is the down times the alpha (1.0 -> 2.0; True -> 1.0). */
+    static const struct {
+        const char *dtype;
+        unsigned char bytes[8];
+        size_t len;
+        uint16_t want;
+    } ALPHAS[] = {{"U16", {2, 0}, 2, 0x4000}, {"U32", {2, 0, 0, 0}, 4, 0x4000}, {"U64", {2}, 8, 0x4000},
+                  {"BOOL", {1}, 1, 0x3f80}};
+    for (size_t i = 0; i < sizeof ALPHAS / sizeof ALPHAS[0]; i++) {
+        char *header = tu_strdupf(
+            "{\"diffusion_model.blocks.0.ffn.0.lora_down.weight\":{\"dtype\":\"BF16\",\"shape\":[1,1],\"data_offsets\":[0,2]},"
+            "\"diffusion_model.blocks.0.ffn.0.lora_up.weight\":{\"dtype\":\"BF16\",\"shape\":[1,1],\"data_offsets\":[2,4]},"
+            "\"diffusion_model.blocks.0.ffn.0.alpha\":{\"dtype\":\"%s\",\"shape\":[],\"data_offsets\":[4,%zu]}}",
+            ALPHAS[i].dtype, 4 + ALPHAS[i].len);
+        unsigned char data[12] = {0x80, 0x3f, 0x80, 0x3f};
+        memcpy(data + 4, ALPHAS[i].bytes, ALPHAS[i].len);
+        tu_write_safetensors_raw(lora, header, strlen(header), data, 4 + ALPHAS[i].len);
+        assert_int_equal(diffusers_lora_open(lora, LORA_FAMILY_WAN, 0, &m), NF4_OK);
+        const struct model_tensor *a = NULL;
+        for (size_t k = 0; k < m->count && !a; k++)
+            a = str_ends_with(m->tensors[k].t->name, ".lora_A.weight") ? &m->tensors[k] : NULL;
+        uint16_t got = 0;
+        assert_non_null(a);
+        assert_int_equal(st_read(a->file, a->t, 0, &got, 2), NF4_OK);
+        assert_int_equal(got, ALPHAS[i].want);
+        model_close(m);
+        free(header);
+    }
     unlink(lora);
     free(lora);
 }
@@ -2872,6 +2977,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wan_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_wan_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_wan_lora_into_transformer_2, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_wan_lora_copies_bytes, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
