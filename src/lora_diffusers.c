@@ -90,6 +90,11 @@ char *diffusers_class_name(const char *dir, const char *name)
     return cls;
 }
 
+static int is_dora_scale(const char *name)
+{
+    return strstr(name, "dora_scale") != NULL;
+}
+
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out)
 {
     int code = str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
@@ -102,8 +107,15 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: convert = kohya_lora_detect(*out) ? kohya_lora_convert : NULL; break;
     }
-    if (!convert)
+    if (!convert) {
+        /* In diffusers' own form: every loader's lora_state_dict drops DoRA
+         * scales ("not compatible in Diffusers"), with a warning. */
+        size_t n = model_drop_tensors(*out, is_dora_scale);
+        if (n && warn)
+            nf4_warn("%s: %zu of its tensors are DoRA scales (dora_scale), which diffusers drops: they are not "
+                     "merged", path, n);
         return NF4_OK;
+    }
     struct model *original = *out;
     code = convert(original, path, warn, out);
     model_close(original);

@@ -306,6 +306,17 @@ int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *
     return st_index_names(f);
 }
 
+size_t model_drop_tensors(struct model *m, int (*drop)(const char *name))
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < m->count; i++)
+        if (!drop(m->tensors[i].t->name))
+            m->tensors[kept++] = m->tensors[i]; /* the order, and so the sort, stays */
+    size_t dropped = m->count - kept;
+    m->count = kept;
+    return dropped;
+}
+
 int model_open_torch_file(const char *path, struct model **out)
 {
     return open_one_file(path, torch_open, out);

@@ -71,6 +71,9 @@ int model_reopen(const struct model *m, struct model **out);
  * new name (allocated) or leaves *new NULL to keep it, and returns an NF4_*
  * code. NF4_EDATA where two tensors would then share a name. */
 int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *arg, char **renamed), void *arg);
+/* Leaves out of the model (its lookups and its list; the file keeps them)
+ * the tensors whose names `drop` says to; returns how many went. */
+size_t model_drop_tensors(struct model *m, int (*drop)(const char *name));
 /* A PyTorch checkpoint of tensors as a one-file model (torch_file.h). */
 int model_open_torch_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);

@@ -2436,6 +2436,48 @@ static void test_wan_lora_refusals(void **state)
     free(lora);
 }
 
+/* A LoRA in diffusers' own form with DoRA scales: every diffusers loader
+ * drops them with a warning and loads the rest, and so does nf4deq: the
+ * merge is that of the file without them. */
+static void test_diffusers_lora_drops_dora_scales(void **state)
+{
+    struct tu_scratch *s = *state;
+    struct syn_tensor ts[3] = {
+        {"transformer.blocks.0.attn1.to_q.lora_A.weight", DT_BF16, {4, 32}, NULL},
+        {"transformer.blocks.0.attn1.to_q.lora_B.weight", DT_BF16, {32, 4}, NULL},
+        {"transformer.blocks.0.attn1.to_q.dora_scale", DT_BF16, {1, 32}, NULL},
+    };
+    for (size_t k = 0; k < 3; k++)
+        syn_fill(&ts[k], 0.5f);
+    char *with = tu_strdupf("%s-with.safetensors", s->dir), *without = tu_strdupf("%s-without.safetensors", s->dir),
+         *got = tu_strdupf("%s/got", s->dir), *want = tu_strdupf("%s/want", s->dir),
+         *got_file = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", got),
+         *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want);
+    syn_write(with, ts, 3);
+    syn_write(without, ts, 2);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-wan", got, "--lora", with, NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "-with.safetensors: 1 of its tensors are DoRA scales (dora_scale), which diffusers drops: they "
+                       "are not merged\n") || !strstr(r.err, "1 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    const char *lora[1] = {without};
+    assert_int_equal(merge_on_cpu(DIFFUSERS_FIXTURES "/tiny-wan/transformer", want, lora, 1, 0, 0, DT_INVALID), 1);
+    tu_assert_same_tensors(got_file, want_file);
+    tu_rmtree(got);
+    tu_rmtree(want);
+    unlink(with);
+    unlink(without);
+    for (size_t k = 0; k < 3; k++)
+        free(ts[k].v);
+    free(with);
+    free(without);
+    free(got);
+    free(want);
+    free(got_file);
+    free(want_file);
+}
+
 /* Where diffusers copies a tensor (factors without an alpha, a diff_b, the
  * head's diff), the conversion holds its bytes as they are: NaN payloads,
  * signalling NaNs and -0 included, which a multiply would change. */
@@ -2978,6 +3020,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wan_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_wan_lora_into_transformer_2, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_wan_lora_copies_bytes, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_diffusers_lora_drops_dora_scales, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
