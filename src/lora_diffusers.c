@@ -65,12 +65,20 @@ enum lora_family diffusers_lora_family(const char *cls)
 {
     if (cls && strncmp(cls, "QwenImage", 9) == 0)
         return LORA_FAMILY_QWEN_IMAGE;
-    if (cls && (strncmp(cls, "Wan", 3) == 0 || strncmp(cls, "SkyReelsV2", 10) == 0 ||
-                strcmp(cls, "LucyEditPipeline") == 0))
-        return LORA_FAMILY_WAN;
+    /* WanLoraLoaderMixin's pipelines and theirs like it (SkyReels-V2's and
+     * Helios's mixins run the same conversions), and their transformers. */
+    static const char *const WAN_LOADERS[] = {"Wan", "SkyReelsV2", "LucyEdit", "ChronoEdit", "AnyFlow", "Helios"};
+    for (size_t i = 0; cls && i < sizeof WAN_LOADERS / sizeof WAN_LOADERS[0]; i++)
+        if (strncmp(cls, WAN_LOADERS[i], strlen(WAN_LOADERS[i])) == 0)
+            return LORA_FAMILY_WAN;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     return LORA_FAMILY_OTHER;
+}
+
+int diffusers_loads_transformer_2(const char *cls)
+{
+    return diffusers_lora_family(cls) == LORA_FAMILY_WAN && strncmp(cls, "Helios", 6) != 0;
 }
 
 char *diffusers_class_name(const char *dir, const char *name)
@@ -270,7 +278,7 @@ static int second_wan_transformer(const char *dir, const char *own)
     if (strcmp(own, "transformer_2") != 0)
         return 0;
     char *parent = path_join(dir, ".."), *cls = parent ? diffusers_class_name(parent, PIPELINE_INDEX_NAME) : NULL;
-    int wan = diffusers_lora_family(cls) == LORA_FAMILY_WAN;
+    int wan = diffusers_loads_transformer_2(cls);
     free(cls);
     free(parent);
     return wan;

@@ -42,13 +42,18 @@ enum lora_family {
     LORA_FAMILY_OTHER,      /* unknown: read as Flux.1's loader reads it */
     LORA_FAMILY_FLUX,       /* Flux.1's pipelines and transformer (not Flux2...) */
     LORA_FAMILY_QWEN_IMAGE, /* QwenImagePipeline, QwenImageEditPipeline, ... and their transformer */
-    LORA_FAMILY_WAN,        /* WanPipeline, WanImageToVideoPipeline, ..., SkyReelsV2..., LucyEditPipeline
-                               and their transformers (WanLoraLoaderMixin's and SkyReelsV2's) */
+    LORA_FAMILY_WAN,        /* WanPipeline, WanImageToVideoPipeline, ..., SkyReelsV2..., LucyEdit...,
+                               ChronoEdit..., AnyFlow..., Helios... and their transformers */
 };
 
 /* The family of a pipeline's or a model's class name (model_index.json's or
  * config.json's _class_name; NULL: LORA_FAMILY_OTHER). */
 enum lora_family diffusers_lora_family(const char *cls);
+
+/* Whether the LoRA loader of a pipeline of class `cls` can load a LoRA's
+ * transformer keys into its transformer_2 (Wan 2.2's second expert:
+ * load_into_transformer_2, in Wan's and SkyReels-V2's loaders). */
+int diffusers_loads_transformer_2(const char *cls);
 
 /* The _class_name of the JSON file dir/name (allocated), or NULL where it
  * cannot be read or has none. */

@@ -76,7 +76,7 @@ int lora_part_values(const struct lora_part *p, void *out)
     }
     const struct st_tensor *t = p->src->t;
     const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = p->vector ? t->nelem : t->shape[1];
-    void *rows = malloc(p->shape[0] * src_cols * esize + 1);
+    unsigned char *rows = malloc(p->shape[0] * src_cols * esize + 1);
     if (!rows)
         return nf4_fail(NF4_ESOFTWARE, p->src->file->path, t->name, "out of memory");
     int code = st_read(p->src->file, t, p->row0 * src_cols * esize, rows, p->shape[0] * src_cols * esize);

@@ -15,6 +15,10 @@
 #define WAN_MAX_BLOCK_SPAN 100000
 /* Room for a name made of a module's name and a block number. */
 #define WAN_NAME_MAX 192
+/* The identity lora_B diffusers makes for the head's diff is [outputs,
+ * outputs]: Wan's heads have 64 (14B) or 192 (5B) outputs. A larger one is
+ * no Wan head, and would be written out whole before any shape check. */
+#define WAN_MAX_HEAD_OUTPUTS 4096
 
 /* A block's modules: Wan's name and diffusers'. k_img and v_img are read
  * only from an image-to-video LoRA (one with both). */
@@ -180,7 +184,11 @@ static int convert_module(struct conversion *cv, const char *theirs, const char 
     }
     int code = down ? add_pair(cv, ours, down, up, alpha) : NF4_OK;
     struct lora_key *bias = available(cv, bias_name);
-    if (code == NF4_OK && bias && (down || !bias_needs_factors)) {
+    if (code == NF4_OK && bias && !down && !bias_needs_factors)
+        /* diffusers would load it with zero factors: the bias alone, and the weight plus 0 */
+        return nf4_fail(NF4_EDATA, cv->path, bias->t->t->name, "is a bias change of %s, which has no factors here: "
+                        "nf4deq merges a diff_b only beside its module's lora_down and lora_up", theirs);
+    if (code == NF4_OK && bias && down) {
         char target[WAN_NAME_MAX];
         snprintf(target, sizeof target, "%s.lora_B.bias", ours);
         code = add_bias(cv, target, bias);
@@ -235,7 +243,7 @@ static int block_range(const struct conversion *cv, int64_t *lo, int64_t *hi)
     if (!found)
         return nf4_fail(NF4_EDATA, cv->path, NULL, "has no key of a block (blocks.N.), which diffusers' Wan "
                         "conversion needs");
-    if ((uint64_t)(*hi - *lo) > WAN_MAX_BLOCK_SPAN)
+    if ((uint64_t)*hi - (uint64_t)*lo > WAN_MAX_BLOCK_SPAN) /* hi >= lo: no wrap */
         return nf4_fail(NF4_EDATA, cv->path, NULL, "has keys of blocks %lld to %lld, more than a Wan model has",
                         (long long)*lo, (long long)*hi);
     return NF4_OK;
@@ -323,6 +331,9 @@ static int convert_head(struct conversion *cv)
         if ((down || up) && !(down && up))
             return nf4_fail(NF4_EDATA, cv->path, (down ? down : up)->t->t->name, "has no matching %s.weight",
                             down ? cv->up : cv->down);
+        if (bias && !down)
+            return nf4_fail(NF4_EDATA, cv->path, bias->t->t->name, "is a bias change of head.head, which has no "
+                            "factors here: nf4deq merges a diff_b only beside its module's lora_down and lora_up");
         return down ? add_pair(cv, "proj_out", down, up, NULL) : NF4_OK;
     }
     /* The weight's diff replaces any factors of the head. */
@@ -341,6 +352,10 @@ static int convert_head(struct conversion *cv)
     diff->taken = 1;
     if (t->ndim != 2 || !lora_is_factor_dtype(t->dtype) || t->nelem == 0)
         return nf4_fail(NF4_EDATA, cv->path, t->name, "is not a weight's diff (a matrix of F32, BF16 or F16)");
+    if (t->shape[0] > WAN_MAX_HEAD_OUTPUTS || bias->t->t->nelem > WAN_MAX_HEAD_OUTPUTS)
+        return nf4_fail(NF4_EDATA, cv->path, t->name, "has %llu rows, and its diff_b %llu: more outputs than a Wan "
+                        "head has (at most %d here), for the identity diffusers makes of them",
+                        (unsigned long long)t->shape[0], (unsigned long long)bias->t->t->nelem, WAN_MAX_HEAD_OUTPUTS);
     code = lora_rewrite_add_copy(&cv->rw, WAN_TARGET, "proj_out.lora_A.weight", diff->t);
     /* torch.eye(rows of the diff, outputs of the bias).T */
     return code == NF4_OK ? lora_rewrite_add_identity(&cv->rw, WAN_TARGET, "proj_out.lora_B.weight", diff->t,

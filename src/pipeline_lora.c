@@ -31,8 +31,10 @@ int pipeline_lora_refuse_components(const char *in, const char *const *args, siz
 {
     for (size_t i = 0; i < n; i++) {
         size_t len;
-        pipeline_lora_arg(args[i], &len);
-        if (len)
+        struct stat st;
+        const char *lora = pipeline_lora_arg(args[i], &len);
+        /* Where LORA is not there either, the argument is a missing path (66, when it is opened). */
+        if (len && stat(lora, &st) == 0)
             return nf4_fail(NF4_EUSAGE, in, NULL, "is not a diffusers pipeline, so --lora %s cannot name a component "
                             "(COMPONENT=LORA is for a pipeline)", args[i]);
     }
@@ -48,6 +50,8 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n)
         struct stat st;
         size_t len;
         const char *lora = pipeline_lora_arg(args[i], &len);
+        if (stat(lora, &st) != 0 && len)
+            return nf4_fail_errno(NF4_ENOINPUT, errno, lora, NULL, "cannot open (the LoRA of --lora %s)", args[i]);
         if (stat(lora, &st) != 0)
             return nf4_fail_errno(NF4_ENOINPUT, errno, lora, NULL, "cannot open");
         int code = diffusers_lora_path(lora, &file, 1), diffusers = file != NULL;
@@ -88,12 +92,11 @@ static int diffusers_loads(const char *cls, const char *component)
 
 /* Whether diffusers can load a LoRA's transformer keys into `component` of
  * a pipeline of class `cls`, as --lora COMPONENT=LORA asks: the transformer
- * itself, and Wan 2.2's second expert (load_into_transformer_2, which only
- * Wan's and SkyReels-V2's loaders have). */
+ * itself, and Wan 2.2's second expert (load_into_transformer_2). */
 static int diffusers_loads_into(const char *cls, const char *component)
 {
     return strcmp(component, DIFFUSERS_DEFAULT_COMPONENT) == 0 ||
-           (strcmp(component, "transformer_2") == 0 && diffusers_lora_family(cls) == LORA_FAMILY_WAN);
+           (strcmp(component, "transformer_2") == 0 && diffusers_loads_transformer_2(cls));
 }
 
 /* The component --lora args[i] names (pl->into[i], pl->paths[i]): one of the

@@ -30,8 +30,8 @@ struct pipeline_loras {
  * none). */
 const char *pipeline_lora_arg(const char *arg, size_t *component_len);
 
-/* NF4_EUSAGE, naming `in`, where some --lora names a component: IN is not a
- * pipeline. */
+/* NF4_EUSAGE, naming `in`, where some --lora names a component and a LoRA
+ * that is there: IN is not a pipeline. */
 int pipeline_lora_refuse_components(const char *in, const char *const *args, size_t n);
 
 /* Whether each --lora can go on the pipeline `in`, before anything is read

@@ -320,7 +320,7 @@ struct syn_tensor {
 
 static void syn_fill(struct syn_tensor *t, float scale)
 {
-    uint64_t n = t->shape[0] * t->shape[1];
+    uint64_t n = t->shape[0] * (t->shape[1] ? t->shape[1] : 1); /* shape[1] 0: a vector */
     t->v = malloc(n * sizeof *t->v + 4);
     for (uint64_t i = 0; i < n; i++)
         t->v[i] = decoded(t->dtype, encode(t->dtype, rnd(scale)));
@@ -1890,6 +1890,7 @@ static void test_kohya_lora_as_diffusers_loads_it(void **state)
     tu_rmtree(want);
     tu_rmtree(pipe);
     assert_int_equal(tu_count_entries(s->dir), 0);
+    free(got_file);
     free(want_file);
     free(pipe_file);
     free(got);
@@ -2327,6 +2328,33 @@ static void test_wan_lora_into_transformer_2(void **state)
         if (cases[i].flux)
             tu_write_file(index, WAN22, strlen(WAN22));
     }
+    /* Other pipelines of Wan's loader: ChronoEdit's loads into transformer_2 too;
+     * Helios's converts Wan's forms but loads into the transformer only. */
+    static const char CHRONO[] = "{\"_class_name\": \"ChronoEditPipeline\", \"transformer\": [\"diffusers\", \"X\"], "
+                                 "\"transformer_2\": [\"diffusers\", \"X\"]}\n";
+    static const char HELIOS[] = "{\"_class_name\": \"HeliosPipeline\", \"transformer\": [\"diffusers\", \"X\"], "
+                                 "\"transformer_2\": [\"diffusers\", \"X\"]}\n";
+    tu_write_file(index, CHRONO, strlen(CHRONO));
+    r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", comfy, "--lora", into, NULL);
+    if (r.status != 0 || !strstr(r.err, "72 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    tu_write_file(index, HELIOS, strlen(HELIOS));
+    r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", comfy, NULL);
+    if (r.status != 0 || !strstr(r.err, "48 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", into, NULL);
+    if (r.status != NF4_EUSAGE || !strstr(r.err, "is a HeliosPipeline, and diffusers loads a LoRA into transformer only"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    /* NAME=VALUE that is no path at all, on a model: a missing LoRA (66), not a component. */
+    r = tu_run("convert", "--device", "cpu", transformer, out, "--lora", "lr=1e-4", NULL);
+    if (r.status != NF4_ENOINPUT || tu_lines(r.err) != 1)
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
     tu_rmtree(pipe);
     assert_int_equal(tu_count_entries(s->dir), 0);
     free(third);
@@ -2384,6 +2412,13 @@ static void test_wan_lora_refusals(void **state)
          "every module of each of its 1 blocks"},
         {{"lora_unet_head_head.lora_down.weight", "lora_unet_head_head.lora_up.weight", NULL}, DT_BF16, 0,
          "lora_unet_head_head.lora_down.weight: is not a key of a block (lora_unet_blocks_N_...)"},
+        /* diffusers would merge the bias alone, beside zero factors */
+        {{WAN_Q ".lora_down.weight", WAN_Q ".lora_up.weight", "diffusion_model.blocks.0.self_attn.k.diff_b"}, DT_BF16, 1,
+         "diffusion_model.blocks.0.self_attn.k.diff_b: is a bias change of blocks.0.self_attn.k, which has no factors "
+         "here: nf4deq merges a diff_b only beside its module's lora_down and lora_up"},
+        /* diffusers would walk 1.8e19 blocks */
+        {{"diffusion_model.blocks.-9000000000000000000.ffn.0.diff", "diffusion_model.blocks.9000000000000000000.ffn.0.diff",
+          NULL}, DT_BF16, 0, "has keys of blocks -9000000000000000000 to 9000000000000000000, more than a Wan model has"},
     };
 #undef WAN_Q
     char *lora = tu_strdupf("%s-wan.safetensors", s->dir);
@@ -2431,6 +2466,21 @@ static void test_wan_lora_refusals(void **state)
         free(block[k].v);
         free(names[k]);
     }
+    /* A head diff of 5000 outputs: its identity up would be 5000 x 5000. */
+    struct syn_tensor head[4] = {
+        {"diffusion_model.blocks.0.self_attn.q.lora_down.weight", DT_BF16, {4, 32}, NULL},
+        {"diffusion_model.blocks.0.self_attn.q.lora_up.weight", DT_BF16, {32, 4}, NULL},
+        {"diffusion_model.head.head.diff", DT_BF16, {5000, 1}, NULL},
+        {"diffusion_model.head.head.diff_b", DT_BF16, {5000, 0}, NULL},
+    };
+    for (size_t k = 0; k < 4; k++)
+        syn_fill(&head[k], 0.5f);
+    syn_write(lora, head, 4);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-wan/transformer", lora, NULL,
+                         "diffusion_model.head.head.diff: has 5000 rows, and its diff_b 5000: more outputs than a Wan "
+                         "head has (at most 4096 here)");
+    for (size_t k = 0; k < 4; k++)
+        free(head[k].v);
     free(out);
     unlink(lora);
     free(lora);
