@@ -162,7 +162,8 @@ enum factors_rule {
 
 /* The module Wan names `theirs`, as diffusers' `ours`: its factors (both
  * needed where `alphas` and it has an alpha, which is folded in), then its
- * diff_b (only beside factors, where `bias_needs_factors`). */
+ * diff_b beside them. A diff_b without factors is left for check_left where
+ * `bias_needs_factors` (diffusers does not take it), else refused. */
 static int convert_module(struct conversion *cv, const char *theirs, const char *ours, enum factors_rule rule,
                           int alphas, int bias_needs_factors)
 {

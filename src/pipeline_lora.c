@@ -50,10 +50,9 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n)
         struct stat st;
         size_t len;
         const char *lora = pipeline_lora_arg(args[i], &len);
-        if (stat(lora, &st) != 0 && len)
-            return nf4_fail_errno(NF4_ENOINPUT, errno, lora, NULL, "cannot open (the LoRA of --lora %s)", args[i]);
         if (stat(lora, &st) != 0)
-            return nf4_fail_errno(NF4_ENOINPUT, errno, lora, NULL, "cannot open");
+            return len ? nf4_fail_errno(NF4_ENOINPUT, errno, lora, NULL, "cannot open (the LoRA of --lora %s)", args[i])
+                       : nf4_fail_errno(NF4_ENOINPUT, errno, lora, NULL, "cannot open");
         int code = diffusers_lora_path(lora, &file, 1), diffusers = file != NULL;
         free(file);
         if (code != NF4_OK)
@@ -115,7 +114,7 @@ static int take_into(const char *in, struct pipeline_loras *pl, size_t i, const 
     if (k == ne)
         return nf4_fail(NF4_EUSAGE, in, NULL, "has no component %s (--lora %s)", pl->into[i], pl->args[i]);
     if (!diffusers_loads_into(pl->cls, pl->into[i]))
-        return nf4_fail(NF4_EUSAGE, in, NULL, "is a %s, and diffusers loads a LoRA into %s only (and a Wan pipeline's "
+        return nf4_fail(NF4_EUSAGE, in, NULL, "is a %s, and diffusers loads a LoRA into %s only (and Wan's loader "
                         "into transformer_2), not into %s (--lora %s)", pl->cls ? pl->cls : "pipeline",
                         DIFFUSERS_DEFAULT_COMPONENT, pl->into[i], pl->args[i]);
     return NF4_OK;

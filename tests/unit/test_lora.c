@@ -2310,7 +2310,7 @@ static void test_wan_lora_into_transformer_2(void **state)
     } cases[] = {
         {pipe, third, "has no component transformer_3 (--lora transformer_3=", 0},
         {pipe, encoder, "has no component text_encoder", 0},
-        {pipe, into, "is a FluxPipeline, and diffusers loads a LoRA into transformer only (and a Wan pipeline's into "
+        {pipe, into, "is a FluxPipeline, and diffusers loads a LoRA into transformer only (and Wan's loader into "
                      "transformer_2), not into transformer_2", 1},
         {transformer, into, "is not a diffusers pipeline, so --lora transformer_2=", 0},
     };
