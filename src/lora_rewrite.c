@@ -38,7 +38,7 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
     p->row0 = row0;
     p->col0 = col0;
     p->scale = scale;
-    p->vector = p->as_is = p->identity = 0;
+    p->as_is = p->identity = 0;
     rw->nparts++;
     return NF4_OK;
 }
@@ -46,14 +46,9 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
 int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const char *factor,
                           const struct model_tensor *src)
 {
-    const struct st_tensor *t = src->t;
-    const int vector = t->ndim == 1;
-    int code = lora_rewrite_add(rw, target, factor, src, t->dtype, vector ? 1 : t->shape[0],
-                                vector ? t->nelem : t->shape[1], 0, 0, 1.0f);
-    if (code == NF4_OK) {
-        rw->parts[rw->nparts - 1].vector = vector;
+    int code = lora_rewrite_add(rw, target, factor, src, src->t->dtype, 0, 0, 0, 0, 1.0f);
+    if (code == NF4_OK)
         rw->parts[rw->nparts - 1].as_is = 1;
-    }
     return code;
 }
 
@@ -75,15 +70,14 @@ int lora_part_values(const struct lora_part *p, void *out)
         return NF4_OK;
     }
     const struct st_tensor *t = p->src->t;
-    const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = p->vector ? t->nelem : t->shape[1];
+    if (p->as_is)
+        return st_read(p->src->file, t, 0, out, st_tensor_bytes(t));
+    const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = t->shape[1];
     unsigned char *rows = malloc(p->shape[0] * src_cols * esize + 1);
     if (!rows)
         return nf4_fail(NF4_ESOFTWARE, p->src->file->path, t->name, "out of memory");
     int code = st_read(p->src->file, t, p->row0 * src_cols * esize, rows, p->shape[0] * src_cols * esize);
-    for (uint64_t i = 0; code == NF4_OK && p->as_is && i < p->shape[0]; i++) /* the same dtype: its bytes */
-        memcpy((unsigned char *)out + i * p->shape[1] * esize, rows + (i * src_cols + p->col0) * esize,
-               p->shape[1] * esize);
-    for (uint64_t i = 0, k = 0; code == NF4_OK && !p->as_is && i < p->shape[0]; i++)
+    for (uint64_t i = 0, k = 0; code == NF4_OK && i < p->shape[0]; i++)
         for (uint64_t c = 0; c < p->shape[1]; c++, k++)
             f32_to_element(p->dtype, out, k, f32_from_element(t->dtype, rows, i * src_cols + p->col0 + c) * p->scale);
     free(rows);
@@ -120,8 +114,10 @@ static int write_parts(const struct lora_rewrite *rw, int fd, const char *tmp)
     if (!outs)
         return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
     for (size_t i = 0; i < rw->nparts; i++)
-        outs[i] = (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype, rw->parts[i].vector ? 1 : 2,
-                                         rw->parts[i].vector ? &rw->parts[i].shape[1] : rw->parts[i].shape};
+        outs[i] = rw->parts[i].as_is ? (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype,
+                                                               rw->parts[i].src->t->ndim, rw->parts[i].src->t->shape}
+                                     : (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype, 2,
+                                                               rw->parts[i].shape};
     struct st_writer *w = NULL;
     int code = st_writer_begin_stream(&w, fd, tmp, outs, rw->nparts, rw->meta, rw->nmeta);
     for (size_t k = 0; code == NF4_OK && k < rw->nparts; k++) {

@@ -16,10 +16,10 @@
 #include "strbuf.h"
 
 /* One tensor of the result: rows row0.. and columns col0.. of `src`, times
- * `scale`; or a vector (a bias: ndim 1, shape {1, n}); or `src` as it is
- * (`as_is`: its bytes, where diffusers copies the tensor, NaN bits and all);
- * or the identity matrix of that shape (`identity`: values 1 and 0, `src`
- * only named in messages). */
+ * `scale`; or the whole of `src` as it is (`as_is`: its shape and bytes,
+ * where diffusers copies the tensor, NaN bits and all); or the identity
+ * matrix of `shape` (`identity`: values 1 and 0, `src` only named in
+ * messages). */
 struct lora_part {
     char *name;
     const struct model_tensor *src;
@@ -27,7 +27,7 @@ struct lora_part {
     uint64_t shape[2];
     uint64_t row0, col0;
     float scale;
-    unsigned vector : 1, as_is : 1, identity : 1;
+    unsigned as_is : 1, identity : 1;
 };
 
 struct lora_rewrite {
@@ -50,8 +50,8 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
                      enum st_dtype dtype, uint64_t rows, uint64_t cols, uint64_t row0, uint64_t col0, float scale);
 
 /* Adds the part named target + factor (".lora_A.weight", ".lora_B.bias")
- * holding `src` (a matrix or a vector, a factor dtype) as it is, byte for
- * byte. NF4_OK or NF4_ESOFTWARE. */
+ * holding `src` as it is: its dtype, shape and bytes. NF4_OK or
+ * NF4_ESOFTWARE. */
 int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const char *factor,
                           const struct model_tensor *src);
 
