@@ -12,6 +12,7 @@
 #include "json_util.h"
 #include "layout.h"
 #include "lora_kohya.h"
+#include "lora_prefixed.h"
 #include "lora_qwen.h"
 #include "lora_wan.h"
 #include "lora_target.h"
@@ -71,6 +72,10 @@ enum lora_family diffusers_lora_family(const char *cls)
     for (size_t i = 0; cls && i < sizeof WAN_LOADERS / sizeof WAN_LOADERS[0]; i++)
         if (strncmp(cls, WAN_LOADERS[i], strlen(WAN_LOADERS[i])) == 0)
             return LORA_FAMILY_WAN;
+    if (cls && strncmp(cls, "LTX", 3) == 0 && strncmp(cls, "LTX2", 4) != 0) /* LTX-2 has a loader of its own */
+        return LORA_FAMILY_LTX_VIDEO;
+    if (cls && strncmp(cls, "HiDreamImage", 12) == 0)
+        return LORA_FAMILY_HIDREAM;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     return LORA_FAMILY_OTHER;
@@ -112,6 +117,15 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     switch (family) {
     case LORA_FAMILY_QWEN_IMAGE: convert = qwen_lora_detect(*out) ? qwen_lora_convert : NULL; break;
     case LORA_FAMILY_WAN: convert = wan_lora_detect(*out) ? wan_lora_convert : NULL; break;
+    case LORA_FAMILY_LTX_VIDEO:
+    case LORA_FAMILY_HIDREAM:
+        if (prefixed_lora_detect(*out, family)) {
+            struct model *original = *out;
+            code = prefixed_lora_convert(original, path, family, warn, out);
+            model_close(original);
+            return code;
+        }
+        break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: convert = kohya_lora_detect(*out) ? kohya_lora_convert : NULL; break;
     }

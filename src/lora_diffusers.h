@@ -44,6 +44,8 @@ enum lora_family {
     LORA_FAMILY_QWEN_IMAGE, /* QwenImagePipeline, QwenImageEditPipeline, ... and their transformer */
     LORA_FAMILY_WAN,        /* WanPipeline, WanImageToVideoPipeline, ..., SkyReelsV2..., LucyEdit...,
                                ChronoEdit..., AnyFlow..., Helios... and their transformers */
+    LORA_FAMILY_LTX_VIDEO,  /* LTXPipeline, LTXImageToVideoPipeline, ... and LTXVideoTransformer3DModel */
+    LORA_FAMILY_HIDREAM,    /* HiDreamImagePipeline and its transformer */
 };
 
 /* The family of a pipeline's or a model's class name (model_index.json's or
@@ -63,8 +65,8 @@ char *diffusers_class_name(const char *dir, const char *name);
  * (save_lora_weights(safe_serialization=False)), read as torch_file.h reads
  * a pickled PEFT adapter; one in another form as the loader of `family`
  * converts it (Flux.1's and others: kohya and ComfyUI, lora_kohya.h;
- * Qwen-Image's, lora_qwen.h; Wan's, lora_wan.h), saying what is left out
- * where `warn`. */
+ * Qwen-Image's, lora_qwen.h; Wan's, lora_wan.h; LTX-Video's and HiDream's,
+ * lora_prefixed.h), saying what is left out where `warn`. */
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out);
 
 /* The key prefix ("transformer.", allocated) of the component of `weights`

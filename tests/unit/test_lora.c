@@ -2486,6 +2486,47 @@ static void test_wan_lora_refusals(void **state)
     free(lora);
 }
 
+/* LTX-Video and HiDream LoRAs in ComfyUI's form (diffusion_model. for
+ * transformer.), read as their loaders cut the prefix: byte-identical to
+ * diffusers' conversion (a DoRA scale dropped with a warning), merged as the
+ * diffusers form is; a key without the prefix refused, as diffusers refuses
+ * the file. */
+static void test_prefixed_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char *const LTX[][2] = {
+        {DIFFUSERS_FIXTURES "/lora-ltx-comfy.safetensors", DIFFUSERS_FIXTURES "/lora-ltx-comfy.diffusers.safetensors"},
+    };
+    static const uint64_t MERGED[] = {18}; /* 17 weights and proj_out's bias */
+    assert_converts_as_diffusers(s, LTX, 1, LORA_FAMILY_LTX_VIDEO, DIFFUSERS_FIXTURES "/tiny-ltx/transformer", MERGED);
+    struct model *m;
+    assert_int_equal(diffusers_lora_open(DIFFUSERS_FIXTURES "/lora-hidream-comfy.safetensors", LORA_FAMILY_HIDREAM, 0,
+                                         &m), NF4_OK);
+    tu_assert_same_st(m->files[0], DIFFUSERS_FIXTURES "/lora-hidream-comfy.safetensors",
+                      DIFFUSERS_FIXTURES "/lora-hidream-comfy.diffusers.safetensors");
+    model_close(m);
+    char *out = tu_strdupf("%s/out", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-ltx", out, "--lora", LTX[0][0], NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "lora-ltx-comfy.safetensors: 1 of its tensors (diffusion_model.proj_in.dora_scale) are DoRA "
+                       "scales, which diffusers drops: they are not merged\n") || !strstr(r.err, "18 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    free(out);
+    static const char *const NAMES[3] = {"diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight",
+                                         "diffusion_model.transformer_blocks.0.attn1.to_q.lora_B.weight",
+                                         "transformer_blocks.0.attn1.to_k.lora_A.weight"};
+    static const uint64_t DOWN[2] = {4, 16}, UP[2] = {16, 4};
+    char *lora = tu_strdupf("%s-ltx.safetensors", s->dir);
+    write_pair_lora(lora, NAMES, DOWN, UP, DT_BF16, 1);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-ltx/transformer", lora, NULL,
+                         "transformer_blocks.0.attn1.to_k.lora_A.weight: does not start with \"diffusion_model.\", as "
+                         "every key of an LTX-Video LoRA in ComfyUI's form must (diffusers raises)");
+    unlink(lora);
+    free(lora);
+}
+
 /* A LoRA in diffusers' own form with DoRA scales: every diffusers loader
  * drops them with a warning and loads the rest, and so does nf4deq: the
  * merge is that of the file without them. */
@@ -3071,6 +3112,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wan_lora_into_transformer_2, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_wan_lora_copies_bytes, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_drops_dora_scales, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_prefixed_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),

@@ -1,0 +1,31 @@
+/* LoRAs in diffusers' own form but for ComfyUI's "diffusion_model." before
+ * each key instead of the component's "transformer.":
+ *   diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight
+ * LTX-Video's and HiDream's loaders read them by cutting that prefix and
+ * putting "transformer." in its place (_convert_non_diffusers_ltxv_lora_to_diffusers,
+ * _convert_non_diffusers_hidream_lora_to_diffusers, diffusers 0.42), after
+ * dropping DoRA scales; so does nf4deq, copying every tensor as it is into a
+ * lora_rewrite, and the result is read as any diffusers LoRA.
+ * - LTX-Video (LTXPipeline, LTXImageToVideoPipeline, ...): where a key starts
+ *   with "diffusion_model.", every key must (diffusers raises otherwise).
+ * - HiDream (HiDreamImagePipeline): where a key holds "diffusion_model",
+ *   every key must start with "diffusion_model"; "diffusion_model." is cut
+ *   where it is there. */
+#ifndef NF4DEQ_LORA_PREFIXED_H
+#define NF4DEQ_LORA_PREFIXED_H
+
+#include "lora_diffusers.h"
+#include "model.h"
+
+/* Whether the loader of `family` (LORA_FAMILY_LTX_VIDEO or
+ * LORA_FAMILY_HIDREAM) converts `w`, DoRA scales aside. */
+int prefixed_lora_detect(const struct model *w, enum lora_family family);
+
+/* Converts `w`, read from `path`, as the loader of `family` does, opened as
+ * *out (lora_rewrite.h), whose messages name `path`; `warn`: say what is
+ * left out (DoRA scales). NF4_OK, NF4_EDATA naming the key, NF4_EIO /
+ * NF4_ECANTCREAT for the temp file, or NF4_ESOFTWARE. */
+int prefixed_lora_convert(const struct model *w, const char *path, enum lora_family family, int warn,
+                          struct model **out);
+
+#endif
