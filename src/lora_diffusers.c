@@ -14,6 +14,7 @@
 #include "lora_kohya.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
+#include "lora_rewrite.h"
 #include "lora_wan.h"
 #include "lora_target.h"
 #include "status.h"
@@ -103,11 +104,6 @@ char *diffusers_class_name(const char *dir, const char *name)
     return cls;
 }
 
-static int is_dora_scale(const char *name)
-{
-    return strstr(name, "dora_scale") != NULL;
-}
-
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out)
 {
     int code = str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
@@ -117,22 +113,15 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     switch (family) {
     case LORA_FAMILY_QWEN_IMAGE: convert = qwen_lora_detect(*out) ? qwen_lora_convert : NULL; break;
     case LORA_FAMILY_WAN: convert = wan_lora_detect(*out) ? wan_lora_convert : NULL; break;
-    case LORA_FAMILY_LTX_VIDEO:
-    case LORA_FAMILY_HIDREAM:
-        if (prefixed_lora_detect(*out, family)) {
-            struct model *original = *out;
-            code = prefixed_lora_convert(original, path, family, warn, out);
-            model_close(original);
-            return code;
-        }
-        break;
+    case LORA_FAMILY_LTX_VIDEO: convert = prefixed_lora_detect(*out, family) ? ltx_video_lora_convert : NULL; break;
+    case LORA_FAMILY_HIDREAM: convert = prefixed_lora_detect(*out, family) ? hidream_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: convert = kohya_lora_detect(*out) ? kohya_lora_convert : NULL; break;
     }
     if (!convert) {
         /* In diffusers' own form: every loader's lora_state_dict drops DoRA
          * scales ("not compatible in Diffusers"), with a warning. */
-        size_t n = model_drop_tensors(*out, is_dora_scale);
+        size_t n = model_drop_tensors(*out, lora_is_dora_scale);
         if (n && warn)
             nf4_warn("%s: %zu of its tensors are DoRA scales (dora_scale), which diffusers drops: they are not "
                      "merged", path, n);
@@ -270,18 +259,22 @@ static char *folder_name(const char *dir)
 
 /* Whether folder `dir` is a component of a diffusers pipeline: its parent
  * holds model_index.json. */
+/* The folder `dir` is in, through its real path (allocated; NULL where it
+ * cannot be found or out of memory). */
+static char *real_parent(const char *dir)
+{
+    char *real = realpath(dir, NULL), *parent = real ? path_join(real, "..") : NULL;
+    free(real);
+    return parent;
+}
+
 static int in_pipeline(const char *dir)
 {
-    char *real = realpath(dir, NULL), *index = NULL;
-    if (real) {
-        size_t n = strlen(real) + sizeof "/../" PIPELINE_INDEX_NAME;
-        if ((index = malloc(n)))
-            snprintf(index, n, "%s/../%s", real, PIPELINE_INDEX_NAME);
-    }
+    char *parent = real_parent(dir), *index = parent ? path_join(parent, PIPELINE_INDEX_NAME) : NULL;
     struct stat st;
     int found = index && stat(index, &st) == 0 && S_ISREG(st.st_mode);
     free(index);
-    free(real);
+    free(parent);
     return found;
 }
 
@@ -291,7 +284,7 @@ static int second_wan_transformer(const char *dir, const char *own)
 {
     if (strcmp(own, "transformer_2") != 0)
         return 0;
-    char *parent = path_join(dir, ".."), *cls = parent ? diffusers_class_name(parent, PIPELINE_INDEX_NAME) : NULL;
+    char *parent = real_parent(dir), *cls = parent ? diffusers_class_name(parent, PIPELINE_INDEX_NAME) : NULL;
     int wan = diffusers_loads_transformer_2(cls);
     free(cls);
     free(parent);

@@ -182,7 +182,7 @@ static int rename_keys(struct conversion *cv, const struct model *w)
         else if (strncmp(key, "lora_transformer_", 17) == 0)
             code = nf4_fail(NF4_EDATA, cv->path, key, "is of the kohya \"mixture\" layout (lora_transformer_...), "
                             "which nf4deq does not read");
-        if (code != NF4_OK || strstr(key, "dora_scale"))
+        if (code != NF4_OK || lora_is_dora_scale(key))
             continue;
         char *a = str_replace_all(key, "diffusion_model.", KOHYA_UNET);
         renamed[i] = a ? str_replace_all(a, "text_encoders.clip_l.transformer.", "lora_te_") : NULL;

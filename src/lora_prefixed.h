@@ -21,11 +21,11 @@
  * LORA_FAMILY_HIDREAM) converts `w`, DoRA scales aside. */
 int prefixed_lora_detect(const struct model *w, enum lora_family family);
 
-/* Converts `w`, read from `path`, as the loader of `family` does, opened as
- * *out (lora_rewrite.h), whose messages name `path`; `warn`: say what is
- * left out (DoRA scales). NF4_OK, NF4_EDATA naming the key, NF4_EIO /
- * NF4_ECANTCREAT for the temp file, or NF4_ESOFTWARE. */
-int prefixed_lora_convert(const struct model *w, const char *path, enum lora_family family, int warn,
-                          struct model **out);
+/* Converts `w`, read from `path`, as LTX-Video's (HiDream's) loader does,
+ * opened as *out (lora_rewrite.h), whose messages name `path`; `warn`: say
+ * what is left out (DoRA scales). NF4_OK, NF4_EDATA naming the key, NF4_EIO
+ * / NF4_ECANTCREAT for the temp file, or NF4_ESOFTWARE. */
+int ltx_video_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
+int hidream_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
 
 #endif

@@ -7,6 +7,7 @@
 #include "lora_rewrite.h"
 #include "status.h"
 #include "strbuf.h"
+#include "strutil.h"
 
 #define QWEN_DOWN ".lora_down.weight"
 #define QWEN_UP ".lora_up.weight"
@@ -51,18 +52,6 @@ static void note_left_out(struct conversion *cv, const char *key)
 }
 
 /* ---- names ---- */
-
-static int starts_with(const char *s, const char *prefix)
-{
-    return strncmp(s, prefix, strlen(prefix)) == 0;
-}
-
-/* Python's str.endswith: the whole of `s` may be the suffix. */
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && memcmp(s + a - b, suffix, b) == 0;
-}
 
 /* The words of `head` from `i` on start a run kept whole: its length, else 0. */
 static size_t kept_whole(char *const *words, size_t n, size_t i)
@@ -150,11 +139,11 @@ static struct forms forms_of(const struct model *w)
     struct forms f = {0};
     for (size_t i = 0; i < w->count; i++) {
         const char *key = w->tensors[i].t->name;
-        if (strstr(key, "dora_scale"))
+        if (lora_is_dora_scale(key))
             continue;
-        f.alpha |= ends_with(key, QWEN_ALPHA);
-        f.unet |= starts_with(key, QWEN_UNET);
-        f.comfy |= starts_with(key, QWEN_COMFY);
+        f.alpha |= str_has_suffix(key, QWEN_ALPHA);
+        f.unet |= str_starts_with(key, QWEN_UNET);
+        f.comfy |= str_starts_with(key, QWEN_COMFY);
         f.peft_adapter |= strstr(key, QWEN_PEFT_ADAPTER) != NULL;
     }
     return f;
@@ -169,7 +158,7 @@ int qwen_lora_detect(const struct model *w)
 static int any_starts_with(const struct conversion *cv, const char *prefix)
 {
     for (size_t i = 0; i < cv->nkeys; i++)
-        if (starts_with(cv->keys[i].name, prefix))
+        if (str_starts_with(cv->keys[i].name, prefix))
             return 1;
     return 0;
 }
@@ -189,12 +178,12 @@ static int rename_each(struct conversion *cv, char *(*rename)(const char *name))
 
 static char *without_comfy_prefix(const char *name)
 {
-    return strdup(starts_with(name, QWEN_COMFY) ? name + strlen(QWEN_COMFY) : name);
+    return strdup(str_starts_with(name, QWEN_COMFY) ? name + strlen(QWEN_COMFY) : name);
 }
 
 static char *from_kohya(const char *name)
 {
-    return kohya_key(starts_with(name, QWEN_UNET) ? name + strlen(QWEN_UNET) : name);
+    return kohya_key(str_starts_with(name, QWEN_UNET) ? name + strlen(QWEN_UNET) : name);
 }
 
 static char *without_peft_adapter(const char *name)
@@ -213,7 +202,7 @@ static int rename_keys(struct conversion *cv, const struct model *w)
         return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     for (size_t i = 0; i < w->count; i++) {
         const char *key = w->tensors[i].t->name;
-        if (strstr(key, "dora_scale")) { /* diffusers: "not compatible ... filter out" */
+        if (lora_is_dora_scale(key)) { /* diffusers: "not compatible ... filter out" */
             note_left_out(cv, key);
             continue;
         }
@@ -285,7 +274,7 @@ static int convert_kohya_pairs(struct conversion *cv)
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
         struct lora_key *down = &cv->keys[i];
-        if (!ends_with(down->name, QWEN_DOWN))
+        if (!str_has_suffix(down->name, QWEN_DOWN))
             continue;
         struct names n = {str_replace_all(down->name, QWEN_DOWN, QWEN_UP), str_replace_all(down->name, QWEN_DOWN, QWEN_A),
                           NULL, str_replace_all(down->name, QWEN_DOWN, QWEN_ALPHA)};
@@ -309,7 +298,7 @@ static int convert_peft_pairs(struct conversion *cv)
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
         struct lora_key *a = &cv->keys[i];
-        if (!ends_with(a->name, QWEN_A))
+        if (!str_has_suffix(a->name, QWEN_A))
             continue;
         struct names n = {str_replace_all(a->name, QWEN_A, QWEN_B), NULL, NULL,
                           str_replace_all(a->name, QWEN_A, QWEN_ALPHA)};
@@ -323,7 +312,7 @@ static int convert_peft_pairs(struct conversion *cv)
         names_free(&n);
     }
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++)
-        if (ends_with(cv->keys[i].name, QWEN_B) && !cv->keys[i].taken)
+        if (str_has_suffix(cv->keys[i].name, QWEN_B) && !cv->keys[i].taken)
             code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "has no matching lora_A.weight");
     return code;
 }

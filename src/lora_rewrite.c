@@ -192,6 +192,11 @@ int lora_rewrite_finish(struct lora_rewrite *rw, int code, int warn, const char 
 
 /* ---- the file's keys, renamed ---- */
 
+int lora_is_dora_scale(const char *key)
+{
+    return strstr(key, "dora_scale") != NULL;
+}
+
 static int key_cmp(const void *a, const void *b)
 {
     return strcmp(((const struct lora_key *)a)->name, ((const struct lora_key *)b)->name);

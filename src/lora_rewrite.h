@@ -1,8 +1,10 @@
 /* A LoRA file rewritten into the diffusers LoRA that diffusers makes of it
  * when a pipeline loads it (lora_kohya.h: Flux.1's kohya and ComfyUI forms;
- * lora_qwen.h: Qwen-Image's; lora_wan.h: Wan's). Each tensor of the result is a block of one of
- * the file's factors, each value times a scale (the alpha folded in) in fp32,
- * rounded to a dtype, as PyTorch computes `factor * python_float`. The result
+ * lora_qwen.h: Qwen-Image's; lora_wan.h: Wan's; lora_prefixed.h: LTX-Video's
+ * and HiDream's). Each tensor of the result is a block of one of the file's
+ * factors, each value times a scale (the alpha folded in) in fp32, rounded to
+ * a dtype, as PyTorch computes `factor * python_float`; or a tensor of the
+ * file as it is, where diffusers copies it; or an identity. The result
  * is written to a temp file in $TMPDIR (else /tmp) that no name reaches, and
  * read back as a model whose messages name the LoRA file. */
 #ifndef NF4DEQ_LORA_REWRITE_H
@@ -78,6 +80,10 @@ void lora_rewrite_leave_out(struct lora_rewrite *rw, const char *name, size_t le
 int lora_rewrite_finish(struct lora_rewrite *rw, int code, int warn, const char *why, struct model **out);
 
 /* ---- the file's keys, renamed ---- */
+
+/* Whether a key is one of kohya's DoRA scales ("dora_scale" in it), which
+ * every diffusers loader filters out of a LoRA with a warning. */
+int lora_is_dora_scale(const char *key);
 
 /* A key of the LoRA file under the name a conversion gives it, and whether
  * the conversion took it. */

@@ -7,6 +7,7 @@
 
 #include "lora_rewrite.h"
 #include "status.h"
+#include "strutil.h"
 
 #define WAN_COMFY "diffusion_model."
 #define WAN_MUSUBI "lora_unet_"
@@ -46,17 +47,6 @@ struct conversion {
 };
 
 /* ---- keys ---- */
-
-static int starts_with(const char *s, const char *prefix)
-{
-    return strncmp(s, prefix, strlen(prefix)) == 0;
-}
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && memcmp(s + a - b, suffix, b) == 0;
-}
 
 /* The key `name` where the conversion has not taken it yet (a Python dict's
  * pop finds it), else NULL. */
@@ -231,7 +221,7 @@ static int block_range(const struct conversion *cv, int64_t *lo, int64_t *hi)
     int found = 0;
     for (size_t i = 0; i < cv->nkeys; i++) {
         const char *k = cv->keys[i].name;
-        if (!starts_with(k, "blocks."))
+        if (!str_starts_with(k, "blocks."))
             continue;
         const char *n = k + strlen("blocks."), *dot = strchr(n, '.');
         int64_t b;
@@ -256,8 +246,8 @@ static int drop_unloaded(struct conversion *cv)
 {
     int time_projection_weights = 0;
     for (size_t i = 0; i < cv->nkeys; i++)
-        time_projection_weights |= starts_with(cv->keys[i].name, "time_projection") &&
-                                   ends_with(cv->keys[i].name, ".weight");
+        time_projection_weights |= str_starts_with(cv->keys[i].name, "time_projection") &&
+                                   str_has_suffix(cv->keys[i].name, ".weight");
     /* In the file's order, as diffusers pops them. */
     struct lora_key **in_file_order = calloc(cv->nkeys ? cv->nkeys : 1, sizeof *in_file_order);
     if (!in_file_order)
@@ -267,7 +257,7 @@ static int drop_unloaded(struct conversion *cv)
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
         struct lora_key *k = in_file_order[i];
-        if ((ends_with(k->name, ".diff") || ends_with(k->name, ".diff_b")) && strstr(k->name, "norm"))
+        if ((str_has_suffix(k->name, ".diff") || str_has_suffix(k->name, ".diff_b")) && strstr(k->name, "norm"))
             leave_out(cv, k);
         if (strstr(k->name, "time_projection") && !time_projection_weights) {
             if (k->taken) /* popped twice: diffusers raises KeyError */
@@ -303,7 +293,7 @@ static int any_file_key(const struct conversion *cv, const char *part, const cha
 {
     for (size_t i = 0; i < cv->w->count; i++) {
         const char *name = cv->w->tensors[i].t->name;
-        if (strstr(name, part) && ends_with(name, suffix))
+        if (strstr(name, part) && str_has_suffix(name, suffix))
             return 1;
     }
     return 0;
@@ -408,7 +398,7 @@ static int check_left(struct conversion *cv)
         struct lora_key *k = &cv->keys[i];
         if (k->taken)
             continue;
-        if (ends_with(k->name, ".diff") && strstr(k->name, "lora"))
+        if (str_has_suffix(k->name, ".diff") && strstr(k->name, "lora"))
             return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is a diff of a LoRA key, which diffusers refuses");
         leave_out(cv, k);
     }
@@ -517,7 +507,7 @@ static int convert_musubi(struct conversion *cv)
 static int any_starts_with(const struct model *w, const char *prefix)
 {
     for (size_t i = 0; i < w->count; i++)
-        if (starts_with(w->tensors[i].t->name, prefix))
+        if (str_starts_with(w->tensors[i].t->name, prefix))
             return 1;
     return 0;
 }

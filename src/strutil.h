@@ -12,6 +12,18 @@ static inline int str_ends_with(const char *s, const char *suffix)
     return a > b && memcmp(s + a - b, suffix, b) == 0;
 }
 
+static inline int str_starts_with(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* Python's str.endswith: the whole of `s` may be the suffix. */
+static inline int str_has_suffix(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && memcmp(s + a - b, suffix, b) == 0;
+}
+
 /* The length of the well-formed UTF-8 sequence at s, with `left` bytes
  * readable (at least 1): 1 to 4, or 0 if it is not one (RFC 3629: no overlong
  * form, no surrogate, nothing past U+10FFFF). */
