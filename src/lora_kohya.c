@@ -19,7 +19,6 @@
 /* Flux.1's blocks, as far as diffusers' conversion looks for them. */
 #define FLUX_DOUBLE_BLOCKS 19
 #define FLUX_SINGLE_BLOCKS 38
-#define MAX_SPLITS 4
 /* The longest module name read; the names built from one fit their buffers. */
 #define KOHYA_NAME_MAX 512
 
@@ -28,8 +27,8 @@
 struct module_map {
     const char *kohya;
     size_t nparts;
-    const char *parts[MAX_SPLITS];
-    uint64_t rows[MAX_SPLITS];
+    const char *parts[KOHYA_MAX_PARTS];
+    uint64_t rows[KOHYA_MAX_PARTS];
 };
 
 static const struct module_map DOUBLE_BLOCK[] = {
@@ -267,25 +266,25 @@ static enum st_dtype promote(enum st_dtype a, enum st_dtype b)
  * and down times it in the dtype PyTorch promotes the two to: the factor's
  * own for a 0-dim alpha, the wider of the two for one of shape [1]. One to one
  * (_convert_to_ai_toolkit, the text encoder's) takes alpha.item(): Python
- * floats. Without alpha: alpha = r in the factor's dtype; the text encoder's
- * is then not scaled at all (the same values). */
-static int module_scales(const struct conversion *cv, const char *module, const struct model_tensor *down, int fused,
-                         float *sd, float *su, enum st_dtype *a_dtype)
+ * floats. Without alpha: alpha = r in the factor's dtype. */
+static int module_scales(const char *path, const struct kohya_factors *f, int fused, float *sd, float *su,
+                         enum st_dtype *a_dtype)
 {
-    const struct kohya_key *ak = find_key(cv, module, KOHYA_ALPHA);
+    const struct model_tensor *down = f->down;
     uint64_t r = down->t->shape[0];
     double alpha;
     enum st_dtype adt = down->t->dtype;
     *a_dtype = down->t->dtype;
-    if (ak) {
-        int code = lora_read_alpha(cv->path, ak->t, &alpha);
+    if (f->alpha) {
+        const struct st_tensor *at = f->alpha->t;
+        int code = lora_read_alpha(path, f->alpha, &alpha);
         if (code != NF4_OK)
             return code;
-        adt = lora_is_factor_dtype(ak->t->t->dtype) || ak->t->t->dtype == DT_F64 ? ak->t->t->dtype : DT_F32;
-        if (fused && ak->t->t->ndim > 0)
+        adt = lora_is_factor_dtype(at->dtype) || at->dtype == DT_F64 ? at->dtype : DT_F32;
+        if (fused && at->ndim > 0)
             *a_dtype = promote(*a_dtype, adt);
         if (*a_dtype == DT_F64)
-            return nf4_fail(NF4_EDATA, cv->path, ak->t->t->name, "is an F64 alpha of shape [1], with which diffusers "
+            return nf4_fail(NF4_EDATA, path, at->name, "is an F64 alpha of shape [1], with which diffusers "
                             "makes %s's parts F64; LoRA weights must be F32, BF16 or F16", down->t->name);
     } else {
         alpha = lora_round_to(adt, (double)r);
@@ -304,15 +303,15 @@ static int module_scales(const struct conversion *cv, const char *module, const 
 /* Whether `up` (times `su`) is block-diagonal for these parts: part j's rows
  * hold zeros outside its own `rank` columns. diffusers then gives each part
  * its own ranks. */
-static int block_diagonal(const struct conversion *cv, const struct model_tensor *up, float su, const uint64_t *rows,
-                          size_t n, uint64_t rank, int *sparse)
+static int block_diagonal(const char *path, const struct model_tensor *up, float su, const uint64_t *rows, size_t n,
+                          uint64_t rank, int *sparse)
 {
     const struct st_tensor *t = up->t;
     struct lora_part whole = {.src = up, .dtype = t->dtype, .shape = {t->shape[0], t->shape[1]}, .scale = su};
     const uint64_t esize = dtype_bits(t->dtype) / 8;
     unsigned char *v = malloc(t->nelem * esize + 1);
     if (!v)
-        return nf4_fail(NF4_ESOFTWARE, cv->path, t->name, "out of memory");
+        return nf4_fail(NF4_ESOFTWARE, path, t->name, "out of memory");
     int code = lora_part_values(&whole, v);
     *sparse = 1;
     for (uint64_t j = 0, row = 0; code == NF4_OK && j < n && *sparse; row += rows[j++])
@@ -324,51 +323,62 @@ static int block_diagonal(const struct conversion *cv, const struct model_tensor
     return code;
 }
 
+int kohya_fold_module(struct lora_rewrite *rw, const struct kohya_factors *f, const char *target_root,
+                      const char *const *parts, const uint64_t *rows_given, size_t nparts)
+{
+    const struct st_tensor *dt = f->down->t, *ut = f->up->t;
+    int code = lora_check_pair(rw->path, dt, ut);
+    if (code != NF4_OK)
+        return code;
+    const uint64_t r = dt->shape[0], in = dt->shape[1], out = ut->shape[0];
+    const size_t n = parts ? nparts : 1;
+    float sd = 1.0f, su = 1.0f;
+    enum st_dtype a_dtype = dt->dtype;
+    if ((parts || f->alpha) && (code = module_scales(rw->path, f, n > 1, &sd, &su, &a_dtype)) != NF4_OK)
+        return code;
+    char target[KOHYA_NAME_MAX + 64]; /* target_root and the longest part's name */
+    for (size_t j = 0; j < n; j++)
+        if ((size_t)snprintf(target, sizeof target, "%s%s", target_root, parts ? parts[j] : "") >= sizeof target)
+            return nf4_fail(NF4_EDATA, rw->path, dt->name, "is of too long a module name for a LoRA key");
+    if (n == 1) {
+        snprintf(target, sizeof target, "%s%s", target_root, parts ? parts[0] : "");
+        if ((code = lora_rewrite_add(rw, target, ".lora_A.weight", f->down, a_dtype, r, in, 0, 0, sd)) == NF4_OK)
+            code = lora_rewrite_add(rw, target, ".lora_B.weight", f->up, ut->dtype, out, r, 0, 0, su);
+        return code;
+    }
+    uint64_t rows[KOHYA_MAX_PARTS], sum = 0;
+    for (size_t j = 0; j < n; j++)
+        sum += rows[j] = rows_given ? rows_given[j] : out / n;
+    if (sum != out)
+        return nf4_fail(NF4_EDATA, rw->path, ut->name, "has %" PRIu64 " rows; diffusers splits it into %s", out,
+                        rows_given ? "Flux.1's 3072 + 3072 + 3072 + 12288" : "three equal parts");
+    int sparse = 0;
+    if (r % n == 0 && (code = block_diagonal(rw->path, f->up, su, rows, n, r / n, &sparse)) != NF4_OK)
+        return code;
+    const uint64_t pr = sparse ? r / n : r;
+    for (size_t j = 0, row = 0; j < n && code == NF4_OK; row += rows[j++]) {
+        snprintf(target, sizeof target, "%s%s", target_root, parts[j]);
+        if ((code = lora_rewrite_add(rw, target, ".lora_A.weight", f->down, a_dtype, pr, in, sparse ? j * pr : 0, 0,
+                                     sd)) == NF4_OK)
+            code = lora_rewrite_add(rw, target, ".lora_B.weight", f->up, ut->dtype, rows[j], pr, row,
+                                    sparse ? j * pr : 0, su);
+    }
+    return code;
+}
+
 /* Converts one kohya module of the transformer (`map`, under `target_root`:
  * "transformer.transformer_blocks.0.") or of the text encoder (map NULL,
  * `target_root` the whole module with its component). */
 static int convert_module(struct conversion *cv, const char *module, const struct module_map *map,
                           const char *target_root)
 {
-    const struct kohya_key *dk = find_key(cv, module, KOHYA_DOWN), *uk = find_key(cv, module, KOHYA_UP);
+    const struct kohya_key *dk = find_key(cv, module, KOHYA_DOWN), *uk = find_key(cv, module, KOHYA_UP),
+                           *ak = find_key(cv, module, KOHYA_ALPHA);
     if (!uk)
         return nf4_fail(NF4_EDATA, cv->path, dk->t->t->name, "has no matching lora_up.weight");
-    const struct model_tensor *down = dk->t, *up = uk->t;
-    const struct st_tensor *dt = down->t, *ut = up->t;
-    int code = lora_check_pair(cv->path, dt, ut);
-    if (code != NF4_OK)
-        return code;
-    const uint64_t r = dt->shape[0], in = dt->shape[1], out = ut->shape[0];
-    const size_t n = map ? map->nparts : 1;
-    float sd = 1.0f, su = 1.0f;
-    enum st_dtype a_dtype = dt->dtype;
-    if ((map || find_key(cv, module, KOHYA_ALPHA)) &&
-        (code = module_scales(cv, module, down, n > 1, &sd, &su, &a_dtype)) != NF4_OK)
-        return code;
-    char target[KOHYA_NAME_MAX + 64]; /* target_root and the longest part's name */
-    if (n == 1) {
-        snprintf(target, sizeof target, "%s%s", target_root, map ? map->parts[0] : "");
-        if ((code = lora_rewrite_add(&cv->rw, target, ".lora_A.weight", down, a_dtype, r, in, 0, 0, sd)) == NF4_OK)
-            code = lora_rewrite_add(&cv->rw, target, ".lora_B.weight", up, ut->dtype, out, r, 0, 0, su);
-        return code;
-    }
-    uint64_t rows[MAX_SPLITS], sum = 0;
-    for (size_t j = 0; j < n; j++)
-        sum += rows[j] = map->rows[0] ? map->rows[j] : out / n;
-    if (sum != out)
-        return nf4_fail(NF4_EDATA, cv->path, ut->name, "has %" PRIu64 " rows; diffusers splits it into %s", out,
-                        map->rows[0] ? "Flux.1's 3072 + 3072 + 3072 + 12288" : "three equal parts");
-    int sparse = 0;
-    if (r % n == 0 && (code = block_diagonal(cv, up, su, rows, n, r / n, &sparse)) != NF4_OK)
-        return code;
-    const uint64_t pr = sparse ? r / n : r;
-    for (size_t j = 0, row = 0; j < n && code == NF4_OK; row += rows[j++]) {
-        snprintf(target, sizeof target, "%s%s", target_root, map->parts[j]);
-        if ((code = lora_rewrite_add(&cv->rw, target, ".lora_A.weight", down, a_dtype, pr, in, sparse ? j * pr : 0, 0, sd)) ==
-            NF4_OK)
-            code = lora_rewrite_add(&cv->rw, target, ".lora_B.weight", up, ut->dtype, rows[j], pr, row, sparse ? j * pr : 0, su);
-    }
-    return code;
+    const struct kohya_factors f = {dk->t, uk->t, ak ? ak->t : NULL};
+    return kohya_fold_module(&cv->rw, &f, target_root, map ? map->parts : NULL, map && map->rows[0] ? map->rows : NULL,
+                             map ? map->nparts : 1);
 }
 
 /* `name` as "<prefix><digits>_<rest>" with the number below `limit` written

@@ -1,5 +1,6 @@
-/* Kohya (sd-scripts) and ComfyUI LoRAs for Flux.1, the form most Flux LoRAs
- * are shared in (Civitai, ai-toolkit's kohya export, ComfyUI's LoRA saver):
+/* Kohya (sd-scripts) and ComfyUI LoRAs for Flux.1 (and, through
+ * kohya_fold_module, the fold and split of Flux.2's kohya form, lora_flux2.h),
+ * the form most Flux LoRAs are shared in (Civitai, ai-toolkit's kohya export, ComfyUI's LoRA saver):
  *   lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight   [r, in]
  *   lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight     [out, r]
  *   lora_unet_double_blocks_0_img_attn_qkv.alpha              [] (or [1])
@@ -32,7 +33,11 @@
 #ifndef NF4DEQ_LORA_KOHYA_H
 #define NF4DEQ_LORA_KOHYA_H
 
+#include "lora_rewrite.h"
 #include "model.h"
+
+/* The most parts diffusers splits one kohya module into (Flux.1's linear1). */
+#define KOHYA_MAX_PARTS 4
 
 /* Whether `w` holds kohya's factor pairs (a key with ".lora_down.weight"), as
  * diffusers decides to convert a LoRA. */
@@ -44,5 +49,22 @@ int kohya_lora_detect(const struct model *w);
  * is left out. NF4_OK, NF4_EDATA naming the key for what diffusers would not
  * load, NF4_EIO / NF4_ECANTCREAT for the temp file, or NF4_ESOFTWARE. */
 int kohya_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
+
+/* sd-scripts' factors of one module: down [r, in], up [out, r], and its
+ * alpha, NULL where the file has none. */
+struct kohya_factors {
+    const struct model_tensor *down, *up, *alpha;
+};
+
+/* Adds to `rw` one module's factors as diffusers' sd-scripts conversions
+ * (_convert_to_ai_toolkit and _convert_to_ai_toolkit_cat, the same in
+ * Flux.1's and Flux.2's) make them: alpha folded in, as the header says, and
+ * a fused layer (nparts > 1, at most KOHYA_MAX_PARTS) split into
+ * target_root + parts[j], rows as `rows` gives them or in equal parts (NULL).
+ * parts NULL: one module, target_root itself, scaled only where it has an
+ * alpha (Flux.1's text encoder). NF4_EDATA naming the tensor where the pair
+ * is no LoRA pair or the rows do not split; NF4_ESOFTWARE. */
+int kohya_fold_module(struct lora_rewrite *rw, const struct kohya_factors *f, const char *target_root,
+                      const char *const *parts, const uint64_t *rows, size_t nparts);
 
 #endif

@@ -11,6 +11,7 @@
 #include "fpconv.h"
 #include "safetensors_writer.h"
 #include "status.h"
+#include "strbuf.h"
 
 /* How many left-out names the warning gives before "...". */
 #define LISTED_LEFT_OUT 3
@@ -52,6 +53,15 @@ int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const cha
     return code;
 }
 
+int lora_rewrite_add_rows(struct lora_rewrite *rw, const char *target, const char *factor,
+                          const struct model_tensor *src, uint64_t row0, uint64_t rows)
+{
+    int code = lora_rewrite_add(rw, target, factor, src, src->t->dtype, rows, src->t->shape[1], row0, 0, 1.0f);
+    if (code == NF4_OK)
+        rw->parts[rw->nparts - 1].as_is = 1;
+    return code;
+}
+
 int lora_rewrite_add_identity(struct lora_rewrite *rw, const char *target, const char *factor,
                               const struct model_tensor *src, enum st_dtype dtype, uint64_t rows, uint64_t cols)
 {
@@ -70,8 +80,12 @@ int lora_part_values(const struct lora_part *p, void *out)
         return NF4_OK;
     }
     const struct st_tensor *t = p->src->t;
-    if (p->as_is)
+    if (p->as_is && p->shape[0] == 0)
         return st_read(p->src->file, t, 0, out, st_tensor_bytes(t));
+    if (p->as_is) { /* rows of a matrix */
+        const uint64_t row_bytes = t->shape[1] * (dtype_bits(t->dtype) / 8);
+        return st_read(p->src->file, t, p->row0 * row_bytes, out, p->shape[0] * row_bytes);
+    }
     const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = t->shape[1];
     unsigned char *rows = malloc(p->shape[0] * src_cols * esize + 1);
     if (!rows)
@@ -114,7 +128,7 @@ static int write_parts(const struct lora_rewrite *rw, int fd, const char *tmp)
     if (!outs)
         return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
     for (size_t i = 0; i < rw->nparts; i++)
-        outs[i] = rw->parts[i].as_is ? (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype,
+        outs[i] = rw->parts[i].as_is && rw->parts[i].shape[0] == 0 ? (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype,
                                                                rw->parts[i].src->t->ndim, rw->parts[i].src->t->shape}
                                      : (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype, 2,
                                                                rw->parts[i].shape};
@@ -220,6 +234,71 @@ int lora_keys_check_distinct(const char *path, const struct lora_key *keys, size
             return nf4_fail(NF4_EDATA, path, keys[i].t->t->name, "becomes %s, as %s does (diffusers would keep one "
                             "of them)", keys[i].name, keys[i - 1].t->t->name);
     return NF4_OK;
+}
+
+int lora_keys_of(const char *path, const struct model *w, int (*skip)(const char *), struct lora_key **keys,
+                 size_t *n)
+{
+    *n = 0;
+    if (!(*keys = calloc(w->count ? w->count : 1, sizeof **keys)))
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    for (size_t i = 0; i < w->count; i++) {
+        const char *name = w->tensors[i].t->name;
+        if (skip && skip(name))
+            continue;
+        if (!((*keys)[*n].name = strdup(name)))
+            return nf4_fail(NF4_ESOFTWARE, path, name, "out of memory");
+        (*keys)[(*n)++].t = &w->tensors[i];
+    }
+    return NF4_OK;
+}
+
+int lora_keys_replace(const char *path, struct lora_key *keys, size_t n, const char *from, const char *to)
+{
+    for (size_t i = 0; i < n; i++) {
+        char *renamed = str_replace_all(keys[i].name, from, to);
+        if (!renamed)
+            return nf4_fail(NF4_ESOFTWARE, path, keys[i].t->t->name, "out of memory");
+        free(keys[i].name);
+        keys[i].name = renamed;
+    }
+    return NF4_OK;
+}
+
+void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut)
+{
+    for (size_t i = 0; i < n; i++) {
+        char *p = keys[i].name;
+        for (size_t c = 0; c < cut && *p; c++) /* characters: names are UTF-8 */
+            do
+                p++;
+            while (((unsigned char)*p & 0xC0) == 0x80);
+        memmove(keys[i].name, p, strlen(p) + 1);
+    }
+}
+
+int lora_python_int(const char *s, size_t len, int64_t *out)
+{
+    const char *end = s + len;
+    while (s < end && (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1c && *s <= 0x1f)))
+        s++;
+    while (end > s && (end[-1] == ' ' || (end[-1] >= '\t' && end[-1] <= '\r') || (end[-1] >= 0x1c && end[-1] <= 0x1f)))
+        end--;
+    int negative = s < end && *s == '-';
+    if (s < end && (*s == '-' || *s == '+'))
+        s++;
+    if (s == end || *s < '0' || *s > '9' || end[-1] == '_')
+        return 0;
+    int64_t v = 0;
+    for (; s < end; s++) {
+        if (*s == '_' && s[1] != '_')
+            continue;
+        if (*s < '0' || *s > '9' || v > (INT64_MAX - 9) / 10)
+            return 0;
+        v = v * 10 + (*s - '0');
+    }
+    *out = negative ? -v : v;
+    return 1;
 }
 
 void lora_keys_free(struct lora_key *keys, size_t n)

@@ -1,7 +1,7 @@
 /* A LoRA file rewritten into the diffusers LoRA that diffusers makes of it
  * when a pipeline loads it (lora_kohya.h: Flux.1's kohya and ComfyUI forms;
- * lora_qwen.h: Qwen-Image's; lora_wan.h: Wan's; lora_prefixed.h: LTX-Video's
- * and HiDream's). Each tensor of the result is a block of one of the file's
+ * lora_flux2.h: Flux.2's; lora_qwen.h: Qwen-Image's; lora_wan.h: Wan's;
+ * lora_prefixed.h: LTX-Video's and HiDream's). Each tensor of the result is a block of one of the file's
  * factors, each value times a scale (the alpha folded in) in fp32, rounded to
  * a dtype, as PyTorch computes `factor * python_float`; or a tensor of the
  * file as it is, where diffusers copies it; or an identity. The result
@@ -18,8 +18,9 @@
 #include "strbuf.h"
 
 /* One tensor of the result: rows row0.. and columns col0.. of `src`, times
- * `scale`; or the whole of `src` as it is (`as_is`: its shape and bytes,
- * where diffusers copies the tensor, NaN bits and all); or the identity
+ * `scale`; or `src` as it is (`as_is`: its bytes, NaN bits and all, where
+ * diffusers copies the tensor: the whole, in its shape, where shape[0] is 0,
+ * else rows row0.. of every column); or the identity
  * matrix of `shape` (`identity`: values 1 and 0, `src` only named in
  * messages). */
 struct lora_part {
@@ -56,6 +57,12 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
  * NF4_ESOFTWARE. */
 int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const char *factor,
                           const struct model_tensor *src);
+
+/* Adds the part named target + factor holding rows row0..row0 + rows of the
+ * matrix `src` as they are (torch.chunk's block): bytes, NaN bits and all.
+ * NF4_OK or NF4_ESOFTWARE. */
+int lora_rewrite_add_rows(struct lora_rewrite *rw, const char *target, const char *factor,
+                          const struct model_tensor *src, uint64_t row0, uint64_t rows);
 
 /* Adds the part named target + factor holding the identity matrix [rows,
  * cols] in `dtype` (what torch.eye(cols, rows).T holds), made for `src`. */
@@ -102,6 +109,25 @@ struct lora_key *lora_key_find(struct lora_key *keys, size_t n, const char *name
 /* NF4_EDATA, naming the file `path` and both keys, where two sorted keys have
  * one name: diffusers' dict would keep one of them. */
 int lora_keys_check_distinct(const char *path, const struct lora_key *keys, size_t n);
+
+/* The keys of `w` but those `skip` takes (NULL: none), each under its own
+ * name, in the file's order: *keys (allocated, free with lora_keys_free even
+ * on failure), *n of them. NF4_OK or NF4_ESOFTWARE. */
+int lora_keys_of(const char *path, const struct model *w, int (*skip)(const char *), struct lora_key **keys,
+                 size_t *n);
+
+/* Each name with every `from` replaced by `to`, as Python's str.replace.
+ * NF4_OK or NF4_ESOFTWARE. */
+int lora_keys_replace(const char *path, struct lora_key *keys, size_t n, const char *from, const char *to);
+
+/* Each name less its first `cut` characters, as Python's k[cut:] cuts every
+ * key whatever its start (characters of UTF-8, not bytes). */
+void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut);
+
+/* Python's int() of the ASCII text s[0..len): blanks around, a sign, digits
+ * with single underscores between them. 0 where it is not one (or is out of
+ * range), else 1 with the value in *out. */
+int lora_python_int(const char *s, size_t len, int64_t *out);
 
 /* Frees each key's name, and the array. */
 void lora_keys_free(struct lora_key *keys, size_t n);

@@ -79,26 +79,14 @@ static void leave_out(struct conversion *cv, struct lora_key *k)
     lora_rewrite_leave_out(&cv->rw, k->t->t->name, strlen(k->t->t->name), 1);
 }
 
-/* Each key of `w` with its first `cut` characters cut, as Python's k[cut:]
- * cuts every key, whatever its start: sorted, and refused where two become
- * one (the dict keeps one of them). */
+/* Each key of `w` with its first `cut` characters cut, sorted, and refused
+ * where two become one (the dict keeps one of them). */
 static int cut_keys(struct conversion *cv, size_t cut)
 {
-    const struct model *w = cv->w;
-    cv->keys = calloc(w->count ? w->count : 1, sizeof *cv->keys);
-    if (!cv->keys)
-        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-    for (size_t i = 0; i < w->count; i++) {
-        const char *p = w->tensors[i].t->name;
-        for (size_t c = 0; c < cut && *p; c++) /* characters: names are UTF-8 */
-            do
-                p++;
-            while (((unsigned char)*p & 0xC0) == 0x80);
-        if (!(cv->keys[i].name = strdup(p)))
-            return nf4_fail(NF4_ESOFTWARE, cv->path, w->tensors[i].t->name, "out of memory");
-        cv->keys[i].t = &w->tensors[i];
-        cv->nkeys++;
-    }
+    int code = lora_keys_of(cv->path, cv->w, NULL, &cv->keys, &cv->nkeys);
+    if (code != NF4_OK)
+        return code;
+    lora_keys_cut(cv->keys, cv->nkeys, cut);
     lora_keys_sort(cv->keys, cv->nkeys);
     return lora_keys_check_distinct(cv->path, cv->keys, cv->nkeys);
 }
@@ -189,32 +177,6 @@ static int convert_module(struct conversion *cv, const char *theirs, const char 
 
 /* ---- Wan's names: diffusion_model. ---- */
 
-/* Python's int() of an ASCII string: blanks around, a sign, digits with
- * single underscores between them. 0 where it is not one (or out of range). */
-static int python_int(const char *s, size_t len, int64_t *out)
-{
-    const char *end = s + len;
-    while (s < end && (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1c && *s <= 0x1f)))
-        s++;
-    while (end > s && (end[-1] == ' ' || (end[-1] >= '\t' && end[-1] <= '\r') || (end[-1] >= 0x1c && end[-1] <= 0x1f)))
-        end--;
-    int negative = s < end && *s == '-';
-    if (s < end && (*s == '-' || *s == '+'))
-        s++;
-    if (s == end || *s < '0' || *s > '9' || end[-1] == '_')
-        return 0;
-    int64_t v = 0;
-    for (; s < end; s++) {
-        if (*s == '_' && s[1] != '_')
-            continue;
-        if (*s < '0' || *s > '9' || v > (INT64_MAX - 9) / 10)
-            return 0;
-        v = v * 10 + (*s - '0');
-    }
-    *out = negative ? -v : v;
-    return 1;
-}
-
 /* The lowest and highest N of keys "blocks.N...." (int(k.split(".")[1])). */
 static int block_range(const struct conversion *cv, int64_t *lo, int64_t *hi)
 {
@@ -225,7 +187,7 @@ static int block_range(const struct conversion *cv, int64_t *lo, int64_t *hi)
             continue;
         const char *n = k + strlen("blocks."), *dot = strchr(n, '.');
         int64_t b;
-        if (!python_int(n, dot ? (size_t)(dot - n) : strlen(n), &b))
+        if (!lora_python_int(n, dot ? (size_t)(dot - n) : strlen(n), &b))
             return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "has no block number after \"blocks.\"");
         *lo = found && *lo < b ? *lo : b;
         *hi = found && *hi > b ? *hi : b;
