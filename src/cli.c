@@ -36,7 +36,7 @@
     "  70  internal error (including out of memory)\n"                                                         \
     "  73  the output cannot be created (exists without --force, is a link or a\n"                            \
     "      device, another nf4deq is writing it, permissions), or the temp file\n"                              \
-    "      a kohya, Qwen-Image or Wan LoRA is converted into (TMPDIR)\n"                                        \
+    "      a LoRA in another form than diffusers' is converted into (TMPDIR)\n"                                \
     "  74  read or write failed (I/O error, disk full, closed standard output,\n"                              \
     "      an input that changed while it was read)\n"
 
@@ -97,13 +97,13 @@ static const char CONVERT_HELP[] =
     "                       adapter_model.bin, read without running it; DIR may be\n"
     "                       an ORG/NAME in the Hugging Face cache), or a diffusers\n"
     "                       LoRA (pytorch_lora_weights.safetensors or its folder,\n"
-    "                       or a kohya or ComfyUI Flux.1 LoRA, or a Qwen-Image,\n"
-    "                       Wan, LTX-Video or HiDream LoRA in another form, read\n"
-    "                       as diffusers converts it; IN is then the component\n"
-    "                       it was trained on, or its whole pipeline; on a\n"
-    "                       pipeline, COMPONENT=LORA puts LORA's transformer\n"
-    "                       keys into COMPONENT, as Wan 2.2's transformer_2)\n"
-    "                       into the dequantized weights, embedding LoRA, DoRA\n"
+    "                       or a kohya or ComfyUI Flux.1 LoRA, or a Flux.2,\n"
+    "                       Qwen-Image, Wan, LTX-Video or HiDream LoRA in another\n"
+    "                       form, read as diffusers converts it; IN is then the\n"
+    "                       component it was trained on, or its whole pipeline; on a\n"
+    "                       pipeline, COMPONENT=LORA puts LORA's transformer keys\n"
+    "                       into COMPONENT, as Wan 2.2's transformer_2) into the\n"
+    "                       dequantized weights, embedding LoRA, DoRA\n"
     "                       (use_dora), LoRA biases (lora_bias) and trained\n"
     "                       token rows (trainable_token_indices) included;\n"
     "                       repeat to add several adapters' deltas, in order (at\n"
@@ -137,8 +137,8 @@ static const char CONVERT_HELP[] =
     "  NF4DEQ_GPU_HANDOFF=0 wait for CUDA's teardown before exiting\n"
     "  NF4DEQ_OUTPUT_MAP=0|1 output through one write(2) stream (0) or a shared\n"
     "                       mapping (1); default: the mapping on tmpfs, 2+ workers\n"
-    "  TMPDIR               where a kohya, Qwen-Image or Wan LoRA's diffusers\n"
-    "                       form is written while it is read (default /tmp)\n"
+    "  TMPDIR               where a LoRA in another form is written in diffusers'\n"
+    "                       while it is read (default /tmp)\n"
     "\n" EXIT_CODES_HELP;
 
 static const char CLEAN_HELP[] =

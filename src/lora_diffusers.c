@@ -11,6 +11,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "layout.h"
+#include "lora_flux2.h"
 #include "lora_kohya.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
@@ -77,6 +78,8 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_LTX_VIDEO;
     if (cls && strncmp(cls, "HiDreamImage", 12) == 0)
         return LORA_FAMILY_HIDREAM;
+    if (cls && strncmp(cls, "Flux2", 5) == 0)
+        return LORA_FAMILY_FLUX2;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     return LORA_FAMILY_OTHER;
@@ -111,6 +114,7 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
         return code;
     int (*convert)(const struct model *, const char *, int, struct model **) = NULL;
     switch (family) {
+    case LORA_FAMILY_FLUX2: convert = flux2_lora_detect(*out) ? flux2_lora_convert : NULL; break;
     case LORA_FAMILY_QWEN_IMAGE: convert = qwen_lora_detect(*out) ? qwen_lora_convert : NULL; break;
     case LORA_FAMILY_WAN: convert = wan_lora_detect(*out) ? wan_lora_convert : NULL; break;
     case LORA_FAMILY_LTX_VIDEO: convert = prefixed_lora_detect(*out, family) ? ltx_video_lora_convert : NULL; break;

@@ -41,6 +41,7 @@ int diffusers_lora_path(const char *arg, char **weights, int warn);
 enum lora_family {
     LORA_FAMILY_OTHER,      /* unknown: read as Flux.1's loader reads it */
     LORA_FAMILY_FLUX,       /* Flux.1's pipelines and transformer (not Flux2...) */
+    LORA_FAMILY_FLUX2,      /* Flux2Pipeline, Flux2KleinPipeline, ... and Flux2Transformer2DModel */
     LORA_FAMILY_QWEN_IMAGE, /* QwenImagePipeline, QwenImageEditPipeline, ... and their transformer */
     LORA_FAMILY_WAN,        /* WanPipeline, WanImageToVideoPipeline, ..., SkyReelsV2..., LucyEdit...,
                                ChronoEdit..., AnyFlow..., Helios... and their transformers */
@@ -65,8 +66,8 @@ char *diffusers_class_name(const char *dir, const char *name);
  * (save_lora_weights(safe_serialization=False)), read as torch_file.h reads
  * a pickled PEFT adapter; one in another form as the loader of `family`
  * converts it (Flux.1's and others: kohya and ComfyUI, lora_kohya.h;
- * Qwen-Image's, lora_qwen.h; Wan's, lora_wan.h; LTX-Video's and HiDream's,
- * lora_prefixed.h), saying what is left out where `warn`. */
+ * Flux.2's, lora_flux2.h; Qwen-Image's, lora_qwen.h; Wan's, lora_wan.h;
+ * LTX-Video's and HiDream's, lora_prefixed.h), saying what is left out where `warn`. */
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out);
 
 /* The key prefix ("transformer.", allocated) of the component of `weights`

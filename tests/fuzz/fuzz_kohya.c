@@ -1,13 +1,16 @@
-/* kohya_lora_convert, qwen_lora_convert and wan_lora_convert on arbitrary
- * bytes written to a file (a kohya or ComfyUI Flux.1 LoRA, a Qwen-Image or
- * Wan LoRA in another form than diffusers'): the renaming, the alpha, the
- * splits of fused layers, Wan's biases and head diff, and the temp file. When
- * one accepts, every tensor of the result is a diffusers LoRA factor of the
- * transformer (or Flux.1's text encoder), or a Wan bias; a refusal
+/* kohya_lora_convert, flux2_lora_convert, qwen_lora_convert and
+ * wan_lora_convert on arbitrary bytes written to a file (a kohya or ComfyUI
+ * Flux.1 LoRA, a Flux.2, Qwen-Image or Wan LoRA in another form than
+ * diffusers'): the renaming, the alpha, the splits of fused layers, Wan's
+ * biases and head diff, and the temp file. When one accepts, every tensor of
+ * the result is a diffusers LoRA factor of the transformer (or Flux.1's text
+ * encoder), or a Wan bias, or (Flux.2's keys already in diffusers' block
+ * names, copied) a key of the transformer with "lora" in it; a refusal
  * must be bad data with a one-line message; either way the temp file is gone
  * (TMPDIR is a scratch folder that must end up holding the input alone). */
 #define FUZZ_OWN_INITIALIZE
 #include "fuzz_common.h"
+#include "lora_flux2.h"
 #include "lora_kohya.h"
 #include "lora_qwen.h"
 #include "lora_wan.h"
@@ -30,10 +33,17 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+/* What a conversion may hold besides 2-D lora_A/lora_B factors. */
+enum allowed {
+    FACTORS_ONLY,
+    WITH_BIASES,     /* 1-D lora_B.bias vectors */
+    WITH_LORA_COPIES /* any tensor whose name holds "lora" (the file's own, copied) */
+};
+
 /* One conversion's result: named after the file, only 2-D lora_A/lora_B
- * factors under `components` (NULL-terminated prefixes), and where `biases`
- * 1-D lora_B.bias vectors. */
-static void check_result(int code, struct model *out, const char *const *components, int biases)
+ * factors under `components` (NULL-terminated prefixes), and what `allowed`
+ * adds. */
+static void check_result(int code, struct model *out, const char *const *components, enum allowed allowed)
 {
     if (code != NF4_OK) {
         fuzz_check_failure(code);
@@ -45,7 +55,9 @@ static void check_result(int code, struct model *out, const char *const *compone
         int under = 0;
         for (const char *const *c = components; *c; c++)
             under |= strncmp(t->name, *c, strlen(*c)) == 0;
-        if (biases && str_ends_with(t->name, ".lora_B.bias")) {
+        if (allowed == WITH_LORA_COPIES && under && strstr(t->name + strlen("transformer."), "lora"))
+            continue;
+        if (allowed == WITH_BIASES && str_ends_with(t->name, ".lora_B.bias")) {
             FUZZ_ASSERT(under && t->ndim == 1 && t->shape[0], "%s: shape", t->name);
             continue;
         }
@@ -66,19 +78,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static const char *const FLUX[] = {"transformer.", "text_encoder.", NULL};
     static const char *const TRANSFORMER[] = {"transformer.", NULL};
     if (kohya_lora_detect(m)) {
-        check_result(kohya_lora_convert(m, path, 0, &out), out, FLUX, 0);
+        check_result(kohya_lora_convert(m, path, 0, &out), out, FLUX, FACTORS_ONLY);
         fuzz_assert_only_input_left("a kohya conversion");
     }
     nf4_clear_error();
     out = NULL;
+    if (flux2_lora_detect(m)) {
+        check_result(flux2_lora_convert(m, path, 0, &out), out, TRANSFORMER, WITH_LORA_COPIES);
+        fuzz_assert_only_input_left("a Flux.2 conversion");
+    }
+    nf4_clear_error();
+    out = NULL;
     if (qwen_lora_detect(m)) {
-        check_result(qwen_lora_convert(m, path, 0, &out), out, TRANSFORMER, 0);
+        check_result(qwen_lora_convert(m, path, 0, &out), out, TRANSFORMER, FACTORS_ONLY);
         fuzz_assert_only_input_left("a Qwen-Image conversion");
     }
     nf4_clear_error();
     out = NULL;
     if (wan_lora_detect(m)) {
-        check_result(wan_lora_convert(m, path, 0, &out), out, TRANSFORMER, 1);
+        check_result(wan_lora_convert(m, path, 0, &out), out, TRANSFORMER, WITH_BIASES);
         fuzz_assert_only_input_left("a Wan conversion");
     }
     model_close(m);

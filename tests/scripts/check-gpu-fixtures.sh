@@ -115,13 +115,15 @@ else
     failed=$((failed + 1)); echo "FAIL: convert the pipeline --lora lora-flux"
 fi
 # A kohya Flux.1 LoRA on the transformer, a Qwen-Image LoRA in lightx2v's
-# form and a Wan LoRA in lightx2v's distillation form (diff_b biases, the
-# head's diff) on whole pipelines, each as diffusers converts it.
+# form, a Wan LoRA in lightx2v's distillation form (diff_b biases, the
+# head's diff) and a Flux.2 LoRA in kohya's form (alphas folded, qkv split)
+# on whole pipelines, each as diffusers converts it.
 converted_lora "flux transformer" "$dx/tiny-flux-bnb4/transformer" "" "$dx/tiny-flux-bnb4/transformer" \
     "$dx/lora-flux-kohya"
 converted_lora "qwen-image pipeline" "$dx/tiny-qwen-image" /transformer "$dx/tiny-qwen-image/transformer" \
     "$dx/lora-qwen-lightning"
 converted_lora "wan pipeline" "$dx/tiny-wan" /transformer "$dx/tiny-wan/transformer" "$dx/lora-wan-distill"
+converted_lora "flux.2 pipeline" "$dx/tiny-flux2" /transformer "$dx/tiny-flux2/transformer" "$dx/lora-flux2-kohya"
 if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
     passed=$((passed + 1))
 else

@@ -2527,6 +2527,161 @@ static void test_prefixed_lora_as_diffusers_loads_it(void **state)
     free(lora);
 }
 
+/* Flux.2 LoRAs in BFL's names (ai-toolkit's, ComfyUI's, PEFT's prefix) and
+ * in kohya's, read as diffusers 0.42 loads them into a Flux.2 pipeline: each
+ * conversion holds, byte for byte, the tensors of the .diffusers file
+ * make_flux2_fixtures.py wrote with diffusers' own (fused qkv split, alphas
+ * folded in), and merges as that file does; in the pipeline, what is left
+ * out is said once. Flux.2's classes choose Flux.2's loader, Flux.1's keep
+ * theirs. */
+static void test_flux2_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char *const FLUX2_CASES[][2] = {
+        {DIFFUSERS_FIXTURES "/lora-flux2-bfl.safetensors", DIFFUSERS_FIXTURES "/lora-flux2-bfl.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-flux2-peft.safetensors", DIFFUSERS_FIXTURES "/lora-flux2-peft.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-flux2-kohya.safetensors",
+         DIFFUSERS_FIXTURES "/lora-flux2-kohya.diffusers.safetensors"},
+        /* The config in the metadata (scaling 2). */
+        {DIFFUSERS_FIXTURES "/lora-flux2-meta.safetensors", DIFFUSERS_FIXTURES "/lora-flux2-meta.diffusers.safetensors"},
+    };
+    static const uint64_t MERGED[] = {39, 12, 33, 4};
+    static const struct {
+        const char *cls;
+        enum lora_family family;
+    } FAMILIES[] = {{"Flux2Pipeline", LORA_FAMILY_FLUX2}, {"Flux2KleinPipeline", LORA_FAMILY_FLUX2},
+                    {"Flux2Transformer2DModel", LORA_FAMILY_FLUX2}, {"FluxPipeline", LORA_FAMILY_FLUX},
+                    {"FluxTransformer2DModel", LORA_FAMILY_FLUX}, {"Flux3Pipeline", LORA_FAMILY_OTHER}};
+    for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
+        assert_int_equal(diffusers_lora_family(FAMILIES[i].cls), FAMILIES[i].family);
+    assert_converts_as_diffusers(s, FLUX2_CASES, sizeof FLUX2_CASES / sizeof FLUX2_CASES[0], LORA_FAMILY_FLUX2,
+                                 DIFFUSERS_FIXTURES "/tiny-flux2/transformer", MERGED);
+    char *out = tu_strdupf("%s/out", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux2", out, "--lora",
+                             FLUX2_CASES[2][0], NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "lora-flux2-kohya.safetensors: 7 of its tensors (lora_unet_single_blocks_0_linear2.dora_scale, "
+                       "lora_te1_text_model_encoder_layers_0_mlp_fc1, lora_unet_double_blocks_0_img_mod_lin, ...) are "
+                       "DoRA scales or keys diffusers does not convert from a kohya Flux.2 LoRA: they are not merged\n") ||
+        !strstr(r.err, "33 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    free(out);
+}
+
+/* A Flux.2 qkv's lora_B is cut into to_q's, to_k's and to_v's rows as
+ * torch.chunk cuts it, and its lora_A copied to each: bytes as they are,
+ * NaN payloads, a signalling NaN and -0 included. */
+static void test_flux2_lora_copies_bytes(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char HEADER[] =
+        "{\"diffusion_model.double_blocks.0.txt_attn.qkv.lora_A.weight\":{\"dtype\":\"BF16\",\"shape\":[1,2],"
+        "\"data_offsets\":[0,4]},"
+        "\"diffusion_model.double_blocks.0.txt_attn.qkv.lora_B.weight\":{\"dtype\":\"BF16\",\"shape\":[3,1],"
+        "\"data_offsets\":[4,10]}}";
+    static const unsigned char DATA[10] = {0xa1, 0x7f, 0x00, 0x80,              /* lora_A: a NaN, -0 */
+                                           0x81, 0x7f, 0x01, 0xff, 0x00, 0x80}; /* lora_B: sNaN, a NaN, -0 */
+    char *lora = tu_strdupf("%s-qkv.safetensors", s->dir);
+    tu_write_safetensors_raw(lora, HEADER, strlen(HEADER), DATA, sizeof DATA);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    struct model *m;
+    assert_int_equal(diffusers_lora_open(lora, LORA_FAMILY_FLUX2, 0, &m), NF4_OK);
+    static const struct {
+        const char *name;
+        size_t at, len;
+    } WANT[] = {{"transformer.transformer_blocks.0.attn.add_q_proj.lora_A.weight", 0, 4},
+                {"transformer.transformer_blocks.0.attn.add_k_proj.lora_A.weight", 0, 4},
+                {"transformer.transformer_blocks.0.attn.add_v_proj.lora_A.weight", 0, 4},
+                {"transformer.transformer_blocks.0.attn.add_q_proj.lora_B.weight", 4, 2},
+                {"transformer.transformer_blocks.0.attn.add_k_proj.lora_B.weight", 6, 2},
+                {"transformer.transformer_blocks.0.attn.add_v_proj.lora_B.weight", 8, 2}};
+    assert_int_equal(m->count, 6);
+    for (size_t i = 0; i < sizeof WANT / sizeof WANT[0]; i++) {
+        const struct model_tensor *t = model_find(m, WANT[i].name);
+        assert_non_null(t);
+        assert_int_equal(t->t->ndim, 2);
+        assert_int_equal(t->t->shape[0], 1);
+        assert_int_equal(t->t->shape[1], WANT[i].len / 2);
+        unsigned char got[4];
+        assert_int_equal(st_read(t->file, t->t, 0, got, WANT[i].len), NF4_OK);
+        assert_memory_equal(got, DATA + WANT[i].at, WANT[i].len);
+    }
+    model_close(m);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    unlink(lora);
+    free(lora);
+}
+
+/* Flux.2 LoRAs diffusers' conversion raises on, or loads nothing of, or
+ * that nf4deq does not merge (LoKr): refused with one line naming the file
+ * and the key, nothing written. */
+static void test_flux2_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+#define F2_PROJ "diffusion_model.double_blocks.0.img_attn.proj"
+#define F2_QKV "diffusion_model.double_blocks.0.img_attn.qkv"
+#define F2_KOHYA "lora_unet_double_blocks_0_img_attn_proj"
+    static const struct {
+        const char *names[3]; /* a factor pair (either may be NULL) and another key, [1, 1] */
+        uint64_t down[2], up[2];
+        float extra; /* the third key's value */
+        const char *want;
+    } FLUX2_REFUSALS[] = {
+        {{F2_PROJ ".lora_A.weight", F2_PROJ ".lora_B.weight", F2_PROJ ".alpha"}, {4, 32}, {32, 4}, 4,
+         F2_PROJ ".alpha: is not a key diffusers reads from a Flux.2 LoRA in BFL's names"},
+        {{"diffusion_model.double_blocks.x.img_attn.proj.lora_A.weight", NULL, NULL}, {4, 32}, {32, 4}, 0,
+         "diffusion_model.double_blocks.x.img_attn.proj.lora_A.weight: has no block number where diffusers reads one "
+         "(double_blocks.)"},
+        {{"diffusion_model.double_blocks.01.img_attn.proj.lora_A.weight", NULL, NULL}, {4, 32}, {32, 4}, 0,
+         "double_blocks.01.img_attn.proj.lora_A.weight: is not a key diffusers reads"},
+        {{"diffusion_model.single_blocks.0.linear1.lora_A.weight", NULL, "diffusion_model.single_blocks.0.norm.scale"},
+         {4, 32}, {32, 4}, 1, "diffusion_model.single_blocks.0.norm.scale: is not a key diffusers reads"},
+        {{F2_QKV ".lora_A.weight", F2_QKV ".lora_B.weight", NULL}, {4, 32}, {32, 4}, 0,
+         F2_QKV ".lora_B.weight: is not a fused qkv's lora_B [3 * out, r]"},
+        {{F2_PROJ ".lora_A.weight", F2_PROJ ".lora_B.weight", "diffusion_model.double_blocks.0.img_attn.proj.lokr_w1"},
+         {4, 32}, {32, 4}, 1, "proj.lokr_w1: is a LoKr factor (lokr_): nf4deq merges LoRAs, not LoKr"},
+        /* diffusers cuts 16 characters off every key, whatever it starts with */
+        {{F2_PROJ ".lora_A.weight", F2_PROJ ".lora_B.weight", "0123456789abcdefdouble_blocks.0.img_attn.proj.lora_B.weight"},
+         {4, 32}, {32, 4}, 1, "becomes double_blocks.0.img_attn.proj.lora_B.weight, as"},
+        /* a qkv's part and the same module already in diffusers' names */
+        {{F2_QKV ".lora_A.weight", F2_QKV ".lora_B.weight", "diffusion_model.transformer_blocks.0.attn.to_q.lora_A.weight"},
+         {1, 32}, {96, 1}, 1, "becomes transformer.transformer_blocks.0.attn.to_q.lora_A.weight, as"},
+        {{F2_PROJ ".lora_A.weight", F2_PROJ ".lora_B.weight", "diffusion_model.transformer_blocks.0.attn.to_q.alpha"},
+         {4, 32}, {32, 4}, 1, "transformer_blocks.0.attn.to_q.alpha: is no LoRA factor (no \"lora\" in its name)"},
+        {{F2_KOHYA ".lora_down.weight", NULL, NULL}, {4, 32}, {32, 4}, 0,
+         F2_KOHYA ".lora_down.weight: has no matching lora_up.weight"},
+        {{F2_KOHYA ".lora_down.weight", F2_KOHYA ".lora_up.weight", "lora_unet_double_blocks_x.alpha"}, {4, 32}, {32, 4}, 1,
+         "lora_unet_double_blocks_x.alpha: has no block number where diffusers reads one (lora_unet_double_blocks_)"},
+        {{F2_KOHYA ".lora_down.weight", F2_KOHYA ".lora_up.weight", F2_KOHYA ".alpha"}, {4, 32}, {32, 4}, -2,
+         F2_KOHYA ".alpha: is -2; an alpha is a number from 0 up"},
+        {{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight",
+          NULL}, {4, 32}, {32, 4}, 0, "has 32 rows; diffusers splits it into three equal parts"},
+        {{"lora_unet_double_blocks_0_img_mod_lin.lora_down.weight", "lora_unet_double_blocks_0_img_mod_lin.lora_up.weight",
+          NULL}, {4, 32}, {192, 4}, 0, "has none of the modules diffusers converts from a kohya Flux.2 LoRA "
+                                        "(lora_unet_double_blocks_N_..., lora_unet_single_blocks_N_...): diffusers "
+                                        "would load nothing of it"},
+        /* ComfyUI's names with kohya's factors: diffusers' Flux.2 loader reads them as kohya's */
+        {{F2_PROJ ".lora_down.weight", F2_PROJ ".lora_up.weight", NULL}, {4, 32}, {32, 4}, 0,
+         "; its diffusion_model. keys with lora_down and lora_up are read as kohya's, and none of them converts"},
+        {{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", "lora_unet_double_blocks_0_img_attn_proj.lora_up.weight",
+          NULL}, {4, 32}, {32, 3}, 0, "it is not a LoRA pair [r, in], [out, r]"},
+    };
+#undef F2_PROJ
+#undef F2_QKV
+#undef F2_KOHYA
+    char *lora = tu_strdupf("%s-flux2.safetensors", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < sizeof FLUX2_REFUSALS / sizeof FLUX2_REFUSALS[0]; i++) {
+        write_pair_lora(lora, FLUX2_REFUSALS[i].names, FLUX2_REFUSALS[i].down, FLUX2_REFUSALS[i].up, DT_BF16,
+                        FLUX2_REFUSALS[i].extra);
+        assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux2/transformer", lora, NULL, FLUX2_REFUSALS[i].want);
+    }
+    unlink(lora);
+    free(lora);
+}
+
 /* A LoRA in diffusers' own form with DoRA scales: every diffusers loader
  * drops them with a warning and loads the rest, and so does nf4deq: the
  * merge is that of the file without them. */
@@ -3113,6 +3268,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wan_lora_copies_bytes, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_drops_dora_scales, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_prefixed_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_flux2_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_flux2_lora_refusals, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_flux2_lora_copies_bytes, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
