@@ -233,25 +233,13 @@ static int rename_keys(struct conversion *cv, const struct model *w)
 static int convert_pair(struct conversion *cv, struct lora_key *down, struct lora_key *up, const char *a_name,
                         const char *b_name, const char *alpha_name)
 {
-    const struct st_tensor *dt = down->t->t, *ut = up->t->t;
     down->taken = up->taken = 1;
-    int code = lora_check_pair(cv->path, dt, ut);
-    if (code != NF4_OK)
-        return code;
-    const uint64_t r = dt->shape[0];
-    float sd = 1.0f, su = 1.0f;
     struct lora_key *alpha = find_key(cv, alpha_name);
-    if (alpha && !alpha->taken) { /* diffusers pops it: a second pair naming it gets none */
-        double a;
-        if ((code = lora_read_alpha(cv->path, alpha->t, &a)) != NF4_OK)
-            return code;
-        lora_split_scale(a / (double)r, DT_F64, &sd, &su); /* alpha.item() / rank: Python floats */
+    if (alpha && alpha->taken) /* diffusers pops it: a second pair naming it gets none */
+        alpha = NULL;
+    if (alpha)
         alpha->taken = 1;
-    }
-    code = lora_rewrite_add(&cv->rw, "transformer.", a_name, down->t, dt->dtype, r, dt->shape[1], 0, 0, sd);
-    return code == NF4_OK ? lora_rewrite_add(&cv->rw, "transformer.", b_name, up->t, ut->dtype, ut->shape[0], r, 0, 0,
-                                             su)
-                          : code;
+    return lora_rewrite_add_folded(&cv->rw, "transformer.", a_name, b_name, down->t, up->t, alpha ? alpha->t : NULL);
 }
 
 /* Names from `key` with its suffix `from` replaced (every occurrence, as

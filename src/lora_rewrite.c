@@ -375,6 +375,26 @@ double lora_round_to(enum st_dtype dt, double v)
     return f32_from_element(dt, b, 0);
 }
 
+int lora_rewrite_add_folded(struct lora_rewrite *rw, const char *prefix, const char *a_name, const char *b_name,
+                            const struct model_tensor *down, const struct model_tensor *up,
+                            const struct model_tensor *alpha)
+{
+    const struct st_tensor *dt = down->t, *ut = up->t;
+    int code = lora_check_pair(rw->path, dt, ut);
+    if (code != NF4_OK)
+        return code;
+    const uint64_t r = dt->shape[0];
+    float sd = 1.0f, su = 1.0f;
+    if (alpha) {
+        double a;
+        if ((code = lora_read_alpha(rw->path, alpha, &a)) != NF4_OK)
+            return code;
+        lora_split_scale(a / (double)r, DT_F64, &sd, &su); /* alpha.item() / rank: Python floats */
+    }
+    code = lora_rewrite_add(rw, prefix, a_name, down, dt->dtype, r, dt->shape[1], 0, 0, sd);
+    return code == NF4_OK ? lora_rewrite_add(rw, prefix, b_name, up, ut->dtype, ut->shape[0], r, 0, 0, su) : code;
+}
+
 void lora_split_scale(double scale, enum st_dtype dt, float *down, float *up)
 {
     double d = scale, u = 1.0;

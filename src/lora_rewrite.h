@@ -1,7 +1,7 @@
 /* A LoRA file rewritten into the diffusers LoRA that diffusers makes of it
  * when a pipeline loads it (lora_kohya.h: Flux.1's kohya and ComfyUI forms;
  * lora_flux2.h: Flux.2's; lora_qwen.h: Qwen-Image's; lora_wan.h: Wan's;
- * lora_prefixed.h: LTX-Video's and HiDream's). Each tensor of the result is a block of one of the file's
+ * lora_zimage.h: Z-Image's; lora_prefixed.h: LTX-Video's and HiDream's). Each tensor of the result is a block of one of the file's
  * factors, each value times a scale (the alpha folded in) in fp32, rounded to
  * a dtype, as PyTorch computes `factor * python_float`; or a tensor of the
  * file as it is, where diffusers copies it; or an identity. The result
@@ -146,6 +146,16 @@ int lora_check_pair(const char *path, const struct st_tensor *down, const struct
  * file `path` and the key, for another shape or dtype, and for a negative or
  * non-finite alpha (diffusers' split of a negative scale never returns). */
 int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alpha);
+
+/* Adds the pair `down` [r, in], `up` [out, r] as prefix + a_name and
+ * prefix + b_name, `alpha` (or NULL) folded in as diffusers' get_alpha_scales
+ * folds it (Qwen-Image's and Z-Image's conversions): alpha.item() / r in
+ * Python floats, split; without one, each factor times 1.0 all the same.
+ * NF4_EDATA naming the tensor for a pair that is not one or an alpha
+ * lora_read_alpha refuses; NF4_ESOFTWARE. */
+int lora_rewrite_add_folded(struct lora_rewrite *rw, const char *prefix, const char *a_name, const char *b_name,
+                            const struct model_tensor *down, const struct model_tensor *up,
+                            const struct model_tensor *alpha);
 
 /* `v` rounded to `dt` as a PyTorch tensor of that dtype holds it. */
 double lora_round_to(enum st_dtype dt, double v);
