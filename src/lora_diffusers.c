@@ -17,6 +17,7 @@
 #include "lora_qwen.h"
 #include "lora_rewrite.h"
 #include "lora_wan.h"
+#include "lora_zimage.h"
 #include "lora_target.h"
 #include "status.h"
 #include "strbuf.h"
@@ -78,6 +79,8 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_LTX_VIDEO;
     if (cls && strncmp(cls, "HiDreamImage", 12) == 0)
         return LORA_FAMILY_HIDREAM;
+    if (cls && strncmp(cls, "ZImage", 6) == 0)
+        return LORA_FAMILY_Z_IMAGE;
     if (cls && strncmp(cls, "Flux2", 5) == 0)
         return LORA_FAMILY_FLUX2;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
@@ -118,6 +121,7 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     case LORA_FAMILY_QWEN_IMAGE: convert = qwen_lora_detect(*out) ? qwen_lora_convert : NULL; break;
     case LORA_FAMILY_WAN: convert = wan_lora_detect(*out) ? wan_lora_convert : NULL; break;
     case LORA_FAMILY_LTX_VIDEO: convert = prefixed_lora_detect(*out, family) ? ltx_video_lora_convert : NULL; break;
+    case LORA_FAMILY_Z_IMAGE: convert = zimage_lora_detect(*out) ? zimage_lora_convert : NULL; break;
     case LORA_FAMILY_HIDREAM: convert = prefixed_lora_detect(*out, family) ? hidream_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: convert = kohya_lora_detect(*out) ? kohya_lora_convert : NULL; break;

@@ -1,7 +1,7 @@
-/* kohya_lora_convert, flux2_lora_convert, qwen_lora_convert and
- * wan_lora_convert on arbitrary bytes written to a file (a kohya or ComfyUI
- * Flux.1 LoRA, a Flux.2, Qwen-Image or Wan LoRA in another form than
- * diffusers'): the renaming, the alpha, the splits of fused layers, Wan's
+/* kohya_lora_convert, flux2_lora_convert, qwen_lora_convert,
+ * wan_lora_convert and zimage_lora_convert on arbitrary bytes written to a
+ * file (a kohya or ComfyUI Flux.1 LoRA, a Flux.2, Qwen-Image, Wan or Z-Image
+ * LoRA in another form than diffusers'): the renaming, the alpha, the splits of fused layers, Wan's
  * biases and head diff, and the temp file. When one accepts, every tensor of
  * the result is a diffusers LoRA factor of the transformer (or Flux.1's text
  * encoder), or a Wan bias, or (Flux.2's keys already in diffusers' block
@@ -14,6 +14,7 @@
 #include "lora_kohya.h"
 #include "lora_qwen.h"
 #include "lora_wan.h"
+#include "lora_zimage.h"
 #include "model.h"
 #include "strutil.h"
 
@@ -98,6 +99,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (wan_lora_detect(m)) {
         check_result(wan_lora_convert(m, path, 0, &out), out, TRANSFORMER, WITH_BIASES);
         fuzz_assert_only_input_left("a Wan conversion");
+    }
+    nf4_clear_error();
+    out = NULL;
+    if (zimage_lora_detect(m)) {
+        check_result(zimage_lora_convert(m, path, 0, &out), out, TRANSFORMER, FACTORS_ONLY);
+        fuzz_assert_only_input_left("a Z-Image conversion");
     }
     model_close(m);
     return 0;

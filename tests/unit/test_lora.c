@@ -2682,6 +2682,99 @@ static void test_flux2_lora_refusals(void **state)
     free(lora);
 }
 
+/* Z-Image LoRAs in kohya's names (their lora_down made lora.down by
+ * diffusers' renaming, a fused qkv split, a bare out made to_out.0, both
+ * dropped beside separate ones), ComfyUI's and ai-toolkit's (lora_A or
+ * lora_down), Anime-Z's dots and PEFT's default., read as diffusers 0.42
+ * loads them into a Z-Image pipeline: each conversion holds, byte for byte,
+ * the tensors of the .diffusers file make_zimage_fixtures.py wrote with
+ * diffusers' own, and merges as that file does; in the pipeline, what is
+ * dropped is said once. */
+static void test_zimage_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+#define ZCASE(stem) {DIFFUSERS_FIXTURES "/" stem ".safetensors", DIFFUSERS_FIXTURES "/" stem ".diffusers.safetensors"}
+    static const char *const ZIMAGE_CASES[][2] = {
+        ZCASE("lora-zimage-kohya"), ZCASE("lora-zimage-fused"),   ZCASE("lora-zimage-comfy"),
+        ZCASE("lora-zimage-down"),  ZCASE("lora-zimage-dots"),    ZCASE("lora-zimage-default"),
+        ZCASE("lora-zimage-meta"), /* the config in the metadata: scaling 2 */
+    };
+    static const char *const EMBEDDER[2] = ZCASE("lora-zimage-embedder");
+#undef ZCASE
+    static const uint64_t MERGED[] = {35, 10, 11, 15, 8, 4, 4};
+    assert_int_equal(diffusers_lora_family("ZImagePipeline"), LORA_FAMILY_Z_IMAGE);
+    assert_int_equal(diffusers_lora_family("ZImageTransformer2DModel"), LORA_FAMILY_Z_IMAGE);
+    assert_converts_as_diffusers(s, ZIMAGE_CASES, sizeof ZIMAGE_CASES / sizeof ZIMAGE_CASES[0], LORA_FAMILY_Z_IMAGE,
+                                 DIFFUSERS_FIXTURES "/tiny-zimage/transformer", MERGED);
+    /* t_embedder's names, whose module the tiny base leaves out: the conversion alone. */
+    struct model *m;
+    assert_int_equal(diffusers_lora_open(EMBEDDER[0], LORA_FAMILY_Z_IMAGE, 0, &m), NF4_OK);
+    tu_assert_same_st(m->files[0], EMBEDDER[0], EMBEDDER[1]);
+    model_close(m);
+    char *out = tu_strdupf("%s/out", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-zimage", out, "--lora",
+                             ZIMAGE_CASES[1][0], NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "lora-zimage-fused.safetensors: 5 of its tensors (lora_unet_layers_1_attention_out.lora_down."
+                       "weight, lora_unet_layers_1_attention_qkv.lora_down.weight, lora_unet_layers_1_attention_qkv."
+                       "alpha) are DoRA scales, or fused layers beside their parts or without their lora.up, which "
+                       "diffusers drops from a Z-Image LoRA: they are not merged\n") ||
+        !strstr(r.err, "10 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    free(out);
+}
+
+/* Z-Image LoRAs diffusers' conversion raises on, or loads nothing of, or
+ * that nf4deq does not merge (LoKr): refused with one line naming the file
+ * and the key, nothing written. */
+static void test_zimage_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+#define Z_Q "diffusion_model.layers.0.attention.to_q"
+    static const struct {
+        const char *names[3]; /* a factor pair (either may be NULL) and another key, [1, 1] */
+        uint64_t down[2], up[2];
+        float extra; /* the third key's value */
+        const char *want;
+    } ZIMAGE_REFUSALS[] = {
+        {{"lora_unet_layers_0_attention_to_q.lora_down.weight", NULL, NULL}, {4, 32}, {32, 4}, 0,
+         "lora_unet_layers_0_attention_to_q.lora_down.weight: has no matching lora.up.weight"},
+        {{Z_Q ".lora_A.weight", NULL, NULL}, {4, 32}, {32, 4}, 0, Z_Q ".lora_A.weight: has no matching lora_B.weight"},
+        {{NULL, Z_Q ".lora_B.weight", NULL}, {4, 32}, {32, 4}, 0,
+         Z_Q ".lora_B.weight: is left over where diffusers converts a Z-Image LoRA"},
+        {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", "diffusion_model.layers.0.attention.to_k.alpha"}, {4, 32}, {32, 4},
+         2, "to_k.alpha: is left over where diffusers converts a Z-Image LoRA (as layers.0.attention.to_k.alpha)"},
+        {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", Z_Q ".alpha"}, {4, 32}, {32, 4}, -2,
+         Z_Q ".alpha: is -2; an alpha is a number from 0 up"},
+        {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", Z_Q ".lokr_w1"}, {4, 32}, {32, 4}, 1,
+         Z_Q ".lokr_w1: is a LoKr factor (lokr_): nf4deq merges LoRAs, not LoKr"},
+        /* diffusers removes the prefix where there is one: two keys become one */
+        {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", "layers.0.attention.to_q.lora_A.weight"}, {4, 32}, {32, 4}, 1,
+         "becomes layers.0.attention.to_q.lora_A.weight, as"},
+        {{"lora_unet_layers_0_attention_qkv.lora_down.weight", "lora_unet_layers_0_attention_qkv.lora_up.weight", NULL},
+         {4, 32}, {32, 4}, 0, "has 32 rows, which diffusers cuts into parts for to_q, to_k and to_v that cannot load"},
+        {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", "diffusion_model.layers.0.x.lora.down.weight.y"}, {4, 32},
+         {32, 4}, 1, "holds .lora.down.weight but does not end with it"},
+        /* a qkv down without its up, which diffusers drops: nothing is left to load */
+        {{"diffusion_model.layers.0.attention.qkv.lora.down.weight", NULL, NULL}, {4, 32}, {96, 4}, 0,
+         "holds no LoRA factor pair (lora_down/lora_up, lora_A/lora_B or lora.down/lora.up): diffusers would load "
+         "nothing of it"},
+        {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", NULL}, {4, 32}, {32, 3}, 0, "it is not a LoRA pair [r, in], [out, r]"},
+    };
+#undef Z_Q
+    char *lora = tu_strdupf("%s-zimage.safetensors", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < sizeof ZIMAGE_REFUSALS / sizeof ZIMAGE_REFUSALS[0]; i++) {
+        write_pair_lora(lora, ZIMAGE_REFUSALS[i].names, ZIMAGE_REFUSALS[i].down, ZIMAGE_REFUSALS[i].up, DT_BF16,
+                        ZIMAGE_REFUSALS[i].extra);
+        assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-zimage/transformer", lora, NULL, ZIMAGE_REFUSALS[i].want);
+    }
+    unlink(lora);
+    free(lora);
+}
+
 /* A LoRA in diffusers' own form with DoRA scales: every diffusers loader
  * drops them with a warning and loads the rest, and so does nf4deq: the
  * merge is that of the file without them. */
@@ -3271,6 +3364,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flux2_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_flux2_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_flux2_lora_copies_bytes, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_zimage_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_zimage_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
