@@ -201,6 +201,10 @@ static int bfl_module(struct conversion *cv, const char *rest, const struct flux
             *code = add_qkv_up(cv, root, m, k);
             return 1;
         }
+        if (m->nparts == 3 && k->t->t->ndim == 0) { /* torch.cat of a 0-dim tensor raises */
+            *code = nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is a single number, not a fused qkv's lora_A");
+            return 1;
+        }
         for (size_t j = 0; j < m->nparts && *code == NF4_OK; j++) { /* a qkv's lora_A goes to each part */
             char target[FLUX2_NAME_MAX];
             snprintf(target, sizeof target, "%s%s", root, m->ours[j]);
@@ -219,10 +223,13 @@ static int convert_bfl_key(struct conversion *cv, const struct lora_key *k)
     const char *name = k->name;
     for (size_t e = 0; e < COUNT(EXPANDED); e++)
         if (str_starts_with(name, EXPANDED[e][0])) {
-            /* load_lora_weights: "Invalid adapter checkpoint" for a key without "lora" */
-            if (!strstr(name, "lora"))
+            /* load_lora_weights: "Invalid adapter checkpoint" for a key without "lora" or "lokr" */
+            if (!strstr(name, "lora") && !strstr(name, "lokr"))
                 return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is no LoRA factor (no \"lora\" in its "
                                 "name), which diffusers refuses");
+            if (!strstr(name, "lora"))
+                return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is a LoKr key (lokr): nf4deq merges LoRAs, "
+                                "not LoKr; merge it in diffusers (fuse_lora) instead");
             char target[FLUX2_NAME_MAX];
             snprintf(target, sizeof target, "%s%s", FLUX2_TARGET, EXPANDED[e][1]);
             return lora_rewrite_add_copy(&cv->rw, target, name + strlen(EXPANDED[e][0]), k->t);

@@ -351,7 +351,9 @@ int kohya_fold_module(struct lora_rewrite *rw, const struct kohya_factors *f, co
         sum += rows[j] = rows_given ? rows_given[j] : out / n;
     if (sum != out)
         return nf4_fail(NF4_EDATA, rw->path, ut->name, "has %" PRIu64 " rows; diffusers splits it into %s", out,
-                        rows_given ? "Flux.1's 3072 + 3072 + 3072 + 12288" : "three equal parts");
+                        rows_given ? "Flux.1's 3072 + 3072 + 3072 + 12288"
+                                   : "three equal parts (or drops the rows past them from a block-diagonal one, "
+                                     "which nf4deq does not)");
     int sparse = 0;
     if (r % n == 0 && (code = block_diagonal(rw->path, f->up, su, rows, n, r / n, &sparse)) != NF4_OK)
         return code;

@@ -277,13 +277,40 @@ void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut)
     }
 }
 
+/* The length of the character of Python's whitespace (str.isspace, which
+ * int() strips) that the UTF-8 text s[0..n) holds whole, else 0. */
+static size_t python_space(const unsigned char *s, size_t n)
+{
+    if (n == 1)
+        return s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r') || (s[0] >= 0x1c && s[0] <= 0x1f);
+    if (n == 2)
+        return s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0) ? 2 : 0; /* U+0085, U+00A0 */
+    if (n != 3)
+        return 0;
+    const unsigned c = (unsigned)s[0] << 16 | (unsigned)s[1] << 8 | s[2];
+    return c == 0xE19A80 ||                   /* U+1680 */
+                   (c >= 0xE28080 && c <= 0xE2808A) || /* U+2000..U+200A */
+                   c == 0xE280A8 || c == 0xE280A9 || c == 0xE280AF || c == 0xE2819F || /* U+2028, 2029, 202F, 205F */
+                   c == 0xE38080                                                       /* U+3000 */
+               ? 3
+               : 0;
+}
+
 int lora_python_int(const char *s, size_t len, int64_t *out)
 {
     const char *end = s + len;
-    while (s < end && (*s == ' ' || (*s >= '\t' && *s <= '\r') || (*s >= 0x1c && *s <= 0x1f)))
-        s++;
-    while (end > s && (end[-1] == ' ' || (end[-1] >= '\t' && end[-1] <= '\r') || (end[-1] >= 0x1c && end[-1] <= 0x1f)))
-        end--;
+    for (int more = 1; more;) { /* leading and trailing whitespace, Unicode's included */
+        more = 0;
+        for (size_t n = 1; n <= 3 && !more; n++) {
+            if ((size_t)(end - s) >= n && python_space((const unsigned char *)s, n)) {
+                s += n;
+                more = 1;
+            } else if ((size_t)(end - s) >= n && python_space((const unsigned char *)end - n, n)) {
+                end -= n;
+                more = 1;
+            }
+        }
+    }
     int negative = s < end && *s == '-';
     if (s < end && (*s == '-' || *s == '+'))
         s++;

@@ -124,9 +124,10 @@ int lora_keys_replace(const char *path, struct lora_key *keys, size_t n, const c
  * key whatever its start (characters of UTF-8, not bytes). */
 void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut);
 
-/* Python's int() of the ASCII text s[0..len): blanks around, a sign, digits
- * with single underscores between them. 0 where it is not one (or is out of
- * range), else 1 with the value in *out. */
+/* Python's int() of the text s[0..len): whitespace around (Unicode's
+ * too), a sign, ASCII digits with single underscores between them. 0 where
+ * it is not one (Unicode's other digits included) or is out of range, else 1
+ * with the value in *out. */
 int lora_python_int(const char *s, size_t len, int64_t *out);
 
 /* Frees each key's name, and the array. */

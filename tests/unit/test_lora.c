@@ -2667,6 +2667,9 @@ static void test_flux2_lora_refusals(void **state)
          "; its diffusion_model. keys with lora_down and lora_up are read as kohya's, and none of them converts"},
         {{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", "lora_unet_double_blocks_0_img_attn_proj.lora_up.weight",
           NULL}, {4, 32}, {32, 3}, 0, "it is not a LoRA pair [r, in], [out, r]"},
+        /* diffusers' check passes "lokr" as well as "lora": a LoKr key, not one diffusers refuses */
+        {{F2_PROJ ".lora_A.weight", F2_PROJ ".lora_B.weight", "diffusion_model.transformer_blocks.0.attn.to_q.xlokr"},
+         {4, 32}, {32, 4}, 1, "transformer_blocks.0.attn.to_q.xlokr: is a LoKr key (lokr): nf4deq merges LoRAs"},
     };
 #undef F2_PROJ
 #undef F2_QKV
@@ -2678,6 +2681,31 @@ static void test_flux2_lora_refusals(void **state)
                         FLUX2_REFUSALS[i].extra);
         assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux2/transformer", lora, NULL, FLUX2_REFUSALS[i].want);
     }
+    /* A qkv's lora_A of no dimension: diffusers' torch.cat raises. */
+    static const char SCALAR_A[] =
+        "{\"diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight\":{\"dtype\":\"BF16\",\"shape\":[],"
+        "\"data_offsets\":[0,2]},\"diffusion_model.double_blocks.0.img_attn.qkv.lora_B.weight\":{\"dtype\":\"BF16\","
+        "\"shape\":[3,1],\"data_offsets\":[2,8]}}";
+    static const unsigned char EIGHT[8] = {0x80, 0x3f, 0x80, 0x3f, 0x80, 0x3f, 0x80, 0x3f};
+    tu_write_safetensors_raw(lora, SCALAR_A, strlen(SCALAR_A), EIGHT, sizeof EIGHT);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux2/transformer", lora, NULL,
+                         "img_attn.qkv.lora_A.weight: is a single number, not a fused qkv's lora_A");
+    /* A kohya block number in Unicode's blanks: Python's int() reads it, and
+     * diffusers then leaves the key out (it is not the block's own name). */
+    static const char *const SPACED[3] = {"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight",
+                                          "lora_unet_double_blocks_0_img_attn_proj.lora_up.weight",
+                                          "lora_unet_double_blocks_\xc2\xa0" "2_img_attn_proj.alpha"};
+    static const uint64_t DOWN[2] = {4, 32}, UP[2] = {32, 4};
+    write_pair_lora(lora, SPACED, DOWN, UP, DT_BF16, 2);
+    char *out = tu_strdupf("%s/out", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux2/transformer", out, "--lora",
+                             lora, NULL);
+    if (r.status != 0 || !strstr(r.err, "1 of its tensors (lora_unet_double_blocks_\xc2\xa0" "2_img_attn_proj) are") ||
+        !strstr(r.err, "1 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    free(out);
     unlink(lora);
     free(lora);
 }
