@@ -75,7 +75,9 @@ enum lora_family diffusers_lora_family(const char *cls)
     for (size_t i = 0; cls && i < sizeof WAN_LOADERS / sizeof WAN_LOADERS[0]; i++)
         if (strncmp(cls, WAN_LOADERS[i], strlen(WAN_LOADERS[i])) == 0)
             return LORA_FAMILY_WAN;
-    if (cls && strncmp(cls, "LTX", 3) == 0 && strncmp(cls, "LTX2", 4) != 0) /* LTX-2 has a loader of its own */
+    if (cls && strncmp(cls, "LTX2", 4) == 0) /* LTX-2 has a loader of its own */
+        return LORA_FAMILY_LTX2;
+    if (cls && strncmp(cls, "LTX", 3) == 0)
         return LORA_FAMILY_LTX_VIDEO;
     if (cls && strncmp(cls, "HiDreamImage", 12) == 0)
         return LORA_FAMILY_HIDREAM;
@@ -122,6 +124,7 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     case LORA_FAMILY_WAN: convert = wan_lora_detect(*out) ? wan_lora_convert : NULL; break;
     case LORA_FAMILY_LTX_VIDEO: convert = prefixed_lora_detect(*out, family) ? ltx_video_lora_convert : NULL; break;
     case LORA_FAMILY_Z_IMAGE: convert = zimage_lora_detect(*out) ? zimage_lora_convert : NULL; break;
+    case LORA_FAMILY_LTX2: convert = ltx2_lora_detect(*out) ? ltx2_lora_convert : NULL; break;
     case LORA_FAMILY_HIDREAM: convert = prefixed_lora_detect(*out, family) ? hidream_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: convert = kohya_lora_detect(*out) ? kohya_lora_convert : NULL; break;

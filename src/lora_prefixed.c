@@ -1,8 +1,10 @@
 #include "lora_prefixed.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "lora_rewrite.h"
+#include "strbuf.h"
 #include "status.h"
 #include "strutil.h"
 
@@ -64,4 +66,111 @@ int ltx_video_lora_convert(const struct model *w, const char *path, int warn, st
 int hidream_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
     return prefixed_lora_convert(w, path, LORA_FAMILY_HIDREAM, warn, out);
+}
+
+/* ---- LTX-2 ---- */
+
+#define LTX2_CONNECTOR_PREFIX "text_embedding_projection."
+
+/* diffusers' rename_dict for the transformer's keys, applied in its order. */
+static const char *const LTX2_TRANSFORMER_RENAMES[][2] = {
+    {"patchify_proj", "proj_in"},
+    {"audio_patchify_proj", "audio_proj_in"},
+    {"av_ca_video_scale_shift_adaln_single", "av_cross_attn_video_scale_shift"},
+    {"av_ca_a2v_gate_adaln_single", "av_cross_attn_video_a2v_gate"},
+    {"av_ca_audio_scale_shift_adaln_single", "av_cross_attn_audio_scale_shift"},
+    {"av_ca_v2a_gate_adaln_single", "av_cross_attn_audio_v2a_gate"},
+    {"scale_shift_table_a2v_ca_video", "video_a2v_cross_attn_scale_shift_table"},
+    {"scale_shift_table_a2v_ca_audio", "audio_a2v_cross_attn_scale_shift_table"},
+    {"q_norm", "norm_q"},
+    {"k_norm", "norm_k"},
+    {"audio_prompt_adaln_single", "audio_prompt_adaln"},
+    {"prompt_adaln_single", "prompt_adaln"},
+};
+
+static const char *const LTX2_CONNECTOR_RENAMES[][2] = {
+    {"aggregate_embed", "text_proj_in"},
+};
+
+static int starts_with_comfy(const char *name)
+{
+    return str_starts_with(name, COMFY_PREFIX ".");
+}
+
+static int starts_with_connector(const char *name)
+{
+    return str_starts_with(name, LTX2_CONNECTOR_PREFIX);
+}
+
+static int ltx2_any(const struct model *w, int (*test)(const char *))
+{
+    for (size_t i = 0; i < w->count; i++)
+        if (!lora_is_dora_scale(w->tensors[i].t->name) && test(w->tensors[i].t->name))
+            return 1;
+    return 0;
+}
+
+int ltx2_lora_detect(const struct model *w)
+{
+    return ltx2_any(w, starts_with_comfy) || ltx2_any(w, starts_with_connector);
+}
+
+/* `t` under `component` with its name less `prefix`, renamed as diffusers
+ * renames it: `renames` in order, then a leading adaln_single. (or
+ * audio_adaln_single.) made time_embed. (audio_time_embed.) wherever it is. */
+static int ltx2_add(struct lora_rewrite *rw, const struct model_tensor *t, const char *prefix,
+                    const char *const (*renames)[2], size_t nrenames, const char *component)
+{
+    char *name = strdup(t->t->name + strlen(prefix));
+    for (size_t i = 0; name && i < nrenames; i++) {
+        char *renamed = str_replace_all(name, renames[i][0], renames[i][1]);
+        free(name);
+        name = renamed;
+    }
+    static const char *const TIME_EMBEDS[][2] = {{"adaln_single.", "time_embed."},
+                                                 {"audio_adaln_single.", "audio_time_embed."}};
+    for (size_t i = 0; name && i < 2; i++)
+        if (str_starts_with(name, TIME_EMBEDS[i][0])) {
+            char *renamed = str_replace_all(name, TIME_EMBEDS[i][0], TIME_EMBEDS[i][1]);
+            free(name);
+            name = renamed;
+            break;
+        }
+    int code = name ? lora_rewrite_add_copy(rw, component, name, t) : nf4_fail(NF4_ESOFTWARE, rw->path, NULL,
+                                                                                 "out of memory");
+    free(name);
+    return code;
+}
+
+int ltx2_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
+{
+    *out = NULL;
+    struct lora_rewrite rw = {.path = path, .meta = w->files[0]->meta, .nmeta = w->files[0]->nmeta};
+    const int comfy = ltx2_any(w, starts_with_comfy), connector = ltx2_any(w, starts_with_connector);
+    int code = NF4_OK;
+    for (size_t i = 0; i < w->count && code == NF4_OK; i++) {
+        const struct model_tensor *t = &w->tensors[i];
+        const char *name = t->t->name;
+        if (lora_is_dora_scale(name)) /* dropped before the conversion, with a warning */
+            lora_rewrite_leave_out(&rw, name, strlen(name), 1);
+        else if (comfy && starts_with_comfy(name))
+            code = ltx2_add(&rw, t, COMFY_PREFIX ".", LTX2_TRANSFORMER_RENAMES,
+                            sizeof LTX2_TRANSFORMER_RENAMES / sizeof LTX2_TRANSFORMER_RENAMES[0], "transformer.");
+        else if (!comfy) /* diffusers keeps the file's keys as they are */
+            code = lora_rewrite_add_copy(&rw, "", name, t);
+        else if (!(connector && starts_with_connector(name)))
+            lora_rewrite_leave_out(&rw, name, strlen(name), 1);
+        if (code == NF4_OK && connector && starts_with_connector(name) && !lora_is_dora_scale(name))
+            code = ltx2_add(&rw, t, LTX2_CONNECTOR_PREFIX, LTX2_CONNECTOR_RENAMES,
+                            sizeof LTX2_CONNECTOR_RENAMES / sizeof LTX2_CONNECTOR_RENAMES[0], "connectors.");
+    }
+    /* load_lora_weights: "Make sure all LoRA param names contain `'lora'` substring" */
+    for (size_t i = 0; i < rw.nparts && code == NF4_OK; i++)
+        if (!strstr(rw.parts[i].name, "lora"))
+            code = nf4_fail(NF4_EDATA, path, rw.parts[i].src->t->name, "becomes %s, with no \"lora\" in its name, "
+                            "which diffusers refuses", rw.parts[i].name);
+    if (code == NF4_OK)
+        code = lora_rewrite_check_one_each(&rw);
+    return lora_rewrite_finish(&rw, code, warn, "are DoRA scales or keys without \"" COMFY_PREFIX ".\", which "
+                               "diffusers drops from an LTX-2 LoRA", out);
 }

@@ -10,7 +10,14 @@
  *   with "diffusion_model.", every key must (diffusers raises otherwise).
  * - HiDream (HiDreamImagePipeline): where a key holds "diffusion_model",
  *   every key must start with "diffusion_model"; "diffusion_model." is cut
- *   where it is there. */
+ *   where it is there.
+ * - LTX-2 (LTX2Pipeline, LTX2ImageToVideoPipeline, ...; _convert_non_diffusers_ltx2_lora_to_diffusers):
+ *   where a key starts with "diffusion_model.", those keys only, renamed
+ *   from LTX-2's original names (patchify_proj -> proj_in, adaln_single. ->
+ *   time_embed., q_norm -> norm_q, ...), the other keys left out; and where
+ *   one starts with "text_embedding_projection.", those keys too, renamed
+ *   (aggregate_embed -> text_proj_in) into the text connectors' component,
+ *   "connectors.". Every key must then hold "lora" (diffusers raises). */
 #ifndef NF4DEQ_LORA_PREFIXED_H
 #define NF4DEQ_LORA_PREFIXED_H
 
@@ -27,5 +34,13 @@ int prefixed_lora_detect(const struct model *w, enum lora_family family);
  * / NF4_ECANTCREAT for the temp file, or NF4_ESOFTWARE. */
 int ltx_video_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
 int hidream_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
+
+/* Whether LTX-2's loader converts `w`: DoRA scales aside, a key starts with
+ * "diffusion_model." or "text_embedding_projection.". */
+int ltx2_lora_detect(const struct model *w);
+
+/* Converts `w` as LTX-2's loader does, as the two above; `warn` also says
+ * which keys are left out (those without the prefix). */
+int ltx2_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
 
 #endif

@@ -76,11 +76,14 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n)
  * (model_index.json's _class_name) loads a LoRA's keys into `component`: its
  * _lora_loadable_modules (diffusers 0.42, loaders/lora_pipeline.py). Every
  * loader takes the denoiser; the text encoders only Stable Diffusion's (1.x,
- * XL and 3, the last two the second encoder too) and Flux.1's. */
+ * XL and 3, the last two the second encoder too) and Flux.1's; LTX-2's its
+ * text connectors. */
 static int diffusers_loads(const char *cls, const char *component)
 {
     if (strcmp(component, "transformer") == 0 || strcmp(component, "unet") == 0)
         return 1;
+    if (strcmp(component, "connectors") == 0)
+        return diffusers_lora_family(cls) == LORA_FAMILY_LTX2;
     int sdxl_sd3 = cls && (strncmp(cls, "StableDiffusionXL", 17) == 0 || strncmp(cls, "StableDiffusion3", 16) == 0);
     int one_encoder = cls && ((strncmp(cls, "StableDiffusion", 15) == 0) ||
                               (strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9')));

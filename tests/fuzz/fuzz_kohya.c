@@ -1,17 +1,20 @@
 /* kohya_lora_convert, flux2_lora_convert, qwen_lora_convert,
- * wan_lora_convert and zimage_lora_convert on arbitrary bytes written to a
- * file (a kohya or ComfyUI Flux.1 LoRA, a Flux.2, Qwen-Image, Wan or Z-Image
- * LoRA in another form than diffusers'): the renaming, the alpha, the splits of fused layers, Wan's
+ * wan_lora_convert, zimage_lora_convert and ltx2_lora_convert on arbitrary
+ * bytes written to a file (a kohya or ComfyUI Flux.1 LoRA, a Flux.2,
+ * Qwen-Image, Wan, Z-Image or LTX-2 LoRA in another form than diffusers'):
+ * the renaming, the alpha, the splits of fused layers, Wan's
  * biases and head diff, and the temp file. When one accepts, every tensor of
  * the result is a diffusers LoRA factor of the transformer (or Flux.1's text
  * encoder), or a Wan bias, or (Flux.2's keys already in diffusers' block
- * names, copied) a key of the transformer with "lora" in it; a refusal
+ * names, copied) a key of the transformer with "lora" in it, or (LTX-2's,
+ * copied under any component) any key with "lora" in it; a refusal
  * must be bad data with a one-line message; either way the temp file is gone
  * (TMPDIR is a scratch folder that must end up holding the input alone). */
 #define FUZZ_OWN_INITIALIZE
 #include "fuzz_common.h"
 #include "lora_flux2.h"
 #include "lora_kohya.h"
+#include "lora_prefixed.h"
 #include "lora_qwen.h"
 #include "lora_wan.h"
 #include "lora_zimage.h"
@@ -38,7 +41,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 enum allowed {
     FACTORS_ONLY,
     WITH_BIASES,     /* 1-D lora_B.bias vectors */
-    WITH_LORA_COPIES /* any tensor whose name holds "lora" (the file's own, copied) */
+    WITH_LORA_COPIES, /* any tensor under `components` whose name holds "lora" (the file's own, copied) */
+    ANY_LORA_KEY      /* any tensor whose name holds "lora", under any component or none (LTX-2's) */
 };
 
 /* One conversion's result: named after the file, only 2-D lora_A/lora_B
@@ -58,6 +62,10 @@ static void check_result(int code, struct model *out, const char *const *compone
             under |= strncmp(t->name, *c, strlen(*c)) == 0;
         if (allowed == WITH_LORA_COPIES && under && strstr(t->name + strlen("transformer."), "lora"))
             continue;
+        if (allowed == ANY_LORA_KEY) {
+            FUZZ_ASSERT(strstr(t->name, "lora") != NULL, "%s", t->name);
+            continue;
+        }
         if (allowed == WITH_BIASES && str_ends_with(t->name, ".lora_B.bias")) {
             FUZZ_ASSERT(under && t->ndim == 1 && t->shape[0], "%s: shape", t->name);
             continue;
@@ -99,6 +107,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (wan_lora_detect(m)) {
         check_result(wan_lora_convert(m, path, 0, &out), out, TRANSFORMER, WITH_BIASES);
         fuzz_assert_only_input_left("a Wan conversion");
+    }
+    nf4_clear_error();
+    out = NULL;
+    if (ltx2_lora_detect(m)) {
+        check_result(ltx2_lora_convert(m, path, 0, &out), out, TRANSFORMER, ANY_LORA_KEY);
+        fuzz_assert_only_input_left("an LTX-2 conversion");
     }
     nf4_clear_error();
     out = NULL;

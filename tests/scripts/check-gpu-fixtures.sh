@@ -116,9 +116,10 @@ else
 fi
 # A kohya Flux.1 LoRA on the transformer, a Qwen-Image LoRA in lightx2v's
 # form, a Wan LoRA in lightx2v's distillation form (diff_b biases, the
-# head's diff), a Flux.2 LoRA in kohya's form (alphas folded, qkv split) and
-# a Z-Image LoRA in kohya's (a fused qkv split, a bare out) on whole
-# pipelines, each as diffusers converts it.
+# head's diff), a Flux.2 LoRA in kohya's form (alphas folded, qkv split), a
+# Z-Image LoRA in kohya's (a fused qkv split, a bare out) and an LTX-2 LoRA in
+# ComfyUI's (its transformer's part) on whole pipelines, each as diffusers
+# converts it.
 converted_lora "flux transformer" "$dx/tiny-flux-bnb4/transformer" "" "$dx/tiny-flux-bnb4/transformer" \
     "$dx/lora-flux-kohya"
 converted_lora "qwen-image pipeline" "$dx/tiny-qwen-image" /transformer "$dx/tiny-qwen-image/transformer" \
@@ -126,6 +127,7 @@ converted_lora "qwen-image pipeline" "$dx/tiny-qwen-image" /transformer "$dx/tin
 converted_lora "wan pipeline" "$dx/tiny-wan" /transformer "$dx/tiny-wan/transformer" "$dx/lora-wan-distill"
 converted_lora "flux.2 pipeline" "$dx/tiny-flux2" /transformer "$dx/tiny-flux2/transformer" "$dx/lora-flux2-kohya"
 converted_lora "z-image pipeline" "$dx/tiny-zimage" /transformer "$dx/tiny-zimage/transformer" "$dx/lora-zimage-fused"
+converted_lora "ltx-2 pipeline" "$dx/tiny-ltx2" /transformer "$dx/tiny-ltx2/transformer" "$dx/lora-ltx2-comfy"
 if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
     passed=$((passed + 1))
 else

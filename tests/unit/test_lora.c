@@ -2803,6 +2803,94 @@ static void test_zimage_lora_refusals(void **state)
     free(lora);
 }
 
+/* LTX-2 LoRAs in ComfyUI's form (LTX-2's original names under
+ * diffusion_model.) and with the text connectors' keys
+ * (text_embedding_projection.), read as diffusers 0.42's LTX-2 loader reads
+ * them: byte for byte the tensors of the .diffusers files
+ * make_ltx2_fixtures.py wrote with diffusers' own conversion; on the
+ * pipeline, the transformer and the connectors both merged as from that
+ * form; the connectors' folder alone takes the connectors' keys. Keys
+ * without "lora", and two keys that become one, refused. */
+static void test_ltx2_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char *const LTX2[][2] = {
+        {DIFFUSERS_FIXTURES "/lora-ltx2-comfy.safetensors", DIFFUSERS_FIXTURES "/lora-ltx2-comfy.diffusers.safetensors"},
+        {DIFFUSERS_FIXTURES "/lora-ltx2-connectors.safetensors",
+         DIFFUSERS_FIXTURES "/lora-ltx2-connectors.diffusers.safetensors"},
+    };
+    const char *pipeline = DIFFUSERS_FIXTURES "/tiny-ltx2";
+    assert_int_equal(diffusers_lora_family("LTX2Pipeline"), LORA_FAMILY_LTX2);
+    assert_int_equal(diffusers_lora_family("LTX2VideoTransformer3DModel"), LORA_FAMILY_LTX2);
+    assert_int_equal(diffusers_lora_family("LTXPipeline"), LORA_FAMILY_LTX_VIDEO);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < 2; i++) {
+        struct model *m;
+        assert_int_equal(diffusers_lora_open(LTX2[i][0], LORA_FAMILY_LTX2, 0, &m), NF4_OK);
+        tu_assert_same_st(m->files[0], LTX2[i][0], LTX2[i][1]);
+        model_close(m);
+    }
+    char *got = tu_strdupf("%s/got", s->dir), *want = tu_strdupf("%s/want", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", pipeline, got, "--lora", LTX2[0][0], NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "lora-ltx2-comfy.safetensors: 2 of its tensors (diffusion_model.proj_out.dora_scale, "
+                       "vae.decoder.conv.lora_A.weight) are DoRA scales or keys without \"diffusion_model.\", which "
+                       "diffusers drops from an LTX-2 LoRA: they are not merged\n") ||
+        !strstr(r.err, "25 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    r = tu_run("convert", "--device", "cpu", pipeline, want, "--lora", LTX2[0][1], NULL);
+    if (r.status != 0 || !strstr(r.err, "25 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    static const char *const COMPONENTS[] = {"transformer", "connectors"};
+    for (size_t c = 0; c < 2; c++) {
+        char *g = tu_strdupf("%s/%s/diffusion_pytorch_model.safetensors", got, COMPONENTS[c]),
+             *w = tu_strdupf("%s/%s/diffusion_pytorch_model.safetensors", want, COMPONENTS[c]);
+        tu_assert_same_tensors(g, w);
+        free(g);
+        free(w);
+    }
+    tu_rmtree(got);
+    tu_rmtree(want);
+    /* The connectors' folder alone: its keys only, the others said once. */
+    r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-ltx2/connectors", got, "--lora", LTX2[0][0], NULL);
+    if (r.status != 0 || !strstr(r.err, "3 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(got);
+    /* diffusers' own transformer keys as they are, the connectors' converted
+     * beside them; their originals go to no component. */
+    r = tu_run("convert", "--device", "cpu", pipeline, got, "--lora", LTX2[1][0], NULL);
+    if (r.status != 0 || !strstr(r.err, "4 of its tensors are for text_embedding_projection") ||
+        !strstr(r.err, "6 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(got);
+    static const struct {
+        const char *names[3];
+        const char *want;
+    } REFUSALS[] = {
+        {{"diffusion_model.proj_out.lora_A.weight", "diffusion_model.proj_out.lora_B.weight",
+          "diffusion_model.proj_out.alpha"},
+         "diffusion_model.proj_out.alpha: becomes transformer.proj_out.alpha, with no \"lora\" in its name, which "
+         "diffusers refuses"},
+        {{"diffusion_model.proj_in.lora_A.weight", "diffusion_model.proj_in.lora_B.weight",
+          "diffusion_model.patchify_proj.lora_A.weight"},
+         "becomes transformer.proj_in.lora_A.weight, as"},
+    };
+    static const uint64_t DOWN[2] = {4, 8}, UP[2] = {16, 4};
+    char *lora = tu_strdupf("%s-ltx2.safetensors", s->dir);
+    for (size_t i = 0; i < sizeof REFUSALS / sizeof REFUSALS[0]; i++) {
+        write_pair_lora(lora, REFUSALS[i].names, DOWN, UP, DT_BF16, 1);
+        assert_merge_refused(s, pipeline, lora, NULL, REFUSALS[i].want);
+    }
+    unlink(lora);
+    free(lora);
+    free(got);
+    free(want);
+}
+
 /* A LoRA in diffusers' own form with DoRA scales: every diffusers loader
  * drops them with a warning and loads the rest, and so does nf4deq: the
  * merge is that of the file without them. */
@@ -3394,6 +3482,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flux2_lora_copies_bytes, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_zimage_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_zimage_lora_refusals, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_ltx2_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
