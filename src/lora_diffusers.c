@@ -136,6 +136,17 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
         if (n && warn)
             nf4_warn("%s: %zu of its tensors are DoRA scales (dora_scale), which diffusers drops: they are not "
                      "merged", path, n);
+        /* every loader's load_lora_weights: "Invalid LoRA checkpoint" (Flux.2's and Z-Image's pass lokr too) */
+        for (size_t i = 0; i < (*out)->count; i++) {
+            const char *name = (*out)->tensors[i].t->name;
+            if (!strstr(name, "lora") && !strstr(name, "lokr")) {
+                code = nf4_fail(NF4_EDATA, path, name, "has no \"lora\" in its name, and diffusers refuses a "
+                                "LoRA file with such a key");
+                model_close(*out);
+                *out = NULL;
+                return code;
+            }
+        }
         return NF4_OK;
     }
     struct model *original = *out;

@@ -16,47 +16,50 @@
 #define KOHYA_DOWN ".lora_down.weight"
 #define KOHYA_UP ".lora_up.weight"
 #define KOHYA_ALPHA ".alpha"
+#define KOHYA_UNET "lora_unet_"
 #define KOHYA_DOUBLE "lora_unet_double_blocks_"
 #define KOHYA_SINGLE "lora_unet_single_blocks_"
 /* The longest name built here: a key's module and a factor's suffix. */
 #define FLUX2_NAME_MAX 1024
 
-/* A module of BFL's (or kohya's) name and diffusers' for it; a fused qkv
- * holds diffusers' three. */
+/* A module of BFL's name and diffusers' for it (a fused qkv holds
+ * diffusers' three), and whether kohya's conversion knows it too, by BFL's
+ * name with underscores for dots (img_attn.qkv: img_attn_qkv). */
 struct flux2_map {
     const char *theirs;
     size_t nparts;
     const char *ours[3];
+    int kohya;
 };
 
-static const struct flux2_map BFL_DOUBLE[] = {
-    {"img_attn.qkv", 3, {"attn.to_q", "attn.to_k", "attn.to_v"}},
-    {"txt_attn.qkv", 3, {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}},
-    {"img_attn.proj", 1, {"attn.to_out.0"}},
-    {"txt_attn.proj", 1, {"attn.to_add_out"}},
-    {"img_mlp.0", 1, {"ff.linear_in"}},
-    {"img_mlp.2", 1, {"ff.linear_out"}},
-    {"txt_mlp.0", 1, {"ff_context.linear_in"}},
-    {"txt_mlp.2", 1, {"ff_context.linear_out"}},
+static const struct flux2_map DOUBLE_BLOCK[] = {
+    {"img_attn.qkv", 3, {"attn.to_q", "attn.to_k", "attn.to_v"}, 1},
+    {"txt_attn.qkv", 3, {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}, 1},
+    {"img_attn.proj", 1, {"attn.to_out.0"}, 1},
+    {"txt_attn.proj", 1, {"attn.to_add_out"}, 1},
+    {"img_mlp.0", 1, {"ff.linear_in"}, 1},
+    {"img_mlp.2", 1, {"ff.linear_out"}, 1},
+    {"txt_mlp.0", 1, {"ff_context.linear_in"}, 1},
+    {"txt_mlp.2", 1, {"ff_context.linear_out"}, 1},
 };
 
-static const struct flux2_map BFL_SINGLE[] = {
-    {"linear1", 1, {"attn.to_qkv_mlp_proj"}},
-    {"linear2", 1, {"attn.to_out"}},
+static const struct flux2_map SINGLE_BLOCK[] = {
+    {"linear1", 1, {"attn.to_qkv_mlp_proj"}, 1},
+    {"linear2", 1, {"attn.to_out"}, 1},
 };
 
-static const struct flux2_map BFL_TOP_LEVEL[] = {
-    {"img_in", 1, {"x_embedder"}},
-    {"txt_in", 1, {"context_embedder"}},
-    {"time_in.in_layer", 1, {"time_guidance_embed.timestep_embedder.linear_1"}},
-    {"time_in.out_layer", 1, {"time_guidance_embed.timestep_embedder.linear_2"}},
-    {"guidance_in.in_layer", 1, {"time_guidance_embed.guidance_embedder.linear_1"}},
-    {"guidance_in.out_layer", 1, {"time_guidance_embed.guidance_embedder.linear_2"}},
-    {"final_layer.linear", 1, {"proj_out"}},
-    {"final_layer.adaLN_modulation.1", 1, {"norm_out.linear"}},
-    {"single_stream_modulation.lin", 1, {"single_stream_modulation.linear"}},
-    {"double_stream_modulation_img.lin", 1, {"double_stream_modulation_img.linear"}},
-    {"double_stream_modulation_txt.lin", 1, {"double_stream_modulation_txt.linear"}},
+static const struct flux2_map TOP_LEVEL[] = {
+    {"img_in", 1, {"x_embedder"}, 1},
+    {"txt_in", 1, {"context_embedder"}, 1},
+    {"time_in.in_layer", 1, {"time_guidance_embed.timestep_embedder.linear_1"}, 1},
+    {"time_in.out_layer", 1, {"time_guidance_embed.timestep_embedder.linear_2"}, 1},
+    {"guidance_in.in_layer", 1, {"time_guidance_embed.guidance_embedder.linear_1"}, 0},
+    {"guidance_in.out_layer", 1, {"time_guidance_embed.guidance_embedder.linear_2"}, 0},
+    {"final_layer.linear", 1, {"proj_out"}, 1},
+    {"final_layer.adaLN_modulation.1", 1, {"norm_out.linear"}, 0},
+    {"single_stream_modulation.lin", 1, {"single_stream_modulation.linear"}, 0},
+    {"double_stream_modulation_img.lin", 1, {"double_stream_modulation_img.linear"}, 0},
+    {"double_stream_modulation_txt.lin", 1, {"double_stream_modulation_txt.linear"}, 0},
 };
 
 /* Keys kept as they are, but for their start: some exports already have
@@ -68,30 +71,6 @@ static const char *const EXPANDED[][2] = {
     {"sformer_blocks.", "transformer_blocks."},
 };
 
-static const struct flux2_map KOHYA_DOUBLE_BLOCK[] = {
-    {"img_attn_proj", 1, {"attn.to_out.0"}},
-    {"img_attn_qkv", 3, {"attn.to_q", "attn.to_k", "attn.to_v"}},
-    {"txt_attn_proj", 1, {"attn.to_add_out"}},
-    {"txt_attn_qkv", 3, {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}},
-    {"img_mlp_0", 1, {"ff.linear_in"}},
-    {"img_mlp_2", 1, {"ff.linear_out"}},
-    {"txt_mlp_0", 1, {"ff_context.linear_in"}},
-    {"txt_mlp_2", 1, {"ff_context.linear_out"}},
-};
-
-static const struct flux2_map KOHYA_SINGLE_BLOCK[] = {
-    {"linear1", 1, {"attn.to_qkv_mlp_proj"}},
-    {"linear2", 1, {"attn.to_out"}},
-};
-
-static const struct flux2_map KOHYA_TOP_LEVEL[] = {
-    {"lora_unet_img_in", 1, {"x_embedder"}},
-    {"lora_unet_txt_in", 1, {"context_embedder"}},
-    {"lora_unet_time_in_in_layer", 1, {"time_guidance_embed.timestep_embedder.linear_1"}},
-    {"lora_unet_time_in_out_layer", 1, {"time_guidance_embed.timestep_embedder.linear_2"}},
-    {"lora_unet_final_layer_linear", 1, {"proj_out"}},
-};
-
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
 struct conversion {
@@ -101,10 +80,24 @@ struct conversion {
     struct lora_rewrite rw;
 };
 
-static const struct flux2_map *find_map(const struct flux2_map *maps, size_t n, const char *name, size_t len)
+/* Whether BFL's name `theirs` is name[0..len): as it is, or in kohya's
+ * form, with underscores for its dots. */
+static int same_name(const char *theirs, const char *name, size_t len, int kohya)
+{
+    if (strlen(theirs) != len)
+        return 0;
+    for (size_t i = 0; i < len; i++)
+        if (name[i] != (kohya && theirs[i] == '.' ? '_' : theirs[i]))
+            return 0;
+    return 1;
+}
+
+/* The module of `maps` named name[0..len) (in kohya's form where `kohya`, among those its conversion knows). */
+static const struct flux2_map *find_map(const struct flux2_map *maps, size_t n, const char *name, size_t len,
+                                        int kohya)
 {
     for (size_t i = 0; i < n; i++)
-        if (strlen(maps[i].theirs) == len && memcmp(maps[i].theirs, name, len) == 0)
+        if ((!kohya || maps[i].kohya) && same_name(maps[i].theirs, name, len, kohya))
             return &maps[i];
     return NULL;
 }
@@ -194,7 +187,7 @@ static int bfl_module(struct conversion *cv, const char *rest, const struct flux
     for (size_t f = 0; f < 2; f++) {
         if (!str_ends_with(rest, FACTORS[f]))
             continue;
-        const struct flux2_map *m = find_map(maps, n, rest, strlen(rest) - strlen(FACTORS[f]));
+        const struct flux2_map *m = find_map(maps, n, rest, strlen(rest) - strlen(FACTORS[f]), 0);
         if (!m)
             return 0;
         if (m->nparts == 3 && f == 1) {
@@ -245,10 +238,10 @@ static int convert_bfl_key(struct conversion *cv, const struct lora_key *k)
         snprintf(root, sizeof root, "%s%s.%.*s.", FLUX2_TARGET,
                  double_block ? "transformer_blocks" : "single_transformer_blocks", (int)len, number);
         if (decimal && number[len] == '.' &&
-            (double_block ? bfl_module(cv, number + len + 1, BFL_DOUBLE, COUNT(BFL_DOUBLE), root, k, &code)
-                          : bfl_module(cv, number + len + 1, BFL_SINGLE, COUNT(BFL_SINGLE), root, k, &code)))
+            (double_block ? bfl_module(cv, number + len + 1, DOUBLE_BLOCK, COUNT(DOUBLE_BLOCK), root, k, &code)
+                          : bfl_module(cv, number + len + 1, SINGLE_BLOCK, COUNT(SINGLE_BLOCK), root, k, &code)))
             return code;
-    } else if (bfl_module(cv, name, BFL_TOP_LEVEL, COUNT(BFL_TOP_LEVEL), FLUX2_TARGET, k, &code)) {
+    } else if (bfl_module(cv, name, TOP_LEVEL, COUNT(TOP_LEVEL), FLUX2_TARGET, k, &code)) {
         return code;
     }
     return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is not a key diffusers reads from a Flux.2 LoRA in BFL's "
@@ -302,8 +295,8 @@ static const struct flux2_map *kohya_module(const char *module, size_t len, char
         const struct flux2_map *maps;
         size_t n;
     } BLOCKS[] = {
-        {KOHYA_DOUBLE, "transformer_blocks", KOHYA_DOUBLE_BLOCK, COUNT(KOHYA_DOUBLE_BLOCK)},
-        {KOHYA_SINGLE, "single_transformer_blocks", KOHYA_SINGLE_BLOCK, COUNT(KOHYA_SINGLE_BLOCK)},
+        {KOHYA_DOUBLE, "transformer_blocks", DOUBLE_BLOCK, COUNT(DOUBLE_BLOCK)},
+        {KOHYA_SINGLE, "single_transformer_blocks", SINGLE_BLOCK, COUNT(SINGLE_BLOCK)},
     };
     for (size_t b = 0; b < COUNT(BLOCKS); b++) {
         size_t plen = strlen(BLOCKS[b].prefix);
@@ -313,10 +306,13 @@ static const struct flux2_map *kohya_module(const char *module, size_t len, char
         if (!us || !is_decimal(number, (size_t)(us - number)))
             return NULL;
         snprintf(root, size, "%s%s.%.*s.", FLUX2_TARGET, BLOCKS[b].ours, (int)(us - number), number);
-        return find_map(BLOCKS[b].maps, BLOCKS[b].n, us + 1, len - (size_t)(us + 1 - module));
+        return find_map(BLOCKS[b].maps, BLOCKS[b].n, us + 1, len - (size_t)(us + 1 - module), 1);
     }
     snprintf(root, size, "%s", FLUX2_TARGET);
-    return find_map(KOHYA_TOP_LEVEL, COUNT(KOHYA_TOP_LEVEL), module, len);
+    const size_t unet = strlen(KOHYA_UNET);
+    return len > unet && strncmp(module, KOHYA_UNET, unet) == 0
+               ? find_map(TOP_LEVEL, COUNT(TOP_LEVEL), module + unet, len - unet, 1)
+               : NULL;
 }
 
 /* diffusers counts the blocks of every key "lora_unet_double_blocks_N..."

@@ -43,6 +43,7 @@ struct conversion {
     const char *path;
     struct lora_key *keys;
     size_t nkeys;
+    struct lora_key **order; /* the keys in diffusers' order: their names in the file, sorted */
     struct lora_rewrite rw;
 };
 
@@ -223,6 +224,8 @@ static int rename_keys(struct conversion *cv, const struct model *w)
     if (code != NF4_OK)
         return code;
     lora_keys_sort(cv->keys, cv->nkeys);
+    if (!(cv->order = lora_keys_in_file_order(cv->keys, cv->nkeys)))
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     return lora_keys_check_distinct(cv->path, cv->keys, cv->nkeys);
 }
 
@@ -261,7 +264,7 @@ static int convert_kohya_pairs(struct conversion *cv)
 {
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
-        struct lora_key *down = &cv->keys[i];
+        struct lora_key *down = cv->order[i];
         if (!str_has_suffix(down->name, QWEN_DOWN))
             continue;
         struct names n = {str_replace_all(down->name, QWEN_DOWN, QWEN_UP), str_replace_all(down->name, QWEN_DOWN, QWEN_A),
@@ -285,7 +288,7 @@ static int convert_peft_pairs(struct conversion *cv)
 {
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
-        struct lora_key *a = &cv->keys[i];
+        struct lora_key *a = cv->order[i];
         if (!str_has_suffix(a->name, QWEN_A))
             continue;
         struct names n = {str_replace_all(a->name, QWEN_A, QWEN_B), NULL, NULL,
@@ -343,5 +346,6 @@ int qwen_lora_convert(const struct model *w, const char *path, int warn, struct 
     code = lora_rewrite_finish(&cv.rw, code, warn, "are DoRA scales or alphas without factors, which diffusers "
                                "drops from a Qwen-Image LoRA", out);
     lora_keys_free(cv.keys, cv.nkeys);
+    free(cv.order);
     return code;
 }

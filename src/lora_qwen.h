@@ -20,7 +20,8 @@
  *   factor times its part in fp32, rounded to its dtype; r = alpha = rank;
  * - every key then goes under "transformer."; the file's metadata is kept,
  *   since diffusers then reads the LoRA config from it.
- * An alpha goes to the first pair that names it, as diffusers pops it. Where
+ * An alpha goes to the first pair that names it (in the order of the keys in
+ * the file, sorted, as diffusers pops them). Where
  * diffusers' conversion raises (a lora_down without its lora_up, a lora_A
  * without its lora_B or the reverse, a key of neither kind) nf4deq refuses,
  * naming the key; so where it would loop forever (a negative alpha) or

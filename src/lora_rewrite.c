@@ -246,6 +246,8 @@ int lora_keys_of(const char *path, const struct model *w, int (*skip)(const char
         const char *name = w->tensors[i].t->name;
         if (skip && skip(name))
             continue;
+        if (strlen(name) > LORA_KEY_MAX)
+            return nf4_fail(NF4_EDATA, path, name, "is too long a name for a LoRA key (over %d bytes)", LORA_KEY_MAX);
         if (!((*keys)[*n].name = strdup(name)))
             return nf4_fail(NF4_ESOFTWARE, path, name, "out of memory");
         (*keys)[(*n)++].t = &w->tensors[i];
@@ -326,6 +328,21 @@ int lora_python_int(const char *s, size_t len, int64_t *out)
     }
     *out = negative ? -v : v;
     return 1;
+}
+
+static int file_name_cmp(const void *a, const void *b)
+{
+    return strcmp((*(struct lora_key *const *)a)->t->t->name, (*(struct lora_key *const *)b)->t->t->name);
+}
+
+struct lora_key **lora_keys_in_file_order(struct lora_key *keys, size_t n)
+{
+    struct lora_key **order = calloc(n ? n : 1, sizeof *order);
+    for (size_t i = 0; order && i < n; i++)
+        order[i] = &keys[i];
+    if (order)
+        qsort(order, n, sizeof *order, file_name_cmp);
+    return order;
 }
 
 void lora_keys_free(struct lora_key *keys, size_t n)

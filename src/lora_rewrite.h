@@ -110,9 +110,13 @@ struct lora_key *lora_key_find(struct lora_key *keys, size_t n, const char *name
  * one name: diffusers' dict would keep one of them. */
 int lora_keys_check_distinct(const char *path, const struct lora_key *keys, size_t n);
 
+/* The longest key a conversion reads, in bytes; real ones are under 200. */
+#define LORA_KEY_MAX 512
+
 /* The keys of `w` but those `skip` takes (NULL: none), each under its own
  * name, in the file's order: *keys (allocated, free with lora_keys_free even
- * on failure), *n of them. NF4_OK or NF4_ESOFTWARE. */
+ * on failure), *n of them. NF4_OK, NF4_EDATA naming a key longer than
+ * LORA_KEY_MAX, or NF4_ESOFTWARE. */
 int lora_keys_of(const char *path, const struct model *w, int (*skip)(const char *), struct lora_key **keys,
                  size_t *n);
 
@@ -129,6 +133,11 @@ void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut);
  * it is not one (Unicode's other digits included) or is out of range, else 1
  * with the value in *out. */
 int lora_python_int(const char *s, size_t len, int64_t *out);
+
+/* Pointers to the keys in the order of their names in the file, as Python's
+ * state dict holds them (safetensors reads keys sorted): the order diffusers'
+ * conversions pop them in. Allocated; NULL when out of memory. */
+struct lora_key **lora_keys_in_file_order(struct lora_key *keys, size_t n);
 
 /* Frees each key's name, and the array. */
 void lora_keys_free(struct lora_key *keys, size_t n);

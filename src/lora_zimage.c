@@ -42,6 +42,7 @@ struct conversion {
     const char *path;
     struct lora_key *keys; /* the file's keys (DoRA scales aside) under diffusers' names, sorted */
     size_t nkeys;
+    struct lora_key **order; /* the keys in diffusers' order: their names in the file, sorted */
     unsigned char *in_dot_set; /* per key: left when the lora.down pairs' turn came (diffusers' dot_key_set) */
     struct lora_rewrite rw;
 };
@@ -170,6 +171,8 @@ static int rename_keys(struct conversion *cv, const struct model *w)
     if (code != NF4_OK)
         return code;
     lora_keys_sort(cv->keys, cv->nkeys);
+    if (!(cv->order = lora_keys_in_file_order(cv->keys, cv->nkeys)))
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     return lora_keys_check_distinct(cv->path, cv->keys, cv->nkeys);
 }
 
@@ -206,7 +209,7 @@ static int convert_pairs(struct conversion *cv, const char *first, const char *s
 {
     int code = NF4_OK;
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
-        struct lora_key *down = &cv->keys[i];
+        struct lora_key *down = cv->order[i];
         if (!str_has_suffix(down->name, first))
             continue;
         char *up_name = replaced(down->name, first, second), *a = replaced(down->name, first, Z_A),
@@ -299,7 +302,7 @@ static int convert_dot_pairs(struct conversion *cv)
     }
     int code = NF4_OK;
     for (size_t i = 0; any && i < cv->nkeys && code == NF4_OK; i++) {
-        struct lora_key *down = &cv->keys[i];
+        struct lora_key *down = cv->order[i];
         if (down->taken || !strstr(down->name, Z_DOT_DOWN))
             continue;
         if (!str_has_suffix(down->name, Z_DOT_DOWN)) /* diffusers would cut 17 characters off it all the same */
@@ -407,6 +410,7 @@ int zimage_lora_convert(const struct model *w, const char *path, int warn, struc
     code = lora_rewrite_finish(&cv.rw, code, warn, "are DoRA scales, or fused layers beside their parts or "
                                "without their lora.up, which diffusers drops from a Z-Image LoRA", out);
     lora_keys_free(cv.keys, cv.nkeys);
+    free(cv.order);
     free(cv.in_dot_set);
     return code;
 }

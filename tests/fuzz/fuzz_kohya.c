@@ -77,48 +77,40 @@ static void check_result(int code, struct model *out, const char *const *compone
     model_close(out);
 }
 
+static const char *const FLUX[] = {"transformer.", "text_encoder.", NULL};
+static const char *const TRANSFORMER[] = {"transformer.", NULL};
+
+/* Each conversion, where its loader would convert the file, and what its
+ * result may hold. */
+static const struct {
+    const char *what;
+    int (*detect)(const struct model *w);
+    int (*convert)(const struct model *w, const char *path, int warn, struct model **out);
+    const char *const *components;
+    enum allowed allowed;
+} CONVERSIONS[] = {
+    {"a kohya conversion", kohya_lora_detect, kohya_lora_convert, FLUX, FACTORS_ONLY},
+    {"a Flux.2 conversion", flux2_lora_detect, flux2_lora_convert, TRANSFORMER, WITH_LORA_COPIES},
+    {"a Qwen-Image conversion", qwen_lora_detect, qwen_lora_convert, TRANSFORMER, FACTORS_ONLY},
+    {"a Wan conversion", wan_lora_detect, wan_lora_convert, TRANSFORMER, WITH_BIASES},
+    {"an LTX-2 conversion", ltx2_lora_detect, ltx2_lora_convert, TRANSFORMER, ANY_LORA_KEY},
+    {"a Z-Image conversion", zimage_lora_detect, zimage_lora_convert, TRANSFORMER, FACTORS_ONLY},
+};
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     fuzz_write_input(data, size);
     nf4_clear_error();
-    struct model *m, *out = NULL;
+    struct model *m;
     if (model_open_file(path, &m) != NF4_OK)
         return 0;
-    static const char *const FLUX[] = {"transformer.", "text_encoder.", NULL};
-    static const char *const TRANSFORMER[] = {"transformer.", NULL};
-    if (kohya_lora_detect(m)) {
-        check_result(kohya_lora_convert(m, path, 0, &out), out, FLUX, FACTORS_ONLY);
-        fuzz_assert_only_input_left("a kohya conversion");
-    }
-    nf4_clear_error();
-    out = NULL;
-    if (flux2_lora_detect(m)) {
-        check_result(flux2_lora_convert(m, path, 0, &out), out, TRANSFORMER, WITH_LORA_COPIES);
-        fuzz_assert_only_input_left("a Flux.2 conversion");
-    }
-    nf4_clear_error();
-    out = NULL;
-    if (qwen_lora_detect(m)) {
-        check_result(qwen_lora_convert(m, path, 0, &out), out, TRANSFORMER, FACTORS_ONLY);
-        fuzz_assert_only_input_left("a Qwen-Image conversion");
-    }
-    nf4_clear_error();
-    out = NULL;
-    if (wan_lora_detect(m)) {
-        check_result(wan_lora_convert(m, path, 0, &out), out, TRANSFORMER, WITH_BIASES);
-        fuzz_assert_only_input_left("a Wan conversion");
-    }
-    nf4_clear_error();
-    out = NULL;
-    if (ltx2_lora_detect(m)) {
-        check_result(ltx2_lora_convert(m, path, 0, &out), out, TRANSFORMER, ANY_LORA_KEY);
-        fuzz_assert_only_input_left("an LTX-2 conversion");
-    }
-    nf4_clear_error();
-    out = NULL;
-    if (zimage_lora_detect(m)) {
-        check_result(zimage_lora_convert(m, path, 0, &out), out, TRANSFORMER, FACTORS_ONLY);
-        fuzz_assert_only_input_left("a Z-Image conversion");
+    for (size_t i = 0; i < sizeof CONVERSIONS / sizeof CONVERSIONS[0]; i++) {
+        nf4_clear_error();
+        struct model *out = NULL;
+        if (!CONVERSIONS[i].detect(m))
+            continue;
+        check_result(CONVERSIONS[i].convert(m, path, 0, &out), out, CONVERSIONS[i].components, CONVERSIONS[i].allowed);
+        fuzz_assert_only_input_left(CONVERSIONS[i].what);
     }
     model_close(m);
     return 0;

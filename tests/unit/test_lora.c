@@ -622,6 +622,17 @@ static void assert_merge_refused(const struct tu_scratch *s, const char *base, c
     free(out);
 }
 
+/* convert --device cpu IN OUT --lora LORA succeeds, saying one warning that
+ * holds `warning` and a summary that holds `merged` ("N with LoRA merged"). */
+static void assert_lora_warns_once(const char *in, const char *out, const char *lora, const char *warning,
+                                   const char *merged)
+{
+    struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", lora, NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 || !strstr(r.err, warning) || !strstr(r.err, merged))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+}
+
 /* Two adapters that both replace lm_head (modules_to_save): the order PEFT
  * would apply them in is not knowable here, so it is refused, and says why. */
 static void test_two_replacements_refused(void **state)
@@ -1691,13 +1702,10 @@ static void test_diffusers_lora_components(void **state)
     assert_int_equal(mkdir(ad, 0755), 0);
     syn_write(path, ts, 4);
     char *out = tu_strdupf("%s/out", s->dir);
-    struct tu_run r = tu_run("convert", "--device", "cpu", base, out, "--lora", ad, NULL);
-    if (r.status != 0 || tu_lines(r.err) != 2 ||
-        !strstr(r.err, "2 of its tensors are for other pipeline components (text_encoder) than transformer") ||
-        !strstr(r.err, "1 with LoRA merged"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
-    r = tu_run("inspect", base, "--lora", path, NULL);
+    assert_lora_warns_once(base, out, ad,
+                           "2 of its tensors are for other pipeline components (text_encoder) than transformer",
+                           "1 with LoRA merged");
+    struct tu_run r = tu_run("inspect", base, "--lora", path, NULL);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "proj_out.weight"));
     assert_non_null(strstr(r.out, "1 tensor changed by 1 adapter"));
@@ -2103,19 +2111,16 @@ static void test_qwen_lora_as_diffusers_loads_it(void **state)
     char *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want),
          *pipe_file = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", pipe);
     /* In the pipeline: the DoRA scales diffusers drops, said once. */
-    struct tu_run r = tu_run("convert", "--device", "cpu", pipeline, pipe, "--lora", QWEN_CASES[2][0], NULL);
-    if (r.status != 0 || tu_lines(r.err) != 2 ||
-        !strstr(r.err, "lora-qwen-comfy.safetensors: 3 of its tensors (diffusion_model.transformer_blocks.1.attn.to_k."
+    assert_lora_warns_once(pipeline, pipe, QWEN_CASES[2][0],
+                           "lora-qwen-comfy.safetensors: 3 of its tensors (diffusion_model.transformer_blocks.1.attn.to_k."
                        "dora_scale, diffusion_model.transformer_blocks.1.attn.to_out.0.dora_scale, "
                        "diffusion_model.transformer_blocks.1.txt_mlp.net.0.proj.dora_scale) are DoRA scales or alphas "
-                       "without factors, which diffusers drops from a Qwen-Image LoRA: they are not merged\n") ||
-        !strstr(r.err, "14 with LoRA merged"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
+                       "without factors, which diffusers drops from a Qwen-Image LoRA: they are not merged\n",
+                           "14 with LoRA merged");
     const char *comfy_converted[1] = {QWEN_CASES[2][1]};
     assert_int_equal(merge_on_cpu(transformer, want, comfy_converted, 1, 0, 0, DT_INVALID), 14);
     tu_assert_same_tensors(pipe_file, want_file);
-    r = tu_run("inspect", pipeline, "--lora", QWEN_CASES[1][0], "--json", NULL);
+    struct tu_run r = tu_run("inspect", pipeline, "--lora", QWEN_CASES[1][0], "--json", NULL);
     if (r.status != 0 || !strstr(r.out, "\"merge\""))
         fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
     tu_run_free(&r);
@@ -2224,19 +2229,16 @@ static void test_wan_lora_as_diffusers_loads_it(void **state)
     char *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want),
          *pipe_file = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", pipe);
     /* In the pipeline: what diffusers does not load, said once. */
-    struct tu_run r = tu_run("convert", "--device", "cpu", pipeline, pipe, "--lora", WAN_CASES[0][0], NULL);
-    if (r.status != 0 || tu_lines(r.err) != 2 ||
-        !strstr(r.err, "lora-wan-comfy.safetensors: 5 of its tensors (diffusion_model.blocks.0.norm3.diff, "
+    assert_lora_warns_once(pipeline, pipe, WAN_CASES[0][0],
+                           "lora-wan-comfy.safetensors: 5 of its tensors (diffusion_model.blocks.0.norm3.diff, "
                        "diffusion_model.blocks.0.norm3.diff_b, diffusion_model.blocks.1.self_attn.norm_q.diff, ...) "
-                       "are ones diffusers does not load from a Wan LoRA: they are not merged\n") ||
-        !strstr(r.err, "48 with LoRA merged"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
+                       "are ones diffusers does not load from a Wan LoRA: they are not merged\n",
+                           "48 with LoRA merged");
     const char *comfy_converted[1] = {WAN_CASES[0][1]};
     assert_int_equal(merge_on_cpu(transformer, want, comfy_converted, 1, 0, 0, DT_INVALID), 48);
     tu_assert_same_tensors(pipe_file, want_file);
     /* The component alone: the head's diff as a LoRA with an identity up, and its bias. */
-    r = tu_run("inspect", transformer, "--lora", WAN_CASES[1][0], NULL);
+    struct tu_run r = tu_run("inspect", transformer, "--lora", WAN_CASES[1][0], NULL);
     if (r.status != 0 || !strstr(r.out, "\n50 tensors changed by 1 adapter\n") || !strstr(r.out, "proj_out.bias") ||
         strstr(r.out, "Tokenizer"))
         fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
@@ -2506,12 +2508,10 @@ static void test_prefixed_lora_as_diffusers_loads_it(void **state)
                       DIFFUSERS_FIXTURES "/lora-hidream-comfy.diffusers.safetensors");
     model_close(m);
     char *out = tu_strdupf("%s/out", s->dir);
-    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-ltx", out, "--lora", LTX[0][0], NULL);
-    if (r.status != 0 || tu_lines(r.err) != 2 ||
-        !strstr(r.err, "lora-ltx-comfy.safetensors: 1 of its tensors (diffusion_model.proj_in.dora_scale) are DoRA "
-                       "scales, which diffusers drops: they are not merged\n") || !strstr(r.err, "18 with LoRA merged"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
+    assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-ltx", out, LTX[0][0],
+                           "lora-ltx-comfy.safetensors: 1 of its tensors (diffusion_model.proj_in.dora_scale) are DoRA "
+                       "scales, which diffusers drops: they are not merged\n",
+                           "18 with LoRA merged");
     tu_rmtree(out);
     free(out);
     static const char *const NAMES[3] = {"diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight",
@@ -2557,15 +2557,11 @@ static void test_flux2_lora_as_diffusers_loads_it(void **state)
     assert_converts_as_diffusers(s, FLUX2_CASES, sizeof FLUX2_CASES / sizeof FLUX2_CASES[0], LORA_FAMILY_FLUX2,
                                  DIFFUSERS_FIXTURES "/tiny-flux2/transformer", MERGED);
     char *out = tu_strdupf("%s/out", s->dir);
-    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux2", out, "--lora",
-                             FLUX2_CASES[2][0], NULL);
-    if (r.status != 0 || tu_lines(r.err) != 2 ||
-        !strstr(r.err, "lora-flux2-kohya.safetensors: 7 of its tensors (lora_unet_single_blocks_0_linear2.dora_scale, "
+    assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-flux2", out, FLUX2_CASES[2][0],
+                           "lora-flux2-kohya.safetensors: 7 of its tensors (lora_unet_single_blocks_0_linear2.dora_scale, "
                        "lora_te1_text_model_encoder_layers_0_mlp_fc1, lora_unet_double_blocks_0_img_mod_lin, ...) are "
-                       "DoRA scales or keys diffusers does not convert from a kohya Flux.2 LoRA: they are not merged\n") ||
-        !strstr(r.err, "33 with LoRA merged"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
+                       "DoRA scales or keys diffusers does not convert from a kohya Flux.2 LoRA: they are not merged\n",
+                           "33 with LoRA merged");
     tu_rmtree(out);
     free(out);
 }
@@ -2740,16 +2736,12 @@ static void test_zimage_lora_as_diffusers_loads_it(void **state)
     tu_assert_same_st(m->files[0], EMBEDDER[0], EMBEDDER[1]);
     model_close(m);
     char *out = tu_strdupf("%s/out", s->dir);
-    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-zimage", out, "--lora",
-                             ZIMAGE_CASES[1][0], NULL);
-    if (r.status != 0 || tu_lines(r.err) != 2 ||
-        !strstr(r.err, "lora-zimage-fused.safetensors: 5 of its tensors (lora_unet_layers_1_attention_out.lora_down."
+    assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-zimage", out, ZIMAGE_CASES[1][0],
+                           "lora-zimage-fused.safetensors: 5 of its tensors (lora_unet_layers_1_attention_out.lora_down."
                        "weight, lora_unet_layers_1_attention_qkv.lora_down.weight, lora_unet_layers_1_attention_qkv."
                        "alpha) are DoRA scales, or fused layers beside their parts or without their lora.up, which "
-                       "diffusers drops from a Z-Image LoRA: they are not merged\n") ||
-        !strstr(r.err, "10 with LoRA merged"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
+                       "diffusers drops from a Z-Image LoRA: they are not merged\n",
+                           "10 with LoRA merged");
     tu_rmtree(out);
     free(out);
 }
@@ -2790,6 +2782,15 @@ static void test_zimage_lora_refusals(void **state)
          "holds no LoRA factor pair (lora_down/lora_up, lora_A/lora_B or lora.down/lora.up): diffusers would load "
          "nothing of it"},
         {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", NULL}, {4, 32}, {32, 3}, 0, "it is not a LoRA pair [r, in], [out, r]"},
+        /* in diffusers' own form, which no conversion touches: every loader refuses a key without "lora" */
+        {{"transformer.layers.0.attention.to_q.lora_A.weight", "transformer.layers.0.attention.to_q.lora_B.weight", "foo"},
+         {4, 32}, {32, 4}, 1, "foo: has no \"lora\" in its name, and diffusers refuses a LoRA file with such a key"},
+        {{Z_Q "_" "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+          "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+          "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+          "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+          "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+          ".lora_A.weight", NULL, NULL}, {4, 32}, {32, 4}, 0, "is too long a name for a LoRA key (over 512 bytes)"},
     };
 #undef Z_Q
     char *lora = tu_strdupf("%s-zimage.safetensors", s->dir);
@@ -2831,15 +2832,12 @@ static void test_ltx2_lora_as_diffusers_loads_it(void **state)
         model_close(m);
     }
     char *got = tu_strdupf("%s/got", s->dir), *want = tu_strdupf("%s/want", s->dir);
-    struct tu_run r = tu_run("convert", "--device", "cpu", pipeline, got, "--lora", LTX2[0][0], NULL);
-    if (r.status != 0 || tu_lines(r.err) != 2 ||
-        !strstr(r.err, "lora-ltx2-comfy.safetensors: 2 of its tensors (diffusion_model.proj_out.dora_scale, "
+    assert_lora_warns_once(pipeline, got, LTX2[0][0],
+                           "lora-ltx2-comfy.safetensors: 2 of its tensors (diffusion_model.proj_out.dora_scale, "
                        "vae.decoder.conv.lora_A.weight) are DoRA scales or keys without \"diffusion_model.\", which "
-                       "diffusers drops from an LTX-2 LoRA: they are not merged\n") ||
-        !strstr(r.err, "25 with LoRA merged"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
-    r = tu_run("convert", "--device", "cpu", pipeline, want, "--lora", LTX2[0][1], NULL);
+                       "diffusers drops from an LTX-2 LoRA: they are not merged\n",
+                           "25 with LoRA merged");
+    struct tu_run r = tu_run("convert", "--device", "cpu", pipeline, want, "--lora", LTX2[0][1], NULL);
     if (r.status != 0 || !strstr(r.err, "25 with LoRA merged"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
@@ -2910,12 +2908,10 @@ static void test_diffusers_lora_drops_dora_scales(void **state)
          *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want);
     syn_write(with, ts, 3);
     syn_write(without, ts, 2);
-    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-wan", got, "--lora", with, NULL);
-    if (r.status != 0 || tu_lines(r.err) != 2 ||
-        !strstr(r.err, "-with.safetensors: 1 of its tensors are DoRA scales (dora_scale), which diffusers drops: they "
-                       "are not merged\n") || !strstr(r.err, "1 with LoRA merged"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
+    assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-wan", got, with,
+                           "-with.safetensors: 1 of its tensors are DoRA scales (dora_scale), which diffusers drops: they "
+                       "are not merged\n",
+                           "1 with LoRA merged");
     const char *lora[1] = {without};
     assert_int_equal(merge_on_cpu(DIFFUSERS_FIXTURES "/tiny-wan/transformer", want, lora, 1, 0, 0, DT_INVALID), 1);
     tu_assert_same_tensors(got_file, want_file);
@@ -3168,13 +3164,10 @@ static void test_diffusers_lora_pipeline(void **state)
         syn_fill(&ts[i], 0.5f);
     char *lora = tu_strdupf("%s-vae.safetensors", s->dir);
     syn_write(lora, ts, 6);
-    struct tu_run r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", lora, NULL);
-    if (r.status != 0 || tu_lines(r.err) != 2 ||
-        !strstr(r.err, "4 of its tensors are for text_encoder, vae, which this pipeline does not have or diffusers "
-                       "does not load LoRAs into") ||
-        !strstr(r.err, "1 with LoRA merged"))
-        fail_msg("exit %d, stderr: %s", r.status, r.err);
-    tu_run_free(&r);
+    assert_lora_warns_once(pipe, out, lora,
+                           "4 of its tensors are for text_encoder, vae, which this pipeline does not have or diffusers "
+                       "does not load LoRAs into",
+                           "1 with LoRA merged");
     a = tu_read_file(vae, &na);
     b = tu_read_file(DIFFUSERS_FIXTURES "/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors", &nb);
     assert_true(a && b && na == nb && memcmp(a, b, na) == 0);
@@ -3187,7 +3180,7 @@ static void test_diffusers_lora_pipeline(void **state)
     char *pipe2 = tu_strdupf("%s-pipe", s->dir);
     assert_int_equal(tu_sh_status("cp -r %s %s && mv %s/vae %s/text_encoder", pipe, pipe2, pipe2, pipe2), 0);
     syn_write(lora, ts, 2);
-    r = tu_run("convert", "--device", "cpu", "--dtype", "bf16", pipe2, out, "--lora", lora, NULL);
+    struct tu_run r = tu_run("convert", "--device", "cpu", "--dtype", "bf16", pipe2, out, "--lora", lora, NULL);
     if (r.status != 0 || !strstr(r.err, "1 with LoRA merged"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
