@@ -137,9 +137,10 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
             nf4_warn("%s: %zu of its tensors are DoRA scales (dora_scale), which diffusers drops: they are not "
                      "merged", path, n);
         /* every loader's load_lora_weights: "Invalid LoRA checkpoint" (Flux.2's and Z-Image's pass lokr too) */
+        const int lokr_passes = family == LORA_FAMILY_FLUX2 || family == LORA_FAMILY_Z_IMAGE;
         for (size_t i = 0; i < (*out)->count; i++) {
             const char *name = (*out)->tensors[i].t->name;
-            if (!strstr(name, "lora") && !strstr(name, "lokr")) {
+            if (!strstr(name, "lora") && !(lokr_passes && strstr(name, "lokr"))) {
                 code = nf4_fail(NF4_EDATA, path, name, "has no \"lora\" in its name, and diffusers refuses a "
                                 "LoRA file with such a key");
                 model_close(*out);

@@ -171,6 +171,9 @@ int ltx2_lora_convert(const struct model *w, const char *path, int warn, struct 
                             "which diffusers refuses", rw.parts[i].name);
     if (code == NF4_OK)
         code = lora_rewrite_check_one_each(&rw);
-    return lora_rewrite_finish(&rw, code, warn, "are DoRA scales or keys without \"" COMFY_PREFIX ".\", which "
-                               "diffusers drops from an LTX-2 LoRA", out);
+    return lora_rewrite_finish(&rw, code, warn,
+                               comfy ? "are DoRA scales or keys without \"" COMFY_PREFIX ".\", which diffusers drops "
+                                       "from an LTX-2 LoRA"
+                                     : "are DoRA scales, which diffusers drops",
+                               out);
 }

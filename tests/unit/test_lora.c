@@ -2876,6 +2876,9 @@ static void test_ltx2_lora_as_diffusers_loads_it(void **state)
         {{"diffusion_model.proj_in.lora_A.weight", "diffusion_model.proj_in.lora_B.weight",
           "diffusion_model.patchify_proj.lora_A.weight"},
          "becomes transformer.proj_in.lora_A.weight, as"},
+        /* diffusers' own form: LTX-2's loader, unlike Flux.2's and Z-Image's, passes no "lokr" key */
+        {{"transformer.proj_in.lora_A.weight", "transformer.proj_in.lora_B.weight", "text_encoder.x.lokr_w1"},
+         "text_encoder.x.lokr_w1: has no \"lora\" in its name, and diffusers refuses a LoRA file with such a key"},
     };
     static const uint64_t DOWN[2] = {4, 8}, UP[2] = {16, 4};
     char *lora = tu_strdupf("%s-ltx2.safetensors", s->dir);
