@@ -4,6 +4,8 @@
 #   run-fuzz.sh regress FUZZ_DIR CORPUS TARGET...   replay the committed inputs
 # Fuzzing starts from a copy of CORPUS/TARGET in FUZZ_DIR/work/TARGET, so the
 # committed corpus never changes; crashes land in FUZZ_DIR/artifacts/TARGET/.
+# CORPUS/TARGET.seeds, where there is one, names more seeds (one path a line,
+# from the repository's root): fixtures used as they are, not copied.
 set -u
 mode=$1 dir=$2 corpus=$3
 shift 3
@@ -29,6 +31,8 @@ for t in "$@"; do
         rm -rf "$work"
         mkdir -p "$work" "$art" "$dir/logs"
         [ -d "$corpus/$t" ] && cp -R "$corpus/$t/." "$work/"
+        # shellcheck disable=SC2046  # seed paths are plain (see the .seeds file)
+        [ -f "$corpus/$t.seeds" ] && cp $(grep -v '^#' "$corpus/$t.seeds") "$work/"
         "$bin" -max_total_time="$seconds" -print_final_stats=1 -max_len="$max_len" -timeout=20 \
             -rss_limit_mb=2048 -artifact_prefix="$art/" "$work" >"$log" 2>&1
         rc=$?
@@ -46,6 +50,8 @@ for t in "$@"; do
         ;;
     regress)
         files=$(find "$corpus/$t" "$corpus/crashes" -type f 2>/dev/null | sort)
+        [ -f "$corpus/$t.seeds" ] && files="$files
+$(grep -v '^#' "$corpus/$t.seeds")"
         n=$(printf '%s\n' "$files" | grep -c .)
         log="$dir/logs/$t.regress.log"
         mkdir -p "$dir/logs"
