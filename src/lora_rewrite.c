@@ -127,11 +127,12 @@ static int write_parts(const struct lora_rewrite *rw, int fd, const char *tmp)
     struct st_out_tensor *outs = calloc(rw->nparts ? rw->nparts : 1, sizeof *outs);
     if (!outs)
         return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
-    for (size_t i = 0; i < rw->nparts; i++)
-        outs[i] = rw->parts[i].as_is && rw->parts[i].shape[0] == 0 ? (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype,
-                                                               rw->parts[i].src->t->ndim, rw->parts[i].src->t->shape}
-                                     : (struct st_out_tensor){rw->parts[i].name, rw->parts[i].dtype, 2,
-                                                               rw->parts[i].shape};
+    for (size_t i = 0; i < rw->nparts; i++) {
+        const struct lora_part *p = &rw->parts[i];
+        const int whole = p->as_is && p->shape[0] == 0; /* the source's own shape */
+        outs[i] = whole ? (struct st_out_tensor){p->name, p->dtype, p->src->t->ndim, p->src->t->shape}
+                        : (struct st_out_tensor){p->name, p->dtype, 2, p->shape};
+    }
     struct st_writer *w = NULL;
     int code = st_writer_begin_stream(&w, fd, tmp, outs, rw->nparts, rw->meta, rw->nmeta);
     for (size_t k = 0; code == NF4_OK && k < rw->nparts; k++) {
@@ -289,13 +290,11 @@ static size_t python_space(const unsigned char *s, size_t n)
         return s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0) ? 2 : 0; /* U+0085, U+00A0 */
     if (n != 3)
         return 0;
+    /* U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000 */
     const unsigned c = (unsigned)s[0] << 16 | (unsigned)s[1] << 8 | s[2];
-    return c == 0xE19A80 ||                   /* U+1680 */
-                   (c >= 0xE28080 && c <= 0xE2808A) || /* U+2000..U+200A */
-                   c == 0xE280A8 || c == 0xE280A9 || c == 0xE280AF || c == 0xE2819F || /* U+2028, 2029, 202F, 205F */
-                   c == 0xE38080                                                       /* U+3000 */
-               ? 3
-               : 0;
+    int space = c == 0xE19A80 || (c >= 0xE28080 && c <= 0xE2808A) || c == 0xE280A8 || c == 0xE280A9 ||
+                c == 0xE280AF || c == 0xE2819F || c == 0xE38080;
+    return space ? 3 : 0;
 }
 
 int lora_python_int(const char *s, size_t len, int64_t *out)

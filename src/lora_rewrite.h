@@ -1,7 +1,8 @@
 /* A LoRA file rewritten into the diffusers LoRA that diffusers makes of it
  * when a pipeline loads it (lora_kohya.h: Flux.1's kohya and ComfyUI forms;
  * lora_flux2.h: Flux.2's; lora_qwen.h: Qwen-Image's; lora_wan.h: Wan's;
- * lora_zimage.h: Z-Image's; lora_prefixed.h: LTX-Video's and HiDream's). Each tensor of the result is a block of one of the file's
+ * lora_zimage.h: Z-Image's; lora_prefixed.h: LTX-Video's, LTX-2's and
+ * HiDream's). Each tensor of the result is a block of one of the file's
  * factors, each value times a scale (the alpha folded in) in fp32, rounded to
  * a dtype, as PyTorch computes `factor * python_float`; or a tensor of the
  * file as it is, where diffusers copies it; or an identity. The result

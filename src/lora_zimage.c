@@ -150,8 +150,8 @@ static int rename_keys(struct conversion *cv, const struct model *w)
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
         const char *name = cv->keys[i].name;
         if (strstr(name, ".lokr_"))
-            code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is a LoKr factor (lokr_): nf4deq merges LoRAs, not LoKr; "
-                            "merge it in diffusers (fuse_lora) instead");
+            code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is a LoKr factor (lokr_): nf4deq merges "
+                            "LoRAs, not LoKr; merge it in diffusers (fuse_lora) instead");
         else if (strchr(name, '\n')) /* where Python's $ would match before it */
             code = nf4_fail(NF4_EDATA, cv->path, NULL, "has a key with a line break in its name, which nf4deq "
                             "does not read as a Z-Image LoRA's");
