@@ -136,9 +136,12 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
         if (n && warn)
             nf4_warn("%s: %zu of its tensors are DoRA scales (dora_scale), which diffusers drops: they are not "
                      "merged", path, n);
-        /* every loader's load_lora_weights: "Invalid LoRA checkpoint" (Flux.2's and Z-Image's pass lokr too) */
+        /* Every loader's load_lora_weights but Flux.1's (whose rules unknown
+         * classes follow): "Invalid LoRA checkpoint" for a key without "lora"
+         * (Flux.2's and Z-Image's pass "lokr" too). */
         const int lokr_passes = family == LORA_FAMILY_FLUX2 || family == LORA_FAMILY_Z_IMAGE;
-        for (size_t i = 0; i < (*out)->count; i++) {
+        const int all_lora = family != LORA_FAMILY_FLUX && family != LORA_FAMILY_OTHER;
+        for (size_t i = 0; all_lora && i < (*out)->count; i++) {
             const char *name = (*out)->tensors[i].t->name;
             if (!strstr(name, "lora") && !(lokr_passes && strstr(name, "lokr"))) {
                 code = nf4_fail(NF4_EDATA, path, name, "has no \"lora\" in its name, and diffusers refuses a "

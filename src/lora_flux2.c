@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "lora_kohya.h"
 #include "lora_rewrite.h"
 #include "status.h"
@@ -141,6 +142,24 @@ static int is_lokr_key(const char *k)
     return strstr(k, ".lokr_") != NULL;
 }
 
+/* A key whose block number (len bytes at `number`, after the key's first
+ * `prefix` bytes) nf4deq does not read: none at all, which diffusers raises
+ * on too; or one in Unicode's digits, which Python's int() reads and nf4deq
+ * refuses on purpose. */
+static int refuse_block_number(const struct conversion *cv, const struct lora_key *k, size_t prefix,
+                               const char *number, size_t len)
+{
+    int unicode = 0;
+    for (size_t i = 0; i < len; i++)
+        unicode |= (unsigned char)number[i] >= 0x80;
+    if (unicode)
+        return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "has a block number that is not ASCII digits after "
+                        "%.*s, which nf4deq does not read (Python's int() may read Unicode digits)", (int)prefix,
+                        k->name);
+    return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "has no block number where diffusers reads one (%.*s)",
+                    (int)prefix, k->name);
+}
+
 /* ---- BFL's names: diffusion_model. ---- */
 
 /* The block number of "double_blocks.N...." (int(k.split(".")[1])): refused
@@ -154,8 +173,7 @@ static int bfl_block(const struct conversion *cv, const struct lora_key *k, cons
     *len = dot ? (size_t)(dot - *number) : strlen(*number);
     int64_t b;
     if (!lora_python_int(*number, *len, &b))
-        return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "has no block number where diffusers reads one "
-                        "(%.*s)", (int)(*number - k->name), k->name);
+        return refuse_block_number(cv, k, (size_t)(*number - k->name), *number, *len);
     *decimal = is_decimal(*number, *len);
     return NF4_OK;
 }
@@ -165,6 +183,9 @@ static int bfl_block(const struct conversion *cv, const struct lora_key *k, cons
 static int add_qkv_up(struct conversion *cv, const char *root, const struct flux2_map *m, const struct lora_key *k)
 {
     const struct st_tensor *t = k->t->t;
+    if (!lora_is_factor_dtype(t->dtype)) /* its rows are copied as bytes: whole ones */
+        return nf4_fail(NF4_EDATA, cv->path, t->name, "is %s; LoRA weights must be F32, BF16 or F16",
+                        dtype_name(t->dtype));
     if (t->ndim != 2 || t->shape[0] % 3 != 0 || t->shape[0] == 0)
         return nf4_fail(NF4_EDATA, cv->path, t->name, "is not a fused qkv's lora_B [3 * out, r], which diffusers "
                         "cuts into equal parts for %s, %s and %s", m->ours[0], m->ours[1], m->ours[2]);
@@ -325,9 +346,9 @@ static int check_kohya_blocks(const struct conversion *cv)
             continue;
         const char *number = k + strlen(KOHYA_DOUBLE), *us = strchr(number, '_'); /* both prefixes are as long */
         int64_t b;
-        if (!lora_python_int(number, us ? (size_t)(us - number) : strlen(number), &b))
-            return nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "has no block number where diffusers "
-                            "reads one (%.*s)", (int)(number - k), k);
+        const size_t len = us ? (size_t)(us - number) : strlen(number);
+        if (!lora_python_int(number, len, &b))
+            return refuse_block_number(cv, &cv->keys[i], (size_t)(number - k), number, len);
     }
     return NF4_OK;
 }

@@ -12,9 +12,9 @@
  * diffusers 0.42), and so does nf4deq, into the keys lora_diffusers.h reads:
  * - DoRA scales are dropped with a warning;
  * - "diffusion_model." and "lora_unet_" are removed, kohya's underscores
- *   made dots (but inside to_q, to_k, to_v, to_out and feed_forward, and
- *   in the last word before the last dot, which is how kohya's lora_down
- *   comes out as lora.down), a bare out before a factor or alpha made
+ *   made dots before the last dot (but inside to_q, to_k, to_v, to_out and
+ *   feed_forward), which makes kohya's lora_down.weight lora.down.weight,
+ *   a bare out before a factor or alpha made
  *   to_out.0, "default." removed, and Z-Image's own names put back
  *   (noise_refiner, context_refiner, adaLN_modulation, all_x_embedder,
  *   all_final_layer, cap_embedder, t_embedder);
@@ -22,8 +22,8 @@
  *   lora.down / lora.up pairs left, each with its alpha folded in as
  *   Qwen-Image's are (lora_rewrite_add_folded); a fused qkv in that form is
  *   split into to_q, to_k, to_v (its down for each, its up in three blocks of
- *   rows), and dropped where the same block has separate ones, as is a bare
- *   out beside a to_out.0;
+ *   rows), and dropped where the same block has separate ones or where it
+ *   has no lora.up, as is a bare out beside a to_out.0 or without its up;
  * - every key then goes under "transformer."; the file's metadata is kept.
  * Where diffusers raises (a factor without its partner, an alpha or any key
  * left over) nf4deq refuses, naming the key; so where diffusers would loop

@@ -2663,6 +2663,10 @@ static void test_flux2_lora_refusals(void **state)
          "; its diffusion_model. keys with lora_down and lora_up are read as kohya's, and none of them converts"},
         {{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", "lora_unet_double_blocks_0_img_attn_proj.lora_up.weight",
           NULL}, {4, 32}, {32, 3}, 0, "it is not a LoRA pair [r, in], [out, r]"},
+        /* Python's int() reads Unicode digits; nf4deq refuses them, and says so */
+        {{"lora_unet_double_blocks_\xd9\xa3_img_attn_proj.lora_down.weight", F2_KOHYA ".lora_up.weight", NULL},
+         {4, 32}, {32, 4}, 0, "has a block number that is not ASCII digits after lora_unet_double_blocks_, which "
+                              "nf4deq does not read"},
         /* diffusers' check passes "lokr" as well as "lora": a LoKr key, not one diffusers refuses */
         {{F2_PROJ ".lora_A.weight", F2_PROJ ".lora_B.weight", "diffusion_model.transformer_blocks.0.attn.to_q.xlokr"},
          {4, 32}, {32, 4}, 1, "transformer_blocks.0.attn.to_q.xlokr: is a LoKr key (lokr): nf4deq merges LoRAs"},
@@ -2686,6 +2690,22 @@ static void test_flux2_lora_refusals(void **state)
     tu_write_safetensors_raw(lora, SCALAR_A, strlen(SCALAR_A), EIGHT, sizeof EIGHT);
     assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux2/transformer", lora, NULL,
                          "img_attn.qkv.lora_A.weight: is a single number, not a fused qkv's lora_A");
+    /* A qkv's lora_B of 4-bit values: its rows are copied as whole bytes, so it is refused first. */
+    static const char F4_B[] =
+        "{\"diffusion_model.double_blocks.0.img_attn.qkv.lora_A.weight\":{\"dtype\":\"BF16\",\"shape\":[1,1],"
+        "\"data_offsets\":[0,2]},\"diffusion_model.double_blocks.0.img_attn.qkv.lora_B.weight\":{\"dtype\":\"F4\","
+        "\"shape\":[3,2],\"data_offsets\":[2,5]}}";
+    tu_write_safetensors_raw(lora, F4_B, strlen(F4_B), EIGHT, 5);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux2/transformer", lora, NULL,
+                         "img_attn.qkv.lora_B.weight: is F4; LoRA weights must be F32, BF16 or F16");
+    /* Flux.1's loader (and an unknown class's) has no all-keys "lora" check:
+     * a key without it is judged as a PEFT key, not refused as diffusers'. */
+    static const char *const FLUX1[3] = {"transformer.proj_out.lora_A.weight", "transformer.proj_out.lora_B.weight",
+                                         "transformer.proj_out.alpha"};
+    static const uint64_t FLUX1_DOWN[2] = {4, 64}, FLUX1_UP[2] = {64, 4};
+    write_pair_lora(lora, FLUX1, FLUX1_DOWN, FLUX1_UP, DT_BF16, 8);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", lora, NULL,
+                         "transformer.proj_out.alpha: is neither a LoRA weight nor in modules_to_save");
     /* A kohya block number in Unicode's blanks: Python's int() reads it, and
      * diffusers then leaves the key out (it is not the block's own name). */
     static const char *const SPACED[3] = {"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight",
