@@ -114,14 +114,6 @@ static int is_decimal(const char *s, size_t len)
     return 1;
 }
 
-static int any_key(const struct model *w, int (*test)(const char *))
-{
-    for (size_t i = 0; i < w->count; i++)
-        if (!lora_is_dora_scale(w->tensors[i].t->name) && test(w->tensors[i].t->name))
-            return 1;
-    return 0;
-}
-
 static int is_kohya_key(const char *k)
 {
     return strstr(k, KOHYA_DOWN) != NULL;
@@ -274,7 +266,7 @@ static int convert_bfl(struct conversion *cv, const struct model *w)
 {
     int code = lora_keys_of(cv->path, w, lora_is_dora_scale, &cv->keys, &cv->nkeys);
     /* PEFT's form: every "base_model.model." in every key (str.replace), where one starts with it */
-    if (code == NF4_OK && any_key(w, is_peft_key))
+    if (code == NF4_OK && lora_model_any_key(w, is_peft_key))
         code = lora_keys_replace(cv->path, cv->keys, cv->nkeys, PEFT_PREFIX, BFL_PREFIX);
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++)
         if (is_lokr_key(cv->keys[i].name))
@@ -398,7 +390,7 @@ static int convert_kohya(struct conversion *cv, const struct model *w)
     if (code == NF4_OK && cv->rw.nparts == 0)
         code = nf4_fail(NF4_EDATA, cv->path, NULL, "has none of the modules diffusers converts from a kohya Flux.2 "
                         "LoRA (lora_unet_double_blocks_N_..., lora_unet_single_blocks_N_...)%s: diffusers would "
-                        "load nothing of it", any_key(w, is_bfl_key) ? "; its diffusion_model. keys with lora_down "
+                        "load nothing of it", lora_model_any_key(w, is_bfl_key) ? "; its diffusion_model. keys with lora_down "
                         "and lora_up are read as kohya's, and none of them converts" : "");
     return code;
 }
@@ -407,7 +399,7 @@ static int convert_kohya(struct conversion *cv, const struct model *w)
 
 int flux2_lora_detect(const struct model *w)
 {
-    return any_key(w, is_kohya_key) || any_key(w, is_peft_key) || any_key(w, is_bfl_key) || any_key(w, is_lokr_key);
+    return lora_model_any_key(w, is_kohya_key) || lora_model_any_key(w, is_peft_key) || lora_model_any_key(w, is_bfl_key) || lora_model_any_key(w, is_lokr_key);
 }
 
 int flux2_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
@@ -417,7 +409,7 @@ int flux2_lora_convert(const struct model *w, const char *path, int warn, struct
     for (size_t i = 0; i < w->count; i++) /* dropped before either conversion, with a warning */
         if (lora_is_dora_scale(w->tensors[i].t->name))
             lora_rewrite_leave_out(&cv.rw, w->tensors[i].t->name, strlen(w->tensors[i].t->name), 1);
-    const int kohya = any_key(w, is_kohya_key);
+    const int kohya = lora_model_any_key(w, is_kohya_key);
     int code = kohya ? convert_kohya(&cv, w) : convert_bfl(&cv, w);
     if (code == NF4_OK)
         code = lora_rewrite_check_one_each(&cv.rw);

@@ -102,17 +102,9 @@ static int starts_with_connector(const char *name)
     return str_starts_with(name, LTX2_CONNECTOR_PREFIX);
 }
 
-static int ltx2_any(const struct model *w, int (*test)(const char *))
-{
-    for (size_t i = 0; i < w->count; i++)
-        if (!lora_is_dora_scale(w->tensors[i].t->name) && test(w->tensors[i].t->name))
-            return 1;
-    return 0;
-}
-
 int ltx2_lora_detect(const struct model *w)
 {
-    return ltx2_any(w, starts_with_comfy) || ltx2_any(w, starts_with_connector);
+    return lora_model_any_key(w, starts_with_comfy) || lora_model_any_key(w, starts_with_connector);
 }
 
 /* `t` under `component` with its name less `prefix`, renamed as diffusers
@@ -146,7 +138,7 @@ int ltx2_lora_convert(const struct model *w, const char *path, int warn, struct 
 {
     *out = NULL;
     struct lora_rewrite rw = {.path = path, .meta = w->files[0]->meta, .nmeta = w->files[0]->nmeta};
-    const int comfy = ltx2_any(w, starts_with_comfy), connector = ltx2_any(w, starts_with_connector);
+    const int comfy = lora_model_any_key(w, starts_with_comfy), connector = lora_model_any_key(w, starts_with_connector);
     int code = NF4_OK;
     for (size_t i = 0; i < w->count && code == NF4_OK; i++) {
         const struct model_tensor *t = &w->tensors[i];

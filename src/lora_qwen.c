@@ -156,27 +156,6 @@ int qwen_lora_detect(const struct model *w)
     return f.alpha || f.unet || f.comfy || f.peft_adapter;
 }
 
-static int any_starts_with(const struct conversion *cv, const char *prefix)
-{
-    for (size_t i = 0; i < cv->nkeys; i++)
-        if (str_starts_with(cv->keys[i].name, prefix))
-            return 1;
-    return 0;
-}
-
-/* Replaces each key's name by rename(name) (allocated, NULL when out of memory). */
-static int rename_each(struct conversion *cv, char *(*rename)(const char *name))
-{
-    for (size_t i = 0; i < cv->nkeys; i++) {
-        char *name = rename(cv->keys[i].name);
-        if (!name)
-            return nf4_fail(NF4_ESOFTWARE, cv->path, cv->keys[i].t->t->name, "out of memory");
-        free(cv->keys[i].name);
-        cv->keys[i].name = name;
-    }
-    return NF4_OK;
-}
-
 static char *without_comfy_prefix(const char *name)
 {
     return strdup(str_starts_with(name, QWEN_COMFY) ? name + strlen(QWEN_COMFY) : name);
@@ -212,15 +191,15 @@ static int rename_keys(struct conversion *cv, const struct model *w)
         cv->keys[cv->nkeys++].t = &w->tensors[i];
     }
     int code = NF4_OK;
-    if (any_starts_with(cv, QWEN_COMFY))
-        code = rename_each(cv, without_comfy_prefix);
-    if (code == NF4_OK && any_starts_with(cv, QWEN_UNET))
-        code = rename_each(cv, from_kohya);
+    if (lora_keys_any_start(cv->keys, cv->nkeys, QWEN_COMFY))
+        code = lora_keys_rename(cv->path, cv->keys, cv->nkeys, without_comfy_prefix);
+    if (code == NF4_OK && lora_keys_any_start(cv->keys, cv->nkeys, QWEN_UNET))
+        code = lora_keys_rename(cv->path, cv->keys, cv->nkeys, from_kohya);
     int peft_adapter = 0;
     for (size_t i = 0; i < cv->nkeys; i++)
         peft_adapter |= strstr(cv->keys[i].name, QWEN_PEFT_ADAPTER) != NULL;
     if (code == NF4_OK && peft_adapter)
-        code = rename_each(cv, without_peft_adapter);
+        code = lora_keys_rename(cv->path, cv->keys, cv->nkeys, without_peft_adapter);
     if (code != NF4_OK)
         return code;
     lora_keys_sort(cv->keys, cv->nkeys);

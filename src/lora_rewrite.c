@@ -12,6 +12,7 @@
 #include "safetensors_writer.h"
 #include "status.h"
 #include "strbuf.h"
+#include "strutil.h"
 
 /* How many left-out names the warning gives before "...". */
 #define LISTED_LEFT_OUT 3
@@ -266,6 +267,34 @@ int lora_keys_replace(const char *path, struct lora_key *keys, size_t n, const c
         keys[i].name = renamed;
     }
     return NF4_OK;
+}
+
+int lora_keys_rename(const char *path, struct lora_key *keys, size_t n, char *(*rename)(const char *name))
+{
+    for (size_t i = 0; i < n; i++) {
+        char *name = rename(keys[i].name);
+        if (!name)
+            return nf4_fail(NF4_ESOFTWARE, path, keys[i].t->t->name, "out of memory");
+        free(keys[i].name);
+        keys[i].name = name;
+    }
+    return NF4_OK;
+}
+
+int lora_keys_any_start(const struct lora_key *keys, size_t n, const char *prefix)
+{
+    for (size_t i = 0; i < n; i++)
+        if (str_starts_with(keys[i].name, prefix))
+            return 1;
+    return 0;
+}
+
+int lora_model_any_key(const struct model *w, int (*test)(const char *name))
+{
+    for (size_t i = 0; i < w->count; i++)
+        if (!lora_is_dora_scale(w->tensors[i].t->name) && test(w->tensors[i].t->name))
+            return 1;
+    return 0;
 }
 
 void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut)

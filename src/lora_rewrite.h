@@ -125,6 +125,17 @@ int lora_keys_of(const char *path, const struct model *w, int (*skip)(const char
  * NF4_OK or NF4_ESOFTWARE. */
 int lora_keys_replace(const char *path, struct lora_key *keys, size_t n, const char *from, const char *to);
 
+/* Each name replaced by rename(name) (allocated; NULL when out of memory).
+ * NF4_OK or NF4_ESOFTWARE. */
+int lora_keys_rename(const char *path, struct lora_key *keys, size_t n, char *(*rename)(const char *name));
+
+/* Whether any name starts with `prefix`. */
+int lora_keys_any_start(const struct lora_key *keys, size_t n, const char *prefix);
+
+/* Whether any key of `w` but its DoRA scales (which every loader drops
+ * before it looks) passes `test`. */
+int lora_model_any_key(const struct model *w, int (*test)(const char *name));
+
 /* Each name less its first `cut` characters, as Python's k[cut:] cuts every
  * key whatever its start (characters of UTF-8, not bytes). */
 void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut);

@@ -49,14 +49,6 @@ struct conversion {
 
 /* ---- names ---- */
 
-static int any_key_starts(const struct conversion *cv, const char *prefix)
-{
-    for (size_t i = 0; i < cv->nkeys; i++)
-        if (str_starts_with(cv->keys[i].name, prefix))
-            return 1;
-    return 0;
-}
-
 static int any_key_holds(const struct conversion *cv, const char *part)
 {
     for (size_t i = 0; i < cv->nkeys; i++)
@@ -128,19 +120,6 @@ static char *normalized_out(const char *key)
     return strdup(key);
 }
 
-/* Replaces each key's name by rename(name). */
-static int rename_each(struct conversion *cv, char *(*rename)(const char *name))
-{
-    for (size_t i = 0; i < cv->nkeys; i++) {
-        char *name = rename(cv->keys[i].name);
-        if (!name)
-            return nf4_fail(NF4_ESOFTWARE, cv->path, cv->keys[i].t->t->name, "out of memory");
-        free(cv->keys[i].name);
-        cv->keys[i].name = name;
-    }
-    return NF4_OK;
-}
-
 /* Each key (DoRA scales left out) under diffusers' name, each renaming
  * applied where diffusers applies it, in its order; sorted, and refused
  * where two become one. */
@@ -156,14 +135,14 @@ static int rename_keys(struct conversion *cv, const struct model *w)
             code = nf4_fail(NF4_EDATA, cv->path, NULL, "has a key with a line break in its name, which nf4deq "
                             "does not read as a Z-Image LoRA's");
     }
-    if (code == NF4_OK && any_key_starts(cv, Z_COMFY))
+    if (code == NF4_OK && lora_keys_any_start(cv->keys, cv->nkeys, Z_COMFY))
         remove_prefix(cv, Z_COMFY);
-    if (code == NF4_OK && any_key_starts(cv, Z_UNET)) {
+    if (code == NF4_OK && lora_keys_any_start(cv->keys, cv->nkeys, Z_UNET)) {
         remove_prefix(cv, Z_UNET);
-        code = rename_each(cv, kohya_key);
+        code = lora_keys_rename(cv->path, cv->keys, cv->nkeys, kohya_key);
     }
     if (code == NF4_OK)
-        code = rename_each(cv, normalized_out);
+        code = lora_keys_rename(cv->path, cv->keys, cv->nkeys, normalized_out);
     if (code == NF4_OK && any_key_holds(cv, Z_PEFT_ADAPTER))
         code = lora_keys_replace(cv->path, cv->keys, cv->nkeys, Z_PEFT_ADAPTER, "");
     for (size_t f = 0; f < COUNT(NAME_FIXUPS) && code == NF4_OK; f++)
@@ -183,12 +162,6 @@ static struct lora_key *available(const struct conversion *cv, const char *name)
 {
     struct lora_key *k = name ? lora_key_find(cv->keys, cv->nkeys, name) : NULL;
     return k && !k->taken ? k : NULL;
-}
-
-/* A name made from `key`: every `from` in it replaced by `to` (str.replace). */
-static char *replaced(const char *key, const char *from, const char *to)
-{
-    return str_replace_all(key, from, to);
 }
 
 /* Folds `alpha_name`'s alpha (where diffusers has not popped it) into the
@@ -212,8 +185,8 @@ static int convert_pairs(struct conversion *cv, const char *first, const char *s
         struct lora_key *down = cv->order[i];
         if (!str_has_suffix(down->name, first))
             continue;
-        char *up_name = replaced(down->name, first, second), *a = replaced(down->name, first, Z_A),
-             *b = up_name ? replaced(up_name, second, Z_B) : NULL, *alpha = replaced(down->name, first, Z_ALPHA);
+        char *up_name = str_replace_all(down->name, first, second), *a = str_replace_all(down->name, first, Z_A),
+             *b = up_name ? str_replace_all(up_name, second, Z_B) : NULL, *alpha = str_replace_all(down->name, first, Z_ALPHA);
         struct lora_key *up = available(cv, up_name);
         if (!up_name || !a || !b || !alpha)
             code = nf4_fail(NF4_ESOFTWARE, cv->path, down->t->t->name, "out of memory");
@@ -242,7 +215,9 @@ static int in_dot_set(const struct conversion *cv, const char *name)
  * missing (diffusers drops it, with its alpha). */
 static int convert_dot_qkv(struct conversion *cv, struct lora_key *down, const char *block, size_t block_len)
 {
-    char name[1024], *up_name = replaced(down->name, Z_DOT_DOWN, Z_DOT_UP);
+    char name[1024], *up_name = str_replace_all(down->name, Z_DOT_DOWN, Z_DOT_UP);
+    if (!up_name)
+        return nf4_fail(NF4_ESOFTWARE, cv->path, down->t->t->name, "out of memory");
     struct lora_key *up = available(cv, up_name);
     free(up_name);
     int split = 0;
@@ -315,7 +290,9 @@ static int convert_dot_pairs(struct conversion *cv)
             continue;
         }
         char a[1024], b[1024], alpha[1024];
-        char *up_name = replaced(name, Z_DOT_DOWN, Z_DOT_UP);
+        char *up_name = str_replace_all(name, Z_DOT_DOWN, Z_DOT_UP);
+        if (!up_name)
+            return nf4_fail(NF4_ESOFTWARE, cv->path, down->t->t->name, "out of memory");
         struct lora_key *up = available(cv, up_name);
         free(up_name);
         if (base_len >= 4 && memcmp(name + base_len - 4, ".out", 4) == 0 && !memmem(name, base_len, ".to_out", 7)) {
@@ -343,7 +320,7 @@ static int convert_dot_pairs(struct conversion *cv)
         char *norm = strdup(name);
         if (norm && base_len >= 5 && memcmp(name + base_len - 5, ".to.", 4) == 0 && strchr("qkv", name[base_len - 1]))
             norm[base_len - 2] = '_';
-        char *na = norm ? replaced(norm, Z_DOT_DOWN, Z_A) : NULL, *nb = norm ? replaced(norm, Z_DOT_DOWN, Z_B) : NULL;
+        char *na = norm ? str_replace_all(norm, Z_DOT_DOWN, Z_A) : NULL, *nb = norm ? str_replace_all(norm, Z_DOT_DOWN, Z_B) : NULL;
         if (norm)
             snprintf(alpha, sizeof alpha, "%.*s%s", (int)base_len, norm, Z_ALPHA);
         code = na && nb ? fold_pair(cv, down, up, na, nb, alpha)
