@@ -12,6 +12,7 @@
 #include "json_util.h"
 #include "layout.h"
 #include "lora_flux2.h"
+#include "lora_hunyuan.h"
 #include "lora_kohya.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
@@ -83,6 +84,9 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_HIDREAM;
     if (cls && strncmp(cls, "ZImage", 6) == 0)
         return LORA_FAMILY_Z_IMAGE;
+    if (cls && ((strncmp(cls, "HunyuanVideo", 12) == 0 && strncmp(cls, "HunyuanVideo15", 14) != 0) ||
+                strncmp(cls, "HunyuanSkyreels", 15) == 0))
+        return LORA_FAMILY_HUNYUAN_VIDEO;
     if (cls && strncmp(cls, "Flux2", 5) == 0)
         return LORA_FAMILY_FLUX2;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
@@ -126,37 +130,40 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     case LORA_FAMILY_Z_IMAGE: convert = zimage_lora_detect(*out) ? zimage_lora_convert : NULL; break;
     case LORA_FAMILY_LTX2: convert = ltx2_lora_detect(*out) ? ltx2_lora_convert : NULL; break;
     case LORA_FAMILY_HIDREAM: convert = prefixed_lora_detect(*out, family) ? hidream_lora_convert : NULL; break;
+    case LORA_FAMILY_HUNYUAN_VIDEO: convert = hunyuan_lora_detect(*out) ? hunyuan_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: convert = kohya_lora_detect(*out) ? kohya_lora_convert : NULL; break;
     }
-    if (!convert) {
+    if (convert) {
+        struct model *original = *out;
+        code = convert(original, path, warn, out);
+        model_close(original);
+        if (code != NF4_OK)
+            return code;
+    } else {
         /* In diffusers' own form: every loader's lora_state_dict drops DoRA
          * scales ("not compatible in Diffusers"), with a warning. */
         size_t n = model_drop_tensors(*out, lora_is_dora_scale);
         if (n && warn)
             nf4_warn("%s: %zu of its tensors are DoRA scales (dora_scale), which diffusers drops: they are not "
                      "merged", path, n);
-        /* Every loader's load_lora_weights but Flux.1's (whose rules unknown
-         * classes follow): "Invalid LoRA checkpoint" for a key without "lora"
-         * (Flux.2's and Z-Image's pass "lokr" too). */
-        const int lokr_passes = family == LORA_FAMILY_FLUX2 || family == LORA_FAMILY_Z_IMAGE;
-        const int all_lora = family != LORA_FAMILY_FLUX && family != LORA_FAMILY_OTHER;
-        for (size_t i = 0; all_lora && i < (*out)->count; i++) {
-            const char *name = (*out)->tensors[i].t->name;
-            if (!strstr(name, "lora") && !(lokr_passes && strstr(name, "lokr"))) {
-                code = nf4_fail(NF4_EDATA, path, name, "has no \"lora\" in its name, and diffusers refuses a "
-                                "LoRA file with such a key");
-                model_close(*out);
-                *out = NULL;
-                return code;
-            }
-        }
-        return NF4_OK;
     }
-    struct model *original = *out;
-    code = convert(original, path, warn, out);
-    model_close(original);
-    return code;
+    /* Every loader's load_lora_weights but Flux.1's (whose rules unknown
+     * classes follow), after its conversion: "Invalid LoRA checkpoint" for a
+     * key without "lora" (Flux.2's and Z-Image's pass "lokr" too). */
+    const int lokr_passes = family == LORA_FAMILY_FLUX2 || family == LORA_FAMILY_Z_IMAGE;
+    const int all_lora = family != LORA_FAMILY_FLUX && family != LORA_FAMILY_OTHER;
+    for (size_t i = 0; all_lora && i < (*out)->count; i++) {
+        const char *name = (*out)->tensors[i].t->name;
+        if (!strstr(name, "lora") && !(lokr_passes && strstr(name, "lokr"))) {
+            code = nf4_fail(NF4_EDATA, path, name, "has no \"lora\" in its name%s, and diffusers refuses a LoRA "
+                            "file with such a key", convert ? " once converted" : "");
+            model_close(*out);
+            *out = NULL;
+            return code;
+        }
+    }
+    return NF4_OK;
 }
 
 int diffusers_lora_path(const char *arg, char **weights, int warn)

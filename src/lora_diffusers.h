@@ -49,6 +49,8 @@ enum lora_family {
     LORA_FAMILY_LTX2,       /* LTX2Pipeline, LTX2ImageToVideoPipeline, ..., their transformer and connectors */
     LORA_FAMILY_HIDREAM,    /* HiDreamImagePipeline and its transformer */
     LORA_FAMILY_Z_IMAGE,    /* ZImagePipeline, ZImageImg2ImgPipeline, ... and ZImageTransformer2DModel */
+    LORA_FAMILY_HUNYUAN_VIDEO, /* HunyuanVideoPipeline, ...ImageToVideo..., ...Framepack..., HunyuanSkyreels...
+                                  and their transformers (not HunyuanVideo15..., which has no LoRA loader) */
 };
 
 /* The family of a pipeline's or a model's class name (model_index.json's or
@@ -69,8 +71,9 @@ char *diffusers_class_name(const char *dir, const char *name);
  * a pickled PEFT adapter; one in another form as the loader of `family`
  * converts it (Flux.1's and others: kohya and ComfyUI, lora_kohya.h;
  * Flux.2's, lora_flux2.h; Qwen-Image's, lora_qwen.h; Wan's, lora_wan.h;
- * Z-Image's, lora_zimage.h; LTX-Video's, LTX-2's and HiDream's,
- * lora_prefixed.h), saying what is left out where `warn`. */
+ * Z-Image's, lora_zimage.h; HunyuanVideo's, lora_hunyuan.h; LTX-Video's,
+ * LTX-2's and HiDream's, lora_prefixed.h), saying what is left out where
+ * `warn`. */
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out);
 
 /* The key prefix ("transformer.", allocated) of the component of `weights`

@@ -40,7 +40,7 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
     p->row0 = row0;
     p->col0 = col0;
     p->scale = scale;
-    p->as_is = p->identity = 0;
+    p->as_is = p->whole = p->vector = p->identity = 0;
     rw->nparts++;
     return NF4_OK;
 }
@@ -50,16 +50,20 @@ int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const cha
 {
     int code = lora_rewrite_add(rw, target, factor, src, src->t->dtype, 0, 0, 0, 0, 1.0f);
     if (code == NF4_OK)
-        rw->parts[rw->nparts - 1].as_is = 1;
+        rw->parts[rw->nparts - 1].as_is = rw->parts[rw->nparts - 1].whole = 1;
     return code;
 }
 
 int lora_rewrite_add_rows(struct lora_rewrite *rw, const char *target, const char *factor,
                           const struct model_tensor *src, uint64_t row0, uint64_t rows)
 {
-    int code = lora_rewrite_add(rw, target, factor, src, src->t->dtype, rows, src->t->shape[1], row0, 0, 1.0f);
-    if (code == NF4_OK)
+    const int vector = src->t->ndim == 1;
+    int code = lora_rewrite_add(rw, target, factor, src, src->t->dtype, rows, vector ? 1 : src->t->shape[1], row0,
+                                0, 1.0f);
+    if (code == NF4_OK) {
         rw->parts[rw->nparts - 1].as_is = 1;
+        rw->parts[rw->nparts - 1].vector = (unsigned)vector;
+    }
     return code;
 }
 
@@ -81,11 +85,15 @@ int lora_part_values(const struct lora_part *p, void *out)
         return NF4_OK;
     }
     const struct st_tensor *t = p->src->t;
-    if (p->as_is && p->shape[0] == 0)
+    if (p->whole)
         return st_read(p->src->file, t, 0, out, st_tensor_bytes(t));
-    if (p->as_is) { /* rows of a matrix */
-        const uint64_t row_bytes = t->shape[1] * (dtype_bits(t->dtype) / 8);
-        return st_read(p->src->file, t, p->row0 * row_bytes, out, p->shape[0] * row_bytes);
+    if (p->as_is) { /* rows of a matrix or a vector, the first ones again after the last */
+        const uint64_t row_bytes = p->shape[1] * (dtype_bits(t->dtype) / 8), first = t->shape[0] - p->row0;
+        const uint64_t tail = p->shape[0] < first ? p->shape[0] : first;
+        int code = st_read(p->src->file, t, p->row0 * row_bytes, out, tail * row_bytes);
+        if (code == NF4_OK && p->shape[0] > tail)
+            code = st_read(p->src->file, t, 0, (unsigned char *)out + tail * row_bytes, (p->shape[0] - tail) * row_bytes);
+        return code;
     }
     const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = t->shape[1];
     unsigned char *rows = malloc(p->shape[0] * src_cols * esize + 1);
@@ -130,9 +138,8 @@ static int write_parts(const struct lora_rewrite *rw, int fd, const char *tmp)
         return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
     for (size_t i = 0; i < rw->nparts; i++) {
         const struct lora_part *p = &rw->parts[i];
-        const int whole = p->as_is && p->shape[0] == 0; /* the source's own shape */
-        outs[i] = whole ? (struct st_out_tensor){p->name, p->dtype, p->src->t->ndim, p->src->t->shape}
-                        : (struct st_out_tensor){p->name, p->dtype, 2, p->shape};
+        outs[i] = p->whole ? (struct st_out_tensor){p->name, p->dtype, p->src->t->ndim, p->src->t->shape}
+                           : (struct st_out_tensor){p->name, p->dtype, p->vector ? 1 : 2, p->shape};
     }
     struct st_writer *w = NULL;
     int code = st_writer_begin_stream(&w, fd, tmp, outs, rw->nparts, rw->meta, rw->nmeta);

@@ -1,13 +1,14 @@
 /* A LoRA file rewritten into the diffusers LoRA that diffusers makes of it
  * when a pipeline loads it (lora_kohya.h: Flux.1's kohya and ComfyUI forms;
  * lora_flux2.h: Flux.2's; lora_qwen.h: Qwen-Image's; lora_wan.h: Wan's;
- * lora_zimage.h: Z-Image's; lora_prefixed.h: LTX-Video's, LTX-2's and
- * HiDream's). Each tensor of the result is a block of one of the file's
- * factors, each value times a scale (the alpha folded in) in fp32, rounded to
- * a dtype, as PyTorch computes `factor * python_float`; or a tensor of the
- * file as it is, where diffusers copies it; or an identity. The result
- * is written to a temp file in $TMPDIR (else /tmp) that no name reaches, and
- * read back as a model whose messages name the LoRA file. */
+ * lora_zimage.h: Z-Image's; lora_hunyuan.h: HunyuanVideo's;
+ * lora_prefixed.h: LTX-Video's, LTX-2's and HiDream's). Each tensor of the
+ * result is a block of one of the file's factors, each value times a scale
+ * (the alpha folded in) in fp32, rounded to a dtype, as PyTorch computes
+ * `factor * python_float`; or a tensor of the file as it is, or rows of it,
+ * where diffusers copies or cuts it; or an identity. The result is written to
+ * a temp file in $TMPDIR (else /tmp) that no name reaches, and read back as a
+ * model whose messages name the LoRA file. */
 #ifndef NF4DEQ_LORA_REWRITE_H
 #define NF4DEQ_LORA_REWRITE_H
 
@@ -20,10 +21,10 @@
 
 /* One tensor of the result: rows row0.. and columns col0.. of `src`, times
  * `scale`; or `src` as it is (`as_is`: its bytes, NaN bits and all, where
- * diffusers copies the tensor: the whole, in its shape, where shape[0] is 0,
- * else rows row0.. of every column); or the identity
- * matrix of `shape` (`identity`: values 1 and 0, `src` only named in
- * messages). */
+ * diffusers copies the tensor: the whole, in its shape, where `whole`, else
+ * shape[0] rows from row0 on, wrapping around past the last, of every column,
+ * or of a vector where `vector`); or the identity matrix of `shape`
+ * (`identity`: values 1 and 0, `src` only named in messages). */
 struct lora_part {
     char *name;
     const struct model_tensor *src;
@@ -31,7 +32,7 @@ struct lora_part {
     uint64_t shape[2];
     uint64_t row0, col0;
     float scale;
-    unsigned as_is : 1, identity : 1;
+    unsigned as_is : 1, whole : 1, vector : 1, identity : 1;
 };
 
 struct lora_rewrite {
@@ -59,9 +60,10 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
 int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const char *factor,
                           const struct model_tensor *src);
 
-/* Adds the part named target + factor holding rows row0..row0 + rows of the
- * matrix `src` as they are (torch.chunk's block): bytes, NaN bits and all.
- * NF4_OK or NF4_ESOFTWARE. */
+/* Adds the part named target + factor holding `rows` rows of `src` (a
+ * matrix, or a vector whose rows are its values) as they are, from row0 on
+ * and past the last row on from the first (torch.chunk's block, or
+ * torch.cat of two): bytes, NaN bits and all. NF4_OK or NF4_ESOFTWARE. */
 int lora_rewrite_add_rows(struct lora_rewrite *rw, const char *target, const char *factor,
                           const struct model_tensor *src, uint64_t row0, uint64_t rows);
 

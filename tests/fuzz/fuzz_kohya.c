@@ -1,18 +1,21 @@
 /* kohya_lora_convert, flux2_lora_convert, qwen_lora_convert,
- * wan_lora_convert, zimage_lora_convert and ltx2_lora_convert on arbitrary
- * bytes written to a file (a kohya or ComfyUI Flux.1 LoRA, a Flux.2,
- * Qwen-Image, Wan, Z-Image or LTX-2 LoRA in another form than diffusers'):
- * the renaming, the alpha, the splits of fused layers, Wan's
- * biases and head diff, and the temp file. When one accepts, every tensor of
- * the result is a diffusers LoRA factor of the transformer (or Flux.1's text
- * encoder), or a Wan bias, or (Flux.2's keys already in diffusers' block
- * names, copied) a key of the transformer with "lora" in it, or (LTX-2's,
- * copied under any component) any key with "lora" in it; a refusal
- * must be bad data with a one-line message; either way the temp file is gone
- * (TMPDIR is a scratch folder that must end up holding the input alone). */
+ * wan_lora_convert, zimage_lora_convert, ltx2_lora_convert and
+ * hunyuan_lora_convert on arbitrary bytes written to a file (a kohya or
+ * ComfyUI Flux.1 LoRA, a Flux.2, Qwen-Image, Wan, Z-Image, LTX-2 or
+ * HunyuanVideo LoRA in another form than diffusers'): the renaming, the
+ * alpha, the splits of fused layers, Wan's biases and head diff, and the temp
+ * file. When one accepts, every tensor of the result is a diffusers LoRA
+ * factor of the transformer (or Flux.1's text encoder), or a Wan bias, or
+ * (Flux.2's keys already in diffusers' block names, copied) a key of the
+ * transformer with "lora" in it, or (LTX-2's, copied under any component)
+ * any key with "lora" in it, or (HunyuanVideo's, each copied or cut by rows)
+ * any key of the transformer; a refusal must be bad data with a one-line
+ * message; either way the temp file is gone (TMPDIR is a scratch folder that
+ * must end up holding the input alone). */
 #define FUZZ_OWN_INITIALIZE
 #include "fuzz_common.h"
 #include "lora_flux2.h"
+#include "lora_hunyuan.h"
 #include "lora_kohya.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
@@ -42,7 +45,8 @@ enum allowed {
     FACTORS_ONLY,
     WITH_BIASES,     /* 1-D lora_B.bias vectors */
     WITH_LORA_COPIES, /* any tensor under `components` whose name holds "lora" (the file's own, copied) */
-    ANY_LORA_KEY      /* any tensor whose name holds "lora", under any component or none (LTX-2's) */
+    ANY_LORA_KEY,     /* any tensor whose name holds "lora", under any component or none (LTX-2's) */
+    ANY_KEY           /* any tensor under `components` (HunyuanVideo's: diffusers_lora_open checks the names) */
 };
 
 /* One conversion's result: named after the file, only 2-D lora_A/lora_B
@@ -62,6 +66,10 @@ static void check_result(int code, struct model *out, const char *const *compone
             under |= strncmp(t->name, *c, strlen(*c)) == 0;
         if (allowed == WITH_LORA_COPIES && under && strstr(t->name + strlen("transformer."), "lora"))
             continue;
+        if (allowed == ANY_KEY) {
+            FUZZ_ASSERT(under, "%s", t->name);
+            continue;
+        }
         if (allowed == ANY_LORA_KEY) {
             FUZZ_ASSERT(strstr(t->name, "lora") != NULL, "%s", t->name);
             continue;
@@ -95,6 +103,7 @@ static const struct {
     {"a Wan conversion", wan_lora_detect, wan_lora_convert, TRANSFORMER, WITH_BIASES},
     {"an LTX-2 conversion", ltx2_lora_detect, ltx2_lora_convert, TRANSFORMER, ANY_LORA_KEY},
     {"a Z-Image conversion", zimage_lora_detect, zimage_lora_convert, TRANSFORMER, FACTORS_ONLY},
+    {"a HunyuanVideo conversion", hunyuan_lora_detect, hunyuan_lora_convert, TRANSFORMER, ANY_KEY},
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -117,9 +117,10 @@ fi
 # A kohya Flux.1 LoRA on the transformer, a Qwen-Image LoRA in lightx2v's
 # form, a Wan LoRA in lightx2v's distillation form (diff_b biases, the
 # head's diff), a Flux.2 LoRA in kohya's form (alphas folded, qkv split), a
-# Z-Image LoRA in kohya's (a fused qkv split, a bare out) and an LTX-2 LoRA in
-# ComfyUI's (its transformer's part) on whole pipelines, each as diffusers
-# converts it.
+# Z-Image LoRA in kohya's (a fused qkv split, a bare out), an LTX-2 LoRA in
+# ComfyUI's (its transformer's part) and a HunyuanVideo LoRA in ComfyUI's
+# (qkvs cut, the token refiner renamed, the final modulation's halves
+# swapped) on whole pipelines, each as diffusers converts it.
 converted_lora "flux transformer" "$dx/tiny-flux-bnb4/transformer" "" "$dx/tiny-flux-bnb4/transformer" \
     "$dx/lora-flux-kohya"
 converted_lora "qwen-image pipeline" "$dx/tiny-qwen-image" /transformer "$dx/tiny-qwen-image/transformer" \
@@ -128,6 +129,8 @@ converted_lora "wan pipeline" "$dx/tiny-wan" /transformer "$dx/tiny-wan/transfor
 converted_lora "flux.2 pipeline" "$dx/tiny-flux2" /transformer "$dx/tiny-flux2/transformer" "$dx/lora-flux2-kohya"
 converted_lora "z-image pipeline" "$dx/tiny-zimage" /transformer "$dx/tiny-zimage/transformer" "$dx/lora-zimage-fused"
 converted_lora "ltx-2 pipeline" "$dx/tiny-ltx2" /transformer "$dx/tiny-ltx2/transformer" "$dx/lora-ltx2-comfy"
+converted_lora "hunyuanvideo pipeline" "$dx/tiny-hunyuan" /transformer "$dx/tiny-hunyuan/transformer" \
+    "$dx/lora-hunyuan-comfy"
 if cmp -s "$out/flux/vae/diffusion_pytorch_model.safetensors" "$dx/tiny-flux-bnb4/vae/diffusion_pytorch_model.safetensors"; then
     passed=$((passed + 1))
 else

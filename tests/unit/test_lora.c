@@ -2912,6 +2912,193 @@ static void test_ltx2_lora_as_diffusers_loads_it(void **state)
     free(want);
 }
 
+/* HunyuanVideo LoRAs in diffusion-pipe's and ComfyUI's form (HunyuanVideo's
+ * own module names under diffusion_model., or transformer.), read as
+ * diffusers 0.42's HunyuanVideo loader reads them: byte for byte the tensors
+ * of the .diffusers files make_hunyuan_fixtures.py wrote with diffusers' own
+ * conversion (fused qkvs cut, the token refiner renamed, the final
+ * modulation's halves swapped), and merged as that form merges, alone and in
+ * the pipeline. A single block's linear1, which diffusers cuts at
+ * HunyuanVideo's own hidden size, is converted as diffusers converts it, and
+ * refused on a base whose blocks are narrower. */
+static void test_hunyuan_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char *const HUNYUAN[][2] = {
+        {DIFFUSERS_FIXTURES "/lora-hunyuan-comfy.safetensors",
+         DIFFUSERS_FIXTURES "/lora-hunyuan-comfy.diffusers.safetensors"},
+    };
+    static const char *const SINGLE[2] = {DIFFUSERS_FIXTURES "/lora-hunyuan-single.safetensors",
+                                          DIFFUSERS_FIXTURES "/lora-hunyuan-single.diffusers.safetensors"};
+    static const uint64_t MERGED[] = {29};
+    static const struct {
+        const char *cls;
+        enum lora_family family;
+    } FAMILIES[] = {{"HunyuanVideoPipeline", LORA_FAMILY_HUNYUAN_VIDEO},
+                    {"HunyuanVideoImageToVideoPipeline", LORA_FAMILY_HUNYUAN_VIDEO},
+                    {"HunyuanVideoFramepackPipeline", LORA_FAMILY_HUNYUAN_VIDEO},
+                    {"HunyuanSkyreelsImageToVideoPipeline", LORA_FAMILY_HUNYUAN_VIDEO},
+                    {"HunyuanVideoTransformer3DModel", LORA_FAMILY_HUNYUAN_VIDEO},
+                    {"HunyuanVideoFramepackTransformer3DModel", LORA_FAMILY_HUNYUAN_VIDEO},
+                    {"HunyuanVideo15Pipeline", LORA_FAMILY_OTHER},
+                    {"HunyuanDiTPipeline", LORA_FAMILY_OTHER},
+                    {"HunyuanImagePipeline", LORA_FAMILY_OTHER}};
+    for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
+        assert_int_equal(diffusers_lora_family(FAMILIES[i].cls), FAMILIES[i].family);
+    assert_converts_as_diffusers(s, HUNYUAN, 1, LORA_FAMILY_HUNYUAN_VIDEO, DIFFUSERS_FIXTURES "/tiny-hunyuan/transformer",
+                                 MERGED);
+    struct model *m;
+    assert_int_equal(diffusers_lora_open(SINGLE[0], LORA_FAMILY_HUNYUAN_VIDEO, 0, &m), NF4_OK);
+    tu_assert_same_st(m->files[0], SINGLE[0], SINGLE[1]);
+    model_close(m);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-hunyuan", SINGLE[0], NULL,
+                         "lora-hunyuan-single.safetensors: transformer.single_transformer_blocks.0.attn.to_k.lora_A."
+                         "weight: B @ A is 3072x16 but the base tensor");
+    char *out = tu_strdupf("%s/out", s->dir);
+    assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-hunyuan", out, HUNYUAN[0][0],
+                           "lora-hunyuan-comfy.safetensors: 1 of its tensors (diffusion_model.double_blocks.0."
+                       "img_attn_proj.dora_scale) are DoRA scales, which diffusers drops: they are not merged\n",
+                           "29 with LoRA merged");
+    tu_rmtree(out);
+    free(out);
+}
+
+/* What diffusers cuts out of a HunyuanVideo LoRA is copied byte for byte,
+ * NaN payloads, a signalling NaN and -0 included: a fused qkv's lora_B bias
+ * (a vector) in three, a single block's linear1 lora_B bias at 3 x 3072
+ * values and the rest, and the final modulation's rows of an odd count with
+ * its halves swapped (torch.chunk(2) gives the first half the middle row). */
+static void test_hunyuan_lora_copies_bytes(void **state)
+{
+    struct tu_scratch *s = *state;
+    enum { LINEAR1_ROWS = 3 * 3072 + 2 };
+    char header[1024];
+    snprintf(header, sizeof header,
+             "{\"diffusion_model.double_blocks.0.img_attn_qkv.lora_B.bias\":{\"dtype\":\"BF16\",\"shape\":[3],"
+             "\"data_offsets\":[0,6]},"
+             "\"diffusion_model.final_layer.adaLN_modulation.1.lora_A.weight\":{\"dtype\":\"BF16\",\"shape\":[3,1],"
+             "\"data_offsets\":[6,12]},"
+             "\"diffusion_model.single_blocks.0.linear1.lora_B.bias\":{\"dtype\":\"BF16\",\"shape\":[%d],"
+             "\"data_offsets\":[12,%d]}}", LINEAR1_ROWS, 12 + 2 * LINEAR1_ROWS);
+    static unsigned char data[12 + 2 * LINEAR1_ROWS];
+    static const unsigned char ODD[12] = {0x81, 0x7f, 0x01, 0xff, 0x00, 0x80,  /* qkv bias: sNaN, a NaN, -0 */
+                                          0xa1, 0x7f, 0x00, 0x80, 0x80, 0x3f}; /* modulation: a NaN, -0, 1 */
+    memcpy(data, ODD, sizeof ODD);
+    for (size_t i = 12; i < sizeof data; i++)
+        data[i] = (unsigned char)(i * 7 + i / 512);
+    char *lora = tu_strdupf("%s-hunyuan.safetensors", s->dir);
+    tu_write_safetensors_raw(lora, header, strlen(header), data, sizeof data);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    struct model *m;
+    assert_int_equal(diffusers_lora_open(lora, LORA_FAMILY_HUNYUAN_VIDEO, 0, &m), NF4_OK);
+#define HV_SINGLE "transformer.single_transformer_blocks.0."
+    static const struct {
+        const char *name;
+        size_t ndim, rows, at, len, wrap; /* bytes at..at+len, then from `wrap` on */
+    } WANT[] = {{"transformer.transformer_blocks.0.attn.to_q.lora_B.bias", 1, 1, 0, 2, 0},
+                {"transformer.transformer_blocks.0.attn.to_k.lora_B.bias", 1, 1, 2, 2, 0},
+                {"transformer.transformer_blocks.0.attn.to_v.lora_B.bias", 1, 1, 4, 2, 0},
+                {"transformer.norm_out.linear.lora_A.weight", 2, 3, 10, 2, 6}, /* row 2, then rows 0 and 1 */
+                {HV_SINGLE "attn.to_q.lora_B.bias", 1, 3072, 12, 6144, 0},
+                {HV_SINGLE "attn.to_k.lora_B.bias", 1, 3072, 12 + 6144, 6144, 0},
+                {HV_SINGLE "attn.to_v.lora_B.bias", 1, 3072, 12 + 2 * 6144, 6144, 0},
+                {HV_SINGLE "proj_mlp.lora_B.bias", 1, 2, 12 + 3 * 6144, 4, 0}};
+#undef HV_SINGLE
+    assert_int_equal(m->count, sizeof WANT / sizeof WANT[0]);
+    static unsigned char got[6144], want[6144];
+    for (size_t i = 0; i < sizeof WANT / sizeof WANT[0]; i++) {
+        const struct model_tensor *t = model_find(m, WANT[i].name);
+        if (!t)
+            fail_msg("no %s", WANT[i].name);
+        assert_int_equal(t->t->ndim, WANT[i].ndim);
+        assert_int_equal(t->t->shape[0], WANT[i].rows);
+        const size_t bytes = WANT[i].rows * 2;
+        memcpy(want, data + WANT[i].at, WANT[i].len);
+        memcpy(want + WANT[i].len, data + WANT[i].wrap, bytes - WANT[i].len);
+        assert_int_equal(st_read(t->file, t->t, 0, got, bytes), NF4_OK);
+        assert_memory_equal(got, want, bytes);
+    }
+    model_close(m);
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    unlink(lora);
+    free(lora);
+}
+
+/* HunyuanVideo LoRAs diffusers' conversion raises on, or cuts into parts
+ * that cannot load: refused with one line naming the file and the key,
+ * nothing written. */
+static void test_hunyuan_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+#define HV_QKV "diffusion_model.double_blocks.0.img_attn_qkv"
+#define HV_L1 "diffusion_model.single_blocks.0.linear1"
+#define HV_MOD "diffusion_model.final_layer.adaLN_modulation.1"
+#define HV_REFINER "diffusion_model.txt_in.individual_token_refiner.blocks.0.self_attn_qkv"
+    static const struct {
+        const char *names[3]; /* a factor pair (either may be NULL) and another key, [1, 1] */
+        uint64_t down[2], up[2];
+        const char *want;
+    } HUNYUAN_REFUSALS[] = {
+        {{HV_QKV ".lora_A.weight", HV_QKV ".lora_B.weight", NULL}, {2, 16}, {32, 2},
+         HV_QKV ".lora_B.weight: has 32 rows, which diffusers cuts into parts for attn.to_q, attn.to_k and attn.to_v "
+         "that cannot load"},
+        {{HV_REFINER ".lora_A.weight", HV_REFINER ".lora_B.weight", HV_QKV ".lora_A.weight"}, {3, 16}, {48, 3},
+         HV_REFINER ".lora_A.weight: is of the token refiner's fused qkv (self_attn_qkv), which diffusers cuts in "
+         "three by rows, lora_A too"},
+        {{HV_L1 ".lora_A.weight", HV_L1 ".lora_B.weight", HV_QKV ".lora_A.weight"}, {1, 16}, {112, 1},
+         HV_L1 ".lora_B.weight: has 112 rows, but diffusers cuts 9216 of them off for to_q, to_k and to_v: "
+         "HunyuanVideo's hidden size (3072), whatever the model's"},
+        {{HV_MOD ".lora_A.weight", HV_MOD ".lora_B.weight", HV_QKV ".lora_A.weight"}, {1, 16}, {32, 1},
+         HV_MOD ".lora_A.weight: has fewer than two rows (1), but diffusers cuts it into two halves"},
+        {{"diffusion_model.single_blocks.0.img_attn_qkv.lora_A.weight", NULL, NULL}, {1, 16}, {1, 1},
+         "single_blocks.0.img_attn_qkv.lora_A.weight: holds both img_attn_qkv and single_blocks (as single_blocks.0."
+         "img_attn_qkv.lora_A.weight), which diffusers' conversion cannot take"},
+        /* "transformer." and "diffusion_model." both removed: two keys become one */
+        {{HV_QKV ".lora_A.weight", HV_QKV ".lora_B.weight", "transformer.double_blocks.0.img_attn_qkv.lora_A.weight"},
+         {1, 16}, {48, 1}, "becomes transformer_blocks.0.img_attn_qkv.lora_A.weight, as"},
+        /* a qkv's part and the same module in diffusers' names */
+        {{HV_QKV ".lora_A.weight", HV_QKV ".lora_B.weight", "transformer_blocks.0.attn.to_k.lora_A.weight"}, {1, 16},
+         {48, 1}, "becomes transformer.transformer_blocks.0.attn.to_k.lora_A.weight, as"},
+        /* img_norm1 and txt_norm1 are both norm1.norm */
+        {{HV_QKV ".lora_A.weight", "double_blocks.0.img_norm1.lora_A.weight", "double_blocks.0.txt_norm1.lora_A.weight"},
+         {1, 16}, {1, 16}, "becomes transformer_blocks.0.norm1.norm.lora_A.weight, as"},
+        {{HV_QKV ".lora_A.weight", HV_QKV ".lora_B.weight", "diffusion_model.double_blocks.0.img_attn_proj.alpha"},
+         {1, 16}, {48, 1}, "transformer.transformer_blocks.0.attn.to_out.0.alpha: has no \"lora\" in its name once "
+                           "converted, and diffusers refuses a LoRA file with such a key"},
+        {{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "lora_unet_double_blocks_0_img_attn_qkv.lora_up."
+          "weight", NULL}, {3, 16}, {48, 3}, "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight: is in kohya's "
+                                             "form (lora_unet_, as musubi-tuner saves a HunyuanVideo LoRA)"},
+    };
+#undef HV_L1
+#undef HV_MOD
+#undef HV_REFINER
+    char *lora = tu_strdupf("%s-hunyuan.safetensors", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < sizeof HUNYUAN_REFUSALS / sizeof HUNYUAN_REFUSALS[0]; i++) {
+        write_pair_lora(lora, HUNYUAN_REFUSALS[i].names, HUNYUAN_REFUSALS[i].down, HUNYUAN_REFUSALS[i].up, DT_BF16, 1);
+        assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-hunyuan/transformer", lora, NULL, HUNYUAN_REFUSALS[i].want);
+    }
+    /* A qkv's lora_B of no dimension (torch.chunk raises), and of 4-bit
+     * values (its rows are copied as whole bytes). */
+    static const char SCALAR_B[] =
+        "{\"" HV_QKV ".lora_A.weight\":{\"dtype\":\"BF16\",\"shape\":[1,1],\"data_offsets\":[0,2]},"
+        "\"" HV_QKV ".lora_B.weight\":{\"dtype\":\"BF16\",\"shape\":[],\"data_offsets\":[2,4]}}";
+    static const char F4_B[] =
+        "{\"" HV_QKV ".lora_A.weight\":{\"dtype\":\"BF16\",\"shape\":[1,1],\"data_offsets\":[0,2]},"
+        "\"" HV_QKV ".lora_B.weight\":{\"dtype\":\"F4\",\"shape\":[3,2],\"data_offsets\":[2,5]}}";
+    static const unsigned char EIGHT[8] = {0x80, 0x3f, 0x80, 0x3f, 0x80, 0x3f, 0x80, 0x3f};
+    tu_write_safetensors_raw(lora, SCALAR_B, strlen(SCALAR_B), EIGHT, 4);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-hunyuan/transformer", lora, NULL,
+                         HV_QKV ".lora_B.weight: has 0 dimensions, but diffusers cuts it by rows into three equal "
+                         "parts");
+    tu_write_safetensors_raw(lora, F4_B, strlen(F4_B), EIGHT, 5);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-hunyuan/transformer", lora, NULL,
+                         HV_QKV ".lora_B.weight: is F4; LoRA weights must be F32, BF16 or F16");
+#undef HV_QKV
+    unlink(lora);
+    free(lora);
+}
+
 /* A LoRA in diffusers' own form with DoRA scales: every diffusers loader
  * drops them with a warning and loads the rest, and so does nf4deq: the
  * merge is that of the file without them. */
@@ -3499,6 +3686,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_zimage_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_zimage_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_ltx2_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_hunyuan_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_hunyuan_lora_copies_bytes, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_hunyuan_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
