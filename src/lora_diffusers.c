@@ -18,6 +18,7 @@
 #include "lora_qwen.h"
 #include "lora_rewrite.h"
 #include "lora_wan.h"
+#include "lora_xlabs.h"
 #include "lora_zimage.h"
 #include "lora_target.h"
 #include "status.h"
@@ -132,7 +133,9 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     case LORA_FAMILY_HIDREAM: convert = prefixed_lora_detect(*out, family) ? hidream_lora_convert : NULL; break;
     case LORA_FAMILY_HUNYUAN_VIDEO: convert = hunyuan_lora_detect(*out) ? hunyuan_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
-    case LORA_FAMILY_OTHER: convert = kohya_lora_detect(*out) ? kohya_lora_convert : NULL; break;
+    case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form first, then XLabs' */
+        convert = kohya_lora_detect(*out) ? kohya_lora_convert : xlabs_lora_detect(*out) ? xlabs_lora_convert : NULL;
+        break;
     }
     if (convert) {
         struct model *original = *out;

@@ -69,11 +69,11 @@ char *diffusers_class_name(const char *dir, const char *name);
 /* Opens a diffusers LoRA's weights: safetensors, or a torch.save pickle
  * (save_lora_weights(safe_serialization=False)), read as torch_file.h reads
  * a pickled PEFT adapter; one in another form as the loader of `family`
- * converts it (Flux.1's and others: kohya and ComfyUI, lora_kohya.h;
- * Flux.2's, lora_flux2.h; Qwen-Image's, lora_qwen.h; Wan's, lora_wan.h;
- * Z-Image's, lora_zimage.h; HunyuanVideo's, lora_hunyuan.h; LTX-Video's,
- * LTX-2's and HiDream's, lora_prefixed.h), saying what is left out where
- * `warn`. */
+ * converts it (Flux.1's and others: kohya and ComfyUI, lora_kohya.h, and
+ * XLabs', lora_xlabs.h; Flux.2's, lora_flux2.h; Qwen-Image's, lora_qwen.h;
+ * Wan's, lora_wan.h; Z-Image's, lora_zimage.h; HunyuanVideo's,
+ * lora_hunyuan.h; LTX-Video's, LTX-2's and HiDream's, lora_prefixed.h),
+ * saying what is left out where `warn`. */
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out);
 
 /* The key prefix ("transformer.", allocated) of the component of `weights`

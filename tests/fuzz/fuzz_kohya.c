@@ -1,15 +1,16 @@
-/* kohya_lora_convert, flux2_lora_convert, qwen_lora_convert,
- * wan_lora_convert, zimage_lora_convert, ltx2_lora_convert and
- * hunyuan_lora_convert on arbitrary bytes written to a file (a kohya or
- * ComfyUI Flux.1 LoRA, a Flux.2, Qwen-Image, Wan, Z-Image, LTX-2 or
- * HunyuanVideo LoRA in another form than diffusers'): the renaming, the
- * alpha, the splits of fused layers, Wan's biases and head diff, and the temp
- * file. When one accepts, every tensor of the result is a diffusers LoRA
+/* kohya_lora_convert, xlabs_lora_convert, flux2_lora_convert,
+ * qwen_lora_convert, wan_lora_convert, zimage_lora_convert,
+ * ltx2_lora_convert and hunyuan_lora_convert on arbitrary bytes written to a
+ * file (a kohya, ComfyUI or XLabs Flux.1 LoRA, a Flux.2, Qwen-Image, Wan,
+ * Z-Image, LTX-2 or HunyuanVideo LoRA in another form than diffusers'): the
+ * renaming, the alpha, the splits of fused layers, Wan's biases and head
+ * diff, and the temp file. When one accepts, every tensor of the result is a diffusers LoRA
  * factor of the transformer (or Flux.1's text encoder), or a Wan bias, or
  * (Flux.2's keys already in diffusers' block names, copied) a key of the
  * transformer with "lora" in it, or (LTX-2's, copied under any component)
  * any key with "lora" in it, or (HunyuanVideo's, each copied or cut by rows)
- * any key of the transformer; a refusal must be bad data with a one-line
+ * any key of the transformer, or (XLabs', which keeps keys outside the
+ * blocks as they are) any key; a refusal must be bad data with a one-line
  * message; either way the temp file is gone (TMPDIR is a scratch folder that
  * must end up holding the input alone). */
 #define FUZZ_OWN_INITIALIZE
@@ -20,6 +21,7 @@
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
 #include "lora_wan.h"
+#include "lora_xlabs.h"
 #include "lora_zimage.h"
 #include "model.h"
 #include "strutil.h"
@@ -46,7 +48,8 @@ enum allowed {
     WITH_BIASES,     /* 1-D lora_B.bias vectors */
     WITH_LORA_COPIES, /* any tensor under `components` whose name holds "lora" (the file's own, copied) */
     ANY_LORA_KEY,     /* any tensor whose name holds "lora", under any component or none (LTX-2's) */
-    ANY_KEY           /* any tensor under `components` (HunyuanVideo's: diffusers_lora_open checks the names) */
+    ANY_KEY,          /* any tensor under `components` (HunyuanVideo's: diffusers_lora_open checks the names) */
+    AS_NAMED          /* any tensor (XLabs' keys outside the blocks, kept as the file names them) */
 };
 
 /* One conversion's result: named after the file, only 2-D lora_A/lora_B
@@ -65,6 +68,8 @@ static void check_result(int code, struct model *out, const char *const *compone
         for (const char *const *c = components; *c; c++)
             under |= strncmp(t->name, *c, strlen(*c)) == 0;
         if (allowed == WITH_LORA_COPIES && under && strstr(t->name + strlen("transformer."), "lora"))
+            continue;
+        if (allowed == AS_NAMED)
             continue;
         if (allowed == ANY_KEY) {
             FUZZ_ASSERT(under, "%s", t->name);
@@ -98,6 +103,7 @@ static const struct {
     enum allowed allowed;
 } CONVERSIONS[] = {
     {"a kohya conversion", kohya_lora_detect, kohya_lora_convert, FLUX, FACTORS_ONLY},
+    {"an XLabs conversion", xlabs_lora_detect, xlabs_lora_convert, FLUX, AS_NAMED},
     {"a Flux.2 conversion", flux2_lora_detect, flux2_lora_convert, TRANSFORMER, WITH_LORA_COPIES},
     {"a Qwen-Image conversion", qwen_lora_detect, qwen_lora_convert, TRANSFORMER, FACTORS_ONLY},
     {"a Wan conversion", wan_lora_detect, wan_lora_convert, TRANSFORMER, WITH_BIASES},

@@ -114,7 +114,7 @@ if "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4" "$out/flux-pipe-lora" 
 else
     failed=$((failed + 1)); echo "FAIL: convert the pipeline --lora lora-flux"
 fi
-# A kohya Flux.1 LoRA on the transformer, a Qwen-Image LoRA in lightx2v's
+# A kohya Flux.1 LoRA and an XLabs one on the transformer, a Qwen-Image LoRA in lightx2v's
 # form, a Wan LoRA in lightx2v's distillation form (diff_b biases, the
 # head's diff), a Flux.2 LoRA in kohya's form (alphas folded, qkv split), a
 # Z-Image LoRA in kohya's (a fused qkv split, a bare out), an LTX-2 LoRA in
@@ -123,6 +123,8 @@ fi
 # swapped) on whole pipelines, each as diffusers converts it.
 converted_lora "flux transformer" "$dx/tiny-flux-bnb4/transformer" "" "$dx/tiny-flux-bnb4/transformer" \
     "$dx/lora-flux-kohya"
+converted_lora "flux transformer xlabs" "$dx/tiny-flux-bnb4/transformer" "" "$dx/tiny-flux-bnb4/transformer" \
+    "$dx/lora-flux-xlabs"
 converted_lora "qwen-image pipeline" "$dx/tiny-qwen-image" /transformer "$dx/tiny-qwen-image/transformer" \
     "$dx/lora-qwen-lightning"
 converted_lora "wan pipeline" "$dx/tiny-wan" /transformer "$dx/tiny-wan/transformer" "$dx/lora-wan-distill"

@@ -2912,6 +2912,81 @@ static void test_ltx2_lora_as_diffusers_loads_it(void **state)
     free(want);
 }
 
+/* An XLabs Flux.1 LoRA (double_blocks.0.processor.qkv_lora1.down.weight...)
+ * read as diffusers 0.42's Flux.1 loader reads it: byte for byte the tensors
+ * of the .diffusers file make_xlabs_fixtures.py wrote with diffusers' own
+ * conversion (fused qkvs split, projections renamed), merged as that form
+ * merges, alone and in the pipeline, where the DoRA scale diffusers drops is
+ * said once. */
+static void test_xlabs_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char *const XLABS[][2] = {
+        {DIFFUSERS_FIXTURES "/lora-flux-xlabs.safetensors", DIFFUSERS_FIXTURES "/lora-flux-xlabs.diffusers.safetensors"},
+    };
+    static const uint64_t MERGED[] = {12};
+    assert_converts_as_diffusers(s, XLABS, 1, LORA_FAMILY_FLUX, DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", MERGED);
+    char *out = tu_strdupf("%s/out", s->dir);
+    assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-flux-bnb4", out, XLABS[0][0],
+                           "lora-flux-xlabs.safetensors: 1 of its tensors (double_blocks.0.processor.proj_lora1."
+                       "dora_scale) are DoRA scales, or a block's keys of no factor (neither down nor up in the "
+                       "name), which diffusers does not load: they are not merged\n",
+                           "12 with LoRA merged");
+    tu_rmtree(out);
+    free(out);
+}
+
+/* XLabs LoRAs diffusers' conversion raises on, or keeps one of two keys of:
+ * refused with one line naming the file and the key, nothing written. */
+static void test_xlabs_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+#define XL_QKV "double_blocks.0.processor.qkv_lora1"
+#define XL_PROJ "double_blocks.0.processor.proj_lora1"
+    static const struct {
+        const char *names[3]; /* a factor pair (either may be NULL) and another key, [1, 1] */
+        uint64_t down[2], up[2];
+        const char *want;
+    } XLABS_REFUSALS[] = {
+        {{XL_QKV ".down.weight", NULL, NULL}, {4, 64}, {192, 4}, XL_QKV ".down.weight: has no matching up"},
+        {{XL_QKV ".down.weight", XL_QKV ".up.weight", NULL}, {4, 64}, {64, 4},
+         XL_QKV ".up.weight: has 64 rows, which diffusers cannot cut into three equal parts"},
+        {{"double_blocks.x.processor.proj_lora1.down.weight", NULL, NULL}, {4, 64}, {64, 4},
+         "double_blocks.x.processor.proj_lora1.down.weight: has no block number after double_blocks."},
+        {{XL_PROJ ".down.weight", XL_PROJ ".up.weight", "double_blocks.0.processor.qkv_lora3.down.weight"}, {4, 64},
+         {64, 4}, "qkv_lora3.down.weight: is left over where diffusers converts an XLabs LoRA"},
+        {{XL_PROJ ".down.weight", XL_PROJ ".up.weight", "diffusion_model." XL_PROJ ".down.weight"}, {4, 64}, {64, 4},
+         "becomes transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight, as"},
+        {{"double_blocks.\xd9\xa3.processor.proj_lora1.down.weight", NULL, NULL}, {4, 64}, {64, 4},
+         "has a block number that may not be ASCII digits after double_blocks."},
+        /* "qkv_lora1" and no "up": a down, whatever its suffix; its up is itself */
+        {{XL_PROJ ".down.weight", XL_PROJ ".up.weight", XL_QKV ".alpha"}, {4, 64}, {64, 4},
+         XL_QKV ".alpha: has no matching up"},
+    };
+#undef XL_QKV
+#undef XL_PROJ
+    char *lora = tu_strdupf("%s-xlabs.safetensors", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < sizeof XLABS_REFUSALS / sizeof XLABS_REFUSALS[0]; i++) {
+        write_pair_lora(lora, XLABS_REFUSALS[i].names, XLABS_REFUSALS[i].down, XLABS_REFUSALS[i].up, DT_BF16, 1);
+        assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", lora, NULL, XLABS_REFUSALS[i].want);
+    }
+    /* An alpha: diffusers keeps it under the module's bare name, which its load skips. */
+    static const char *const ALPHA[3] = {"double_blocks.0.processor.proj_lora1.down.weight",
+                                         "double_blocks.0.processor.proj_lora1.up.weight",
+                                         "double_blocks.0.processor.proj_lora1.alpha"};
+    static const uint64_t DOWN[2] = {4, 64}, UP[2] = {64, 4};
+    write_pair_lora(lora, ALPHA, DOWN, UP, DT_BF16, 4);
+    char *out = tu_strdupf("%s/out", s->dir);
+    assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", out, lora,
+                           "1 of its tensors (double_blocks.0.processor.proj_lora1.alpha) are DoRA scales, or a "
+                           "block's keys of no factor", "1 with LoRA merged");
+    tu_rmtree(out);
+    free(out);
+    unlink(lora);
+    free(lora);
+}
+
 /* HunyuanVideo LoRAs in diffusion-pipe's and ComfyUI's form (HunyuanVideo's
  * own module names under diffusion_model., or transformer.), read as
  * diffusers 0.42's HunyuanVideo loader reads them: byte for byte the tensors
@@ -3689,6 +3764,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_hunyuan_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_hunyuan_lora_copies_bytes, kohya_setup, kohya_teardown),
         cmocka_unit_test_setup_teardown(test_hunyuan_lora_refusals, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_xlabs_lora_as_diffusers_loads_it, kohya_setup, kohya_teardown),
+        cmocka_unit_test_setup_teardown(test_xlabs_lora_refusals, kohya_setup, kohya_teardown),
         cmocka_unit_test(test_inspect_lists_changes),
         cmocka_unit_test(test_inspect_says_the_head_is_untied),
         cmocka_unit_test(test_inspect_token_rows),
