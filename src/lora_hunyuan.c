@@ -106,25 +106,112 @@ static char *renamed_in_turn(const char *name, const char *const (*pairs)[2], si
     return s;
 }
 
+/* A key's name before one of diffusers' steps, and the key. */
+struct name_before {
+    char *name;
+    const struct lora_key *key;
+};
+
+/* NF4_EDATA where key `k`, moved to `name` by one of diffusers' steps, lands
+ * on the name `other` has before that step: diffusers' dict then overwrites
+ * that key, or renames it with k's value, by their order. */
+static int refuse_landing(const struct conversion *cv, const struct lora_key *k, const char *name,
+                          const struct lora_key *other)
+{
+    return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "becomes %s, the name %s has at that step of diffusers' "
+                    "renaming: diffusers keeps one of them, by their order", name, other->t->t->name);
+}
+
+static int name_before_cmp(const void *a, const void *b)
+{
+    return strcmp(((const struct name_before *)a)->name, ((const struct name_before *)b)->name);
+}
+
+/* The key whose name was `name` among n sorted names before a step, or NULL. */
+static const struct lora_key *find_before(const struct name_before *sorted, size_t n, const char *name)
+{
+    const struct name_before want = {(char *)name, NULL};
+    const struct name_before *hit = bsearch(&want, sorted, n, sizeof *sorted, name_before_cmp);
+    return hit ? hit->key : NULL;
+}
+
+/* The keys' names as they stand, copied and sorted (*names, free with
+ * free_names). NF4_OK or NF4_ESOFTWARE. */
+static int snapshot_names(const struct conversion *cv, struct name_before **names)
+{
+    *names = calloc(cv->nkeys ? cv->nkeys : 1, sizeof **names);
+    for (size_t i = 0; *names && i < cv->nkeys; i++) {
+        (*names)[i] = (struct name_before){strdup(cv->keys[i].name), &cv->keys[i]};
+        if (!(*names)[i].name) {
+            for (size_t j = 0; j < i; j++)
+                free((*names)[j].name);
+            free(*names);
+            *names = NULL;
+        }
+    }
+    if (!*names)
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    qsort(*names, cv->nkeys, sizeof **names, name_before_cmp);
+    return NF4_OK;
+}
+
+static void free_names(struct name_before *names, size_t n)
+{
+    for (size_t i = 0; names && i < n; i++)
+        free(names[i].name);
+    free(names);
+}
+
 /* Each key (DoRA scales left out) less "transformer." or else
- * "diffusion_model.", then renamed; sorted, and refused where two become one. */
+ * "diffusion_model.", then renamed; sorted. Refused where two become one,
+ * and where a key moves onto the name another had before the step, whose
+ * outcome in diffusers' dict depends on their order. */
 static int rename_keys(struct conversion *cv, const struct model *w)
 {
+    struct name_before *before = NULL;
+    char **renamed = NULL;
     int code = lora_keys_of(cv->path, w, lora_is_dora_scale, &cv->keys, &cv->nkeys);
+    if (code == NF4_OK)
+        code = snapshot_names(cv, &before);
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
         char *name = cv->keys[i].name;
         const size_t cut = str_starts_with(name, HV_TARGET) ? strlen(HV_TARGET)
                            : str_starts_with(name, HV_COMFY) ? strlen(HV_COMFY)
                                                              : 0;
         memmove(name, name + cut, strlen(name + cut) + 1);
-        if (str_starts_with(name, HV_KOHYA)) /* diffusers renames its keys, cuts its lora_down, and fails */
+        const struct lora_key *other = cut ? find_before(before, cv->nkeys, name) : NULL;
+        if (other)
+            code = refuse_landing(cv, &cv->keys[i], name, other);
+        else if (str_starts_with(name, HV_KOHYA)) /* diffusers renames it into no module, and cuts its lora_down */
             code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is in kohya's form (lora_unet_, as "
-                            "musubi-tuner saves a HunyuanVideo LoRA), which diffusers' HunyuanVideo loader fails "
-                            "on: convert the file to ComfyUI's form first (musubi-tuner's convert_lora.py --target "
-                            "other)");
+                            "musubi-tuner saves a HunyuanVideo LoRA), which diffusers' HunyuanVideo loader does "
+                            "not convert (a file of such keys fails to load): convert the file to ComfyUI's form "
+                            "first (musubi-tuner's convert_lora.py --target other)");
     }
-    for (size_t r = 0; r < COUNT(RENAMES) && code == NF4_OK; r++)
-        code = lora_keys_replace(cv->path, cv->keys, cv->nkeys, RENAMES[r][0], RENAMES[r][1]);
+    free_names(before, cv->nkeys);
+    before = NULL;
+    /* Every key is popped and put back under its new name, one after another. */
+    if (code == NF4_OK && (code = snapshot_names(cv, &before)) == NF4_OK &&
+        !(renamed = calloc(cv->nkeys ? cv->nkeys : 1, sizeof *renamed)))
+        code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++)
+        if (!(renamed[i] = renamed_in_turn(cv->keys[i].name, RENAMES, COUNT(RENAMES))))
+            code = nf4_fail(NF4_ESOFTWARE, cv->path, cv->keys[i].t->t->name, "out of memory");
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
+        const struct lora_key *other =
+            strcmp(renamed[i], cv->keys[i].name) ? find_before(before, cv->nkeys, renamed[i]) : NULL;
+        if (other)
+            code = refuse_landing(cv, &cv->keys[i], renamed[i], other);
+    }
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
+        free(cv->keys[i].name);
+        cv->keys[i].name = renamed[i];
+        renamed[i] = NULL;
+    }
+    for (size_t i = 0; renamed && i < cv->nkeys; i++)
+        free(renamed[i]);
+    free(renamed);
+    free_names(before, cv->nkeys);
     if (code != NF4_OK)
         return code;
     lora_keys_sort(cv->keys, cv->nkeys);
@@ -284,6 +371,7 @@ static int convert_keys(struct conversion *cv)
         if (second >= 0) /* the second rule pops a key the first has taken */
             return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "holds both %s and %s (as %s), which diffusers' "
                             "conversion cannot take", SPECIALS[first], SPECIALS[second], k->name);
+        const size_t first_part = cv->rw.nparts;
         switch (first) {
         case SPECIAL_TXT_IN:
             if (strstr(k->name, "self_attn_qkv"))
@@ -298,6 +386,23 @@ static int convert_keys(struct conversion *cv)
         case SPECIAL_FINAL_MOD: code = convert_final_modulation(cv, k); break;
         default: code = add_copy(cv, strdup(k->name), k); break;
         }
+        /* A rule's parts go in beside the keys not yet taken, under their names as they stand. */
+        for (size_t p = first_part; first >= 0 && code == NF4_OK && p < cv->rw.nparts; p++) {
+            const char *name = cv->rw.parts[p].name + strlen(HV_TARGET);
+            const struct lora_key *other = lora_key_find(cv->keys, cv->nkeys, name);
+            if (other)
+                code = refuse_landing(cv, k, name, other);
+        }
+    }
+    /* Then every key is popped and put back under "transformer.", one after
+     * another: one whose name is another's with that prefix lands on it. */
+    for (size_t p = 0; p < cv->rw.nparts && code == NF4_OK; p++) {
+        const char *name = cv->rw.parts[p].name + strlen(HV_TARGET);
+        for (size_t q = 0; str_starts_with(name, HV_TARGET) && q < cv->rw.nparts && code == NF4_OK; q++)
+            if (strcmp(cv->rw.parts[q].name, name) == 0)
+                code = nf4_fail(NF4_EDATA, cv->path, cv->rw.parts[q].src->t->name, "becomes %s, as %s does once "
+                                "diffusers puts transformer. before every key (which keeps one of them, by their "
+                                "order)", cv->rw.parts[q].name, cv->rw.parts[p].src->t->name);
     }
     return code;
 }

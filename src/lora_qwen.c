@@ -43,7 +43,7 @@ struct conversion {
     const char *path;
     struct lora_key *keys;
     size_t nkeys;
-    struct lora_key **order; /* the keys in diffusers' order: their names in the file, sorted */
+    struct lora_key **order; /* the keys in diffusers' order: their data's in the file */
     struct lora_rewrite rw;
 };
 

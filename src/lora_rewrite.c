@@ -365,9 +365,13 @@ int lora_python_int(const char *s, size_t len, int64_t *out)
     return 1;
 }
 
-static int file_name_cmp(const void *a, const void *b)
+/* By where each tensor's data starts, then by name (tensors of no bytes share an offset). */
+static int file_order_cmp(const void *a, const void *b)
 {
-    return strcmp((*(struct lora_key *const *)a)->t->t->name, (*(struct lora_key *const *)b)->t->t->name);
+    const struct st_tensor *x = (*(struct lora_key *const *)a)->t->t, *y = (*(struct lora_key *const *)b)->t->t;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    return strcmp(x->name, y->name);
 }
 
 struct lora_key **lora_keys_in_file_order(struct lora_key *keys, size_t n)
@@ -376,7 +380,7 @@ struct lora_key **lora_keys_in_file_order(struct lora_key *keys, size_t n)
     for (size_t i = 0; order && i < n; i++)
         order[i] = &keys[i];
     if (order)
-        qsort(order, n, sizeof *order, file_name_cmp);
+        qsort(order, n, sizeof *order, file_order_cmp);
     return order;
 }
 

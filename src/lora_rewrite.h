@@ -148,8 +148,10 @@ void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut);
  * with the value in *out. */
 int lora_python_int(const char *s, size_t len, int64_t *out);
 
-/* Pointers to the keys in the order of their names in the file, as Python's
- * state dict holds them (safetensors reads keys sorted): the order diffusers'
+/* Pointers to the keys in the order of their data in the file (then by
+ * name), as Python's state dict holds them: safetensors 0.8's load_file
+ * reads tensors in that order (before 0.8, by name; the two differ only
+ * where save_file put larger dtypes' data first). The order diffusers'
  * conversions pop them in. Allocated; NULL when out of memory. */
 struct lora_key **lora_keys_in_file_order(struct lora_key *keys, size_t n);
 

@@ -42,7 +42,7 @@ struct conversion {
     const char *path;
     struct lora_key *keys; /* the file's keys (DoRA scales aside) under diffusers' names, sorted */
     size_t nkeys;
-    struct lora_key **order; /* the keys in diffusers' order: their names in the file, sorted */
+    struct lora_key **order; /* the keys in diffusers' order: their data's in the file */
     unsigned char *in_dot_set; /* per key: left when the lora.down pairs' turn came (diffusers' dot_key_set) */
     struct lora_rewrite rw;
 };

@@ -2743,18 +2743,22 @@ static void test_zimage_lora_as_diffusers_loads_it(void **state)
         ZCASE("lora-zimage-down"),  ZCASE("lora-zimage-dots"),    ZCASE("lora-zimage-default"),
         ZCASE("lora-zimage-meta"), /* the config in the metadata: scaling 2 */
     };
-    static const char *const EMBEDDER[2] = ZCASE("lora-zimage-embedder");
+    static const char *const EMBEDDER[2] = ZCASE("lora-zimage-embedder"), *const ORDER[2] = ZCASE("lora-zimage-order");
 #undef ZCASE
     static const uint64_t MERGED[] = {35, 10, 11, 15, 8, 4, 4};
     assert_int_equal(diffusers_lora_family("ZImagePipeline"), LORA_FAMILY_Z_IMAGE);
     assert_int_equal(diffusers_lora_family("ZImageTransformer2DModel"), LORA_FAMILY_Z_IMAGE);
     assert_converts_as_diffusers(s, ZIMAGE_CASES, sizeof ZIMAGE_CASES / sizeof ZIMAGE_CASES[0], LORA_FAMILY_Z_IMAGE,
                                  DIFFUSERS_FIXTURES "/tiny-zimage/transformer", MERGED);
-    /* t_embedder's names, whose module the tiny base leaves out: the conversion alone. */
-    struct model *m;
-    assert_int_equal(diffusers_lora_open(EMBEDDER[0], LORA_FAMILY_Z_IMAGE, 0, &m), NF4_OK);
-    tu_assert_same_st(m->files[0], EMBEDDER[0], EMBEDDER[1]);
-    model_close(m);
+    /* t_embedder's names, whose module the tiny base leaves out, and an alpha two pairs name, which goes to the
+     * pair whose data comes first in the file (not the first by name): the conversion alone. */
+    const char *const *alone[] = {EMBEDDER, ORDER};
+    for (size_t i = 0; i < 2; i++) {
+        struct model *m;
+        assert_int_equal(diffusers_lora_open(alone[i][0], LORA_FAMILY_Z_IMAGE, 0, &m), NF4_OK);
+        tu_assert_same_st(m->files[0], alone[i][0], alone[i][1]);
+        model_close(m);
+    }
     char *out = tu_strdupf("%s/out", s->dir);
     assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-zimage", out, ZIMAGE_CASES[1][0],
                            "lora-zimage-fused.safetensors: 5 of its tensors (lora_unet_layers_1_attention_out.lora_down."
@@ -3133,7 +3137,23 @@ static void test_hunyuan_lora_refusals(void **state)
          {1, 16}, {48, 1}, "becomes transformer_blocks.0.img_attn_qkv.lora_A.weight, as"},
         /* a qkv's part and the same module in diffusers' names */
         {{HV_QKV ".lora_A.weight", HV_QKV ".lora_B.weight", "transformer_blocks.0.attn.to_k.lora_A.weight"}, {1, 16},
-         {48, 1}, "becomes transformer.transformer_blocks.0.attn.to_k.lora_A.weight, as"},
+         {48, 1}, HV_QKV ".lora_A.weight: becomes transformer_blocks.0.attn.to_k.lora_A.weight, the name "
+                  "transformer_blocks.0.attn.to_k.lora_A.weight has at that step"},
+        /* a key moved onto the name another has before the move: which one diffusers keeps depends on
+         * their order (five steps: each prefix cut, the renames, a rule's parts, transformer. put back) */
+        {{"transformer.transformer.x.lora_A.weight", "transformer.x.lora_A.weight", HV_QKV ".lora_A.weight"}, {1, 16},
+         {1, 16}, "transformer.transformer.x.lora_A.weight: becomes transformer.x.lora_A.weight, the name "
+                  "transformer.x.lora_A.weight has at that step"},
+        {{"transformer.diffusion_model.x.lora_A.weight", "diffusion_model.x.lora_A.weight", HV_QKV ".lora_A.weight"},
+         {1, 16}, {1, 16}, "becomes diffusion_model.x.lora_A.weight, the name diffusion_model.x.lora_A.weight has"},
+        {{"img_txt_norm1.lora_A.weight", "img_norm1.norm.lora_A.weight", HV_QKV ".lora_A.weight"}, {1, 16}, {1, 16},
+         "img_txt_norm1.lora_A.weight: becomes img_norm1.norm.lora_A.weight, the name img_norm1.norm.lora_A.weight"},
+        {{"txt_ifinal_layer.adaLN_modulation.1.lora_B.weight", "txt_inorm_out.linear.lora_B.weight",
+          HV_QKV ".lora_A.weight"}, {4, 2}, {4, 2}, "txt_ifinal_layer.adaLN_modulation.1.lora_B.weight: becomes "
+                                                    "txt_inorm_out.linear.lora_B.weight, the name"},
+        {{"transformer.transformer.foo.lora_A.weight", "foo.lora_A.weight", HV_QKV ".lora_A.weight"}, {1, 16},
+         {1, 16}, "foo.lora_A.weight: becomes transformer.foo.lora_A.weight, as transformer.transformer.foo.lora_A."
+                  "weight does once diffusers puts transformer. before every key"},
         /* img_norm1 and txt_norm1 are both norm1.norm */
         {{HV_QKV ".lora_A.weight", "double_blocks.0.img_norm1.lora_A.weight", "double_blocks.0.txt_norm1.lora_A.weight"},
          {1, 16}, {1, 16}, "becomes transformer_blocks.0.norm1.norm.lora_A.weight, as"},
