@@ -423,9 +423,7 @@ int hunyuan_lora_convert(const struct model *w, const char *path, int warn, stru
 {
     *out = NULL;
     struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
-    for (size_t i = 0; i < w->count; i++) /* dropped before the conversion, with a warning */
-        if (lora_is_dora_scale(w->tensors[i].t->name))
-            lora_rewrite_leave_out(&cv.rw, w->tensors[i].t->name, strlen(w->tensors[i].t->name), 1);
+    lora_rewrite_leave_out_dora(&cv.rw, w); /* dropped before the conversion, with a warning */
     int code = rename_keys(&cv, w);
     if (code == NF4_OK)
         code = convert_keys(&cv);

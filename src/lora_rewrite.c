@@ -195,6 +195,13 @@ void lora_rewrite_leave_out(struct lora_rewrite *rw, const char *name, size_t le
     rw->last_listed = strndup(name, len);
 }
 
+void lora_rewrite_leave_out_dora(struct lora_rewrite *rw, const struct model *w)
+{
+    for (size_t i = 0; i < w->count; i++)
+        if (lora_is_dora_scale(w->tensors[i].t->name))
+            lora_rewrite_leave_out(rw, w->tensors[i].t->name, strlen(w->tensors[i].t->name), 1);
+}
+
 int lora_rewrite_finish(struct lora_rewrite *rw, int code, int warn, const char *why, struct model **out)
 {
     *out = NULL;

@@ -83,6 +83,10 @@ int lora_rewrite_check_one_each(const struct lora_rewrite *rw);
  * bytes: a module's name, named once however many of its tensors go). */
 void lora_rewrite_leave_out(struct lora_rewrite *rw, const char *name, size_t len, size_t n);
 
+/* Notes each of `w`'s DoRA scales (lora_is_dora_scale) as not merged: every
+ * loader's lora_state_dict drops them before it converts. */
+void lora_rewrite_leave_out_dora(struct lora_rewrite *rw, const struct model *w);
+
 /* Where `code` is NF4_OK: warns (where `warn`) "PATH: N of its tensors
  * (NAMES) `why`: they are not merged", writes the parts to the temp file and
  * opens it as *out, named rw->path (NF4_ECANTCREAT naming TMPDIR, or NF4_EIO,
