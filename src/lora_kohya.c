@@ -568,12 +568,14 @@ static int convert_text_encoder(struct conversion *cv)
     return code;
 }
 
+static int holds_kohya_down(const char *key)
+{
+    return strstr(key, KOHYA_DOWN) != NULL;
+}
+
 int kohya_lora_detect(const struct model *w)
 {
-    for (size_t i = 0; i < w->count; i++)
-        if (strstr(w->tensors[i].t->name, KOHYA_DOWN))
-            return 1;
-    return 0;
+    return lora_model_any_key(w, holds_kohya_down); /* DoRA scales aside: diffusers drops them first */
 }
 
 int kohya_lora_convert(const struct model *w, const char *path, int warn, struct model **out)

@@ -39,8 +39,8 @@
 /* The most parts diffusers splits one kohya module into (Flux.1's linear1). */
 #define KOHYA_MAX_PARTS 4
 
-/* Whether `w` holds kohya's factor pairs (a key with ".lora_down.weight"), as
- * diffusers decides to convert a LoRA. */
+/* Whether `w` holds kohya's factor pairs (a key with ".lora_down.weight",
+ * DoRA scales aside), as diffusers decides to convert a LoRA. */
 int kohya_lora_detect(const struct model *w);
 
 /* Converts `w`, a kohya or ComfyUI Flux.1 LoRA read from `path`, into the

@@ -153,15 +153,11 @@ static int convert_block_key(struct conversion *cv, struct lora_key *k, const st
         else if (strstr(name, "qkv_lora") && !up)
             qkv = TO_QKV;
     }
+    /* A key another's qkv split took is an up: "up" and "qkv" in its name, so neither rule below takes it. */
     if (qkv)
-        return k->taken ? nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is the up of another key and a fused "
-                                   "qkv's down: diffusers pops it twice")
-                        : convert_qkv(cv, k, b, digits, len, qkv);
+        return convert_qkv(cv, k, b, digits, len, qkv);
     if (strstr(name, "qkv")) /* not kept: another key's qkv split pops it, or it is left over */
         return NF4_OK;
-    if (k->taken)
-        return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is the up of another key's fused qkv, and diffusers "
-                        "pops it twice");
     k->taken = 1;
     if (!strstr(name, "down") && !up) { /* under the module's bare name, which PEFT's load skips */
         lora_rewrite_leave_out(&cv->rw, k->t->t->name, strlen(k->t->t->name), 1);

@@ -2986,7 +2986,37 @@ static void test_xlabs_lora_refusals(void **state)
                            "1 of its tensors (double_blocks.0.processor.proj_lora1.alpha) are DoRA scales, or a "
                            "block's keys of no factor", "1 with LoRA merged");
     tu_rmtree(out);
+    /* A DoRA scale named like a kohya down: diffusers drops it before it looks for kohya's form. */
+    static const char *const DORA[3] = {"double_blocks.0.processor.proj_lora1.down.weight",
+                                        "double_blocks.0.processor.proj_lora1.up.weight",
+                                        "lora_unet_x.lora_down.weight.dora_scale"};
+    write_pair_lora(lora, DORA, DOWN, UP, DT_BF16, 1);
+    assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", out, lora,
+                           "1 of its tensors (lora_unet_x.lora_down.weight.dora_scale) are DoRA scales",
+                           "1 with LoRA merged");
+    tu_rmtree(out);
     free(out);
+    /* A qkv up of no dimension, of three, of no rows, or not F32, BF16 or F16 (its rows are copied as bytes). */
+    static const struct {
+        const char *up; /* the up's dtype, shape and data_offsets */
+        size_t bytes;
+        const char *want;
+    } UPS[] = {
+        {"\"BF16\",\"shape\":[],\"data_offsets\":[2,4]", 4, "has 0 dimensions, but diffusers cuts it by rows"},
+        {"\"BF16\",\"shape\":[3,1,1],\"data_offsets\":[2,8]", 8, "has 3 dimensions, but diffusers cuts it by rows"},
+        {"\"BF16\",\"shape\":[0,1],\"data_offsets\":[2,2]", 2, "has 0 rows, which diffusers cannot cut into three"},
+        {"\"F64\",\"shape\":[3,1],\"data_offsets\":[2,26]", 26, "is F64; LoRA weights must be F32, BF16 or F16"},
+    };
+    static const unsigned char ZEROS[26] = {0};
+    for (size_t i = 0; i < sizeof UPS / sizeof UPS[0]; i++) {
+        char header[512];
+        snprintf(header, sizeof header,
+                 "{\"double_blocks.0.processor.qkv_lora1.down.weight\":{\"dtype\":\"BF16\",\"shape\":[1,1],"
+                 "\"data_offsets\":[0,2]},\"double_blocks.0.processor.qkv_lora1.up.weight\":{\"dtype\":%s}}",
+                 UPS[i].up);
+        tu_write_safetensors_raw(lora, header, strlen(header), ZEROS, UPS[i].bytes);
+        assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", lora, NULL, UPS[i].want);
+    }
     unlink(lora);
     free(lora);
 }
