@@ -404,6 +404,11 @@ static int convert_keys(struct conversion *cv)
                                 "diffusers puts transformer. before every key (which keeps one of them, by their "
                                 "order)", cv->rw.parts[q].name, cv->rw.parts[p].src->t->name);
     }
+    /* load_lora_weights then refuses the file for a key without "lora" (named here as the file names it). */
+    for (size_t p = 0; p < cv->rw.nparts && code == NF4_OK; p++)
+        if (!strstr(cv->rw.parts[p].name, "lora"))
+            code = nf4_fail(NF4_EDATA, cv->path, cv->rw.parts[p].src->t->name, "becomes %s, with no \"lora\" in "
+                            "its name, and diffusers refuses a LoRA file with such a key", cv->rw.parts[p].name);
     return code;
 }
 

@@ -3188,8 +3188,9 @@ static void test_hunyuan_lora_refusals(void **state)
         {{HV_QKV ".lora_A.weight", "double_blocks.0.img_norm1.lora_A.weight", "double_blocks.0.txt_norm1.lora_A.weight"},
          {1, 16}, {1, 16}, "becomes transformer_blocks.0.norm1.norm.lora_A.weight, as"},
         {{HV_QKV ".lora_A.weight", HV_QKV ".lora_B.weight", "diffusion_model.double_blocks.0.img_attn_proj.alpha"},
-         {1, 16}, {48, 1}, "transformer.transformer_blocks.0.attn.to_out.0.alpha: has no \"lora\" in its name once "
-                           "converted, and diffusers refuses a LoRA file with such a key"},
+         {1, 16}, {48, 1}, "diffusion_model.double_blocks.0.img_attn_proj.alpha: becomes transformer.transformer_blocks."
+                           "0.attn.to_out.0.alpha, with no \"lora\" in its name, and diffusers refuses a LoRA file "
+                           "with such a key"},
         {{"lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight", "lora_unet_double_blocks_0_img_attn_qkv.lora_up."
           "weight", NULL}, {3, 16}, {48, 3}, "lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight: is in kohya's "
                                              "form (lora_unet_, as musubi-tuner saves a HunyuanVideo LoRA)"},
