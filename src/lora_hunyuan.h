@@ -31,7 +31,11 @@
  * (a key with two of the parts it converts, a block it cannot cut into the
  * parts it names, the token refiner's fused qkv, whose lora_A it cuts by
  * rank, musubi-tuner's kohya names) nf4deq refuses, naming the key; so where
- * two keys become one, and (lora_diffusers.h) for a key without "lora". */
+ * two keys become one, where one of diffusers' steps (a prefix cut, the
+ * renames, a rule's parts, "transformer." put back) moves a key onto the name
+ * another has at that step (diffusers' dict keeps one of them, by their
+ * order), and for a key without "lora" once converted, as load_lora_weights
+ * refuses the file. */
 #ifndef NF4DEQ_LORA_HUNYUAN_H
 #define NF4DEQ_LORA_HUNYUAN_H
 
