@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
 #include "lora_kohya.h"
 #include "lora_rewrite.h"
 #include "status.h"
@@ -175,14 +174,13 @@ static int bfl_block(const struct conversion *cv, const struct lora_key *k, cons
 static int add_qkv_up(struct conversion *cv, const char *root, const struct flux2_map *m, const struct lora_key *k)
 {
     const struct st_tensor *t = k->t->t;
-    if (!lora_is_factor_dtype(t->dtype)) /* its rows are copied as bytes: whole ones */
-        return nf4_fail(NF4_EDATA, cv->path, t->name, "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(t->dtype));
+    int code = lora_check_factor_dtype(cv->path, t); /* its rows are copied as bytes: whole ones */
+    if (code != NF4_OK)
+        return code;
     if (t->ndim != 2 || t->shape[0] % 3 != 0 || t->shape[0] == 0)
         return nf4_fail(NF4_EDATA, cv->path, t->name, "is not a fused qkv's lora_B [3 * out, r], which diffusers "
                         "cuts into equal parts for %s, %s and %s", m->ours[0], m->ours[1], m->ours[2]);
     const uint64_t rows = t->shape[0] / 3;
-    int code = NF4_OK;
     for (size_t j = 0; j < 3 && code == NF4_OK; j++) {
         char target[FLUX2_NAME_MAX];
         snprintf(target, sizeof target, "%s%s", root, m->ours[j]);

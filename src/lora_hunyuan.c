@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
 #include "lora_rewrite.h"
 #include "status.h"
 #include "strbuf.h"
@@ -250,10 +249,7 @@ static int check_rows(const struct conversion *cv, const struct lora_key *k, con
     if (t->ndim == 0 || t->ndim > 2)
         return nf4_fail(NF4_EDATA, cv->path, t->name, "has %zu dimensions, but diffusers cuts it by rows into %s "
                         "(as %s)", t->ndim, what, k->name);
-    if (!lora_is_factor_dtype(t->dtype)) /* its rows are copied as bytes: whole ones */
-        return nf4_fail(NF4_EDATA, cv->path, t->name, "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(t->dtype));
-    return NF4_OK;
+    return lora_check_factor_dtype(cv->path, t); /* its rows are copied as bytes: whole ones */
 }
 
 /* Rows of `k` one after another, parts[j] getting sizes[j] of them, each

@@ -405,12 +405,18 @@ int lora_is_factor_dtype(enum st_dtype dt)
     return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
 }
 
+int lora_check_factor_dtype(const char *path, const struct st_tensor *t)
+{
+    return lora_is_factor_dtype(t->dtype) ? NF4_OK
+                                          : nf4_fail(NF4_EDATA, path, t->name, "is %s; LoRA weights must be F32, "
+                                                     "BF16 or F16", dtype_name(t->dtype));
+}
+
 int lora_check_pair(const char *path, const struct st_tensor *dt, const struct st_tensor *ut)
 {
-    if (!lora_is_factor_dtype(dt->dtype) || !lora_is_factor_dtype(ut->dtype))
-        return nf4_fail(NF4_EDATA, path, lora_is_factor_dtype(dt->dtype) ? ut->name : dt->name,
-                        "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(lora_is_factor_dtype(dt->dtype) ? ut->dtype : dt->dtype));
+    int code = lora_check_factor_dtype(path, dt);
+    if (code != NF4_OK || (code = lora_check_factor_dtype(path, ut)) != NF4_OK)
+        return code;
     if (dt->ndim != 2 || ut->ndim != 2 || ut->shape[1] != dt->shape[0])
         return nf4_fail(NF4_EDATA, path, dt->name, "is %s; with %s it is not a LoRA pair [r, in], [out, r]",
                         dt->ndim == 2 ? "a matrix" : "not a matrix", ut->name);

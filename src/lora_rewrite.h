@@ -167,6 +167,11 @@ void lora_keys_free(struct lora_key *keys, size_t n);
 /* Whether a factor of this dtype is read: F32, BF16 or F16. */
 int lora_is_factor_dtype(enum st_dtype dt);
 
+/* NF4_OK where `t` is of a factor dtype, else NF4_EDATA naming `path` and
+ * the tensor (a pair's factors, and what lora_rewrite_add_rows copies as
+ * whole bytes). */
+int lora_check_factor_dtype(const char *path, const struct st_tensor *t);
+
 /* NF4_OK where `down` and `up` make a LoRA pair [r, in], [out, r] of factor
  * dtypes, not empty; else NF4_EDATA naming `path` and the tensor. */
 int lora_check_pair(const char *path, const struct st_tensor *down, const struct st_tensor *up);

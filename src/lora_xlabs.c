@@ -5,7 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
 #include "lora_rewrite.h"
 #include "status.h"
 #include "strbuf.h"
@@ -104,13 +103,12 @@ static int convert_qkv(struct conversion *cv, struct lora_key *k, const struct x
     if (t->ndim == 0 || t->ndim > 2)
         return nf4_fail(NF4_EDATA, cv->path, t->name, "has %zu dimensions, but diffusers cuts it by rows into "
                         "three equal parts, for q, k and v", t->ndim);
-    if (!lora_is_factor_dtype(t->dtype)) /* its rows are copied as bytes: whole ones */
-        return nf4_fail(NF4_EDATA, cv->path, t->name, "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(t->dtype));
+    int code = lora_check_factor_dtype(cv->path, t); /* its rows are copied as bytes: whole ones */
+    if (code != NF4_OK)
+        return code;
     if (t->shape[0] % 3 != 0 || t->shape[0] == 0)
         return nf4_fail(NF4_EDATA, cv->path, t->name, "has %" PRIu64 " rows, which diffusers cannot cut into three "
                         "equal parts for q, k and v", t->shape[0]);
-    int code = NF4_OK;
     for (size_t j = 0; j < 3 && code == NF4_OK; j++) {
         char *a = part_name(b, digits, len, parts[j], XL_A), *bn = part_name(b, digits, len, parts[j], XL_B);
         if (!a || !bn)
