@@ -166,9 +166,16 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddBoolToObject(e, "embedding", x->embedding);
                 cJSON_AddBoolToObject(e, "dora", x->magnitude != NULL);
                 cJSON_AddBoolToObject(e, "lora_bias", x->bias);
+                if (x->b_col_step) { /* one expert's part of a LoRA on MoE experts */
+                    cJSON_AddNumberToObject(e, "expert", x->b_col0);
+                    cJSON_AddNumberToObject(e, "experts", x->b_col_step);
+                }
                 cJSON_AddStringToObject(e, "dtype", dtype_name(x->a->t->dtype));
                 cJSON_AddItemToArray(ja, e);
             } else {
+                char expert[64] = "";
+                if (x->b_col_step)
+                    snprintf(expert, sizeof expert, " (expert %u of %u)", x->b_col0, x->b_col_step);
                 put_name(out, t->name, 48);
                 fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->bias ? x->pair_r : x->r, x->alpha, (double)x->scaling,
                         adapter_dir(s, x->adapter),
@@ -176,7 +183,7 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                         : x->magnitude      ? " (DoRA)"
                         : x->bias           ? " (lora_bias)"
                         : x->fan_in_fan_out ? " (fan_in_fan_out)"
-                                            : "");
+                                            : expert);
             }
         }
     }

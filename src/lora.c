@@ -12,6 +12,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "lora_diffusers.h"
+#include "lora_experts.h"
 #include "lora_target.h"
 #include "model_dir.h"
 #include "pattern.h"
@@ -115,8 +116,6 @@ static const struct {
     {"enable_lora", SET_IF_TRUE, "has LoRA on parts of fused layers (enable_lora: PEFT 0.2's MergedLinear, whose "
                                  "lora_B is a grouped convolution), which PEFT itself no longer loads: merging it "
                                  "is not supported"},
-    {"target_parameters", SET_IF_TRUE, "targets parameters (target_parameters, such as MoE experts' weights): "
-                                       "merging them is not supported"},
 };
 
 /* Python's truth of a JSON value, where an object becomes a config object,
@@ -175,6 +174,28 @@ static int check_unmerged_features(const char *path, const cJSON *root)
         if (feature_set(cJSON_GetObjectItemCaseSensitive(root, UNMERGED_FEATURES[i].key), UNMERGED_FEATURES[i].test))
             return config_fail(path, UNMERGED_FEATURES[i].why);
     return check_init_lora_weights(path, root);
+}
+
+/* target_parameters: PEFT's ParamWrapper, which refuses DoRA, a LoRA bias
+ * and fan_in_fan_out whether or not a module of the model matches. */
+static int parse_target_parameters(const char *path, struct lora_config *c)
+{
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(c->root, "target_parameters");
+    if (!tp || cJSON_IsNull(tp))
+        return NF4_OK;
+    if (!cJSON_IsArray(tp))
+        return config_fail(path, "\"target_parameters\" must be a list of parameter names");
+    for (const cJSON *e = tp->child; e; e = e->next)
+        if (!cJSON_IsString(e))
+            return config_fail(path, "\"target_parameters\" must be a list of parameter names");
+    if (!tp->child)
+        return NF4_OK;
+    if (c->use_dora || c->lora_bias || c->fan_in_fan_out)
+        return config_fail(path, c->use_dora    ? "sets target_parameters with use_dora, which PEFT refuses"
+                                 : c->lora_bias ? "sets target_parameters with lora_bias, which PEFT refuses"
+                                                : "sets target_parameters with fan_in_fan_out, which PEFT refuses");
+    c->target_parameters = tp;
+    return NF4_OK;
 }
 
 int lora_config_parse(const char *path, const char *json, size_t len, struct lora_config *c)
@@ -253,6 +274,8 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
                 return config_fail(path, "\"modules_to_save\" must be a list of module names");
         c->modules_to_save = mts;
     }
+    if ((code = parse_target_parameters(path, c)) != NF4_OK)
+        return code;
     c->token_indices = cJSON_GetObjectItemCaseSensitive(root, TOKEN_INDICES_KEY);
     if ((code = token_indices_check(path, c->token_indices)) != NF4_OK)
         return code;
@@ -367,6 +390,10 @@ struct binder {
      * the tied layers ask for: it reads both layers' factors whole. */
     const struct lora_adapter *mirror_of;
     int mirrored;
+    /* The base's config.json model_type, read for the first LoRA on MoE
+     * experts (lora_experts.h). */
+    int model_type_read;
+    char *model_type;
 };
 
 static int is_factor_dtype(enum st_dtype dt)
@@ -737,8 +764,10 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
      * weights whatever their rank or shape. (One that is not in the base at
      * all is an adapter for another model, refused above.) With
      * ensure_weight_tying PEFT wraps the tied head whenever it wraps the
-     * embedding, and does not list it. */
-    if (!lora_target_matches(&c->targets, module) && !wrapped_for_the_tie(b, c, wname)) {
+     * embedding, and does not list it. A 2-D parameter that target_parameters
+     * selects has the same pair and delta (ParamWrapper with one expert). */
+    if (!lora_target_matches(&c->targets, module) && !wrapped_for_the_tie(b, c, wname) &&
+        target_parameters_select(c->target_parameters, module, "weight") != 1) {
         nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
                  "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
         goto out;
@@ -827,6 +856,156 @@ out:
 
 static int check_b_has_a(const struct model *m, const char *file, const char *key, const char *suffix,
                          const struct pair_kind *kind);
+
+/* Whether A factor `a` of module `wrapped` ("M" or "M.base_layer...") is a
+ * LoRA on M's fused MoE experts (lora_experts.h): target_parameters selects a
+ * parameter of M, and M has no weight of its own in the base. */
+static int is_experts_pair(const struct binder *b, const struct lora_config *c, const char *wrapped)
+{
+    if (!c->target_parameters)
+        return 0;
+    size_t depth, ndim;
+    const uint64_t *shape;
+    const char *params[EXPERTS_NPARAMS];
+    char *module = experts_unwrap(wrapped, &depth), *wname = module ? base_weight_name(module) : NULL;
+    int experts = wname && experts_targeted(c->target_parameters, module, params) > 0 &&
+                  !base_shape(b, wname, &ndim, &shape);
+    free(module);
+    free(wname);
+    return experts;
+}
+
+/* The checkpoint tensor `name` of one expert: [rows, cols], where x is bound. */
+static int bind_expert_part(struct binder *b, const char *file, const char *aname, const char *name, uint64_t rows,
+                            uint64_t cols, const struct lora_term *term)
+{
+    size_t ndim;
+    const uint64_t *shape;
+    if (!base_shape(b, name, &ndim, &shape))
+        return nf4_fail(NF4_EDATA, file, aname, "is a LoRA on MoE experts, but the base has no floating-point tensor "
+                        "%s (an adapter for another model?)", name);
+    if (ndim != 2 || shape[0] != rows || shape[1] != cols)
+        return nf4_fail(NF4_EDATA, file, aname, "gives %s a %llux%llu delta, but it is %s%llux%llu", name,
+                        (unsigned long long)rows, (unsigned long long)cols, ndim == 2 ? "" : "not a matrix, ",
+                        (unsigned long long)shape[0], (unsigned long long)(ndim > 1 ? shape[1] : 0));
+    struct binding *x = add_binding(b, file, name);
+    if (!x)
+        return nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+    x->rows = rows;
+    x->cols = cols;
+    x->term = *term;
+    return NF4_OK;
+}
+
+/* A LoRA on parameter P of MoE experts module M, key "M(.base_layer)^d.lora_A.weight":
+ * one term on each expert's checkpoint tensors (lora_experts.h). */
+static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, size_t index,
+                             const struct lora_config *c, const char *wrapped, const struct model_tensor *a)
+{
+    const char *file = a->file->path, *aname = a->t->name, *params[EXPERTS_NPARAMS];
+    size_t depth;
+    char *module = experts_unwrap(wrapped, &depth), *bname = factor_key(ad, wrapped, LORA_B_SUFFIX);
+    char *pkey = NULL, *names[2] = {NULL, NULL};
+    int code = NF4_OK;
+    if (!module || !bname) {
+        code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+        goto out;
+    }
+    size_t nparams = experts_targeted(c->target_parameters, module, params);
+    if (depth >= nparams) {
+        code = nf4_fail(NF4_EDATA, file, aname, "is a LoRA on a parameter of %s that target_parameters does not "
+                        "name (it selects %zu there)", module, nparams);
+        goto out;
+    }
+    /* PEFT wraps the parameters in order, each wrapper around the one before. */
+    const char *param = params[nparams - 1 - depth];
+    if (!b->model_type_read) {
+        b->model_type_read = 1;
+        if ((code = model_config_type(b->base, &b->model_type)) != NF4_OK)
+            goto out;
+    }
+    const enum experts_form form = experts_form_of(b->model_type);
+    if (form == EXPERTS_UNKNOWN) {
+        code = nf4_fail(NF4_EDATA, file, aname, "is a LoRA on the MoE experts' %s (target_parameters), which nf4deq "
+                        "merges for the models transformers 5 fuses as Mixtral's or Qwen2-MoE's; the base's "
+                        "config.json model_type is %s", param, b->model_type ? b->model_type : "not given");
+        goto out;
+    }
+    const struct model_tensor *bt = model_find(ad->weights, bname);
+    if (!bt) {
+        code = nf4_fail(NF4_EDATA, file, aname, "has no matching %s", bname);
+        goto out;
+    }
+    const struct st_tensor *at = a->t, *btt = bt->t;
+    if (!is_factor_dtype(at->dtype) || !is_factor_dtype(btt->dtype)) {
+        code = nf4_fail(NF4_EDATA, file, is_factor_dtype(at->dtype) ? bname : aname,
+                        "is %s; LoRA weights must be F32, BF16 or F16",
+                        dtype_name(is_factor_dtype(at->dtype) ? btt->dtype : at->dtype));
+        goto out;
+    }
+    if (at->ndim != 2 || btt->ndim != 2) {
+        code = nf4_fail(NF4_EDATA, file, at->ndim != 2 ? aname : bname, "is not a matrix");
+        goto out;
+    }
+    uint32_t r;
+    double alpha;
+    /* PEFT matches rank_pattern and alpha_pattern against "M.P". */
+    if (!(pkey = module_param_name(module, param))) {
+        code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+        goto out;
+    }
+    int from_pattern = module_rank_alpha(c, pkey, &r, &alpha);
+    const uint64_t experts = at->shape[0] / r, out_f = btt->shape[0], in_f = at->shape[1];
+    if (at->shape[0] % r != 0 || experts == 0 || experts > UINT32_MAX || btt->shape[1] != at->shape[0]) {
+        code = nf4_fail(NF4_EDATA, file, btt->shape[1] != at->shape[0] && at->shape[0] % r == 0 ? bname : aname,
+                        "has %llu columns, %llu rows in %s: a LoRA on MoE experts has r * experts rows in lora_A and "
+                        "as many columns in lora_B, and the config says r = %u%s",
+                        (unsigned long long)btt->shape[1], (unsigned long long)at->shape[0], aname, r,
+                        from_pattern ? " (rank_pattern)" : "");
+        goto out;
+    }
+    const size_t nparts = strcmp(param, EXPERTS_PARAMS[0]) == 0 ? 2 : 1;
+    if (out_f % nparts != 0 || out_f == 0 || in_f == 0) {
+        code = nf4_fail(NF4_EDATA, file, bname, "has %llu rows, which do not make the %s of %zu part%s",
+                        (unsigned long long)out_f, param, nparts, nparts > 1 ? "s" : "");
+        goto out;
+    }
+    const float scaling = lora_scaling(alpha, r, c->use_rslora);
+    if (!isfinite(scaling)) {
+        code = nf4_fail(NF4_EDATA, file, aname, "lora_alpha / r is not a finite fp32 number");
+        goto out;
+    }
+    /* Every expert the factors hold, and no more in the base. */
+    for (uint64_t e = 0; e <= experts && code == NF4_OK; e++) {
+        if (!experts_tensor_names(form, module, param, e, names)) {
+            code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+            break;
+        }
+        size_t ndim;
+        const uint64_t *shape;
+        if (e == experts) {
+            if (base_shape(b, names[0], &ndim, &shape))
+                code = nf4_fail(NF4_EDATA, file, aname, "holds %llu experts (r = %u), but the base has %s too",
+                                (unsigned long long)experts, r, names[0]);
+        } else {
+            for (size_t p = 0; p < nparts && code == NF4_OK; p++) {
+                const struct lora_term term = {.a = a, .b = bt, .r = r, .alpha = alpha, .scaling = scaling,
+                                               .a_row0 = e * r, .b_row0 = p * (out_f / nparts),
+                                               .b_col0 = (uint32_t)e, .b_col_step = (uint32_t)experts,
+                                               .adapter = index};
+                code = bind_expert_part(b, file, aname, names[p], out_f / nparts, in_f, &term);
+            }
+        }
+        free(names[0]);
+        free(names[1]);
+        names[0] = names[1] = NULL;
+    }
+out:
+    free(module);
+    free(bname);
+    free(pkey);
+    return code;
+}
 
 /* Where an adapter's config is, for messages. */
 static const char *config_name(const struct lora_adapter *ad)
@@ -1288,7 +1467,8 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
             char *module = lora_a_module(name, kind);
             if (!module)
                 return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
-            code = bind_pair(b, ad, index, c, module, t, kind);
+            code = kind == &LAYER_PAIR && is_experts_pair(b, c, module) ? bind_experts_pair(b, ad, index, c, module, t)
+                                                                         : bind_pair(b, ad, index, c, module, t, kind);
             free(module);
         } else if (str_ends_with(name, LORA_B_SUFFIX)) {
             code = check_b_has_a(m, file, key, LORA_B_SUFFIX, &LAYER_PAIR);
@@ -1552,6 +1732,7 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
         token_rows_free(b.items[i].tokens);
     }
     free(b.items);
+    free(b.model_type);
     if (code != NF4_OK) {
         lora_close(s);
         return code;

@@ -26,6 +26,10 @@
  * Trained token rows (trainable_token_indices, token_rows.h),
  *   base_model.model.<module>.token_adapter.trainable_tokens_delta [n, cols]
  * replace rows of <module>.weight whole.
+ * A LoRA on a MoE layer's fused experts (target_parameters),
+ *   base_model.model.<module>(.base_layer).lora_A.weight [r * E, in]
+ *   base_model.model.<module>(.base_layer).lora_B.weight [out, r * E]
+ * changes each expert's tensors by its own B @ A (lora_experts.h).
  *
  * Everything is checked against the base before any data is read (but for the
  * factors of a tied head and embedding, compared to tell whether they were
@@ -80,6 +84,12 @@ struct lora_term {
     int bias;             /* a LoRA bias (lora_bias): a is lora_B.bias, read as R [1, out]; b is NULL, L = 1;
                              r = 1, and pair_r is the rank of the module's pair (for inspect) */
     uint32_t pair_r;
+    /* One expert's part of a LoRA on a MoE layer's fused experts (PEFT's
+     * target_parameters, lora_experts.h): L(row, k) = B[b_row0 + row,
+     * b_col0 + k * b_col_step] and R = A's rows a_row0 .. a_row0 + r - 1.
+     * b_col_step is 0 for any other pair (all four are 0 then). */
+    uint64_t a_row0, b_row0;
+    uint32_t b_col0, b_col_step;
     size_t adapter;       /* index of the adapter, in --lora order */
 };
 
@@ -144,6 +154,7 @@ struct lora_config {
     int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
     const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
     const cJSON *token_indices; /* trainable_token_indices (token_rows.h), into root; NULL when absent */
+    const cJSON *target_parameters; /* a list of parameter names (lora_experts.h), into root; NULL when absent */
     /* Each pattern key compiled, in the object's order, NULL-terminated. */
     struct pattern **rank_compiled, **alpha_compiled;
     struct lora_target_rules targets; /* which modules PEFT would wrap */

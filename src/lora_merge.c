@@ -33,6 +33,8 @@ static uint64_t factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t 
             floats += last_row - first_row + 1 + n;
         if (x->fan_in_fan_out) /* B is read whole, then transposed into R */
             floats += (uint64_t)x->r * t->cols;
+        if (x->b_col_step) /* one row of B at a time, whole, of which an expert's columns are kept */
+            floats += (uint64_t)x->r * x->b_col_step;
     }
     return floats * 4;
 }
@@ -125,7 +127,29 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
         struct merge_factor *f = &j->f[i];
         uint64_t r_floats = (uint64_t)x->r * t->cols, l_count = l_floats(x, first_row, last_row);
         *f = (struct merge_factor){.rank = x->r, .scaling = x->scaling};
-        if (!x->fan_in_fan_out) {
+        if (x->b_col_step) {
+            /* One expert of a LoRA on MoE experts (lora_experts.h): L(row, k) =
+             * B[b_row0 + row, b_col0 + k * b_col_step], gathered from each row
+             * read whole; R = A's rows a_row0 onward. */
+            const uint64_t width = (uint64_t)x->r * x->b_col_step, span = last_row - first_row + 1;
+            float *row = at + l_count + r_floats;
+            f->l = at;
+            f->l_row0 = first_row;
+            f->l_row_stride = x->r;
+            f->l_k_stride = 1;
+            f->l_floats = l_count;
+            for (uint64_t row_i = 0; row_i < span; row_i++) {
+                if ((code = read_f32(x->b, (x->b_row0 + first_row + row_i) * width, width, row)) != NF4_OK)
+                    return code;
+                for (uint32_t k = 0; k < x->r; k++)
+                    at[row_i * x->r + k] = row[x->b_col0 + (uint64_t)k * x->b_col_step];
+            }
+            at += l_count;
+            f->r = at;
+            if ((code = read_f32(x->a, x->a_row0 * t->cols, r_floats, at)) != NF4_OK)
+                return code;
+            at += r_floats;
+        } else if (!x->fan_in_fan_out) {
             /* L = B [rows, r]: only the rows this chunk touches. R = A [r, cols]. */
             f->l = at;
             f->l_row0 = first_row;

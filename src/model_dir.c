@@ -396,6 +396,22 @@ static int read_config(const char *dir, cJSON **root)
     return code;
 }
 
+int model_config_type(const struct model *m, char **model_type)
+{
+    *model_type = NULL;
+    char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
+    if (!dir)
+        return nf4_fail(NF4_ESOFTWARE, m->file_names[0], NULL, "out of memory");
+    cJSON *root;
+    int code = read_config(dir, &root);
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
+    if (code == NF4_OK && cJSON_IsString(type) && !(*model_type = strdup(type->valuestring)))
+        code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    cJSON_Delete(root);
+    free(dir);
+    return code;
+}
+
 int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, size_t n)
 {
     cJSON *root;

@@ -56,6 +56,10 @@ int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, siz
  * read of config.json is the error. */
 struct model;
 int model_tied_embedding(const struct model *m, const char **embedding);
+/* *model_type: config.json's "model_type" (allocated), from m's directory or
+ * beside its single file; NULL where there is none. A failed read of
+ * config.json is the error. */
+int model_config_type(const struct model *m, char **model_type);
 /* The rows of a causal LM's input embedding (the names above), or 0 where m
  * has none of them. */
 uint64_t model_embedding_rows(const struct model *m);

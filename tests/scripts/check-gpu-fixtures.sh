@@ -35,11 +35,12 @@ converted_lora() { # converted_lora NAME IN GOT_DIR REF_BASE LORA: --lora LORA.s
         failed=$((failed + 1)); echo "FAIL: convert --lora ${5##*/}"
     fi
 }
-merge() { # merge LABEL BASE ADAPTER OUT EXPECTED: --lora on the GPU, within the tolerance, equal to the CPU's
+merge() { # merge LABEL BASE ADAPTER OUT EXPECTED [PLAIN]: --lora on the GPU, within the tolerance, equal to the
+    # CPU's (PLAIN: a plain conversion of BASE, for expected files that hold only the merged tensors)
     "$bin" convert -q --device "$gpu" "$2" "$4-gpu" --lora "$3" ||
         { failed=$((failed + 1)); echo "FAIL: convert --lora $3"; return; }
     if python3 tests/scripts/check_lora_tolerance.py "$4-gpu" "$5.expected.safetensors" "$5.expected.fp64.safetensors" \
-        "$3"; then
+        "$3" ${6:+"$6"}; then
         passed=$((passed + 1))
     else
         failed=$((failed + 1)); echo "FAIL: $1 tolerance"
@@ -82,6 +83,10 @@ for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 b
     base=${c%%:*}; case_=${c##*:}
     merge "lora $case_" "$lf/base-llama-$base" "$lf/adapter-$case_" "$out/lora-$case_" "$lf/merged-$case_"
 done
+# A LoRA on MoE experts (target_parameters): expected files of the merged tensors only.
+convert "$gpu" "$lf/base-qwen3moe-bf16-bnb4" "$out/qwen3moe-plain"
+merge "lora experts" "$lf/base-qwen3moe-bf16-bnb4" "$lf/adapter-experts" "$out/lora-experts" "$lf/merged-experts" \
+    "$out/qwen3moe-plain"
 # Pickled adapters (adapter_model.bin): the same tensors as the adapters above,
 # so the GPU's merge from each equals its merge from them, byte for byte.
 for c in bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 bf16-bnb4:r8-all-linear; do

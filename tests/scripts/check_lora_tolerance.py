@@ -5,9 +5,13 @@ plus one ulp of the output dtype; at least 99.9% equal the fp32 merge exactly.
 Tensors the adapter does not merge into must equal the fp32 file byte for byte,
 and so must the biases a LoRA bias (lora_bias) changes: one multiply and one
 add, in PEFT's order.
+
+With PLAIN_DIR, a plain conversion of the base, the expected files hold only the
+tensors the adapter merges into (the MoE experts case, whose keys name no tensor
+of the base), and every other tensor must equal PLAIN_DIR's byte for byte.
 Needs numpy (the device image and the test venv have it).
 
-usage: check_lora_tolerance.py GOT_DIR EXPECTED_FP32 EXPECTED_FP64 ADAPTER_DIR
+usage: check_lora_tolerance.py GOT_DIR EXPECTED_FP32 EXPECTED_FP64 ADAPTER_DIR [PLAIN_DIR]
 (ADAPTER_DIR: a PEFT adapter, or a folder with a diffusers LoRA's pytorch_lora_weights.safetensors)
 """
 import os
@@ -43,9 +47,8 @@ def ulp(dtype, x):
     return np.ldexp(1.0, e - mant)
 
 
-def main():
-    got_dir, e32_path, e64_path, adapter = sys.argv[1:5]
-    got, e32, e64 = load(got_dir), load(e32_path), load(e64_path)
+def adapter_targets(adapter):
+    """The base tensors an adapter's LoRA pairs merge into."""
     merged = set()
     weights, prefix = os.path.join(adapter, "adapter_model.safetensors"), PREFIX
     if not os.path.exists(weights):  # a diffusers LoRA: the transformer's keys
@@ -54,6 +57,17 @@ def main():
         for a_suffix in (".lora_A.weight", ".lora_embedding_A"):  # a layer's LoRA, an embedding's
             if key.startswith(prefix) and key.endswith(a_suffix):
                 merged.add(key[len(prefix):-len(a_suffix)] + ".weight")
+    return merged
+
+
+def main():
+    got_dir, e32_path, e64_path, adapter = sys.argv[1:5]
+    got, e32, e64 = load(got_dir), load(e32_path), load(e64_path)
+    if len(sys.argv) > 5:  # only the merged tensors expected; the rest as a plain conversion writes them
+        merged = set(e32)
+        e32 = dict(load(sys.argv[5]), **e32)
+    else:
+        merged = adapter_targets(adapter)
     bad, total, exact = [], 0, 0
     if set(got) != set(e32):
         bad.append("tensor names differ: %s" % sorted(set(got) ^ set(e32)))

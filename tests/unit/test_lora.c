@@ -92,64 +92,90 @@ static void check_tensor(const struct model *got, const struct st_file *e32, con
     free(c);
 }
 
+/* Tensor `name` of `got` has the dtype, shape and bytes it has in `want`. */
+static void assert_same_model_tensor(const struct model *got, const struct model *want, const char *name)
+{
+    const struct model_tensor *g = model_find(got, name), *w = model_find(want, name);
+    if (!g || !w)
+        fail_msg("%s: missing from the output", name);
+    if (g->t->dtype != w->t->dtype || g->t->ndim != w->t->ndim || g->t->nelem != w->t->nelem)
+        fail_msg("%s: dtype or shape differs from the plain conversion's", name);
+    uint64_t n = st_tensor_bytes(w->t);
+    unsigned char *a = malloc(n + 1), *b = malloc(n + 1);
+    assert_true(a && b);
+    assert_int_equal(st_read(g->file, g->t, 0, a, n), NF4_OK);
+    assert_int_equal(st_read(w->file, w->t, 0, b, n), NF4_OK);
+    if (memcmp(a, b, n) != 0)
+        fail_msg("%s: differs from the plain conversion, and no LoRA merges into it", name);
+    free(a);
+    free(b);
+}
+
 #define TIED_BASE "base-llama-bf16-bnb4-tied"
 #define BIAS_BASE "base-llama-bf16-bnb4-bias"
 
 struct lora_case {
     const char *base, *adapter, *expected;
     uint64_t merged;
+    /* The expected files hold only the merged tensors; the others are the
+     * base's plain conversion. */
+    int partial;
 };
 
 static const struct lora_case CASES[] = {
-    {"base-llama-bf16-bnb4", "adapter-r8-all-linear", "merged-r8-all-linear", 14},
-    {"base-llama-bf16-bnb4", "adapter-r16-qv-lmhead", "merged-r16-qv-lmhead", 4},
-    {"base-llama-fp16-fp4-bnb4", "adapter-fp16-r4", "merged-fp16-r4", 4},
+    {"base-llama-bf16-bnb4", "adapter-r8-all-linear", "merged-r8-all-linear", 14, 0},
+    {"base-llama-bf16-bnb4", "adapter-r16-qv-lmhead", "merged-r16-qv-lmhead", 4, 0},
+    {"base-llama-fp16-fp4-bnb4", "adapter-fp16-r4", "merged-fp16-r4", 4, 0},
     /* A tied base (README.md, "Tied embeddings"): the head written apart from
      * the embedding, from the base's embedding, a copy, or with a LoRA; and an
      * embedding copy that ensure_weight_tying keeps tied. */
-    {TIED_BASE, "adapter-tied-embed", "merged-tied-embed", 4},
-    {TIED_BASE, "adapter-tied-head", "merged-tied-head", 4},
-    {TIED_BASE, "adapter-tied-embed-head", "merged-tied-embed-head", 4},
-    {TIED_BASE, "adapter-tied-head-lora", "merged-tied-head-lora", 3},
-    {TIED_BASE, "adapter-tied-ensure", "merged-tied-ensure", 2},
+    {TIED_BASE, "adapter-tied-embed", "merged-tied-embed", 4, 0},
+    {TIED_BASE, "adapter-tied-head", "merged-tied-head", 4, 0},
+    {TIED_BASE, "adapter-tied-embed-head", "merged-tied-embed-head", 4, 0},
+    {TIED_BASE, "adapter-tied-head-lora", "merged-tied-head-lora", 3, 0},
+    {TIED_BASE, "adapter-tied-ensure", "merged-tied-ensure", 2, 0},
     /* Embedding LoRA (README.md, "Embedding LoRA"): on an untied base; on a
      * tied one, which it parts; with ensure_weight_tying, the two layers'
      * factors trained apart (PEFT's default), which parts them too, or as one
      * (the head's the embedding's, transposed), which keeps the tie. */
-    {"base-llama-bf16-bnb4", "adapter-embed-lora", "merged-embed-lora", 3},
-    {TIED_BASE, "adapter-tied-embed-lora", "merged-tied-embed-lora", 3},
-    {TIED_BASE, "adapter-tied-embed-lora-ensure", "merged-tied-embed-lora-ensure", 4},
-    {TIED_BASE, "adapter-tied-embed-lora-mirror", "merged-tied-embed-lora-mirror", 3},
+    {"base-llama-bf16-bnb4", "adapter-embed-lora", "merged-embed-lora", 3, 0},
+    {TIED_BASE, "adapter-tied-embed-lora", "merged-tied-embed-lora", 3, 0},
+    {TIED_BASE, "adapter-tied-embed-lora-ensure", "merged-tied-embed-lora-ensure", 4, 0},
+    {TIED_BASE, "adapter-tied-embed-lora-mirror", "merged-tied-embed-lora-mirror", 3, 0},
     /* DoRA (README.md, "DoRA"): q, v and down_proj (rows of 352) in 4-bit, and
      * the 16-bit lm_head, each merged row rescaled by its magnitude over its norm. */
-    {"base-llama-bf16-bnb4", "adapter-dora", "merged-dora", 7},
+    {"base-llama-bf16-bnb4", "adapter-dora", "merged-dora", 7, 0},
     /* Trainable tokens (README.md, "Trainable tokens"): rows of the embedding,
      * and of the head, replaced whole; on a tied base shared by the head, or
      * the head's own rows, which part them. */
-    {"base-llama-bf16-bnb4", "adapter-tokens", "merged-tokens", 5},
-    {"base-llama-bf16-bnb4", "adapter-tokens-dict", "merged-tokens-dict", 4},
-    {TIED_BASE, "adapter-tied-tokens", "merged-tied-tokens", 3},
-    {TIED_BASE, "adapter-tied-tokens-apart", "merged-tied-tokens-apart", 4},
+    {"base-llama-bf16-bnb4", "adapter-tokens", "merged-tokens", 5, 0},
+    {"base-llama-bf16-bnb4", "adapter-tokens-dict", "merged-tokens-dict", 4, 0},
+    {TIED_BASE, "adapter-tied-tokens", "merged-tied-tokens", 3, 0},
+    {TIED_BASE, "adapter-tied-tokens-apart", "merged-tied-tokens-apart", 4, 0},
     /* A resized vocabulary (README.md, "A resized vocabulary"): the embedding
      * layers of 516 rows, frozen with the new rows trained, or trained whole. */
-    {"base-llama-bf16-bnb4", "adapter-resized-tokens", "merged-resized-tokens", 3},
-    {"base-llama-bf16-bnb4", "adapter-resized-copies", "merged-resized-copies", 2},
-    {TIED_BASE, "adapter-tied-resized-tokens", "merged-tied-resized-tokens", 3},
-    {TIED_BASE, "adapter-tied-resized-copy", "merged-tied-resized-copy", 2},
-    {"base-llama-bf16-bnb4", "adapter-resized-lora", "merged-resized-lora", 4},
+    {"base-llama-bf16-bnb4", "adapter-resized-tokens", "merged-resized-tokens", 3, 0},
+    {"base-llama-bf16-bnb4", "adapter-resized-copies", "merged-resized-copies", 2, 0},
+    {TIED_BASE, "adapter-tied-resized-tokens", "merged-tied-resized-tokens", 3, 0},
+    {TIED_BASE, "adapter-tied-resized-copy", "merged-tied-resized-copy", 2, 0},
+    {"base-llama-bf16-bnb4", "adapter-resized-lora", "merged-resized-lora", 4, 0},
     /* LoRA biases (README.md, "LoRA biases"): scaling * lora_B.bias added to
      * the attention projections' biases, after the trained bias that
      * "bias": "all" saves where there is one. */
-    {BIAS_BASE, "adapter-lora-bias", "merged-lora-bias", 16},
-    {BIAS_BASE, "adapter-lora-bias-all", "merged-lora-bias-all", 8},
+    {BIAS_BASE, "adapter-lora-bias", "merged-lora-bias", 16, 0},
+    {BIAS_BASE, "adapter-lora-bias-all", "merged-lora-bias-all", 8, 0},
     /* fp32 trained biases (rounded to the base's bf16 first, as PEFT loads
      * them), bf16 factors, scalings of rsLoRA and alpha_pattern that are not
      * powers of two. */
-    {BIAS_BASE, "adapter-lora-bias-fp32", "merged-lora-bias-fp32", 8},
+    {BIAS_BASE, "adapter-lora-bias-fp32", "merged-lora-bias-fp32", 8, 0},
+    /* A LoRA on MoE experts (README.md, "LoRA on MoE experts"): PEFT's
+     * target_parameters on the fused gate_up_proj and down_proj of three
+     * experts, each expert's part merged into its own tensors, and v_proj. */
+    {"base-qwen3moe-bf16-bnb4", "adapter-experts", "merged-experts", 10, 1},
 };
 
 static void check_merge(const char *out, const char *base, const char *adapter, const char *e32_path,
-                        const char *e64_path);
+                        const char *e64_path, const char *plain);
 
 static void check_case(const struct lora_case *lc, const char *out)
 {
@@ -157,7 +183,19 @@ static void check_case(const struct lora_case *lc, const char *out)
     char *e64_path = tu_strdupf(LORA_FIXTURES "/%s.expected.fp64.safetensors", lc->expected);
     char *adapter = tu_strdupf(LORA_FIXTURES "/%s", lc->adapter);
     char *base = tu_strdupf(LORA_FIXTURES "/%s", lc->base);
-    check_merge(out, base, adapter, e32_path, e64_path);
+    char *plain = NULL;
+    if (lc->partial) { /* the tensors no LoRA changes, as a plain conversion writes them */
+        plain = tu_strdupf("%s-plain", out);
+        struct convert_opts o;
+        convert_opts_init(&o);
+        o.device = DEVICE_CPU;
+        o.progress = PROGRESS_NONE;
+        struct convert_stats st;
+        nf4_set_quiet(1);
+        assert_int_equal(convert_run(base, plain, &o, &st), NF4_OK);
+    }
+    check_merge(out, base, adapter, e32_path, e64_path, plain);
+    free(plain);
     free(e32_path);
     free(e64_path);
     free(adapter);
@@ -165,9 +203,11 @@ static void check_case(const struct lora_case *lc, const char *out)
 }
 
 /* The merged model dir `out` of `adapter` on `base` against the fp32 and
- * fp64 expected files, with the tolerance. */
+ * fp64 expected files, with the tolerance. With `plain` (a plain conversion
+ * of the base) the expected files hold only the merged tensors, and every
+ * other tensor must equal plain's byte for byte. */
 static void check_merge(const char *out, const char *base, const char *adapter, const char *e32_path,
-                        const char *e64_path)
+                        const char *e64_path, const char *plain)
 {
     struct model *got, *bm;
     struct st_file *e32, *e64;
@@ -181,9 +221,30 @@ static void check_merge(const char *out, const char *base, const char *adapter, 
     struct lora_set *set;
     const char *dirs[1] = {adapter};
     assert_int_equal(lora_open(&set, dirs, 1, bm, w, nw), NF4_OK);
-    assert_int_equal(got->count, e32->count);
     struct tally tally = {0};
-    for (size_t i = 0; i < e32->count; i++) {
+    if (plain) {
+        struct model *pm;
+        assert_int_equal(model_open_dir(plain, &pm), NF4_OK);
+        assert_int_equal(got->count, pm->count);
+        for (size_t i = 0; i < e32->count; i++) {
+            const struct lora_target *t = lora_find(set, e32->tensors[i].name);
+            if (!t || !t->nterms)
+                fail_msg("%s: in %s, but no LoRA merges into it", e32->tensors[i].name, e32_path);
+            check_tensor(got, e32, e64, e32->tensors[i].name, 1, &tally);
+        }
+        for (size_t i = 0; i < pm->count; i++) {
+            const char *name = pm->tensors[i].t->name;
+            if (st_find(e32, name))
+                continue;
+            if (lora_find(set, name))
+                fail_msg("%s: merged, but not in %s", name, e32_path);
+            assert_same_model_tensor(got, pm, name);
+        }
+        model_close(pm);
+    } else {
+        assert_int_equal(got->count, e32->count);
+    }
+    for (size_t i = 0; !plain && i < e32->count; i++) {
         const char *name = e32->tensors[i].name;
         const struct lora_target *t = lora_find(set, name);
         /* A LoRA bias is one multiply and one add, in PEFT's order: exact. */
@@ -486,6 +547,247 @@ static void test_synthetic_adapters_match_reference(void **state)
     free(ad2);
     free(w1);
     free(w2);
+}
+
+/* ---- LoRA on MoE experts (target_parameters, lora_experts.h) ---- */
+
+#define SYN_EXPERTS 3
+#define SYN_HIDDEN 7
+#define SYN_INTERMEDIATE 5
+
+/* One expert's part of a LoRA on fused experts, for the reference: L(row, k)
+ * = B[b_row0 + row, k * experts + e], R(k, col) = A[e * r + k, col]. */
+struct syn_expert_term {
+    const struct syn_tensor *a, *b;
+    uint32_t r;
+    float scaling;
+    uint64_t b_row0;
+};
+
+/* The README's formula for element (row, col) of expert e's tensor. */
+static float reference_expert_merge(float w, const struct syn_expert_term *terms, size_t nterms, uint64_t e,
+                                    uint64_t row, uint64_t col)
+{
+    volatile float m = w;
+    for (size_t t = 0; t < nterms; t++) {
+        const struct syn_expert_term *x = &terms[t];
+        const uint64_t width = (uint64_t)x->r * SYN_EXPERTS;
+        volatile float acc = 0.0f;
+        for (uint32_t k = 0; k < x->r; k++) {
+            volatile float prod = x->b->v[(x->b_row0 + row) * width + k * SYN_EXPERTS + e] *
+                                  x->a->v[(e * x->r + k) * x->a->shape[1] + col];
+            acc = acc + prod;
+        }
+        volatile float d = acc * x->scaling;
+        m = m + d;
+    }
+    return m;
+}
+
+/* A Mixtral-form base of SYN_EXPERTS experts in `dir` (config.json saying
+ * `model_type`): w1 and w3 [I, H] in bf16, w2 [H, I] in f16. */
+static void write_experts_base(const char *dir, const char *model_type, struct syn_tensor *base)
+{
+    static char names[3 * SYN_EXPERTS][80];
+    static const char *const PARTS[3] = {"w1", "w3", "w2"};
+    assert_int_equal(mkdir(dir, 0755), 0);
+    for (int e = 0; e < SYN_EXPERTS; e++)
+        for (int p = 0; p < 3; p++) {
+            struct syn_tensor *t = &base[e * 3 + p];
+            float *v = t->v; /* a second base of the same values */
+            snprintf(names[e * 3 + p], sizeof names[0], "model.layers.0.block_sparse_moe.experts.%d.%s.weight", e,
+                     PARTS[p]);
+            *t = (struct syn_tensor){names[e * 3 + p], p < 2 ? DT_BF16 : DT_F16,
+                                     {p < 2 ? SYN_INTERMEDIATE : SYN_HIDDEN, p < 2 ? SYN_HIDDEN : SYN_INTERMEDIATE},
+                                     v};
+            if (!v)
+                syn_fill(t, 2.0f);
+        }
+    char *path = tu_strdupf("%s/model.safetensors", dir), *config = tu_strdupf("%s/config.json", dir),
+         *json = tu_strdupf("{\"model_type\": \"%s\"}", model_type);
+    syn_write(path, base, 3 * SYN_EXPERTS);
+    tu_write_file(config, json, strlen(json));
+    free(path);
+    free(config);
+    free(json);
+}
+
+/* Two adapters on a Mixtral-form base's experts, checked element by element
+ * against the reference for several chunk sizes and output dtypes: one on
+ * gate_up_proj alone (its pair under M), with rsLoRA and bf16 factors; one
+ * on gate_up_proj and down_proj (gate_up_proj's pair under M.base_layer),
+ * fp32 factors, down_proj with rank_pattern and alpha_pattern; expert e's
+ * gate rows into w1, its up rows into w3, its down_proj into w2. */
+static void test_experts_lora_matches_reference(void **state)
+{
+    struct tu_scratch *s = *state;
+    struct syn_tensor base[3 * SYN_EXPERTS] = {{0}};
+    char *base_dir = tu_strdupf("%s/base", s->dir);
+    write_experts_base(base_dir, "mixtral", base);
+    char *ad1 = tu_strdupf("%s/ad1", s->dir), *ad2 = tu_strdupf("%s/ad2", s->dir);
+    assert_int_equal(mkdir(ad1, 0755), 0);
+    assert_int_equal(mkdir(ad2, 0755), 0);
+#define M PEFT_KEY_PREFIX "model.layers.0.mlp.experts"
+    struct syn_tensor f1[2] = {
+        {M ".lora_A.weight", DT_BF16, {2 * SYN_EXPERTS, SYN_HIDDEN}, NULL},
+        {M ".lora_B.weight", DT_BF16, {2 * SYN_INTERMEDIATE, 2 * SYN_EXPERTS}, NULL},
+    };
+    struct syn_tensor f2[4] = {
+        {M ".base_layer.lora_A.weight", DT_F32, {3 * SYN_EXPERTS, SYN_HIDDEN}, NULL},
+        {M ".base_layer.lora_B.weight", DT_F32, {2 * SYN_INTERMEDIATE, 3 * SYN_EXPERTS}, NULL},
+        {M ".lora_A.weight", DT_F32, {1 * SYN_EXPERTS, SYN_INTERMEDIATE}, NULL},
+        {M ".lora_B.weight", DT_F32, {SYN_HIDDEN, 1 * SYN_EXPERTS}, NULL},
+    };
+#undef M
+    for (int i = 0; i < 4; i++) {
+        if (i < 2)
+            syn_fill(&f1[i], 1.0f);
+        syn_fill(&f2[i], 1.0f);
+    }
+    char *w1 = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad1), *w2 = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad2);
+    syn_write(w1, f1, 2);
+    syn_write(w2, f2, 4);
+    write_config(ad1, "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 3, \"use_rslora\": true, "
+                      "\"target_modules\": null, \"target_parameters\": [\"gate_up_proj\"]}");
+    write_config(ad2, "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 6, \"target_modules\": [\"q_proj\"], "
+                      "\"target_parameters\": [\"mlp.experts.down_proj\", \"mlp.experts.gate_up_proj\"], "
+                      "\"rank_pattern\": {\"down_proj\": 1}, \"alpha_pattern\": {\"experts\\\\.down_proj\": 5}}");
+    const float s1 = (float)(3 / sqrt(2.0));
+    /* Per part (w1, w3, w2): the terms in adapter order. */
+    const struct syn_expert_term gate[2] = {{&f1[0], &f1[1], 2, s1, 0}, {&f2[0], &f2[1], 3, 2.0f, 0}};
+    const struct syn_expert_term up[2] = {{&f1[0], &f1[1], 2, s1, SYN_INTERMEDIATE},
+                                          {&f2[0], &f2[1], 3, 2.0f, SYN_INTERMEDIATE}};
+    const struct syn_expert_term down[1] = {{&f2[2], &f2[3], 1, 5.0f, 0}};
+    const struct syn_expert_term *terms[3] = {gate, up, down};
+    const size_t nterms[3] = {2, 2, 1};
+
+    static const uint64_t CHUNKS[] = {0, 1, 6, 64};
+    static const enum st_dtype DTYPES[] = {DT_INVALID, DT_F32};
+    const char *dirs[2] = {ad1, ad2};
+    for (size_t ci = 0; ci < sizeof CHUNKS / sizeof CHUNKS[0]; ci++) {
+        for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++) {
+            char *out = tu_strdupf("%s/out-%zu-%zu", s->dir, ci, di), *file = tu_strdupf("%s/model.safetensors", out);
+            assert_int_equal(merge_on_cpu(base_dir, out, dirs, 2, CHUNKS[ci], 3, DTYPES[di]), 3 * SYN_EXPERTS);
+            struct st_file *f;
+            assert_int_equal(st_open(file, &f), NF4_OK);
+            for (int i = 0; i < 3 * SYN_EXPERTS; i++) {
+                const struct st_tensor *t = st_find(f, base[i].name);
+                assert_non_null(t);
+                enum st_dtype want_dt = DTYPES[di] != DT_INVALID ? DTYPES[di] : base[i].dtype;
+                assert_int_equal(t->dtype, want_dt);
+                unsigned size = dtype_bits(want_dt) / 8;
+                unsigned char *buf = malloc(t->nelem * size + 4);
+                assert_int_equal(st_read(f, t, 0, buf, t->nelem * size), NF4_OK);
+                for (uint64_t k = 0; k < t->nelem; k++) {
+                    const uint64_t cols = base[i].shape[1];
+                    float want = reference_expert_merge(base[i].v[k], terms[i % 3], nterms[i % 3], (uint64_t)i / 3,
+                                                        k / cols, k % cols);
+                    uint32_t want_bits = encode(want_dt, want), got_bits = 0;
+                    memcpy(&got_bits, buf + k * size, size);
+                    if (got_bits != want_bits)
+                        fail_msg("%s[%llu] (chunk %llu, %s): 0x%x, reference 0x%x", base[i].name,
+                                 (unsigned long long)k, (unsigned long long)CHUNKS[ci], dtype_name(want_dt), got_bits,
+                                 want_bits);
+                }
+                free(buf);
+            }
+            st_close(f);
+            free(file);
+            free(out);
+        }
+    }
+    for (int i = 0; i < 3 * SYN_EXPERTS; i++)
+        free(base[i].v);
+    for (int i = 0; i < 4; i++) {
+        if (i < 2)
+            free(f1[i].v);
+        free(f2[i].v);
+    }
+    free(base_dir);
+    free(ad1);
+    free(ad2);
+    free(w1);
+    free(w2);
+}
+
+/* LoRAs on MoE experts that PEFT could not have written for the base, or
+ * that nf4deq cannot place: exit 65, one line naming the file and the key,
+ * and no output. */
+static void test_experts_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+    struct syn_tensor base[3 * SYN_EXPERTS] = {{0}};
+    char *mixtral = tu_strdupf("%s/mixtral", s->dir), *llama = tu_strdupf("%s/llama", s->dir);
+    write_experts_base(mixtral, "mixtral", base);
+    write_experts_base(llama, "llama", base);
+    static const char GATE_UP[] = "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 2, "
+                                  "\"target_parameters\": [\"gate_up_proj\"]}";
+    static const struct {
+        const char *base, *config, *want;
+        const char *a_key, *b_key; /* after PEFT_KEY_PREFIX "model.layers.0.mlp.experts" */
+        uint64_t a_shape[2], b_shape[2];
+        enum st_dtype dtype;
+    } BAD[] = {
+        {"llama", GATE_UP, "merges for the models transformers 5 fuses as Mixtral's or Qwen2-MoE's; the base's "
+         "config.json model_type is llama", ".lora_A.weight", ".lora_B.weight", {6, 7}, {10, 6}, DT_F32},
+        {"mixtral", GATE_UP, "has 6 columns, 5 rows in", ".lora_A.weight", ".lora_B.weight", {5, 7}, {10, 6},
+         DT_F32},
+        {"mixtral", GATE_UP, "has 8 columns, 6 rows in", ".lora_A.weight", ".lora_B.weight", {6, 7}, {10, 8},
+         DT_F32},
+        {"mixtral", GATE_UP, "holds 2 experts (r = 2), but the base has "
+         "model.layers.0.block_sparse_moe.experts.2.w1.weight too", ".lora_A.weight", ".lora_B.weight", {4, 7},
+         {10, 4}, DT_F32},
+        {"mixtral", GATE_UP, "the base has no floating-point tensor model.layers.0.block_sparse_moe.experts.3.w1.weight",
+         ".lora_A.weight", ".lora_B.weight", {8, 7}, {10, 8}, DT_F32},
+        {"mixtral", GATE_UP, "has 9 rows, which do not make the gate_up_proj of 2 parts", ".lora_A.weight",
+         ".lora_B.weight", {6, 7}, {9, 6}, DT_F32},
+        {"mixtral", GATE_UP, "gives model.layers.0.block_sparse_moe.experts.0.w1.weight a 5x6 delta, but it is 5x7",
+         ".lora_A.weight", ".lora_B.weight", {6, 6}, {10, 6}, DT_F32},
+        {"mixtral", GATE_UP, "is a LoRA on a parameter of model.layers.0.mlp.experts that target_parameters does not "
+         "name (it selects 1 there)", ".base_layer.lora_A.weight", ".base_layer.lora_B.weight", {6, 7}, {10, 6},
+         DT_F32},
+        {"mixtral", GATE_UP, "is I32; LoRA weights must be F32, BF16 or F16", ".lora_A.weight", ".lora_B.weight",
+         {6, 7}, {10, 6}, DT_I32},
+        {"mixtral", GATE_UP, "has no matching base_model.model.model.layers.0.mlp.experts.lora_B.weight",
+         ".lora_A.weight", ".other.weight", {6, 7}, {10, 6}, DT_F32},
+        {"mixtral", "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 2, \"use_dora\": true, "
+         "\"target_parameters\": [\"gate_up_proj\"]}", "sets target_parameters with use_dora, which PEFT refuses",
+         ".lora_A.weight", ".lora_B.weight", {6, 7}, {10, 6}, DT_F32},
+        {"mixtral", "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 2, \"target_parameters\": \"gate_up_proj\"}",
+         "\"target_parameters\" must be a list of parameter names", ".lora_A.weight", ".lora_B.weight", {6, 7},
+         {10, 6}, DT_F32},
+    };
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        char *ad = tu_strdupf("%s/ad-%zu", s->dir, i), *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+        char *a_name = tu_strdupf(PEFT_KEY_PREFIX "model.layers.0.mlp.experts%s", BAD[i].a_key);
+        char *b_name = tu_strdupf(PEFT_KEY_PREFIX "model.layers.0.mlp.experts%s", BAD[i].b_key);
+        assert_int_equal(mkdir(ad, 0755), 0);
+        struct syn_tensor f[2] = {{a_name, BAD[i].dtype, {BAD[i].a_shape[0], BAD[i].a_shape[1]}, NULL},
+                                  {b_name, DT_F32, {BAD[i].b_shape[0], BAD[i].b_shape[1]}, NULL}};
+        syn_fill(&f[0], 1.0f);
+        syn_fill(&f[1], 1.0f);
+        syn_write(w, f, 2);
+        write_config(ad, BAD[i].config);
+        char *in = tu_strdupf("%s/%s", s->dir, BAD[i].base), *out = tu_strdupf("%s/out", s->dir);
+        struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", ad, NULL);
+        if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, BAD[i].want))
+            fail_msg("case %zu: exit %d, stderr: %s", i, r.status, r.err);
+        struct stat st;
+        assert_int_not_equal(stat(out, &st), 0);
+        tu_run_free(&r);
+        free(f[0].v);
+        free(f[1].v);
+        free(in);
+        free(out);
+        free(a_name);
+        free(b_name);
+        free(ad);
+        free(w);
+    }
+    for (int i = 0; i < 3 * SYN_EXPERTS; i++)
+        free(base[i].v);
+    free(mixtral);
+    free(llama);
 }
 
 /* What PEFT 0.21 saves beside the LoRA pairs, each merged as it loads it:
@@ -1644,7 +1946,7 @@ static void test_diffusers_loras(void **state)
         char *e64 = tu_strdupf(DIFFUSERS_FIXTURES "/tiny-flux-bnb4.transformer.%s.expected.fp64.safetensors", NAMES[i]);
         const char *dirs[1] = {ad};
         assert_int_equal(merge_on_cpu(base, out, dirs, 1, i ? 1 : 0, 3, DT_INVALID), 18);
-        check_merge(out, base, ad, e32, e64);
+        check_merge(out, base, ad, e32, e64, NULL);
         free(out);
         free(ad);
         free(e32);
@@ -3772,6 +4074,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fp32_output_is_the_unrounded_merge, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
                                         tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_lora_matches_reference, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_peft_saved_layouts, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_tied_embeddings_parted_by_an_adapter, tu_scratch_setup,
                                         tu_scratch_teardown),

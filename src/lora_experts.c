@@ -1,0 +1,127 @@
+#include "lora_experts.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const EXPERTS_PARAMS[EXPERTS_NPARAMS] = {"gate_up_proj", "down_proj"};
+
+/* transformers 5.24's conversion_mapping.py: the model_types whose experts
+ * load through Mixtral's or Qwen2-MoE's WeightConverters. Each of their
+ * experts modules registers gate_up_proj [E, 2I, H], then down_proj [E, H, I],
+ * and none is is_transposed (gpt_oss, aria and openai_privacy_filter are). */
+static const char *const MIXTRAL_TYPES[] = {"mixtral", "minimax", "minimax_m2"};
+static const char *const QWEN2_MOE_TYPES[] = {
+    "qwen2_moe",     "afmoe",        "deepseek_v2",   "deepseek_v3", "deepseek_v32",   "dots1",
+    "ernie4_5_moe",  "glm4_moe",     "glm4_moe_lite", "glm_moe_dsa", "glm4v_moe",      "longcat_flash",
+    "solar_open",    "mellum",       "qwen3_moe",     "beam",        "qwen3_omni_moe", "qwen3_omni_moe_thinker",
+    "qwen3_omni_moe_text", "qwen3_next", "hunyuan_v1_moe", "flex_olmo", "olmoe",       "sarvam_mla",
+    "exaone_moe",    "cohere2_moe",
+};
+
+static int in_list(const char *s, const char *const *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(s, list[i]) == 0)
+            return 1;
+    return 0;
+}
+
+enum experts_form experts_form_of(const char *model_type)
+{
+    if (!model_type)
+        return EXPERTS_UNKNOWN;
+    if (in_list(model_type, MIXTRAL_TYPES, sizeof MIXTRAL_TYPES / sizeof *MIXTRAL_TYPES))
+        return EXPERTS_MIXTRAL;
+    if (in_list(model_type, QWEN2_MOE_TYPES, sizeof QWEN2_MOE_TYPES / sizeof *QWEN2_MOE_TYPES))
+        return EXPERTS_QWEN2_MOE;
+    return EXPERTS_UNKNOWN;
+}
+
+#define BASE_LAYER_TAIL ".base_layer"
+
+char *experts_unwrap(const char *wrapped, size_t *depth)
+{
+    size_t n = strlen(wrapped), k = strlen(BASE_LAYER_TAIL);
+    *depth = 0;
+    while (n > k && memcmp(wrapped + n - k, BASE_LAYER_TAIL, k) == 0) {
+        n -= k;
+        ++*depth;
+    }
+    return strndup(wrapped, n);
+}
+
+int target_parameters_select(const cJSON *target_parameters, const char *module, const char *param)
+{
+    size_t len = strlen(module) + 1 + strlen(param) + 1;
+    char *key = malloc(len);
+    if (!key)
+        return -1;
+    snprintf(key, len, "%s.%s", module, param);
+    int selected = 0;
+    for (const cJSON *e = target_parameters ? target_parameters->child : NULL; e && !selected; e = e->next) {
+        size_t k = cJSON_IsString(e) ? strlen(e->valuestring) : 0;
+        selected = k && (strcmp(key, e->valuestring) == 0 ||
+                         (k < len - 2 && key[len - 2 - k] == '.' && strcmp(key + len - 1 - k, e->valuestring) == 0));
+    }
+    free(key);
+    return selected;
+}
+
+size_t experts_targeted(const cJSON *target_parameters, const char *module, const char *params[EXPERTS_NPARAMS])
+{
+    size_t n = 0;
+    for (size_t i = 0; i < EXPERTS_NPARAMS; i++)
+        if (target_parameters_select(target_parameters, module, EXPERTS_PARAMS[i]) == 1)
+            params[n++] = EXPERTS_PARAMS[i];
+    return n;
+}
+
+/* Mixtral's checkpoint names the runtime's ".mlp." ".block_sparse_moe."
+ * (its WeightRenaming, reversed at save). */
+#define MIXTRAL_RUNTIME ".mlp."
+#define MIXTRAL_SAVED ".block_sparse_moe."
+
+/* module with its last ".mlp." as Mixtral saves it (allocated), or a copy
+ * where it has none. */
+static char *mixtral_saved_module(const char *module)
+{
+    const char *at = NULL;
+    for (const char *p = strstr(module, MIXTRAL_RUNTIME); p; p = strstr(p + 1, MIXTRAL_RUNTIME))
+        at = p;
+    if (!at)
+        return strdup(module);
+    size_t out_len = strlen(module) + strlen(MIXTRAL_SAVED) + 1;
+    char *out = malloc(out_len);
+    if (out)
+        snprintf(out, out_len, "%.*s%s%s", (int)(at - module), module, MIXTRAL_SAVED, at + strlen(MIXTRAL_RUNTIME));
+    return out;
+}
+
+size_t experts_tensor_names(enum experts_form form, const char *module, const char *param, uint64_t e,
+                            char *names[2])
+{
+    static const char *const QWEN2[2][2] = {{"gate_proj", "up_proj"}, {"down_proj", NULL}};
+    static const char *const MIXTRAL[2][2] = {{"w1", "w3"}, {"w2", NULL}};
+    const int down = strcmp(param, EXPERTS_PARAMS[1]) == 0;
+    const char *const *parts = form == EXPERTS_MIXTRAL ? MIXTRAL[down] : QWEN2[down];
+    char *saved = form == EXPERTS_MIXTRAL ? mixtral_saved_module(module) : strdup(module);
+    size_t n = 0;
+    names[0] = names[1] = NULL;
+    for (size_t p = 0; saved && p < 2 && parts[p]; p++) {
+        size_t len = strlen(saved) + strlen(parts[p]) + 32;
+        if (!(names[p] = malloc(len)))
+            break;
+        snprintf(names[p], len, "%s.%" PRIu64 ".%s.weight", saved, e, parts[p]);
+        n++;
+    }
+    free(saved);
+    if (n != (down ? 1u : 2u)) {
+        free(names[0]);
+        free(names[1]);
+        names[0] = names[1] = NULL;
+        return 0;
+    }
+    return n;
+}

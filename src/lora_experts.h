@@ -1,0 +1,67 @@
+/* PEFT's target_parameters on the experts of a mixture-of-experts layer
+ * (PEFT 0.21's lora.ParamWrapper), mapped onto the tensors a checkpoint holds.
+ *
+ * transformers 5 loads a MoE layer's experts as two fused parameters of a
+ * module M (e.g. model.layers.0.mlp.experts):
+ *   M.gate_up_proj [E, 2I, H]   each expert's gate rows, then its up rows
+ *   M.down_proj    [E, H, I]
+ * and saves them back as the checkpoint has them, one tensor per expert and
+ * projection (its conversion mapping, reversed; bitsandbytes never quantizes
+ * the fused parameters, and a checkpoint made before transformers 5 holds
+ * per-expert 4-bit weights):
+ *   Qwen2-MoE's form (qwen2_moe, qwen3_moe, deepseek_v3, olmoe, glm4_moe, ...):
+ *     M.e.gate_proj.weight, M.e.up_proj.weight [I, H], M.e.down_proj.weight [H, I]
+ *   Mixtral's form (mixtral, minimax, minimax_m2), M's ".mlp." saved as
+ *   ".block_sparse_moe.":
+ *     ...block_sparse_moe.experts.e.w1.weight (gate), w3 (up), w2 (down)
+ *
+ * A LoRA on parameter P of M, with rank r, is one pair
+ *   M.lora_A.weight [r * E, in]   expert e's rows e * r .. e * r + r - 1
+ *   M.lora_B.weight [out, r * E]  expert e's columns e, E + e, 2E + e, ...
+ * (PEFT reshapes A to [E, r, in] and B to [out, r, E]), and expert e's delta
+ * is scaling * B_e @ A_e, [out, in] = [2I, H] or [H, I]. Where both
+ * parameters are targeted PEFT nests the wrappers in the order the module
+ * registers its parameters (gate_up_proj, then down_proj): the last one
+ * wraps the others, so its keys are M.lora_A.weight and the one before it
+ * has M.base_layer.lora_A.weight. */
+#ifndef NF4DEQ_LORA_EXPERTS_H
+#define NF4DEQ_LORA_EXPERTS_H
+
+#include <cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* How the base's checkpoint holds its experts. */
+enum experts_form {
+    EXPERTS_UNKNOWN, /* a model_type nf4deq does not know the fusing of, or none */
+    EXPERTS_QWEN2_MOE,
+    EXPERTS_MIXTRAL,
+};
+
+/* The form transformers 5.24's conversion mapping gives config.json's
+ * model_type (NULL: none). */
+enum experts_form experts_form_of(const char *model_type);
+
+/* An experts module's parameters PEFT wraps, in the order it wraps them. */
+#define EXPERTS_NPARAMS 2
+extern const char *const EXPERTS_PARAMS[EXPERTS_NPARAMS];
+
+/* "M(.base_layer)^depth" -> M (allocated; NULL: out of memory) and depth. */
+char *experts_unwrap(const char *wrapped, size_t *depth);
+
+/* Whether the config's target_parameters (a JSON list of strings, or NULL)
+ * select parameter P of module M as PEFT's _inject_parameters matches them:
+ * an entry is "M.P", or "M.P" ends in "." and the entry. -1: out of memory. */
+int target_parameters_select(const cJSON *target_parameters, const char *module, const char *param);
+
+/* Which of EXPERTS_PARAMS target_parameters select on module M, filled into
+ * params in the order PEFT wraps them; returns how many. */
+size_t experts_targeted(const cJSON *target_parameters, const char *module, const char *params[EXPERTS_NPARAMS]);
+
+/* The checkpoint tensors of expert e's part of parameter `param` of M in
+ * `form`: gate_up_proj has two (gate, then up: each half of the rows), down_proj
+ * one. Fills names (allocated) and returns how many, or 0 when out of memory. */
+size_t experts_tensor_names(enum experts_form form, const char *module, const char *param, uint64_t e,
+                            char *names[2]);
+
+#endif
