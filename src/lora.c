@@ -394,6 +394,8 @@ struct binder {
      * experts (lora_experts.h). */
     int model_type_read;
     char *model_type;
+    /* Pairs bound to a parameter target_parameters selects, for the adapter being bound. */
+    size_t parameter_pairs;
 };
 
 static int is_factor_dtype(enum st_dtype dt)
@@ -766,8 +768,9 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
      * ensure_weight_tying PEFT wraps the tied head whenever it wraps the
      * embedding, and does not list it. A 2-D parameter that target_parameters
      * selects has the same pair and delta (ParamWrapper with one expert). */
-    if (!lora_target_matches(&c->targets, module) && !wrapped_for_the_tie(b, c, wname) &&
-        target_parameters_select(c->target_parameters, module, "weight") != 1) {
+    const int parameter = target_parameters_select(c->target_parameters, module, "weight") == 1;
+    b->parameter_pairs += parameter;
+    if (!lora_target_matches(&c->targets, module) && !wrapped_for_the_tie(b, c, wname) && !parameter) {
         nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
                  "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
         goto out;
@@ -1000,6 +1003,7 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
         free(names[1]);
         names[0] = names[1] = NULL;
     }
+    b->parameter_pairs += code == NF4_OK;
 out:
     free(module);
     free(bname);
@@ -1449,6 +1453,7 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
     int code = refuse_if_nothing_targeted(b, ad, c);
     if (code != NF4_OK)
         return code;
+    b->parameter_pairs = 0;
     for (size_t i = 0; i < m->count; i++) {
         const struct model_tensor *t = &m->tensors[i];
         const char *key = t->t->name, *file = t->file->path;
@@ -1486,6 +1491,12 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
         if (code != NF4_OK)
             return code;
     }
+    /* PEFT warns, and merges the rest, when target_parameters match nothing;
+     * an adapter saved with no pair for any of them matched nothing when it
+     * was trained. */
+    if (c->target_parameters && b->parameter_pairs == 0)
+        nf4_warn("%s: target_parameters select no parameter the adapter holds a LoRA for (PEFT matched none "
+                 "either); its other pairs are merged", ad->config_path);
     return NF4_OK;
 }
 

@@ -14,6 +14,8 @@
 # LORA_BENCH_DEVICES="cpu" leaves the GPU out (a machine without one);
 # LORA_BENCH_LAYERS=N generates N layers instead of 32 (a machine with less memory);
 # LORA_BENCH_DORA=1 makes the adapter a DoRA one (gen_bnb4 --dora), in WORKDIR/llama3-8b-dora.
+# LORA_BENCH_MOE=DIR times DIR/base with DIR/adapter instead, as tests/perf/make_moe_experts.py writes them
+# (a LoRA on MoE experts, target_parameters); cp -r of the plain output runs beside them.
 set -u
 log=${1:?LOGDIR}; reps=${2:-3}; work=${3:-/dev/shm/nf4lora}
 bin=build/nf4deq; gen=build/tools/gen_bnb4; base=${NF4DEQ_BASELINE:-}
@@ -24,7 +26,9 @@ kind_flag=(); name=llama3-8b
 mkdir -p "$log" "$work"
 table="$log/lora-table.txt"
 model=$work/$name; adapter=$work/$name-lora
-if [ ! -d "$model" ] || [ ! -d "$adapter" ]; then
+moe=${LORA_BENCH_MOE:-}
+[ -n "$moe" ] && { model=$moe/base; adapter=$moe/adapter; }
+if [ -z "$moe" ] && { [ ! -d "$model" ] || [ ! -d "$adapter" ]; }; then
     rm -rf "$model" "$adapter"
     "$gen" --preset llama3-8b "${layers[@]}" --lora-rank 64 "${kind_flag[@]}" "$model" | tee -a "$log/gen.txt" || exit 1
 fi
@@ -33,9 +37,19 @@ median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+
 declare -A times rss same
 configs=; for d in $devices; do configs="$configs $d:plain $d:lora"; done
 [ -n "$base" ] && configs="$configs base-cpu:lora"
+[ -n "$moe" ] && configs="$configs cp:plain"
 rm -rf "$work/merged"
 for r in $(seq "$reps"); do
     for c in $configs; do
+        if [ "$c" = cp:plain ]; then # the plain output copied, where it is: what writing it costs
+            "$bin" convert -q --device cpu "$model" "$work/plain-for-cp" || exit 1
+            rm -rf "$work/out"; drop
+            t0=$(date +%s.%N); cp -r "$work/plain-for-cp" "$work/out"; t1=$(date +%s.%N)
+            rm -rf "$work/plain-for-cp"
+            times[$c]="${times[$c]:-} $(awk "BEGIN { printf \"%.3f\", $t1 - $t0 }")"
+            rss[$c]=-
+            continue
+        fi
         dev=${c%%:*}; kind=${c##*:}; exe=$bin
         [ "$dev" = base-cpu ] && { dev=cpu; exe=$base; }
         extra=(); [ "$kind" = lora ] && extra=(--lora "$adapter")
@@ -66,6 +80,7 @@ rm -rf "$work/out"
     for c in $configs; do
         med=$(echo ${times[$c]} | tr ' ' '\n' | median)
         dev=${c%%:*}; [ "$dev" = base-cpu ] && dev=cpu # the baseline's merge against this build's plain CPU run
+        [ "$dev" = cp ] && dev=cpu # the copy against the CPU's plain conversion
         plain=$(echo ${times[$dev:plain]} | tr ' ' '\n' | median)
         printf '%-14s %10.2f %10.3f %10s  %s  (%s)\n' "$c" "$med" "$(awk "BEGIN { print $med / $plain }")" "${rss[$c]}" \
             "${times[$c]}" "${same[$c]:-not a merge}"

@@ -551,6 +551,9 @@ static void test_synthetic_adapters_match_reference(void **state)
 
 /* ---- LoRA on MoE experts (target_parameters, lora_experts.h) ---- */
 
+static void assert_lora_warns_once(const char *in, const char *out, const char *lora, const char *warning,
+                                   const char *merged);
+
 #define SYN_EXPERTS 3
 #define SYN_HIDDEN 7
 #define SYN_INTERMEDIATE 5
@@ -788,6 +791,31 @@ static void test_experts_lora_refusals(void **state)
         free(base[i].v);
     free(mixtral);
     free(llama);
+}
+
+/* target_parameters that no pair of the adapter is for: PEFT matched none
+ * of them when it trained (it saves a pair for each one it wraps), warns, and
+ * merges the rest; so does nf4deq, with one warning. */
+static void test_experts_lora_none_saved_warns(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *ad = tu_strdupf("%s/ad", s->dir), *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad),
+         *out = tu_strdupf("%s/out", s->dir);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    struct syn_tensor f[2] = {{PEFT_KEY_PREFIX "model.layers.0.self_attn.v_proj.lora_A.weight", DT_F32, {4, 128}, NULL},
+                              {PEFT_KEY_PREFIX "model.layers.0.self_attn.v_proj.lora_B.weight", DT_F32, {64, 4}, NULL}};
+    syn_fill(&f[0], 1.0f);
+    syn_fill(&f[1], 1.0f);
+    syn_write(w, f, 2);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"v_proj\"], "
+                     "\"target_parameters\": [\"mlp.experts.gate_up_proj\"]}");
+    assert_lora_warns_once(LORA_FIXTURES "/base-qwen3moe-bf16-bnb4", out, ad,
+                           "target_parameters select no parameter the adapter holds a LoRA for", "1 with LoRA merged");
+    free(f[0].v);
+    free(f[1].v);
+    free(ad);
+    free(w);
+    free(out);
 }
 
 /* What PEFT 0.21 saves beside the LoRA pairs, each merged as it loads it:
@@ -4076,6 +4104,7 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_matches_reference, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_lora_none_saved_warns, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_peft_saved_layouts, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_tied_embeddings_parted_by_an_adapter, tu_scratch_setup,
                                         tu_scratch_teardown),
