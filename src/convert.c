@@ -223,18 +223,55 @@ int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64
     return code;
 }
 
-/* --device auto takes the GPU where it is the faster engine: for LoRA merges,
- * whose arithmetic (2 x rank flops per element) it does many times faster,
- * and where this processor has only the scalar kernel. A plain conversion
- * with a vector kernel stays on the CPU: a few cores already compute faster
- * than the chunks can be copied into the page cache, which both engines do on
- * the CPU, and the GPU would add its start (0.2-0.3 s on a spare core, which
- * still slows the conversion) and a device round trip per chunk: 1.04-1.07x
- * the CPU's time into tmpfs, most of it the opening of CUDA itself
+/* A merge --device auto gives the GPU: its merged elements mostly 4-bit, and
+ * their mean rank (summed over adapters), scaled to MERGE_RANK_CORES of the
+ * CPU's threads, at least MERGE_GPU_RANK. Measured on the H200 host, 16
+ * cores, into tmpfs (docs/PERFORMANCE.md, "Which engine merges faster"): on a
+ * 4-bit base the GPU is the faster at r = 64 (1.07x; 1.26x on all 32 layers
+ * of Llama-3-8B) and the CPU at r = 16 (1.17x); on 16-bit weights (a LoRA on
+ * MoE experts) the CPU at both (1.35x at r = 16, 1.15x at r = 64): their
+ * 16-bit values cross to the device and back, where a 4-bit weight's quarter
+ * does. The CPU's arithmetic scales with its threads, so fewer of them move
+ * the line down in rank. */
+#define MERGE_GPU_RANK 48.0
+#define MERGE_RANK_CORES 16.0
+static int merge_wants_gpu(const struct ctx *c)
+{
+    if (c->merge_elements <= 0 || 2 * c->merge_4bit_elements < c->merge_elements)
+        return 0;
+    const double mean_rank = c->merge_rank_elements / c->merge_elements;
+    return mean_rank * MERGE_RANK_CORES / (c->threads > 0 ? c->threads : 1) >= MERGE_GPU_RANK;
+}
+
+/* --device auto takes the GPU where it is the faster engine: for LoRA merges
+ * whose arithmetic (2 x rank flops per element) is the CPU's limit
+ * (merge_wants_gpu), and where this processor has only the scalar kernel. A
+ * plain conversion with a vector kernel stays on the CPU: a few cores already
+ * compute faster than the chunks can be copied into the page cache, which both
+ * engines do on the CPU, and the GPU would add its start (0.2-0.3 s on a spare
+ * core, which still slows the conversion) and a device round trip per chunk:
+ * 1.04-1.07x the CPU's time into tmpfs, most of it the opening of CUDA itself
  * (docs/PERFORMANCE.md, "What the GPU path pays for CUDA into tmpfs"). */
 static int auto_wants_gpu(const struct ctx *c)
 {
-    return c->merging || c->cpu_path == CPU_PATH_SCALAR;
+    return (c->merging && merge_wants_gpu(c)) || c->cpu_path == CPU_PATH_SCALAR;
+}
+
+void convert_note_merge(struct ctx *c, const struct lora_set *s, const struct bnb_weight *weights, size_t nweights)
+{
+    for (size_t i = 0; s && i < s->ntargets; i++) {
+        const struct lora_target *t = &s->targets[i];
+        double rank = 0;
+        for (size_t k = 0; k < t->nterms; k++)
+            rank += t->terms[k].r;
+        if (rank == 0)
+            continue; /* a replacement or trained token rows: no arithmetic */
+        const double elements = (double)t->rows * (double)t->cols;
+        c->merge_elements += elements;
+        c->merge_rank_elements += elements * rank;
+        if (bnb_find(weights, nweights, t->name))
+            c->merge_4bit_elements += elements;
+    }
 }
 
 /* The CPU, or the GPU opened on a thread of its own while the pipeline starts
@@ -268,6 +305,8 @@ int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_wei
         return NF4_OK;
     int code = lora_open(&c->lora, c->opts->lora_dirs, c->opts->nlora, m, weights, nweights);
     c->merging = code == NF4_OK;
+    if (code == NF4_OK)
+        convert_note_merge(c, c->lora, weights, nweights);
     if (code == NF4_OK && c->lora->untied_embedding)
         nf4_note("%s: the adapters part %s from %s, which the base ties it to: the output has both, and its "
                  "config.json says tie_word_embeddings: false", m->dir, TIED_HEAD_NAME, c->lora->untied_embedding);

@@ -229,6 +229,7 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
                                            cl->key_components, cl->converted)) == NF4_OK) {
         j->owns_lora = 1;
         c->merging = 1;
+        convert_note_merge(c, j->lora, j->weights, j->nweights);
     }
     if (code != NF4_OK)
         goto fail;

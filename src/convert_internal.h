@@ -21,6 +21,10 @@ struct ctx {
     /* LoRA deltas are merged: --lora on a model, or on a pipeline component
      * (whose sets are its own, convert_dir.c); the engine is chosen for it. */
     int merging;
+    /* The merge's size, which --device auto weighs (convert_note_merge):
+     * elements with a LoRA delta, those of them 4-bit in the base, and the
+     * elements times the ranks summed over adapters. */
+    double merge_elements, merge_4bit_elements, merge_rank_elements;
     struct convert_stats *stats;
     struct gpu_start *gpu_start; /* NULL: the CPU only */
     enum cpu_path cpu_path;      /* NF4DEQ_CPU's, or the best this processor has */
@@ -46,6 +50,9 @@ int convert_write_file(struct ctx *c, const char *path, const struct out_item *i
 uint64_t out_item_elements(const struct out_item *it);
 uint64_t out_items_bytes(const struct out_item *items, size_t n);
 
+/* Adds the LoRA deltas of set s (on a base with 4-bit `weights`) to what
+ * --device auto weighs. */
+void convert_note_merge(struct ctx *c, const struct lora_set *s, const struct bnb_weight *weights, size_t nweights);
 /* Opens the --lora adapters against the base, before anything is written. */
 int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_weight *weights, size_t nweights);
 /* A warning when `in` holds no 4-bit weight and no adapter is merged: the run

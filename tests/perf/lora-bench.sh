@@ -14,6 +14,7 @@
 # LORA_BENCH_DEVICES="cpu" leaves the GPU out (a machine without one);
 # LORA_BENCH_LAYERS=N generates N layers instead of 32 (a machine with less memory);
 # LORA_BENCH_DORA=1 makes the adapter a DoRA one (gen_bnb4 --dora), in WORKDIR/llama3-8b-dora.
+# LORA_BENCH_RANK=R gives the generated adapter rank R instead of 64 (in WORKDIR/llama3-8b-rR).
 # LORA_BENCH_MOE=DIR times DIR/base with DIR/adapter instead, as tests/perf/make_moe_experts.py writes them
 # (a LoRA on MoE experts, target_parameters); cp -r of the plain output runs beside them.
 set -u
@@ -21,8 +22,9 @@ log=${1:?LOGDIR}; reps=${2:-3}; work=${3:-/dev/shm/nf4lora}
 bin=build/nf4deq; gen=build/tools/gen_bnb4; base=${NF4DEQ_BASELINE:-}
 devices=${LORA_BENCH_DEVICES:-cuda cpu}; layers=()
 [ -n "${LORA_BENCH_LAYERS:-}" ] && layers=(--layers "$LORA_BENCH_LAYERS")
-kind_flag=(); name=llama3-8b
+kind_flag=(); name=llama3-8b; rank=${LORA_BENCH_RANK:-64}
 [ -n "${LORA_BENCH_DORA:-}" ] && { kind_flag=(--dora); name=llama3-8b-dora; }
+[ "$rank" != 64 ] && name=$name-r$rank
 mkdir -p "$log" "$work"
 table="$log/lora-table.txt"
 model=$work/$name; adapter=$work/$name-lora
@@ -30,7 +32,7 @@ moe=${LORA_BENCH_MOE:-}
 [ -n "$moe" ] && { model=$moe/base; adapter=$moe/adapter; }
 if [ -z "$moe" ] && { [ ! -d "$model" ] || [ ! -d "$adapter" ]; }; then
     rm -rf "$model" "$adapter"
-    "$gen" --preset llama3-8b "${layers[@]}" --lora-rank 64 "${kind_flag[@]}" "$model" | tee -a "$log/gen.txt" || exit 1
+    "$gen" --preset llama3-8b "${layers[@]}" --lora-rank "$rank" "${kind_flag[@]}" "$model" | tee -a "$log/gen.txt" || exit 1
 fi
 drop() { sync; [ "$(id -u)" = 0 ] && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; true; }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }

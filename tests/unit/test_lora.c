@@ -818,6 +818,35 @@ static void test_experts_lora_none_saved_warns(void **state)
     free(out);
 }
 
+/* --device auto weighs a merge (merge_wants_gpu, src/convert.c): the GPU
+ * when most merged elements are 4-bit and their mean rank is at least 48 per
+ * 16 CPU threads. Wanted, it is used, or missing here said so; not wanted,
+ * the CPU converts without a word about CUDA. */
+static void test_auto_device_weighs_the_merge(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct {
+        const char *base, *adapter, *threads;
+        int wants_gpu;
+    } CASES_[] = {
+        {"base-llama-bf16-bnb4", "adapter-r8-all-linear", "2", 1},  /* r = 8 on 2 threads: 64 */
+        {"base-llama-bf16-bnb4", "adapter-r8-all-linear", "3", 0},  /* 42.7 */
+        {"base-qwen3moe-bf16-bnb4", "adapter-experts", "1", 0},    /* 63% of merged elements are 16-bit */
+    };
+    for (size_t i = 0; i < sizeof CASES_ / sizeof CASES_[0]; i++) {
+        char *base = tu_strdupf(LORA_FIXTURES "/%s", CASES_[i].base),
+             *ad = tu_strdupf(LORA_FIXTURES "/%s", CASES_[i].adapter), *out = tu_strdupf("%s/out-%zu", s->dir, i);
+        struct tu_run r = tu_run("convert", "--threads", CASES_[i].threads, base, out, "--lora", ad, NULL);
+        const int missing = strstr(r.err, "no CUDA device found") != NULL, on_cpu = strstr(r.err, ", on CPU") != NULL;
+        if (r.status != 0 || (CASES_[i].wants_gpu ? !missing && on_cpu : missing || !on_cpu))
+            fail_msg("case %zu: exit %d, stderr: %s", i, r.status, r.err);
+        tu_run_free(&r);
+        free(base);
+        free(ad);
+        free(out);
+    }
+}
+
 /* What PEFT 0.21 saves beside the LoRA pairs, each merged as it loads it:
  * - "M.base_layer.P": the base layer of a wrapped module (its bias with
  *   "bias": "all"; lm_head with save_embedding_layers), put back into M.P, and
@@ -4105,6 +4134,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_experts_lora_matches_reference, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_none_saved_warns, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_auto_device_weighs_the_merge, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_peft_saved_layouts, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_tied_embeddings_parted_by_an_adapter, tu_scratch_setup,
                                         tu_scratch_teardown),
