@@ -732,6 +732,19 @@ static int module_rank_alpha(const struct lora_config *c, const char *module, ui
     return rp != NULL;
 }
 
+/* A pair's A and B (named aname and bname in messages): F32, BF16 or F16 matrices. */
+static int check_factors(const char *file, const char *aname, const char *bname, const struct st_tensor *at,
+                         const struct st_tensor *btt)
+{
+    if (!is_factor_dtype(at->dtype) || !is_factor_dtype(btt->dtype))
+        return nf4_fail(NF4_EDATA, file, is_factor_dtype(at->dtype) ? bname : aname,
+                        "is %s; LoRA weights must be F32, BF16 or F16",
+                        dtype_name(is_factor_dtype(at->dtype) ? btt->dtype : at->dtype));
+    if (at->ndim != 2 || btt->ndim != 2)
+        return nf4_fail(NF4_EDATA, file, at->ndim != 2 ? aname : bname, "is not a matrix");
+    return NF4_OK;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
@@ -788,16 +801,8 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     double alpha;
     int from_pattern = module_rank_alpha(c, module, &r, &alpha);
     const struct st_tensor *at = a->t, *btt = bt->t;
-    if (!is_factor_dtype(at->dtype) || !is_factor_dtype(btt->dtype)) {
-        code = nf4_fail(NF4_EDATA, file, is_factor_dtype(at->dtype) ? bname : aname,
-                        "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(is_factor_dtype(at->dtype) ? btt->dtype : at->dtype));
+    if ((code = check_factors(file, aname, bname, at, btt)) != NF4_OK)
         goto out;
-    }
-    if (at->ndim != 2 || btt->ndim != 2) {
-        code = nf4_fail(NF4_EDATA, file, at->ndim != 2 ? aname : bname, "is not a matrix");
-        goto out;
-    }
     if (c->rank_from_shapes) { /* a diffusers LoRA without its config: r = alpha = the pair's rank */
         if (at->shape[0] == 0 || at->shape[0] > LORA_MAX_RANK) {
             code = nf4_fail(NF4_EDATA, file, aname, "has rank %llu; a rank is from 1 to %u",
@@ -940,16 +945,8 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
         goto out;
     }
     const struct st_tensor *at = a->t, *btt = bt->t;
-    if (!is_factor_dtype(at->dtype) || !is_factor_dtype(btt->dtype)) {
-        code = nf4_fail(NF4_EDATA, file, is_factor_dtype(at->dtype) ? bname : aname,
-                        "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(is_factor_dtype(at->dtype) ? btt->dtype : at->dtype));
+    if ((code = check_factors(file, aname, bname, at, btt)) != NF4_OK)
         goto out;
-    }
-    if (at->ndim != 2 || btt->ndim != 2) {
-        code = nf4_fail(NF4_EDATA, file, at->ndim != 2 ? aname : bname, "is not a matrix");
-        goto out;
-    }
     uint32_t r;
     double alpha;
     /* PEFT matches rank_pattern and alpha_pattern against "M.P". */

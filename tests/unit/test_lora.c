@@ -439,6 +439,44 @@ static float reference_merge(float w, const struct syn_term *terms, size_t nterm
     return m;
 }
 
+/* What element e of a merged tensor must be, before its rounding to the output dtype. */
+typedef float (*element_reference)(const void *ctx, uint64_t e);
+
+/* Every element of tensor `name` of output `f` (written with chunks of
+ * `chunk` elements) is reference(ctx, e) rounded to want_dt, bit for bit. */
+static void assert_tensor_is_reference(const struct st_file *f, const char *name, enum st_dtype want_dt,
+                                       uint64_t chunk, element_reference reference, const void *ctx)
+{
+    const struct st_tensor *t = st_find(f, name);
+    assert_non_null(t);
+    assert_int_equal(t->dtype, want_dt);
+    unsigned size = dtype_bits(want_dt) / 8;
+    unsigned char *buf = malloc(t->nelem * size + 4);
+    assert_int_equal(st_read(f, t, 0, buf, t->nelem * size), NF4_OK);
+    for (uint64_t e = 0; e < t->nelem; e++) {
+        uint32_t want_bits = encode(want_dt, reference(ctx, e)), got_bits = 0;
+        memcpy(&got_bits, buf + e * size, size);
+        if (got_bits != want_bits)
+            fail_msg("%s[%llu] (chunk %llu, %s): 0x%x, reference 0x%x", name, (unsigned long long)e,
+                     (unsigned long long)chunk, dtype_name(want_dt), got_bits, want_bits);
+    }
+    free(buf);
+}
+
+/* A synthetic tensor's reference: its terms merged, or (no terms) its values. */
+struct syn_reference {
+    const struct syn_tensor *base;
+    const struct syn_term *terms;
+    size_t nterms;
+};
+
+static float syn_element(const void *ctx, uint64_t e)
+{
+    const struct syn_reference *x = ctx;
+    const uint64_t cols = x->base->shape[1] ? x->base->shape[1] : 1;
+    return x->nterms ? reference_merge(x->base->v[e], x->terms, x->nterms, e / cols, e % cols) : x->base->v[e];
+}
+
 static void write_config(const char *dir, const char *json)
 {
     char *path = tu_strdupf("%s/" ADAPTER_CONFIG_NAME, dir);
@@ -513,25 +551,9 @@ static void test_synthetic_adapters_match_reference(void **state)
             struct st_file *f;
             assert_int_equal(st_open(out, &f), NF4_OK);
             for (int i = 0; i < 4; i++) {
-                const struct st_tensor *t = st_find(f, base[i].name);
-                assert_non_null(t);
-                enum st_dtype want_dt = DTYPES[di] != DT_INVALID ? DTYPES[di] : base[i].dtype;
-                assert_int_equal(t->dtype, want_dt);
-                unsigned size = dtype_bits(want_dt) / 8;
-                unsigned char *buf = malloc(t->nelem * size + 4);
-                assert_int_equal(st_read(f, t, 0, buf, t->nelem * size), NF4_OK);
-                uint64_t cols = base[i].shape[1] ? base[i].shape[1] : t->nelem;
-                for (uint64_t e = 0; e < t->nelem; e++) {
-                    float want = i < 3 ? reference_merge(base[i].v[e], terms[i], nterms[i], e / cols, e % cols)
-                                       : base[i].v[e];
-                    uint32_t want_bits = encode(want_dt, want), got_bits = 0;
-                    memcpy(&got_bits, buf + e * size, size);
-                    if (got_bits != want_bits)
-                        fail_msg("%s[%llu] (chunk %llu, %s): 0x%x, reference 0x%x", base[i].name,
-                                 (unsigned long long)e, (unsigned long long)CHUNKS[ci], dtype_name(want_dt), got_bits,
-                                 want_bits);
-                }
-                free(buf);
+                const struct syn_reference ref = {&base[i], i < 3 ? terms[i] : NULL, i < 3 ? nterms[i] : 0};
+                assert_tensor_is_reference(f, base[i].name, DTYPES[di] != DT_INVALID ? DTYPES[di] : base[i].dtype,
+                                           CHUNKS[ci], syn_element, &ref);
             }
             st_close(f);
             free(out);
@@ -585,6 +607,21 @@ static float reference_expert_merge(float w, const struct syn_expert_term *terms
         m = m + d;
     }
     return m;
+}
+
+/* Expert `expert`'s tensor `base` with its terms merged. */
+struct expert_reference {
+    const struct syn_tensor *base;
+    const struct syn_expert_term *terms;
+    size_t nterms;
+    uint64_t expert;
+};
+
+static float expert_element(const void *ctx, uint64_t e)
+{
+    const struct expert_reference *x = ctx;
+    const uint64_t cols = x->base->shape[1];
+    return reference_expert_merge(x->base->v[e], x->terms, x->nterms, x->expert, e / cols, e % cols);
 }
 
 /* A Mixtral-form base of SYN_EXPERTS experts in `dir` (config.json saying
@@ -674,25 +711,9 @@ static void test_experts_lora_matches_reference(void **state)
             struct st_file *f;
             assert_int_equal(st_open(file, &f), NF4_OK);
             for (int i = 0; i < 3 * SYN_EXPERTS; i++) {
-                const struct st_tensor *t = st_find(f, base[i].name);
-                assert_non_null(t);
-                enum st_dtype want_dt = DTYPES[di] != DT_INVALID ? DTYPES[di] : base[i].dtype;
-                assert_int_equal(t->dtype, want_dt);
-                unsigned size = dtype_bits(want_dt) / 8;
-                unsigned char *buf = malloc(t->nelem * size + 4);
-                assert_int_equal(st_read(f, t, 0, buf, t->nelem * size), NF4_OK);
-                for (uint64_t k = 0; k < t->nelem; k++) {
-                    const uint64_t cols = base[i].shape[1];
-                    float want = reference_expert_merge(base[i].v[k], terms[i % 3], nterms[i % 3], (uint64_t)i / 3,
-                                                        k / cols, k % cols);
-                    uint32_t want_bits = encode(want_dt, want), got_bits = 0;
-                    memcpy(&got_bits, buf + k * size, size);
-                    if (got_bits != want_bits)
-                        fail_msg("%s[%llu] (chunk %llu, %s): 0x%x, reference 0x%x", base[i].name,
-                                 (unsigned long long)k, (unsigned long long)CHUNKS[ci], dtype_name(want_dt), got_bits,
-                                 want_bits);
-                }
-                free(buf);
+                const struct expert_reference ref = {&base[i], terms[i % 3], nterms[i % 3], (uint64_t)i / 3};
+                assert_tensor_is_reference(f, base[i].name, DTYPES[di] != DT_INVALID ? DTYPES[di] : base[i].dtype,
+                                           CHUNKS[ci], expert_element, &ref);
             }
             st_close(f);
             free(file);
