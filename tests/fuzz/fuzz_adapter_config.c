@@ -6,6 +6,7 @@
 
 #include "fuzz_common.h"
 #include "lora.h"
+#include "lora_experts.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -23,6 +24,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         FUZZ_ASSERT(!c.rank_pattern || cJSON_IsObject(c.rank_pattern), "rank_pattern is not an object");
         FUZZ_ASSERT(!c.alpha_pattern || cJSON_IsObject(c.alpha_pattern), "alpha_pattern is not an object");
         FUZZ_ASSERT(!c.modules_to_save || cJSON_IsArray(c.modules_to_save), "modules_to_save is not a list");
+        /* target_parameters: a non-empty list of strings, never with what PEFT's ParamWrapper refuses. */
+        if (c.target_parameters) {
+            FUZZ_ASSERT(cJSON_IsArray(c.target_parameters) && c.target_parameters->child,
+                        "target_parameters is not a non-empty list");
+            FUZZ_ASSERT(!c.use_dora && !c.lora_bias && !c.fan_in_fan_out, "target_parameters with %s",
+                        c.use_dora ? "use_dora" : c.lora_bias ? "lora_bias" : "fan_in_fan_out");
+            const char *params[EXPERTS_NPARAMS];
+            FUZZ_ASSERT(experts_targeted(c.target_parameters, "model.layers.0.mlp.experts", params) <= EXPERTS_NPARAMS,
+                        "more parameters than an experts module has");
+        }
         /* Every pattern must work as a matcher on any module name. */
         const cJSON *e;
         cJSON_ArrayForEach(e, c.rank_pattern)
