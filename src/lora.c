@@ -781,9 +781,10 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
      * ensure_weight_tying PEFT wraps the tied head whenever it wraps the
      * embedding, and does not list it. A 2-D parameter that target_parameters
      * selects has the same pair and delta (ParamWrapper with one expert). */
-    const int parameter = target_parameters_select(c->target_parameters, module, "weight") == 1;
+    const int parameter = target_parameters_select(c->target_parameters, module, "weight") == 1,
+              as_module = lora_target_matches(&c->targets, module) || wrapped_for_the_tie(b, c, wname);
     b->parameter_pairs += parameter;
-    if (!lora_target_matches(&c->targets, module) && !wrapped_for_the_tie(b, c, wname) && !parameter) {
+    if (!as_module && !parameter) {
         nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
                  "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
         goto out;
@@ -799,7 +800,8 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         note_untie(b, file, aname, wname, 0);
     uint32_t r;
     double alpha;
-    int from_pattern = module_rank_alpha(c, module, &r, &alpha);
+    /* PEFT matches the patterns against a wrapped parameter's "M.weight". */
+    int from_pattern = module_rank_alpha(c, as_module ? module : wname, &r, &alpha);
     const struct st_tensor *at = a->t, *btt = bt->t;
     if ((code = check_factors(file, aname, bname, at, btt)) != NF4_OK)
         goto out;
@@ -965,7 +967,11 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
         goto out;
     }
     const size_t nparts = strcmp(param, EXPERTS_PARAMS[0]) == 0 ? 2 : 1;
-    if (out_f % nparts != 0 || out_f == 0 || in_f == 0) {
+    if (in_f == 0) {
+        code = nf4_fail(NF4_EDATA, file, aname, "has no columns");
+        goto out;
+    }
+    if (out_f % nparts != 0 || out_f == 0) {
         code = nf4_fail(NF4_EDATA, file, bname, "has %llu rows, which do not make the %s of %zu part%s",
                         (unsigned long long)out_f, param, nparts, nparts > 1 ? "s" : "");
         goto out;
@@ -1431,7 +1437,8 @@ static int refuse_if_nothing_targeted(const struct binder *b, const struct lora_
         const uint64_t *shape;
         if (base_shape(b, wname, &ndim, &shape)) { /* not in the base: bind_pair names another model */
             pairs++;
-            targeted += lora_target_matches(&c->targets, module) != 0;
+            targeted += lora_target_matches(&c->targets, module) != 0 ||
+                        target_parameters_select(c->target_parameters, module, "weight") == 1;
         }
         free(module);
         free(wname);

@@ -839,6 +839,74 @@ static void test_experts_lora_none_saved_warns(void **state)
     free(out);
 }
 
+/* A 2-D parameter in target_parameters ("self_attn.q_proj.weight") is a
+ * ParamWrapper with one expert: the same pair and delta as the LoRA layer
+ * target_modules would give, with rank_pattern and alpha_pattern matched
+ * against "M.weight", not "M", and no target_modules needed. */
+static void test_parameter_targets_as_layers(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct {
+        const char *name, *config;
+    } CONFIGS[] = {
+        {"module-pattern", "{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"], "
+                           "\"alpha_pattern\": {\"layers\\\\.1\\\\.self_attn\\\\.q_proj\": 32}}"},
+        {"param-pattern", "{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"target_modules\": [], "
+                          "\"target_parameters\": [\"self_attn.q_proj.weight\"], "
+                          "\"alpha_pattern\": {\"layers\\\\.1\\\\.self_attn\\\\.q_proj\\\\.weight\": 32}}"},
+        {"module", "{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"target_modules\": [\"q_proj\"]}"},
+        {"param-module-pattern", "{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"target_modules\": [], "
+                                 "\"target_parameters\": [\"q_proj.weight\"], "
+                                 "\"alpha_pattern\": {\"layers\\\\.1\\\\.self_attn\\\\.q_proj\": 32}}"},
+    };
+    struct syn_tensor f[4] = {
+        {PEFT_KEY_PREFIX "model.layers.0.self_attn.q_proj.lora_A.weight", DT_F32, {8, 128}, NULL},
+        {PEFT_KEY_PREFIX "model.layers.0.self_attn.q_proj.lora_B.weight", DT_F32, {128, 8}, NULL},
+        {PEFT_KEY_PREFIX "model.layers.1.self_attn.q_proj.lora_A.weight", DT_F32, {8, 128}, NULL},
+        {PEFT_KEY_PREFIX "model.layers.1.self_attn.q_proj.lora_B.weight", DT_F32, {128, 8}, NULL},
+    };
+    for (int i = 0; i < 4; i++)
+        syn_fill(&f[i], 1.0f);
+    char *outs[4];
+    for (size_t i = 0; i < 4; i++) {
+        char *ad = tu_strdupf("%s/ad-%s", s->dir, CONFIGS[i].name), *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+        assert_int_equal(mkdir(ad, 0755), 0);
+        syn_write(w, f, 4);
+        write_config(ad, CONFIGS[i].config);
+        outs[i] = tu_strdupf("%s/out-%s", s->dir, CONFIGS[i].name);
+        const char *dirs[1] = {ad};
+        assert_int_equal(merge_on_cpu(LORA_FIXTURES "/base-llama-bf16-bnb4", outs[i], dirs, 1, 0, 2, DT_INVALID), 2);
+        free(ad);
+        free(w);
+    }
+    char *a = tu_strdupf("%s/model.safetensors", outs[0]), *b = tu_strdupf("%s/model.safetensors", outs[1]),
+         *c = tu_strdupf("%s/model.safetensors", outs[2]), *d = tu_strdupf("%s/model.safetensors", outs[3]);
+    tu_assert_same_tensors(b, a); /* the parameter's pattern is the module's */
+    tu_assert_same_tensors(d, c); /* a module's pattern does not match the parameter */
+    struct st_file *fa, *fc; /* and the pattern does change the merge */
+    assert_int_equal(st_open(a, &fa), NF4_OK);
+    assert_int_equal(st_open(c, &fc), NF4_OK);
+    const struct st_tensor *ta = st_find(fa, "model.layers.1.self_attn.q_proj.weight"),
+                           *tc = st_find(fc, "model.layers.1.self_attn.q_proj.weight");
+    uint64_t n = st_tensor_bytes(ta);
+    unsigned char *x = malloc(n), *y = malloc(n);
+    assert_int_equal(st_read(fa, ta, 0, x, n), NF4_OK);
+    assert_int_equal(st_read(fc, tc, 0, y, n), NF4_OK);
+    assert_true(memcmp(x, y, n) != 0);
+    free(x);
+    free(y);
+    st_close(fa);
+    st_close(fc);
+    for (int i = 0; i < 4; i++) {
+        free(f[i].v);
+        free(outs[i]);
+    }
+    free(a);
+    free(b);
+    free(c);
+    free(d);
+}
+
 /* --device auto weighs a merge (merge_wants_gpu, src/convert.c): the GPU
  * when most merged elements are 4-bit and their mean rank is at least 48 per
  * 16 CPU threads. Wanted, it is used, or missing here said so; not wanted,
@@ -4155,6 +4223,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_experts_lora_matches_reference, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_none_saved_warns, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_parameter_targets_as_layers, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_auto_device_weighs_the_merge, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_peft_saved_layouts, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_tied_embeddings_parted_by_an_adapter, tu_scratch_setup,
