@@ -176,8 +176,10 @@ static int check_unmerged_features(const char *path, const cJSON *root)
     return check_init_lora_weights(path, root);
 }
 
-/* target_parameters: PEFT's ParamWrapper, which refuses DoRA, a LoRA bias
- * and fan_in_fan_out whether or not a module of the model matches. */
+/* target_parameters: PEFT's ParamWrapper refuses DoRA, a LoRA bias and
+ * fan_in_fan_out when it wraps a parameter; nf4deq refuses them beside
+ * target_parameters whatever these select (the adapter was trained with a
+ * wrapper, or has no pair for them: lora.c warns then). */
 static int parse_target_parameters(const char *path, struct lora_config *c)
 {
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(c->root, "target_parameters");

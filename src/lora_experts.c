@@ -8,16 +8,18 @@
 const char *const EXPERTS_PARAMS[EXPERTS_NPARAMS] = {"gate_up_proj", "down_proj"};
 
 /* transformers 5.24's conversion_mapping.py: the model_types whose experts
- * load through Mixtral's or Qwen2-MoE's WeightConverters. Each of their
- * experts modules registers gate_up_proj [E, 2I, H], then down_proj [E, H, I],
- * and none is is_transposed (gpt_oss, aria and openai_privacy_filter are). */
+ * load through Mixtral's or Qwen2-MoE's WeightConverters and whose modeling
+ * file was read: each of their experts modules registers gate_up_proj
+ * [E, 2I, H], then down_proj [E, H, I], and none is is_transposed (gpt_oss,
+ * aria and openai_privacy_filter are). (sarvam_mla maps to Qwen2-MoE's too,
+ * but 5.24 has no modeling file for it to read.) */
 static const char *const MIXTRAL_TYPES[] = {"mixtral", "minimax", "minimax_m2"};
 static const char *const QWEN2_MOE_TYPES[] = {
     "qwen2_moe",     "afmoe",        "deepseek_v2",   "deepseek_v3", "deepseek_v32",   "dots1",
     "ernie4_5_moe",  "glm4_moe",     "glm4_moe_lite", "glm_moe_dsa", "glm4v_moe",      "longcat_flash",
     "solar_open",    "mellum",       "qwen3_moe",     "beam",        "qwen3_omni_moe", "qwen3_omni_moe_thinker",
-    "qwen3_omni_moe_text", "qwen3_next", "hunyuan_v1_moe", "flex_olmo", "olmoe",       "sarvam_mla",
-    "exaone_moe",    "cohere2_moe",
+    "qwen3_omni_moe_text", "qwen3_next", "hunyuan_v1_moe", "flex_olmo", "olmoe",       "exaone_moe",
+    "cohere2_moe",
 };
 
 static int in_list(const char *s, const char *const *list, size_t n)
