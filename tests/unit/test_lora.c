@@ -839,6 +839,98 @@ static void test_experts_lora_none_saved_warns(void **state)
     free(out);
 }
 
+static void copy_tensors(const char *from, const char *to, int (*keep)(const char *, const void *), const void *arg,
+                         const char *name_prefix, char *(*rename)(const char *name));
+
+static int in_mlp(const char *name, const void *arg)
+{
+    (void)arg;
+    return strstr(name, ".mlp.") != NULL;
+}
+
+/* "model.layers.L.mlp.X" -> "model.layers.0.mlp.experts.L.X": layer L's MLP as expert L. */
+static char *layer_as_expert(const char *name)
+{
+    unsigned layer;
+    int at = 0;
+    assert_int_equal(sscanf(name, "model.layers.%u.mlp.%n", &layer, &at), 1);
+    assert_true(at > 0);
+    return tu_strdupf("model.layers.0.mlp.experts.%u.%s", layer, name + at);
+}
+
+/* 4-bit experts, as a checkpoint quantized before transformers 5 holds them
+ * (base-llama-bf16-bnb4's two MLPs, written by bitsandbytes, as experts 0 and
+ * 1): a LoRA on the fused gate_up_proj merges exactly as the same deltas
+ * given as plain pairs on each expert's gate_proj and up_proj, byte for byte. */
+static void test_experts_lora_on_4bit_experts(void **state)
+{
+    struct tu_scratch *s = *state;
+    enum { E = 2, R = 3, H = 128, I = 352 };
+    char *base = tu_strdupf("%s/base", s->dir), *weights = tu_strdupf("%s/model.safetensors", base),
+         *config = tu_strdupf("%s/config.json", base);
+    assert_int_equal(mkdir(base, 0755), 0);
+    copy_tensors(LORA_FIXTURES "/base-llama-bf16-bnb4/model.safetensors", weights, in_mlp, NULL, NULL,
+                 layer_as_expert);
+    static const char CONFIG[] = "{\"model_type\": \"qwen3_moe\"}";
+    tu_write_file(config, CONFIG, strlen(CONFIG));
+    /* The fused pair, and the same deltas as plain pairs. */
+    struct syn_tensor fused[2] = {
+        {PEFT_KEY_PREFIX "model.layers.0.mlp.experts.lora_A.weight", DT_F32, {R * E, H}, NULL},
+        {PEFT_KEY_PREFIX "model.layers.0.mlp.experts.lora_B.weight", DT_F32, {2 * I, R * E}, NULL},
+    };
+    syn_fill(&fused[0], 1.0f);
+    syn_fill(&fused[1], 0.1f);
+    static char names[2 * E * 2][96];
+    struct syn_tensor plain[2 * E * 2];
+    for (int e = 0; e < E; e++)
+        for (int part = 0; part < 2; part++) {
+            struct syn_tensor *a = &plain[(e * 2 + part) * 2], *b = a + 1;
+            const char *proj = part ? "up_proj" : "gate_proj";
+            snprintf(names[(e * 2 + part) * 2], sizeof names[0],
+                     PEFT_KEY_PREFIX "model.layers.0.mlp.experts.%d.%s.lora_A.weight", e, proj);
+            snprintf(names[(e * 2 + part) * 2 + 1], sizeof names[0],
+                     PEFT_KEY_PREFIX "model.layers.0.mlp.experts.%d.%s.lora_B.weight", e, proj);
+            *a = (struct syn_tensor){names[(e * 2 + part) * 2], DT_F32, {R, H}, malloc(R * H * sizeof(float))};
+            *b = (struct syn_tensor){names[(e * 2 + part) * 2 + 1], DT_F32, {I, R}, malloc(I * R * sizeof(float))};
+            memcpy(a->v, fused[0].v + (size_t)e * R * H, R * H * sizeof(float)); /* A's rows e*r.. */
+            for (int row = 0; row < I; row++) /* B's columns e, e + E, ... of its gate or up rows */
+                for (int k = 0; k < R; k++)
+                    b->v[row * R + k] = fused[1].v[(size_t)(part * I + row) * R * E + k * E + e];
+        }
+    char *ad_fused = tu_strdupf("%s/fused", s->dir), *ad_plain = tu_strdupf("%s/plain", s->dir);
+    char *w_fused = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad_fused),
+         *w_plain = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad_plain);
+    assert_int_equal(mkdir(ad_fused, 0755), 0);
+    assert_int_equal(mkdir(ad_plain, 0755), 0);
+    syn_write(w_fused, fused, 2);
+    syn_write(w_plain, plain, 2 * E * 2);
+    write_config(ad_fused, "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 5, \"target_modules\": [], "
+                           "\"target_parameters\": [\"mlp.experts.gate_up_proj\"]}");
+    write_config(ad_plain, "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 5, "
+                           "\"target_modules\": [\"gate_proj\", \"up_proj\"]}");
+    char *out_fused = tu_strdupf("%s/out-fused", s->dir), *out_plain = tu_strdupf("%s/out-plain", s->dir);
+    const char *d1[1] = {ad_fused}, *d2[1] = {ad_plain};
+    assert_int_equal(merge_on_cpu(base, out_fused, d1, 1, 1, 3, DT_INVALID), 2 * E);
+    assert_int_equal(merge_on_cpu(base, out_plain, d2, 1, 0, 2, DT_INVALID), 2 * E);
+    char *f1 = tu_strdupf("%s/model.safetensors", out_fused), *f2 = tu_strdupf("%s/model.safetensors", out_plain);
+    tu_assert_same_tensors(f1, f2);
+    free(fused[0].v);
+    free(fused[1].v);
+    for (int i = 0; i < 2 * E * 2; i++)
+        free(plain[i].v);
+    free(base);
+    free(weights);
+    free(config);
+    free(ad_fused);
+    free(ad_plain);
+    free(w_fused);
+    free(w_plain);
+    free(out_fused);
+    free(out_plain);
+    free(f1);
+    free(f2);
+}
+
 /* A 2-D parameter in target_parameters ("self_attn.q_proj.weight") is a
  * ParamWrapper with one expert: the same pair and delta as the LoRA layer
  * target_modules would give, with rank_pattern and alpha_pattern matched
@@ -1119,7 +1211,7 @@ static void test_dora_alone_per_tensor(void **state)
 /* Copies the tensors of safetensors file `from` for which keep(name, arg) is
  * true to `to`, each name after `name_prefix` (NULL: none). */
 static void copy_tensors(const char *from, const char *to, int (*keep)(const char *, const void *), const void *arg,
-                         const char *name_prefix)
+                         const char *name_prefix, char *(*rename)(const char *name))
 {
     struct st_file *f;
     assert_int_equal(st_open(from, &f), NF4_OK);
@@ -1132,7 +1224,7 @@ static void copy_tensors(const char *from, const char *to, int (*keep)(const cha
         if (!keep(t->name, arg))
             continue;
         src[n] = t;
-        names[n] = tu_strdupf("%s%s", name_prefix ? name_prefix : "", t->name);
+        names[n] = rename ? rename(t->name) : tu_strdupf("%s%s", name_prefix ? name_prefix : "", t->name);
         outs[n] = (struct st_out_tensor){names[n], t->dtype, t->ndim, t->shape};
         n++;
     }
@@ -1227,8 +1319,8 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
     char *one = tu_strdupf("%s/model-00001-of-00002.safetensors", sharded),
          *two = tu_strdupf("%s/model-00002-of-00002.safetensors", sharded);
     tu_sh("mkdir %s && cp %s/config.json %s/", sharded, tied, sharded);
-    copy_tensors(weights, one, not_starts_with, "model.embed_tokens.", NULL);
-    copy_tensors(weights, two, starts_with, "model.embed_tokens.", NULL);
+    copy_tensors(weights, one, not_starts_with, "model.embed_tokens.", NULL, NULL);
+    copy_tensors(weights, two, starts_with, "model.embed_tokens.", NULL, NULL);
     struct st_file *f;
     assert_int_equal(st_open(one, &f), NF4_OK);
     struct strbuf idx = {0};
@@ -1290,7 +1382,7 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
     char *kept = tu_strdupf("%s/kept", s->dir), *from = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad),
          *to = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, kept);
     tu_sh("mkdir %s && cp %s/" ADAPTER_CONFIG_NAME " %s/", kept, ad, kept);
-    copy_tensors(from, to, all_but, PEFT_KEY_PREFIX "model.embed_tokens.weight", NULL);
+    copy_tensors(from, to, all_but, PEFT_KEY_PREFIX "model.embed_tokens.weight", NULL, NULL);
     r = tu_run("convert", "-q", "--device", "cpu", tied, out, "--lora", kept, NULL);
     if (r.status != 0)
         fail_msg("the head's copy alone: exit %d, stderr: %s", r.status, r.err);
@@ -2186,7 +2278,7 @@ static void test_diffusers_lora_text_model(void **state)
                                   "/tiny-flux-bnb4", flat, flat, flat, flat, nested), 0);
     char *te = tu_strdupf("%s/text_encoder/diffusion_pytorch_model.safetensors", flat),
          *nested_te = tu_strdupf("%s/text_encoder/diffusion_pytorch_model.safetensors", nested);
-    copy_tensors(te, nested_te, all_but, "", "text_model."); /* as transformers 4 saved CLIP */
+    copy_tensors(te, nested_te, all_but, "", "text_model.", NULL); /* as transformers 4 saved CLIP */
     struct syn_tensor ts[4] = {
         {"text_encoder.text_model.decoder.mid_block.attentions.0.to_q.lora_A.weight", DT_F32, {2, 32}, NULL},
         {"text_encoder.text_model.decoder.mid_block.attentions.0.to_q.lora_B.weight", DT_F32, {32, 2}, NULL},
@@ -2215,7 +2307,7 @@ static void test_diffusers_lora_text_model(void **state)
             got[p][l] = tu_strdupf("%s/text_encoder/diffusion_pytorch_model.safetensors", outs[p][l]);
     tu_assert_same_tensors(got[0][1], got[0][0]);
     tu_assert_same_tensors(got[1][1], got[1][0]);
-    copy_tensors(got[0][0], ref, all_but, "", "text_model.");
+    copy_tensors(got[0][0], ref, all_but, "", "text_model.", NULL);
     tu_assert_same_tensors(got[1][0], ref);
     /* and it is a merge: the flat output's to_q differs from the base's */
     struct model *m;
@@ -4223,6 +4315,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_experts_lora_matches_reference, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_none_saved_warns, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_lora_on_4bit_experts, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_parameter_targets_as_layers, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_auto_device_weighs_the_merge, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_peft_saved_layouts, tu_scratch_setup, tu_scratch_teardown),
