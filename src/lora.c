@@ -13,6 +13,7 @@
 #include "json_util.h"
 #include "lora_diffusers.h"
 #include "lora_experts.h"
+#include "lora_rewrite.h"
 #include "lora_target.h"
 #include "model_dir.h"
 #include "pattern.h"
@@ -400,15 +401,10 @@ struct binder {
     size_t parameter_pairs;
 };
 
-static int is_factor_dtype(enum st_dtype dt)
-{
-    return dt == DT_F32 || dt == DT_BF16 || dt == DT_F16;
-}
-
 /* An F32, BF16 or F16 vector of n values (a DoRA magnitude, a LoRA bias). */
 static int is_factor_vector(const struct st_tensor *x, uint64_t n)
 {
-    return is_factor_dtype(x->dtype) && x->ndim == 1 && x->shape[0] == n;
+    return lora_is_factor_dtype(x->dtype) && x->ndim == 1 && x->shape[0] == n;
 }
 
 static int is_tied_head(const struct binder *b, const char *name)
@@ -734,16 +730,14 @@ static int module_rank_alpha(const struct lora_config *c, const char *module, ui
     return rp != NULL;
 }
 
-/* A pair's A and B (named aname and bname in messages): F32, BF16 or F16 matrices. */
-static int check_factors(const char *file, const char *aname, const char *bname, const struct st_tensor *at,
-                         const struct st_tensor *btt)
+/* A pair's A and B, of `file`: F32, BF16 or F16 matrices. */
+static int check_factors(const char *file, const struct st_tensor *at, const struct st_tensor *btt)
 {
-    if (!is_factor_dtype(at->dtype) || !is_factor_dtype(btt->dtype))
-        return nf4_fail(NF4_EDATA, file, is_factor_dtype(at->dtype) ? bname : aname,
-                        "is %s; LoRA weights must be F32, BF16 or F16",
-                        dtype_name(is_factor_dtype(at->dtype) ? btt->dtype : at->dtype));
+    int code = lora_check_factor_dtype(file, at);
+    if (code != NF4_OK || (code = lora_check_factor_dtype(file, btt)) != NF4_OK)
+        return code;
     if (at->ndim != 2 || btt->ndim != 2)
-        return nf4_fail(NF4_EDATA, file, at->ndim != 2 ? aname : bname, "is not a matrix");
+        return nf4_fail(NF4_EDATA, file, (at->ndim != 2 ? at : btt)->name, "is not a matrix");
     return NF4_OK;
 }
 
@@ -805,7 +799,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     /* PEFT matches the patterns against a wrapped parameter's "M.weight". */
     int from_pattern = module_rank_alpha(c, as_module ? module : wname, &r, &alpha);
     const struct st_tensor *at = a->t, *btt = bt->t;
-    if ((code = check_factors(file, aname, bname, at, btt)) != NF4_OK)
+    if ((code = check_factors(file, at, btt)) != NF4_OK)
         goto out;
     if (c->rank_from_shapes) { /* a diffusers LoRA without its config: r = alpha = the pair's rank */
         if (at->shape[0] == 0 || at->shape[0] > LORA_MAX_RANK) {
@@ -949,7 +943,7 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
         goto out;
     }
     const struct st_tensor *at = a->t, *btt = bt->t;
-    if ((code = check_factors(file, aname, bname, at, btt)) != NF4_OK)
+    if ((code = check_factors(file, at, btt)) != NF4_OK)
         goto out;
     uint32_t r;
     double alpha;

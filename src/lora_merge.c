@@ -109,6 +109,22 @@ static int read_token_rows(struct merge_job *j, const struct lora_target *t, uin
     return NF4_OK;
 }
 
+/* Expert x->b_col0's L (lora_experts.h), rows first_row onward: L(row, k) =
+ * B[b_row0 + row, b_col0 + k * b_col_step], each row of B read whole into
+ * `row` (r * b_col_step floats) and its expert's r columns kept in `l`. */
+static int read_expert_rows(const struct lora_term *x, uint64_t first_row, uint64_t span, float *l, float *row)
+{
+    const uint64_t width = (uint64_t)x->r * x->b_col_step;
+    for (uint64_t i = 0; i < span; i++) {
+        int code = read_f32(x->b, (x->b_row0 + first_row + i) * width, width, row);
+        if (code != NF4_OK)
+            return code;
+        for (uint32_t k = 0; k < x->r; k++)
+            l[i * x->r + k] = row[x->b_col0 + (uint64_t)k * x->b_col_step];
+    }
+    return NF4_OK;
+}
+
 int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_t e0, uint64_t n, void *buf)
 {
     float *at;
@@ -127,29 +143,7 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
         struct merge_factor *f = &j->f[i];
         uint64_t r_floats = (uint64_t)x->r * t->cols, l_count = l_floats(x, first_row, last_row);
         *f = (struct merge_factor){.rank = x->r, .scaling = x->scaling};
-        if (x->b_col_step) {
-            /* One expert of a LoRA on MoE experts (lora_experts.h): L(row, k) =
-             * B[b_row0 + row, b_col0 + k * b_col_step], gathered from each row
-             * read whole; R = A's rows a_row0 onward. */
-            const uint64_t width = (uint64_t)x->r * x->b_col_step, span = last_row - first_row + 1;
-            float *row = at + l_count + r_floats;
-            f->l = at;
-            f->l_row0 = first_row;
-            f->l_row_stride = x->r;
-            f->l_k_stride = 1;
-            f->l_floats = l_count;
-            for (uint64_t row_i = 0; row_i < span; row_i++) {
-                if ((code = read_f32(x->b, (x->b_row0 + first_row + row_i) * width, width, row)) != NF4_OK)
-                    return code;
-                for (uint32_t k = 0; k < x->r; k++)
-                    at[row_i * x->r + k] = row[x->b_col0 + (uint64_t)k * x->b_col_step];
-            }
-            at += l_count;
-            f->r = at;
-            if ((code = read_f32(x->a, x->a_row0 * t->cols, r_floats, at)) != NF4_OK)
-                return code;
-            at += r_floats;
-        } else if (!x->fan_in_fan_out) {
+        if (!x->fan_in_fan_out) {
             /* L = B [rows, r]: only the rows this chunk touches. R = A [r, cols]. */
             f->l = at;
             f->l_row0 = first_row;
@@ -158,11 +152,15 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
             f->l_floats = l_count;
             if (x->bias) /* L = 1, R = lora_B.bias [1, out]: rank 1, one row */
                 at[0] = 1.0f;
-            else if ((code = read_f32(x->b, first_row * x->r, l_count, at)) != NF4_OK)
+            else if (x->b_col_step) /* one expert of a LoRA on MoE experts */
+                code = read_expert_rows(x, first_row, last_row - first_row + 1, at, at + l_count + r_floats);
+            else
+                code = read_f32(x->b, first_row * x->r, l_count, at);
+            if (code != NF4_OK)
                 return code;
             at += l_count;
-            f->r = at;
-            if ((code = read_f32(x->a, 0, r_floats, at)) != NF4_OK)
+            f->r = at; /* A's rows a_row0 onward: 0, but for an expert */
+            if ((code = read_f32(x->a, x->a_row0 * t->cols, r_floats, at)) != NF4_OK)
                 return code;
             at += r_floats;
         } else {
