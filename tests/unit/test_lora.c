@@ -734,6 +734,54 @@ static void test_experts_lora_matches_reference(void **state)
     free(w2);
 }
 
+/* B's rows wider than the block merge_read_factors reads them in: r * E
+ * floats of 204,804 bytes, of which 2 fit a read, so a part's 5 rows are read
+ * as 2, 2 and 1, and a small chunk's rows start inside a block. */
+static void test_experts_lora_wide_rows_of_b(void **state)
+{
+    struct tu_scratch *s = *state;
+    enum { R = 17067 };
+    struct syn_tensor base[3 * SYN_EXPERTS] = {{0}};
+    char *base_dir = tu_strdupf("%s/base", s->dir), *ad = tu_strdupf("%s/ad", s->dir);
+    write_experts_base(base_dir, "mixtral", base);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    struct syn_tensor f[2] = {
+        {PEFT_KEY_PREFIX "model.layers.0.mlp.experts.lora_A.weight", DT_F32, {R * SYN_EXPERTS, SYN_HIDDEN}, NULL},
+        {PEFT_KEY_PREFIX "model.layers.0.mlp.experts.lora_B.weight", DT_F32, {2 * SYN_INTERMEDIATE, R * SYN_EXPERTS},
+         NULL},
+    };
+    syn_fill(&f[0], 1.0f);
+    syn_fill(&f[1], 1.0f);
+    char *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+    syn_write(w, f, 2);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 17067, \"lora_alpha\": 17067, \"target_modules\": null, "
+                     "\"target_parameters\": [\"gate_up_proj\"]}");
+    const struct syn_expert_term gate = {&f[0], &f[1], R, 1.0f, 0}, up = {&f[0], &f[1], R, 1.0f, SYN_INTERMEDIATE};
+    const struct syn_expert_term *terms[3] = {&gate, &up, NULL};
+    static const uint64_t CHUNKS[] = {0, 6};
+    const char *dirs[1] = {ad};
+    for (size_t ci = 0; ci < sizeof CHUNKS / sizeof CHUNKS[0]; ci++) {
+        char *out = tu_strdupf("%s/out-%zu", s->dir, ci), *file = tu_strdupf("%s/model.safetensors", out);
+        assert_int_equal(merge_on_cpu(base_dir, out, dirs, 1, CHUNKS[ci], 2, DT_INVALID), 2 * SYN_EXPERTS);
+        struct st_file *o;
+        assert_int_equal(st_open(file, &o), NF4_OK);
+        for (int i = 0; i < 3 * SYN_EXPERTS; i++) {
+            const struct expert_reference ref = {&base[i], terms[i % 3], terms[i % 3] != NULL, (uint64_t)i / 3};
+            assert_tensor_is_reference(o, base[i].name, base[i].dtype, CHUNKS[ci], expert_element, &ref);
+        }
+        st_close(o);
+        free(file);
+        free(out);
+    }
+    for (int i = 0; i < 3 * SYN_EXPERTS; i++)
+        free(base[i].v);
+    free(f[0].v);
+    free(f[1].v);
+    free(base_dir);
+    free(ad);
+    free(w);
+}
+
 /* LoRAs on MoE experts that PEFT could not have written for the base, or
  * that nf4deq cannot place: exit 65, one line naming the file and the key,
  * and no output. */
@@ -4313,6 +4361,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_matches_reference, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_lora_wide_rows_of_b, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_none_saved_warns, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_on_4bit_experts, tu_scratch_setup, tu_scratch_teardown),
