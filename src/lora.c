@@ -177,10 +177,10 @@ static int check_unmerged_features(const char *path, const cJSON *root)
     return check_init_lora_weights(path, root);
 }
 
-/* target_parameters: PEFT's ParamWrapper refuses DoRA, a LoRA bias and
- * fan_in_fan_out when it wraps a parameter; nf4deq refuses them beside
- * target_parameters whatever these select (the adapter was trained with a
- * wrapper, or has no pair for them: lora.c warns then). */
+/* target_parameters: a list of names, or none. What PEFT's ParamWrapper
+ * refuses beside it is refused where a pair is bound to a parameter
+ * (refuse_wrapper_features): with none bound, PEFT wrapped nothing and
+ * loaded the adapter. */
 static int parse_target_parameters(const char *path, struct lora_config *c)
 {
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(c->root, "target_parameters");
@@ -191,13 +191,8 @@ static int parse_target_parameters(const char *path, struct lora_config *c)
     for (const cJSON *e = tp->child; e; e = e->next)
         if (!cJSON_IsString(e))
             return config_fail(path, "\"target_parameters\" must be a list of parameter names");
-    if (!tp->child)
-        return NF4_OK;
-    if (c->use_dora || c->lora_bias || c->fan_in_fan_out)
-        return config_fail(path, c->use_dora    ? "sets target_parameters with use_dora, which PEFT refuses"
-                                 : c->lora_bias ? "sets target_parameters with lora_bias, which PEFT refuses"
-                                                : "sets target_parameters with fan_in_fan_out, which PEFT refuses");
-    c->target_parameters = tp;
+    if (tp->child)
+        c->target_parameters = tp;
     return NF4_OK;
 }
 
@@ -741,6 +736,19 @@ static int check_factors(const char *file, const struct st_tensor *at, const str
     return NF4_OK;
 }
 
+/* NF4_EDATA naming the LoRA_A key `aname` of a pair bound to a parameter
+ * (target_parameters) where the config sets what PEFT's ParamWrapper refuses
+ * to wrap one with; lora_dropout, which it refuses too, has no part in a
+ * merge. NF4_OK otherwise. */
+static int refuse_wrapper_features(const struct lora_config *c, const char *file, const char *aname)
+{
+    const char *feature = c->use_dora ? "use_dora" : c->lora_bias ? "lora_bias" : c->fan_in_fan_out ? "fan_in_fan_out"
+                                                                                                      : NULL;
+    return feature ? nf4_fail(NF4_EDATA, file, aname, "is a LoRA on a parameter (target_parameters), and the config "
+                              "sets %s, which PEFT's ParamWrapper refuses", feature)
+                   : NF4_OK;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
@@ -780,6 +788,8 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     const int parameter = target_parameters_select(c->target_parameters, module, "weight") == 1,
               as_module = lora_target_matches(&c->targets, module) || wrapped_for_the_tie(b, c, wname);
     b->parameter_pairs += parameter;
+    if (parameter && (code = refuse_wrapper_features(c, file, aname)) != NF4_OK)
+        goto out;
     if (!as_module && !parameter) {
         nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
                  "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
@@ -917,6 +927,8 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
         code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
         goto out;
     }
+    if ((code = refuse_wrapper_features(c, file, aname)) != NF4_OK)
+        goto out;
     size_t nparams = experts_targeted(c->target_parameters, module, params);
     if (depth >= nparams) {
         code = nf4_fail(NF4_EDATA, file, aname, "is a LoRA on a parameter of %s that target_parameters does not "

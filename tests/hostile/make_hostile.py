@@ -830,8 +830,8 @@ def lora_cases():
     emit_lora("lora-alora-false", 65, "is an activated LoRA", config=adapter_config(alora_invocation_tokens=False))
     emit_lora("lora-layer-replication", 65, "replicates layers (layer_replication)",
               config=adapter_config(layer_replication=[[0, 4], [2, 5]]))
-    emit_lora("lora-target-parameters-dora", 65, "sets target_parameters with use_dora, which PEFT refuses",
-              config=adapter_config(target_parameters=["experts.gate_up_proj"], use_dora=True))
+    emit_lora("lora-target-parameters-dora", 65, "and the config sets use_dora, which PEFT's ParamWrapper refuses",
+              config=adapter_config(target_modules=[], target_parameters=["d.weight"], use_dora=True))
     emit_lora("lora-target-parameters-string", 65, "\"target_parameters\" must be a list of parameter names",
               config=adapter_config(target_parameters="experts.gate_up_proj"))
     emit_lora("lora-target-parameters-empty", 0, "1 with LoRA merged", config=adapter_config(target_parameters=[]))

@@ -823,7 +823,14 @@ static void test_experts_lora_refusals(void **state)
         {"mixtral", GATE_UP, "has no matching base_model.model.model.layers.0.mlp.experts.lora_B.weight",
          ".lora_A.weight", ".other.weight", {6, 7}, {10, 6}, DT_F32},
         {"mixtral", "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 2, \"use_dora\": true, "
-         "\"target_parameters\": [\"gate_up_proj\"]}", "sets target_parameters with use_dora, which PEFT refuses",
+         "\"target_parameters\": [\"gate_up_proj\"]}", "is a LoRA on a parameter (target_parameters), and the "
+         "config sets use_dora, which PEFT's ParamWrapper refuses", ".lora_A.weight", ".lora_B.weight", {6, 7},
+         {10, 6}, DT_F32},
+        {"mixtral", "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 2, \"lora_bias\": true, "
+         "\"target_parameters\": [\"gate_up_proj\"]}", "sets lora_bias, which PEFT's ParamWrapper refuses",
+         ".lora_A.weight", ".lora_B.weight", {6, 7}, {10, 6}, DT_F32},
+        {"mixtral", "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 2, \"fan_in_fan_out\": true, "
+         "\"target_parameters\": [\"gate_up_proj\"]}", "sets fan_in_fan_out, which PEFT's ParamWrapper refuses",
          ".lora_A.weight", ".lora_B.weight", {6, 7}, {10, 6}, DT_F32},
         {"mixtral", "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 2, \"target_parameters\": \"gate_up_proj\"}",
          "\"target_parameters\" must be a list of parameter names", ".lora_A.weight", ".lora_B.weight", {6, 7},
@@ -864,27 +871,41 @@ static void test_experts_lora_refusals(void **state)
 
 /* target_parameters that no pair of the adapter is for: PEFT matched none
  * of them when it trained (it saves a pair for each one it wraps), warns, and
- * merges the rest; so does nf4deq, with one warning. */
+ * merges the rest; so does nf4deq, with one warning. What PEFT's
+ * ParamWrapper refuses (use_dora here) is then no reason to refuse: PEFT
+ * wrapped no parameter, and trained v_proj as DoRA. */
 static void test_experts_lora_none_saved_warns(void **state)
 {
     struct tu_scratch *s = *state;
-    char *ad = tu_strdupf("%s/ad", s->dir), *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad),
-         *out = tu_strdupf("%s/out", s->dir);
-    assert_int_equal(mkdir(ad, 0755), 0);
-    struct syn_tensor f[2] = {{PEFT_KEY_PREFIX "model.layers.0.self_attn.v_proj.lora_A.weight", DT_F32, {4, 128}, NULL},
-                              {PEFT_KEY_PREFIX "model.layers.0.self_attn.v_proj.lora_B.weight", DT_F32, {64, 4}, NULL}};
-    syn_fill(&f[0], 1.0f);
-    syn_fill(&f[1], 1.0f);
-    syn_write(w, f, 2);
-    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"v_proj\"], "
-                     "\"target_parameters\": [\"mlp.experts.gate_up_proj\"]}");
-    assert_lora_warns_once(LORA_FIXTURES "/base-qwen3moe-bf16-bnb4", out, ad,
-                           "target_parameters select no parameter the adapter holds a LoRA for", "1 with LoRA merged");
-    free(f[0].v);
-    free(f[1].v);
-    free(ad);
-    free(w);
-    free(out);
+    static const char *const CONFIGS[] = {
+        "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"v_proj\"], "
+        "\"target_parameters\": [\"mlp.experts.gate_up_proj\"]}",
+        "{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"v_proj\"], "
+        "\"use_dora\": true, \"target_parameters\": [\"mlp.experts.gate_up_proj\"]}",
+    };
+    for (size_t i = 0; i < sizeof CONFIGS / sizeof CONFIGS[0]; i++) {
+        char *ad = tu_strdupf("%s/ad-%zu", s->dir, i), *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad),
+             *out = tu_strdupf("%s/out-%zu", s->dir, i);
+        assert_int_equal(mkdir(ad, 0755), 0);
+        struct syn_tensor f[3] = {
+            {PEFT_KEY_PREFIX "model.layers.0.self_attn.v_proj.lora_A.weight", DT_F32, {4, 128}, NULL},
+            {PEFT_KEY_PREFIX "model.layers.0.self_attn.v_proj.lora_B.weight", DT_F32, {64, 4}, NULL},
+            {PEFT_KEY_PREFIX "model.layers.0.self_attn.v_proj.lora_magnitude_vector", DT_F32, {64, 0}, NULL},
+        };
+        const size_t n = i == 1 ? 3 : 2; /* DoRA's magnitude with use_dora */
+        for (size_t k = 0; k < n; k++)
+            syn_fill(&f[k], 1.0f);
+        syn_write(w, f, n);
+        write_config(ad, CONFIGS[i]);
+        assert_lora_warns_once(LORA_FIXTURES "/base-qwen3moe-bf16-bnb4", out, ad,
+                               "target_parameters select no parameter the adapter holds a LoRA for",
+                               "1 with LoRA merged");
+        for (size_t k = 0; k < n; k++)
+            free(f[k].v);
+        free(ad);
+        free(w);
+        free(out);
+    }
 }
 
 static void copy_tensors(const char *from, const char *to, int (*keep)(const char *, const void *), const void *arg,
@@ -1037,6 +1058,29 @@ static void test_parameter_targets_as_layers(void **state)
     free(y);
     st_close(fa);
     st_close(fc);
+    /* What PEFT's ParamWrapper refuses is refused where it wraps a parameter. */
+    char *ad = tu_strdupf("%s/ad-dora", s->dir), *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad),
+         *out = tu_strdupf("%s/out-dora", s->dir);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    syn_write(w, f, 4);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"target_modules\": [], "
+                     "\"use_dora\": true, \"target_parameters\": [\"q_proj.weight\"]}");
+    const char *dirs[1] = {ad};
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CPU;
+    o.lora_dirs = dirs;
+    o.nlora = 1;
+    o.progress = PROGRESS_NONE;
+    struct convert_stats st;
+    nf4_set_quiet(1);
+    assert_int_equal(convert_run(LORA_FIXTURES "/base-llama-bf16-bnb4", out, &o, &st), NF4_EDATA);
+    if (!strstr(nf4_last_error(), "model.layers.0.self_attn.q_proj.lora_A.weight: is a LoRA on a parameter "
+                                  "(target_parameters), and the config sets use_dora"))
+        fail_msg("%s", nf4_last_error());
+    free(ad);
+    free(w);
+    free(out);
     for (int i = 0; i < 4; i++) {
         free(f[i].v);
         free(outs[i]);
