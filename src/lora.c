@@ -388,10 +388,10 @@ struct binder {
      * the tied layers ask for: it reads both layers' factors whole. */
     const struct lora_adapter *mirror_of;
     int mirrored;
-    /* The base's config.json model_type, read for the first LoRA on MoE
-     * experts (lora_experts.h). */
+    /* The base's config.json model_type and its text_config's, read for the
+     * first LoRA on MoE experts (lora_experts.h). */
     int model_type_read;
-    char *model_type;
+    char *model_type, *text_model_type;
     /* Pairs bound to a parameter target_parameters selects, for the adapter being bound. */
     size_t parameter_pairs;
 };
@@ -939,14 +939,20 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
     const char *param = params[nparams - 1 - depth];
     if (!b->model_type_read) {
         b->model_type_read = 1;
-        if ((code = model_config_type(b->base, &b->model_type)) != NF4_OK)
+        if ((code = model_config_type(b->base, &b->model_type, &b->text_model_type)) != NF4_OK)
             goto out;
     }
-    const enum experts_form form = experts_form_of(b->model_type);
+    /* A multimodal model's own type has no conversion of experts; its
+     * language model's (text_config) does. */
+    enum experts_form form = experts_form_of(b->model_type);
+    if (form == EXPERTS_UNKNOWN)
+        form = experts_form_of(b->text_model_type);
     if (form == EXPERTS_UNKNOWN) {
         code = nf4_fail(NF4_EDATA, file, aname, "is a LoRA on the MoE experts' %s (target_parameters), which nf4deq "
                         "merges for the models transformers 5 fuses as Mixtral's or Qwen2-MoE's; the base's "
-                        "config.json model_type is %s", param, b->model_type ? b->model_type : "not given");
+                        "config.json model_type is %s%s%s", param, b->model_type ? b->model_type : "not given",
+                        b->text_model_type ? ", its text_config's " : "",
+                        b->text_model_type ? b->text_model_type : "");
         goto out;
     }
     const struct model_tensor *bt = model_find(ad->weights, bname);
@@ -1756,6 +1762,7 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
     }
     free(b.items);
     free(b.model_type);
+    free(b.text_model_type);
     if (code != NF4_OK) {
         lora_close(s);
         return code;

@@ -8,18 +8,30 @@
 const char *const EXPERTS_PARAMS[EXPERTS_NPARAMS] = {"gate_up_proj", "down_proj"};
 
 /* transformers 5.24's conversion_mapping.py: the model_types whose experts
- * load through Mixtral's or Qwen2-MoE's WeightConverters and whose modeling
- * file was read: each of their experts modules registers gate_up_proj
- * [E, 2I, H], then down_proj [E, H, I], and none is is_transposed (gpt_oss,
- * aria and openai_privacy_filter are). (sarvam_mla maps to Qwen2-MoE's too,
- * but 5.24 has no modeling file for it to read.) */
-static const char *const MIXTRAL_TYPES[] = {"mixtral", "minimax", "minimax_m2"};
+ * load through the very WeightConverters of Mixtral or Qwen2-MoE (the same
+ * source names, MergeModulelist(0), then Concatenate(1) of gate and up), and
+ * whose modeling file was read: each of their experts modules registers
+ * gate_up_proj [E, 2I, H], then down_proj [E, H, I], and none is
+ * is_transposed (gpt_oss, aria and openai_privacy_filter are). Not listed:
+ * sarvam_mla and sarvam_moe (no modeling file in 5.24 to read), and
+ * deepseek_ocr2, deepseek_v4, mistral_large4_text, minimax_m3_vl and
+ * kimi_k25, whose conversions also rename the path to the experts (a
+ * checkpoint's "layers." or ".ffn." is not the runtime's). A type's other
+ * renames (attention, routers, norms) leave the experts' names alone; a LoRA
+ * on a module they rename names a tensor the checkpoint lacks, and is refused
+ * as an adapter for another model. */
+static const char *const MIXTRAL_TYPES[] = {"mixtral", "minimax", "minimax_m2", "phimoe", "kimi_linear"};
+/* Mixtral's expert names without its ".mlp." rename: the experts stay under
+ * their runtime module (lfm2_moe's feed_forward.experts). */
+static const char *const W123_TYPES[] = {"lfm2_moe"};
 static const char *const QWEN2_MOE_TYPES[] = {
     "qwen2_moe",     "afmoe",        "deepseek_v2",   "deepseek_v3", "deepseek_v32",   "dots1",
     "ernie4_5_moe",  "glm4_moe",     "glm4_moe_lite", "glm_moe_dsa", "glm4v_moe",      "longcat_flash",
     "solar_open",    "mellum",       "qwen3_moe",     "beam",        "qwen3_omni_moe", "qwen3_omni_moe_thinker",
     "qwen3_omni_moe_text", "qwen3_next", "hunyuan_v1_moe", "flex_olmo", "olmoe",       "exaone_moe",
-    "cohere2_moe",
+    "cohere2_moe",   "axk1",         "axk2",          "bailing_hybrid", "flint",       "glm5_next",
+    "glm5_next_text", "hy_v3",       "jamba",         "kolibri1",    "laguna",         "mimo_v2_flash",
+    "qwen3_5_moe_text", "qwen4_exp_text",
 };
 
 static int in_list(const char *s, const char *const *list, size_t n)
@@ -38,6 +50,8 @@ enum experts_form experts_form_of(const char *model_type)
         return EXPERTS_MIXTRAL;
     if (in_list(model_type, QWEN2_MOE_TYPES, sizeof QWEN2_MOE_TYPES / sizeof *QWEN2_MOE_TYPES))
         return EXPERTS_QWEN2_MOE;
+    if (in_list(model_type, W123_TYPES, sizeof W123_TYPES / sizeof *W123_TYPES))
+        return EXPERTS_W123;
     return EXPERTS_UNKNOWN;
 }
 
@@ -107,7 +121,7 @@ size_t experts_tensor_names(enum experts_form form, const char *module, const ch
     static const char *const QWEN2[2][2] = {{"gate_proj", "up_proj"}, {"down_proj", NULL}};
     static const char *const MIXTRAL[2][2] = {{"w1", "w3"}, {"w2", NULL}};
     const int down = strcmp(param, EXPERTS_PARAMS[1]) == 0;
-    const char *const *parts = form == EXPERTS_MIXTRAL ? MIXTRAL[down] : QWEN2[down];
+    const char *const *parts = form == EXPERTS_QWEN2_MOE ? QWEN2[down] : MIXTRAL[down];
     char *saved = form == EXPERTS_MIXTRAL ? mixtral_saved_module(module) : strdup(module);
     size_t n = 0;
     names[0] = names[1] = NULL;

@@ -11,9 +11,13 @@
  * per-expert 4-bit weights):
  *   Qwen2-MoE's form (qwen2_moe, qwen3_moe, deepseek_v3, olmoe, glm4_moe, ...):
  *     M.e.gate_proj.weight, M.e.up_proj.weight [I, H], M.e.down_proj.weight [H, I]
- *   Mixtral's form (mixtral, minimax, minimax_m2), M's ".mlp." saved as
- *   ".block_sparse_moe.":
+ *   Mixtral's form (mixtral, minimax, minimax_m2, phimoe, kimi_linear), M's
+ *   ".mlp." saved as ".block_sparse_moe.":
  *     ...block_sparse_moe.experts.e.w1.weight (gate), w3 (up), w2 (down)
+ *   the same names under M itself (lfm2_moe):
+ *     M.e.w1.weight (gate), w3 (up), w2 (down)
+ * A multimodal model's language model has its own model_type, in config.json's
+ * text_config (qwen3_5_moe's qwen3_5_moe_text), and its own conversion.
  *
  * A LoRA on parameter P of M, with rank r, is one pair
  *   M.lora_A.weight [r * E, in]   expert e's rows e * r .. e * r + r - 1
@@ -36,6 +40,7 @@ enum experts_form {
     EXPERTS_UNKNOWN, /* a model_type nf4deq does not know the fusing of, or none */
     EXPERTS_QWEN2_MOE,
     EXPERTS_MIXTRAL,
+    EXPERTS_W123, /* Mixtral's names, under M as it is */
 };
 
 /* The form transformers 5.24's conversion mapping gives config.json's

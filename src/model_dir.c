@@ -396,17 +396,29 @@ static int read_config(const char *dir, cJSON **root)
     return code;
 }
 
-int model_config_type(const struct model *m, char **model_type)
+/* *out: obj's string "model_type" (allocated), or NULL. */
+static int copy_model_type(const cJSON *obj, const char *dir, char **out)
+{
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "model_type");
+    if (cJSON_IsString(type) && !(*out = strdup(type->valuestring)))
+        return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    return NF4_OK;
+}
+
+int model_config_type(const struct model *m, char **model_type, char **text_model_type)
 {
     *model_type = NULL;
+    if (text_model_type)
+        *text_model_type = NULL;
     char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
     if (!dir)
         return nf4_fail(NF4_ESOFTWARE, m->file_names[0], NULL, "out of memory");
     cJSON *root;
     int code = read_config(dir, &root);
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    if (code == NF4_OK && cJSON_IsString(type) && !(*model_type = strdup(type->valuestring)))
-        code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    if (code == NF4_OK)
+        code = copy_model_type(root, dir, model_type);
+    if (code == NF4_OK && text_model_type)
+        code = copy_model_type(cJSON_GetObjectItemCaseSensitive(root, "text_config"), dir, text_model_type);
     cJSON_Delete(root);
     free(dir);
     return code;

@@ -624,31 +624,41 @@ static float expert_element(const void *ctx, uint64_t e)
     return reference_expert_merge(x->base->v[e], x->terms, x->nterms, x->expert, e / cols, e % cols);
 }
 
-/* A Mixtral-form base of SYN_EXPERTS experts in `dir` (config.json saying
- * `model_type`): w1 and w3 [I, H] in bf16, w2 [H, I] in f16. */
-static void write_experts_base(const char *dir, const char *model_type, struct syn_tensor *base)
+/* A base of SYN_EXPERTS experts in `dir`, with config.json `config`: the
+ * tensors "<module>.e.<part>.weight" for parts[0] (gate) and parts[1] (up),
+ * [I, H] in bf16, and parts[2] (down), [H, I] in f16. Values preset in base
+ * are kept (a second base of the same values); else random. The names live
+ * in `names` (3 * SYN_EXPERTS of them), as long as base is used. */
+static void write_experts_base_named(const char *dir, const char *config, const char *module,
+                                     const char *const parts[3], struct syn_tensor *base, char (*names)[96])
 {
-    static char names[3 * SYN_EXPERTS][80];
-    static const char *const PARTS[3] = {"w1", "w3", "w2"};
     assert_int_equal(mkdir(dir, 0755), 0);
     for (int e = 0; e < SYN_EXPERTS; e++)
         for (int p = 0; p < 3; p++) {
             struct syn_tensor *t = &base[e * 3 + p];
-            float *v = t->v; /* a second base of the same values */
-            snprintf(names[e * 3 + p], sizeof names[0], "model.layers.0.block_sparse_moe.experts.%d.%s.weight", e,
-                     PARTS[p]);
+            float *v = t->v;
+            snprintf(names[e * 3 + p], sizeof names[0], "%s.%d.%s.weight", module, e, parts[p]);
             *t = (struct syn_tensor){names[e * 3 + p], p < 2 ? DT_BF16 : DT_F16,
                                      {p < 2 ? SYN_INTERMEDIATE : SYN_HIDDEN, p < 2 ? SYN_HIDDEN : SYN_INTERMEDIATE},
                                      v};
             if (!v)
                 syn_fill(t, 2.0f);
         }
-    char *path = tu_strdupf("%s/model.safetensors", dir), *config = tu_strdupf("%s/config.json", dir),
-         *json = tu_strdupf("{\"model_type\": \"%s\"}", model_type);
+    char *path = tu_strdupf("%s/model.safetensors", dir), *config_path = tu_strdupf("%s/config.json", dir);
     syn_write(path, base, 3 * SYN_EXPERTS);
-    tu_write_file(config, json, strlen(json));
+    tu_write_file(config_path, config, strlen(config));
     free(path);
-    free(config);
+    free(config_path);
+}
+
+/* A Mixtral-form base (config.json saying `model_type`): w1, w3 and w2 under
+ * model.layers.0.block_sparse_moe.experts. */
+static void write_experts_base(const char *dir, const char *model_type, struct syn_tensor *base)
+{
+    static char names[3 * SYN_EXPERTS][96];
+    static const char *const PARTS[3] = {"w1", "w3", "w2"};
+    char *json = tu_strdupf("{\"model_type\": \"%s\"}", model_type);
+    write_experts_base_named(dir, json, "model.layers.0.block_sparse_moe.experts", PARTS, base, names);
     free(json);
 }
 
@@ -732,6 +742,120 @@ static void test_experts_lora_matches_reference(void **state)
     free(ad2);
     free(w1);
     free(w2);
+}
+
+/* The forms of lora_experts.h beyond Mixtral's own, each merging the same
+ * adapter (both parameters) into a base of the same values under its names
+ * to the same bytes as Mixtral's form, which test_experts_lora_matches_reference
+ * checks against the formula: phimoe (Mixtral's names and rename), lfm2_moe
+ * (Mixtral's names under feed_forward.experts, no rename), and qwen3_5_moe,
+ * whose config names the experts' conversion in text_config (Qwen2-MoE's
+ * names under model.language_model). A text_config of no such type is
+ * refused, naming both types. */
+static void test_experts_lora_forms(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const char *const W123[3] = {"w1", "w3", "w2"}, *const QWEN2[3] = {"gate_proj", "up_proj", "down_proj"};
+    static const struct {
+        const char *config, *saved, *runtime;
+        const char *const *parts;
+    } FORMS[] = {
+        {"{\"model_type\": \"mixtral\"}", "model.layers.0.block_sparse_moe.experts", "model.layers.0.mlp.experts",
+         W123},
+        {"{\"model_type\": \"phimoe\"}", "model.layers.0.block_sparse_moe.experts", "model.layers.0.mlp.experts",
+         W123},
+        {"{\"model_type\": \"lfm2_moe\"}", "model.layers.0.feed_forward.experts", "model.layers.0.feed_forward.experts",
+         W123},
+        {"{\"model_type\": \"qwen3_5_moe\", \"text_config\": {\"model_type\": \"qwen3_5_moe_text\"}}",
+         "model.language_model.layers.0.mlp.experts", "model.language_model.layers.0.mlp.experts", QWEN2},
+        {"{\"model_type\": \"qwen3_5\", \"text_config\": {\"model_type\": \"qwen3_5_text\"}}",
+         "model.language_model.layers.0.mlp.experts", "model.language_model.layers.0.mlp.experts", QWEN2},
+    };
+    const size_t nforms = sizeof FORMS / sizeof FORMS[0];
+    struct syn_tensor base[3 * SYN_EXPERTS] = {{0}};
+    static char names[3 * SYN_EXPERTS][96];
+    float *factor_values[4] = {NULL};
+    char *outs[sizeof FORMS / sizeof FORMS[0]];
+    for (size_t i = 0; i < nforms; i++) {
+        char *base_dir = tu_strdupf("%s/base-%zu", s->dir, i), *ad = tu_strdupf("%s/ad-%zu", s->dir, i),
+             *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+        write_experts_base_named(base_dir, FORMS[i].config, FORMS[i].saved, FORMS[i].parts, base, names);
+        char *keys[4] = {
+            tu_strdupf(PEFT_KEY_PREFIX "%s.base_layer.lora_A.weight", FORMS[i].runtime),
+            tu_strdupf(PEFT_KEY_PREFIX "%s.base_layer.lora_B.weight", FORMS[i].runtime),
+            tu_strdupf(PEFT_KEY_PREFIX "%s.lora_A.weight", FORMS[i].runtime),
+            tu_strdupf(PEFT_KEY_PREFIX "%s.lora_B.weight", FORMS[i].runtime),
+        };
+        struct syn_tensor f[4] = {
+            {keys[0], DT_F32, {2 * SYN_EXPERTS, SYN_HIDDEN}, factor_values[0]},
+            {keys[1], DT_F32, {2 * SYN_INTERMEDIATE, 2 * SYN_EXPERTS}, factor_values[1]},
+            {keys[2], DT_F32, {2 * SYN_EXPERTS, SYN_INTERMEDIATE}, factor_values[2]},
+            {keys[3], DT_F32, {SYN_HIDDEN, 2 * SYN_EXPERTS}, factor_values[3]},
+        };
+        for (int k = 0; k < 4; k++)
+            if (!f[k].v) { /* the first form's factors, for every form */
+                syn_fill(&f[k], 1.0f);
+                factor_values[k] = f[k].v;
+            }
+        assert_int_equal(mkdir(ad, 0755), 0);
+        syn_write(w, f, 4);
+        write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, \"target_modules\": null, "
+                         "\"target_parameters\": [\"experts.gate_up_proj\", \"experts.down_proj\"]}");
+        outs[i] = tu_strdupf("%s/out-%zu", s->dir, i);
+        if (i + 1 < nforms) {
+            const char *dirs[1] = {ad};
+            assert_int_equal(merge_on_cpu(base_dir, outs[i], dirs, 1, 0, 2, DT_INVALID), 3 * SYN_EXPERTS);
+        } else {
+            struct tu_run r = tu_run("convert", "--device", "cpu", base_dir, outs[i], "--lora", ad, NULL);
+            if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+                !strstr(r.err, "config.json model_type is qwen3_5, its text_config's qwen3_5_text"))
+                fail_msg("exit %d, stderr: %s", r.status, r.err);
+            tu_run_free(&r);
+        }
+        for (int k = 0; k < 4; k++)
+            free(keys[k]);
+        free(base_dir);
+        free(ad);
+        free(w);
+    }
+    /* Expert e's part p, by name in each output, holds the same bytes as in Mixtral's. */
+    struct st_file *ref;
+    char *ref_file = tu_strdupf("%s/model.safetensors", outs[0]);
+    assert_int_equal(st_open(ref_file, &ref), NF4_OK);
+    for (size_t i = 1; i + 1 < nforms; i++) {
+        char *file = tu_strdupf("%s/model.safetensors", outs[i]);
+        struct st_file *got;
+        assert_int_equal(st_open(file, &got), NF4_OK);
+        for (int e = 0; e < SYN_EXPERTS; e++)
+            for (int p = 0; p < 3; p++) {
+                char *want_name = tu_strdupf("%s.%d.%s.weight", FORMS[0].saved, e, FORMS[0].parts[p]),
+                     *got_name = tu_strdupf("%s.%d.%s.weight", FORMS[i].saved, e, FORMS[i].parts[p]);
+                const struct st_tensor *a = st_find(ref, want_name), *b = st_find(got, got_name);
+                assert_non_null(a);
+                assert_non_null(b);
+                uint64_t n = st_tensor_bytes(a);
+                assert_int_equal(st_tensor_bytes(b), n);
+                unsigned char *x = malloc(n), *y = malloc(n);
+                assert_int_equal(st_read(ref, a, 0, x, n), NF4_OK);
+                assert_int_equal(st_read(got, b, 0, y, n), NF4_OK);
+                if (memcmp(x, y, n) != 0)
+                    fail_msg("%s: %s differs from %s", FORMS[i].config, got_name, want_name);
+                free(x);
+                free(y);
+                free(want_name);
+                free(got_name);
+            }
+        st_close(got);
+        free(file);
+    }
+    st_close(ref);
+    free(ref_file);
+    for (size_t i = 0; i < nforms; i++)
+        free(outs[i]);
+    for (int i = 0; i < 3 * SYN_EXPERTS; i++)
+        free(base[i].v);
+    for (int k = 0; k < 4; k++)
+        free(factor_values[k]);
 }
 
 /* B's rows wider than the block merge_read_factors reads them in: r * E
@@ -1074,6 +1198,7 @@ static void test_parameter_targets_as_layers(void **state)
     o.progress = PROGRESS_NONE;
     struct convert_stats st;
     nf4_set_quiet(1);
+    nf4_clear_error(); /* the first error is kept: one an earlier test left must not stand for this one */
     assert_int_equal(convert_run(LORA_FIXTURES "/base-llama-bf16-bnb4", out, &o, &st), NF4_EDATA);
     if (!strstr(nf4_last_error(), "model.layers.0.self_attn.q_proj.lora_A.weight: is a LoRA on a parameter "
                                   "(target_parameters), and the config sets use_dora"))
@@ -4406,6 +4531,7 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_matches_reference, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_wide_rows_of_b, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_lora_forms, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_none_saved_warns, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_on_4bit_experts, tu_scratch_setup, tu_scratch_teardown),
