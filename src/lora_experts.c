@@ -14,12 +14,15 @@ const char *const EXPERTS_PARAMS[EXPERTS_NPARAMS] = {"gate_up_proj", "down_proj"
  * gate_up_proj [E, 2I, H], then down_proj [E, H, I], and none is
  * is_transposed (gpt_oss, aria and openai_privacy_filter are). Not listed:
  * sarvam_mla and sarvam_moe (no modeling file in 5.24 to read), and
- * deepseek_ocr2, deepseek_v4, mistral_large4_text, minimax_m3_vl and
- * kimi_k25, whose conversions also rename the path to the experts (a
- * checkpoint's "layers." or ".ffn." is not the runtime's). A type's other
- * renames (attention, routers, norms) leave the experts' names alone; a LoRA
- * on a module they rename names a tensor the checkpoint lacks, and is refused
- * as an adapter for another model. */
+ * deepseek_ocr2, deepseek_v4, mistral_large4_text and minimax_m3_vl, whose
+ * conversions also rename the path to the experts (a checkpoint's "layers."
+ * or ".ffn." is not the runtime's). A type's other renames (attention,
+ * routers, norms) leave the experts' names alone; a LoRA on a module they
+ * rename names a tensor the checkpoint lacks, and is refused as an adapter
+ * for another model. So is one on kimi_k25's experts, found through its
+ * text_config's deepseek_v3 (lora.c), whose path kimi_k25 renames: expert
+ * e's tensors are looked up under the runtime's names, and either are
+ * there, the same tensors, or are missing. */
 static const char *const MIXTRAL_TYPES[] = {"mixtral", "minimax", "minimax_m2", "phimoe", "kimi_linear"};
 /* Mixtral's expert names without its ".mlp." rename: the experts stay under
  * their runtime module (lfm2_moe's feed_forward.experts). */
