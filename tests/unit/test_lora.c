@@ -820,6 +820,7 @@ static void test_experts_lora_forms(void **state)
                 !strstr(r.err, "config.json model_type is qwen3_5, its text_config's qwen3_5_text"))
                 fail_msg("exit %d, stderr: %s", r.status, r.err);
             tu_run_free(&r);
+            assert_int_equal(access(outs[i], F_OK), -1); /* refused: nothing written */
         }
         for (int k = 0; k < 4; k++)
             free(keys[k]);
@@ -1205,6 +1206,7 @@ static void test_parameter_targets_as_layers(void **state)
     if (!strstr(nf4_last_error(), "model.layers.0.self_attn.q_proj.lora_A.weight: is a LoRA on a parameter "
                                   "(target_parameters), and the config sets use_dora"))
         fail_msg("%s", nf4_last_error());
+    assert_int_equal(access(out, F_OK), -1); /* refused: nothing written */
     free(ad);
     free(w);
     free(out);
