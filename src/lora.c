@@ -942,11 +942,7 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
         if ((code = model_config_type(b->base, &b->model_type, &b->text_model_type)) != NF4_OK)
             goto out;
     }
-    /* A multimodal model's own type has no conversion of experts; its
-     * language model's (text_config) does. */
-    enum experts_form form = experts_form_of(b->model_type);
-    if (form == EXPERTS_UNKNOWN)
-        form = experts_form_of(b->text_model_type);
+    const enum experts_form form = experts_form_of(b->model_type, b->text_model_type);
     if (form == EXPERTS_UNKNOWN) {
         code = nf4_fail(NF4_EDATA, file, aname, "is a LoRA on the MoE experts' %s (target_parameters), which nf4deq "
                         "merges for the models transformers 5 fuses as Mixtral's or Qwen2-MoE's; the base's "

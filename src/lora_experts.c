@@ -45,7 +45,8 @@ static int in_list(const char *s, const char *const *list, size_t n)
     return 0;
 }
 
-enum experts_form experts_form_of(const char *model_type)
+/* The form of one model_type (NULL: none). */
+static enum experts_form form_of_type(const char *model_type)
 {
     if (!model_type)
         return EXPERTS_UNKNOWN;
@@ -56,6 +57,12 @@ enum experts_form experts_form_of(const char *model_type)
     if (in_list(model_type, W123_TYPES, sizeof W123_TYPES / sizeof *W123_TYPES))
         return EXPERTS_W123;
     return EXPERTS_UNKNOWN;
+}
+
+enum experts_form experts_form_of(const char *model_type, const char *text_model_type)
+{
+    enum experts_form form = form_of_type(model_type);
+    return form != EXPERTS_UNKNOWN ? form : form_of_type(text_model_type);
 }
 
 #define BASE_LAYER_TAIL ".base_layer"

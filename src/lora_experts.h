@@ -44,8 +44,10 @@ enum experts_form {
 };
 
 /* The form transformers 5.24's conversion mapping gives config.json's
- * model_type (NULL: none). */
-enum experts_form experts_form_of(const char *model_type);
+ * model_type, or, where that type has no conversion of experts (a multimodal
+ * model's own), its text_config's, which transformers applies to the language
+ * model (NULL: none). */
+enum experts_form experts_form_of(const char *model_type, const char *text_model_type);
 
 /* An experts module's parameters PEFT wraps, in the order it wraps them. */
 #define EXPERTS_NPARAMS 2

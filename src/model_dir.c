@@ -407,9 +407,7 @@ static int copy_model_type(const cJSON *obj, const char *dir, char **out)
 
 int model_config_type(const struct model *m, char **model_type, char **text_model_type)
 {
-    *model_type = NULL;
-    if (text_model_type)
-        *text_model_type = NULL;
+    *model_type = *text_model_type = NULL;
     char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
     if (!dir)
         return nf4_fail(NF4_ESOFTWARE, m->file_names[0], NULL, "out of memory");
@@ -417,7 +415,7 @@ int model_config_type(const struct model *m, char **model_type, char **text_mode
     int code = read_config(dir, &root);
     if (code == NF4_OK)
         code = copy_model_type(root, dir, model_type);
-    if (code == NF4_OK && text_model_type)
+    if (code == NF4_OK)
         code = copy_model_type(cJSON_GetObjectItemCaseSensitive(root, "text_config"), dir, text_model_type);
     cJSON_Delete(root);
     free(dir);

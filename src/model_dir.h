@@ -58,8 +58,8 @@ struct model;
 int model_tied_embedding(const struct model *m, const char **embedding);
 /* *model_type: config.json's "model_type" (allocated), from m's directory or
  * beside its single file; *text_model_type: its "text_config"'s, the
- * language model's of a multimodal one (allocated; NULL: none wanted). Each
- * NULL where there is none. A failed read of config.json is the error. */
+ * language model's of a multimodal one (allocated). Each NULL where there is
+ * none. A failed read of config.json is the error. */
 int model_config_type(const struct model *m, char **model_type, char **text_model_type);
 /* The rows of a causal LM's input embedding (the names above), or 0 where m
  * has none of them. */
