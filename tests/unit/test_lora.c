@@ -92,23 +92,31 @@ static void check_tensor(const struct model *got, const struct st_file *e32, con
     free(c);
 }
 
+/* Tensor g of file gf has the dtype, shape and bytes of tensor w of wf
+ * (`want`, in messages). */
+static void assert_same_tensor(const struct st_file *gf, const struct st_tensor *g, const struct st_file *wf,
+                               const struct st_tensor *w, const char *want)
+{
+    if (g->dtype != w->dtype || g->ndim != w->ndim || g->nelem != w->nelem)
+        fail_msg("%s: dtype or shape differs from %s", g->name, want);
+    uint64_t n = st_tensor_bytes(w);
+    unsigned char *a = malloc(n + 1), *b = malloc(n + 1);
+    assert_true(a && b);
+    assert_int_equal(st_read(gf, g, 0, a, n), NF4_OK);
+    assert_int_equal(st_read(wf, w, 0, b, n), NF4_OK);
+    if (memcmp(a, b, n) != 0)
+        fail_msg("%s: differs from %s", g->name, want);
+    free(a);
+    free(b);
+}
+
 /* Tensor `name` of `got` has the dtype, shape and bytes it has in `want`. */
 static void assert_same_model_tensor(const struct model *got, const struct model *want, const char *name)
 {
     const struct model_tensor *g = model_find(got, name), *w = model_find(want, name);
     if (!g || !w)
         fail_msg("%s: missing from the output", name);
-    if (g->t->dtype != w->t->dtype || g->t->ndim != w->t->ndim || g->t->nelem != w->t->nelem)
-        fail_msg("%s: dtype or shape differs from the plain conversion's", name);
-    uint64_t n = st_tensor_bytes(w->t);
-    unsigned char *a = malloc(n + 1), *b = malloc(n + 1);
-    assert_true(a && b);
-    assert_int_equal(st_read(g->file, g->t, 0, a, n), NF4_OK);
-    assert_int_equal(st_read(w->file, w->t, 0, b, n), NF4_OK);
-    if (memcmp(a, b, n) != 0)
-        fail_msg("%s: differs from the plain conversion, and no LoRA merges into it", name);
-    free(a);
-    free(b);
+    assert_same_tensor(g->file, g->t, w->file, w->t, "the plain conversion's, and no LoRA merges into it");
 }
 
 #define TIED_BASE "base-llama-bf16-bnb4-tied"
@@ -841,17 +849,11 @@ static void test_experts_lora_forms(void **state)
                 char *want_name = tu_strdupf("%s.%d.%s.weight", FORMS[0].saved, e, FORMS[0].parts[p]),
                      *got_name = tu_strdupf("%s.%d.%s.weight", FORMS[i].saved, e, FORMS[i].parts[p]);
                 const struct st_tensor *a = st_find(ref, want_name), *b = st_find(got, got_name);
-                assert_non_null(a);
-                assert_non_null(b);
-                uint64_t n = st_tensor_bytes(a);
-                assert_int_equal(st_tensor_bytes(b), n);
-                unsigned char *x = malloc(n), *y = malloc(n);
-                assert_int_equal(st_read(ref, a, 0, x, n), NF4_OK);
-                assert_int_equal(st_read(got, b, 0, y, n), NF4_OK);
-                if (memcmp(x, y, n) != 0)
-                    fail_msg("%s: %s differs from %s", FORMS[i].config, got_name, want_name);
-                free(x);
-                free(y);
+                if (!a || !b)
+                    fail_msg("%s: %s or %s is missing", FORMS[i].config, got_name, want_name);
+                char *want = tu_strdupf("%s, Mixtral's form's (this base's config: %s)", want_name, FORMS[i].config);
+                assert_same_tensor(got, b, ref, a, want);
+                free(want);
                 free(want_name);
                 free(got_name);
             }
