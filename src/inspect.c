@@ -162,11 +162,14 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddNumberToObject(e, "r", x->bias ? x->pair_r : x->r);
                 cJSON_AddNumberToObject(e, "alpha", x->alpha);
                 cJSON_AddNumberToObject(e, "scaling", x->scaling);
-                cJSON_AddBoolToObject(e, "fan_in_fan_out", x->fan_in_fan_out && !x->embedding);
+                cJSON_AddBoolToObject(e, "fan_in_fan_out", x->fan_in_fan_out && !x->embedding && !x->expert_rows);
                 cJSON_AddBoolToObject(e, "embedding", x->embedding);
                 cJSON_AddBoolToObject(e, "dora", x->magnitude != NULL);
                 cJSON_AddBoolToObject(e, "lora_bias", x->bias);
-                if (x->b_col_step) { /* one expert's part of a LoRA on MoE experts */
+                if (x->expert_rows) { /* a LoRA on a fused experts tensor: every expert */
+                    cJSON_AddNumberToObject(e, "experts", x->b_col_step);
+                    cJSON_AddBoolToObject(e, "is_transposed", x->fan_in_fan_out);
+                } else if (x->b_col_step) { /* one expert's part of a LoRA on MoE experts */
                     cJSON_AddNumberToObject(e, "expert", x->b_col0);
                     cJSON_AddNumberToObject(e, "experts", x->b_col_step);
                 }
@@ -174,7 +177,10 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddItemToArray(ja, e);
             } else {
                 char expert[64] = "";
-                if (x->b_col_step)
+                if (x->expert_rows)
+                    snprintf(expert, sizeof expert, " (%u experts, fused%s)", x->b_col_step,
+                             x->fan_in_fan_out ? ", is_transposed" : "");
+                else if (x->b_col_step)
                     snprintf(expert, sizeof expert, " (expert %u of %u)", x->b_col0, x->b_col_step);
                 put_name(out, t->name, 48);
                 fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->bias ? x->pair_r : x->r, x->alpha, (double)x->scaling,
@@ -182,7 +188,7 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                         x->embedding        ? " (embedding)"
                         : x->magnitude      ? " (DoRA)"
                         : x->bias           ? " (lora_bias)"
-                        : x->fan_in_fan_out ? " (fan_in_fan_out)"
+                        : x->fan_in_fan_out && !x->expert_rows ? " (fan_in_fan_out)"
                                             : expert);
             }
         }

@@ -913,8 +913,53 @@ static int bind_expert_part(struct binder *b, const char *file, const char *anam
     return NF4_OK;
 }
 
+/* The 3-D tensor `name` of the base, where it holds one (the fused experts
+ * parameter M.P, lora_experts.h): else NULL. */
+static const struct model_tensor *fused_experts_tensor(const struct binder *b, const char *name)
+{
+    const struct model_tensor *t = model_find(b->base, name);
+    return t && t->t->ndim == 3 ? t : NULL;
+}
+
+/* A LoRA pair on the fused experts tensor M.P [E, n, m] of the base: one
+ * term over the whole tensor, seen as [E * n, m] (lora_term.expert_rows).
+ * `term` has the pair's factors, rank and scaling; the pair's delta per
+ * expert is [out, in], laid on [n, m] as [in, out] where `transposed`. */
+static int bind_fused_experts(struct binder *b, const char *file, const char *aname, const struct model_tensor *fused,
+                              int transposed, uint64_t experts, uint64_t out_f, uint64_t in_f,
+                              const struct lora_term *term)
+{
+    const struct st_tensor *t = fused->t;
+    const uint64_t *shape = t->shape;
+    if (bnb_find(b->weights, b->nweights, t->name) || !dtype_is_castable_float(t->dtype))
+        return nf4_fail(NF4_EDATA, file, aname, "is a LoRA on the fused MoE experts %s, which is %s: nf4deq merges "
+                        "one into a 16- or 32-bit tensor", t->name,
+                        dtype_is_castable_float(t->dtype) ? "4-bit" : dtype_name(t->dtype));
+    if (shape[0] != experts)
+        return nf4_fail(NF4_EDATA, file, aname, "holds %llu experts (r = %u), but the base's %s has %llu",
+                        (unsigned long long)experts, term->r, t->name, (unsigned long long)shape[0]);
+    const uint64_t want_in = transposed ? shape[1] : shape[2], want_out = transposed ? shape[2] : shape[1];
+    if (in_f != want_in || out_f != want_out)
+        return nf4_fail(NF4_EDATA, file, aname, "gives each expert of %s [%llu, %llu, %llu] a %llux%llu delta (out x "
+                        "in), but it holds [experts, %s]%s", t->name, (unsigned long long)shape[0],
+                        (unsigned long long)shape[1], (unsigned long long)shape[2], (unsigned long long)out_f,
+                        (unsigned long long)in_f, transposed ? "in, out" : "out, in",
+                        transposed ? " (is_transposed)" : "");
+    struct binding *x = add_binding(b, file, t->name);
+    if (!x)
+        return nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+    x->rows = shape[0] * shape[1];
+    x->cols = shape[2];
+    x->term = *term;
+    x->term.fan_in_fan_out = transposed;
+    x->term.b_col_step = (uint32_t)experts;
+    x->term.expert_rows = shape[1];
+    return NF4_OK;
+}
+
 /* A LoRA on parameter P of MoE experts module M, key "M(.base_layer)^d.lora_A.weight":
- * one term on each expert's checkpoint tensors (lora_experts.h). */
+ * one term on each expert's checkpoint tensors, or on the fused tensor M.P
+ * where the base holds that (lora_experts.h). */
 static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, size_t index,
                              const struct lora_config *c, const char *wrapped, const struct model_tensor *a)
 {
@@ -942,12 +987,24 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
         if ((code = model_config_type(b->base, &b->model_type, &b->text_model_type)) != NF4_OK)
             goto out;
     }
-    const enum experts_form form = experts_form_of(b->model_type, b->text_model_type);
+    /* PEFT matches rank_pattern and alpha_pattern against "M.P", the name of the fused tensor. */
+    if (!(pkey = module_param_name(module, param))) {
+        code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+        goto out;
+    }
+    const struct model_tensor *fused = fused_experts_tensor(b, pkey);
+    const enum experts_form form = experts_stored_form(experts_form_of(b->model_type, b->text_model_type), !!fused);
+    if (experts_form_is_fused(form) && !fused) {
+        code = nf4_fail(NF4_EDATA, file, aname, "is a LoRA on the MoE experts' %s, which the base's model_type saves "
+                        "as one 3-D tensor, but the base has no 3-D tensor %s (an adapter for another model?)", param,
+                        pkey);
+        goto out;
+    }
     if (form == EXPERTS_UNKNOWN) {
         code = nf4_fail(NF4_EDATA, file, aname, "is a LoRA on the MoE experts' %s (target_parameters), which nf4deq "
-                        "merges for the models transformers 5 fuses as Mixtral's or Qwen2-MoE's; the base's "
-                        "config.json model_type is %s%s%s", param, b->model_type ? b->model_type : "not given",
-                        b->text_model_type ? ", its text_config's " : "",
+                        "merges for the model types whose saved experts it knows (as Mixtral's, as Qwen2-MoE's, or "
+                        "fused: README.md); the base's config.json model_type is %s%s%s", param,
+                        b->model_type ? b->model_type : "not given", b->text_model_type ? ", its text_config's " : "",
                         b->text_model_type ? b->text_model_type : "");
         goto out;
     }
@@ -961,11 +1018,6 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
         goto out;
     uint32_t r;
     double alpha;
-    /* PEFT matches rank_pattern and alpha_pattern against "M.P". */
-    if (!(pkey = module_param_name(module, param))) {
-        code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
-        goto out;
-    }
     int from_pattern = module_rank_alpha(c, pkey, &r, &alpha);
     const uint64_t experts = at->shape[0] / r, out_f = btt->shape[0], in_f = at->shape[1];
     if (at->shape[0] % r != 0 || experts == 0 || experts > UINT32_MAX || btt->shape[1] != at->shape[0]) {
@@ -976,7 +1028,7 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
                         from_pattern ? " (rank_pattern)" : "");
         goto out;
     }
-    const size_t nparts = strcmp(param, EXPERTS_PARAMS[0]) == 0 ? 2 : 1;
+    const size_t nparts = strcmp(param, EXPERTS_PARAMS[0]) == 0 && !fused ? 2 : 1;
     if (in_f == 0) {
         code = nf4_fail(NF4_EDATA, file, aname, "has no columns");
         goto out;
@@ -989,6 +1041,12 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
     const float scaling = lora_scaling(alpha, r, c->use_rslora);
     if (!isfinite(scaling)) {
         code = nf4_fail(NF4_EDATA, file, aname, "lora_alpha / r is not a finite fp32 number");
+        goto out;
+    }
+    if (fused) {
+        const struct lora_term term = {.a = a, .b = bt, .r = r, .alpha = alpha, .scaling = scaling, .adapter = index};
+        code = bind_fused_experts(b, file, aname, fused, form == EXPERTS_FUSED_TRANSPOSED, experts, out_f, in_f, &term);
+        b->parameter_pairs += code == NF4_OK;
         goto out;
     }
     /* Every expert the factors hold, and no more in the base. */
@@ -1599,6 +1657,11 @@ static int gather(struct lora_set *s, struct binder *b)
         if (t->nterms > 1 && (t->terms[0].magnitude || x->term.magnitude))
             return nf4_fail(NF4_EDATA, file, t->name, "is changed by a DoRA adapter and by another adapter: "
                             "merge them in separate runs");
+        /* The planner cuts a fused experts tensor at its experts (lora_target_expert_rows): every term on
+         * one is a LoRA on its experts, of the one shape. Only such a LoRA names M.P, so this is a guard. */
+        if (t->nterms > 1 && t->terms[0].expert_rows != x->term.expert_rows)
+            return nf4_fail(NF4_EDATA, file, t->name, "is changed as fused MoE experts by one adapter and otherwise "
+                            "by another: merge them in separate runs");
     }
     return NF4_OK;
 }
@@ -1801,4 +1864,10 @@ const struct lora_target *lora_find(const struct lora_set *s, const char *name)
 int lora_target_is_dora(const struct lora_target *t)
 {
     return t && t->nterms == 1 && t->terms[0].magnitude != NULL;
+}
+
+uint64_t lora_target_expert_rows(const struct lora_target *t)
+{
+    /* Every term on a fused tensor is one, with its shape (gather). */
+    return t && t->nterms ? t->terms[0].expert_rows : 0;
 }

@@ -87,9 +87,15 @@ struct lora_term {
     /* One expert's part of a LoRA on a MoE layer's fused experts (PEFT's
      * target_parameters, lora_experts.h): L(row, k) = B[b_row0 + row,
      * b_col0 + k * b_col_step] and R = A's rows a_row0 .. a_row0 + r - 1.
-     * b_col_step is 0 for any other pair (all four are 0 then). */
+     * b_col_step is 0 for any other pair (all four are 0 then).
+     * On a fused experts tensor M.P (lora_experts.h), seen as [E * n, m],
+     * one term serves every expert: expert_rows is n, b_col_step E, and
+     * a chunk, which lies within one expert's rows, takes a_row0 = e * r
+     * and b_col0 = e from its expert e (fan_in_fan_out set where M.P is
+     * [E, in, out]: L from A's rows, R from B's columns). 0 otherwise. */
     uint64_t a_row0, b_row0;
     uint32_t b_col0, b_col_step;
+    uint64_t expert_rows;
     size_t adapter;       /* index of the adapter, in --lora order */
 };
 
@@ -187,6 +193,10 @@ void lora_close(struct lora_set *s);
 const struct lora_target *lora_find(const struct lora_set *s, const char *name);
 /* Whether t (NULL: no) is merged as DoRA: then it has exactly one term. */
 int lora_target_is_dora(const struct lora_target *t);
+/* Rows of t (NULL: none) per expert where it is a fused experts tensor that
+ * a LoRA changes (lora_term.expert_rows): a chunk must not cross a multiple
+ * of them. 0 otherwise. */
+uint64_t lora_target_expert_rows(const struct lora_target *t);
 
 /* The scaling PEFT uses: alpha / r, or alpha / sqrt(r) with use_rslora. */
 float lora_scaling(double alpha, uint32_t r, int use_rslora);

@@ -37,6 +37,16 @@ static const char *const QWEN2_MOE_TYPES[] = {
     "qwen3_5_moe_text", "qwen4_exp_text",
 };
 
+/* transformers 5.24's model_types whose experts modules register fused
+ * parameters that no conversion maps (so a checkpoint holds them as they are),
+ * checked end to end by tests/fixtures/lora/check_experts_forms.py: those
+ * whose module is_transposed, [E, in, out], and the rest, [E, out, in]. A
+ * square parameter (gpt_oss's down_proj, H = I) cannot tell the two apart
+ * by its shape; the type does. */
+static const char *const FUSED_TRANSPOSED_TYPES[] = {"gpt_oss", "openai_privacy_filter"};
+static const char *const FUSED_TYPES[] = {"llama4",   "llama4_text",   "gemma4", "gemma4_text",
+                                          "mistral4", "granitemoe_swa"};
+
 static int in_list(const char *s, const char *const *list, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -56,6 +66,10 @@ static enum experts_form form_of_type(const char *model_type)
         return EXPERTS_QWEN2_MOE;
     if (in_list(model_type, W123_TYPES, sizeof W123_TYPES / sizeof *W123_TYPES))
         return EXPERTS_W123;
+    if (in_list(model_type, FUSED_TYPES, sizeof FUSED_TYPES / sizeof *FUSED_TYPES))
+        return EXPERTS_FUSED;
+    if (in_list(model_type, FUSED_TRANSPOSED_TYPES, sizeof FUSED_TRANSPOSED_TYPES / sizeof *FUSED_TRANSPOSED_TYPES))
+        return EXPERTS_FUSED_TRANSPOSED;
     return EXPERTS_UNKNOWN;
 }
 
@@ -63,6 +77,18 @@ enum experts_form experts_form_of(const char *model_type, const char *text_model
 {
     enum experts_form form = form_of_type(model_type);
     return form != EXPERTS_UNKNOWN ? form : form_of_type(text_model_type);
+}
+
+int experts_form_is_fused(enum experts_form form)
+{
+    return form == EXPERTS_FUSED || form == EXPERTS_FUSED_TRANSPOSED;
+}
+
+enum experts_form experts_stored_form(enum experts_form form, int base_holds_fused)
+{
+    if (form == EXPERTS_UNKNOWN || !base_holds_fused)
+        return form;
+    return form == EXPERTS_FUSED_TRANSPOSED ? form : EXPERTS_FUSED;
 }
 
 #define BASE_LAYER_TAIL ".base_layer"

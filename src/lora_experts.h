@@ -16,6 +16,13 @@
  *     ...block_sparse_moe.experts.e.w1.weight (gate), w3 (up), w2 (down)
  *   the same names under M itself (lfm2_moe):
  *     M.e.w1.weight (gate), w3 (up), w2 (down)
+ * A model whose experts transformers 5.24 loads without a conversion saves
+ * them as it holds them, M.gate_up_proj and M.down_proj themselves:
+ *   [E, out, in] as above (llama4, gemma4, mistral4, ...), or, where the
+ *   experts module is_transposed (gpt_oss, openai_privacy_filter,
+ *   aria_text), [E, in, out]: gpt_oss's gate_up_proj [E, H, 2I], gate and
+ *   up columns interleaved, and down_proj [E, I, H]. Still 16-bit in a
+ *   bitsandbytes checkpoint.
  * A multimodal model's language model has its own model_type, in config.json's
  * text_config (qwen3_5_moe's qwen3_5_moe_text), and its own conversion.
  *
@@ -23,7 +30,12 @@
  *   M.lora_A.weight [r * E, in]   expert e's rows e * r .. e * r + r - 1
  *   M.lora_B.weight [out, r * E]  expert e's columns e, E + e, 2E + e, ...
  * (PEFT reshapes A to [E, r, in] and B to [out, r, E]), and expert e's delta
- * is scaling * B_e @ A_e, [out, in] = [2I, H] or [H, I]. Where both
+ * is scaling * B_e @ A_e, [out, in] = [2I, H] or [H, I], or its transpose
+ * [in, out] where the module is_transposed. Into a fused tensor it goes as
+ * a whole: viewed as [E * out, in], row e * out + o takes L(o, k) =
+ * B[o, k * E + e] and R(k, i) = A[e * r + k, i]; viewed as [E * in, out]
+ * (is_transposed), row e * in + i takes L(i, k) = A[e * r + k, i] and
+ * R(k, o) = B[o, k * E + e]. Where both
  * parameters are targeted PEFT nests the wrappers in the order the module
  * registers its parameters (gate_up_proj, then down_proj): the last one
  * wraps the others, so its keys are M.lora_A.weight and the one before it
@@ -41,6 +53,8 @@ enum experts_form {
     EXPERTS_QWEN2_MOE,
     EXPERTS_MIXTRAL,
     EXPERTS_W123, /* Mixtral's names, under M as it is */
+    EXPERTS_FUSED, /* M.gate_up_proj and M.down_proj themselves, [E, out, in] */
+    EXPERTS_FUSED_TRANSPOSED, /* the same, [E, in, out]: the module is_transposed */
 };
 
 /* The form transformers 5.24's conversion mapping gives config.json's
@@ -64,6 +78,15 @@ int target_parameters_select(const cJSON *target_parameters, const char *module,
 /* Which of EXPERTS_PARAMS target_parameters select on module M, filled into
  * params in the order PEFT wraps them; returns how many. */
 size_t experts_targeted(const cJSON *target_parameters, const char *module, const char *params[EXPERTS_NPARAMS]);
+
+/* The form in which a base holds parameter M.P of a model_type in `form`,
+ * given whether it holds a 3-D tensor M.P: then fused ([E, in, out] where
+ * `form` says so, else [E, out, in]), whatever transformers converts the
+ * type's per-expert tensors from; else `form`. EXPERTS_UNKNOWN stays. */
+enum experts_form experts_stored_form(enum experts_form form, int base_holds_fused);
+
+/* Whether `form` keeps M.P as one 3-D tensor. */
+int experts_form_is_fused(enum experts_form form);
 
 /* The checkpoint tensors of expert e's part of parameter `param` of M in
  * `form`: gate_up_proj has two (gate, then up: each half of the rows), down_proj

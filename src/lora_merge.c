@@ -61,8 +61,9 @@ static uint64_t factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t 
             floats += last_row - first_row + 1 + n;
         if (x->fan_in_fan_out) /* B is read whole, then transposed into R */
             floats += (uint64_t)x->r * t->cols;
-        if (x->b_col_step) /* whole rows of B, a block at a time, of which an expert's columns are kept */
-            floats += expert_block_floats(x, last_row - first_row + 1);
+        if (x->b_col_step) /* whole rows of B, a block at a time, of which an expert's columns are kept: */
+            floats += expert_block_floats(x, x->fan_in_fan_out ? t->cols /* all of them, for R */
+                                                               : last_row - first_row + 1 /* those of L */);
     }
     return floats * 4;
 }
@@ -137,10 +138,12 @@ static int read_token_rows(struct merge_job *j, const struct lora_target *t, uin
     return NF4_OK;
 }
 
-/* Expert x->b_col0's L (lora_experts.h), rows first_row onward: L(row, k) =
- * B[b_row0 + row, b_col0 + k * b_col_step]. Whole rows of B are read a
- * block at a time into `raw` (expert_block_floats) and the expert's r
- * columns of each are widened into `l`. */
+/* Expert x->b_col0's columns of B (lora_experts.h), rows first_row onward:
+ * l[i * r + k] = B[b_row0 + first_row + i, b_col0 + k * b_col_step], L of
+ * an expert's part, or (read for all of B's rows) R transposed where the
+ * term is fan_in_fan_out. Whole rows of B are read a block at a time into
+ * `raw` (expert_block_floats) and the expert's r columns of each are
+ * widened into `l`. */
 static int read_expert_rows(const struct lora_term *x, uint64_t first_row, uint64_t span, float *l, void *raw)
 {
     const enum st_dtype dt = x->b->t->dtype;
@@ -158,6 +161,31 @@ static int read_expert_rows(const struct lora_term *x, uint64_t first_row, uint6
     return NF4_OK;
 }
 
+/* The term `x` as it applies to rows [first_row, last_row], and the first of
+ * those rows as its factors count them (*local_row), with the width of A's
+ * rows that fan_in_fan_out reads L from (*a_width): x itself, first_row and
+ * the tensor's rows, but for a term on a fused experts tensor, whose chunk
+ * lies within one expert e's rows: e's rows of A and columns of B, from the
+ * expert's first row (lora.h). */
+static int term_for_rows(const struct lora_target *t, const struct lora_term *x, uint64_t first_row,
+                         uint64_t last_row, struct lora_term *out, uint64_t *local_row, uint64_t *a_width)
+{
+    *out = *x;
+    *local_row = first_row;
+    *a_width = t->rows;
+    if (!x->expert_rows)
+        return NF4_OK;
+    const uint64_t e = first_row / x->expert_rows;
+    if (last_row / x->expert_rows != e)
+        return nf4_fail(NF4_ESOFTWARE, x->a->file->path, t->name,
+                        "a chunk across two experts of a fused tensor (internal error)");
+    out->a_row0 = e * x->r;
+    out->b_col0 = (uint32_t)e;
+    *local_row = first_row - e * x->expert_rows;
+    *a_width = x->expert_rows;
+    return NF4_OK;
+}
+
 int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_t e0, uint64_t n, void *buf)
 {
     float *at;
@@ -172,7 +200,11 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
     j->magnitude = NULL;
     j->dora_rows = NULL;
     for (size_t i = 0; i < t->nterms; i++) {
-        const struct lora_term *x = &t->terms[i];
+        struct lora_term term;
+        const struct lora_term *x = &term;
+        uint64_t local_row, a_width;
+        if ((code = term_for_rows(t, &t->terms[i], first_row, last_row, &term, &local_row, &a_width)) != NF4_OK)
+            return code;
         struct merge_factor *f = &j->f[i];
         uint64_t r_floats = (uint64_t)x->r * t->cols, l_count = l_floats(x, first_row, last_row);
         *f = (struct merge_factor){.rank = x->r, .scaling = x->scaling};
@@ -186,7 +218,7 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
             if (x->bias) /* L = 1, R = lora_B.bias [1, out]: rank 1, one row */
                 at[0] = 1.0f;
             else if (x->b_col_step) /* one expert of a LoRA on MoE experts */
-                code = read_expert_rows(x, first_row, last_row - first_row + 1, at, at + l_count + r_floats);
+                code = read_expert_rows(x, local_row, last_row - first_row + 1, at, at + l_count + r_floats);
             else
                 code = read_f32(x->b, first_row * x->r, l_count, at);
             if (code != NF4_OK)
@@ -199,7 +231,9 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
         } else {
             /* L(row, k) = A[k, row]: A is [r, rows], of which the columns this
              * chunk touches, one run per k (a vocabulary-wide A would not fit a
-             * slot). R(k, col) = B[col, k]: B is [cols, r]. */
+             * slot). R(k, col) = B[col, k]: B is [cols, r]. (For an expert of
+             * a fused tensor, A's rows a_row0 onward, of a_width columns, and
+             * B's columns of that expert.) */
             uint64_t span = last_row - first_row + 1;
             f->l = at;
             f->l_row0 = first_row;
@@ -207,11 +241,13 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
             f->l_k_stride = span;
             f->l_floats = l_count;
             for (uint32_t k = 0; k < x->r; k++)
-                if ((code = read_f32(x->a, (uint64_t)k * t->rows + first_row, span, at + (uint64_t)k * span)) != NF4_OK)
+                if ((code = read_f32(x->a, (x->a_row0 + k) * a_width + local_row, span, at + (uint64_t)k * span)) !=
+                    NF4_OK)
                     return code;
             at += l_count;
             float *r = at, *b = at + r_floats;
-            if ((code = read_f32(x->b, 0, r_floats, b)) != NF4_OK)
+            code = x->b_col_step ? read_expert_rows(x, 0, t->cols, b, b + r_floats) : read_f32(x->b, 0, r_floats, b);
+            if (code != NF4_OK)
                 return code;
             for (uint64_t c = 0; c < t->cols; c++)
                 for (uint32_t k = 0; k < x->r; k++)

@@ -74,6 +74,9 @@ struct plan_cursor {
     size_t item;       /* index in writer order */
     uint64_t pos;      /* elements (bytes, for copies) of it already planned */
     uint64_t total, chunk;
+    /* Elements between the edges no chunk may cross (a fused experts
+     * tensor's experts, lora.h); 0: none. */
+    uint64_t edge;
     enum task_kind kind;
     int started;       /* total, chunk and kind are set for `item` */
 };
@@ -342,6 +345,7 @@ static int start_item(const struct pipeline *p, struct plan_cursor *c, const str
         uint64_t align;
         c->total = it->w ? it->w->state.n : it->src->t->nelem;
         c->chunk = c->kind == TASK_MERGE ? merge_chunk(p, it, &align) : dequant_chunk(p, it, &align);
+        c->edge = c->kind == TASK_MERGE ? lora_target_expert_rows(it->lora) * it->lora->cols : 0;
         if (c->chunk == 0) {
             uint64_t need =
                 c->kind == TASK_MERGE ? merge_chunk_bytes(it, align) : align * (elem_bytes(it->out.dtype) + 1);
@@ -425,6 +429,8 @@ static int plan_next(struct pipeline *p, struct slot *s, int *planned)
                 return code;
         }
         uint64_t cnt = c->total - c->pos < c->chunk ? c->total - c->pos : c->chunk;
+        if (c->edge && cnt > c->edge - c->pos % c->edge)
+            cnt = c->edge - c->pos % c->edge;
         *t = (struct task){.it = it, .kind = c->kind, .pos = c->pos, .count = cnt,
                            .ends_tensor = c->pos + cnt == c->total};
         c->pos += cnt;

@@ -392,13 +392,26 @@ static float decoded(enum st_dtype dt, uint32_t bits)
 struct syn_tensor {
     const char *name;
     enum st_dtype dtype;
-    uint64_t shape[2];
+    uint64_t shape[3]; /* shape[1] 0: a vector; shape[2] 0: not 3-D */
     float *v;
 };
 
+static unsigned syn_ndim(const struct syn_tensor *t)
+{
+    return t->shape[2] ? 3 : t->shape[1] ? 2 : 1;
+}
+
+static uint64_t syn_count(const struct syn_tensor *t)
+{
+    uint64_t n = 1;
+    for (unsigned d = 0; d < syn_ndim(t); d++)
+        n *= t->shape[d];
+    return n;
+}
+
 static void syn_fill(struct syn_tensor *t, float scale)
 {
-    uint64_t n = t->shape[0] * (t->shape[1] ? t->shape[1] : 1); /* shape[1] 0: a vector */
+    uint64_t n = syn_count(t);
     t->v = malloc(n * sizeof *t->v + 4);
     for (uint64_t i = 0; i < n; i++)
         t->v[i] = decoded(t->dtype, encode(t->dtype, rnd(scale)));
@@ -409,12 +422,12 @@ static void syn_write(const char *path, struct syn_tensor *ts, size_t n)
     struct st_out_tensor outs[48] = {{0}};
     assert_true(n <= 48);
     for (size_t i = 0; i < n; i++)
-        outs[i] = (struct st_out_tensor){ts[i].name, ts[i].dtype, ts[i].shape[1] ? 2 : 1, ts[i].shape};
+        outs[i] = (struct st_out_tensor){ts[i].name, ts[i].dtype, syn_ndim(&ts[i]), ts[i].shape};
     struct st_writer *w;
     assert_int_equal(st_writer_begin(&w, path, outs, n, NULL, 0), NF4_OK);
     for (size_t k = 0; k < n; k++) {
         size_t i = st_writer_order(w, k);
-        uint64_t count = ts[i].shape[0] * (ts[i].shape[1] ? ts[i].shape[1] : 1);
+        uint64_t count = syn_count(&ts[i]);
         unsigned size = dtype_bits(ts[i].dtype) / 8;
         unsigned char *buf = malloc(count * size + 4);
         for (uint64_t e = 0; e < count; e++) {
@@ -918,6 +931,235 @@ static void test_experts_lora_wide_rows_of_b(void **state)
     free(w);
 }
 
+/* ---- LoRA on fused experts tensors (lora_experts.h's EXPERTS_FUSED) ---- */
+
+#define FUSED_MODULE "model.layers.0.mlp.experts"
+
+/* A LoRA pair on a fused experts tensor, for the reference: expert e's delta
+ * [out, in] is B[:, e::E] @ A[e * r .. e * r + r - 1], laid on the tensor's
+ * [n, m] as [in, out] where `transposed`. */
+struct syn_fused_term {
+    const struct syn_tensor *a, *b;
+    uint32_t r;
+    float scaling;
+};
+
+struct fused_reference {
+    const struct syn_tensor *base; /* [E, n, m] */
+    const struct syn_fused_term *terms;
+    size_t nterms;
+    int transposed;
+};
+
+/* The README's formula for element e of a fused tensor: acc summed k
+ * ascending, then added in adapter order, nothing fused. */
+static float fused_element(const void *ctx, uint64_t e)
+{
+    const struct fused_reference *x = ctx;
+    const uint64_t n = x->base->shape[1], m = x->base->shape[2], experts = x->base->shape[0];
+    const uint64_t ex = e / (n * m), i = e / m % n, j = e % m;
+    volatile float w = x->base->v[e];
+    for (size_t t = 0; t < x->nterms; t++) {
+        const struct syn_fused_term *y = &x->terms[t];
+        const uint64_t width = (uint64_t)y->r * experts;
+        volatile float acc = 0.0f;
+        for (uint32_t k = 0; k < y->r; k++) {
+            /* A [r * E, in], B [out, r * E]: (i, j) is (in, out) transposed, else (out, in). */
+            const uint64_t in = x->transposed ? i : j, out = x->transposed ? j : i;
+            volatile float prod =
+                y->a->v[(ex * y->r + k) * y->a->shape[1] + in] * y->b->v[out * width + k * experts + ex];
+            acc = acc + prod;
+        }
+        volatile float d = acc * y->scaling;
+        w = w + d;
+    }
+    return w;
+}
+
+/* A base holding FUSED_MODULE's gate_up_proj [E, 7, 10] (bf16) and
+ * down_proj [E, 6, 6] (f16, square: only the model type tells its
+ * orientation), config.json saying `model_type`; random values. */
+static void write_fused_base(const char *dir, const char *model_type, struct syn_tensor base[2])
+{
+    base[0] = (struct syn_tensor){FUSED_MODULE ".gate_up_proj", DT_BF16, {SYN_EXPERTS, 7, 10}, NULL};
+    base[1] = (struct syn_tensor){FUSED_MODULE ".down_proj", DT_F16, {SYN_EXPERTS, 6, 6}, NULL};
+    syn_fill(&base[0], 2.0f);
+    syn_fill(&base[1], 2.0f);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    char *path = tu_strdupf("%s/model.safetensors", dir), *config_path = tu_strdupf("%s/config.json", dir);
+    char *json = tu_strdupf("{\"model_type\": \"%s\"}", model_type);
+    syn_write(path, base, 2);
+    tu_write_file(config_path, json, strlen(json));
+    free(json);
+    free(path);
+    free(config_path);
+}
+
+/* Two adapters on a base that holds its experts fused, checked element by
+ * element against the reference for several chunk sizes (chunks may not
+ * cross an expert: 64 elements would), thread counts and output dtypes: one
+ * on both parameters (gate_up_proj's pair under M.base_layer), bf16 factors,
+ * down_proj with rank_pattern; one on gate_up_proj alone with rsLoRA, fp32.
+ * gpt_oss's experts module is_transposed ([E, in, out]); gemma4_text's is
+ * not ([E, out, in]), so the same tensors take factors of other shapes; and
+ * qwen3_moe's, saved per expert by transformers, is taken as it is here. */
+static void test_experts_lora_fused_matches_reference(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct {
+        const char *model_type;
+        int transposed;
+    } TYPES[] = {{"gpt_oss", 1}, {"gemma4_text", 0}, {"qwen3_moe", 0}};
+    for (size_t ti = 0; ti < sizeof TYPES / sizeof TYPES[0]; ti++) {
+        const int tr = TYPES[ti].transposed;
+        struct syn_tensor base[2];
+        char *base_dir = tu_strdupf("%s/base-%zu", s->dir, ti), *ad1 = tu_strdupf("%s/ad1-%zu", s->dir, ti),
+             *ad2 = tu_strdupf("%s/ad2-%zu", s->dir, ti);
+        write_fused_base(base_dir, TYPES[ti].model_type, base);
+        /* gate_up_proj [E, 7, 10]: in 7 and out 10 where transposed, else in 10 and out 7. */
+        const uint64_t gu_in = tr ? 7 : 10, gu_out = tr ? 10 : 7;
+#define M PEFT_KEY_PREFIX FUSED_MODULE
+        struct syn_tensor f1[4] = {
+            {M ".base_layer.lora_A.weight", DT_BF16, {2 * SYN_EXPERTS, gu_in}, NULL},
+            {M ".base_layer.lora_B.weight", DT_BF16, {gu_out, 2 * SYN_EXPERTS}, NULL},
+            {M ".lora_A.weight", DT_BF16, {1 * SYN_EXPERTS, 6}, NULL},
+            {M ".lora_B.weight", DT_BF16, {6, 1 * SYN_EXPERTS}, NULL},
+        };
+        struct syn_tensor f2[2] = {
+            {M ".lora_A.weight", DT_F32, {3 * SYN_EXPERTS, gu_in}, NULL},
+            {M ".lora_B.weight", DT_F32, {gu_out, 3 * SYN_EXPERTS}, NULL},
+        };
+#undef M
+        for (int i = 0; i < 4; i++) {
+            syn_fill(&f1[i], 1.0f);
+            if (i < 2)
+                syn_fill(&f2[i], 1.0f);
+        }
+        assert_int_equal(mkdir(ad1, 0755), 0);
+        assert_int_equal(mkdir(ad2, 0755), 0);
+        char *w1 = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad1), *w2 = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad2);
+        syn_write(w1, f1, 4);
+        syn_write(w2, f2, 2);
+        write_config(ad1, "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, \"target_modules\": null, "
+                          "\"target_parameters\": [\"experts.gate_up_proj\", \"experts.down_proj\"], "
+                          "\"rank_pattern\": {\"down_proj\": 1}}");
+        write_config(ad2, "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 3, \"use_rslora\": true, "
+                          "\"target_modules\": null, \"target_parameters\": [\"mlp.experts.gate_up_proj\"]}");
+        const struct syn_fused_term gate_up[2] = {{&f1[0], &f1[1], 2, 2.0f},
+                                                  {&f2[0], &f2[1], 3, (float)(3 / sqrt(3.0))}};
+        const struct syn_fused_term down[1] = {{&f1[2], &f1[3], 1, 4.0f}};
+        const struct fused_reference refs[2] = {{&base[0], gate_up, 2, tr}, {&base[1], down, 1, tr}};
+
+        static const uint64_t CHUNKS[] = {0, 1, 6, 64};
+        static const enum st_dtype DTYPES[] = {DT_INVALID, DT_F32};
+        const char *dirs[2] = {ad1, ad2};
+        for (size_t ci = 0; ci < sizeof CHUNKS / sizeof CHUNKS[0]; ci++)
+            for (size_t di = 0; di < sizeof DTYPES / sizeof DTYPES[0]; di++) {
+                char *out = tu_strdupf("%s/out-%zu-%zu-%zu", s->dir, ti, ci, di),
+                     *file = tu_strdupf("%s/model.safetensors", out);
+                assert_int_equal(merge_on_cpu(base_dir, out, dirs, 2, CHUNKS[ci], 1 + (int)ci % 3, DTYPES[di]), 2);
+                struct st_file *f;
+                assert_int_equal(st_open(file, &f), NF4_OK);
+                for (int i = 0; i < 2; i++) {
+                    const struct st_tensor *t = st_find(f, base[i].name);
+                    assert_non_null(t);
+                    assert_int_equal(t->ndim, 3);
+                    assert_memory_equal(t->shape, base[i].shape, sizeof base[i].shape);
+                    assert_tensor_is_reference(f, base[i].name, DTYPES[di] != DT_INVALID ? DTYPES[di] : base[i].dtype,
+                                               CHUNKS[ci], fused_element, &refs[i]);
+                }
+                st_close(f);
+                free(file);
+                free(out);
+            }
+        for (int i = 0; i < 4; i++) {
+            free(f1[i].v);
+            if (i < 2) {
+                free(f2[i].v);
+                free(base[i].v);
+            }
+        }
+        free(base_dir);
+        free(ad1);
+        free(ad2);
+        free(w1);
+        free(w2);
+    }
+}
+
+/* LoRAs on fused experts that do not fit the base: exit 65, one line naming
+ * the file and the key, and no output. */
+static void test_experts_lora_fused_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+    struct syn_tensor fused[2], per_expert[3 * SYN_EXPERTS] = {{0}};
+    static char names[3 * SYN_EXPERTS][96];
+    static const char *const PARTS[3] = {"gate_proj", "up_proj", "down_proj"};
+    char *gpt_oss = tu_strdupf("%s/gpt_oss", s->dir), *llama = tu_strdupf("%s/llama", s->dir),
+         *split = tu_strdupf("%s/split", s->dir), *ints = tu_strdupf("%s/ints", s->dir);
+    write_fused_base(gpt_oss, "gpt_oss", fused);
+    free(fused[0].v);
+    free(fused[1].v);
+    write_fused_base(llama, "llama", fused);
+    free(fused[0].v);
+    free(fused[1].v);
+    write_experts_base_named(split, "{\"model_type\": \"gpt_oss\"}", FUSED_MODULE, PARTS, per_expert, names);
+    /* gpt_oss's gate_up_proj as I32 */
+    struct syn_tensor int_base = {FUSED_MODULE ".gate_up_proj", DT_I32, {SYN_EXPERTS, 7, 10}, NULL};
+    syn_fill(&int_base, 2.0f);
+    assert_int_equal(mkdir(ints, 0755), 0);
+    char *int_file = tu_strdupf("%s/model.safetensors", ints), *int_config = tu_strdupf("%s/config.json", ints);
+    syn_write(int_file, &int_base, 1);
+    tu_write_file(int_config, "{\"model_type\": \"gpt_oss\"}", strlen("{\"model_type\": \"gpt_oss\"}"));
+    static const struct {
+        const char *base, *want;
+        uint64_t a_shape[2], b_shape[2];
+    } BAD[] = {
+        {"gpt_oss", "gives each expert of " FUSED_MODULE ".gate_up_proj [3, 7, 10] a 7x10 delta (out x in), but it "
+         "holds [experts, in, out] (is_transposed)", {6, 10}, {7, 6}},
+        {"gpt_oss", "holds 2 experts (r = 2), but the base's " FUSED_MODULE ".gate_up_proj has 3", {4, 7}, {10, 4}},
+        {"gpt_oss", "has 6 columns, 5 rows in", {5, 7}, {10, 6}},
+        {"split", "which the base's model_type saves as one 3-D tensor, but the base has no 3-D tensor "
+         FUSED_MODULE ".gate_up_proj", {6, 7}, {10, 6}},
+        {"llama", "config.json model_type is llama", {6, 7}, {10, 6}},
+        {"ints", "is a LoRA on the fused MoE experts " FUSED_MODULE ".gate_up_proj, which is I32", {6, 7}, {10, 6}},
+    };
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        char *ad = tu_strdupf("%s/ad-%zu", s->dir, i), *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+        assert_int_equal(mkdir(ad, 0755), 0);
+        struct syn_tensor f[2] = {
+            {PEFT_KEY_PREFIX FUSED_MODULE ".lora_A.weight", DT_F32, {BAD[i].a_shape[0], BAD[i].a_shape[1]}, NULL},
+            {PEFT_KEY_PREFIX FUSED_MODULE ".lora_B.weight", DT_F32, {BAD[i].b_shape[0], BAD[i].b_shape[1]}, NULL}};
+        syn_fill(&f[0], 1.0f);
+        syn_fill(&f[1], 1.0f);
+        syn_write(w, f, 2);
+        write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 2, "
+                         "\"target_parameters\": [\"gate_up_proj\"]}");
+        char *in = tu_strdupf("%s/%s", s->dir, BAD[i].base), *out = tu_strdupf("%s/out", s->dir);
+        struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", ad, NULL);
+        if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, BAD[i].want) ||
+            !strstr(r.err, PEFT_KEY_PREFIX FUSED_MODULE ".lora_A.weight"))
+            fail_msg("case %zu: exit %d, stderr: %s", i, r.status, r.err);
+        assert_int_equal(access(out, F_OK), -1);
+        tu_run_free(&r);
+        free(f[0].v);
+        free(f[1].v);
+        free(in);
+        free(out);
+        free(ad);
+        free(w);
+    }
+    for (int i = 0; i < 3 * SYN_EXPERTS; i++)
+        free(per_expert[i].v);
+    free(int_base.v);
+    free(int_file);
+    free(int_config);
+    free(gpt_oss);
+    free(llama);
+    free(split);
+    free(ints);
+}
+
 /* LoRAs on MoE experts that PEFT could not have written for the base, or
  * that nf4deq cannot place: exit 65, one line naming the file and the key,
  * and no output. */
@@ -936,8 +1178,9 @@ static void test_experts_lora_refusals(void **state)
         uint64_t a_shape[2], b_shape[2];
         enum st_dtype dtype;
     } BAD[] = {
-        {"llama", GATE_UP, "merges for the models transformers 5 fuses as Mixtral's or Qwen2-MoE's; the base's "
-         "config.json model_type is llama", ".lora_A.weight", ".lora_B.weight", {6, 7}, {10, 6}, DT_F32},
+        {"llama", GATE_UP, "merges for the model types whose saved experts it knows (as Mixtral's, as Qwen2-MoE's, "
+         "or fused: README.md); the base's config.json model_type is llama", ".lora_A.weight", ".lora_B.weight",
+         {6, 7}, {10, 6}, DT_F32},
         {"mixtral", GATE_UP, "has 6 columns, 5 rows in", ".lora_A.weight", ".lora_B.weight", {5, 7}, {10, 6},
          DT_F32},
         {"mixtral", GATE_UP, "has 8 columns, 6 rows in", ".lora_A.weight", ".lora_B.weight", {6, 7}, {10, 8},
@@ -4539,6 +4782,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_experts_lora_wide_rows_of_b, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_forms, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_lora_fused_matches_reference, tu_scratch_setup,
+                                        tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_lora_fused_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_none_saved_warns, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_on_4bit_experts, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_parameter_targets_as_layers, tu_scratch_setup, tu_scratch_teardown),
