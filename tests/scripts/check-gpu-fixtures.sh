@@ -75,7 +75,7 @@ lf=$fx/lora
 for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 bf16-bnb4-tied:tied-embed \
     bf16-bnb4-tied:tied-head bf16-bnb4-tied:tied-embed-head bf16-bnb4-tied:tied-head-lora bf16-bnb4-tied:tied-ensure \
     bf16-bnb4:embed-lora bf16-bnb4-tied:tied-embed-lora bf16-bnb4-tied:tied-embed-lora-ensure \
-    bf16-bnb4-tied:tied-embed-lora-mirror bf16-bnb4:dora bf16-bnb4:tokens bf16-bnb4:tokens-dict \
+    bf16-bnb4-tied:tied-embed-lora-mirror bf16-bnb4:tokens bf16-bnb4:tokens-dict \
     bf16-bnb4-tied:tied-tokens bf16-bnb4-tied:tied-tokens-apart bf16-bnb4:resized-tokens bf16-bnb4:resized-copies \
     bf16-bnb4-tied:tied-resized-tokens bf16-bnb4-tied:tied-resized-copy bf16-bnb4:resized-lora \
     bf16-bnb4-bias:lora-bias bf16-bnb4-bias:lora-bias-all \
@@ -83,7 +83,9 @@ for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 b
     base=${c%%:*}; case_=${c##*:}
     merge "lora $case_" "$lf/base-llama-$base" "$lf/adapter-$case_" "$out/lora-$case_" "$lf/merged-$case_"
 done
-# A LoRA on MoE experts (target_parameters): expected files of the merged tensors only.
+# DoRA, and a LoRA on MoE experts (target_parameters): expected files of the merged tensors only.
+convert "$gpu" "$lf/base-llama-bf16-bnb4" "$out/llama-plain"
+merge "lora dora" "$lf/base-llama-bf16-bnb4" "$lf/adapter-dora" "$out/lora-dora" "$lf/merged-dora" "$out/llama-plain"
 convert "$gpu" "$lf/base-qwen3moe-bf16-bnb4" "$out/qwen3moe-plain"
 merge "lora experts" "$lf/base-qwen3moe-bf16-bnb4" "$lf/adapter-experts" "$out/lora-experts" "$lf/merged-experts" \
     "$out/qwen3moe-plain"

@@ -7,8 +7,8 @@ and so must the biases a LoRA bias (lora_bias) changes: one multiply and one
 add, in PEFT's order.
 
 With PLAIN_DIR, a plain conversion of the base, the expected files hold only the
-tensors the adapter merges into (the MoE experts case, whose keys name no tensor
-of the base), and every other tensor must equal PLAIN_DIR's byte for byte.
+tensors the adapter merges into (the DoRA and MoE experts cases), and every
+other tensor must equal PLAIN_DIR's byte for byte.
 Needs numpy (the device image and the test venv have it).
 
 usage: check_lora_tolerance.py GOT_DIR EXPECTED_FP32 EXPECTED_FP64 ADAPTER_DIR [PLAIN_DIR]

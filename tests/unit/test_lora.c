@@ -152,7 +152,7 @@ static const struct lora_case CASES[] = {
     {TIED_BASE, "adapter-tied-embed-lora-mirror", "merged-tied-embed-lora-mirror", 3, 0},
     /* DoRA (README.md, "DoRA"): q, v and down_proj (rows of 352) in 4-bit, and
      * the 16-bit lm_head, each merged row rescaled by its magnitude over its norm. */
-    {"base-llama-bf16-bnb4", "adapter-dora", "merged-dora", 7, 0},
+    {"base-llama-bf16-bnb4", "adapter-dora", "merged-dora", 7, 1},
     /* Trainable tokens (README.md, "Trainable tokens"): rows of the embedding,
      * and of the head, replaced whole; on a tied base shared by the head, or
      * the head's own rows, which part them. */
