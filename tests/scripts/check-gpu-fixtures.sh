@@ -89,6 +89,21 @@ merge "lora dora" "$lf/base-llama-bf16-bnb4" "$lf/adapter-dora" "$out/lora-dora"
 convert "$gpu" "$lf/base-qwen3moe-bf16-bnb4" "$out/qwen3moe-plain"
 merge "lora experts" "$lf/base-qwen3moe-bf16-bnb4" "$lf/adapter-experts" "$out/lora-experts" "$lf/merged-experts" \
     "$out/qwen3moe-plain"
+# A LoRA on experts the base holds fused (gpt_oss's is_transposed, llama4's
+# not), written here: the GPU's merge equals the CPU's byte for byte, with
+# chunks cut at the experts' edges (--mem 8M: within them too).
+for t in gpt_oss llama4_text; do
+    python3 tests/scripts/make_fused_experts.py "$out/fused-$t" "$t"
+    for mem in "" 8M; do
+        for run in gpu:"$gpu" cpu:cpu; do
+            "$bin" convert -q --device "${run#*:}" ${mem:+--mem "$mem"} "$out/fused-$t/base" \
+                "$out/fused-$t-${run%%:*}$mem" --lora "$out/fused-$t/adapter" ||
+                { failed=$((failed + 1)); echo "FAIL: convert fused $t on ${run#*:}"; }
+        done
+        check "lora on fused experts ($t${mem:+, --mem $mem}: gpu vs cpu)" "$out/fused-$t-gpu$mem" \
+            "$out/fused-$t-cpu$mem"
+    done
+done
 # Pickled adapters (adapter_model.bin): the same tensors as the adapters above,
 # so the GPU's merge from each equals its merge from them, byte for byte.
 for c in bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 bf16-bnb4:r8-all-linear; do
