@@ -654,6 +654,17 @@ static float expert_element(const void *ctx, uint64_t e)
     return reference_expert_merge(x->base->v[e], x->terms, x->nterms, x->expert, e / cols, e % cols);
 }
 
+/* A model folder `dir`: model.safetensors of the n tensors ts, and config.json `config`. */
+static void write_model_dir(const char *dir, const char *config, struct syn_tensor *ts, size_t n)
+{
+    assert_int_equal(mkdir(dir, 0755), 0);
+    char *path = tu_strdupf("%s/model.safetensors", dir), *config_path = tu_strdupf("%s/config.json", dir);
+    syn_write(path, ts, n);
+    tu_write_file(config_path, config, strlen(config));
+    free(path);
+    free(config_path);
+}
+
 /* A base of SYN_EXPERTS experts in `dir`, with config.json `config`: the
  * tensors "<module>.e.<part>.weight" for parts[0] (gate) and parts[1] (up),
  * [I, H] in bf16, and parts[2] (down), [H, I] in f16. Values preset in base
@@ -662,7 +673,6 @@ static float expert_element(const void *ctx, uint64_t e)
 static void write_experts_base_named(const char *dir, const char *config, const char *module,
                                      const char *const parts[3], struct syn_tensor *base, char (*names)[96])
 {
-    assert_int_equal(mkdir(dir, 0755), 0);
     for (int e = 0; e < SYN_EXPERTS; e++)
         for (int p = 0; p < 3; p++) {
             struct syn_tensor *t = &base[e * 3 + p];
@@ -674,11 +684,7 @@ static void write_experts_base_named(const char *dir, const char *config, const 
             if (!v)
                 syn_fill(t, 2.0f);
         }
-    char *path = tu_strdupf("%s/model.safetensors", dir), *config_path = tu_strdupf("%s/config.json", dir);
-    syn_write(path, base, 3 * SYN_EXPERTS);
-    tu_write_file(config_path, config, strlen(config));
-    free(path);
-    free(config_path);
+    write_model_dir(dir, config, base, 3 * SYN_EXPERTS);
 }
 
 /* A Mixtral-form base (config.json saying `model_type`): w1, w3 and w2 under
@@ -985,14 +991,9 @@ static void write_fused_base(const char *dir, const char *model_type, struct syn
     base[1] = (struct syn_tensor){FUSED_MODULE ".down_proj", DT_F16, {SYN_EXPERTS, 6, 6}, NULL};
     syn_fill(&base[0], 2.0f);
     syn_fill(&base[1], 2.0f);
-    assert_int_equal(mkdir(dir, 0755), 0);
-    char *path = tu_strdupf("%s/model.safetensors", dir), *config_path = tu_strdupf("%s/config.json", dir);
     char *json = tu_strdupf("{\"model_type\": \"%s\"}", model_type);
-    syn_write(path, base, 2);
-    tu_write_file(config_path, json, strlen(json));
+    write_model_dir(dir, json, base, 2);
     free(json);
-    free(path);
-    free(config_path);
 }
 
 /* Two adapters on a base that holds its experts fused, checked element by
@@ -1107,10 +1108,7 @@ static void test_experts_lora_fused_refusals(void **state)
     /* gpt_oss's gate_up_proj as I32 */
     struct syn_tensor int_base = {FUSED_MODULE ".gate_up_proj", DT_I32, {SYN_EXPERTS, 7, 10}, NULL};
     syn_fill(&int_base, 2.0f);
-    assert_int_equal(mkdir(ints, 0755), 0);
-    char *int_file = tu_strdupf("%s/model.safetensors", ints), *int_config = tu_strdupf("%s/config.json", ints);
-    syn_write(int_file, &int_base, 1);
-    tu_write_file(int_config, "{\"model_type\": \"gpt_oss\"}", strlen("{\"model_type\": \"gpt_oss\"}"));
+    write_model_dir(ints, "{\"model_type\": \"gpt_oss\"}", &int_base, 1);
     static const struct {
         const char *base, *want;
         uint64_t a_shape[2], b_shape[2];
@@ -1152,8 +1150,6 @@ static void test_experts_lora_fused_refusals(void **state)
     for (int i = 0; i < 3 * SYN_EXPERTS; i++)
         free(per_expert[i].v);
     free(int_base.v);
-    free(int_file);
-    free(int_config);
     free(gpt_oss);
     free(llama);
     free(split);
