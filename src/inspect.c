@@ -185,11 +185,11 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 put_name(out, t->name, 48);
                 fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->bias ? x->pair_r : x->r, x->alpha, (double)x->scaling,
                         adapter_dir(s, x->adapter),
-                        x->embedding        ? " (embedding)"
-                        : x->magnitude      ? " (DoRA)"
-                        : x->bias           ? " (lora_bias)"
+                        x->embedding                           ? " (embedding)"
+                        : x->magnitude                         ? " (DoRA)"
+                        : x->bias                              ? " (lora_bias)"
                         : x->fan_in_fan_out && !x->expert_rows ? " (fan_in_fan_out)"
-                                            : expert);
+                                                               : expert);
             }
         }
     }

@@ -19,10 +19,11 @@
  * A model whose experts transformers 5.24 loads without a conversion saves
  * them as it holds them, M.gate_up_proj and M.down_proj themselves:
  *   [E, out, in] as above (llama4, gemma4, mistral4, ...), or, where the
- *   experts module is_transposed (gpt_oss, openai_privacy_filter,
- *   aria_text), [E, in, out]: gpt_oss's gate_up_proj [E, H, 2I], gate and
- *   up columns interleaved, and down_proj [E, I, H]. Still 16-bit in a
- *   bitsandbytes checkpoint.
+ *   experts module is_transposed (gpt_oss, openai_privacy_filter), [E, in,
+ *   out]: gpt_oss's gate_up_proj [E, H, 2I], gate and up columns
+ *   interleaved, and down_proj [E, I, H]. Still 16-bit in a bitsandbytes
+ *   checkpoint. (aria's is_transposed experts are saved renamed, as fc1 and
+ *   fc2: not known.)
  * A multimodal model's language model has its own model_type, in config.json's
  * text_config (qwen3_5_moe's qwen3_5_moe_text), and its own conversion.
  *
