@@ -220,7 +220,7 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
     if (code != NF4_OK)
         goto fail;
     if ((code = bnb_collect(j->m, &j->weights, &j->nweights)) != NF4_OK ||
-        (code = refuse_conv1d_weights(in, j->weights, j->nweights)) != NF4_OK)
+        (code = check_weight_layout(in, j->weights, j->nweights)) != NF4_OK)
         goto fail;
     if (with_lora && !cl && (code = convert_open_lora(c, j->m, j->weights, j->nweights)) == NF4_OK) {
         j->lora = c->lora;

@@ -301,7 +301,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     struct bnb_weight *w = NULL;
     size_t nw = 0;
     struct lora_set *lora = NULL;
-    if ((code = bnb_collect(m, &w, &nw)) != NF4_OK || (is_dir && (code = refuse_conv1d_weights(in, w, nw)) != NF4_OK) ||
+    if ((code = bnb_collect(m, &w, &nw)) != NF4_OK || (is_dir && (code = check_weight_layout(in, w, nw)) != NF4_OK) ||
         (part->nlora && (code = lora_open_component(&lora, part->lora_dirs, part->nlora, m, w, nw,
                                                     part->lora_key_components, part->lora_converted)) != NF4_OK)) {
         bnb_free(w, nw);

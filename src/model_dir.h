@@ -36,15 +36,20 @@ struct index_out_entry {
 int index_render(const char *path, const char *metadata_json, uint64_t total_size, uint64_t total_parameters,
                  const struct index_out_entry *entries, size_t n, char **out, size_t *out_len);
 
-/* Refuses (NF4_EDATA, naming the file and the weight) a model directory
- * `dir` whose config.json names an architecture built on transformers'
- * Conv1D (GPT-2 and its kin: weights stored [in, out]) when one of those
- * layers is among the 4-bit `weights`: bitsandbytes quantizes a Conv1D
- * weight transposed, [out, in], and nf4deq writes a weight in the shape its
- * quant state records, which such a model cannot load. NF4_OK otherwise,
- * and where there is no config.json. */
+/* The 4-bit `weights` of the model directory `dir` against the layout its
+ * config.json's architecture loads, as nf4deq writes each weight in the
+ * shape and under the name its checkpoint gives it:
+ *  - refused (NF4_EDATA, naming the file and the weight): a layer of an
+ *    architecture built on transformers' Conv1D (GPT-2 and its kin: weights
+ *    stored [in, out]), which bitsandbytes quantizes transposed, [out, in];
+ *  - a warning: gpt_oss experts in Unsloth's per-expert layout
+ *    (M.gate_up_projs.N.weight, M.down_projs.N.weight: its bitsandbytes
+ *    checkpoints, whose experts it makes linear layers to quantize them),
+ *    which only a model Unsloth patches loads; transformers and vLLM load
+ *    the fused M.gate_up_proj [E, H, 2I] and M.down_proj [E, I, H].
+ * NF4_OK otherwise, and where there is no config.json. */
 struct bnb_weight;
-int refuse_conv1d_weights(const char *dir, const struct bnb_weight *weights, size_t n);
+int check_weight_layout(const char *dir, const struct bnb_weight *weights, size_t n);
 
 /* The output head transformers ties to the input embedding (its
  * _tied_weights_keys: lm_head.weight to model.embed_tokens.weight). */
