@@ -933,7 +933,7 @@ static int bind_fused_experts(struct binder *b, const char *file, const char *an
     const uint64_t *shape = t->shape;
     if (bnb_find(b->weights, b->nweights, t->name) || !dtype_is_castable_float(t->dtype))
         return nf4_fail(NF4_EDATA, file, aname, "is a LoRA on the fused MoE experts %s, which is %s: nf4deq merges "
-                        "one into a 16- or 32-bit tensor", t->name,
+                        "one into a floating-point tensor", t->name,
                         dtype_is_castable_float(t->dtype) ? "4-bit" : dtype_name(t->dtype));
     if (shape[0] != experts)
         return nf4_fail(NF4_EDATA, file, aname, "holds %llu experts (r = %u), but the base's %s has %llu",
