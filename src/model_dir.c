@@ -443,6 +443,8 @@ static void warn_unsloth_experts(const char *dir, const struct bnb_weight *weigh
                  "only a model Unsloth patches loads the output", dir, first, more);
 }
 
+/* ---- both: weights in a layout the architecture may not load ---- */
+
 int check_weight_layout(const char *dir, const struct bnb_weight *weights, size_t n)
 {
     cJSON *root;
