@@ -921,12 +921,13 @@ static const struct model_tensor *fused_experts_tensor(const struct binder *b, c
     return t && t->t->ndim == 3 ? t : NULL;
 }
 
-/* A LoRA pair on the fused experts tensor M.P [E, n, m] of the base: one
- * term over the whole tensor, seen as [E * n, m] (lora_term.expert_rows).
- * `term` has the pair's factors, rank and scaling; the pair's delta per
- * expert is [out, in], laid on [n, m] as [in, out] where `transposed`. */
+/* A LoRA pair on the fused experts tensor M.P [E, n, m] of the base, held
+ * in a fused `form`: one term over the whole tensor, seen as [E * n, m]
+ * (lora_term.expert_rows). `term` has the pair's factors, rank and scaling;
+ * the pair's delta per expert is [out, in], laid on [n, m] as [in, out]
+ * where the form is transposed. */
 static int bind_fused_experts(struct binder *b, const char *file, const char *aname, const struct model_tensor *fused,
-                              int transposed, uint64_t experts, uint64_t out_f, uint64_t in_f,
+                              enum experts_form form, uint64_t experts, uint64_t out_f, uint64_t in_f,
                               const struct lora_term *term)
 {
     const struct st_tensor *t = fused->t;
@@ -938,13 +939,17 @@ static int bind_fused_experts(struct binder *b, const char *file, const char *an
     if (shape[0] != experts)
         return nf4_fail(NF4_EDATA, file, aname, "holds %llu experts (r = %u), but the base's %s has %llu",
                         (unsigned long long)experts, term->r, t->name, (unsigned long long)shape[0]);
+    /* EXPERTS_FUSED_EITHER: as transformers loads it, as it is where that is the runtime's shape. */
+    const int transposed = form == EXPERTS_FUSED_TRANSPOSED ||
+                           (form == EXPERTS_FUSED_EITHER && !(out_f == shape[1] && in_f == shape[2]));
     const uint64_t want_in = transposed ? shape[1] : shape[2], want_out = transposed ? shape[2] : shape[1];
     if (in_f != want_in || out_f != want_out)
         return nf4_fail(NF4_EDATA, file, aname, "gives each expert of %s [%llu, %llu, %llu] a %llux%llu delta (out x "
-                        "in), but it holds [experts, %s]%s", t->name, (unsigned long long)shape[0],
-                        (unsigned long long)shape[1], (unsigned long long)shape[2], (unsigned long long)out_f,
-                        (unsigned long long)in_f, transposed ? "in, out" : "out, in",
-                        transposed ? " (is_transposed)" : "");
+                        "in), but it holds %s", t->name, (unsigned long long)shape[0], (unsigned long long)shape[1],
+                        (unsigned long long)shape[2], (unsigned long long)out_f, (unsigned long long)in_f,
+                        form == EXPERTS_FUSED_EITHER ? "neither [experts, out, in] nor [experts, in, out]"
+                        : transposed                 ? "[experts, in, out] (is_transposed)"
+                                                     : "[experts, out, in]");
     struct binding *x = add_binding(b, file, t->name);
     if (!x)
         return nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
@@ -1045,7 +1050,7 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
     }
     if (fused) {
         const struct lora_term term = {.a = a, .b = bt, .r = r, .alpha = alpha, .scaling = scaling, .adapter = index};
-        code = bind_fused_experts(b, file, aname, fused, form == EXPERTS_FUSED_TRANSPOSED, experts, out_f, in_f, &term);
+        code = bind_fused_experts(b, file, aname, fused, form, experts, out_f, in_f, &term);
         b->parameter_pairs += code == NF4_OK;
         goto out;
     }

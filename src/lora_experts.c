@@ -44,6 +44,8 @@ static const char *const QWEN2_MOE_TYPES[] = {
  * square parameter (gpt_oss's down_proj, H = I) cannot tell the two apart
  * by its shape; the type does. */
 static const char *const FUSED_TRANSPOSED_TYPES[] = {"gpt_oss", "openai_privacy_filter"};
+/* Fused, and transposed on load where the shape is not the runtime's (lora_experts.h). */
+static const char *const FUSED_EITHER_TYPES[] = {"qwen3_vl_moe"};
 static const char *const FUSED_TYPES[] = {"llama4",   "llama4_text",   "gemma4", "gemma4_text",
                                           "mistral4", "granitemoe_swa"};
 
@@ -70,6 +72,8 @@ static enum experts_form form_of_type(const char *model_type)
         return EXPERTS_FUSED;
     if (in_list(model_type, FUSED_TRANSPOSED_TYPES, sizeof FUSED_TRANSPOSED_TYPES / sizeof *FUSED_TRANSPOSED_TYPES))
         return EXPERTS_FUSED_TRANSPOSED;
+    if (in_list(model_type, FUSED_EITHER_TYPES, sizeof FUSED_EITHER_TYPES / sizeof *FUSED_EITHER_TYPES))
+        return EXPERTS_FUSED_EITHER;
     return EXPERTS_UNKNOWN;
 }
 
@@ -81,14 +85,14 @@ enum experts_form experts_form_of(const char *model_type, const char *text_model
 
 int experts_form_is_fused(enum experts_form form)
 {
-    return form == EXPERTS_FUSED || form == EXPERTS_FUSED_TRANSPOSED;
+    return form == EXPERTS_FUSED || form == EXPERTS_FUSED_TRANSPOSED || form == EXPERTS_FUSED_EITHER;
 }
 
 enum experts_form experts_stored_form(enum experts_form form, int base_holds_fused)
 {
     if (form == EXPERTS_UNKNOWN || !base_holds_fused)
         return form;
-    return form == EXPERTS_FUSED_TRANSPOSED ? form : EXPERTS_FUSED;
+    return experts_form_is_fused(form) ? form : EXPERTS_FUSED;
 }
 
 #define BASE_LAYER_TAIL ".base_layer"

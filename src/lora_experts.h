@@ -23,7 +23,7 @@
  *   out]: gpt_oss's gate_up_proj [E, H, 2I], gate and up columns
  *   interleaved, and down_proj [E, I, H]. Still 16-bit in a bitsandbytes
  *   checkpoint. (aria's is_transposed experts are saved renamed, as fc1 and
- *   fc2: not known.)
+ *   fc2: not known.) qwen3_vl_moe's are either (EXPERTS_FUSED_EITHER).
  * A multimodal model's language model has its own model_type, in config.json's
  * text_config (qwen3_5_moe's qwen3_5_moe_text), and its own conversion.
  *
@@ -56,6 +56,11 @@ enum experts_form {
     EXPERTS_W123, /* Mixtral's names, under M as it is */
     EXPERTS_FUSED, /* M.gate_up_proj and M.down_proj themselves, [E, out, in] */
     EXPERTS_FUSED_TRANSPOSED, /* the same, [E, in, out]: the module is_transposed */
+    /* The same, [E, out, in] where that is its shape, else [E, in, out]: what
+     * transformers' Transpose(1, 2, check_dims=True) loads (qwen3_vl_moe,
+     * whose own checkpoints hold [E, in, out] and transformers 5.24's saves
+     * [E, out, in]; a square one as it is). */
+    EXPERTS_FUSED_EITHER,
 };
 
 /* The form transformers 5.24's conversion mapping gives config.json's
@@ -81,9 +86,9 @@ int target_parameters_select(const cJSON *target_parameters, const char *module,
 size_t experts_targeted(const cJSON *target_parameters, const char *module, const char *params[EXPERTS_NPARAMS]);
 
 /* The form in which a base holds parameter M.P of a model_type in `form`,
- * given whether it holds a 3-D tensor M.P: then fused ([E, in, out] where
- * `form` says so, else [E, out, in]), whatever transformers converts the
- * type's per-expert tensors from; else `form`. EXPERTS_UNKNOWN stays. */
+ * given whether it holds a 3-D tensor M.P: then fused (`form` where that is
+ * a fused one, else [E, out, in]), whatever transformers converts the type's
+ * per-expert tensors from; else `form`. EXPERTS_UNKNOWN stays. */
 enum experts_form experts_stored_form(enum experts_form form, int base_holds_fused);
 
 /* Whether `form` keeps M.P as one 3-D tensor. */

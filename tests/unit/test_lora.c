@@ -1002,15 +1002,19 @@ static void write_fused_base(const char *dir, const char *model_type, struct syn
  * on both parameters (gate_up_proj's pair under M.base_layer), bf16 factors,
  * down_proj with rank_pattern; one on gate_up_proj alone with rsLoRA, fp32.
  * gpt_oss's experts module is_transposed ([E, in, out]); gemma4_text's is
- * not ([E, out, in]), so the same tensors take factors of other shapes; and
- * qwen3_moe's, saved per expert by transformers, is taken as it is here. */
+ * not ([E, out, in]), so the same tensors take factors of other shapes;
+ * qwen3_moe's, saved per expert by transformers, is taken as it is here; and
+ * qwen3_vl_moe's is either, by its shape: gate_up_proj [E, in, out] as Qwen's
+ * checkpoints hold it, or [E, out, in], and the square down_proj as it is,
+ * as transformers loads them. */
 static void test_experts_lora_fused_matches_reference(void **state)
 {
     struct tu_scratch *s = *state;
     static const struct {
         const char *model_type;
-        int transposed;
-    } TYPES[] = {{"gpt_oss", 1}, {"gemma4_text", 0}, {"qwen3_moe", 0}};
+        int transposed, down_transposed; /* gate_up_proj's, down_proj's */
+    } TYPES[] = {{"gpt_oss", 1, 1},      {"gemma4_text", 0, 0},  {"qwen3_moe", 0, 0},
+                 {"qwen3_vl_moe", 1, 0}, {"qwen3_vl_moe", 0, 0}};
     for (size_t ti = 0; ti < sizeof TYPES / sizeof TYPES[0]; ti++) {
         const int tr = TYPES[ti].transposed;
         struct syn_tensor base[2];
@@ -1049,7 +1053,8 @@ static void test_experts_lora_fused_matches_reference(void **state)
         const struct syn_fused_term gate_up[2] = {{&f1[0], &f1[1], 2, 2.0f},
                                                   {&f2[0], &f2[1], 3, (float)(3 / sqrt(3.0))}};
         const struct syn_fused_term down[1] = {{&f1[2], &f1[3], 1, 4.0f}};
-        const struct fused_reference refs[2] = {{&base[0], gate_up, 2, tr}, {&base[1], down, 1, tr}};
+        const struct fused_reference refs[2] = {{&base[0], gate_up, 2, tr},
+                                                {&base[1], down, 1, TYPES[ti].down_transposed}};
 
         static const uint64_t CHUNKS[] = {0, 1, 6, 64};
         static const enum st_dtype DTYPES[] = {DT_INVALID, DT_F32};
@@ -1097,8 +1102,12 @@ static void test_experts_lora_fused_refusals(void **state)
     static char names[3 * SYN_EXPERTS][96];
     static const char *const PARTS[3] = {"gate_proj", "up_proj", "down_proj"};
     char *gpt_oss = tu_strdupf("%s/gpt_oss", s->dir), *llama = tu_strdupf("%s/llama", s->dir),
-         *split = tu_strdupf("%s/split", s->dir), *ints = tu_strdupf("%s/ints", s->dir);
+         *split = tu_strdupf("%s/split", s->dir), *ints = tu_strdupf("%s/ints", s->dir),
+         *qwen3_vl_moe = tu_strdupf("%s/qwen3_vl_moe", s->dir);
     write_fused_base(gpt_oss, "gpt_oss", fused);
+    free(fused[0].v);
+    free(fused[1].v);
+    write_fused_base(qwen3_vl_moe, "qwen3_vl_moe", fused);
     free(fused[0].v);
     free(fused[1].v);
     write_fused_base(llama, "llama", fused);
@@ -1116,6 +1125,8 @@ static void test_experts_lora_fused_refusals(void **state)
         {"gpt_oss", "gives each expert of " FUSED_MODULE ".gate_up_proj [3, 7, 10] a 7x10 delta (out x in), but it "
          "holds [experts, in, out] (is_transposed)", {6, 10}, {7, 6}},
         {"gpt_oss", "holds 2 experts (r = 2), but the base's " FUSED_MODULE ".gate_up_proj has 3", {4, 7}, {10, 4}},
+        {"qwen3_vl_moe", "gives each expert of " FUSED_MODULE ".gate_up_proj [3, 7, 10] a 9x7 delta (out x in), but "
+         "it holds neither [experts, out, in] nor [experts, in, out]", {6, 7}, {9, 6}},
         {"gpt_oss", "has 6 columns, 5 rows in", {5, 7}, {10, 6}},
         {"split", "which the base's model_type saves as one 3-D tensor, but the base has no 3-D tensor "
          FUSED_MODULE ".gate_up_proj", {6, 7}, {10, 6}},
@@ -1154,6 +1165,7 @@ static void test_experts_lora_fused_refusals(void **state)
     free(llama);
     free(split);
     free(ints);
+    free(qwen3_vl_moe);
 }
 
 /* LoRAs on MoE experts that PEFT could not have written for the base, or
