@@ -389,7 +389,8 @@ struct binder {
     const struct lora_adapter *mirror_of;
     int mirrored;
     /* The base's config.json model_type and its text_config's, read for the
-     * first LoRA on MoE experts (lora_experts.h). */
+     * first LoRA on MoE experts or on a module the base does not hold
+     * (read_model_type, lora_experts.h). */
     int model_type_read;
     char *model_type, *text_model_type;
     /* Pairs bound to a parameter target_parameters selects, for the adapter being bound. */
@@ -749,12 +750,52 @@ static int refuse_wrapper_features(const struct lora_config *c, const char *file
                    : NF4_OK;
 }
 
+/* Reads the base's config.json model_type and its text_config's, once. */
+static int read_model_type(struct binder *b)
+{
+    if (b->model_type_read)
+        return NF4_OK;
+    b->model_type_read = 1;
+    return model_config_type(b->base, &b->model_type, &b->text_model_type);
+}
+
+/* The base tensor a LoRA on `module` changes: M.weight, or, where the base
+ * holds no such tensor and its model type saves M under another name
+ * (Mixtral's ".block_sparse_moe." for the runtime's ".mlp.": its router, say,
+ * through target_parameters; experts_saved_module), that one's weight, which
+ * transformers loads into M. Allocated (NULL: out of memory, or *code where config.json could
+ * not be read). */
+static char *module_weight_in_base(struct binder *b, const char *module, int *code)
+{
+    size_t ndim;
+    const uint64_t *shape;
+    char *wname = base_weight_name(module);
+    if (!wname || base_shape(b, wname, &ndim, &shape))
+        return wname;
+    if ((*code = read_model_type(b)) != NF4_OK) {
+        free(wname);
+        return NULL;
+    }
+    char *saved = experts_saved_module(b->model_type, b->text_model_type, module);
+    char *saved_weight = saved ? base_weight_name(saved) : NULL;
+    free(saved);
+    if (saved_weight && base_shape(b, saved_weight, &ndim, &shape)) {
+        free(wname);
+        return saved_weight;
+    }
+    free(saved_weight);
+    return wname;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
     const char *file = a->file->path, *aname = a->t->name;
-    char *bname = factor_key(ad, module, kind->b_suffix), *wname = base_weight_name(module);
     int code = NF4_OK, mirrored = 0;
+    char *bname = factor_key(ad, module, kind->b_suffix);
+    char *wname = bname ? module_weight_in_base(b, module, &code) : NULL;
+    if (code != NF4_OK)
+        goto out;
     if (!bname || !wname) {
         code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
         goto out;
@@ -987,11 +1028,8 @@ static int bind_experts_pair(struct binder *b, const struct lora_adapter *ad, si
     }
     /* PEFT wraps the parameters in order, each wrapper around the one before. */
     const char *param = params[nparams - 1 - depth];
-    if (!b->model_type_read) {
-        b->model_type_read = 1;
-        if ((code = model_config_type(b->base, &b->model_type, &b->text_model_type)) != NF4_OK)
-            goto out;
-    }
+    if ((code = read_model_type(b)) != NF4_OK)
+        goto out;
     /* PEFT matches rank_pattern and alpha_pattern against "M.P", the name of the fused tensor. */
     if (!(pkey = module_param_name(module, param))) {
         code = nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");

@@ -19,7 +19,8 @@ const char *const EXPERTS_PARAMS[EXPERTS_NPARAMS] = {"gate_up_proj", "down_proj"
  * or ".ffn." is not the runtime's). A type's other renames (attention,
  * routers, norms) leave the experts' names alone; a LoRA on a module they
  * rename names a tensor the checkpoint lacks, and is refused as an adapter
- * for another model. So is one on kimi_k25's experts, found through its
+ * for another model, but for Mixtral's form's router (experts_saved_module,
+ * lora.c's module_weight_in_base). So is one on kimi_k25's experts, found through its
  * text_config's deepseek_v3 (lora.c), whose path kimi_k25 renames: expert
  * e's tensors are looked up under the runtime's names, and either are
  * there, the same tensors, or are missing. */
@@ -153,6 +154,22 @@ static char *mixtral_saved_module(const char *module)
     if (out)
         snprintf(out, out_len, "%.*s%s%s", (int)(at - module), module, MIXTRAL_SAVED, at + strlen(MIXTRAL_RUNTIME));
     return out;
+}
+
+/* phimoe's WeightRenaming(".gate.weight", ".router.weight"), besides Mixtral's. */
+#define PHIMOE_ROUTER_RUNTIME ".router"
+#define PHIMOE_ROUTER_SAVED ".gate"
+
+char *experts_saved_module(const char *model_type, const char *text_model_type, const char *module)
+{
+    if (experts_form_of(model_type, text_model_type) != EXPERTS_MIXTRAL || !strstr(module, MIXTRAL_RUNTIME))
+        return NULL;
+    char *saved = mixtral_saved_module(module);
+    size_t n = saved ? strlen(saved) : 0, k = strlen(PHIMOE_ROUTER_RUNTIME);
+    if (saved && model_type && strcmp(model_type, "phimoe") == 0 && n > k &&
+        strcmp(saved + n - k, PHIMOE_ROUTER_RUNTIME) == 0) /* ".router" -> ".gate": never longer */
+        memcpy(saved + n - k, PHIMOE_ROUTER_SAVED, sizeof PHIMOE_ROUTER_SAVED);
+    return saved;
 }
 
 size_t experts_tensor_names(enum experts_form form, const char *module, const char *param, uint64_t e,

@@ -94,6 +94,13 @@ enum experts_form experts_stored_form(enum experts_form form, int base_holds_fus
 /* Whether `form` keeps M.P as one 3-D tensor. */
 int experts_form_is_fused(enum experts_form form);
 
+/* The name under which a checkpoint of `model_type` (experts_form_of's
+ * arguments) saves runtime module M, where transformers renames it on load:
+ * in Mixtral's form its last ".mlp." is ".block_sparse_moe.", and phimoe's
+ * router, "M.router", is "M.gate" too. Allocated; NULL where it renames
+ * nothing, or out of memory. */
+char *experts_saved_module(const char *model_type, const char *text_model_type, const char *module);
+
 /* The checkpoint tensors of expert e's part of parameter `param` of M in
  * `form`: gate_up_proj has two (gate, then up: each half of the rows), down_proj
  * one. Fills names (allocated) and returns how many, or 0 when out of memory. */

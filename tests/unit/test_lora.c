@@ -1168,6 +1168,72 @@ static void test_experts_lora_fused_refusals(void **state)
     free(qwen3_vl_moe);
 }
 
+/* A LoRA on Mixtral's router through target_parameters ("mlp.gate.weight",
+ * as PEFT names the runtime's module; phimoe's "mlp.router.weight"): the
+ * checkpoint saves it as ".block_sparse_moe.gate", as transformers renames
+ * it, and the pair merges into that tensor, by the formula. Under a model
+ * type that renames nothing the same adapter names a tensor the base lacks,
+ * and is refused. */
+static void test_lora_on_renamed_router(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct {
+        const char *model_type, *module, *parameter; /* the runtime's, as the adapter names them */
+        int merges;
+    } ROUTERS[] = {{"mixtral", "model.layers.0.mlp.gate", "mlp.gate.weight", 1},
+                   {"phimoe", "model.layers.0.mlp.router", "mlp.router.weight", 1},
+                   {"llama", "model.layers.0.mlp.gate", "mlp.gate.weight", 0}};
+    struct syn_tensor base = {"model.layers.0.block_sparse_moe.gate.weight", DT_BF16, {SYN_EXPERTS, SYN_HIDDEN}, NULL};
+    syn_fill(&base, 2.0f);
+    for (size_t i = 0; i < sizeof ROUTERS / sizeof ROUTERS[0]; i++) {
+        char *a_key = tu_strdupf(PEFT_KEY_PREFIX "%s.lora_A.weight", ROUTERS[i].module),
+             *b_key = tu_strdupf(PEFT_KEY_PREFIX "%s.lora_B.weight", ROUTERS[i].module);
+        struct syn_tensor f[2] = {{a_key, DT_F32, {2, SYN_HIDDEN}, NULL}, {b_key, DT_F32, {SYN_EXPERTS, 2}, NULL}};
+        syn_fill(&f[0], 1.0f);
+        syn_fill(&f[1], 1.0f);
+        char *ad = tu_strdupf("%s/ad-%zu", s->dir, i), *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad),
+             *dir = tu_strdupf("%s/base-%zu", s->dir, i), *out = tu_strdupf("%s/out-%zu", s->dir, i),
+             *config = tu_strdupf("{\"model_type\": \"%s\"}", ROUTERS[i].model_type),
+             *adapter_config = tu_strdupf("{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, "
+                                          "\"target_modules\": null, \"target_parameters\": [\"%s\"]}",
+                                          ROUTERS[i].parameter);
+        assert_int_equal(mkdir(ad, 0755), 0);
+        syn_write(w, f, 2);
+        write_config(ad, adapter_config);
+        write_model_dir(dir, config, &base, 1);
+        if (ROUTERS[i].merges) {
+            const struct syn_term term = {&f[0], &f[1], 2, 2.0f, 0};
+            const struct syn_reference ref = {&base, &term, 1};
+            const char *dirs[1] = {ad};
+            assert_int_equal(merge_on_cpu(dir, out, dirs, 1, 0, 2, DT_INVALID), 1);
+            char *file = tu_strdupf("%s/model.safetensors", out);
+            struct st_file *got;
+            assert_int_equal(st_open(file, &got), NF4_OK);
+            assert_tensor_is_reference(got, base.name, DT_BF16, 0, syn_element, &ref);
+            st_close(got);
+            free(file);
+        } else {
+            struct tu_run r = tu_run("convert", "--device", "cpu", dir, out, "--lora", ad, NULL);
+            if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+                !strstr(r.err, "matches no floating-point tensor model.layers.0.mlp.gate.weight in the base model"))
+                fail_msg("exit %d, stderr: %s", r.status, r.err);
+            tu_run_free(&r);
+            assert_int_equal(access(out, F_OK), -1);
+        }
+        free(f[0].v);
+        free(f[1].v);
+        free(a_key);
+        free(b_key);
+        free(ad);
+        free(w);
+        free(dir);
+        free(out);
+        free(config);
+        free(adapter_config);
+    }
+    free(base.v);
+}
+
 /* LoRAs on MoE experts that PEFT could not have written for the base, or
  * that nf4deq cannot place: exit 65, one line naming the file and the key,
  * and no output. */
@@ -4793,6 +4859,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_experts_lora_fused_matches_reference, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_fused_refusals, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_lora_on_renamed_router, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_none_saved_warns, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_on_4bit_experts, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_parameter_targets_as_layers, tu_scratch_setup, tu_scratch_teardown),
