@@ -58,23 +58,28 @@ static int in_list(const char *s, const char *const *list, size_t n)
     return 0;
 }
 
+#define TYPE_LIST(list) list, sizeof list / sizeof *list
+
+/* Each form's model_types. */
+static const struct {
+    const char *const *types;
+    size_t n;
+    enum experts_form form;
+} FORM_TYPES[] = {
+    {TYPE_LIST(MIXTRAL_TYPES), EXPERTS_MIXTRAL},
+    {TYPE_LIST(QWEN2_MOE_TYPES), EXPERTS_QWEN2_MOE},
+    {TYPE_LIST(W123_TYPES), EXPERTS_W123},
+    {TYPE_LIST(FUSED_TYPES), EXPERTS_FUSED},
+    {TYPE_LIST(FUSED_TRANSPOSED_TYPES), EXPERTS_FUSED_TRANSPOSED},
+    {TYPE_LIST(FUSED_EITHER_TYPES), EXPERTS_FUSED_EITHER},
+};
+
 /* The form of one model_type (NULL: none). */
 static enum experts_form form_of_type(const char *model_type)
 {
-    if (!model_type)
-        return EXPERTS_UNKNOWN;
-    if (in_list(model_type, MIXTRAL_TYPES, sizeof MIXTRAL_TYPES / sizeof *MIXTRAL_TYPES))
-        return EXPERTS_MIXTRAL;
-    if (in_list(model_type, QWEN2_MOE_TYPES, sizeof QWEN2_MOE_TYPES / sizeof *QWEN2_MOE_TYPES))
-        return EXPERTS_QWEN2_MOE;
-    if (in_list(model_type, W123_TYPES, sizeof W123_TYPES / sizeof *W123_TYPES))
-        return EXPERTS_W123;
-    if (in_list(model_type, FUSED_TYPES, sizeof FUSED_TYPES / sizeof *FUSED_TYPES))
-        return EXPERTS_FUSED;
-    if (in_list(model_type, FUSED_TRANSPOSED_TYPES, sizeof FUSED_TRANSPOSED_TYPES / sizeof *FUSED_TRANSPOSED_TYPES))
-        return EXPERTS_FUSED_TRANSPOSED;
-    if (in_list(model_type, FUSED_EITHER_TYPES, sizeof FUSED_EITHER_TYPES / sizeof *FUSED_EITHER_TYPES))
-        return EXPERTS_FUSED_EITHER;
+    for (size_t i = 0; model_type && i < sizeof FORM_TYPES / sizeof *FORM_TYPES; i++)
+        if (in_list(model_type, FORM_TYPES[i].types, FORM_TYPES[i].n))
+            return FORM_TYPES[i].form;
     return EXPERTS_UNKNOWN;
 }
 
