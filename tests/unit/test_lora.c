@@ -941,45 +941,23 @@ static void test_experts_lora_wide_rows_of_b(void **state)
 
 #define FUSED_MODULE "model.layers.0.mlp.experts"
 
-/* A LoRA pair on a fused experts tensor, for the reference: expert e's delta
- * [out, in] is B[:, e::E] @ A[e * r .. e * r + r - 1], laid on the tensor's
- * [n, m] as [in, out] where `transposed`. */
-struct syn_fused_term {
-    const struct syn_tensor *a, *b;
-    uint32_t r;
-    float scaling;
-};
-
+/* A fused experts tensor [E, n, m] with its terms merged, for the
+ * reference: expert e's delta [out, in] is the per-expert form's (b_row0 0),
+ * laid on [n, m] as [in, out] where `transposed`. */
 struct fused_reference {
     const struct syn_tensor *base; /* [E, n, m] */
-    const struct syn_fused_term *terms;
+    const struct syn_expert_term *terms;
     size_t nterms;
     int transposed;
 };
 
-/* The README's formula for element e of a fused tensor: acc summed k
- * ascending, then added in adapter order, nothing fused. */
 static float fused_element(const void *ctx, uint64_t e)
 {
     const struct fused_reference *x = ctx;
-    const uint64_t n = x->base->shape[1], m = x->base->shape[2], experts = x->base->shape[0];
+    const uint64_t n = x->base->shape[1], m = x->base->shape[2];
     const uint64_t ex = e / (n * m), i = e / m % n, j = e % m;
-    volatile float w = x->base->v[e];
-    for (size_t t = 0; t < x->nterms; t++) {
-        const struct syn_fused_term *y = &x->terms[t];
-        const uint64_t width = (uint64_t)y->r * experts;
-        volatile float acc = 0.0f;
-        for (uint32_t k = 0; k < y->r; k++) {
-            /* A [r * E, in], B [out, r * E]: (i, j) is (in, out) transposed, else (out, in). */
-            const uint64_t in = x->transposed ? i : j, out = x->transposed ? j : i;
-            volatile float prod =
-                y->a->v[(ex * y->r + k) * y->a->shape[1] + in] * y->b->v[out * width + k * experts + ex];
-            acc = acc + prod;
-        }
-        volatile float d = acc * y->scaling;
-        w = w + d;
-    }
-    return w;
+    return reference_expert_merge(x->base->v[e], x->terms, x->nterms, ex, x->transposed ? j : i,
+                                  x->transposed ? i : j);
 }
 
 /* A base holding FUSED_MODULE's gate_up_proj [E, 7, 10] (bf16) and
@@ -1050,9 +1028,9 @@ static void test_experts_lora_fused_matches_reference(void **state)
                           "\"rank_pattern\": {\"down_proj\": 1}}");
         write_config(ad2, "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 3, \"use_rslora\": true, "
                           "\"target_modules\": null, \"target_parameters\": [\"mlp.experts.gate_up_proj\"]}");
-        const struct syn_fused_term gate_up[2] = {{&f1[0], &f1[1], 2, 2.0f},
-                                                  {&f2[0], &f2[1], 3, (float)(3 / sqrt(3.0))}};
-        const struct syn_fused_term down[1] = {{&f1[2], &f1[3], 1, 4.0f}};
+        const struct syn_expert_term gate_up[2] = {{&f1[0], &f1[1], 2, 2.0f, 0},
+                                                   {&f2[0], &f2[1], 3, (float)(3 / sqrt(3.0)), 0}};
+        const struct syn_expert_term down[1] = {{&f1[2], &f1[3], 1, 4.0f, 0}};
         const struct fused_reference refs[2] = {{&base[0], gate_up, 2, tr},
                                                 {&base[1], down, 1, TYPES[ti].down_transposed}};
 
