@@ -763,8 +763,8 @@ static int read_model_type(struct binder *b)
  * holds no such tensor and its model type saves M under another name
  * (Mixtral's ".block_sparse_moe." for the runtime's ".mlp.": its router, say,
  * through target_parameters; experts_saved_module), that one's weight, which
- * transformers loads into M. Allocated (NULL: out of memory, or *code where config.json could
- * not be read). */
+ * transformers loads into M. Allocated (NULL: out of memory, or *code where
+ * config.json could not be read). */
 static char *module_weight_in_base(struct binder *b, const char *module, int *code)
 {
     size_t ndim;

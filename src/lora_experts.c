@@ -20,10 +20,10 @@ const char *const EXPERTS_PARAMS[EXPERTS_NPARAMS] = {"gate_up_proj", "down_proj"
  * routers, norms) leave the experts' names alone; a LoRA on a module they
  * rename names a tensor the checkpoint lacks, and is refused as an adapter
  * for another model, but for Mixtral's form's router (experts_saved_module,
- * lora.c's module_weight_in_base). So is one on kimi_k25's experts, found through its
- * text_config's deepseek_v3 (lora.c), whose path kimi_k25 renames: expert
- * e's tensors are looked up under the runtime's names, and either are
- * there, the same tensors, or are missing. */
+ * lora.c's module_weight_in_base). So is one on kimi_k25's experts, found
+ * through its text_config's deepseek_v3 (lora.c), whose path kimi_k25
+ * renames: expert e's tensors are looked up under the runtime's names, and
+ * either are there, the same tensors, or are missing. */
 static const char *const MIXTRAL_TYPES[] = {"mixtral", "minimax", "minimax_m2", "phimoe", "kimi_linear"};
 /* Mixtral's expert names without its ".mlp." rename: the experts stay under
  * their runtime module (lfm2_moe's feed_forward.experts). */
