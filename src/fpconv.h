@@ -155,4 +155,43 @@ static inline int element_is_inf(enum st_dtype dt, const void *p, uint64_t i)
     }
 }
 
+/* Casts count elements of dtype `from` (F16, BF16, F32 or F64) at `in` to
+ * `to` (F16, BF16 or F32) at `out`, each rounded to nearest even as PyTorch
+ * casts; returns how many finite values became infinite. */
+static inline uint64_t cast_elements(enum st_dtype from, enum st_dtype to, const void *in, void *out, uint64_t count)
+{
+    uint64_t overflowed = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        float f = f32_from_element(from, in, i);
+        int finite;
+        if (from == DT_F64) {
+            double d = ((const double *)in)[i];
+            finite = d - d == 0;
+        } else {
+            finite = f - f == 0;
+        }
+        uint32_t bits;
+        int inf;
+        switch (to) {
+        case DT_F16:
+            bits = f32_to_f16(f);
+            ((uint16_t *)out)[i] = (uint16_t)bits;
+            inf = (bits & 0x7fffu) == 0x7c00u;
+            break;
+        case DT_BF16:
+            bits = f32_to_bf16(f);
+            ((uint16_t *)out)[i] = (uint16_t)bits;
+            inf = (bits & 0x7fffu) == 0x7f80u;
+            break;
+        default:
+            ((float *)out)[i] = f;
+            inf = (f32_bits(f) & 0x7fffffffu) == 0x7f800000u;
+            break;
+        }
+        if (inf && finite)
+            overflowed++;
+    }
+    return overflowed;
+}
+
 #endif

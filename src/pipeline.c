@@ -20,10 +20,13 @@
 #include "merge_cpu.h"
 #include "fileio.h"
 #include "status.h"
+#include "transposed.h"
 
 /* TASK_MERGE: a chunk of a tensor with LoRA deltas, dequantized (or read) in the
- * weight's own dtype, then merged and rounded into the output dtype. */
-enum task_kind { TASK_COPY, TASK_CAST, TASK_DEQUANT, TASK_MERGE, TASK_BATCH };
+ * weight's own dtype, then merged and rounded into the output dtype.
+ * TASK_TDEQUANT, TASK_TCAST: a chunk of a transposed item (transposed.h), a
+ * 4-bit or a float source (copied or cast). */
+enum task_kind { TASK_COPY, TASK_CAST, TASK_DEQUANT, TASK_MERGE, TASK_BATCH, TASK_TDEQUANT, TASK_TCAST };
 
 /* A whole small tensor travelling in a batch: a file of many tiny tensors
  * would otherwise pay a read, two thread handoffs and a write per tensor. */
@@ -46,6 +49,7 @@ enum slot_state { SLOT_FREE, SLOT_CLAIMED, SLOT_DONE };
  * under the lock, then read and computed by one worker without it. */
 struct task {
     const struct out_item *it;
+    const struct out_item *whole; /* the output tensor: `it`, or the item `it` is a part of */
     enum task_kind kind;
     uint64_t pos;      /* first element (byte, for copies) of the chunk */
     void *in, *out;
@@ -58,6 +62,7 @@ struct task {
     int nparts;
     struct dequant_job job;
     struct merge_job merge;
+    struct tchunk tchunk; /* a transposed item's chunk, gathered */
     float nested_code[NESTED_CODE_ENTRIES];
 };
 
@@ -72,6 +77,7 @@ struct slot {
 /* Where the planner is: the next item in writer order, and the next chunk in it. */
 struct plan_cursor {
     size_t item;       /* index in writer order */
+    size_t part;       /* of an item made of parts: the part the chunks are in */
     uint64_t pos;      /* elements (bytes, for copies) of it already planned */
     uint64_t total, chunk;
     /* Elements between the edges no chunk may cross (a fused experts
@@ -194,11 +200,64 @@ static uint64_t merge_chunk_bytes(const struct out_item *it, uint64_t n)
     return n * per_element + merge_factor_bytes_max(it->lora, n) + 8 * ARENA_ALIGN + 16;
 }
 
+/* Slot bytes a chunk of k output rows of transposed item `it` takes: the
+ * gathered tile (transposed.h), then what the chunk's output takes (with a
+ * merge's base values and factors, or a cast's values before it is cast),
+ * which the gathering reads through first. */
+static uint64_t transposed_chunk_bytes(const struct out_item *it, enum task_kind kind, uint64_t k)
+{
+    uint64_t rows, cols;
+    transposed_shape(it, &rows, &cols);
+    uint64_t n = k * rows, after;
+    enum st_dtype tile_dtype;
+    if (kind == TASK_MERGE) {
+        tile_dtype = it->w ? it->w->state.dtype : it->src->t->dtype;
+        after = merge_chunk_bytes(it, n);
+    } else if (kind == TASK_TDEQUANT) {
+        tile_dtype = it->out.dtype;
+        after = n * elem_bytes(it->out.dtype);
+    } else {
+        tile_dtype = it->src->t->dtype;
+        after = n * elem_bytes(it->out.dtype) + (tile_dtype != it->out.dtype ? align_up(n * elem_bytes(tile_dtype)) : 0);
+    }
+    uint64_t band = transposed_band_min(it, k);
+    return transposed_tile_bytes(it, k, tile_dtype) + (after > band ? after : band) + 2 * ARENA_ALIGN;
+}
+
+/* Largest chunk of transposed item `it` that fits a slot and chunk_cap (or
+ * the smallest aligned one, where that is more), in elements: whole output
+ * rows, a multiple of transposed_row_align of them; 0 if even that many do
+ * not fit. *align_out: the elements of that many rows. */
+static uint64_t transposed_chunk(const struct pipeline *p, const struct out_item *it, enum task_kind kind,
+                                 uint64_t *align_out)
+{
+    uint64_t rows, cols;
+    transposed_shape(it, &rows, &cols);
+    uint64_t align = transposed_row_align(it);
+    uint64_t cap = rows ? chunk_cap(p, it) / rows : cols;
+    if (cap > cols)
+        cap = cols;
+    uint64_t lo = 0, hi = cap / align + 1;
+    while (hi - lo > 1) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        if (transposed_chunk_bytes(it, kind, mid * align) <= p->slot_bytes)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    if (lo == 0 && transposed_chunk_bytes(it, kind, align) <= p->slot_bytes)
+        lo = 1;
+    *align_out = align * rows;
+    return lo * align * rows;
+}
+
 /* Largest chunk of a merged tensor that fits a slot and chunk_cap (or the
  * smallest aligned one, where that is more), in elements: aligned as a
  * dequantized chunk when the base is 4-bit, any run of elements otherwise. */
 static uint64_t merge_chunk(const struct pipeline *p, const struct out_item *it, uint64_t *align_out)
 {
+    if (it->transposed)
+        return transposed_chunk(p, it, TASK_MERGE, align_out);
     const struct bnb_state *s = it->w ? &it->w->state : NULL;
     uint64_t align = s ? (uint64_t)s->blocksize * (s->nested ? s->nested_blocksize : 1) : 1;
     uint64_t total = s ? s->n : it->src->t->nelem;
@@ -274,6 +333,17 @@ static int fill_dequant(struct task *t, unsigned char *arena, const struct out_i
     return NF4_OK;
 }
 
+/* Gathers the chunk of transposed t->it (transposed.h) into the arena, in
+ * tile_dtype; *used: the bytes its tile takes, after which its output goes. */
+static int fill_transposed(struct task *t, unsigned char *arena, size_t arena_len, enum st_dtype tile_dtype,
+                           size_t *used)
+{
+    uint64_t rows, cols;
+    transposed_shape(t->it, &rows, &cols);
+    return transposed_fill(&t->tchunk, arena, arena_len, t->it, t->pos / rows, t->count / rows, tile_dtype, &t->job,
+                           t->nested_code, used);
+}
+
 /* Rounds n values of dtype `from` at p to dtype `to` in place (a replacement
  * loaded into the base's narrower parameter), where that loses anything:
  * from F32 to BF16 or F16, or between the two 16-bit types. Returns the
@@ -292,12 +362,21 @@ static enum st_dtype round_in_place(void *p, uint64_t n, enum st_dtype from, enu
 /* Reads a merge chunk: the base values in their own dtype (a dequantization
  * job when 4-bit, the stored values otherwise), then the factors; the output
  * goes after them. */
-static int fill_merge(struct task *t, unsigned char *arena, const struct out_item *it, uint64_t e0, uint64_t cnt)
+static int fill_merge(struct task *t, unsigned char *arena, size_t arena_len, const struct out_item *it, uint64_t e0,
+                      uint64_t cnt)
 {
     struct merge_job *mj = &t->merge;
     size_t at = 0;
     int code;
-    if (it->w) {
+    if (it->transposed) {
+        /* The tile now; compute places it, transposed, as the base values. */
+        enum st_dtype w_dtype = it->w ? it->w->state.dtype : it->src->t->dtype;
+        if ((code = fill_transposed(t, arena, arena_len, w_dtype, &at)) != NF4_OK)
+            return code;
+        mj->w = arena + at;
+        mj->w_dtype = w_dtype;
+        at = align_up(at + (size_t)(cnt * elem_bytes(w_dtype)));
+    } else if (it->w) {
         if ((code = fill_dequant(t, arena, it, e0, cnt, it->w->state.dtype, &at)) != NF4_OK)
             return code;
         mj->w = t->job.out;
@@ -326,6 +405,8 @@ static enum task_kind kind_of(const struct out_item *it)
 {
     if (it->lora)
         return TASK_MERGE;
+    if (it->transposed)
+        return it->w ? TASK_TDEQUANT : TASK_TCAST;
     if (it->w)
         return TASK_DEQUANT;
     return it->src->t->dtype == it->out.dtype ? TASK_COPY : TASK_CAST;
@@ -341,14 +422,28 @@ static uint64_t out_bytes_of(const struct out_item *it)
 static int start_item(const struct pipeline *p, struct plan_cursor *c, const struct out_item *it)
 {
     c->kind = kind_of(it);
-    if (c->kind == TASK_DEQUANT || c->kind == TASK_MERGE) {
+    if (c->kind == TASK_TDEQUANT || c->kind == TASK_TCAST) {
+        uint64_t align, rows, cols;
+        transposed_shape(it, &rows, &cols);
+        c->total = rows * cols;
+        c->chunk = transposed_chunk(p, it, c->kind, &align);
+        if (c->chunk == 0)
+            return nf4_fail(NF4_EUSAGE, it->w ? it->w->packed->file->path : it->src->file->path, it->out.name,
+                            "--mem is too small: one chunk of this tensor needs %" PRIu64 " MiB per slot",
+                            (transposed_chunk_bytes(it, c->kind, align / (rows ? rows : 1)) >> 20) + 1);
+    } else if (c->kind == TASK_DEQUANT || c->kind == TASK_MERGE) {
         uint64_t align;
         c->total = it->w ? it->w->state.n : it->src->t->nelem;
         c->chunk = c->kind == TASK_MERGE ? merge_chunk(p, it, &align) : dequant_chunk(p, it, &align);
         c->edge = c->kind == TASK_MERGE ? lora_target_expert_rows(it->lora) * it->lora->cols : 0;
         if (c->chunk == 0) {
-            uint64_t need =
-                c->kind == TASK_MERGE ? merge_chunk_bytes(it, align) : align * (elem_bytes(it->out.dtype) + 1);
+            uint64_t rows = 1, cols;
+            if (it->transposed)
+                transposed_shape(it, &rows, &cols);
+            uint64_t need = it->transposed && c->kind == TASK_MERGE
+                                ? transposed_chunk_bytes(it, TASK_MERGE, align / (rows ? rows : 1))
+                            : c->kind == TASK_MERGE ? merge_chunk_bytes(it, align)
+                                                    : align * (elem_bytes(it->out.dtype) + 1);
             return nf4_fail(NF4_EUSAGE, it->w ? it->w->packed->file->path : it->src->file->path, it->out.name,
                             "--mem is too small: one chunk of this tensor needs %" PRIu64 " MiB per slot",
                             (need >> 20) + 1);
@@ -403,9 +498,10 @@ static int plan_next(struct pipeline *p, struct slot *s, int *planned)
     size_t room_low = 0;
     *planned = 0;
     while (c->item < p->n) {
-        const struct out_item *it = &p->items[st_writer_order(p->wr, c->item)];
+        const struct out_item *whole = &p->items[st_writer_order(p->wr, c->item)];
+        const struct out_item *it = whole->nparts ? &whole->parts[c->part] : whole;
         enum task_kind kind = kind_of(it);
-        if (!c->started && (kind == TASK_COPY || kind == TASK_CAST)) {
+        if (!whole->nparts && !c->started && (kind == TASK_COPY || kind == TASK_CAST)) {
             uint64_t in_space = kind == TASK_CAST ? align_up((size_t)st_tensor_bytes(it->src->t)) : 0;
             uint64_t out_bytes = out_bytes_of(it);
             if (in_space + out_bytes <= p->chunk_bytes / BATCH_SHARE) {
@@ -431,11 +527,13 @@ static int plan_next(struct pipeline *p, struct slot *s, int *planned)
         uint64_t cnt = c->total - c->pos < c->chunk ? c->total - c->pos : c->chunk;
         if (c->edge && cnt > c->edge - c->pos % c->edge)
             cnt = c->edge - c->pos % c->edge;
-        *t = (struct task){.it = it, .kind = c->kind, .pos = c->pos, .count = cnt,
-                           .ends_tensor = c->pos + cnt == c->total};
+        int last_part = !whole->nparts || c->part + 1 == whole->nparts;
+        *t = (struct task){.it = it, .whole = whole, .kind = c->kind, .pos = c->pos, .count = cnt,
+                           .ends_tensor = last_part && c->pos + cnt == c->total};
         c->pos += cnt;
         if (c->pos == c->total)
-            *c = (struct plan_cursor){.item = c->item + 1};
+            *c = last_part ? (struct plan_cursor){.item = c->item + 1}
+                           : (struct plan_cursor){.item = c->item, .part = c->part + 1};
         *planned = 1;
         return NF4_OK;
     }
@@ -458,16 +556,17 @@ static uint64_t task_out_bytes(const struct task *t)
 
 /* ---- reading and computing a chunk: a worker, without the lock ---- */
 
-static int fill(struct slot *s)
+static int fill(const struct pipeline *p, struct slot *s)
 {
     struct task *t = &s->task;
     const struct out_item *it = t->it;
     size_t used;
+    int code;
     switch (t->kind) {
     case TASK_BATCH:
         for (int i = 0; i < t->nparts; i++) {
             const struct part *part = &t->parts[i];
-            int code = st_read(part->it->src->file, part->it->src->t, 0, part->in, st_tensor_bytes(part->it->src->t));
+            code = st_read(part->it->src->file, part->it->src->t, 0, part->in, st_tensor_bytes(part->it->src->t));
             if (code != NF4_OK)
                 return code;
         }
@@ -475,7 +574,21 @@ static int fill(struct slot *s)
     case TASK_DEQUANT:
         return fill_dequant(t, s->arena, it, t->pos, t->count, it->out.dtype, &used);
     case TASK_MERGE:
-        return fill_merge(t, s->arena, it, t->pos, t->count);
+        return fill_merge(t, s->arena, (size_t)p->slot_bytes, it, t->pos, t->count);
+    case TASK_TDEQUANT:
+        code = fill_transposed(t, s->arena, (size_t)p->slot_bytes, it->out.dtype, &used);
+        t->out = s->arena + used;
+        t->out_len = (size_t)(t->count * elem_bytes(it->out.dtype));
+        return code;
+    case TASK_TCAST: {
+        /* Cast after it is placed: the placed values first, where dtypes differ. */
+        enum st_dtype from = it->src->t->dtype;
+        code = fill_transposed(t, s->arena, (size_t)p->slot_bytes, from, &used);
+        t->in = from != it->out.dtype ? s->arena + used : NULL;
+        t->out = s->arena + (t->in ? align_up(used + (size_t)(t->count * elem_bytes(from))) : used);
+        t->out_len = (size_t)(t->count * elem_bytes(it->out.dtype));
+        return code;
+    }
     case TASK_COPY:
         t->in = t->out = s->arena;
         t->out_len = (size_t)t->count;
@@ -491,53 +604,34 @@ static int fill(struct slot *s)
     return NF4_OK;
 }
 
-/* Returns how many finite values became infinite. */
-static uint64_t cast_elements(enum st_dtype from, enum st_dtype to, const void *in, void *out, uint64_t count)
+/* A tensor's last bytes are computed: count it and report overflows of its
+ * cast. An item made of parts counts once, by what its parts were. */
+static void finish_tensor(struct pipeline *p, const struct out_item *whole, uint64_t overflowed)
 {
-    uint64_t overflowed = 0;
-    for (uint64_t i = 0; i < count; i++) {
-        float f = f32_from_element(from, in, i);
-        int finite;
-        if (from == DT_F64) {
-            double d = ((const double *)in)[i];
-            finite = d - d == 0;
-        } else {
-            finite = f - f == 0;
-        }
-        uint32_t bits;
-        int inf;
-        switch (to) {
-        case DT_F16:
-            bits = f32_to_f16(f);
-            ((uint16_t *)out)[i] = (uint16_t)bits;
-            inf = (bits & 0x7fffu) == 0x7c00u;
-            break;
-        case DT_BF16:
-            bits = f32_to_bf16(f);
-            ((uint16_t *)out)[i] = (uint16_t)bits;
-            inf = (bits & 0x7fffu) == 0x7f80u;
-            break;
-        default:
-            ((float *)out)[i] = f;
-            inf = (f32_bits(f) & 0x7fffffffu) == 0x7f800000u;
-            break;
-        }
-        if (inf && finite)
-            overflowed++;
+    const size_t nparts = whole->nparts ? whole->nparts : 1;
+    int merged = 0, dequantized = 0, cast = 0;
+    for (size_t i = 0; i < nparts; i++) {
+        const struct out_item *it = whole->nparts ? &whole->parts[i] : whole;
+        const struct model_tensor *src = it->w ? it->w->packed : it->src;
+        merged |= it->lora != NULL;
+        dequantized |= it->w != NULL;
+        cast |= !it->w && src->t->dtype != it->out.dtype;
+        p->stats->bytes_in += st_tensor_bytes(src->t);
+        if (it->w)
+            p->stats->bytes_in += st_tensor_bytes(it->w->absmax->t) +
+                                  (it->w->state.nested ? st_tensor_bytes(it->w->nested_absmax->t) : 0);
     }
-    return overflowed;
-}
-
-/* A tensor's last bytes are computed: count it and report overflows of its cast. */
-static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_t overflowed)
-{
-    const struct model_tensor *src = it->w ? it->w->packed : it->src;
-    /* An adapter's copy, or the embedding an untied head starts from. */
-    int renamed = !it->w && strcmp(it->src->t->name, it->out.name) != 0;
     if (overflowed) {
-        if (it->lora)
+        const struct out_item *it = whole->nparts ? &whole->parts[0] : whole;
+        const struct model_tensor *src = it->w ? it->w->packed : it->src;
+        /* An adapter's copy, or the embedding an untied head starts from. */
+        int renamed = !it->w && strcmp(it->src->t->name, whole->out.name) != 0;
+        if (merged)
             nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when the adapter's changes were merged into %s",
-                     src->file->path, it->out.name, overflowed, dtype_name(it->out.dtype));
+                     src->file->path, whole->out.name, overflowed, dtype_name(whole->out.dtype));
+        else if (whole->nparts)
+            nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when its parts were cast to %s",
+                     src->file->path, whole->out.name, overflowed, dtype_name(whole->out.dtype));
         else
             nf4_warn("%s: %s: %" PRIu64 " finite values overflowed to inf when cast from %s to %s%s%s%s",
                      it->src->file->path, it->src->t->name, overflowed, dtype_name(it->src->t->dtype),
@@ -546,18 +640,14 @@ static void finish_tensor(struct pipeline *p, const struct out_item *it, uint64_
         p->stats->overflowed += overflowed;
     }
     p->stats->tensors++;
-    if (it->lora)
+    if (merged)
         p->stats->merged++;
-    else if (!it->w && src->t->dtype != it->out.dtype)
+    else if (!dequantized && cast)
         p->stats->cast++;
-    else if (!it->w)
+    else if (!dequantized)
         p->stats->passed_through++;
-    p->stats->bytes_in += st_tensor_bytes(src->t);
-    if (it->w) {
+    if (dequantized)
         p->stats->dequantized++;
-        p->stats->bytes_in += st_tensor_bytes(it->w->absmax->t) +
-                              (it->w->state.nested ? st_tensor_bytes(it->w->nested_absmax->t) : 0);
-    }
 }
 
 /* Whether a worker waits for its lane rather than take a core (take_lane). */
@@ -605,7 +695,8 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
                                                  part->count);
         }
         break;
-    case TASK_DEQUANT: {
+    case TASK_DEQUANT:
+    case TASK_TDEQUANT: {
         int held = gpu ? take_lane(p, lane) : -1;
         if (held >= 0) {
             code = gpu_dequant_lane(gpu, held, &t->job);
@@ -614,20 +705,36 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
         } else {
             dequant_cpu_path(&t->job, 1, p->cpu_path);
         }
+        if (code == NF4_OK && t->kind == TASK_TDEQUANT)
+            transposed_place(&t->tchunk, t->out);
         break;
     }
+    case TASK_TCAST:
+        transposed_place(&t->tchunk, t->in ? t->in : t->out);
+        if (t->in)
+            t->overflowed = cast_elements(it->src->t->dtype, it->out.dtype, t->in, t->out, t->count);
+        break;
     case TASK_MERGE:
+        if (it->transposed) {
+            /* The base values, placed: on this core, as a base a merge reads rather than dequantizes. */
+            if (it->w)
+                dequant_cpu_path(&t->job, 1, p->cpu_path);
+            transposed_place(&t->tchunk, (void *)t->merge.w);
+            if (it->round_src_to != DT_INVALID)
+                t->merge.w_dtype = round_in_place((void *)t->merge.w, t->count, t->merge.w_dtype, it->round_src_to);
+        }
+        const struct dequant_job *dq = it->w && !it->transposed ? &t->job : NULL;
         if (gpu && t->merge.w_dtype != DT_F64) {
             /* One fused kernel: the dequantized base never leaves the device.
              * A merge waits for its lane: on a core it takes several times
              * as long (docs/PERFORMANCE.md, "QLoRA merge"). */
             pthread_mutex_lock(&p->lane_mu[lane]);
-            code = gpu_merge_lane(gpu, lane, it->w ? &t->job : NULL, &t->merge, &t->overflowed);
+            code = gpu_merge_lane(gpu, lane, dq, &t->merge, &t->overflowed);
             pthread_mutex_unlock(&p->lane_mu[lane]);
             *on_gpu = 1;
         } else {
-            if (it->w)
-                dequant_cpu_path(&t->job, 1, p->cpu_path);
+            if (dq)
+                dequant_cpu_path(dq, 1, p->cpu_path);
             t->overflowed = merge_cpu_path(&t->merge, 1, p->cpu_path);
         }
         if (code == NF4_OK && t->merge.ntok)
@@ -798,13 +905,13 @@ static void work_run(struct pipeline *p)
         p->planned_bytes += task_out_bytes(&s->task);
         struct gpu_ctx *gpu = engine_for_chunk(p);
         /* Dequantization chunks are timed while the GPU is on, on either engine. */
-        const int timed = gpu && s->task.kind == TASK_DEQUANT;
+        const int timed = gpu && (s->task.kind == TASK_DEQUANT || s->task.kind == TASK_TDEQUANT);
         if (timed && !gpu_worth_a_chunk(p))
             gpu = NULL;
         /* Consecutive chunks take turns on the lanes. */
         int lane = gpu ? (int)(s->seq % (uint64_t)p->gpu_lanes) : 0;
         pthread_mutex_unlock(&p->mu);
-        code = fill(s);
+        code = fill(p, s);
         int on_gpu = 0;
         double t0 = timed ? now_ns() : 0;
         if (code == NF4_OK)
@@ -814,7 +921,7 @@ static void work_run(struct pipeline *p)
             code = st_writer_write_at(p->wr, s->task.at, s->task.out, s->task.out_len);
         double took = timed ? now_ns() - t0 : 0;
         pthread_mutex_lock(&p->mu);
-        if (s->task.kind == TASK_DEQUANT || s->task.kind == TASK_MERGE)
+        if (s->task.kind == TASK_DEQUANT || s->task.kind == TASK_TDEQUANT || s->task.kind == TASK_MERGE)
             *(on_gpu ? &p->chunks_gpu : &p->chunks_cpu) += 1;
         if (timed && code == NF4_OK)
             engine_clock_add(&p->clocks, on_gpu, took, s->task.out_len);
@@ -874,7 +981,7 @@ static int write_in_order(struct pipeline *p)
         } else {
             tensor_overflow += t->overflowed;
             if (t->ends_tensor) {
-                finish_tensor(p, t->it, tensor_overflow);
+                finish_tensor(p, t->whole, tensor_overflow);
                 tensor_overflow = 0;
             }
         }

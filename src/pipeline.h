@@ -20,7 +20,8 @@
 #include "safetensors_writer.h"
 
 /* What one output tensor is made of: a copy or cast of `src`, or the
- * dequantization of `w`; either with the LoRA deltas of `lora` merged in. */
+ * dequantization of `w`; either with the LoRA deltas of `lora` merged in,
+ * and either maybe transposed. Or the outputs of `parts`, one after another. */
 struct out_item {
     struct st_out_tensor out;
     const struct model_tensor *src;
@@ -30,6 +31,13 @@ struct out_item {
      * base tensor it replaces, as PEFT loads it into the base's parameter
      * before merging; DT_INVALID: the source is merged as stored. */
     enum st_dtype round_src_to;
+    /* The source, [R, C], written transposed as out [C, R] (transposed.h). */
+    int transposed;
+    /* A tensor made of others back to back (a fused experts tensor,
+     * expert_layout.h): nparts items, each planned as one of its own, whose
+     * outputs make this one's; src, w and lora are then unused. */
+    const struct out_item *parts;
+    size_t nparts;
 };
 
 /* Output bytes a chunk aims at. Measured on the 1.1B preset into tmpfs
