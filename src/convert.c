@@ -16,6 +16,7 @@
 #include "bnb_state.h"
 #include "cpu_path.h"
 #include "exit_handoff.h"
+#include "expert_layout.h"
 #include "fileio.h"
 #include "gpu_start.h"
 #include "layout.h"
@@ -89,8 +90,87 @@ static void plan_base_tensor(struct out_item *it, const char *name, const struct
     }
 }
 
+/* ---- gpt-oss's experts, fused (expert_layout.h) ---- */
+
+/* What an adapter does to expert weight `mt` ([R, C]), turned to its part of
+ * the fused tensor, [C, R]: rows and columns swapped, and each term's delta
+ * transposed, as on a layer stored [in, out] (fan_in_fan_out). */
+static int flip_target(const struct lora_target *t, const struct model_tensor *mt, struct lora_target *out)
+{
+    *out = *t;
+    for (size_t i = 0; i < t->nterms; i++) {
+        const struct lora_term *x = &t->terms[i];
+        if (x->magnitude || x->embedding || x->b_col_step || x->bias)
+            return nf4_fail(NF4_EDATA, x->a->file->path, x->a->t->name,
+                            "a %s on %s, an expert's weight nf4deq writes transposed into the fused experts "
+                            "(Unsloth's per-expert layout): only plain LoRA pairs merge there",
+                            x->magnitude ? "DoRA pair" : "LoRA term of another kind", mt->t->name);
+        out->terms[i].fan_in_fan_out = !x->fan_in_fan_out;
+    }
+    if (t->tokens)
+        return nf4_fail(NF4_EDATA, mt->file->path, mt->t->name, "trained token rows on an expert's weight");
+    out->rows = t->cols;
+    out->cols = t->rows;
+    return NF4_OK;
+}
+
+/* Expert e's part of fused tensor f: its tensor as any other is planned, with
+ * its adapter's changes, and for a weight transposed. */
+static int plan_expert_part(struct fused_experts *f, size_t e, const struct model *m, const struct bnb_weight *weights,
+                            size_t nweights, const struct lora_set *lora, enum st_dtype dtype)
+{
+    const struct model_tensor *mt = f->sources[e];
+    struct out_item *part = &f->parts[e];
+    plan_base_tensor(part, mt->t->name, m, mt->t, weights, nweights, dtype);
+    const struct lora_target *t = lora_find(lora, mt->t->name);
+    if (t && t->replace) {
+        const struct st_tensor *r = t->replace->t;
+        uint64_t rows = f->bias ? f->part_shape[0] : f->part_shape[1];
+        if (r->ndim != (f->bias ? 1u : 2u) || r->shape[0] != rows || (!f->bias && r->shape[1] != f->part_shape[0]))
+            return nf4_fail(NF4_EDATA, t->replace->file->path, r->name,
+                            "replaces %s with a tensor of another shape, which its fused experts cannot hold",
+                            mt->t->name);
+    }
+    if (t && !f->bias) {
+        int code = flip_target(t, mt, &f->flipped[e]);
+        if (code != NF4_OK)
+            return code;
+        t = &f->flipped[e];
+    }
+    plan_lora(part, t);
+    part->transposed = !f->bias;
+    part->out.ndim = f->bias ? 1 : 2;
+    part->out.shape = f->part_shape;
+    if (part->out.dtype != f->parts[0].out.dtype)
+        return nf4_fail(NF4_EDATA, mt->file->path, mt->t->name,
+                        "is %s, and expert 0's part of %s is %s: experts fused into one tensor take one dtype "
+                        "(give --dtype)", dtype_name(part->out.dtype), f->name, dtype_name(f->parts[0].out.dtype));
+    return NF4_OK;
+}
+
+int convert_plan_experts(struct expert_layout *x, const struct model *m, const struct bnb_weight *weights,
+                         size_t nweights, const struct lora_set *lora, enum st_dtype dtype)
+{
+    for (size_t i = 0; x && i < x->nfused; i++) {
+        struct fused_experts *f = &x->fused[i];
+        f->parts = calloc(f->nexperts, sizeof *f->parts);
+        f->flipped = f->bias ? NULL : calloc(f->nexperts, sizeof *f->flipped);
+        if (!f->parts || (!f->bias && !f->flipped))
+            return nf4_fail(NF4_ESOFTWARE, m->file_names[0], f->name, "out of memory");
+        for (size_t e = 0; e < f->nexperts; e++) {
+            int code = plan_expert_part(f, e, m, weights, nweights, lora, dtype);
+            if (code != NF4_OK)
+                return code;
+        }
+        f->item = (struct out_item){.out = {f->name, f->parts[0].out.dtype, f->ndim, f->shape},
+                                    .round_src_to = DT_INVALID, .parts = f->parts, .nparts = f->nexperts};
+    }
+    return NF4_OK;
+}
+
 int convert_plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
-                     const struct lora_set *lora, enum st_dtype dtype, struct out_item **items_out, size_t *n_out)
+                      const struct lora_set *lora, const struct expert_layout *experts, enum st_dtype dtype,
+                      struct out_item **items_out, size_t *n_out)
 {
     const struct st_file *f = m->files[file_index];
     struct out_item *items = calloc(f->count + 1, sizeof *items); /* + an untied head */
@@ -101,8 +181,18 @@ int convert_plan_file(const struct model *m, size_t file_index, const struct bnb
         const struct st_tensor *t = &f->tensors[i];
         if (bnb_is_state_part(t->name))
             continue;
+        /* An expert's tensor goes into its fused tensor, written where expert 0's is. */
+        const struct fused_experts *fused;
+        const char *renamed;
+        size_t expert;
+        expert_layout_lookup(experts, t->name, &fused, &expert, &renamed);
+        if (fused) {
+            if (expert == 0 && fused->sources[0]->file_index == file_index)
+                items[n++] = fused->item;
+            continue;
+        }
         struct out_item *it = &items[n++];
-        plan_base_tensor(it, t->name, m, t, weights, nweights, dtype);
+        plan_base_tensor(it, renamed ? renamed : t->name, m, t, weights, nweights, dtype);
         plan_lora(it, lora_find(lora, t->name));
         /* The head parted from its embedding starts from the embedding as the
          * base stores it, in the same file, and takes the head's own changes. */
@@ -334,7 +424,7 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
     if ((code = bnb_collect(m, &weights, &nweights)) == NF4_OK)
         convert_warn_if_nothing_to_do(c, in, nweights, 0);
     if (code == NF4_OK && (code = convert_open_lora(c, m, weights, nweights)) == NF4_OK &&
-        (code = convert_plan_file(m, 0, weights, nweights, c->lora, c->opts->dtype, &items, &n)) == NF4_OK &&
+        (code = convert_plan_file(m, 0, weights, nweights, c->lora, NULL, c->opts->dtype, &items, &n)) == NF4_OK &&
         (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK)
         code = convert_write_file(c, out, items, n, m, 0, &written);
     c->stats->bytes_out += written;

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "expert_layout.h"
 #include "file_copy.h"
 #include "fileio.h"
 #include "layout.h"
@@ -187,6 +188,7 @@ struct model_job {
     struct lora_set *lora;
     int owns_lora;
     enum st_dtype dtype; /* the output dtype of its floating tensors: --dtype's, or DT_INVALID (each its own) */
+    struct expert_layout *experts; /* gpt-oss's experts in Unsloth's layout, fused; NULL: none */
     struct out_item **plans; /* per shard */
     size_t *nplan;
     uint64_t tensors, bytes; /* output totals, for the progress line */
@@ -198,6 +200,7 @@ static void model_job_close(struct model_job *j)
         free(j->plans[i]);
     free(j->plans);
     free(j->nplan);
+    expert_layout_free(j->experts);
     bnb_free(j->weights, j->nweights);
     if (j->owns_lora)
         lora_close(j->lora);
@@ -242,8 +245,12 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
         code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
         goto fail;
     }
+    if ((code = expert_layout_find(in, j->m, j->weights, j->nweights, &j->experts)) != NF4_OK ||
+        (code = convert_plan_experts(j->experts, j->m, j->weights, j->nweights, j->lora, j->dtype)) != NF4_OK)
+        goto fail;
     for (size_t i = 0; i < j->m->nfiles; i++) {
-        code = convert_plan_file(j->m, i, j->weights, j->nweights, j->lora, j->dtype, &j->plans[i], &j->nplan[i]);
+        code = convert_plan_file(j->m, i, j->weights, j->nweights, j->lora, j->experts, j->dtype, &j->plans[i],
+                                 &j->nplan[i]);
         if (code != NF4_OK)
             goto fail;
         j->tensors += j->nplan[i];

@@ -38,10 +38,20 @@ struct ctx {
 };
 
 
+struct expert_layout;
+/* Plans the fused tensors of `experts` (expert_layout.h), each expert's part
+ * with its adapters' changes (those on a weight turned with it, where they
+ * can be: NF4_EDATA for DoRA and other terms on one) and in one dtype
+ * (NF4_EDATA otherwise: --dtype makes it one). */
+int convert_plan_experts(struct expert_layout *experts, const struct model *m, const struct bnb_weight *weights,
+                         size_t nweights, const struct lora_set *lora, enum st_dtype dtype);
 /* The output tensors of one input file: every tensor but quant-state parts,
- * each a dequantization, a copy or a cast, with LoRA changes. */
+ * each a dequantization, a copy or a cast, with LoRA changes; the tensors of
+ * `experts` (NULL: none) fused, each fused tensor in the file of its expert 0,
+ * and its renames made. */
 int convert_plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
-                      const struct lora_set *lora, enum st_dtype dtype, struct out_item **items_out, size_t *n_out);
+                      const struct lora_set *lora, const struct expert_layout *experts, enum st_dtype dtype,
+                      struct out_item **items_out, size_t *n_out);
 /* Writes one planned output file of model m's file_index-th input (its
  * metadata is carried over), atomically or to standard output. Fails with
  * NF4_EIO, before the file is published, if any input file of m changed. */

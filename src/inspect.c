@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "bnb_state.h"
+#include "expert_layout.h"
 #include "fileio.h"
 #include "json_util.h"
 #include "layout.h"
@@ -301,9 +302,12 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     struct bnb_weight *w = NULL;
     size_t nw = 0;
     struct lora_set *lora = NULL;
+    struct expert_layout *experts = NULL;
     if ((code = bnb_collect(m, &w, &nw)) != NF4_OK || (is_dir && (code = check_weight_layout(in, w, nw)) != NF4_OK) ||
+        (is_dir && (code = expert_layout_find(in, m, w, nw, &experts)) != NF4_OK) ||
         (part->nlora && (code = lora_open_component(&lora, part->lora_dirs, part->nlora, m, w, nw,
                                                     part->lora_key_components, part->lora_converted)) != NF4_OK)) {
+        expert_layout_free(experts);
         bnb_free(w, nw);
         model_close(m);
         return code;
@@ -351,6 +355,10 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
         }
         char shape[128], qshape[128];
         shape_text(shape, sizeof shape, t->ndim, t->shape);
+        const struct fused_experts *fused;
+        const char *renamed;
+        size_t expert;
+        expert_layout_lookup(experts, t->name, &fused, &expert, &renamed);
         if (json) {
             cJSON *jt = cJSON_CreateObject();
             cJSON_AddStringToObject(jt, "name", t->name);
@@ -375,6 +383,14 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                 cJSON_AddStringToObject(jt, "output_dtype", dtype_name(out_dt));
                 cJSON_AddNumberToObject(jt, "output_bytes", (double)out_bytes);
             }
+            if (fused) {
+                cJSON *jf = cJSON_AddObjectToObject(jt, "fused_into");
+                cJSON_AddStringToObject(jf, "tensor", fused->name);
+                cJSON_AddNumberToObject(jf, "expert", (double)expert);
+                cJSON_AddBoolToObject(jf, "transposed", !fused->bias);
+            } else if (renamed) {
+                cJSON_AddStringToObject(jt, "written_as", renamed);
+            }
             cJSON_AddItemToArray(jtensors, jt);
             continue;
         }
@@ -382,17 +398,25 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
         fprintf(out, " %-5s %-16s %12" PRIu64 "  ", dtype_name(t->dtype), shape, st_tensor_bytes(t));
         if (q) {
             shape_text(qshape, sizeof qshape, q->state.ndim, q->state.shape);
-            fprintf(out, "%s blocksize %u, %s, storage %s, %s -> %s (%" PRIu64 " bytes)\n",
+            fprintf(out, "%s blocksize %u, %s, storage %s, %s -> %s (%" PRIu64 " bytes)",
                     quant_name(q->state.quant_type), q->state.blocksize,
                     q->state.nested ? "double quant" : "single quant", dtype_name(t->dtype), qshape,
                     dtype_name(out_dt), out_bytes);
         } else if (owner) {
             fputs("quant state of ", out);
             put_name(out, owner->name, 0);
-            fputc('\n', out);
         } else {
-            fprintf(out, "-> %s (%" PRIu64 " bytes)\n", dtype_name(out_dt), out_bytes);
+            fprintf(out, "-> %s (%" PRIu64 " bytes)", dtype_name(out_dt), out_bytes);
         }
+        if (fused) {
+            fprintf(out, ", expert %zu of ", expert);
+            put_name(out, fused->name, 0);
+            fputs(fused->bias ? "" : ", transposed", out);
+        } else if (renamed) {
+            fputs(", written as ", out);
+            put_name(out, renamed, 0);
+        }
+        fputc('\n', out);
     }
     if (json) {
         add_totals_json(obj, tot);
@@ -405,6 +429,9 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                 "\n%zu tensors in %zu file%s, %zu quantized weights; %" PRIu64 " parameters; %" PRIu64
                 " bytes on disk; %" PRIu64 " bytes after conversion\n",
                 m->count, m->nfiles, m->nfiles == 1 ? "" : "s", nw, tot->parameters, tot->on_disk, tot->converted);
+        if (experts)
+            fprintf(out, "gpt-oss experts in Unsloth's per-expert layout: written as %zu fused tensors, as transformers "
+                    "and vLLM load them\n", experts->nfused);
         if (!part->as_is)
             report_unused(m, out);
         if (lora) {
@@ -421,6 +448,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     if (is_dir && !part->component && (peft || o->tokenizer))
         code = report_tokenizer(in, o, obj, out);
     lora_close(lora);
+    expert_layout_free(experts);
     bnb_free(w, nw);
     model_close(m);
     return code;

@@ -410,7 +410,7 @@ int model_config_type(const struct model *m, char **model_type, char **text_mode
     *model_type = *text_model_type = NULL;
     char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
     if (!dir)
-        return nf4_fail(NF4_ESOFTWARE, m->file_names[0], NULL, "out of memory");
+        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
     cJSON *root;
     int code = read_config(dir, &root);
     if (code == NF4_OK)
@@ -422,28 +422,7 @@ int model_config_type(const struct model *m, char **model_type, char **text_mode
     return code;
 }
 
-/* ---- gpt-oss's experts as Unsloth quantizes them ---- */
-
-#define UNSLOTH_EXPERTS_SEGMENT ".experts.gate_up_projs."
-
-/* One warning where gpt_oss `weights` hold Unsloth's per-expert layout (model_dir.h). */
-static void warn_unsloth_experts(const char *dir, const struct bnb_weight *weights, size_t n)
-{
-    const char *first = NULL;
-    size_t count = 0;
-    for (size_t i = 0; i < n; i++)
-        if (strstr(weights[i].name, UNSLOTH_EXPERTS_SEGMENT) && count++ == 0)
-            first = weights[i].name;
-    char more[48] = "";
-    if (count > 1)
-        snprintf(more, sizeof more, " and %zu more", count - 1);
-    if (first)
-        nf4_warn("%s: gpt-oss experts in Unsloth's layout, a linear layer per expert (%s%s), are written as they "
-                 "are: transformers and vLLM load gpt_oss's experts fused (mlp.experts.gate_up_proj [E, H, 2I]), so "
-                 "only a model Unsloth patches loads the output", dir, first, more);
-}
-
-/* ---- both: weights in a layout the architecture may not load ---- */
+/* ---- weights in a layout the architecture does not load ---- */
 
 int check_weight_layout(const char *dir, const struct bnb_weight *weights, size_t n)
 {
@@ -452,15 +431,12 @@ int check_weight_layout(const char *dir, const struct bnb_weight *weights, size_
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
     for (size_t i = 0; cJSON_IsString(type) && i < sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES; i++)
         conv1d |= strcmp(type->valuestring, CONV1D_MODEL_TYPES[i]) == 0;
-    const int gpt_oss = cJSON_IsString(type) && strcmp(type->valuestring, "gpt_oss") == 0;
     cJSON_Delete(root);
     for (size_t i = 0; code == NF4_OK && conv1d && i < n; i++)
         if (is_conv1d_layer(weights[i].name))
             code = nf4_fail(NF4_EDATA, weights[i].packed->file->path, weights[i].name,
                             "a Conv1D layer (config.json: a GPT-2 architecture), which bitsandbytes stores transposed, "
                             "[out, in]; nf4deq does not write it back as [in, out], the shape the model loads");
-    if (code == NF4_OK && gpt_oss)
-        warn_unsloth_experts(dir, weights, n);
     return code;
 }
 
@@ -500,7 +476,7 @@ int model_tied_embedding(const struct model *m, const char **embedding)
      * the one beside it. */
     char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
     if (!dir)
-        return nf4_fail(NF4_ESOFTWARE, m->file_names[0], NULL, "out of memory");
+        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
     cJSON *root;
     int code = read_config(dir, &root);
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, TIE_KEY);

@@ -38,16 +38,12 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
 
 /* The 4-bit `weights` of the model directory `dir` against the layout its
  * config.json's architecture loads, as nf4deq writes each weight in the
- * shape and under the name its checkpoint gives it:
- *  - refused (NF4_EDATA, naming the file and the weight): a layer of an
- *    architecture built on transformers' Conv1D (GPT-2 and its kin: weights
- *    stored [in, out]), which bitsandbytes quantizes transposed, [out, in];
- *  - a warning: gpt_oss experts in Unsloth's per-expert layout
- *    (M.gate_up_projs.N.weight, M.down_projs.N.weight: its bitsandbytes
- *    checkpoints, whose experts it makes linear layers to quantize them),
- *    which only a model Unsloth patches loads; transformers and vLLM load
- *    the fused M.gate_up_proj [E, H, 2I] and M.down_proj [E, I, H].
- * NF4_OK otherwise, and where there is no config.json. */
+ * shape its checkpoint gives it: refused (NF4_EDATA, naming the file and the
+ * weight), a layer of an architecture built on transformers' Conv1D (GPT-2
+ * and its kin: weights stored [in, out]), which bitsandbytes quantizes
+ * transposed, [out, in]. NF4_OK otherwise, and where there is no
+ * config.json. (gpt_oss's experts in Unsloth's per-expert layout are
+ * written fused: expert_layout.h.) */
 struct bnb_weight;
 int check_weight_layout(const char *dir, const struct bnb_weight *weights, size_t n);
 

@@ -558,87 +558,6 @@ static void test_messages_name_the_temp_dir_as_out(void **state)
     nf4_clear_error();
 }
 
-/* dir/model.safetensors: the tensors of model file `from`, those whose names
- * start with old[k] renamed to start with new_[k] instead (a 4-bit weight
- * and its quant state together), and dir/config.json `config`. */
-static void write_renamed_model(const char *from, const char *dir, const char *config, const char *const *old,
-                                const char *const *new_, size_t nrenames)
-{
-    struct st_file *f;
-    assert_int_equal(st_open(from, &f), NF4_OK);
-    struct st_out_tensor *outs = calloc(f->count, sizeof *outs);
-    char **names = calloc(f->count, sizeof *names);
-    for (size_t i = 0; i < f->count; i++) {
-        const struct st_tensor *t = &f->tensors[i];
-        names[i] = strdup(t->name);
-        for (size_t k = 0; k < nrenames; k++)
-            if (strncmp(t->name, old[k], strlen(old[k])) == 0) {
-                free(names[i]);
-                names[i] = tu_strdupf("%s%s", new_[k], t->name + strlen(old[k]));
-            }
-        outs[i] = (struct st_out_tensor){names[i], t->dtype, t->ndim, t->shape};
-    }
-    assert_int_equal(mkdir(dir, 0755), 0);
-    char *path = tu_strdupf("%s/model.safetensors", dir), *config_path = tu_strdupf("%s/config.json", dir);
-    struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, path, outs, f->count, NULL, 0), NF4_OK);
-    for (size_t k = 0; k < f->count; k++) {
-        const struct st_tensor *t = &f->tensors[st_writer_order(w, k)];
-        uint64_t n = st_tensor_bytes(t);
-        unsigned char *buf = malloc(n + 1);
-        assert_int_equal(st_read(f, t, 0, buf, n), NF4_OK);
-        assert_int_equal(st_writer_write(w, buf, n), NF4_OK);
-        free(buf);
-    }
-    assert_int_equal(st_writer_finish(w), NF4_OK);
-    tu_write_file(config_path, config, strlen(config));
-    for (size_t i = 0; i < f->count; i++)
-        free(names[i]);
-    free(names);
-    free(outs);
-    free(path);
-    free(config_path);
-    st_close(f);
-}
-
-/* gpt-oss's experts as Unsloth quantizes them, a linear layer per expert:
- * written as they are, with one warning (on convert and inspect) that only a
- * model Unsloth patches loads them; the same weights under another
- * model_type, no warning. */
-static void test_unsloth_gpt_oss_experts_warned(void **state)
-{
-    struct tu_scratch *s = *state;
-    static const char *const OLD[2] = {"model.layers.0.mlp.down_proj.weight", "model.layers.1.mlp.down_proj.weight"};
-    static const char *const NEW[2] = {"model.layers.0.mlp.experts.gate_up_projs.0.weight",
-                                       "model.layers.0.mlp.experts.gate_up_projs.1.weight"};
-    static const char WANT[] = "gpt-oss experts in Unsloth's layout, a linear layer per expert "
-                               "(model.layers.0.mlp.experts.gate_up_projs.0.weight and 1 more), are written as they "
-                               "are: transformers and vLLM load gpt_oss's experts fused";
-    static const char *const TYPES[2] = {"gpt_oss", "llama"};
-    for (int i = 0; i < 2; i++) {
-        char *dir = tu_strdupf("%s/in-%d", s->dir, i), *out = tu_strdupf("%s/out-%d", s->dir, i),
-             *config = tu_strdupf("{\"model_type\": \"%s\"}", TYPES[i]);
-        write_renamed_model(FIXTURES "/tiny-llama-bf16-bnb4/model.safetensors", dir, config, OLD, NEW, 2);
-        struct tu_run r = tu_run("convert", "--device", "cpu", dir, out, NULL);
-        if (r.status != 0 || (i == 0) != (strstr(r.err, WANT) != NULL) || tu_lines(r.err) != 1 + (i == 0))
-            fail_msg("%s: exit %d, stderr: %s", TYPES[i], r.status, r.err);
-        tu_run_free(&r);
-        char *file = tu_strdupf("%s/model.safetensors", out);
-        struct st_file *f;
-        assert_int_equal(st_open(file, &f), NF4_OK);
-        assert_non_null(st_find(f, NEW[1]));
-        st_close(f);
-        r = tu_run("inspect", dir, NULL);
-        if (r.status != 0 || (i == 0) != (strstr(r.err, WANT) != NULL))
-            fail_msg("inspect %s: exit %d, stderr: %s", TYPES[i], r.status, r.err);
-        tu_run_free(&r);
-        free(file);
-        free(dir);
-        free(out);
-        free(config);
-    }
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -650,7 +569,6 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_smallest_chunks_same_bytes, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_awkward_sizes_match_reference, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_many_small_tensors_in_batches, tu_scratch_setup, tu_scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_unsloth_gpt_oss_experts_warned, tu_scratch_setup, tu_scratch_teardown),
     };
     /* Once with the output written as this file system wants it (write(2), or
      * a mapping on tmpfs), then again through a mapping whatever the file
