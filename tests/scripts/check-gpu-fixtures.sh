@@ -104,6 +104,22 @@ for t in gpt_oss llama4_text; do
             "$out/fused-$t-cpu$mem"
     done
 done
+# gpt-oss's experts in Unsloth's per-expert layout, written fused (each
+# weight transposed, a tile of whole blocks per source row), plain and with a
+# LoRA merged: the GPU's bytes equal the CPU's (test_experts_fused checks
+# those against bitsandbytes'), and with --mem 8M.
+python3 tests/scripts/make_unsloth_experts.py "$fx" "$out/unsloth"
+for lora in "" "$out/unsloth/adapter"; do
+    for mem in "" 8M; do
+        for run in gpu:"$gpu" cpu:cpu; do
+            "$bin" convert -q --device "${run#*:}" --dtype bf16 ${mem:+--mem "$mem"} "$out/unsloth/base" \
+                "$out/unsloth-${run%%:*}$mem${lora:+-lora}" ${lora:+--lora "$lora"} ||
+                { failed=$((failed + 1)); echo "FAIL: convert unsloth experts on ${run#*:}"; }
+        done
+        check "unsloth gpt-oss experts, fused${lora:+, a lora merged}${mem:+, --mem $mem} (gpu vs cpu)" \
+            "$out/unsloth-gpu$mem${lora:+-lora}" "$out/unsloth-cpu$mem${lora:+-lora}"
+    done
+done
 # Pickled adapters (adapter_model.bin): the same tensors as the adapters above,
 # so the GPU's merge from each equals its merge from them, byte for byte.
 for c in bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 bf16-bnb4:r8-all-linear; do
