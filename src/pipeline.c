@@ -702,11 +702,13 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
             code = gpu_dequant_lane(gpu, held, &t->job);
             pthread_mutex_unlock(&p->lane_mu[held]);
             *on_gpu = 1;
+            if (code == NF4_OK && t->kind == TASK_TDEQUANT)
+                transposed_place(&t->tchunk, t->out);
+        } else if (t->kind == TASK_TDEQUANT) {
+            transposed_dequant_place(&t->tchunk, &t->job, t->out, p->cpu_path);
         } else {
             dequant_cpu_path(&t->job, 1, p->cpu_path);
         }
-        if (code == NF4_OK && t->kind == TASK_TDEQUANT)
-            transposed_place(&t->tchunk, t->out);
         break;
     }
     case TASK_TCAST:
@@ -718,8 +720,9 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
         if (it->transposed) {
             /* The base values, placed: on this core, as a base a merge reads rather than dequantizes. */
             if (it->w)
-                dequant_cpu_path(&t->job, 1, p->cpu_path);
-            transposed_place(&t->tchunk, (void *)t->merge.w);
+                transposed_dequant_place(&t->tchunk, &t->job, (void *)t->merge.w, p->cpu_path);
+            else
+                transposed_place(&t->tchunk, (void *)t->merge.w);
             if (it->round_src_to != DT_INVALID)
                 t->merge.w_dtype = round_in_place((void *)t->merge.w, t->count, t->merge.w_dtype, it->round_src_to);
         }

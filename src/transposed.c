@@ -238,34 +238,121 @@ int transposed_fill(struct tchunk *tc, unsigned char *arena, size_t arena_len, c
 
 /* ---- placing the tile ---- */
 
+/* Where each of the rows [r0, r0 + n) of the tile begins its run. */
+static void run_starts(const struct tchunk *tc, uint64_t r0, uint64_t n, uint64_t *start)
+{
+    for (uint64_t i = 0; i < n; i++) {
+        uint64_t r = r0 + i;
+        start[i] = r * tc->width + (r * tc->cols + tc->c0) % tc->blocksize;
+    }
+}
+
 #define PLACE(type)                                                                                               \
-    static void place_##type(const struct tchunk *tc, type *out)                                                  \
+    static void place_##type(const struct tchunk *tc, type *out, uint64_t r0, uint64_t r1, uint64_t c0,           \
+                             uint64_t c1, const uint64_t *start)                                                  \
     {                                                                                                             \
         const type *tile = tc->tile;                                                                              \
-        uint64_t start[TRANSPOSE_BLOCK];                                                                          \
-        for (uint64_t r0 = 0; r0 < tc->rows; r0 += TRANSPOSE_BLOCK) {                                             \
-            uint64_t r1 = r0 + TRANSPOSE_BLOCK < tc->rows ? r0 + TRANSPOSE_BLOCK : tc->rows;                      \
+        for (uint64_t c = c0; c < c1; c++) {                                                                      \
+            type *dst = out + c * tc->rows;                                                                       \
             for (uint64_t r = r0; r < r1; r++)                                                                    \
-                start[r - r0] = r * tc->width + (r * tc->cols + tc->c0) % tc->blocksize;                          \
-            for (uint64_t c0 = 0; c0 < tc->k; c0 += TRANSPOSE_BLOCK) {                                            \
-                uint64_t c1 = c0 + TRANSPOSE_BLOCK < tc->k ? c0 + TRANSPOSE_BLOCK : tc->k;                        \
-                for (uint64_t c = c0; c < c1; c++) {                                                              \
-                    type *dst = out + c * tc->rows;                                                               \
-                    for (uint64_t r = r0; r < r1; r++)                                                            \
-                        dst[r] = tile[start[r - r0] + c];                                                         \
-                }                                                                                                 \
-            }                                                                                                     \
+                dst[r] = tile[start[r - r0] + c];                                                                 \
         }                                                                                                         \
     }
 PLACE(uint16_t)
 PLACE(uint32_t)
 PLACE(uint64_t)
 
+#ifdef __SSE2__
+#include <emmintrin.h>
+
+/* 8 x 8 two-byte elements: rows[i] + c, eight of each, become the eight
+ * elements of dst + j * stride, for column j. Three rounds of interleaves. */
+static inline void transpose8x8_u16(const uint16_t *const rows[8], uint64_t c, uint16_t *dst, uint64_t stride)
+{
+    __m128i a[8], b[8], d[8];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm_loadu_si128((const __m128i *)(rows[i] + c));
+    for (int i = 0; i < 8; i += 2) {
+        b[i] = _mm_unpacklo_epi16(a[i], a[i + 1]);
+        b[i + 1] = _mm_unpackhi_epi16(a[i], a[i + 1]);
+    }
+    __m128i c0 = _mm_unpacklo_epi32(b[0], b[2]), c1 = _mm_unpackhi_epi32(b[0], b[2]);
+    __m128i c2 = _mm_unpacklo_epi32(b[1], b[3]), c3 = _mm_unpackhi_epi32(b[1], b[3]);
+    __m128i c4 = _mm_unpacklo_epi32(b[4], b[6]), c5 = _mm_unpackhi_epi32(b[4], b[6]);
+    __m128i c6 = _mm_unpacklo_epi32(b[5], b[7]), c7 = _mm_unpackhi_epi32(b[5], b[7]);
+    d[0] = _mm_unpacklo_epi64(c0, c4);
+    d[1] = _mm_unpackhi_epi64(c0, c4);
+    d[2] = _mm_unpacklo_epi64(c1, c5);
+    d[3] = _mm_unpackhi_epi64(c1, c5);
+    d[4] = _mm_unpacklo_epi64(c2, c6);
+    d[5] = _mm_unpackhi_epi64(c2, c6);
+    d[6] = _mm_unpacklo_epi64(c3, c7);
+    d[7] = _mm_unpackhi_epi64(c3, c7);
+    for (int j = 0; j < 8; j++)
+        _mm_storeu_si128((__m128i *)(dst + (uint64_t)j * stride), d[j]);
+}
+
+/* Two-byte elements eight rows and eight columns at a time (the scalar loop
+ * made placing cost 3x the dequantization: PERFORMANCE.md), the edges
+ * element by element. */
+static void place_u16_sse2(const struct tchunk *tc, uint16_t *out, uint64_t r0, uint64_t r1, uint64_t c0, uint64_t c1,
+                           const uint64_t *start)
+{
+    const uint16_t *tile = tc->tile;
+    uint64_t r8 = r0 + (r1 - r0) / 8 * 8, c8 = c0 + (c1 - c0) / 8 * 8;
+    for (uint64_t r = r0; r < r8; r += 8) {
+        const uint16_t *rows[8];
+        for (int i = 0; i < 8; i++)
+            rows[i] = tile + start[r - r0 + (uint64_t)i];
+        for (uint64_t c = c0; c < c8; c += 8)
+            transpose8x8_u16(rows, c, out + c * tc->rows + r, tc->rows);
+    }
+    place_uint16_t(tc, out, r8, r1, c0, c1, start + (r8 - r0));
+    place_uint16_t(tc, out, r0, r8, c8, c1, start);
+}
+#endif
+
+/* Places tile rows [r0, r1) into their columns of the output. */
+static void place_rows(const struct tchunk *tc, void *out, uint64_t r0, uint64_t r1)
+{
+    uint64_t start[TRANSPOSE_BLOCK];
+    for (uint64_t b0 = r0; b0 < r1; b0 += TRANSPOSE_BLOCK) {
+        uint64_t b1 = b0 + TRANSPOSE_BLOCK < r1 ? b0 + TRANSPOSE_BLOCK : r1;
+        run_starts(tc, b0, b1 - b0, start);
+        for (uint64_t c0 = 0; c0 < tc->k; c0 += TRANSPOSE_BLOCK) {
+            uint64_t c1 = c0 + TRANSPOSE_BLOCK < tc->k ? c0 + TRANSPOSE_BLOCK : tc->k;
+            switch (elem_size(tc->tile_dtype)) {
+            case 2:
+#ifdef __SSE2__
+                place_u16_sse2(tc, out, b0, b1, c0, c1, start);
+#else
+                place_uint16_t(tc, out, b0, b1, c0, c1, start);
+#endif
+                break;
+            case 4: place_uint32_t(tc, out, b0, b1, c0, c1, start); break;
+            default: place_uint64_t(tc, out, b0, b1, c0, c1, start); break;
+            }
+        }
+    }
+}
+
 void transposed_place(const struct tchunk *tc, void *out)
 {
-    switch (elem_size(tc->tile_dtype)) {
-    case 2: place_uint16_t(tc, out); break;
-    case 4: place_uint32_t(tc, out); break;
-    default: place_uint64_t(tc, out); break;
+    place_rows(tc, out, 0, tc->rows);
+}
+
+void transposed_dequant_place(const struct tchunk *tc, const struct dequant_job *job, void *out, enum cpu_path path)
+{
+    const uint64_t blocks_per_row = tc->width / tc->blocksize;
+    const unsigned size = elem_size(tc->tile_dtype);
+    for (uint64_t r0 = 0; r0 < tc->rows; r0 += TRANSPOSE_BLOCK) {
+        uint64_t r1 = r0 + TRANSPOSE_BLOCK < tc->rows ? r0 + TRANSPOSE_BLOCK : tc->rows;
+        struct dequant_job band = *job;
+        band.packed = job->packed + r0 * tc->width / 2;
+        band.absmax = job->absmax + r0 * blocks_per_row;
+        band.n = (r1 - r0) * tc->width;
+        band.out = (unsigned char *)job->out + r0 * tc->width * size;
+        dequant_cpu_path(&band, 1, path);
+        place_rows(tc, out, r0, r1);
     }
 }

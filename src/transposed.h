@@ -57,5 +57,10 @@ int transposed_fill(struct tchunk *tc, unsigned char *arena, size_t arena_len, c
 
 /* Places the tile, transposed, as k rows of R elements of its own dtype at out. */
 void transposed_place(const struct tchunk *tc, void *out);
+/* Dequantizes a 4-bit tile on this core (`job`, from transposed_fill) and
+ * places it, a band of rows at a time: each band is placed while it is in
+ * cache, where the whole tile, written and then read back, went through
+ * memory twice. */
+void transposed_dequant_place(const struct tchunk *tc, const struct dequant_job *job, void *out, enum cpu_path path);
 
 #endif
