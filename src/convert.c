@@ -31,6 +31,7 @@
 #include "progress.h"
 #include "safetensors.h"
 #include "safetensors_writer.h"
+#include "source_cache.h"
 #include "status.h"
 #include "strutil.h"
 #include "convert_internal.h"
@@ -149,18 +150,22 @@ static int plan_expert_part(struct fused_experts *f, size_t e, const struct mode
 }
 
 int convert_plan_experts(struct expert_layout *x, const struct model *m, const struct bnb_weight *weights,
-                         size_t nweights, const struct lora_set *lora, enum st_dtype dtype)
+                         size_t nweights, const struct lora_set *lora, enum st_dtype dtype,
+                         uint64_t *cached_source_bytes)
 {
     for (size_t i = 0; x && i < x->nfused; i++) {
         struct fused_experts *f = &x->fused[i];
         f->parts = calloc(f->nexperts, sizeof *f->parts);
         f->flipped = f->bias ? NULL : calloc(f->nexperts, sizeof *f->flipped);
         if (!f->parts || (!f->bias && !f->flipped))
-            return nf4_fail(NF4_ESOFTWARE, m->file_names[0], f->name, "out of memory");
+            return nf4_fail(NF4_ESOFTWARE, f->sources[0]->file->path, f->name, "out of memory");
         for (size_t e = 0; e < f->nexperts; e++) {
             int code = plan_expert_part(f, e, m, weights, nweights, lora, dtype);
             if (code != NF4_OK)
                 return code;
+            const struct bnb_weight *w = f->parts[e].w;
+            if (w && !f->bias && source_cache_entry_bytes(w) > *cached_source_bytes)
+                *cached_source_bytes = source_cache_entry_bytes(w);
         }
         f->item = (struct out_item){.out = {f->name, f->parts[0].out.dtype, f->ndim, f->shape},
                                     .round_src_to = DT_INVALID, .parts = f->parts, .nparts = f->nexperts};
@@ -306,6 +311,7 @@ int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64
         .cpu_path = c->cpu_path,
         .gpu_start = c->gpu_start,
         .require_gpu = c->opts->device == DEVICE_CUDA,
+        .cached_source_bytes = c->cached_source_bytes,
     };
     code = pipeline_create(&c->pipeline, out, &po, c->stats, &c->progress);
     if (code == NF4_OK)

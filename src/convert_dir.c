@@ -246,7 +246,8 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
         goto fail;
     }
     if ((code = expert_layout_find(in, j->m, j->weights, j->nweights, &j->experts)) != NF4_OK ||
-        (code = convert_plan_experts(j->experts, j->m, j->weights, j->nweights, j->lora, j->dtype)) != NF4_OK)
+        (code = convert_plan_experts(j->experts, j->m, j->weights, j->nweights, j->lora, j->dtype,
+                                     &c->cached_source_bytes)) != NF4_OK)
         goto fail;
     for (size_t i = 0; i < j->m->nfiles; i++) {
         code = convert_plan_file(j->m, i, j->weights, j->nweights, j->lora, j->experts, j->dtype, &j->plans[i],

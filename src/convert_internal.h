@@ -35,6 +35,7 @@ struct ctx {
     char *resume_dir;            /* --resume: a dead run's temp directory to continue, or NULL */
     char dead_run[400];          /* the run that left it: "pid 1234, started ..." */
     struct tokenizer_source tokenizer; /* a model directory's; zero (IN's own) elsewhere */
+    uint64_t cached_source_bytes; /* the largest 4-bit tensor written transposed (pipeline_opts) */
 };
 
 
@@ -42,9 +43,11 @@ struct expert_layout;
 /* Plans the fused tensors of `experts` (expert_layout.h), each expert's part
  * with its adapters' changes (those on a weight turned with it, where they
  * can be: NF4_EDATA for DoRA and other terms on one) and in one dtype
- * (NF4_EDATA otherwise: --dtype makes it one). */
+ * (NF4_EDATA otherwise: --dtype makes it one). Raises *cached_source_bytes
+ * to what the largest 4-bit part takes held whole (source_cache.h). */
 int convert_plan_experts(struct expert_layout *experts, const struct model *m, const struct bnb_weight *weights,
-                         size_t nweights, const struct lora_set *lora, enum st_dtype dtype);
+                         size_t nweights, const struct lora_set *lora, enum st_dtype dtype,
+                         uint64_t *cached_source_bytes);
 /* The output tensors of one input file: every tensor but quant-state parts,
  * each a dequantization, a copy or a cast, with LoRA changes; the tensors of
  * `experts` (NULL: none) fused, each fused tensor in the file of its expert 0,

@@ -267,13 +267,13 @@ static int collect(struct expert_layout *x, const struct model *m)
     return NF4_OK;
 }
 
-static int index_sources(struct expert_layout *x)
+static int index_sources(struct expert_layout *x, const char *dir)
 {
     for (size_t i = 0; i < x->nfused; i++)
         x->nsources += x->fused[i].nexperts;
     x->sources = calloc(x->nsources ? x->nsources : 1, sizeof *x->sources);
     if (!x->sources)
-        return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
+        return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
     size_t n = 0;
     for (size_t i = 0; i < x->nfused; i++)
         for (size_t e = 0; e < x->fused[i].nexperts; e++)
@@ -307,7 +307,7 @@ int expert_layout_find(const char *dir, const struct model *m, const struct bnb_
     if (code == NF4_OK)
         code = check_names_free(x, m);
     if (code == NF4_OK)
-        code = index_sources(x);
+        code = index_sources(x, dir);
     if (code != NF4_OK || (x->nfused == 0 && x->nrenames == 0)) {
         expert_layout_free(x);
         return code;

@@ -378,7 +378,9 @@ static int is_conv1d_layer(const char *name)
 
 /* dir's config.json parsed into *root, which stays NULL where there is none
  * or it is not JSON (config_rewrite says so when it is written); a failed
- * read is the error. */
+ * read is the error, and so is memory running out while it is parsed: what
+ * config.json says decides what is written (gpt-oss's experts fused,
+ * expert_layout.h), so it is never taken for absent. */
 static int read_config(const char *dir, cJSON **root)
 {
     *root = NULL;
@@ -389,8 +391,9 @@ static int read_config(const char *dir, cJSON **root)
     int code = NF4_OK;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-        (code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)) == NF4_OK)
-        *root = json_parse_whole(json, len);
+        (code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)) == NF4_OK &&
+        !(*root = json_parse_whole(json, len)) && json_ran_out_of_memory())
+        code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     free(json);
     free(path);
     return code;

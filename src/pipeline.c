@@ -19,6 +19,7 @@
 #include "lora_merge.h"
 #include "merge_cpu.h"
 #include "fileio.h"
+#include "source_cache.h"
 #include "status.h"
 #include "transposed.h"
 
@@ -113,6 +114,7 @@ struct pipeline {
     const char *path; /* the output, for messages */
     int nslots;
     struct slot *slots;
+    struct source_cache *sources; /* 4-bit tensors read whole for their transposed chunks; NULL: none */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     /* the persistent workers */
@@ -335,13 +337,13 @@ static int fill_dequant(struct task *t, unsigned char *arena, const struct out_i
 
 /* Gathers the chunk of transposed t->it (transposed.h) into the arena, in
  * tile_dtype; *used: the bytes its tile takes, after which its output goes. */
-static int fill_transposed(struct task *t, unsigned char *arena, size_t arena_len, enum st_dtype tile_dtype,
-                           size_t *used)
+static int fill_transposed(const struct pipeline *p, struct task *t, unsigned char *arena, size_t arena_len,
+                           enum st_dtype tile_dtype, size_t *used)
 {
     uint64_t rows, cols;
     transposed_shape(t->it, &rows, &cols);
     return transposed_fill(&t->tchunk, arena, arena_len, t->it, t->pos / rows, t->count / rows, tile_dtype, &t->job,
-                           t->nested_code, used);
+                           t->nested_code, p->sources, used);
 }
 
 /* Rounds n values of dtype `from` at p to dtype `to` in place (a replacement
@@ -362,8 +364,8 @@ static enum st_dtype round_in_place(void *p, uint64_t n, enum st_dtype from, enu
 /* Reads a merge chunk: the base values in their own dtype (a dequantization
  * job when 4-bit, the stored values otherwise), then the factors; the output
  * goes after them. */
-static int fill_merge(struct task *t, unsigned char *arena, size_t arena_len, const struct out_item *it, uint64_t e0,
-                      uint64_t cnt)
+static int fill_merge(const struct pipeline *p, struct task *t, unsigned char *arena, size_t arena_len,
+                      const struct out_item *it, uint64_t e0, uint64_t cnt)
 {
     struct merge_job *mj = &t->merge;
     size_t at = 0;
@@ -371,7 +373,7 @@ static int fill_merge(struct task *t, unsigned char *arena, size_t arena_len, co
     if (it->transposed) {
         /* The tile now; compute places it, transposed, as the base values. */
         enum st_dtype w_dtype = it->w ? it->w->state.dtype : it->src->t->dtype;
-        if ((code = fill_transposed(t, arena, arena_len, w_dtype, &at)) != NF4_OK)
+        if ((code = fill_transposed(p, t, arena, arena_len, w_dtype, &at)) != NF4_OK)
             return code;
         mj->w = arena + at;
         mj->w_dtype = w_dtype;
@@ -574,16 +576,16 @@ static int fill(const struct pipeline *p, struct slot *s)
     case TASK_DEQUANT:
         return fill_dequant(t, s->arena, it, t->pos, t->count, it->out.dtype, &used);
     case TASK_MERGE:
-        return fill_merge(t, s->arena, (size_t)p->slot_bytes, it, t->pos, t->count);
+        return fill_merge(p, t, s->arena, (size_t)p->slot_bytes, it, t->pos, t->count);
     case TASK_TDEQUANT:
-        code = fill_transposed(t, s->arena, (size_t)p->slot_bytes, it->out.dtype, &used);
+        code = fill_transposed(p, t, s->arena, (size_t)p->slot_bytes, it->out.dtype, &used);
         t->out = s->arena + used;
         t->out_len = (size_t)(t->count * elem_bytes(it->out.dtype));
         return code;
     case TASK_TCAST: {
         /* Cast after it is placed: the placed values first, where dtypes differ. */
         enum st_dtype from = it->src->t->dtype;
-        code = fill_transposed(t, s->arena, (size_t)p->slot_bytes, from, &used);
+        code = fill_transposed(p, t, s->arena, (size_t)p->slot_bytes, from, &used);
         t->in = from != it->out.dtype ? s->arena + used : NULL;
         t->out = s->arena + (t->in ? align_up(used + (size_t)(t->count * elem_bytes(from))) : used);
         t->out_len = (size_t)(t->count * elem_bytes(it->out.dtype));
@@ -1012,6 +1014,7 @@ int pipeline_write(struct pipeline *p, struct st_writer *wr, const struct out_it
     p->planned = 0;
     p->planned_bytes = 0;
     p->mapped = st_writer_map(wr, p->nworkers);
+    source_cache_clear(p->sources);
     p->plan_done = 0;
     p->failed = 0;
     for (int i = 0; i < p->nslots; i++)
@@ -1092,6 +1095,18 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
     uint64_t for_slots = o->mem_bytes > held ? o->mem_bytes - held : 0;
     uint64_t min_slot = o->merging ? PIPELINE_MIN_MERGE_SLOT_BYTES : PIPELINE_MIN_SLOT_BYTES;
     int workers = o->threads > 0 ? o->threads : 1;
+    /* The tensors written transposed are held whole where --mem has room for
+     * them beside a slot per worker; else their chunks read bands. */
+    uint64_t cache_bytes = SOURCE_CACHE_ENTRIES * o->cached_source_bytes;
+    if (o->cached_source_bytes && o->cached_source_bytes <= SOURCE_CACHE_MAX_BYTES &&
+        for_slots >= cache_bytes + (uint64_t)(workers + PIPELINE_SPARE_SLOTS) * min_slot) {
+        int code = source_cache_create(&p->sources, o->cached_source_bytes, path);
+        if (code != NF4_OK) {
+            pipeline_destroy(p);
+            return code;
+        }
+        for_slots -= cache_bytes;
+    }
     /* Every slot is the smallest that holds any chunk: chunks aim at
      * chunk_bytes whatever --mem allows, so more would only be pinned and
      * resident for nothing. --mem bounds the count. */
@@ -1155,6 +1170,7 @@ void pipeline_destroy(struct pipeline *p)
         munmap(p->slots[i].arena, (size_t)p->slot_bytes);
     }
     free(p->slots);
+    source_cache_destroy(p->sources);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     for (int i = 0; i < PIPELINE_GPU_LANES; i++)

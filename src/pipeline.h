@@ -94,6 +94,9 @@ struct pipeline_opts {
      * it). */
     struct gpu_start *gpu_start;
     int require_gpu;
+    /* The largest 4-bit tensor written transposed, held whole (source_cache.h);
+     * 0: none. Its entries come out of --mem before the slots, where there is room. */
+    uint64_t cached_source_bytes;
 };
 
 /* Allocates the ring and starts the workers: a slot per worker and

@@ -4,6 +4,7 @@
 
 #include "fpconv.h"
 #include "safetensors.h"
+#include "source_cache.h"
 #include "status.h"
 
 #define TILE_ALIGN 64u
@@ -123,7 +124,8 @@ static uint64_t band_rows(const struct out_item *it, uint64_t r, uint64_t c0, ui
 }
 
 static int gather_4bit(struct tchunk *tc, unsigned char *arena, unsigned char *buf, size_t band_len,
-                       const struct out_item *it, const float *nested_code, struct dequant_job *job)
+                       const struct out_item *it, const float *nested_code, const struct cached_source *whole,
+                       struct dequant_job *job)
 {
     const struct bnb_weight *w = it->w;
     const struct bnb_state *s = &w->state;
@@ -131,20 +133,32 @@ static int gather_4bit(struct tchunk *tc, unsigned char *arena, unsigned char *b
     uint8_t *packed = arena;
     float *scales = (float *)(arena + align_up(tc->rows * tc->width / 2));
     for (uint64_t r = 0; r < tc->rows;) {
-        uint64_t nrows = band_rows(it, r, tc->c0, tc->k, band_len);
+        /* The tensor held whole is one band of every row. */
+        uint64_t nrows = whole ? tc->rows : band_rows(it, r, tc->c0, tc->k, band_len);
         struct band b = band_of(it, r, nrows, tc->c0, tc->k);
         uint64_t blocks = b.last - b.first + 1;
-        unsigned char *band_packed = buf, *band_absmax = buf + align_up(b.packed_len);
-        float *band_nested = (float *)(band_absmax + align_up(blocks * (s->nested ? 1 : 4)));
-        int code = st_read(w->packed->file, w->packed->t, b.packed_at, band_packed, b.packed_len);
-        if (code == NF4_OK)
-            code = st_read(w->absmax->file, w->absmax->t, b.first * (s->nested ? 1 : 4), band_absmax,
-                           blocks * (s->nested ? 1 : 4));
-        if (code == NF4_OK && s->nested)
-            code = st_read(w->nested_absmax->file, w->nested_absmax->t, b.nested_first * 4, band_nested,
-                           b.nested_count * 4);
-        if (code != NF4_OK)
-            return code;
+        const unsigned char *band_packed, *band_absmax;
+        const float *band_nested;
+        if (whole) {
+            band_packed = whole->packed + b.packed_at;
+            band_absmax = whole->absmax + b.first * (s->nested ? 1 : 4);
+            band_nested = whole->nested_absmax ? whole->nested_absmax + b.nested_first : NULL;
+        } else {
+            unsigned char *absmax_at = buf + align_up(b.packed_len);
+            float *nested_at = (float *)(absmax_at + align_up(blocks * (s->nested ? 1 : 4)));
+            int code = st_read(w->packed->file, w->packed->t, b.packed_at, buf, b.packed_len);
+            if (code == NF4_OK)
+                code = st_read(w->absmax->file, w->absmax->t, b.first * (s->nested ? 1 : 4), absmax_at,
+                               blocks * (s->nested ? 1 : 4));
+            if (code == NF4_OK && s->nested)
+                code = st_read(w->nested_absmax->file, w->nested_absmax->t, b.nested_first * 4, nested_at,
+                               b.nested_count * 4);
+            if (code != NF4_OK)
+                return code;
+            band_packed = buf;
+            band_absmax = absmax_at;
+            band_nested = nested_at;
+        }
         for (uint64_t row = r; row < r + nrows; row++) {
             uint64_t first = (row * cols + tc->c0) / bs, last = (row * cols + tc->c0 + tc->k - 1) / bs;
             uint8_t *prow = packed + row * kb * bs / 2;
@@ -213,7 +227,8 @@ static int gather_float(struct tchunk *tc, unsigned char *buf, size_t band_len, 
 }
 
 int transposed_fill(struct tchunk *tc, unsigned char *arena, size_t arena_len, const struct out_item *it, uint64_t c0,
-                    uint64_t k, enum st_dtype tile_dtype, struct dequant_job *job, float *nested_code, size_t *used)
+                    uint64_t k, enum st_dtype tile_dtype, struct dequant_job *job, float *nested_code,
+                    struct source_cache *cache, size_t *used)
 {
     uint64_t rows, cols;
     transposed_shape(it, &rows, &cols);
@@ -233,7 +248,12 @@ int transposed_fill(struct tchunk *tc, unsigned char *arena, size_t arena_len, c
         if (code != NF4_OK)
             return code;
     }
-    return gather_4bit(tc, arena, band, band_len, it, nested_code, job);
+    const struct cached_source *whole;
+    int code = source_cache_get(cache, w, &whole);
+    if (code == NF4_OK)
+        code = gather_4bit(tc, arena, band, band_len, it, nested_code, whole, job);
+    source_cache_put(cache, whole);
+    return code;
 }
 
 /* ---- placing the tile ---- */

@@ -49,11 +49,15 @@ uint64_t transposed_band_min(const struct out_item *it, uint64_t k);
  * transposed_tile_bytes (*used): for a 4-bit source the tile's packed input
  * and fp32 scales, with *job the dequantization that makes the tile (in
  * tile_dtype); for a float source the tile itself (*job untouched; tile_dtype
- * must be the source's). The rest of the arena's arena_len bytes, at least
- * transposed_band_min, is read through and free again on return.
+ * must be the source's). A 4-bit source is taken from `cache` where it holds
+ * it (source_cache.h; cache may be NULL); otherwise the rest of the arena's
+ * arena_len bytes, at least transposed_band_min, is read through and free
+ * again on return.
  * `nested_code` holds NESTED_CODE_ENTRIES floats. */
+struct source_cache;
 int transposed_fill(struct tchunk *tc, unsigned char *arena, size_t arena_len, const struct out_item *it, uint64_t c0,
-                    uint64_t k, enum st_dtype tile_dtype, struct dequant_job *job, float *nested_code, size_t *used);
+                    uint64_t k, enum st_dtype tile_dtype, struct dequant_job *job, float *nested_code,
+                    struct source_cache *cache, size_t *used);
 
 /* Places the tile, transposed, as k rows of R elements of its own dtype at out. */
 void transposed_place(const struct tchunk *tc, void *out);

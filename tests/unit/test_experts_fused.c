@@ -281,7 +281,7 @@ static void assert_fused_output(const char *out_dir, int variant)
     model_close(out);
 }
 
-static int convert_dir(const char *in, const char *out, int threads, uint64_t chunk_elements)
+static int convert_dir(const char *in, const char *out, int threads, uint64_t chunk_elements, uint64_t mem)
 {
     struct convert_opts o;
     convert_opts_init(&o);
@@ -289,30 +289,35 @@ static int convert_dir(const char *in, const char *out, int threads, uint64_t ch
     o.dtype = DT_BF16;
     o.threads = threads;
     o.chunk_elements = chunk_elements;
+    o.mem = mem;
     struct convert_stats st;
     nf4_set_quiet(1);
     return convert_run(in, out, &o, &st);
 }
 
 /* Every chunking (the smallest chunks a weight allows, a few thousand
- * elements, what a slot holds), one thread and several: the same bytes,
- * bitsandbytes' own, transposed. */
+ * elements, what a slot holds), one thread and several, each weight held
+ * whole (source_cache.h) or, where --mem has no room for that beside the
+ * slots (40 MiB: the least slots take all of it), read in bands: the same
+ * bytes, bitsandbytes' own, transposed. */
 static void test_fused_as_bitsandbytes_wrote_them(void **state)
 {
     struct tu_scratch *s = *state;
     static const int VARIANTS[] = {PLAIN, FLOAT_EXPERT, SHARDED | FLOAT_EXPERT};
     static const uint64_t CHUNKS[] = {0, 1, 4096};
+    static const uint64_t MEM[] = {0, UINT64_C(40) << 20};
     for (size_t v = 0; v < sizeof VARIANTS / sizeof *VARIANTS; v++) {
         char *in = tu_strdupf("%s/in-%zu", s->dir, v);
         write_unsloth_dir(in, "gpt_oss", VARIANTS[v]);
         for (size_t k = 0; k < sizeof CHUNKS / sizeof *CHUNKS; k++)
-            for (int threads = 1; threads <= 3; threads += 2) {
-                char *out = tu_strdupf("%s/out-%zu-%zu-%d", s->dir, v, k, threads);
-                assert_int_equal(convert_dir(in, out, threads, CHUNKS[k]), NF4_OK);
-                assert_fused_output(out, VARIANTS[v]);
-                tu_rmtree(out);
-                free(out);
-            }
+            for (size_t mem = 0; mem < 2; mem++)
+                for (int threads = 1; threads <= 3; threads += 2) {
+                    char *out = tu_strdupf("%s/out-%zu-%zu-%zu-%d", s->dir, v, k, mem, threads);
+                    assert_int_equal(convert_dir(in, out, threads, CHUNKS[k], MEM[mem]), NF4_OK);
+                    assert_fused_output(out, VARIANTS[v]);
+                    tu_rmtree(out);
+                    free(out);
+                }
         free(in);
     }
 }
@@ -323,7 +328,7 @@ static void test_other_model_types_keep_the_layout(void **state)
     struct tu_scratch *s = *state;
     char *in = tu_strdupf("%s/in", s->dir), *out = tu_strdupf("%s/out", s->dir);
     write_unsloth_dir(in, "llama", PLAIN);
-    assert_int_equal(convert_dir(in, out, 2, 0), NF4_OK);
+    assert_int_equal(convert_dir(in, out, 2, 0, 0), NF4_OK);
     struct model *m;
     assert_int_equal(model_open_dir(out, &m), NF4_OK);
     assert_non_null(model_find(m, "model.layers.0.mlp.experts.gate_up_projs.2.weight"));

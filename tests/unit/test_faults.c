@@ -418,6 +418,12 @@ static const struct io MAPPED_FILE_IO = {FIXTURES "/tensors.bnb4.safetensors",
                                          FIXTURES "/tensors.expected-bf16.safetensors", 0, 1};
 static const struct io MAPPED_DIR_IO = {FIXTURES "/tiny-llama-bf16-bnb4-sharded",
                                         FIXTURES "/tiny-llama-bf16-bnb4.expected-bf16.safetensors", 1, 1};
+/* gpt-oss's experts in Unsloth's layout, written fused (expert_layout.h):
+ * tests/scripts/make_unsloth_experts.py writes it from the fixture's weights
+ * into a temp directory when the group starts. test_experts_fused checks its
+ * clean conversion against bitsandbytes' bytes. */
+static char unsloth_in[4096];
+static const struct io UNSLOTH_IO = {unsloth_in, NULL, 1, 0};
 
 /* Byte snapshot of a file, or of every file of a directory. */
 #define SNAP_MAX 32
@@ -513,8 +519,8 @@ static int convert(const char *in, const char *out, int force)
 
 /* Clean conversions of both inputs, made once: what successful faulted runs
  * must reproduce byte for byte. */
-static char *ref_root, *ref_file, *ref_dir;
-static struct snap ref_dir_snap, ref_file_snap;
+static char *ref_root, *ref_file, *ref_dir, *ref_unsloth;
+static struct snap ref_dir_snap, ref_file_snap, ref_unsloth_snap;
 
 /* Every tensor of `expected` is in `got` with the same dtype and bytes, and
  * `got` has no other. */
@@ -558,8 +564,15 @@ static int group_setup(void **state)
     ref_root = tu_mkdtemp();
     ref_file = tu_strdupf("%s/ref.safetensors", ref_root);
     ref_dir = tu_strdupf("%s/refdir", ref_root);
+    ref_unsloth = tu_strdupf("%s/refunsloth", ref_root);
+    snprintf(unsloth_in, sizeof unsloth_in, "%s/unsloth/base", ref_root);
+    if (tu_sh_status("python3 tests/scripts/make_unsloth_experts.py " FIXTURES " %s/unsloth", ref_root) != 0) {
+        fprintf(stderr, "tests/scripts/make_unsloth_experts.py failed\n");
+        return -1;
+    }
     g.f = (struct fault){.fn = FN_COUNT, .mode = M_COUNT};
-    if (convert(FILE_IO.in, ref_file, 0) != 0 || convert(DIR_IO.in, ref_dir, 0) != 0) {
+    if (convert(FILE_IO.in, ref_file, 0) != 0 || convert(DIR_IO.in, ref_dir, 0) != 0 ||
+        convert(UNSLOTH_IO.in, ref_unsloth, 0) != 0) {
         fprintf(stderr, "reference conversion failed: %s\n", nf4_last_error());
         return -1;
     }
@@ -567,6 +580,7 @@ static int group_setup(void **state)
     assert_dir_tensors(ref_dir, DIR_IO.expected);
     snap_take(&ref_file_snap, ref_file);
     snap_take(&ref_dir_snap, ref_dir);
+    snap_take(&ref_unsloth_snap, ref_unsloth);
     return 0;
 }
 
@@ -575,10 +589,12 @@ static int group_teardown(void **state)
     (void)state;
     snap_free(&ref_file_snap);
     snap_free(&ref_dir_snap);
+    snap_free(&ref_unsloth_snap);
     tu_rmtree(ref_root);
     free(ref_root);
     free(ref_file);
     free(ref_dir);
+    free(ref_unsloth);
     return 0;
 }
 
@@ -597,9 +613,10 @@ static long soft_failures;
     } while (0)
 
 /* A successful run's output equals the clean reference byte for byte. */
-static void assert_same_as_ref(const char *out, int dir)
+static void assert_same_as_ref(const char *out, const struct io *io)
 {
-    const struct snap *ref = dir ? &ref_dir_snap : &ref_file_snap;
+    const int dir = io->dir;
+    const struct snap *ref = io == &UNSLOTH_IO ? &ref_unsloth_snap : dir ? &ref_dir_snap : &ref_file_snap;
     if (!dir) {
         size_t len = 0;
         char *got = tu_read_file(out, &len);
@@ -694,7 +711,7 @@ static int run_case(const struct fcase *c, int check_code)
         case_fail("%s: exit %d, expected %d (%s)", c->name, rc, c->want, nf4_last_error());
     if (rc == 0) {
         long before = soft_failures;
-        assert_same_as_ref(out, c->io->dir);
+        assert_same_as_ref(out, c->io);
         if (soft_failures != before)
             case_fail("%s: exit 0 but the output differs", c->name);
     } else {
@@ -739,7 +756,7 @@ static void test_wraps_intercept(void **state)
     /* --force over an existing directory goes through renameat2(RENAME_EXCHANGE). */
     assert_int_equal(convert(DIR_IO.in, outdir, 1), 0);
     assert_true(g.seen[FN_RENAMEAT2] > 0);
-    assert_same_as_ref(outdir, 1);
+    assert_same_as_ref(outdir, &DIR_IO);
     tu_rmtree(scratch);
     free(scratch);
     free(out);
@@ -799,6 +816,10 @@ static const struct fcase CASES[] = {
     {"dir: EIO on a shard pread", &DIR_IO, F(FN_PREAD, M_ERR, EIO, 0, "/model-0000"), 74, 0},
     {"dir: EIO reading config.json", &DIR_IO, F(FN_PREAD, M_ERR, EIO, 1, "sharded/config.json"), 74, 0},
     {"dir: pread returns 0 early (shard shrank)", &DIR_IO, F(FN_PREAD, M_ZERO, 0, 0, "/model-0000"), 74, 0},
+    /* ---- gpt-oss's experts written fused: whole tensors read for the cache, bands without it ---- */
+    {"unsloth: EIO on a data pread", &UNSLOTH_IO, F(FN_PREAD, M_ERR, EIO, 0, "base/model.safetensors"), 74, 0},
+    {"unsloth: short preads, retried", &UNSLOTH_IO, F(FN_PREAD, M_SHORT, 0, 1, "base/model.safetensors"), 0, 0},
+    {"unsloth: pread returns 0 early", &UNSLOTH_IO, F(FN_PREAD, M_ZERO, 0, 0, "base/model.safetensors"), 74, 0},
     {"dir: EIO from fsync of a shard", &DIR_IO, FK(FN_FSYNC, M_ERR, EIO, 0, NULL, K_FILE), 74, 0},
     {"dir: EIO from fsync of a copied file", &DIR_IO, FK(FN_FSYNC, M_ERR, EIO, 1, "/generation_config.json", K_FILE),
      74, 0},
@@ -904,6 +925,12 @@ static void test_alloc_sweep_dir(void **state)
     alloc_sweep(&DIR_IO, 1);
 }
 
+static void test_alloc_sweep_unsloth(void **state)
+{
+    (void)state;
+    alloc_sweep(&UNSLOTH_IO, 1);
+}
+
 static void test_alloc_sweep_mapped_file(void **state)
 {
     (void)state;
@@ -988,7 +1015,7 @@ static void signal_sweep(const struct io *io, enum fn fn, int sig)
         int left = tu_count_entries(scratch);
         if (left == 1 && tu_exists(out)) {
             /* Only a finished output may remain: the signal came after it was published. */
-            assert_same_as_ref(out, io->dir);
+            assert_same_as_ref(out, io);
         } else if (left != 0 && io->dir && (sig == SIGTERM || sig == SIGHUP) && !tu_exists(out)) {
             /* A stop keeps a directory's finished shards for --resume. */
             assert_resumable_leftovers(scratch, &ref_dir_snap);
@@ -1284,7 +1311,7 @@ static void test_kohya_temp_survives_sigkill(void **state)
 
 int main(void)
 {
-    static struct CMUnitTest faults[4 + NCASES + NSIG_CASES];
+    static struct CMUnitTest faults[5 + NCASES + NSIG_CASES];
     size_t n = 0;
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_wraps_intercept);
     for (size_t i = 0; i < NCASES; i++)
@@ -1292,6 +1319,7 @@ int main(void)
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_file);
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_dir);
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_mapped_file);
+    faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_unsloth);
     for (size_t i = 0; i < NSIG_CASES; i++)
         faults[n++] = (struct CMUnitTest){SIG_CASES[i].name, test_signal_case, NULL, NULL, (void *)&SIG_CASES[i]};
     const struct CMUnitTest temps[] = {
