@@ -165,6 +165,9 @@ static int check_fused(struct fused_experts *f, const struct bnb_weight *weights
         else if (ndim != (f->bias ? 1u : 2u))
             code = nf4_fail(NF4_EDATA, mt->file->path, mt->t->name, "an expert's %s of %s has %zu dimensions, not %d",
                             f->bias ? "bias" : "weight", f->name, ndim, f->bias ? 1 : 2);
+        else if (!f->bias && (shape[0] == 0 || shape[1] == 0))
+            code = nf4_fail(NF4_EDATA, mt->file->path, mt->t->name, "an expert's weight of %s has no elements",
+                            f->name);
         else if (e == 0)
             memcpy(f->part_shape, shape, ndim * sizeof *shape);
         else if (shape[0] != f->part_shape[0] || (!f->bias && shape[1] != f->part_shape[1]))

@@ -71,8 +71,8 @@ struct expert_layout {
  * gpt_oss or it holds nothing in Unsloth's layout. NF4_EDATA, naming the
  * file and tensor, for a layout that cannot be fused: an expert missing or
  * twice, shapes that differ or do not agree (a bias that is not the
- * weight's rows), a tensor neither 4-bit nor F16, BF16, F32 or F64, or a
- * fused or renamed name the checkpoint already holds. */
+ * weight's rows), a weight with no elements, a tensor neither 4-bit nor F16,
+ * BF16, F32 or F64, or a fused or renamed name the checkpoint already holds. */
 int expert_layout_find(const char *dir, const struct model *m, const struct bnb_weight *weights, size_t nweights,
                        struct expert_layout **out);
 void expert_layout_free(struct expert_layout *x);
