@@ -96,7 +96,8 @@ static void write_shard(const struct checkpoint *c, int file, const char *path)
     assert_int_equal(st_writer_begin(&w, path, outs, n, NULL, 0), NF4_OK);
     for (size_t k = 0; k < n; k++) {
         const struct spec *s = &c->s[idx[st_writer_order(w, k)]];
-        uint64_t bytes = s->from ? st_tensor_bytes(s->t) : s->shape[0] * dtype_bits(s->dtype) / 8;
+        uint64_t bytes = s->from ? st_tensor_bytes(s->t)
+                                 : s->shape[0] * (s->ndim > 1 ? s->shape[1] : 1) * dtype_bits(s->dtype) / 8;
         unsigned char *buf = malloc(bytes + 1);
         if (s->from)
             assert_int_equal(st_read(s->from, s->t, 0, buf, bytes), NF4_OK);
@@ -115,6 +116,7 @@ enum variant {
     MISSING_EXPERT = 4, /* layer 2 has no down_projs.1 */
     BAD_BIAS = 8,       /* layer 1's biases are one value short */
     FUSED_THERE = 16,   /* layer 3 holds mlp.experts.down_proj besides */
+    EMPTY_EXPERTS = 32, /* layer 5's gate_up_projs are bf16 [0, 256], their biases [0] */
 };
 
 /* dir: a gpt-oss checkpoint (config.json's model_type `type`) in Unsloth's
@@ -132,7 +134,11 @@ static void write_unsloth_dir(const char *dir, const char *type, int variant)
         for (int e = 0; e < EXPERTS; e++) {
             int file = (variant & SHARDED) && e == 0;
             snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_projs.%d.weight", l, e);
-            if ((variant & FLOAT_EXPERT) && l == 0 && e == 1) {
+            if ((variant & EMPTY_EXPERTS) && l == 5) {
+                c->s[c->n++] = (struct spec){.name = strdup(name), .dtype = DT_BF16, .ndim = 2, .shape = {0, 256},
+                                             .data = malloc(1), .file = file};
+                rows = 0;
+            } else if ((variant & FLOAT_EXPERT) && l == 0 && e == 1) {
                 char from[32];
                 snprintf(from, sizeof from, "model.%c.weight", x);
                 add_copy(c, file, c->source, from, "%s", name);
@@ -355,6 +361,8 @@ static void test_unfusable_layouts_refused(void **state)
          "experts' biases (3 of 383) that do not fit their weights (3 of [384, 200])"},
         {FUSED_THERE, "model.layers.3.mlp.experts.down_proj",
          "is there beside the per-expert tensors it is fused from (model.layers.3.mlp.experts.down_projs.0.weight)"},
+        {EMPTY_EXPERTS, "model.layers.5.mlp.experts.gate_up_projs.0.weight",
+         "an expert's weight of model.layers.5.mlp.experts.gate_up_proj has no elements"},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
         char *in = tu_strdupf("%s/in-%zu", s->dir, i), *out = tu_strdupf("%s/out-%zu", s->dir, i);
@@ -375,7 +383,52 @@ static void test_unfusable_layouts_refused(void **state)
     }
 }
 
-/* A LoRA Unsloth trained on the experts' linear layers merges into the
+/* dir: a PEFT adapter (r = RANK) on layer 2's gate_up_projs.0 and .2 (c, 64
+ * x 1000, blocksize 128: runs inside blocks), with a DoRA magnitude on each
+ * with `dora`. */
+static void write_expert_adapter(const char *dir, int dora)
+{
+    assert_int_equal(mkdir(dir, 0755), 0);
+    const char *config = dora ? "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 5, \"use_dora\": true}"
+                              : "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 5}";
+    char *config_path = tu_strdupf("%s/adapter_config.json", dir);
+    tu_write_file(config_path, config, strlen(config));
+    enum { PAIRS = 2, PER_PAIR = 3 };
+    struct st_out_tensor outs[PAIRS * PER_PAIR];
+    char *names[PAIRS * PER_PAIR];
+    float *values[PAIRS * PER_PAIR];
+    uint64_t shapes[PAIRS * PER_PAIR][2];
+    size_t n = 0;
+    for (int pair = 0; pair < PAIRS; pair++) {
+        static const char *const KEYS[PER_PAIR] = {"lora_A.weight", "lora_B.weight", "lora_magnitude_vector"};
+        static const uint64_t SHAPES[PER_PAIR][2] = {{RANK, 1000}, {64, RANK}, {64, 0}};
+        for (int k = 0; k < (dora ? 3 : 2); k++, n++) {
+            names[n] = tu_strdupf("base_model.model.model.layers.2.mlp.experts.gate_up_projs.%d.%s", pair * 2, KEYS[k]);
+            memcpy(shapes[n], SHAPES[k], sizeof shapes[n]);
+            uint64_t count = shapes[n][0] * (shapes[n][1] ? shapes[n][1] : 1);
+            values[n] = malloc(count * 4);
+            for (uint64_t e = 0; e < count; e++)
+                values[n][e] = (float)((e * 2654435761u + n * 97u) % 1000u) / 1000.0f - 0.5f;
+            outs[n] = (struct st_out_tensor){names[n], DT_F32, shapes[n][1] ? 2u : 1u, shapes[n]};
+        }
+    }
+    char *weights = tu_strdupf("%s/adapter_model.safetensors", dir);
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, weights, outs, n, NULL, 0), NF4_OK);
+    for (size_t k = 0; k < n; k++) {
+        size_t i = st_writer_order(w, k);
+        assert_int_equal(st_writer_write(w, values[i], shapes[i][0] * (shapes[i][1] ? shapes[i][1] : 1) * 4), NF4_OK);
+    }
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    for (size_t i = 0; i < n; i++) {
+        free(names[i]);
+        free(values[i]);
+    }
+    free(weights);
+    free(config_path);
+}
+
+/* A LoRA Unsloth trained on the experts' layers merges into the
  * fused tensor: each expert's part is what the merge into that expert's
  * layer (a llama checkpoint of the same tensors keeps the layout) gives,
  * transposed, bit for bit. */
@@ -386,32 +439,7 @@ static void test_lora_merges_into_fused_experts(void **state)
     write_unsloth_dir(fused_in, "gpt_oss", PLAIN);
     write_unsloth_dir(plain_in, "llama", PLAIN);
     char *adapter = tu_strdupf("%s/adapter", s->dir);
-    assert_int_equal(mkdir(adapter, 0755), 0);
-    static const char CONFIG[] = "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 5}";
-    char *config = tu_strdupf("%s/adapter_config.json", adapter);
-    tu_write_file(config, CONFIG, strlen(CONFIG));
-    /* Layer 2 (c, 64 x 1000, blocksize 128: runs inside blocks), experts 0 and 2. */
-    struct st_out_tensor outs[4];
-    char *names[4];
-    float *values[4];
-    uint64_t shapes[4][2] = {{RANK, 1000}, {64, RANK}, {RANK, 1000}, {64, RANK}};
-    for (int i = 0; i < 4; i++) {
-        names[i] = tu_strdupf("base_model.model.model.layers.2.mlp.experts.gate_up_projs.%d.lora_%s.weight",
-                              i < 2 ? 0 : 2, i % 2 ? "B" : "A");
-        uint64_t n = shapes[i][0] * shapes[i][1];
-        values[i] = malloc(n * 4);
-        for (uint64_t k = 0; k < n; k++)
-            values[i][k] = (float)((k * 2654435761u + (uint64_t)i * 97u) % 1000u) / 1000.0f - 0.5f;
-        outs[i] = (struct st_out_tensor){names[i], DT_F32, 2, shapes[i]};
-    }
-    char *weights = tu_strdupf("%s/adapter_model.safetensors", adapter);
-    struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, weights, outs, 4, NULL, 0), NF4_OK);
-    for (int k = 0; k < 4; k++) {
-        size_t i = st_writer_order(w, (size_t)k);
-        assert_int_equal(st_writer_write(w, values[i], shapes[i][0] * shapes[i][1] * 4), NF4_OK);
-    }
-    assert_int_equal(st_writer_finish(w), NF4_OK);
+    write_expert_adapter(adapter, 0);
     static const uint64_t CHUNKS[] = {0, 1};
     for (size_t k = 0; k < 2; k++) {
         char *fused_out = tu_strdupf("%s/fused-out-%zu", s->dir, k), *plain_out = tu_strdupf("%s/plain-out-%zu", s->dir, k);
@@ -449,15 +477,59 @@ static void test_lora_merges_into_fused_experts(void **state)
         free(fused_out);
         free(plain_out);
     }
-    for (int i = 0; i < 4; i++) {
-        free(names[i]);
-        free(values[i]);
-    }
-    free(weights);
-    free(config);
     free(adapter);
     free(fused_in);
     free(plain_in);
+}
+
+/* DoRA rescales each row of the layer it trains by the norm of its merged
+ * row, which in the fused tensor is a column: refused, with one line naming
+ * the adapter's file and key, exit 65, nothing written. */
+static void test_dora_on_an_expert_refused(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *in = tu_strdupf("%s/gpt-oss", s->dir), *adapter = tu_strdupf("%s/adapter", s->dir),
+         *out = tu_strdupf("%s/out", s->dir);
+    write_unsloth_dir(in, "gpt_oss", PLAIN);
+    write_expert_adapter(adapter, 1);
+    struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", adapter, NULL);
+    char *want = tu_strdupf("nf4deq: %s/adapter_model.safetensors: base_model.model.model.layers.2.mlp.experts."
+                            "gate_up_projs.0.lora_A.weight: a DoRA pair on model.layers.2.mlp.experts.gate_up_projs.0."
+                            "weight, an expert's weight nf4deq writes transposed into the fused experts (Unsloth's "
+                            "per-expert layout): only plain LoRA pairs merge there\n", adapter);
+    if (r.status != NF4_EDATA || strcmp(r.err, want) != 0)
+        fail_msg("exit %d, stderr:\n%swanted:\n%s", r.status, r.err, want);
+    assert_false(tu_exists(out));
+    tu_run_free(&r);
+    free(want);
+    free(in);
+    free(adapter);
+    free(out);
+}
+
+/* inspect says, in text and JSON, which fused tensor each expert's tensor
+ * goes into and what the router is written as. */
+static void test_inspect_says_where_experts_go(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *in = tu_strdupf("%s/gpt-oss", s->dir);
+    write_unsloth_dir(in, "gpt_oss", PLAIN);
+    struct tu_run r = tu_run("inspect", in, NULL);
+    assert_int_equal(r.status, 0);
+    if (!strstr(r.out, "-> BF16 (128000 bytes), expert 2 of model.layers.2.mlp.experts.down_proj, transposed\n") ||
+        !strstr(r.out, "-> BF16 (128 bytes), expert 1 of model.layers.2.mlp.experts.gate_up_proj_bias\n") ||
+        !strstr(r.out, ", written as model.layers.0.mlp.router.weight\n") ||
+        !strstr(r.out, "gpt-oss experts in Unsloth's per-expert layout: written as 24 fused tensors"))
+        fail_msg("inspect printed:\n%s", r.out);
+    tu_run_free(&r);
+    r = tu_run("inspect", "--json", in, NULL);
+    assert_int_equal(r.status, 0);
+    if (!strstr(r.out, "\"fused_into\": {\n        \"tensor\": \"model.layers.2.mlp.experts.down_proj\",\n        "
+                       "\"expert\": 2,\n        \"transposed\": true\n") ||
+        !strstr(r.out, "\"written_as\": \"model.layers.0.mlp.router.weight\""))
+        fail_msg("inspect --json printed:\n%s", r.out);
+    tu_run_free(&r);
+    free(in);
 }
 
 int main(void)
@@ -467,6 +539,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_other_model_types_keep_the_layout, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_unfusable_layouts_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_lora_merges_into_fused_experts, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_dora_on_an_expert_refused, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_inspect_says_where_experts_go, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("fused experts", tests, NULL, NULL);
 }
