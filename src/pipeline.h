@@ -5,7 +5,8 @@
  * the GPU), all while the calling thread writes finished chunks out in order.
  * Chunks are a few MiB, so the writer copies them out of cache, and the
  * ring's memory is all the host memory the data ever takes, whatever the size
- * of the model or its tensors. */
+ * of the model or its tensors (but for the few whole 4-bit tensors a
+ * transposed item's chunks gather from, source_cache.h, within --mem). */
 #ifndef NF4DEQ_PIPELINE_H
 #define NF4DEQ_PIPELINE_H
 
