@@ -276,8 +276,12 @@ static int online_cores(void)
 
 static int open_device(struct ctx *c, const char *out);
 
-/* Without --threads: every core for merges, whose arithmetic is the limit;
- * for plain conversions at most PLAIN_THREADS. Four vector-kernel threads
+/* Without --threads: every core for merges, whose arithmetic is the limit,
+ * and where 4-bit experts are written transposed (Unsloth's gpt-oss,
+ * expert_layout.h), whose gathering and placing are: on the H200 host into
+ * tmpfs 16 threads wrote four gpt-oss-20b layers in 1.81 s, 8 in 2.34 s
+ * (docs/PERFORMANCE.md, "Unsloth's gpt-oss experts, fused"); for plain
+ * conversions at most PLAIN_THREADS. Four vector-kernel threads
  * outrun one writer, and more only evict the chunks that wait to be written
  * from the caches (measured: docs/PERFORMANCE.md). Where the workers place
  * their chunks in the output themselves (mapped_writer.h: on tmpfs), each
@@ -287,7 +291,7 @@ static int open_device(struct ctx *c, const char *out);
 static int default_threads(const struct ctx *c, const char *out)
 {
     int cores = online_cores();
-    if (c->merging)
+    if (c->merging || c->cached_source_bytes)
         return cores;
     int plain = PLAIN_THREADS;
     char *dir = c->to_stdout ? NULL : strdup(out);
