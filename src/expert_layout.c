@@ -282,7 +282,8 @@ static int index_sources(struct expert_layout *x, const char *dir)
         for (size_t e = 0; e < x->fused[i].nexperts; e++)
             x->sources[n++] = (struct expert_source){x->fused[i].sources[e]->t->name, i, e};
     qsort(x->sources, n, sizeof *x->sources, cmp_source);
-    qsort(x->renames, x->nrenames, sizeof *x->renames, cmp_rename);
+    if (x->nrenames) /* renames is NULL when there are none */
+        qsort(x->renames, x->nrenames, sizeof *x->renames, cmp_rename);
     return NF4_OK;
 }
 
@@ -335,7 +336,8 @@ void expert_layout_lookup(const struct expert_layout *x, const char *name, const
         return;
     }
     struct expert_rename rkey = {.from = name};
-    const struct expert_rename *r = bsearch(&rkey, x->renames, x->nrenames, sizeof *x->renames, cmp_rename);
+    const struct expert_rename *r =
+        x->nrenames ? bsearch(&rkey, x->renames, x->nrenames, sizeof *x->renames, cmp_rename) : NULL;
     if (r)
         *renamed = r->to;
 }
