@@ -285,11 +285,11 @@ PLACE(uint64_t)
 #ifdef __SSE2__
 #include <emmintrin.h>
 
-/* 8 x 8 two-byte elements: rows[i] + c, eight of each, become the eight
- * elements of dst + j * stride, for column j. Three rounds of interleaves. */
-static inline void transpose8x8_u16(const uint16_t *const rows[8], uint64_t c, uint16_t *dst, uint64_t stride)
+/* 8 x 8 two-byte elements: rows[i] + c, eight of each, become d[j], the
+ * eight elements of column j. Three rounds of interleaves. */
+static inline void transpose8x8_u16(const uint16_t *const rows[8], uint64_t c, __m128i d[8])
 {
-    __m128i a[8], b[8], d[8];
+    __m128i a[8], b[8];
     for (int i = 0; i < 8; i++)
         a[i] = _mm_loadu_si128((const __m128i *)(rows[i] + c));
     for (int i = 0; i < 8; i += 2) {
@@ -308,24 +308,41 @@ static inline void transpose8x8_u16(const uint16_t *const rows[8], uint64_t c, u
     d[5] = _mm_unpackhi_epi64(c2, c6);
     d[6] = _mm_unpacklo_epi64(c3, c7);
     d[7] = _mm_unpackhi_epi64(c3, c7);
-    for (int j = 0; j < 8; j++)
-        _mm_storeu_si128((__m128i *)(dst + (uint64_t)j * stride), d[j]);
 }
 
-/* Two-byte elements eight rows and eight columns at a time (the scalar loop
- * made placing cost 3x the dequantization: PERFORMANCE.md), the edges
- * element by element. */
 static void place_u16_sse2(const struct tchunk *tc, uint16_t *out, uint64_t r0, uint64_t r1, uint64_t c0, uint64_t c1,
                            const uint64_t *start)
 {
     const uint16_t *tile = tc->tile;
     uint64_t r8 = r0 + (r1 - r0) / 8 * 8, c8 = c0 + (c1 - c0) / 8 * 8;
-    for (uint64_t r = r0; r < r8; r += 8) {
-        const uint16_t *rows[8];
-        for (int i = 0; i < 8; i++)
-            rows[i] = tile + start[r - r0 + (uint64_t)i];
-        for (uint64_t c = c0; c < c8; c += 8)
-            transpose8x8_u16(rows, c, out + c * tc->rows + r, tc->rows);
+    /* Whole cache lines, 32 rows of each output row, stream past the cache
+     * where they start on a line: no line is read in to be overwritten. */
+    const int lines = (tc->rows * 2) % 64 == 0 && ((uintptr_t)out + r0 * 2) % 64 == 0;
+    uint64_t r32 = lines ? r0 + (r8 - r0) / 32 * 32 : r0;
+    for (uint64_t c = c0; c < c8; c += 8) {
+        for (uint64_t r = r0; r < r32; r += 32) {
+            __m128i d[4][8];
+            for (int q = 0; q < 4; q++) {
+                const uint16_t *rows[8];
+                for (int i = 0; i < 8; i++)
+                    rows[i] = tile + start[r - r0 + (uint64_t)(8 * q + i)];
+                transpose8x8_u16(rows, c, d[q]);
+            }
+            for (int j = 0; j < 8; j++) {
+                __m128i *dst = (__m128i *)(out + (c + (uint64_t)j) * tc->rows + r);
+                for (int q = 0; q < 4; q++)
+                    _mm_stream_si128(dst + q, d[q][j]);
+            }
+        }
+        for (uint64_t r = r32; r < r8; r += 8) {
+            const uint16_t *rows[8];
+            __m128i d[8];
+            for (int i = 0; i < 8; i++)
+                rows[i] = tile + start[r - r0 + (uint64_t)i];
+            transpose8x8_u16(rows, c, d);
+            for (int j = 0; j < 8; j++)
+                _mm_storeu_si128((__m128i *)(out + (c + (uint64_t)j) * tc->rows + r), d[j]);
+        }
     }
     place_uint16_t(tc, out, r8, r1, c0, c1, start + (r8 - r0));
     place_uint16_t(tc, out, r0, r8, c8, c1, start);
@@ -356,9 +373,18 @@ static void place_rows(const struct tchunk *tc, void *out, uint64_t r0, uint64_t
     }
 }
 
+/* The streamed stores in order before anyone reads the output. */
+static void stores_done(void)
+{
+#ifdef __SSE2__
+    _mm_sfence();
+#endif
+}
+
 void transposed_place(const struct tchunk *tc, void *out)
 {
     place_rows(tc, out, 0, tc->rows);
+    stores_done();
 }
 
 void transposed_dequant_place(const struct tchunk *tc, const struct dequant_job *job, void *out, enum cpu_path path)
@@ -375,4 +401,5 @@ void transposed_dequant_place(const struct tchunk *tc, const struct dequant_job 
         dequant_cpu_path(&band, 1, path);
         place_rows(tc, out, r0, r1);
     }
+    stores_done();
 }
