@@ -16,6 +16,7 @@
 #include "bnb_state.h"
 #include "cpu_path.h"
 #include "exit_handoff.h"
+#include "conv1d_layout.h"
 #include "expert_layout.h"
 #include "fileio.h"
 #include "gpu_start.h"
@@ -91,29 +92,75 @@ static void plan_base_tensor(struct out_item *it, const char *name, const struct
     }
 }
 
-/* ---- gpt-oss's experts, fused (expert_layout.h) ---- */
+/* ---- weights written transposed (expert_layout.h, conv1d_layout.h) ---- */
 
-/* What an adapter does to expert weight `mt` ([R, C]), turned to its part of
- * the fused tensor, [C, R]: rows and columns swapped, and each term's delta
+/* What an adapter does to weight `mt` ([R, C]), written transposed, [C, R]
+ * (`where`: into what): rows and columns swapped, and each term's delta
  * transposed, as on a layer stored [in, out] (fan_in_fan_out). */
-static int flip_target(const struct lora_target *t, const struct model_tensor *mt, struct lora_target *out)
+static int flip_target(const struct lora_target *t, const struct model_tensor *mt, const char *where,
+                       struct lora_target *out)
 {
     *out = *t;
     for (size_t i = 0; i < t->nterms; i++) {
         const struct lora_term *x = &t->terms[i];
         if (x->magnitude || x->embedding || x->b_col_step || x->bias)
             return nf4_fail(NF4_EDATA, x->a->file->path, x->a->t->name,
-                            "a %s on %s, an expert's weight nf4deq writes transposed into the fused experts "
-                            "(Unsloth's per-expert layout): only plain LoRA pairs merge there",
-                            x->magnitude ? "DoRA pair" : "LoRA term of another kind", mt->t->name);
+                            "a %s on %s, a weight nf4deq writes transposed (%s): only plain LoRA pairs merge there",
+                            x->magnitude ? "DoRA pair" : "LoRA term of another kind", mt->t->name, where);
         out->terms[i].fan_in_fan_out = !x->fan_in_fan_out;
     }
     if (t->tokens)
-        return nf4_fail(NF4_EDATA, mt->file->path, mt->t->name, "trained token rows on an expert's weight");
+        return nf4_fail(NF4_EDATA, mt->file->path, mt->t->name, "trained token rows on a weight written transposed");
     out->rows = t->cols;
     out->cols = t->rows;
     return NF4_OK;
 }
+
+/* A replacement of weight `mt` (its rows and cols as stored) that it is
+ * written transposed cannot hold: another shape than the weight's. */
+static int check_replacement(const struct lora_target *t, const struct model_tensor *mt, size_t ndim, uint64_t rows,
+                             uint64_t cols, const char *where)
+{
+    if (!t || !t->replace)
+        return NF4_OK;
+    const struct st_tensor *r = t->replace->t;
+    if (r->ndim == ndim && r->shape[0] == rows && (ndim == 1 || r->shape[1] == cols))
+        return NF4_OK;
+    return nf4_fail(NF4_EDATA, t->replace->file->path, r->name, "replaces %s with a tensor of another shape, which %s "
+                    "cannot hold", mt->t->name, where);
+}
+
+/* ---- GPT-2's Conv1D weights, transposed back (conv1d_layout.h) ---- */
+
+#define CONV1D_WHERE "[in, out], as GPT-2's Conv1D loads it"
+
+int convert_plan_conv1d(struct conv1d_layout *x, const struct model *m, const struct bnb_weight *weights,
+                        size_t nweights, const struct lora_set *lora, enum st_dtype dtype,
+                        uint64_t *cached_source_bytes)
+{
+    for (size_t i = 0; x && i < x->n; i++) {
+        struct conv1d_weight *cw = &x->weights[i];
+        const struct model_tensor *mt = model_find(m, cw->w->name);
+        struct out_item *it = &cw->item;
+        plan_base_tensor(it, mt->t->name, m, mt->t, weights, nweights, dtype);
+        const struct lora_target *t = lora_find(lora, mt->t->name);
+        int code = check_replacement(t, mt, 2, cw->shape[1], cw->shape[0], CONV1D_WHERE);
+        if (code == NF4_OK && t)
+            code = flip_target(t, mt, CONV1D_WHERE, &cw->flipped);
+        if (code != NF4_OK)
+            return code;
+        plan_lora(it, t ? &cw->flipped : NULL);
+        it->transposed = 1;
+        it->out.shape = cw->shape;
+        if (it->w && source_cache_entry_bytes(it->w) > *cached_source_bytes)
+            *cached_source_bytes = source_cache_entry_bytes(it->w);
+    }
+    return NF4_OK;
+}
+
+/* ---- gpt-oss's experts, fused (expert_layout.h) ---- */
+
+#define EXPERTS_WHERE "into the fused experts, from Unsloth's per-expert layout"
 
 /* Expert e's part of fused tensor f: its tensor as any other is planned, with
  * its adapter's changes, and for a weight transposed. */
@@ -124,20 +171,14 @@ static int plan_expert_part(struct fused_experts *f, size_t e, const struct mode
     struct out_item *part = &f->parts[e];
     plan_base_tensor(part, mt->t->name, m, mt->t, weights, nweights, dtype);
     const struct lora_target *t = lora_find(lora, mt->t->name);
-    if (t && t->replace) {
-        const struct st_tensor *r = t->replace->t;
-        uint64_t rows = f->bias ? f->part_shape[0] : f->part_shape[1];
-        if (r->ndim != (f->bias ? 1u : 2u) || r->shape[0] != rows || (!f->bias && r->shape[1] != f->part_shape[0]))
-            return nf4_fail(NF4_EDATA, t->replace->file->path, r->name,
-                            "replaces %s with a tensor of another shape, which its fused experts cannot hold",
-                            mt->t->name);
-    }
-    if (t && !f->bias) {
-        int code = flip_target(t, mt, &f->flipped[e]);
-        if (code != NF4_OK)
-            return code;
+    int code = f->bias ? check_replacement(t, mt, 1, f->part_shape[0], 0, "its fused experts")
+                       : check_replacement(t, mt, 2, f->part_shape[1], f->part_shape[0], "its fused experts");
+    if (code == NF4_OK && t && !f->bias) {
+        code = flip_target(t, mt, EXPERTS_WHERE, &f->flipped[e]);
         t = &f->flipped[e];
     }
+    if (code != NF4_OK)
+        return code;
     plan_lora(part, t);
     part->transposed = !f->bias;
     part->out.ndim = f->bias ? 1 : 2;
@@ -174,8 +215,9 @@ int convert_plan_experts(struct expert_layout *x, const struct model *m, const s
 }
 
 int convert_plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
-                      const struct lora_set *lora, const struct expert_layout *experts, enum st_dtype dtype,
-                      struct out_item **items_out, size_t *n_out)
+                      const struct lora_set *lora, const struct expert_layout *experts,
+                      const struct conv1d_layout *conv1d, enum st_dtype dtype, struct out_item **items_out,
+                      size_t *n_out)
 {
     const struct st_file *f = m->files[file_index];
     struct out_item *items = calloc(f->count + 1, sizeof *items); /* + an untied head */
@@ -194,6 +236,11 @@ int convert_plan_file(const struct model *m, size_t file_index, const struct bnb
         if (fused) {
             if (expert == 0 && fused->sources[0]->file_index == file_index)
                 items[n++] = fused->item;
+            continue;
+        }
+        const struct conv1d_weight *cw = conv1d_layout_lookup(conv1d, t->name);
+        if (cw) {
+            items[n++] = cw->item;
             continue;
         }
         struct out_item *it = &items[n++];
@@ -277,8 +324,9 @@ static int online_cores(void)
 static int open_device(struct ctx *c, const char *out);
 
 /* Without --threads: every core for merges, whose arithmetic is the limit,
- * and where 4-bit experts are written transposed (Unsloth's gpt-oss,
- * expert_layout.h), whose gathering and placing are: on the H200 host into
+ * and where 4-bit weights are written transposed (Unsloth's gpt-oss experts,
+ * expert_layout.h; GPT-2's Conv1D, conv1d_layout.h), whose gathering and
+ * placing are: on the H200 host into
  * tmpfs 16 threads wrote four gpt-oss-20b layers in 1.81 s, 8 in 2.34 s
  * (docs/PERFORMANCE.md, "Unsloth's gpt-oss experts, fused"); for plain
  * conversions at most PLAIN_THREADS. Four vector-kernel threads
@@ -434,7 +482,7 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
     if ((code = bnb_collect(m, &weights, &nweights)) == NF4_OK)
         convert_warn_if_nothing_to_do(c, in, nweights, 0);
     if (code == NF4_OK && (code = convert_open_lora(c, m, weights, nweights)) == NF4_OK &&
-        (code = convert_plan_file(m, 0, weights, nweights, c->lora, NULL, c->opts->dtype, &items, &n)) == NF4_OK &&
+        (code = convert_plan_file(m, 0, weights, nweights, c->lora, NULL, NULL, c->opts->dtype, &items, &n)) == NF4_OK &&
         (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK)
         code = convert_write_file(c, out, items, n, m, 0, &written);
     c->stats->bytes_out += written;

@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "conv1d_layout.h"
 #include "expert_layout.h"
 #include "file_copy.h"
 #include "fileio.h"
@@ -189,6 +190,7 @@ struct model_job {
     int owns_lora;
     enum st_dtype dtype; /* the output dtype of its floating tensors: --dtype's, or DT_INVALID (each its own) */
     struct expert_layout *experts; /* gpt-oss's experts in Unsloth's layout, fused; NULL: none */
+    struct conv1d_layout *conv1d;  /* GPT-2's 4-bit Conv1D weights, transposed back; NULL: none */
     struct out_item **plans; /* per shard */
     size_t *nplan;
     uint64_t tensors, bytes; /* output totals, for the progress line */
@@ -201,6 +203,7 @@ static void model_job_close(struct model_job *j)
     free(j->plans);
     free(j->nplan);
     expert_layout_free(j->experts);
+    conv1d_layout_free(j->conv1d);
     bnb_free(j->weights, j->nweights);
     if (j->owns_lora)
         lora_close(j->lora);
@@ -222,8 +225,7 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
     int code = model_open_dir(in, &j->m);
     if (code != NF4_OK)
         goto fail;
-    if ((code = bnb_collect(j->m, &j->weights, &j->nweights)) != NF4_OK ||
-        (code = check_weight_layout(in, j->weights, j->nweights)) != NF4_OK)
+    if ((code = bnb_collect(j->m, &j->weights, &j->nweights)) != NF4_OK)
         goto fail;
     if (with_lora && !cl && (code = convert_open_lora(c, j->m, j->weights, j->nweights)) == NF4_OK) {
         j->lora = c->lora;
@@ -247,11 +249,14 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
     }
     if ((code = expert_layout_find(in, j->m, j->weights, j->nweights, &j->experts)) != NF4_OK ||
         (code = convert_plan_experts(j->experts, j->m, j->weights, j->nweights, j->lora, j->dtype,
-                                     &c->cached_source_bytes)) != NF4_OK)
+                                     &c->cached_source_bytes)) != NF4_OK ||
+        (code = conv1d_layout_find(in, j->m, j->weights, j->nweights, &j->conv1d)) != NF4_OK ||
+        (code = convert_plan_conv1d(j->conv1d, j->m, j->weights, j->nweights, j->lora, j->dtype,
+                                    &c->cached_source_bytes)) != NF4_OK)
         goto fail;
     for (size_t i = 0; i < j->m->nfiles; i++) {
-        code = convert_plan_file(j->m, i, j->weights, j->nweights, j->lora, j->experts, j->dtype, &j->plans[i],
-                                 &j->nplan[i]);
+        code = convert_plan_file(j->m, i, j->weights, j->nweights, j->lora, j->experts, j->conv1d, j->dtype,
+                                 &j->plans[i], &j->nplan[i]);
         if (code != NF4_OK)
             goto fail;
         j->tensors += j->nplan[i];

@@ -39,6 +39,15 @@ struct ctx {
 };
 
 
+struct conv1d_layout;
+/* Plans the Conv1D weights of `conv1d` (conv1d_layout.h), each written
+ * transposed with its adapters' changes turned with it (NF4_EDATA for DoRA
+ * and other terms on one, and a replacement of another shape). Raises
+ * *cached_source_bytes to what the largest takes held whole
+ * (source_cache.h). */
+int convert_plan_conv1d(struct conv1d_layout *conv1d, const struct model *m, const struct bnb_weight *weights,
+                        size_t nweights, const struct lora_set *lora, enum st_dtype dtype,
+                        uint64_t *cached_source_bytes);
 struct expert_layout;
 /* Plans the fused tensors of `experts` (expert_layout.h), each expert's part
  * with its adapters' changes (those on a weight turned with it, where they
@@ -51,10 +60,12 @@ int convert_plan_experts(struct expert_layout *experts, const struct model *m, c
 /* The output tensors of one input file: every tensor but quant-state parts,
  * each a dequantization, a copy or a cast, with LoRA changes; the tensors of
  * `experts` (NULL: none) fused, each fused tensor in the file of its expert 0,
- * and its renames made. */
+ * and its renames made; the weights of `conv1d` (NULL: none) as planned,
+ * transposed. */
 int convert_plan_file(const struct model *m, size_t file_index, const struct bnb_weight *weights, size_t nweights,
-                      const struct lora_set *lora, const struct expert_layout *experts, enum st_dtype dtype,
-                      struct out_item **items_out, size_t *n_out);
+                      const struct lora_set *lora, const struct expert_layout *experts,
+                      const struct conv1d_layout *conv1d, enum st_dtype dtype, struct out_item **items_out,
+                      size_t *n_out);
 /* Writes one planned output file of model m's file_index-th input (its
  * metadata is carried over), atomically or to standard output. Fails with
  * NF4_EIO, before the file is published, if any input file of m changed. */

@@ -291,15 +291,11 @@ int expert_layout_find(const char *dir, const struct model *m, const struct bnb_
                        struct expert_layout **out)
 {
     *out = NULL;
-    char *type, *text_type;
-    int code = model_config_type(m, &type, &text_type);
-    if (code != NF4_OK)
+    static const char *const TYPES[] = {UNSLOTH_EXPERTS_MODEL_TYPE};
+    int gpt_oss;
+    int code = model_type_is_one_of(m, TYPES, 1, &gpt_oss);
+    if (code != NF4_OK || !gpt_oss)
         return code;
-    int gpt_oss = type && strcmp(type, UNSLOTH_EXPERTS_MODEL_TYPE) == 0;
-    free(type);
-    free(text_type);
-    if (!gpt_oss)
-        return NF4_OK;
     struct expert_layout *x = calloc(1, sizeof *x);
     if (!x)
         return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "bnb_state.h"
+#include "conv1d_layout.h"
 #include "expert_layout.h"
 #include "fileio.h"
 #include "json_util.h"
@@ -303,10 +304,13 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     size_t nw = 0;
     struct lora_set *lora = NULL;
     struct expert_layout *experts = NULL;
-    if ((code = bnb_collect(m, &w, &nw)) != NF4_OK || (is_dir && (code = check_weight_layout(in, w, nw)) != NF4_OK) ||
+    struct conv1d_layout *conv1d = NULL;
+    if ((code = bnb_collect(m, &w, &nw)) != NF4_OK ||
+        (is_dir && (code = conv1d_layout_find(in, m, w, nw, &conv1d)) != NF4_OK) ||
         (is_dir && (code = expert_layout_find(in, m, w, nw, &experts)) != NF4_OK) ||
         (part->nlora && (code = lora_open_component(&lora, part->lora_dirs, part->nlora, m, w, nw,
                                                     part->lora_key_components, part->lora_converted)) != NF4_OK)) {
+        conv1d_layout_free(conv1d);
         expert_layout_free(experts);
         bnb_free(w, nw);
         model_close(m);
@@ -359,6 +363,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
         const char *renamed;
         size_t expert;
         expert_layout_lookup(experts, t->name, &fused, &expert, &renamed);
+        const struct conv1d_weight *cw = conv1d_layout_lookup(conv1d, t->name);
         if (json) {
             cJSON *jt = cJSON_CreateObject();
             cJSON_AddStringToObject(jt, "name", t->name);
@@ -377,6 +382,10 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                 cJSON_AddItemToObject(jq, "shape", shape_json(q->state.ndim, q->state.shape));
                 cJSON_AddStringToObject(jq, "output_dtype", dtype_name(out_dt));
                 cJSON_AddNumberToObject(jq, "output_bytes", (double)out_bytes);
+                if (cw) {
+                    cJSON_AddItemToObject(jq, "output_shape", shape_json(2, cw->shape));
+                    cJSON_AddBoolToObject(jq, "transposed", 1);
+                }
             } else if (owner) {
                 cJSON_AddStringToObject(jt, "quant_state_of", owner->name);
             } else {
@@ -402,6 +411,10 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                     quant_name(q->state.quant_type), q->state.blocksize,
                     q->state.nested ? "double quant" : "single quant", dtype_name(t->dtype), qshape,
                     dtype_name(out_dt), out_bytes);
+            if (cw) {
+                shape_text(qshape, sizeof qshape, 2, cw->shape);
+                fprintf(out, ", written transposed, %s", qshape);
+            }
         } else if (owner) {
             fputs("quant state of ", out);
             put_name(out, owner->name, 0);
@@ -429,6 +442,9 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                 "\n%zu tensors in %zu file%s, %zu quantized weights; %" PRIu64 " parameters; %" PRIu64
                 " bytes on disk; %" PRIu64 " bytes after conversion\n",
                 m->count, m->nfiles, m->nfiles == 1 ? "" : "s", nw, tot->parameters, tot->on_disk, tot->converted);
+        if (conv1d)
+            fprintf(out, "%zu Conv1D weight%s of a GPT-2 architecture: written transposed, [in, out], the shape the "
+                    "model loads\n", conv1d->n, conv1d->n == 1 ? "" : "s");
         if (experts)
             fprintf(out, "gpt-oss experts in Unsloth's per-expert layout: written as %zu fused tensors, as transformers "
                     "and vLLM load them\n", experts->nfused);
@@ -448,6 +464,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     if (is_dir && !part->component && (peft || o->tokenizer))
         code = report_tokenizer(in, o, obj, out);
     lora_close(lora);
+    conv1d_layout_free(conv1d);
     expert_layout_free(experts);
     bnb_free(w, nw);
     model_close(m);

@@ -352,30 +352,6 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
     return NF4_OK;
 }
 
-/* ---- architectures on transformers' Conv1D ---- */
-
-/* config.json "model_type"s whose attention and MLP layers are Conv1D, and
- * those layers' names (transformers' modeling files; decision_transformer
- * holds a GPT-2). */
-static const char *const CONV1D_MODEL_TYPES[] = {"gpt2", "openai-gpt", "imagegpt", "decision_transformer"};
-static const char *const CONV1D_LAYERS[] = {"c_attn", "c_proj", "c_fc", "q_attn"};
-
-/* The layer name of weight `name` ("transformer.h.0.attn.c_attn.weight" ->
- * "c_attn") is a Conv1D one. */
-static int is_conv1d_layer(const char *name)
-{
-    const char *end = strrchr(name, '.');
-    if (!end)
-        return 0;
-    const char *start = end;
-    while (start > name && start[-1] != '.')
-        start--;
-    for (size_t i = 0; i < sizeof CONV1D_LAYERS / sizeof *CONV1D_LAYERS; i++)
-        if ((size_t)(end - start) == strlen(CONV1D_LAYERS[i]) && memcmp(start, CONV1D_LAYERS[i], end - start) == 0)
-            return 1;
-    return 0;
-}
-
 /* dir's config.json parsed into *root, which stays NULL where there is none
  * or it is not JSON (config_rewrite says so when it is written); a failed
  * read is the error, and so is memory running out while it is parsed: what
@@ -425,21 +401,15 @@ int model_config_type(const struct model *m, char **model_type, char **text_mode
     return code;
 }
 
-/* ---- weights in a layout the architecture does not load ---- */
-
-int check_weight_layout(const char *dir, const struct bnb_weight *weights, size_t n)
+int model_type_is_one_of(const struct model *m, const char *const *types, size_t ntypes, int *found)
 {
-    cJSON *root;
-    int code = read_config(dir, &root), conv1d = 0;
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "model_type");
-    for (size_t i = 0; cJSON_IsString(type) && i < sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES; i++)
-        conv1d |= strcmp(type->valuestring, CONV1D_MODEL_TYPES[i]) == 0;
-    cJSON_Delete(root);
-    for (size_t i = 0; code == NF4_OK && conv1d && i < n; i++)
-        if (is_conv1d_layer(weights[i].name))
-            code = nf4_fail(NF4_EDATA, weights[i].packed->file->path, weights[i].name,
-                            "a Conv1D layer (config.json: a GPT-2 architecture), which bitsandbytes stores transposed, "
-                            "[out, in]; nf4deq does not write it back as [in, out], the shape the model loads");
+    *found = 0;
+    char *type, *text_type;
+    int code = model_config_type(m, &type, &text_type);
+    for (size_t i = 0; code == NF4_OK && type && i < ntypes; i++)
+        *found |= strcmp(type, types[i]) == 0;
+    free(type);
+    free(text_type);
     return code;
 }
 

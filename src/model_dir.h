@@ -36,17 +36,6 @@ struct index_out_entry {
 int index_render(const char *path, const char *metadata_json, uint64_t total_size, uint64_t total_parameters,
                  const struct index_out_entry *entries, size_t n, char **out, size_t *out_len);
 
-/* The 4-bit `weights` of the model directory `dir` against the layout its
- * config.json's architecture loads, as nf4deq writes each weight in the
- * shape its checkpoint gives it: refused (NF4_EDATA, naming the file and the
- * weight), a layer of an architecture built on transformers' Conv1D (GPT-2
- * and its kin: weights stored [in, out]), which bitsandbytes quantizes
- * transposed, [out, in]. NF4_OK otherwise, and where there is no
- * config.json. (gpt_oss's experts in Unsloth's per-expert layout are
- * written fused: expert_layout.h.) */
-struct bnb_weight;
-int check_weight_layout(const char *dir, const struct bnb_weight *weights, size_t n);
-
 /* The output head transformers ties to the input embedding (its
  * _tied_weights_keys: lm_head.weight to model.embed_tokens.weight). */
 #define TIED_HEAD_NAME "lm_head.weight"
@@ -62,6 +51,9 @@ int model_tied_embedding(const struct model *m, const char **embedding);
  * language model's of a multimodal one (allocated). Each NULL where there is
  * none. A failed read of config.json is the error. */
 int model_config_type(const struct model *m, char **model_type, char **text_model_type);
+/* *found: config.json's "model_type" (as model_config_type reads it) is one
+ * of `types`. */
+int model_type_is_one_of(const struct model *m, const char *const *types, size_t ntypes, int *found);
 /* The rows of a causal LM's input embedding (the names above), or 0 where m
  * has none of them. */
 uint64_t model_embedding_rows(const struct model *m);

@@ -470,13 +470,17 @@ def dir_cases(B):
         65, "model.ghost: listed in %s, which has no such tensor" % S1)
     emit_dir("dir-tensor-in-two-shards", shard_files(B, shards=lambda s1, s2: (s1, s2 + [find(B, NORM)])), 65,
              "model.norm.weight: tensor is also in")
-    # GPT-2's Conv1D layers are quantized transposed ([out, in]): refused, not written in a shape it cannot load.
-    def gpt2(name, layer, code, msg):
-        ts = [t.copy(name=t.name.replace(D, layer)) if t.name.startswith(D) else t for t in B]
+    # GPT-2's Conv1D layers are quantized transposed ([out, in]) and written transposed back, [in, out]: a quant
+    # state that is not 2-D has no [out, in] to turn.
+    def gpt2(name, layer, code, msg, edit=None):
+        ts = with_blob(B, D + NF4, edit) if edit else B
+        ts = [t.copy(name=t.name.replace(D, layer)) if t.name.startswith(D) else t for t in ts]
         emit_dir(name, {"model.safetensors": st_bytes(ts), "config.json": b'{"model_type": "gpt2", "n_embd": 256}\n'},
                  code, msg, kinds=("convert", "inspect"))
-    gpt2("dir-gpt2-conv1d-weight", "transformer.h.0.mlp.c_fc.weight", 65,
-         "transformer.h.0.mlp.c_fc.weight: a Conv1D layer (config.json: a GPT-2 architecture)")
+    gpt2("dir-gpt2-conv1d-weight", "transformer.h.0.mlp.c_fc.weight", 0, "converted")
+    gpt2("dir-gpt2-conv1d-weight-3d", "transformer.h.0.mlp.c_fc.weight", 65,
+         "transformer.h.0.mlp.c_fc.weight: is a Conv1D layer's weight (config.json: a GPT-2 architecture), whose "
+         "quant state must be 2-D", edit=lambda o: o.update(shape=[1] + o["shape"]))
     gpt2("dir-gpt2-linear-weight", "lm_head.weight", 0, "")
     files = shard_files(B)
     files["config.json"] = files["config.json"][:-3]

@@ -10,68 +10,13 @@
 #include <stdarg.h>
 #include <sys/stat.h>
 
-#include "convert.h"
+#include "fixture_checkpoint.h"
 #include "fpconv.h"
-#include "model.h"
 
 #define EXPERTS 3
 #define LAYERS 8 /* one per fixture weight, a to h */
 static const char WEIGHTS[LAYERS] = {'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h'};
 #define RANK 3
-
-/* One tensor of the checkpoint written: copied from a fixture file, or given. */
-struct spec {
-    char *name;
-    const struct st_file *from; /* NULL: `data` */
-    const struct st_tensor *t;
-    enum st_dtype dtype;
-    size_t ndim;
-    uint64_t shape[2];
-    void *data;
-    int file; /* shard */
-};
-
-struct checkpoint {
-    struct spec s[1024];
-    size_t n;
-    struct st_file *bnb, *source;
-};
-
-static void add_copy(struct checkpoint *c, int file, const struct st_file *from, const char *from_name, const char *fmt,
-                     ...) __attribute__((format(printf, 5, 6)));
-static void add_copy(struct checkpoint *c, int file, const struct st_file *from, const char *from_name, const char *fmt,
-                     ...)
-{
-    char name[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    const struct st_tensor *t = st_find(from, from_name);
-    assert_non_null(t);
-    struct spec *s = &c->s[c->n++];
-    *s = (struct spec){.name = strdup(name), .from = from, .t = t, .dtype = t->dtype, .ndim = t->ndim, .file = file};
-    memcpy(s->shape, t->shape, t->ndim * sizeof *t->shape);
-}
-
-/* A 4-bit weight of the fixture with all its quant-state parts, as `name`. */
-static void add_weight(struct checkpoint *c, int file, char x, const char *name)
-{
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "model.%c.weight", x);
-    for (size_t i = 0; i < c->bnb->count; i++) {
-        const char *n = c->bnb->tensors[i].name;
-        if (strncmp(n, prefix, strlen(prefix)) == 0)
-            add_copy(c, file, c->bnb, n, "%s%s", name, n + strlen(prefix));
-    }
-}
-
-static uint64_t fixture_rows(const struct checkpoint *c, char x)
-{
-    char name[32];
-    snprintf(name, sizeof name, "model.%c.weight", x);
-    return st_find(c->source, name)->shape[0];
-}
 
 /* A bias of n bf16 values that tell the expert and the row. */
 static void add_bias(struct checkpoint *c, int file, uint64_t n, int expert, const char *name)
@@ -81,32 +26,6 @@ static void add_bias(struct checkpoint *c, int file, uint64_t n, int expert, con
         v[i] = f32_to_bf16((float)(expert * 1000 + (int)i));
     c->s[c->n++] = (struct spec){.name = strdup(name), .dtype = DT_BF16, .ndim = 1, .shape = {n}, .data = v,
                                  .file = file};
-}
-
-static void write_shard(const struct checkpoint *c, int file, const char *path)
-{
-    struct st_out_tensor outs[1024] = {{0}};
-    size_t idx[1024], n = 0;
-    for (size_t i = 0; i < c->n; i++)
-        if (c->s[i].file == file) {
-            outs[n] = (struct st_out_tensor){c->s[i].name, c->s[i].dtype, c->s[i].ndim, c->s[i].shape};
-            idx[n++] = i;
-        }
-    struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, path, outs, n, NULL, 0), NF4_OK);
-    for (size_t k = 0; k < n; k++) {
-        const struct spec *s = &c->s[idx[st_writer_order(w, k)]];
-        uint64_t bytes = s->from ? st_tensor_bytes(s->t)
-                                 : s->shape[0] * (s->ndim > 1 ? s->shape[1] : 1) * dtype_bits(s->dtype) / 8;
-        unsigned char *buf = malloc(bytes + 1);
-        if (s->from)
-            assert_int_equal(st_read(s->from, s->t, 0, buf, bytes), NF4_OK);
-        else
-            memcpy(buf, s->data, bytes);
-        assert_int_equal(st_writer_write(w, buf, bytes), NF4_OK);
-        free(buf);
-    }
-    assert_int_equal(st_writer_finish(w), NF4_OK);
 }
 
 enum variant {
@@ -193,18 +112,6 @@ static void write_unsloth_dir(const char *dir, const char *type, int variant)
     free(json);
 }
 
-/* The bytes of tensor `name` of an opened model. */
-static unsigned char *read_tensor(const struct model *m, const char *name, uint64_t *bytes)
-{
-    const struct model_tensor *t = model_find(m, name);
-    if (!t)
-        fail_msg("%s is not in the output", name);
-    *bytes = st_tensor_bytes(t->t);
-    unsigned char *buf = malloc(*bytes + 1);
-    assert_int_equal(st_read(t->file, t->t, 0, buf, *bytes), NF4_OK);
-    return buf;
-}
-
 /* out's fused tensor `fused` [E, C, R] against `want` ([R, C] bf16 each, one
  * per expert), transposed. */
 static void assert_fused_is(const struct model *out, const char *fused, const uint16_t *const *want, uint64_t rows,
@@ -287,20 +194,6 @@ static void assert_fused_output(const char *out_dir, int variant)
     model_close(out);
 }
 
-static int convert_dir(const char *in, const char *out, int threads, uint64_t chunk_elements, uint64_t mem)
-{
-    struct convert_opts o;
-    convert_opts_init(&o);
-    o.device = DEVICE_CPU;
-    o.dtype = DT_BF16;
-    o.threads = threads;
-    o.chunk_elements = chunk_elements;
-    o.mem = mem;
-    struct convert_stats st;
-    nf4_set_quiet(1);
-    return convert_run(in, out, &o, &st);
-}
-
 /* Every chunking (the smallest chunks a weight allows, a few thousand
  * elements, what a slot holds), one thread and several, each weight held
  * whole (source_cache.h) or, where --mem has no room for that beside the
@@ -319,7 +212,8 @@ static void test_fused_as_bitsandbytes_wrote_them(void **state)
             for (size_t mem = 0; mem < 2; mem++)
                 for (int threads = 1; threads <= 3; threads += 2) {
                     char *out = tu_strdupf("%s/out-%zu-%zu-%zu-%d", s->dir, v, k, mem, threads);
-                    assert_int_equal(convert_dir(in, out, threads, CHUNKS[k], MEM[mem]), NF4_OK);
+                    struct convert_stats st;
+                    assert_int_equal(convert_model_dir(in, out, threads, CHUNKS[k], MEM[mem], NULL, &st), NF4_OK);
                     assert_fused_output(out, VARIANTS[v]);
                     tu_rmtree(out);
                     free(out);
@@ -334,7 +228,8 @@ static void test_other_model_types_keep_the_layout(void **state)
     struct tu_scratch *s = *state;
     char *in = tu_strdupf("%s/in", s->dir), *out = tu_strdupf("%s/out", s->dir);
     write_unsloth_dir(in, "llama", PLAIN);
-    assert_int_equal(convert_dir(in, out, 2, 0, 0), NF4_OK);
+    struct convert_stats st;
+    assert_int_equal(convert_model_dir(in, out, 2, 0, 0, NULL, &st), NF4_OK);
     struct model *m;
     assert_int_equal(model_open_dir(out, &m), NF4_OK);
     assert_non_null(model_find(m, "model.layers.0.mlp.experts.gate_up_projs.2.weight"));
@@ -388,44 +283,12 @@ static void test_unfusable_layouts_refused(void **state)
  * with `dora`. */
 static void write_expert_adapter(const char *dir, int dora)
 {
-    assert_int_equal(mkdir(dir, 0755), 0);
-    const char *config = dora ? "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 5, \"use_dora\": true}"
-                              : "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 5}";
-    char *config_path = tu_strdupf("%s/adapter_config.json", dir);
-    tu_write_file(config_path, config, strlen(config));
-    enum { PAIRS = 2, PER_PAIR = 3 };
-    struct st_out_tensor outs[PAIRS * PER_PAIR];
-    char *names[PAIRS * PER_PAIR];
-    float *values[PAIRS * PER_PAIR];
-    uint64_t shapes[PAIRS * PER_PAIR][2];
-    size_t n = 0;
-    for (int pair = 0; pair < PAIRS; pair++) {
-        static const char *const KEYS[PER_PAIR] = {"lora_A.weight", "lora_B.weight", "lora_magnitude_vector"};
-        static const uint64_t SHAPES[PER_PAIR][2] = {{RANK, 1000}, {64, RANK}, {64, 0}};
-        for (int k = 0; k < (dora ? 3 : 2); k++, n++) {
-            names[n] = tu_strdupf("base_model.model.model.layers.2.mlp.experts.gate_up_projs.%d.%s", pair * 2, KEYS[k]);
-            memcpy(shapes[n], SHAPES[k], sizeof shapes[n]);
-            uint64_t count = shapes[n][0] * (shapes[n][1] ? shapes[n][1] : 1);
-            values[n] = malloc(count * 4);
-            for (uint64_t e = 0; e < count; e++)
-                values[n][e] = (float)((e * 2654435761u + n * 97u) % 1000u) / 1000.0f - 0.5f;
-            outs[n] = (struct st_out_tensor){names[n], DT_F32, shapes[n][1] ? 2u : 1u, shapes[n]};
-        }
-    }
-    char *weights = tu_strdupf("%s/adapter_model.safetensors", dir);
-    struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, weights, outs, n, NULL, 0), NF4_OK);
-    for (size_t k = 0; k < n; k++) {
-        size_t i = st_writer_order(w, k);
-        assert_int_equal(st_writer_write(w, values[i], shapes[i][0] * (shapes[i][1] ? shapes[i][1] : 1) * 4), NF4_OK);
-    }
-    assert_int_equal(st_writer_finish(w), NF4_OK);
-    for (size_t i = 0; i < n; i++) {
-        free(names[i]);
-        free(values[i]);
-    }
-    free(weights);
-    free(config_path);
+    static const struct adapter_pair PAIRS[] = {{"model.layers.2.mlp.experts.gate_up_projs.0", 64, 1000},
+                                                {"model.layers.2.mlp.experts.gate_up_projs.2", 64, 1000}};
+    write_adapter(dir,
+                  dora ? "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 5, \"use_dora\": true}"
+                       : "{\"peft_type\": \"LORA\", \"r\": 3, \"lora_alpha\": 5}",
+                  PAIRS, 2, RANK, dora);
 }
 
 /* A LoRA Unsloth trained on the experts' layers merges into the
@@ -443,20 +306,10 @@ static void test_lora_merges_into_fused_experts(void **state)
     static const uint64_t CHUNKS[] = {0, 1};
     for (size_t k = 0; k < 2; k++) {
         char *fused_out = tu_strdupf("%s/fused-out-%zu", s->dir, k), *plain_out = tu_strdupf("%s/plain-out-%zu", s->dir, k);
-        const char *lora[] = {adapter};
-        struct convert_opts o;
-        convert_opts_init(&o);
-        o.device = DEVICE_CPU;
-        o.dtype = DT_BF16;
-        o.threads = 2;
-        o.chunk_elements = CHUNKS[k];
-        o.lora_dirs = lora;
-        o.nlora = 1;
         struct convert_stats st;
-        nf4_set_quiet(1);
-        assert_int_equal(convert_run(fused_in, fused_out, &o, &st), NF4_OK);
+        assert_int_equal(convert_model_dir(fused_in, fused_out, 2, CHUNKS[k], 0, adapter, &st), NF4_OK);
         assert_int_equal(st.merged, 1);
-        assert_int_equal(convert_run(plain_in, plain_out, &o, &st), NF4_OK);
+        assert_int_equal(convert_model_dir(plain_in, plain_out, 2, CHUNKS[k], 0, adapter, &st), NF4_OK);
         assert_int_equal(st.merged, 2);
         struct model *fused, *plain;
         assert_int_equal(model_open_dir(fused_out, &fused), NF4_OK);
@@ -492,15 +345,11 @@ static void test_dora_on_an_expert_refused(void **state)
          *out = tu_strdupf("%s/out", s->dir);
     write_unsloth_dir(in, "gpt_oss", PLAIN);
     write_expert_adapter(adapter, 1);
-    struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", adapter, NULL);
     char *want = tu_strdupf("nf4deq: %s/adapter_model.safetensors: base_model.model.model.layers.2.mlp.experts."
                             "gate_up_projs.0.lora_A.weight: a DoRA pair on model.layers.2.mlp.experts.gate_up_projs.0."
-                            "weight, an expert's weight nf4deq writes transposed into the fused experts (Unsloth's "
+                            "weight, a weight nf4deq writes transposed (into the fused experts, from Unsloth's "
                             "per-expert layout): only plain LoRA pairs merge there\n", adapter);
-    if (r.status != NF4_EDATA || strcmp(r.err, want) != 0)
-        fail_msg("exit %d, stderr:\n%swanted:\n%s", r.status, r.err, want);
-    assert_false(tu_exists(out));
-    tu_run_free(&r);
+    assert_merge_refused(in, out, adapter, want);
     free(want);
     free(in);
     free(adapter);

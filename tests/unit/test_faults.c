@@ -424,6 +424,9 @@ static const struct io MAPPED_DIR_IO = {FIXTURES "/tiny-llama-bf16-bnb4-sharded"
  * clean conversion against bitsandbytes' bytes. */
 static char unsloth_in[4096];
 static const struct io UNSLOTH_IO = {unsloth_in, NULL, 1, 0};
+/* A GPT-2 whose 4-bit Conv1D weight is written transposed (conv1d_layout.h);
+ * test_conv1d_layout checks a clean conversion against bitsandbytes' bytes. */
+static const struct io GPT2_IO = {"tests/hostile/cases/dir-gpt2-conv1d-weight", NULL, 1, 0};
 
 /* Byte snapshot of a file, or of every file of a directory. */
 #define SNAP_MAX 32
@@ -519,8 +522,8 @@ static int convert(const char *in, const char *out, int force)
 
 /* Clean conversions of both inputs, made once: what successful faulted runs
  * must reproduce byte for byte. */
-static char *ref_root, *ref_file, *ref_dir, *ref_unsloth;
-static struct snap ref_dir_snap, ref_file_snap, ref_unsloth_snap;
+static char *ref_root, *ref_file, *ref_dir, *ref_unsloth, *ref_gpt2;
+static struct snap ref_dir_snap, ref_file_snap, ref_unsloth_snap, ref_gpt2_snap;
 
 /* Every tensor of `expected` is in `got` with the same dtype and bytes, and
  * `got` has no other. */
@@ -565,6 +568,7 @@ static int group_setup(void **state)
     ref_file = tu_strdupf("%s/ref.safetensors", ref_root);
     ref_dir = tu_strdupf("%s/refdir", ref_root);
     ref_unsloth = tu_strdupf("%s/refunsloth", ref_root);
+    ref_gpt2 = tu_strdupf("%s/refgpt2", ref_root);
     snprintf(unsloth_in, sizeof unsloth_in, "%s/unsloth/base", ref_root);
     if (tu_sh_status("python3 tests/scripts/make_unsloth_experts.py " FIXTURES " %s/unsloth", ref_root) != 0) {
         fprintf(stderr, "tests/scripts/make_unsloth_experts.py failed\n");
@@ -572,7 +576,7 @@ static int group_setup(void **state)
     }
     g.f = (struct fault){.fn = FN_COUNT, .mode = M_COUNT};
     if (convert(FILE_IO.in, ref_file, 0) != 0 || convert(DIR_IO.in, ref_dir, 0) != 0 ||
-        convert(UNSLOTH_IO.in, ref_unsloth, 0) != 0) {
+        convert(UNSLOTH_IO.in, ref_unsloth, 0) != 0 || convert(GPT2_IO.in, ref_gpt2, 0) != 0) {
         fprintf(stderr, "reference conversion failed: %s\n", nf4_last_error());
         return -1;
     }
@@ -581,6 +585,7 @@ static int group_setup(void **state)
     snap_take(&ref_file_snap, ref_file);
     snap_take(&ref_dir_snap, ref_dir);
     snap_take(&ref_unsloth_snap, ref_unsloth);
+    snap_take(&ref_gpt2_snap, ref_gpt2);
     return 0;
 }
 
@@ -590,11 +595,13 @@ static int group_teardown(void **state)
     snap_free(&ref_file_snap);
     snap_free(&ref_dir_snap);
     snap_free(&ref_unsloth_snap);
+    snap_free(&ref_gpt2_snap);
     tu_rmtree(ref_root);
     free(ref_root);
     free(ref_file);
     free(ref_dir);
     free(ref_unsloth);
+    free(ref_gpt2);
     return 0;
 }
 
@@ -616,7 +623,10 @@ static long soft_failures;
 static void assert_same_as_ref(const char *out, const struct io *io)
 {
     const int dir = io->dir;
-    const struct snap *ref = io == &UNSLOTH_IO ? &ref_unsloth_snap : dir ? &ref_dir_snap : &ref_file_snap;
+    const struct snap *ref = io == &UNSLOTH_IO ? &ref_unsloth_snap
+                             : io == &GPT2_IO  ? &ref_gpt2_snap
+                             : dir             ? &ref_dir_snap
+                                               : &ref_file_snap;
     if (!dir) {
         size_t len = 0;
         char *got = tu_read_file(out, &len);
@@ -929,6 +939,12 @@ static void test_alloc_sweep_unsloth(void **state)
 {
     (void)state;
     alloc_sweep(&UNSLOTH_IO, 1);
+}
+
+static void test_alloc_sweep_gpt2(void **state)
+{
+    (void)state;
+    alloc_sweep(&GPT2_IO, 1);
 }
 
 static void test_alloc_sweep_mapped_file(void **state)
@@ -1311,7 +1327,7 @@ static void test_kohya_temp_survives_sigkill(void **state)
 
 int main(void)
 {
-    static struct CMUnitTest faults[5 + NCASES + NSIG_CASES];
+    static struct CMUnitTest faults[6 + NCASES + NSIG_CASES];
     size_t n = 0;
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_wraps_intercept);
     for (size_t i = 0; i < NCASES; i++)
@@ -1320,6 +1336,7 @@ int main(void)
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_dir);
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_mapped_file);
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_unsloth);
+    faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_gpt2);
     for (size_t i = 0; i < NSIG_CASES; i++)
         faults[n++] = (struct CMUnitTest){SIG_CASES[i].name, test_signal_case, NULL, NULL, (void *)&SIG_CASES[i]};
     const struct CMUnitTest temps[] = {
