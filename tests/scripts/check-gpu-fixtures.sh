@@ -104,22 +104,31 @@ for t in gpt_oss llama4_text; do
             "$out/fused-$t-cpu$mem"
     done
 done
-# gpt-oss's experts in Unsloth's per-expert layout, written fused (each
-# weight transposed, a tile of whole blocks per source row), plain and with a
-# LoRA merged: the GPU's bytes equal the CPU's (test_experts_fused checks
-# those against bitsandbytes'), and with --mem 8M.
-python3 tests/scripts/make_unsloth_experts.py "$fx" "$out/unsloth"
-for lora in "" "$out/unsloth/adapter"; do
-    for mem in "" 8M; do
-        for run in gpu:"$gpu" cpu:cpu; do
-            "$bin" convert -q --device "${run#*:}" --dtype bf16 ${mem:+--mem "$mem"} "$out/unsloth/base" \
-                "$out/unsloth-${run%%:*}$mem${lora:+-lora}" ${lora:+--lora "$lora"} ||
-                { failed=$((failed + 1)); echo "FAIL: convert unsloth experts on ${run#*:}"; }
+# A checkpoint whose 4-bit weights are written transposed (a tile of whole
+# blocks per source row), plain and with a LoRA merged: the GPU's bytes equal
+# the CPU's (the unit tests check those against bitsandbytes'), and with
+# --mem 8M.
+transposed_layout() { # transposed_layout NAME LABEL: NAME's base and adapter, made by make_NAME.py
+    for lora in "" "$out/$1/adapter"; do
+        for mem in "" 8M; do
+            for run in gpu:"$gpu" cpu:cpu; do
+                "$bin" convert -q --device "${run#*:}" --dtype bf16 ${mem:+--mem "$mem"} "$out/$1/base" \
+                    "$out/$1-${run%%:*}$mem${lora:+-lora}" ${lora:+--lora "$lora"} ||
+                    { failed=$((failed + 1)); echo "FAIL: convert $2 on ${run#*:}"; }
+            done
+            check "$2${lora:+, a lora merged}${mem:+, --mem $mem} (gpu vs cpu)" \
+                "$out/$1-gpu$mem${lora:+-lora}" "$out/$1-cpu$mem${lora:+-lora}"
         done
-        check "unsloth gpt-oss experts, fused${lora:+, a lora merged}${mem:+, --mem $mem} (gpu vs cpu)" \
-            "$out/unsloth-gpu$mem${lora:+-lora}" "$out/unsloth-cpu$mem${lora:+-lora}"
     done
-done
+}
+# gpt-oss's experts in Unsloth's per-expert layout, written fused, each weight
+# transposed (test_experts_fused).
+python3 tests/scripts/make_unsloth_experts.py "$fx" "$out/unsloth"
+transposed_layout unsloth "unsloth gpt-oss experts, fused"
+# GPT-2's 4-bit Conv1D weights, written transposed back, [in, out]
+# (test_conv1d_layout).
+python3 tests/scripts/make_gpt2_conv1d.py "$fx" "$out/gpt2"
+transposed_layout gpt2 "gpt2 conv1d weights, transposed"
 # Pickled adapters (adapter_model.bin): the same tensors as the adapters above,
 # so the GPU's merge from each equals its merge from them, byte for byte.
 for c in bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 bf16-bnb4:r8-all-linear; do

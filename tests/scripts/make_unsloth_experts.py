@@ -32,12 +32,17 @@ def read_safetensors(path):
             for k, v in header.items() if k != "__metadata__"}
 
 
-def main():
-    fixtures, out = sys.argv[1], sys.argv[2]
-    src = read_safetensors(fixtures + "/tensors.bnb4.safetensors")
-    shapes = read_safetensors(fixtures + "/tensors.source.safetensors")
+def start(fixtures, out):
+    """The fixture's 4-bit tensors and its source tensors (for their shapes), read; out/base and out/adapter made."""
     os.makedirs(out + "/base", exist_ok=True)
     os.makedirs(out + "/adapter", exist_ok=True)
+    return (read_safetensors(fixtures + "/tensors.bnb4.safetensors"),
+            read_safetensors(fixtures + "/tensors.source.safetensors"))
+
+
+def main():
+    fixtures, out = sys.argv[1], sys.argv[2]
+    src, shapes = start(fixtures, out)
     base = []
     for layer, x in enumerate(WEIGHTS):
         prefix = "model.%s.weight" % x
@@ -60,11 +65,21 @@ def main():
     rows, cols = shapes["model.c.weight"][1]
     adapter = []
     for e in (0, 2):
-        key = "base_model.model.model.layers.2.mlp.experts.gate_up_projs.%d" % e
-        adapter.append((key + ".lora_A.weight", "F32", [R, cols], f32([rng.uniform(-0.5, 0.5) for _ in range(R * cols)])))
-        adapter.append((key + ".lora_B.weight", "F32", [rows, R], f32([rng.uniform(-0.5, 0.5) for _ in range(rows * R)])))
-    write_safetensors(out + "/adapter/adapter_model.safetensors", adapter)
-    with open(out + "/adapter/adapter_config.json", "w") as f:
+        adapter += lora_pair("model.layers.2.mlp.experts.gate_up_projs.%d" % e, rows, cols, rng)
+    write_adapter(out + "/adapter", adapter)
+
+
+def lora_pair(module, rows, cols, rng):
+    """PEFT's two factors of a rank-R LoRA on `module` ([rows, cols]), fp32 values spread over [-0.5, 0.5)."""
+    key = "base_model.model." + module
+    return [(key + ".lora_A.weight", "F32", [R, cols], f32([rng.uniform(-0.5, 0.5) for _ in range(R * cols)])),
+            (key + ".lora_B.weight", "F32", [rows, R], f32([rng.uniform(-0.5, 0.5) for _ in range(rows * R)]))]
+
+
+def write_adapter(path, tensors):
+    """A PEFT adapter of rank R, alpha 5, in directory `path`."""
+    write_safetensors(path + "/adapter_model.safetensors", tensors)
+    with open(path + "/adapter_config.json", "w") as f:
         json.dump({"peft_type": "LORA", "r": R, "lora_alpha": 5}, f)
 
 
