@@ -15,7 +15,7 @@
 
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= fuzz_header fuzz_quant_state fuzz_index fuzz_config fuzz_file fuzz_hf_ref fuzz_adapter_config fuzz_resume_manifest fuzz_pattern fuzz_torch_pickle fuzz_torch_file fuzz_kohya
+FUZZ_TARGETS ?= fuzz_header fuzz_quant_state fuzz_index fuzz_config fuzz_file fuzz_hf_ref fuzz_adapter_config fuzz_resume_manifest fuzz_pattern fuzz_torch_pickle fuzz_torch_file fuzz_kohya fuzz_model_dir
 FUZZ_DIR      = $(BUILD)/fuzz
 FUZZ_CORPUS   = tests/corpus
 FUZZ_SAN      = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer

@@ -13,7 +13,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIX = os.path.join(ROOT, "tests", "fixtures")
 OUT = os.path.join(ROOT, "tests", "corpus")
-TARGETS = ["fuzz_header", "fuzz_quant_state", "fuzz_index", "fuzz_config", "fuzz_file"]
+TARGETS = ["fuzz_header", "fuzz_quant_state", "fuzz_index", "fuzz_config", "fuzz_file", "fuzz_model_dir"]
 
 
 def read_st(path):
@@ -120,6 +120,26 @@ def main():
         seeds["fuzz_file"]["tiny-llama-shard-00005"] = f.read()
     seeds["fuzz_file"]["plain-f64-f4"] = build_st([("x", "F64", [2], struct.pack("<2d", 1e300, -0.0)),
                                                    ("y", "F4", [4], b"\x12\x34")])
+
+    # fuzz_model_dir: a byte for config.json's model_type (0 gpt_oss, 1 gpt2, 2 llama), then model.safetensors:
+    # two of Unsloth's experts and a router; a GPT-2's Conv1D weights (NF4 single quant, FP4) and a linear head.
+    def renamed(pairs, extra=()):
+        out = []
+        for x, name in pairs:
+            prefix = "model.%s.weight" % x
+            names = [n for n in tensor_bytes(bnb4, [k for k in read_st(bnb4)[0] if k.startswith(prefix)])]
+            t = tensor_bytes(bnb4, names)
+            out += [(name + n[len(prefix):],) + t[n] for n in sorted(names)]
+        return build_st(out + list(extra), {"format": "pt"})
+    norm = tensor_bytes(bnb4, ["model.norm.weight"])["model.norm.weight"]
+    experts = [(x, "model.layers.0.mlp.experts.%s.%d.weight" % (p, e)) for e, x in enumerate("gg")
+               for p in ("gate_up_projs", "down_projs")]
+    seeds["fuzz_model_dir"]["gpt-oss-unsloth-experts"] = b"\x00" + renamed(
+        experts, [("model.layers.0.mlp.router.linear.weight",) + norm])
+    gpt2 = renamed([("d", "transformer.h.0.mlp.c_fc.weight"), ("e", "transformer.h.0.attn.c_proj.weight"),
+                    ("d", "lm_head.weight")])
+    seeds["fuzz_model_dir"]["gpt2-conv1d"] = b"\x01" + gpt2
+    seeds["fuzz_model_dir"]["llama-keeps-conv1d-names"] = b"\x02" + gpt2
 
     for t in TARGETS:
         d = os.path.join(OUT, t)
