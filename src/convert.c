@@ -14,9 +14,9 @@
 #include <unistd.h>
 
 #include "bnb_state.h"
+#include "conv1d_layout.h"
 #include "cpu_path.h"
 #include "exit_handoff.h"
-#include "conv1d_layout.h"
 #include "expert_layout.h"
 #include "fileio.h"
 #include "gpu_start.h"

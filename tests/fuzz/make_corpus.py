@@ -3,10 +3,10 @@
 bitsandbytes fixtures in tests/fixtures plus a few hand-made variants.
 
 Run from the repository root: python3 tests/fuzz/make_corpus.py
-Python 3 standard library only. tests/corpus/crashes/ is left alone."""
+Python 3 standard library only. tests/corpus/crashes/, and files a target's
+folder holds that this script does not write, are left alone."""
 import json
 import os
-import shutil
 import struct
 import sys
 
@@ -141,10 +141,10 @@ def main():
     seeds["fuzz_model_dir"]["gpt2-conv1d"] = b"\x01" + gpt2
     seeds["fuzz_model_dir"]["llama-keeps-conv1d-names"] = b"\x02" + gpt2
 
+    # Seeds added by hand beside these (tests/corpus/fuzz_config/diffusers-*) are kept: a file is only written.
     for t in TARGETS:
         d = os.path.join(OUT, t)
-        shutil.rmtree(d, ignore_errors=True)
-        os.makedirs(d)
+        os.makedirs(d, exist_ok=True)
         for name, blob in sorted(seeds[t].items()):
             with open(os.path.join(d, name), "wb") as f:
                 f.write(blob)
