@@ -29,18 +29,56 @@ static int is_conv1d_weight(const char *name)
     return 0;
 }
 
+static int is_conv1d_model_type(const char *type)
+{
+    for (size_t i = 0; type && i < sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES; i++)
+        if (strcmp(type, CONV1D_MODEL_TYPES[i]) == 0)
+            return 1;
+    return 0;
+}
+
+/* A composite model (vision-encoder-decoder, encoder-decoder: a ViT and a
+ * GPT-2 captioner, say) names its parts' architectures in config.json's
+ * "encoder" and "decoder", and prefixes their weights with the same word. */
+static const char *const CONV1D_PARTS[] = {"encoder", "decoder"};
+
+/* Which weights are a Conv1D architecture's: every one (*all), or those under
+ * "<part>." for each part whose flag in `parts` is set. */
+static int conv1d_scope(const struct model *m, int *all, int parts[2])
+{
+    int code = model_type_is_one_of(m, CONV1D_MODEL_TYPES, sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES, all);
+    for (size_t i = 0; code == NF4_OK && i < 2; i++) {
+        char *type;
+        code = model_config_part_type(m, CONV1D_PARTS[i], &type);
+        parts[i] = code == NF4_OK && is_conv1d_model_type(type);
+        free(type);
+    }
+    return code;
+}
+
+static int in_scope(const char *name, int all, const int parts[2])
+{
+    if (all)
+        return 1;
+    for (size_t i = 0; i < 2; i++) {
+        size_t len = strlen(CONV1D_PARTS[i]);
+        if (parts[i] && strncmp(name, CONV1D_PARTS[i], len) == 0 && name[len] == '.')
+            return 1;
+    }
+    return 0;
+}
+
 int conv1d_layout_find(const char *dir, const struct model *m, const struct bnb_weight *weights, size_t nweights,
                        struct conv1d_layout **out)
 {
     *out = NULL;
-    int conv1d;
-    int code = model_type_is_one_of(m, CONV1D_MODEL_TYPES, sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES,
-                                    &conv1d);
+    int all, parts[2];
+    int code = conv1d_scope(m, &all, parts);
     if (code != NF4_OK)
         return code;
     size_t n = 0;
-    for (size_t i = 0; conv1d && i < nweights; i++)
-        n += is_conv1d_weight(weights[i].name);
+    for (size_t i = 0; i < nweights; i++)
+        n += in_scope(weights[i].name, all, parts) && is_conv1d_weight(weights[i].name);
     if (n == 0)
         return NF4_OK;
     struct conv1d_layout *x = calloc(1, sizeof *x);
@@ -50,7 +88,7 @@ int conv1d_layout_find(const char *dir, const struct model *m, const struct bnb_
     }
     for (size_t i = 0; i < nweights; i++) {
         const struct bnb_weight *w = &weights[i];
-        if (!is_conv1d_weight(w->name))
+        if (!in_scope(w->name, all, parts) || !is_conv1d_weight(w->name))
             continue;
         if (w->state.ndim != 2) {
             conv1d_layout_free(x);

@@ -9,9 +9,10 @@
  * recorded, the model cannot load it (or, for a square c_proj, loads it
  * silently transposed), and transformers' own dequantize() makes the layers
  * nn.Linear, which a GPT-2 checkpoint cannot hold. In a model directory whose
- * config.json names one of these architectures, each 4-bit Conv1D weight is
- * written transposed back, [in, out]: the shape of the model's own
- * checkpoints. */
+ * config.json names one of these architectures (or a composite model whose
+ * "encoder" or "decoder" does: then the weights under "encoder." or
+ * "decoder."), each 4-bit Conv1D weight is written transposed back,
+ * [in, out]: the shape of the model's own checkpoints. */
 #ifndef NF4DEQ_CONV1D_LAYOUT_H
 #define NF4DEQ_CONV1D_LAYOUT_H
 

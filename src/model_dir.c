@@ -401,6 +401,21 @@ int model_config_type(const struct model *m, char **model_type, char **text_mode
     return code;
 }
 
+int model_config_part_type(const struct model *m, const char *part, char **model_type)
+{
+    *model_type = NULL;
+    char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
+    if (!dir)
+        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
+    cJSON *root;
+    int code = read_config(dir, &root);
+    if (code == NF4_OK)
+        code = copy_model_type(cJSON_GetObjectItemCaseSensitive(root, part), dir, model_type);
+    cJSON_Delete(root);
+    free(dir);
+    return code;
+}
+
 int model_type_is_one_of(const struct model *m, const char *const *types, size_t ntypes, int *found)
 {
     *found = 0;

@@ -51,6 +51,9 @@ int model_tied_embedding(const struct model *m, const char **embedding);
  * language model's of a multimodal one (allocated). Each NULL where there is
  * none. A failed read of config.json is the error. */
 int model_config_type(const struct model *m, char **model_type, char **text_model_type);
+/* *model_type: the "model_type" of config.json's object `part` (a composite
+ * model's "encoder" or "decoder"), allocated, or NULL where there is none. */
+int model_config_part_type(const struct model *m, const char *part, char **model_type);
 /* *found: config.json's "model_type" (as model_config_type reads it) is one
  * of `types`. */
 int model_type_is_one_of(const struct model *m, const char *const *types, size_t ntypes, int *found);

@@ -271,6 +271,10 @@ int resume_fingerprint(const struct model *m, const struct convert_opts *o, cons
     }
     if (untied)
         strbuf_printf(&b, "; lm_head.weight apart from %s", untied);
+    /* config.json's model_type decides layouts (gpt-oss's experts fused,
+     * GPT-2's Conv1D transposed) that change no shard's size. */
+    strbuf_puts(&b, ";");
+    describe_file(&b, m->dir, CONFIG_FILE_NAME);
     out->options = b.p;
     out->inputs = calloc(m->nfiles ? m->nfiles : 1, sizeof *out->inputs);
     if (b.oom || !out->inputs) {

@@ -8,6 +8,7 @@
 #include "test_util.h"
 
 #include "fixture_checkpoint.h"
+#include "resume.h"
 
 #define WEIGHTS 8
 /* Fixture weight a to h as a GPT-2's layers, and the head, a linear layer. */
@@ -20,19 +21,37 @@ static const char *const CONV1D_NAMES[WEIGHTS] = {
 #define NORM "transformer.ln_f.weight"
 #define RANK 3
 
+/* A vision-encoder-decoder model whose decoder is a GPT-2: its weights are
+ * under "decoder.", and a Conv1D-named weight under "encoder." is a ViT's. */
+#define COMPOSITE_CONFIG                                                                                              \
+    "{\"model_type\": \"vision-encoder-decoder\", \"encoder\": {\"model_type\": \"vit\"}, "                             \
+    "\"decoder\": {\"model_type\": \"gpt2\"}}"
+#define ENCODER_WEIGHT "encoder.encoder.layer.0.output.c_fc.weight"
+
 /* dir: a checkpoint of config.json's model_type `type`: fixture weights a
- * to h as CONV1D_NAMES, the head as fixture weight HEAD_FROM, a bf16 norm. */
+ * to h as CONV1D_NAMES, the head as fixture weight HEAD_FROM, a bf16 norm;
+ * for type "vision-encoder-decoder", COMPOSITE_CONFIG, every name under
+ * "decoder.", and fixture weight b as ENCODER_WEIGHT besides. */
 static void write_gpt2_dir(const char *dir, const char *type)
 {
     struct checkpoint *c = calloc(1, sizeof *c);
     assert_int_equal(st_open(FIXTURES "/tensors.bnb4.safetensors", &c->bnb), NF4_OK);
     assert_int_equal(st_open(FIXTURES "/tensors.source.safetensors", &c->source), NF4_OK);
-    for (int i = 0; i < WEIGHTS; i++)
-        add_weight(c, 0, (char)('a' + i), CONV1D_NAMES[i]);
-    add_weight(c, 0, HEAD_FROM, HEAD);
-    add_copy(c, 0, c->bnb, "model.norm.weight", NORM);
+    int composite = strcmp(type, "vision-encoder-decoder") == 0;
+    const char *prefix = composite ? "decoder." : "";
+    char name[256];
+    for (int i = 0; i < WEIGHTS; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, CONV1D_NAMES[i]);
+        add_weight(c, 0, (char)('a' + i), name);
+    }
+    snprintf(name, sizeof name, "%s%s", prefix, HEAD);
+    add_weight(c, 0, HEAD_FROM, name);
+    add_copy(c, 0, c->bnb, "model.norm.weight", "%s%s", prefix, NORM);
+    if (composite)
+        add_weight(c, 0, 'b', ENCODER_WEIGHT);
     assert_int_equal(mkdir(dir, 0755), 0);
-    char *config = tu_strdupf("%s/config.json", dir), *json = tu_strdupf("{\"model_type\": \"%s\"}", type),
+    char *config = tu_strdupf("%s/config.json", dir),
+         *json = composite ? strdup(COMPOSITE_CONFIG) : tu_strdupf("{\"model_type\": \"%s\"}", type),
          *path = tu_strdupf("%s/model.safetensors", dir);
     tu_write_file(config, json, strlen(json));
     write_shard(c, 0, path);
@@ -82,27 +101,42 @@ static uint16_t *bnb_output(const struct st_file *expected, char x, uint64_t *ro
     return v;
 }
 
-/* The output of write_gpt2_dir, converted to bf16: each Conv1D weight is
- * bitsandbytes' output transposed, the head as bitsandbytes wrote it. */
-static void assert_gpt2_output(const char *out_dir)
+/* out's `name` is bitsandbytes' output for fixture weight x, as stored. */
+static void assert_kept(const struct model *out, const struct st_file *expected, const char *name, char x)
+{
+    uint64_t rows, cols, bytes;
+    uint16_t *want = bnb_output(expected, x, &rows, &cols), *got = (uint16_t *)read_tensor(out, name, &bytes);
+    assert_int_equal(bytes, rows * cols * 2);
+    assert_memory_equal(got, want, bytes);
+    assert_int_equal(model_find(out, name)->t->shape[0], rows);
+    free(want);
+    free(got);
+}
+
+/* The output of write_gpt2_dir(type), converted to bf16: each Conv1D weight
+ * is bitsandbytes' output transposed, the head (and a composite model's
+ * encoder weight) as bitsandbytes wrote it. */
+static void assert_gpt2_output(const char *out_dir, const char *type)
 {
     struct model *out;
     assert_int_equal(model_open_dir(out_dir, &out), NF4_OK);
     struct st_file *expected;
     assert_int_equal(st_open(FIXTURES "/tensors.expected-bf16.safetensors", &expected), NF4_OK);
-    uint64_t rows, cols, bytes;
+    int composite = strcmp(type, "vision-encoder-decoder") == 0;
+    const char *prefix = composite ? "decoder." : "";
+    uint64_t rows, cols;
+    char name[256];
     for (int i = 0; i < WEIGHTS; i++) {
         uint16_t *want = bnb_output(expected, (char)('a' + i), &rows, &cols);
-        assert_transposed_is(out, CONV1D_NAMES[i], want, rows, cols);
+        snprintf(name, sizeof name, "%s%s", prefix, CONV1D_NAMES[i]);
+        assert_transposed_is(out, name, want, rows, cols);
         free(want);
     }
-    uint16_t *want = bnb_output(expected, HEAD_FROM, &rows, &cols), *head = (uint16_t *)read_tensor(out, HEAD, &bytes);
-    assert_int_equal(bytes, rows * cols * 2);
-    assert_memory_equal(head, want, bytes);
-    assert_int_equal(model_find(out, HEAD)->t->shape[0], rows);
-    free(want);
-    free(head);
-    assert_int_equal(out->count, WEIGHTS + 2);
+    snprintf(name, sizeof name, "%s%s", prefix, HEAD);
+    assert_kept(out, expected, name, HEAD_FROM);
+    if (composite)
+        assert_kept(out, expected, ENCODER_WEIGHT, 'b');
+    assert_int_equal(out->count, WEIGHTS + 2 + composite);
     st_close(expected);
     model_close(out);
 }
@@ -125,26 +159,28 @@ static void test_conv1d_as_bitsandbytes_wrote_them(void **state)
                 struct convert_stats st;
                 assert_int_equal(convert_model_dir(in, out, threads, CHUNKS[k], MEM[mem], NULL, &st), NF4_OK);
                 assert_int_equal(st.dequantized, WEIGHTS + 1);
-                assert_gpt2_output(out);
+                assert_gpt2_output(out, "gpt2");
                 tu_rmtree(out);
                 free(out);
             }
     free(in);
 }
 
-/* Each architecture built on Conv1D is transposed back; another keeps the
+/* Each architecture built on Conv1D is transposed back, and a composite
+ * model's GPT-2 decoder (its encoder's weights kept); another keeps the
  * weights as stored, in their quant state's shape. */
 static void test_which_architectures(void **state)
 {
     struct tu_scratch *s = *state;
-    static const char *const CONV1D_TYPES[] = {"gpt2", "openai-gpt", "imagegpt", "decision_transformer", "clvp",
-                                               "clvp_decoder"};
+    static const char *const CONV1D_TYPES[] = {"gpt2",         "openai-gpt",          "imagegpt",
+                                               "decision_transformer", "clvp", "clvp_decoder",
+                                               "vision-encoder-decoder"};
     for (size_t i = 0; i < sizeof CONV1D_TYPES / sizeof *CONV1D_TYPES; i++) {
         char *in = tu_strdupf("%s/in-%zu", s->dir, i), *out = tu_strdupf("%s/out-%zu", s->dir, i);
         write_gpt2_dir(in, CONV1D_TYPES[i]);
         struct convert_stats st;
         assert_int_equal(convert_model_dir(in, out, 2, 0, 0, NULL, &st), NF4_OK);
-        assert_gpt2_output(out);
+        assert_gpt2_output(out, CONV1D_TYPES[i]);
         free(in);
         free(out);
     }
@@ -274,6 +310,32 @@ static void test_inspect_says_which_are_transposed(void **state)
     free(in);
 }
 
+/* config.json decides which layout is written, and the layout changes no
+ * shard's size: a resume must not take shards written under another
+ * model_type. */
+static void test_resume_record_holds_the_config(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *in = tu_strdupf("%s/gpt2", s->dir), *config = tu_strdupf("%s/gpt2/config.json", s->dir);
+    write_gpt2_dir(in, "gpt2");
+    struct convert_opts o;
+    convert_opts_init(&o);
+    struct model *m;
+    assert_int_equal(model_open_dir(in, &m), NF4_OK);
+    struct resume_manifest before, after;
+    assert_int_equal(resume_fingerprint(m, &o, NULL, &before), NF4_OK);
+    const char *llama = "{\"model_type\": \"llama\", \"padding\": 1}"; /* another size, whatever the clock */
+    tu_write_file(config, llama, strlen(llama));
+    assert_int_equal(resume_fingerprint(m, &o, NULL, &after), NF4_OK);
+    assert_false(resume_same_source(&before, &after));
+    assert_true(resume_same_source(&after, &after));
+    resume_manifest_free(&before);
+    resume_manifest_free(&after);
+    model_close(m);
+    free(in);
+    free(config);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -282,6 +344,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lora_merges_then_transposes, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_dora_on_conv1d_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_says_which_are_transposed, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_resume_record_holds_the_config, tu_scratch_setup, tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("GPT-2's Conv1D weights", tests, NULL, NULL);
 }
