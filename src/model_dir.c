@@ -384,36 +384,35 @@ static int copy_model_type(const cJSON *obj, const char *dir, char **out)
     return NF4_OK;
 }
 
-int model_config_type(const struct model *m, char **model_type, char **text_model_type)
+/* *out: the "model_type" of m's config.json (in its directory or beside its
+ * single file), of its object `part` where part is not NULL; and, with
+ * text_out, of its "text_config". Each allocated, or NULL where there is none. */
+static int read_model_types(const struct model *m, const char *part, char **out, char **text_out)
 {
-    *model_type = *text_model_type = NULL;
     char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
     if (!dir)
         return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
     cJSON *root;
     int code = read_config(dir, &root);
     if (code == NF4_OK)
-        code = copy_model_type(root, dir, model_type);
-    if (code == NF4_OK)
-        code = copy_model_type(cJSON_GetObjectItemCaseSensitive(root, "text_config"), dir, text_model_type);
+        code = copy_model_type(part ? cJSON_GetObjectItemCaseSensitive(root, part) : root, dir, out);
+    if (code == NF4_OK && text_out)
+        code = copy_model_type(cJSON_GetObjectItemCaseSensitive(root, "text_config"), dir, text_out);
     cJSON_Delete(root);
     free(dir);
     return code;
 }
 
+int model_config_type(const struct model *m, char **model_type, char **text_model_type)
+{
+    *model_type = *text_model_type = NULL;
+    return read_model_types(m, NULL, model_type, text_model_type);
+}
+
 int model_config_part_type(const struct model *m, const char *part, char **model_type)
 {
     *model_type = NULL;
-    char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
-    if (!dir)
-        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
-    cJSON *root;
-    int code = read_config(dir, &root);
-    if (code == NF4_OK)
-        code = copy_model_type(cJSON_GetObjectItemCaseSensitive(root, part), dir, model_type);
-    cJSON_Delete(root);
-    free(dir);
-    return code;
+    return read_model_types(m, part, model_type, NULL);
 }
 
 int model_type_is_one_of(const struct model *m, const char *const *types, size_t ntypes, int *found)

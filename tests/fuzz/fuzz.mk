@@ -42,7 +42,7 @@ $(FUZZ_DIR)/libnf4deq-fuzz.a: $(FUZZ_LIB_OBJS)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(FUZZ_DIR)/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h $(FUZZ_DIR)/libnf4deq-fuzz.a | fuzz-deps
+$(FUZZ_DIR)/%: tests/fuzz/%.c tests/fuzz/fuzz_common.h tests/fuzz/fuzz_convert.h $(FUZZ_DIR)/libnf4deq-fuzz.a | fuzz-deps
 	@mkdir -p $(@D)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_DIR)/libnf4deq-fuzz.a $(CJSON_LIBS) -lm -pthread
 

@@ -9,13 +9,10 @@
 #include "convert.h"
 #define FUZZ_OWN_INITIALIZE /* it also makes a scratch folder */
 #include "fuzz_common.h"
+#include "fuzz_convert.h"
 #include "inspect.h"
 #include "model.h"
 
-
-/* Converting allocates about chunk-sized buffers, but output sizes follow the
- * header: skip conversion when the data claimed exceeds this. */
-#define FUZZ_MAX_DATA_BYTES (16u << 20)
 #define FUZZ_MEM_BYTES (4u << 20)
 
 static const char *in_path, *out_path;
@@ -35,21 +32,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         exit(1);
     }
     return 0;
-}
-
-static int data_is_bounded(const struct model *m, const struct bnb_weight *w, size_t nw)
-{
-    uint64_t total = 0;
-    for (size_t i = 0; i < m->nfiles; i++)
-        if (m->files[i]->file_size > FUZZ_MAX_DATA_BYTES)
-            return 0;
-    for (size_t i = 0; i < nw; i++) {
-        /* fp32 output of every dequantized weight */
-        if (w[i].state.n > FUZZ_MAX_DATA_BYTES / 4)
-            return 0;
-        total += w[i].state.n * 4;
-    }
-    return total <= FUZZ_MAX_DATA_BYTES;
 }
 
 static void convert_once(enum st_dtype dtype, uint64_t chunk)
@@ -78,13 +60,7 @@ static void convert_once(enum st_dtype dtype, uint64_t chunk)
         model_close(m);
         FUZZ_ASSERT(unlink(out_path) == 0, "output missing after success");
     } else {
-        /* EUSAGE: a (valid) chunk of blocksize x nested_blocksize elements
-         * does not fit the small --mem given here. */
-        FUZZ_ASSERT(code == NF4_EDATA || code == NF4_ESOFTWARE ||
-                        (code == NF4_EUSAGE && strstr(nf4_last_error(), "--mem is too small")),
-                    "convert failed with %d: %s", code, nf4_last_error());
-        const char *msg = nf4_last_error();
-        FUZZ_ASSERT(!strchr(msg, '\n'), "message spans lines: %s", msg);
+        fuzz_assert_documented_failure(code, "convert");
     }
     fuzz_assert_only_input_left(code == NF4_OK ? "a conversion" : "a failed conversion");
 }
@@ -105,7 +81,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t nw = 0;
     nf4_clear_error();
     code = bnb_collect(m, &w, &nw);
-    int bounded = code == NF4_OK && data_is_bounded(m, w, nw);
+    int bounded = code == NF4_OK && fuzz_data_is_bounded(m, w, nw);
     if (code != NF4_OK)
         FUZZ_ASSERT(code == NF4_EDATA || code == NF4_ESOFTWARE, "collect failed with %d: %s", code,
                     nf4_last_error());

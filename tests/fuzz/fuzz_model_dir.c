@@ -15,12 +15,10 @@
 #include "convert.h"
 #define FUZZ_OWN_INITIALIZE /* it also makes a scratch folder */
 #include "fuzz_common.h"
+#include "fuzz_convert.h"
 #include "inspect.h"
 #include "model.h"
 
-/* As fuzz_file: conversion buffers follow the header, so large claims are
- * only opened and inspected. */
-#define FUZZ_MAX_DATA_BYTES (16u << 20)
 #define FUZZ_MEM_BYTES (8u << 20)
 
 static const char *const MODEL_TYPES[] = {"gpt_oss", "gpt2", "llama"};
@@ -49,30 +47,6 @@ static void write_file(const char *path, const void *data, size_t size)
 {
     FILE *f = fopen(path, "wb");
     FUZZ_ASSERT(f && fwrite(data, 1, size, f) == size && fclose(f) == 0, "cannot write %s", path);
-}
-
-static int data_is_bounded(const struct model *m, const struct bnb_weight *w, size_t nw)
-{
-    uint64_t total = 0;
-    for (size_t i = 0; i < m->nfiles; i++)
-        if (m->files[i]->file_size > FUZZ_MAX_DATA_BYTES)
-            return 0;
-    for (size_t i = 0; i < nw; i++) {
-        if (w[i].state.n > FUZZ_MAX_DATA_BYTES / 4)
-            return 0;
-        total += w[i].state.n * 4;
-    }
-    return total <= FUZZ_MAX_DATA_BYTES;
-}
-
-/* A failure's exit code and message as the contract has them: data (65),
- * memory (70), or a --mem too small for a block's chunk (2); one line. */
-static void assert_documented_failure(int code, const char *what)
-{
-    FUZZ_ASSERT(code == NF4_EDATA || code == NF4_ESOFTWARE ||
-                    (code == NF4_EUSAGE && strstr(nf4_last_error(), "--mem is too small")),
-                "%s failed with %d: %s", what, code, nf4_last_error());
-    FUZZ_ASSERT(!strchr(nf4_last_error(), '\n'), "message spans lines: %s", nf4_last_error());
 }
 
 static void remove_output(void)
@@ -109,7 +83,7 @@ static void convert_once(uint64_t chunk)
         model_close(m);
         remove_output();
     } else {
-        assert_documented_failure(code, "convert");
+        fuzz_assert_documented_failure(code, "convert");
     }
     fuzz_assert_only_input_left(code == NF4_OK ? "a conversion" : "a failed conversion");
 }
@@ -135,18 +109,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t nw = 0;
     nf4_clear_error();
     code = bnb_collect(m, &w, &nw);
-    int bounded = code == NF4_OK && data_is_bounded(m, w, nw);
+    int bounded = code == NF4_OK && fuzz_data_is_bounded(m, w, nw);
     bnb_free(w, nw);
     model_close(m);
     if (code != NF4_OK) {
-        assert_documented_failure(code, "collect");
+        fuzz_assert_documented_failure(code, "collect");
         return 0;
     }
     /* inspect finds the layouts as convert does: it fails only where convert would. */
     nf4_clear_error();
     int inspected = inspect_run(in_dir, 0, DT_INVALID, NULL, 0, NULL, devnull);
     if (inspected != NF4_OK)
-        assert_documented_failure(inspected, "inspect");
+        fuzz_assert_documented_failure(inspected, "inspect");
     nf4_clear_error();
     FUZZ_ASSERT(inspect_run(in_dir, 1, DT_BF16, NULL, 0, NULL, devnull) == inspected, "inspect --json and inspect "
                 "disagree: %s", nf4_last_error());
