@@ -37,34 +37,37 @@ static int is_conv1d_model_type(const char *type)
     return 0;
 }
 
-/* A composite model (vision-encoder-decoder, encoder-decoder: a ViT and a
- * GPT-2 captioner, say) names its parts' architectures in config.json's
- * "encoder" and "decoder", and prefixes their weights with the same word. */
-static const char *const CONV1D_PARTS[] = {"encoder", "decoder"};
+/* Where a Conv1D architecture's weights may be: the whole model, where
+ * config.json's top level names one, or a composite model's part
+ * (vision-encoder-decoder, encoder-decoder: a ViT and a GPT-2 captioner,
+ * say), named in its "encoder" or "decoder", whose weights have that word
+ * as a prefix. */
+static const struct {
+    const char *part;   /* NULL: the top level */
+    const char *prefix; /* of its weights' names */
+} SCOPES[] = {{NULL, ""}, {"encoder", "encoder."}, {"decoder", "decoder."}};
+#define NSCOPES (sizeof SCOPES / sizeof *SCOPES)
 
-/* Which weights are a Conv1D architecture's: every one (*all), or those under
- * "<part>." for each part whose flag in `parts` is set. */
-static int conv1d_scope(const struct model *m, int *all, int parts[2])
+/* in[i]: SCOPES[i] is a Conv1D architecture. */
+static int conv1d_scopes(const struct model *m, int in[NSCOPES])
 {
-    int code = model_type_is_one_of(m, CONV1D_MODEL_TYPES, sizeof CONV1D_MODEL_TYPES / sizeof *CONV1D_MODEL_TYPES, all);
-    for (size_t i = 0; code == NF4_OK && i < 2; i++) {
-        char *type;
-        code = model_config_part_type(m, CONV1D_PARTS[i], &type);
-        parts[i] = code == NF4_OK && is_conv1d_model_type(type);
+    int code = NF4_OK;
+    for (size_t i = 0; i < NSCOPES; i++) {
+        char *type = NULL;
+        if (code == NF4_OK)
+            code = model_config_part_type(m, SCOPES[i].part, &type);
+        in[i] = code == NF4_OK && is_conv1d_model_type(type);
         free(type);
     }
     return code;
 }
 
-static int in_scope(const char *name, int all, const int parts[2])
+/* Weight `name` is a Conv1D layer's, in a scope that is a Conv1D architecture. */
+static int is_conv1d_in_scope(const char *name, const int in[NSCOPES])
 {
-    if (all)
-        return 1;
-    for (size_t i = 0; i < 2; i++) {
-        size_t len = strlen(CONV1D_PARTS[i]);
-        if (parts[i] && strncmp(name, CONV1D_PARTS[i], len) == 0 && name[len] == '.')
-            return 1;
-    }
+    for (size_t i = 0; i < NSCOPES; i++)
+        if (in[i] && strncmp(name, SCOPES[i].prefix, strlen(SCOPES[i].prefix)) == 0)
+            return is_conv1d_weight(name);
     return 0;
 }
 
@@ -72,13 +75,13 @@ int conv1d_layout_find(const char *dir, const struct model *m, const struct bnb_
                        struct conv1d_layout **out)
 {
     *out = NULL;
-    int all, parts[2];
-    int code = conv1d_scope(m, &all, parts);
+    int in[NSCOPES];
+    int code = conv1d_scopes(m, in);
     if (code != NF4_OK)
         return code;
     size_t n = 0;
     for (size_t i = 0; i < nweights; i++)
-        n += in_scope(weights[i].name, all, parts) && is_conv1d_weight(weights[i].name);
+        n += is_conv1d_in_scope(weights[i].name, in);
     if (n == 0)
         return NF4_OK;
     struct conv1d_layout *x = calloc(1, sizeof *x);
@@ -88,7 +91,7 @@ int conv1d_layout_find(const char *dir, const struct model *m, const struct bnb_
     }
     for (size_t i = 0; i < nweights; i++) {
         const struct bnb_weight *w = &weights[i];
-        if (!in_scope(w->name, all, parts) || !is_conv1d_weight(w->name))
+        if (!is_conv1d_in_scope(w->name, in))
             continue;
         if (w->state.ndim != 2) {
             conv1d_layout_free(x);

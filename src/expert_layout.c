@@ -291,10 +291,11 @@ int expert_layout_find(const char *dir, const struct model *m, const struct bnb_
                        struct expert_layout **out)
 {
     *out = NULL;
-    static const char *const TYPES[] = {UNSLOTH_EXPERTS_MODEL_TYPE};
-    int gpt_oss;
-    int code = model_type_is_one_of(m, TYPES, 1, &gpt_oss);
-    if (code != NF4_OK || !gpt_oss)
+    char *type;
+    int code = model_config_part_type(m, NULL, &type);
+    int gpt_oss = code == NF4_OK && type && strcmp(type, UNSLOTH_EXPERTS_MODEL_TYPE) == 0;
+    free(type);
+    if (!gpt_oss)
         return code;
     struct expert_layout *x = calloc(1, sizeof *x);
     if (!x)

@@ -415,18 +415,6 @@ int model_config_part_type(const struct model *m, const char *part, char **model
     return read_model_types(m, part, model_type, NULL);
 }
 
-int model_type_is_one_of(const struct model *m, const char *const *types, size_t ntypes, int *found)
-{
-    *found = 0;
-    char *type, *text_type;
-    int code = model_config_type(m, &type, &text_type);
-    for (size_t i = 0; code == NF4_OK && type && i < ntypes; i++)
-        *found |= strcmp(type, types[i]) == 0;
-    free(type);
-    free(text_type);
-    return code;
-}
-
 /* ---- tied embeddings ---- */
 
 /* The input embeddings a causal LM's head is tied to, as transformers names

@@ -52,11 +52,9 @@ int model_tied_embedding(const struct model *m, const char **embedding);
  * none. A failed read of config.json is the error. */
 int model_config_type(const struct model *m, char **model_type, char **text_model_type);
 /* *model_type: the "model_type" of config.json's object `part` (a composite
- * model's "encoder" or "decoder"), allocated, or NULL where there is none. */
+ * model's "encoder" or "decoder"; NULL: the top level's, as
+ * model_config_type reads it), allocated, or NULL where there is none. */
 int model_config_part_type(const struct model *m, const char *part, char **model_type);
-/* *found: config.json's "model_type" (as model_config_type reads it) is one
- * of `types`. */
-int model_type_is_one_of(const struct model *m, const char *const *types, size_t ntypes, int *found);
 /* The rows of a causal LM's input embedding (the names above), or 0 where m
  * has none of them. */
 uint64_t model_embedding_rows(const struct model *m);
