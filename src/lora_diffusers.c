@@ -11,6 +11,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "layout.h"
+#include "lora_fal.h"
 #include "lora_flux2.h"
 #include "lora_hunyuan.h"
 #include "lora_kohya.h"
@@ -117,6 +118,26 @@ char *diffusers_class_name(const char *dir, const char *name)
     return cls;
 }
 
+static int holds_query_norm_scale(const char *key)
+{
+    return strstr(key, "query_norm.scale") != NULL;
+}
+
+/* BFL's Flux.1 control LoRAs (FLUX.1 Canny and Depth [dev] LoRA), which
+ * Flux.1's loader finds by a key with "query_norm.scale" in it: diffusers
+ * loads their norms' scales as weights and widens the model's x_embedder to
+ * the LoRA's inputs, which a merge cannot do. */
+static int refuse_bfl_control(const struct model *w, const char *path)
+{
+    for (size_t i = 0; i < w->count; i++) {
+        const char *name = w->tensors[i].t->name;
+        if (!lora_is_dora_scale(name) && holds_query_norm_scale(name))
+            return nf4_fail(NF4_EDATA, path, name, "makes this a BFL control LoRA (FLUX.1 Canny or Depth), for which "
+                            "diffusers loads norm weights and widens x_embedder's input; nf4deq does not merge one");
+    }
+    return NF4_OK;
+}
+
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out)
 {
     int code = str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
@@ -133,8 +154,17 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     case LORA_FAMILY_HIDREAM: convert = prefixed_lora_detect(*out, family) ? hidream_lora_convert : NULL; break;
     case LORA_FAMILY_HUNYUAN_VIDEO: convert = hunyuan_lora_detect(*out) ? hunyuan_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
-    case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form first, then XLabs' */
-        convert = kohya_lora_detect(*out) ? kohya_lora_convert : xlabs_lora_detect(*out) ? xlabs_lora_convert : NULL;
+    case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
+        convert = kohya_lora_detect(*out)   ? kohya_lora_convert
+                  : xlabs_lora_detect(*out) ? xlabs_lora_convert
+                                            : NULL;
+        if (!convert && (code = refuse_bfl_control(*out, path)) != NF4_OK) {
+            model_close(*out);
+            *out = NULL;
+            return code;
+        }
+        if (!convert && fal_lora_detect(*out))
+            convert = fal_lora_convert;
         break;
     }
     if (convert) {

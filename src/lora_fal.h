@@ -1,0 +1,48 @@
+/* fal's FLUX.1 Kontext LoRAs (fal's Kontext trainer): BFL's module names
+ * under PEFT's base_model.model., lora_A / lora_B, some with a bias:
+ *   base_model.model.double_blocks.0.img_attn.qkv.lora_A.weight   [r, 3072]
+ *   base_model.model.double_blocks.0.img_attn.qkv.lora_B.weight   [9216, r]
+ *   base_model.model.single_blocks.0.linear1.lora_B.weight        [21504, r]
+ *   base_model.model.final_layer.linear.lora_A.weight, ...
+ *
+ * diffusers reads a file with "base_model" in a key (once it has found it in
+ * none of kohya's, XLabs' and BFL's control forms) by converting it at load
+ * (FluxLoraLoaderMixin.lora_state_dict, _convert_fal_kontext_lora_to_diffusers,
+ * diffusers 0.42), and so does nf4deq, into the keys lora_diffusers.h reads:
+ * - each factor of every module of FLUX.1's 19 double blocks, 38 single
+ *   blocks and final layer is taken, in diffusers' order; one missing is
+ *   refused, naming it (diffusers' pop raises);
+ * - modules renamed (img_mod.lin to norm1.linear, img_mlp.0 to ff.net.0.proj,
+ *   img_attn.proj to attn.to_out.0, modulation.lin to norm.linear, linear2 to
+ *   proj_out, final_layer.linear to proj_out, ...);
+ * - a fused qkv's lora_A copied to to_q, to_k and to_v (add_q_proj... for the
+ *   text's), its lora_B cut into three equal blocks of rows (torch.chunk);
+ *   linear1's lora_A copied to to_q, to_k, to_v and proj_mlp, its lora_B and
+ *   lora_B.bias cut at 3072, 3072, 3072 and 12288 rows, FLUX.1's sizes,
+ *   written into the conversion whatever the model's (torch.split);
+ * - biases renamed with their module where diffusers looks for them under
+ *   the name it pops: the mlps', the projections', the single blocks'
+ *   modulation and linear2, the final layer's;
+ * - every key under transformer., each tensor a byte copy; the file's
+ *   metadata is kept; DoRA scales are dropped with a warning.
+ * Any other key is left over, and refused as diffusers raises ("should be
+ * empty at this point"): a key without base_model.model., an alpha, the
+ * modulations' and qkvs' biases and linear1's lora_A.bias (diffusers looks for
+ * those under one name and pops another). */
+#ifndef NF4DEQ_LORA_FAL_H
+#define NF4DEQ_LORA_FAL_H
+
+#include "model.h"
+
+/* Whether diffusers converts `w` as fal's Kontext form when a Flux.1
+ * pipeline loads it: DoRA scales aside, a key holds "base_model" (the forms
+ * diffusers looks for first aside: lora_kohya.h, lora_xlabs.h). */
+int fal_lora_detect(const struct model *w);
+
+/* Converts `w`, read from `path`, into the diffusers LoRA diffusers 0.42
+ * loads from it, opened as *out (lora_rewrite.h), whose messages name
+ * `path`. `warn`: say what is left out. NF4_OK, NF4_EDATA naming the key,
+ * NF4_EIO / NF4_ECANTCREAT for the temp file, or NF4_ESOFTWARE. */
+int fal_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
+
+#endif
