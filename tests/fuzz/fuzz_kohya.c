@@ -1,7 +1,7 @@
-/* kohya_lora_convert, xlabs_lora_convert, flux2_lora_convert,
+/* kohya_lora_convert, xlabs_lora_convert, fal_lora_convert, flux2_lora_convert,
  * qwen_lora_convert, wan_lora_convert, zimage_lora_convert,
  * ltx2_lora_convert and hunyuan_lora_convert on arbitrary bytes written to a
- * file (a kohya, ComfyUI or XLabs Flux.1 LoRA, a Flux.2, Qwen-Image, Wan,
+ * file (a kohya, ComfyUI, XLabs or fal Kontext Flux.1 LoRA, a Flux.2, Qwen-Image, Wan,
  * Z-Image, LTX-2 or HunyuanVideo LoRA in another form than diffusers'): the
  * renaming, the alpha, the splits of fused layers, Wan's biases and head
  * diff, and the temp file. When one accepts, every tensor of the result is a diffusers LoRA
@@ -9,12 +9,14 @@
  * (Flux.2's keys already in diffusers' block names, copied) a key of the
  * transformer with "lora" in it, or (LTX-2's, copied under any component)
  * any key with "lora" in it, or (HunyuanVideo's, each copied or cut by rows)
- * any key of the transformer, or (XLabs', which keeps keys outside the
+ * any key of the transformer, or (fal's, each copied or cut by rows, factors and
+ * biases) any key of the transformer, or (XLabs', which keeps keys outside the
  * blocks as they are) any key; a refusal must be bad data with a one-line
  * message; either way the temp file is gone (TMPDIR is a scratch folder that
  * must end up holding the input alone). */
 #define FUZZ_OWN_INITIALIZE
 #include "fuzz_common.h"
+#include "lora_fal.h"
 #include "lora_flux2.h"
 #include "lora_hunyuan.h"
 #include "lora_kohya.h"
@@ -104,6 +106,7 @@ static const struct {
 } CONVERSIONS[] = {
     {"a kohya conversion", kohya_lora_detect, kohya_lora_convert, FLUX, FACTORS_ONLY},
     {"an XLabs conversion", xlabs_lora_detect, xlabs_lora_convert, FLUX, AS_NAMED},
+    {"a fal Kontext conversion", fal_lora_detect, fal_lora_convert, TRANSFORMER, ANY_KEY},
     {"a Flux.2 conversion", flux2_lora_detect, flux2_lora_convert, TRANSFORMER, WITH_LORA_COPIES},
     {"a Qwen-Image conversion", qwen_lora_detect, qwen_lora_convert, TRANSFORMER, FACTORS_ONLY},
     {"a Wan conversion", wan_lora_detect, wan_lora_convert, TRANSFORMER, WITH_BIASES},
