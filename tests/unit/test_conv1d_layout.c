@@ -287,6 +287,76 @@ static void test_dora_on_conv1d_refused(void **state)
     free(out);
 }
 
+/* dir: a PEFT adapter with a LoRA pair on h.1's c_proj and h.0's c_fc in
+ * modules_to_save, its weight replaced by a BF16 [rows, cols] (values in
+ * *values, allocated). */
+static void write_replacement_adapter(const char *dir, uint64_t rows, uint64_t cols, uint16_t **values)
+{
+    static const char CONFIG[] = "{\"peft_type\": \"LORA\", \"r\": 1, \"lora_alpha\": 1, \"target_modules\": "
+                                 "[\"c_proj\"], \"modules_to_save\": [\"h.0.mlp.c_fc\"]}";
+    assert_int_equal(mkdir(dir, 0755), 0);
+    char *config = tu_strdupf("%s/adapter_config.json", dir), *weights = tu_strdupf("%s/adapter_model.safetensors", dir);
+    tu_write_file(config, CONFIG, strlen(CONFIG));
+    const uint64_t a_shape[2] = {1, 301}, b_shape[2] = {300, 1}, r_shape[2] = {rows, cols};
+    const struct st_out_tensor outs[3] = {
+        {"base_model.model.transformer.h.1.mlp.c_proj.lora_A.weight", DT_BF16, 2, a_shape},
+        {"base_model.model.transformer.h.1.mlp.c_proj.lora_B.weight", DT_BF16, 2, b_shape},
+        {"base_model.model.transformer.h.0.mlp.c_fc.weight", DT_BF16, 2, r_shape},
+    };
+    *values = malloc(rows * cols * 2);
+    for (uint64_t e = 0; e < rows * cols; e++) /* finite, distinct along a row and down a column */
+        (*values)[e] = (uint16_t)(0x3c00u + (e * 2654435761u) % 0x0800u);
+    uint16_t *factor = calloc(301, 2);
+    for (size_t e = 0; e < 301; e++)
+        factor[e] = 0x3f80; /* 1.0 */
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, weights, outs, 3, NULL, 0), NF4_OK);
+    for (size_t k = 0; k < 3; k++) {
+        size_t i = st_writer_order(w, k);
+        assert_int_equal(st_writer_write(w, i == 2 ? (void *)*values : (void *)factor, i == 2 ? rows * cols * 2
+                                                                                                : (i == 0 ? 301 : 300) * 2),
+                         NF4_OK);
+    }
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    free(factor);
+    free(config);
+    free(weights);
+}
+
+/* A modules_to_save replacement of a Conv1D weight holds it as the 4-bit
+ * weight is stored, [out, in], and is written transposed with it, byte for
+ * byte; one already in Conv1D's [in, out] is another shape: refused, one
+ * line, nothing written. */
+static void test_replacement_written_transposed(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *in = tu_strdupf("%s/gpt2", s->dir), *adapter = tu_strdupf("%s/adapter", s->dir),
+         *out = tu_strdupf("%s/out", s->dir);
+    write_gpt2_dir(in, "gpt2");
+    uint16_t *replacement;
+    write_replacement_adapter(adapter, 64, 1000, &replacement); /* c_fc of h.0: fixture weight c, 64 x 1000 */
+    struct convert_stats st;
+    assert_int_equal(convert_model_dir(in, out, 2, 0, 0, adapter, &st), NF4_OK);
+    struct model *m;
+    assert_int_equal(model_open_dir(out, &m), NF4_OK);
+    assert_transposed_is(m, "transformer.h.0.mlp.c_fc.weight", replacement, 64, 1000);
+    model_close(m);
+    free(replacement);
+    tu_rmtree(adapter);
+    write_replacement_adapter(adapter, 1000, 64, &replacement);
+    char *want = tu_strdupf("nf4deq: %s/adapter_model.safetensors: base_model.model.transformer.h.0.mlp.c_fc.weight: "
+                            "does not have the dtype class or shape of transformer.h.0.mlp.c_fc.weight in the base "
+                            "model\n", adapter);
+    char *refused_out = tu_strdupf("%s/refused", s->dir);
+    assert_merge_refused(in, refused_out, adapter, want);
+    free(replacement);
+    free(want);
+    free(refused_out);
+    free(in);
+    free(adapter);
+    free(out);
+}
+
 /* inspect says, in text and JSON, which weights are written transposed and
  * in what shape; a linear layer's line says nothing of it. */
 static void test_inspect_says_which_are_transposed(void **state)
@@ -343,6 +413,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_which_architectures, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_lora_merges_then_transposes, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_dora_on_conv1d_refused, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_replacement_written_transposed, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_says_which_are_transposed, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_resume_record_holds_the_config, tu_scratch_setup, tu_scratch_teardown),
     };
