@@ -10,6 +10,7 @@
 #include <inttypes.h>
 
 #include "lora_diffusers.h"
+#include "lora_synth.h"
 #include "safetensors_writer.h"
 
 #define FAL_DIGEST FIXTURES "/diffusers/lora-flux-fal.digest"
@@ -304,62 +305,6 @@ static void test_fal_lora_as_diffusers_loads_it(void **state)
     free(path);
 }
 
-/* Writes `m`'s tensors to `path` as they are, with `meta`: the conversion,
- * as a file in diffusers' own form. */
-static void write_model(const struct model *m, const char *path, const struct st_meta *meta, size_t nmeta)
-{
-    struct st_out_tensor *outs = calloc(m->count, sizeof *outs);
-    for (size_t i = 0; i < m->count; i++) {
-        const struct st_tensor *t = m->tensors[i].t;
-        outs[i] = (struct st_out_tensor){t->name, t->dtype, t->ndim, t->shape};
-    }
-    struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, path, outs, m->count, meta, nmeta), NF4_OK);
-    for (size_t k = 0; k < m->count; k++) {
-        const struct st_tensor *t = m->tensors[st_writer_order(w, k)].t;
-        const uint64_t bytes = st_tensor_bytes(t);
-        unsigned char *v = malloc(bytes + 1);
-        assert_int_equal(st_read(m->files[0], t, 0, v, bytes), NF4_OK);
-        assert_int_equal(st_writer_write(w, v, bytes), NF4_OK);
-        free(v);
-    }
-    assert_int_equal(st_writer_finish(w), NF4_OK);
-    free(outs);
-}
-
-/* A FLUX.1-shaped transformer folder for `m`'s factors: for each lora_A
- * [r, in] a BF16 weight [out of its lora_B, in] (values from 1 to 2), and a bias for
- * each lora_B.bias. */
-static void write_flux_base(const struct model *m, const char *dir)
-{
-    struct fal_lora *base = calloc(1, sizeof *base);
-    for (size_t i = 0; i < m->count; i++) {
-        const struct st_tensor *t = m->tensors[i].t;
-        const char *a = strstr(t->name, ".lora_A.weight"), *bias = strstr(t->name, ".lora_B.bias");
-        char name[NAME_MAX_LEN];
-        if (a) {
-            snprintf(name, sizeof name, "%.*s.lora_B.weight", (int)(a - t->name), t->name);
-            const struct st_tensor *b = model_find(m, name) ? model_find(m, name)->t : NULL;
-            assert_non_null(b);
-            snprintf(name, sizeof name, "%.*s.weight", (int)(a - t->name - strlen("transformer.")),
-                     t->name + strlen("transformer."));
-            fal_add(base, name, DT_BF16, 2, b->shape[0], t->shape[1]);
-        } else if (bias) {
-            snprintf(name, sizeof name, "%.*s.bias", (int)(bias - t->name - strlen("transformer.")),
-                     t->name + strlen("transformer."));
-            fal_add(base, name, DT_BF16, 1, t->shape[0], 0);
-        }
-    }
-    assert_int_equal(mkdir(dir, 0755), 0);
-    char *config = tu_strdupf("%s/config.json", dir), *weights = tu_strdupf("%s/diffusion_pytorch_model.safetensors", dir);
-    static const char CONFIG[] = "{\"_class_name\": \"FluxKontextTransformer2DModel\"}";
-    tu_write_file(config, CONFIG, strlen(CONFIG));
-    fal_write(base, weights, FROM_1_TO_2, NULL, 0);
-    free(config);
-    free(weights);
-    free(base);
-}
-
 /* Merged through the command line into a FLUX.1-shaped transformer (lora_A
  * one column wide, so that the base stays small), the fal LoRA gives the
  * bytes its conversion, written as a diffusers LoRA, gives; the LoRA config
@@ -379,7 +324,7 @@ static void test_fal_lora_merges_as_converted(void **state)
     struct model *m;
     assert_int_equal(diffusers_lora_open(fal, LORA_FAMILY_FLUX, 0, &m), NF4_OK);
     write_model(m, converted, &meta, 1);
-    write_flux_base(m, base);
+    write_lora_base(m, base, "FluxKontextTransformer2DModel");
     model_close(m);
     struct tu_run r = tu_run("convert", "--device", "cpu", base, got, "--lora", fal, NULL);
     if (r.status != 0 || tu_lines(r.err) != 1 || !strstr(r.err, "with LoRA merged"))
