@@ -15,6 +15,7 @@
 #include "lora_flux2.h"
 #include "lora_hunyuan.h"
 #include "lora_kohya.h"
+#include "lora_krea2.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
 #include "lora_rewrite.h"
@@ -91,6 +92,8 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_HUNYUAN_VIDEO;
     if (cls && strncmp(cls, "Flux2", 5) == 0)
         return LORA_FAMILY_FLUX2;
+    if (cls && strncmp(cls, "Krea2", 5) == 0)
+        return LORA_FAMILY_KREA2;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     return LORA_FAMILY_OTHER;
@@ -153,6 +156,7 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     case LORA_FAMILY_LTX2: convert = ltx2_lora_detect(*out) ? ltx2_lora_convert : NULL; break;
     case LORA_FAMILY_HIDREAM: convert = prefixed_lora_detect(*out, family) ? hidream_lora_convert : NULL; break;
     case LORA_FAMILY_HUNYUAN_VIDEO: convert = hunyuan_lora_detect(*out) ? hunyuan_lora_convert : NULL; break;
+    case LORA_FAMILY_KREA2: convert = krea2_lora_detect(*out) ? krea2_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
         convert = kohya_lora_detect(*out)   ? kohya_lora_convert

@@ -51,6 +51,7 @@ enum lora_family {
     LORA_FAMILY_Z_IMAGE,    /* ZImagePipeline, ZImageImg2ImgPipeline, ... and ZImageTransformer2DModel */
     LORA_FAMILY_HUNYUAN_VIDEO, /* HunyuanVideoPipeline, ...ImageToVideo..., ...Framepack..., HunyuanSkyreels...
                                   and their transformers (not HunyuanVideo15..., which has no LoRA loader) */
+    LORA_FAMILY_KREA2,      /* Krea2Pipeline, Krea2ModularPipeline and Krea2Transformer2DModel */
 };
 
 /* The family of a pipeline's or a model's class name (model_index.json's or
