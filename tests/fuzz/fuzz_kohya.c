@@ -1,8 +1,9 @@
 /* kohya_lora_convert, xlabs_lora_convert, fal_lora_convert, flux2_lora_convert,
  * qwen_lora_convert, wan_lora_convert, zimage_lora_convert,
- * ltx2_lora_convert and hunyuan_lora_convert on arbitrary bytes written to a
- * file (a kohya, ComfyUI, XLabs or fal Kontext Flux.1 LoRA, a Flux.2, Qwen-Image, Wan,
- * Z-Image, LTX-2 or HunyuanVideo LoRA in another form than diffusers'): the
+ * ltx2_lora_convert, hunyuan_lora_convert and krea2_lora_convert on arbitrary
+ * bytes written to a file (a kohya, ComfyUI, XLabs or fal Kontext Flux.1 LoRA,
+ * a Flux.2, Qwen-Image, Wan, Z-Image, LTX-2, HunyuanVideo or Krea 2 LoRA in
+ * another form than diffusers'): the
  * renaming, the alpha, the splits of fused layers, Wan's biases and head
  * diff, and the temp file. When one accepts, every tensor of the result is a diffusers LoRA
  * factor of the transformer (or Flux.1's text encoder), or a Wan bias, or
@@ -10,7 +11,7 @@
  * transformer with "lora" in it, or (LTX-2's, copied under any component)
  * any key with "lora" in it, or (HunyuanVideo's, each copied or cut by rows)
  * any key of the transformer, or (fal's, each copied or cut by rows, factors and
- * biases) any key of the transformer, or (XLabs', which keeps keys outside the
+ * biases; Krea 2's, each copied) any key of the transformer, or (XLabs', which keeps keys outside the
  * blocks as they are) any key; a refusal must be bad data with a one-line
  * message; either way the temp file is gone (TMPDIR is a scratch folder that
  * must end up holding the input alone). */
@@ -20,6 +21,7 @@
 #include "lora_flux2.h"
 #include "lora_hunyuan.h"
 #include "lora_kohya.h"
+#include "lora_krea2.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
 #include "lora_wan.h"
@@ -113,6 +115,7 @@ static const struct {
     {"an LTX-2 conversion", ltx2_lora_detect, ltx2_lora_convert, TRANSFORMER, ANY_LORA_KEY},
     {"a Z-Image conversion", zimage_lora_detect, zimage_lora_convert, TRANSFORMER, FACTORS_ONLY},
     {"a HunyuanVideo conversion", hunyuan_lora_detect, hunyuan_lora_convert, TRANSFORMER, ANY_KEY},
+    {"a Krea 2 conversion", krea2_lora_detect, krea2_lora_convert, TRANSFORMER, ANY_KEY},
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
