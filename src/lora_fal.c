@@ -7,6 +7,7 @@
 
 #include "lora_rewrite.h"
 #include "status.h"
+#include "strutil.h"
 
 #define FAL_PREFIX "base_model.model."
 #define FAL_TARGET "transformer."
@@ -198,9 +199,22 @@ static int holds_base_model(const char *key)
     return strstr(key, "base_model") != NULL;
 }
 
+/* Whether `key` is under one of GROUPS' names, as fal's are. */
+static int in_fal_form(const char *key)
+{
+    if (!str_starts_with(key, FAL_PREFIX))
+        return 0;
+    for (size_t g = 0; g < COUNT(GROUPS); g++) {
+        const char *root = GROUPS[g].blocks ? GROUPS[g].theirs : GROUPS[g].modules[0].theirs;
+        if (str_starts_with(key + strlen(FAL_PREFIX), root))
+            return 1;
+    }
+    return 0;
+}
+
 int fal_lora_detect(const struct model *w)
 {
-    return lora_model_any_key(w, holds_base_model);
+    return lora_model_any_key(w, holds_base_model) && lora_model_any_key(w, in_fal_form);
 }
 
 int fal_lora_convert(const struct model *w, const char *path, int warn, struct model **out)

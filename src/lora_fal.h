@@ -36,7 +36,11 @@
 
 /* Whether diffusers converts `w` as fal's Kontext form when a Flux.1
  * pipeline loads it: DoRA scales aside, a key holds "base_model" (the forms
- * diffusers looks for first aside: lora_kohya.h, lora_xlabs.h). */
+ * diffusers looks for first aside: lora_kohya.h, lora_xlabs.h); and some key
+ * is fal's, base_model.model. then double_blocks., single_blocks. or
+ * final_layer.linear. Without one, diffusers' conversion raises on the first
+ * module; nf4deq reads the file on, to say what it is (a PEFT adapter's
+ * weights, base_model.model.model.layers...: lora_diffusers.h). */
 int fal_lora_detect(const struct model *w);
 
 /* Converts `w`, read from `path`, into the diffusers LoRA diffusers 0.42
