@@ -1,11 +1,14 @@
 /* For the tests of LoRA forms diffusers converts (test_lora_fal.c,
- * test_lora_krea2.c): a converted LoRA written back as a file in diffusers'
- * own form, and a synthetic unquantized model for it to merge into. */
+ * test_lora_krea2.c, test_lora_ideogram4.c): a converted LoRA written back as
+ * a file in diffusers' own form, a synthetic unquantized model for it to
+ * merge into, and the merge through the command line compared with the
+ * merge of diffusers' own conversion. */
 #ifndef NF4DEQ_TEST_LORA_SYNTH_H
 #define NF4DEQ_TEST_LORA_SYNTH_H
 
 #include "test_util.h"
 
+#include "fpconv.h"
 #include "safetensors_writer.h"
 
 #define SYNTH_MAX_TENSORS 1024
@@ -91,6 +94,124 @@ static inline void write_lora_base(const struct model *m, const char *dir, const
     free(names);
     free(shapes);
     free(outs);
+}
+
+/* `nf4deq convert IN OUT --lora LORA` on the CPU succeeds, writing `lines`
+ * lines to standard error (the summary, and any warning). */
+static inline void assert_lora_converts(const char *in, const char *out, const char *lora, int lines)
+{
+    struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", lora, NULL);
+    if (r.status != 0 || tu_lines(r.err) != lines || !strstr(r.err, "with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+}
+
+/* Merged through the command line into a model of class `cls` made for the
+ * diffusers-form LoRA file `converted` (write_lora_base), on the model's
+ * folder and as the transformer of a pipeline of class `pipeline_cls`,
+ * `lora` gives what `converted` gives with `lora`'s metadata, byte for byte;
+ * `lines`: what each conversion writes to standard error. Works in folder
+ * `dir` (which must not exist); returns the path of the folder's merged
+ * weights (allocated). */
+static inline char *assert_merges_as_converted(const char *dir, const char *lora, const char *converted,
+                                               const char *cls, const char *pipeline_cls, int lines)
+{
+    assert_int_equal(mkdir(dir, 0755), 0);
+    char *base = tu_strdupf("%s/transformer", dir), *pipe = tu_strdupf("%s/pipe", dir),
+         *in_pipe = tu_strdupf("%s/pipe/transformer", dir), *index = tu_strdupf("%s/pipe/model_index.json", dir),
+         *want_lora = tu_strdupf("%s/want.safetensors", dir),
+         *json = tu_strdupf("{\"_class_name\": \"%s\", \"transformer\": [\"diffusers\", \"%s\"]}", pipeline_cls,
+                            cls);
+    struct model *c, *l;
+    assert_int_equal(model_open_file(converted, &c), NF4_OK);
+    assert_int_equal(model_open_file(lora, &l), NF4_OK);
+    write_lora_base(c, base, cls);
+    assert_int_equal(mkdir(pipe, 0755), 0);
+    tu_write_file(index, json, strlen(json));
+    write_lora_base(c, in_pipe, cls);
+    write_model(c, want_lora, l->files[0]->meta, l->files[0]->nmeta); /* diffusers' tensors, the file's config */
+    model_close(c);
+    model_close(l);
+    char *want = tu_strdupf("%s/want", dir), *got = tu_strdupf("%s/got", dir), *got_pipe = tu_strdupf("%s/got-pipe", dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", base, want, "--lora", want_lora, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    assert_lora_converts(base, got, lora, lines);
+    assert_lora_converts(pipe, got_pipe, lora, lines);
+    char *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want),
+         *got_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", got),
+         *pipe_file = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", got_pipe);
+    tu_assert_same_tensors(got_file, want_file);
+    tu_assert_same_tensors(pipe_file, want_file);
+    free(want_file);
+    free(pipe_file);
+    free(base);
+    free(pipe);
+    free(in_pipe);
+    free(index);
+    free(want_lora);
+    free(json);
+    free(want);
+    free(got);
+    free(got_pipe);
+    return got_file;
+}
+
+/* Whether tensor `name` differs between two safetensors files. */
+static inline int tensor_differs(const char *a_path, const char *b_path, const char *name)
+{
+    struct st_file *a, *b;
+    assert_int_equal(st_open(a_path, &a), NF4_OK);
+    assert_int_equal(st_open(b_path, &b), NF4_OK);
+    const struct st_tensor *ta = st_find(a, name), *tb = st_find(b, name);
+    assert_non_null(ta);
+    assert_non_null(tb);
+    const uint64_t bytes = st_tensor_bytes(ta);
+    assert_int_equal(st_tensor_bytes(tb), bytes);
+    unsigned char *x = malloc(bytes + 1), *y = malloc(bytes + 1);
+    assert_int_equal(st_read(a, ta, 0, x, bytes), NF4_OK);
+    assert_int_equal(st_read(b, tb, 0, y, bytes), NF4_OK);
+    const int differs = memcmp(x, y, bytes) != 0;
+    free(x);
+    free(y);
+    st_close(a);
+    st_close(b);
+    return differs;
+}
+
+/* One tensor of a hand-made LoRA file: every element `value` in `dtype`
+ * (F32, BF16, F16); d1 0: a vector of d0. */
+struct synth_tensor {
+    const char *name;
+    enum st_dtype dtype;
+    uint64_t d0, d1;
+    float value;
+};
+
+/* Writes the `n` tensors `ts` to `path`. */
+static inline void write_synth_file(const char *path, const struct synth_tensor *ts, size_t n)
+{
+    struct st_out_tensor *outs = calloc(n + 1, sizeof *outs);
+    uint64_t (*shapes)[2] = calloc(n + 1, sizeof *shapes);
+    for (size_t i = 0; i < n; i++) {
+        shapes[i][0] = ts[i].d0;
+        shapes[i][1] = ts[i].d1;
+        outs[i] = (struct st_out_tensor){ts[i].name, ts[i].dtype, ts[i].d1 ? 2u : 1u, shapes[i]};
+    }
+    struct st_writer *w;
+    assert_int_equal(st_writer_begin(&w, path, outs, n, NULL, 0), NF4_OK);
+    for (size_t k = 0; k < n; k++) {
+        const struct synth_tensor *t = &ts[st_writer_order(w, k)];
+        const uint64_t count = t->d0 * (t->d1 ? t->d1 : 1), bytes = count * (dtype_bits(t->dtype) / 8);
+        unsigned char *v = malloc(bytes + 1);
+        for (uint64_t e = 0; e < count; e++)
+            f32_to_element(t->dtype, v, e, t->value);
+        assert_int_equal(st_writer_write(w, v, bytes), NF4_OK);
+        free(v);
+    }
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    free(outs);
+    free(shapes);
 }
 
 #endif
