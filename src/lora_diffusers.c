@@ -14,6 +14,7 @@
 #include "lora_fal.h"
 #include "lora_flux2.h"
 #include "lora_hunyuan.h"
+#include "lora_ideogram4.h"
 #include "lora_kohya.h"
 #include "lora_krea2.h"
 #include "lora_prefixed.h"
@@ -94,6 +95,8 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_FLUX2;
     if (cls && strncmp(cls, "Krea2", 5) == 0)
         return LORA_FAMILY_KREA2;
+    if (cls && strncmp(cls, "Ideogram4", 9) == 0)
+        return LORA_FAMILY_IDEOGRAM4;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     return LORA_FAMILY_OTHER;
@@ -157,6 +160,7 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     case LORA_FAMILY_HIDREAM: convert = prefixed_lora_detect(*out, family) ? hidream_lora_convert : NULL; break;
     case LORA_FAMILY_HUNYUAN_VIDEO: convert = hunyuan_lora_detect(*out) ? hunyuan_lora_convert : NULL; break;
     case LORA_FAMILY_KREA2: convert = krea2_lora_detect(*out) ? krea2_lora_convert : NULL; break;
+    case LORA_FAMILY_IDEOGRAM4: convert = ideogram4_lora_detect(*out) ? ideogram4_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
         convert = kohya_lora_detect(*out)   ? kohya_lora_convert

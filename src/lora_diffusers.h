@@ -52,6 +52,7 @@ enum lora_family {
     LORA_FAMILY_HUNYUAN_VIDEO, /* HunyuanVideoPipeline, ...ImageToVideo..., ...Framepack..., HunyuanSkyreels...
                                   and their transformers (not HunyuanVideo15..., which has no LoRA loader) */
     LORA_FAMILY_KREA2,      /* Krea2Pipeline, Krea2ModularPipeline and Krea2Transformer2DModel */
+    LORA_FAMILY_IDEOGRAM4,  /* Ideogram4Pipeline, Ideogram4ModularPipeline and Ideogram4Transformer2DModel */
 };
 
 /* The family of a pipeline's or a model's class name (model_index.json's or
