@@ -1,0 +1,150 @@
+/* Ideogram 4 LoRAs (lora_ideogram4.h) read as diffusers 0.42 loads them:
+ * each of make_ideogram4_fixtures.py's files (AI-Toolkit's diffusion_model.
+ * form with a fused qkv; kohya's form with alphas of three dtypes and a module
+ * without one) converts to the tensors of diffusers' own conversion, byte for
+ * byte; merges through the command line, on the transformer's folder and in a
+ * pipeline, as that conversion does; and what diffusers raises on is refused
+ * with one line naming the key, nothing written, no temp file left. */
+#include "test_util.h"
+
+#include "lora_diffusers.h"
+#include "lora_synth.h"
+
+#define I4_FIXTURES FIXTURES "/diffusers/"
+#define I4_TRANSFORMER "Ideogram4Transformer2DModel"
+
+static const char *const FORMS[][2] = {
+    {I4_FIXTURES "lora-ideogram4-aitk.safetensors", I4_FIXTURES "lora-ideogram4-aitk.diffusers.safetensors"},
+    {I4_FIXTURES "lora-ideogram4-kohya.safetensors", I4_FIXTURES "lora-ideogram4-kohya.diffusers.safetensors"},
+};
+
+/* The scratch folder, gone, is no TMPDIR for the next test's. */
+static int teardown(void **state)
+{
+    unsetenv("TMPDIR");
+    return tu_scratch_teardown(state);
+}
+
+/* The classes of Ideogram 4's pipelines and transformer pick its conversion. */
+static void test_ideogram4_family(void **state)
+{
+    (void)state;
+    assert_int_equal(diffusers_lora_family("Ideogram4Pipeline"), LORA_FAMILY_IDEOGRAM4);
+    assert_int_equal(diffusers_lora_family("Ideogram4ModularPipeline"), LORA_FAMILY_IDEOGRAM4);
+    assert_int_equal(diffusers_lora_family(I4_TRANSFORMER), LORA_FAMILY_IDEOGRAM4);
+    assert_int_equal(diffusers_lora_family("Ideogram3Pipeline"), LORA_FAMILY_OTHER);
+}
+
+/* Both forms convert to diffusers' tensors, byte for byte (the kohya file's
+ * alphas folded in, the fused qkv split); the messages name the file. */
+static void test_ideogram4_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
+    for (size_t i = 0; i < sizeof FORMS / sizeof FORMS[0]; i++) {
+        struct model *m;
+        assert_int_equal(diffusers_lora_open(FORMS[i][0], LORA_FAMILY_IDEOGRAM4, 0, &m), NF4_OK);
+        assert_string_equal(m->files[0]->path, FORMS[i][0]);
+        tu_assert_same_st(m->files[0], FORMS[i][0], FORMS[i][1]);
+        model_close(m);
+        assert_int_equal(tu_count_entries(s->dir), 0);
+    }
+}
+
+/* Merged into an Ideogram 4-shaped transformer, alone and in a pipeline, each
+ * form gives the bytes diffusers' conversion gives. */
+static void test_ideogram4_lora_merges_as_converted(void **state)
+{
+    struct tu_scratch *s = *state;
+    for (size_t i = 0; i < sizeof FORMS / sizeof FORMS[0]; i++) {
+        char *dir = tu_strdupf("%s/form-%zu", s->dir, i);
+        /* the AI-Toolkit file's DoRA scale is left out with a warning */
+        free(assert_merges_as_converted(dir, FORMS[i][0], FORMS[i][1], I4_TRANSFORMER, "Ideogram4Pipeline",
+                                        i == 0 ? 2 : 1));
+        free(dir);
+    }
+}
+
+/* What diffusers raises on, or would load as nf4deq would not: one line
+ * naming the file and key, exit 65, nothing written, no temp file left. */
+static void test_ideogram4_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+#define P "diffusion_model."
+#define D(m) P "layers.0." m ".lora_down.weight"
+#define U(m) P "layers.0." m ".lora_up.weight"
+    static const struct {
+        struct synth_tensor t[3];
+        size_t n;
+        const char *want;
+    } CASES[] = {
+        {{{D("attention.o"), DT_BF16, 2, 8, 0.5f}}, 1,
+         "layers.0.attention.o.lora_down.weight: has no matching lora_up.weight, which diffusers takes with it"},
+        {{{D("attention.o"), DT_BF16, 2, 8, 0.5f}, {U("attention.o"), DT_BF16, 8, 2, 0.5f},
+          {P "layers.0.attention.o.alpha", DT_F32, 1, 0, -1.0f}},
+         3, "layers.0.attention.o.alpha: is -1"},
+        {{{D("attention.qkv"), DT_BF16, 2, 8, 0.5f}, {U("attention.qkv"), DT_BF16, 7, 2, 0.5f}}, 2,
+         U("attention.qkv") ": has 7 rows, which diffusers cuts into parts for to_q, to_k and to_v that cannot load"},
+        {{{U("attention.o"), DT_BF16, 8, 2, 0.5f}}, 1, U("attention.o") ": is left over where diffusers converts an "
+                                                       "Ideogram 4 LoRA, and raises"},
+        {{{D("attention.o"), DT_BF16, 2, 8, 0.5f}, {U("attention.o"), DT_BF16, 8, 2, 0.5f},
+          {P "layers.0.attention.norm_q.alpha", DT_F32, 1, 0, 1.0f}},
+         3, "layers.0.attention.norm_q.alpha: is left over"},
+        {{{P "layers.01.attention.o.lora_down.weight", DT_BF16, 2, 8, 0.5f},
+          {P "layers.01.attention.o.lora_up.weight", DT_BF16, 8, 2, 0.5f}},
+         2, "layers.01.attention.o.lora_down.weight: is left over"},
+        {{{"diffusion_model.layers.0.attention.o.lora_A.weight", DT_BF16, 2, 8, 0.5f},
+          {"layers.0.attention.o.lora_A.weight", DT_BF16, 2, 8, 0.5f}},
+         2, "layers.0.attention.o.lora_A.weight"},
+        {{{P "layers.100001.attention.o.lora_down.weight", DT_BF16, 2, 8, 0.5f}}, 1, "a layer number over 100000"},
+        {{{P "layers.\xd9\xa3.attention.o.lora_down.weight", DT_BF16, 2, 8, 0.5f}}, 1, "may not be ASCII digits"},
+        {{{D("attention.o"), DT_BF16, 2, 8, 0.5f}, {U("attention.o"), DT_BF16, 8, 2, 0.5f},
+          {P "layers.0.attention.o.lora_A.weight", DT_BF16, 2, 8, 0.5f}},
+         3, "layers.0.attention.o.lora_A.weight: is left over"},
+    };
+#undef P
+#undef D
+#undef U
+    char *lora = tu_strdupf("%s-ideogram4.safetensors", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        write_synth_file(lora, CASES[i].t, CASES[i].n);
+        struct model *m = NULL;
+        nf4_clear_error();
+        if (diffusers_lora_open(lora, LORA_FAMILY_IDEOGRAM4, 0, &m) != NF4_EDATA ||
+            !strstr(nf4_last_error(), CASES[i].want) || !strstr(nf4_last_error(), lora) ||
+            strchr(nf4_last_error(), '\n'))
+            fail_msg("case %zu: %s", i, nf4_last_error());
+        assert_null(m);
+        assert_int_equal(tu_count_entries(s->dir), 0);
+    }
+    /* Through the command line, on an Ideogram 4 transformer's folder. */
+    char *base = tu_strdupf("%s-base", s->dir);
+    struct model *converted;
+    assert_int_equal(model_open_file(FORMS[0][1], &converted), NF4_OK);
+    write_lora_base(converted, base, I4_TRANSFORMER);
+    model_close(converted);
+    write_synth_file(lora, CASES[0].t, CASES[0].n);
+    struct tu_run r = tu_run("convert", "--device", "cpu", base, out, "--lora", lora, NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, CASES[0].want))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    assert_int_equal(tu_count_entries(s->dir), 0);
+    tu_rmtree(base);
+    unlink(lora);
+    free(base);
+    free(lora);
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ideogram4_family),
+        cmocka_unit_test_setup_teardown(test_ideogram4_lora_as_diffusers_loads_it, tu_scratch_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ideogram4_lora_merges_as_converted, tu_scratch_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ideogram4_lora_refusals, tu_scratch_setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
