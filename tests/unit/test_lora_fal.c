@@ -401,19 +401,12 @@ static void test_fal_lora_refusals(void **state)
     free(lora);
 }
 
-/* The scratch folder, gone, is no TMPDIR for the next test's. */
-static int teardown(void **state)
-{
-    unsetenv("TMPDIR");
-    return tu_scratch_teardown(state);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_fal_lora_as_diffusers_loads_it, tu_scratch_setup, teardown),
-        cmocka_unit_test_setup_teardown(test_fal_lora_merges_as_converted, tu_scratch_setup, teardown),
-        cmocka_unit_test_setup_teardown(test_fal_lora_refusals, tu_scratch_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_fal_lora_as_diffusers_loads_it, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_fal_lora_merges_as_converted, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_fal_lora_refusals, tu_scratch_setup, lora_synth_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

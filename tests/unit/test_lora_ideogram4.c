@@ -18,13 +18,6 @@ static const char *const FORMS[][2] = {
     {I4_FIXTURES "lora-ideogram4-kohya.safetensors", I4_FIXTURES "lora-ideogram4-kohya.diffusers.safetensors"},
 };
 
-/* The scratch folder, gone, is no TMPDIR for the next test's. */
-static int teardown(void **state)
-{
-    unsetenv("TMPDIR");
-    return tu_scratch_teardown(state);
-}
-
 /* The classes of Ideogram 4's pipelines and transformer pick its conversion. */
 static void test_ideogram4_family(void **state)
 {
@@ -40,15 +33,8 @@ static void test_ideogram4_family(void **state)
 static void test_ideogram4_lora_as_diffusers_loads_it(void **state)
 {
     struct tu_scratch *s = *state;
-    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
-    for (size_t i = 0; i < sizeof FORMS / sizeof FORMS[0]; i++) {
-        struct model *m;
-        assert_int_equal(diffusers_lora_open(FORMS[i][0], LORA_FAMILY_IDEOGRAM4, 0, &m), NF4_OK);
-        assert_string_equal(m->files[0]->path, FORMS[i][0]);
-        tu_assert_same_st(m->files[0], FORMS[i][0], FORMS[i][1]);
-        model_close(m);
-        assert_int_equal(tu_count_entries(s->dir), 0);
-    }
+    for (size_t i = 0; i < sizeof FORMS / sizeof FORMS[0]; i++)
+        assert_lora_converts_to(FORMS[i][0], LORA_FAMILY_IDEOGRAM4, FORMS[i][1], s->dir);
 }
 
 /* Merged into an Ideogram 4-shaped transformer, alone and in a pipeline, each
@@ -142,9 +128,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ideogram4_family),
-        cmocka_unit_test_setup_teardown(test_ideogram4_lora_as_diffusers_loads_it, tu_scratch_setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ideogram4_lora_merges_as_converted, tu_scratch_setup, teardown),
-        cmocka_unit_test_setup_teardown(test_ideogram4_lora_refusals, tu_scratch_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ideogram4_lora_as_diffusers_loads_it, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_ideogram4_lora_merges_as_converted, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_ideogram4_lora_refusals, tu_scratch_setup, lora_synth_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,13 +15,6 @@
 #define KREA2_CONVERTED FIXTURES "/diffusers/lora-krea2-comfy.diffusers.safetensors"
 #define KREA2_TRANSFORMER "Krea2Transformer2DModel"
 
-/* The scratch folder, gone, is no TMPDIR for the next test's. */
-static int teardown(void **state)
-{
-    unsetenv("TMPDIR");
-    return tu_scratch_teardown(state);
-}
-
 /* The classes of Krea 2's pipelines and transformer pick its conversion. */
 static void test_krea2_family(void **state)
 {
@@ -36,16 +29,8 @@ static void test_krea2_family(void **state)
 static void test_krea2_lora_as_diffusers_loads_it(void **state)
 {
     struct tu_scratch *s = *state;
-    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
-    static const char *const FILES[] = {KREA2_COMFY, KREA2_AITK};
-    for (size_t i = 0; i < 2; i++) {
-        struct model *m;
-        assert_int_equal(diffusers_lora_open(FILES[i], LORA_FAMILY_KREA2, 0, &m), NF4_OK);
-        assert_string_equal(m->files[0]->path, FILES[i]);
-        tu_assert_same_st(m->files[0], FILES[i], KREA2_CONVERTED);
-        model_close(m);
-        assert_int_equal(tu_count_entries(s->dir), 0);
-    }
+    assert_lora_converts_to(KREA2_COMFY, LORA_FAMILY_KREA2, KREA2_CONVERTED, s->dir);
+    assert_lora_converts_to(KREA2_AITK, LORA_FAMILY_KREA2, KREA2_CONVERTED, s->dir);
 }
 
 /* Merged into a Krea 2-shaped transformer, alone and in a pipeline, each form
@@ -153,9 +138,9 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_krea2_family),
-        cmocka_unit_test_setup_teardown(test_krea2_lora_as_diffusers_loads_it, tu_scratch_setup, teardown),
-        cmocka_unit_test_setup_teardown(test_krea2_lora_merges_as_converted, tu_scratch_setup, teardown),
-        cmocka_unit_test_setup_teardown(test_krea2_lora_refusals, tu_scratch_setup, teardown),
+        cmocka_unit_test_setup_teardown(test_krea2_lora_as_diffusers_loads_it, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_krea2_lora_merges_as_converted, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_krea2_lora_refusals, tu_scratch_setup, lora_synth_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
