@@ -1,9 +1,10 @@
 /* kohya_lora_convert, xlabs_lora_convert, fal_lora_convert, flux2_lora_convert,
  * qwen_lora_convert, wan_lora_convert, zimage_lora_convert,
- * ltx2_lora_convert, hunyuan_lora_convert and krea2_lora_convert on arbitrary
- * bytes written to a file (a kohya, ComfyUI, XLabs or fal Kontext Flux.1 LoRA,
- * a Flux.2, Qwen-Image, Wan, Z-Image, LTX-2, HunyuanVideo or Krea 2 LoRA in
- * another form than diffusers'): the
+ * ltx2_lora_convert, hunyuan_lora_convert, krea2_lora_convert and
+ * ideogram4_lora_convert on arbitrary bytes written to a file (a kohya,
+ * ComfyUI, XLabs or fal Kontext Flux.1 LoRA, a Flux.2, Qwen-Image, Wan,
+ * Z-Image, LTX-2, HunyuanVideo, Krea 2 or Ideogram 4 LoRA in another form than
+ * diffusers'): the
  * renaming, the alpha, the splits of fused layers, Wan's biases and head
  * diff, and the temp file. When one accepts, every tensor of the result is a diffusers LoRA
  * factor of the transformer (or Flux.1's text encoder), or a Wan bias, or
@@ -20,6 +21,7 @@
 #include "lora_fal.h"
 #include "lora_flux2.h"
 #include "lora_hunyuan.h"
+#include "lora_ideogram4.h"
 #include "lora_kohya.h"
 #include "lora_krea2.h"
 #include "lora_prefixed.h"
@@ -116,6 +118,7 @@ static const struct {
     {"a Z-Image conversion", zimage_lora_detect, zimage_lora_convert, TRANSFORMER, FACTORS_ONLY},
     {"a HunyuanVideo conversion", hunyuan_lora_detect, hunyuan_lora_convert, TRANSFORMER, ANY_KEY},
     {"a Krea 2 conversion", krea2_lora_detect, krea2_lora_convert, TRANSFORMER, ANY_KEY},
+    {"an Ideogram 4 conversion", ideogram4_lora_detect, ideogram4_lora_convert, TRANSFORMER, FACTORS_ONLY},
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
