@@ -223,19 +223,4 @@ static inline int lora_synth_teardown(void **state)
     return tu_scratch_teardown(state);
 }
 
-/* diffusers_lora_open of `lora` as `family` gives the tensors of
- * `converted`, byte for byte, named after `lora`; TMPDIR (`dir`) holds
- * nothing afterwards. */
-static inline void assert_lora_converts_to(const char *lora, enum lora_family family, const char *converted,
-                                           const char *dir)
-{
-    assert_int_equal(setenv("TMPDIR", dir, 1), 0); /* where no temp file may stay */
-    struct model *m;
-    assert_int_equal(diffusers_lora_open(lora, family, 0, &m), NF4_OK);
-    assert_string_equal(m->files[0]->path, lora); /* messages name the LoRA file */
-    tu_assert_same_st(m->files[0], lora, converted);
-    model_close(m);
-    assert_int_equal(tu_count_entries(dir), 0);
-}
-
 #endif

@@ -10,6 +10,7 @@
 #include <inttypes.h>
 
 #include "lora_diffusers.h"
+#include "lora_recipe.h"
 #include "lora_synth.h"
 #include "safetensors_writer.h"
 
@@ -19,8 +20,6 @@
 #define INNER 3072
 #define MLP 12288
 #define MOD (6 * INNER)
-#define MAX_TENSORS 640
-#define NAME_MAX_LEN 128
 
 struct fal_module {
     const char *name;
@@ -49,65 +48,22 @@ static const struct {
     {FAL "final_layer.linear.lora_B.bias", 64},
 };
 
-struct fal_tensor {
-    char name[NAME_MAX_LEN];
-    enum st_dtype dtype;
-    size_t ndim;
-    uint64_t shape[2];
-};
-
-struct fal_lora {
-    struct fal_tensor t[MAX_TENSORS];
-    size_t n;
-};
-
-static uint32_t fnv1a32(const char *s)
-{
-    uint32_t h = 0x811c9dc5u;
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 0x01000193u;
-    return h;
-}
-
-static uint64_t fnv1a64(uint64_t h, const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
-}
-
-#define FNV64_START 0xcbf29ce484222325ull
-
-static struct fal_tensor *fal_add(struct fal_lora *l, const char *name, enum st_dtype dt, size_t ndim, uint64_t d0,
-                                  uint64_t d1)
-{
-    assert_true(l->n < MAX_TENSORS);
-    struct fal_tensor *t = &l->t[l->n++];
-    assert_true((size_t)snprintf(t->name, sizeof t->name, "%s", name) < sizeof t->name);
-    t->dtype = dt;
-    t->ndim = ndim;
-    t->shape[0] = d0;
-    t->shape[1] = d1;
-    return t;
-}
-
 /* A module's two factors, rank 1, in its block's dtype; `in`: lora_A's
  * columns (0: the module's own). */
-static void fal_add_module(struct fal_lora *l, const char *block, const struct fal_module *m, uint64_t in)
+static void fal_add_module(struct recipe *l, const char *block, const struct fal_module *m, uint64_t in)
 {
     enum st_dtype dt = strcmp(block, "double_blocks.3.") == 0 ? DT_F16 : strcmp(block, "single_blocks.5.") == 0 ? DT_F32
                                                                                                               : DT_BF16;
-    char name[NAME_MAX_LEN];
+    char name[RECIPE_NAME_MAX];
     snprintf(name, sizeof name, FAL "%s%s.lora_A.weight", block, m->name);
-    fal_add(l, name, dt, 2, 1, in ? in : m->in);
+    recipe_add(l, name, dt, 2, 1, in ? in : m->in);
     snprintf(name, sizeof name, FAL "%s%s.lora_B.weight", block, m->name);
-    fal_add(l, name, dt, 2, m->out, 1);
+    recipe_add(l, name, dt, 2, m->out, 1);
 }
 
 /* make_fal_fixtures.py's fal_lora(): every module of FLUX.1's blocks and
  * their biases (`biases`); `in` as for fal_add_module. */
-static void fal_recipe(struct fal_lora *l, uint64_t in, int biases)
+static void fal_recipe(struct recipe *l, uint64_t in, int biases)
 {
     l->n = 0;
     char block[32];
@@ -123,160 +79,7 @@ static void fal_recipe(struct fal_lora *l, uint64_t in, int biases)
         }
     fal_add_module(l, "", &FINAL, in);
     for (size_t b = 0; biases && b < sizeof BIASES / sizeof BIASES[0]; b++)
-        fal_add(l, BIASES[b].name, DT_BF16, 1, BIASES[b].size, 0);
-}
-
-static struct fal_tensor *fal_find(struct fal_lora *l, const char *name)
-{
-    for (size_t i = 0; i < l->n; i++)
-        if (strcmp(l->t[i].name, name) == 0)
-            return &l->t[i];
-    fail_msg("the recipe has no %s", name);
-    return NULL;
-}
-
-static void fal_remove(struct fal_lora *l, const char *name)
-{
-    struct fal_tensor *t = fal_find(l, name);
-    *t = l->t[--l->n];
-}
-
-static uint64_t fal_count(const struct fal_tensor *t)
-{
-    return t->ndim == 1 ? t->shape[0] : t->shape[0] * t->shape[1];
-}
-
-/* What values a file gets: the recipe's, or values from 1 to 2 for a merge
- * that must not overflow (the recipe's mantissa bits under an exponent of 0). */
-enum fal_values { RECIPE, FROM_1_TO_2 };
-
-/* The bytes of `t`: element j holds (s + j * 2654435761) mod 2^32, s the
- * FNV-1a hash of its name, mod 0x7c00 (16-bit) or 0x7f800000 (F32). */
-static unsigned char *fal_values(const struct fal_tensor *t, enum fal_values values, size_t *len)
-{
-    const uint64_t n = fal_count(t);
-    const unsigned size = dtype_bits(t->dtype) / 8;
-    unsigned char *buf = malloc(n * size + 1);
-    assert_non_null(buf);
-    const uint32_t s = fnv1a32(t->name);
-    for (uint64_t j = 0; j < n; j++) {
-        uint32_t bits = s + (uint32_t)j * 2654435761u;
-        if (size == 2) {
-            uint16_t h = (uint16_t)(bits % 0x7c00u);
-            if (values == FROM_1_TO_2)
-                h = t->dtype == DT_F16 ? (uint16_t)(0x3c00u | (h & 0x3ffu)) : (uint16_t)(0x3f80u | (h & 0x7fu));
-            memcpy(buf + j * 2, &h, 2); /* little-endian host */
-        } else {
-            bits %= 0x7f800000u;
-            if (values == FROM_1_TO_2)
-                bits = 0x3f800000u | (bits & 0x7fffffu);
-            memcpy(buf + j * 4, &bits, 4);
-        }
-    }
-    *len = (size_t)(n * size);
-    return buf;
-}
-
-static int by_name(const void *a, const void *b)
-{
-    return strcmp(((const struct fal_tensor *)a)->name, ((const struct fal_tensor *)b)->name);
-}
-
-/* The digest's step for one tensor: name, dtype, shape, each ended by a NUL, then its bytes. */
-static uint64_t digest_tensor(uint64_t h, const char *name, enum st_dtype dt, size_t ndim, const uint64_t *shape,
-                              const void *data, size_t len)
-{
-    char head[256];
-    int n = snprintf(head, sizeof head, "%s%c%s%c", name, 0, dtype_name(dt), 0);
-    for (size_t d = 0; d < ndim; d++)
-        n += snprintf(head + n, sizeof head - (size_t)n, "%s%" PRIu64, d ? "," : "", shape[d]);
-    head[n++] = 0;
-    return fnv1a64(fnv1a64(h, head, (size_t)n), data, len);
-}
-
-/* Writes `l` to `path` (sorted by name first) with `values`, and `meta`
- * (NULL: none). Returns the digest of its tensors. */
-static uint64_t fal_write(struct fal_lora *l, const char *path, enum fal_values values, const struct st_meta *meta,
-                          size_t nmeta)
-{
-    qsort(l->t, l->n, sizeof l->t[0], by_name);
-    struct st_out_tensor outs[MAX_TENSORS];
-    for (size_t i = 0; i < l->n; i++)
-        outs[i] = (struct st_out_tensor){l->t[i].name, l->t[i].dtype, l->t[i].ndim, l->t[i].shape};
-    struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, path, outs, l->n, meta, nmeta), NF4_OK);
-    for (size_t k = 0; k < l->n; k++) {
-        size_t len, i = st_writer_order(w, k);
-        unsigned char *v = fal_values(&l->t[i], values, &len);
-        assert_int_equal(st_writer_write(w, v, len), NF4_OK);
-        free(v);
-    }
-    assert_int_equal(st_writer_finish(w), NF4_OK);
-    uint64_t h = FNV64_START;
-    for (size_t i = 0; i < l->n; i++) {
-        size_t len;
-        unsigned char *v = fal_values(&l->t[i], values, &len);
-        h = digest_tensor(h, l->t[i].name, l->t[i].dtype, l->t[i].ndim, l->t[i].shape, v, len);
-        free(v);
-    }
-    return h;
-}
-
-/* The length of the group `name` is in: up to its third dot. */
-static size_t group_len(const char *name)
-{
-    const char *p = name;
-    for (int dots = 0; *p; p++)
-        if (*p == '.' && ++dots == 3)
-            break;
-    return (size_t)(p - name);
-}
-
-static int by_tensor_name(const void *a, const void *b)
-{
-    return strcmp((*(const struct st_tensor *const *)a)->name, (*(const struct st_tensor *const *)b)->name);
-}
-
-/* Every group of the digest file held by `m`, the same count of tensors and
- * the same digest, and no group besides; `in`: the written file's digest. */
-static void assert_matches_digest(const struct model *m, uint64_t in)
-{
-    size_t len;
-    char *text = tu_read_file(FAL_DIGEST, &len);
-    assert_non_null(text);
-    const struct st_tensor **sorted = malloc(m->count * sizeof *sorted);
-    for (size_t i = 0; i < m->count; i++)
-        sorted[i] = m->tensors[i].t;
-    qsort(sorted, m->count, sizeof *sorted, by_tensor_name);
-    size_t groups = 0, wanted = 0;
-    for (size_t i = 0; i < m->count; groups++) {
-        const size_t glen = group_len(sorted[i]->name);
-        uint64_t h = FNV64_START;
-        size_t j = i;
-        for (; j < m->count && group_len(sorted[j]->name) == glen && strncmp(sorted[j]->name, sorted[i]->name, glen) == 0;
-             j++) {
-            const uint64_t bytes = st_tensor_bytes(sorted[j]);
-            unsigned char *v = malloc(bytes + 1);
-            assert_int_equal(st_read(m->files[0], sorted[j], 0, v, bytes), NF4_OK);
-            h = digest_tensor(h, sorted[j]->name, sorted[j]->dtype, sorted[j]->ndim, sorted[j]->shape, v, bytes);
-            free(v);
-        }
-        char want[256];
-        snprintf(want, sizeof want, "\ngroup %.*s %zu %016" PRIx64 "\n", (int)glen, sorted[i]->name, j - i, h);
-        if (!strstr(text, want))
-            fail_msg("diffusers' conversion differs in group %.*s (first tensor %s, %zu tensors, digest %016" PRIx64
-                     ")", (int)glen, sorted[i]->name, sorted[i]->name, j - i, h);
-        i = j;
-    }
-    for (const char *p = strstr(text, "\ngroup "); p; p = strstr(p + 1, "\ngroup "))
-        wanted++;
-    assert_int_equal(groups, wanted);
-    char in_line[64];
-    snprintf(in_line, sizeof in_line, "\nin 615 %016" PRIx64 "\n", in);
-    if (!strstr(text, in_line))
-        fail_msg("the test's recipe made another LoRA than make_fal_fixtures.py's (digest %016" PRIx64 ")", in);
-    free(sorted);
-    free(text);
+        recipe_add(l, BIASES[b].name, DT_BF16, 1, BIASES[b].size, 0);
 }
 
 /* The recipe's LoRA converted holds, group by group, diffusers' own
@@ -285,20 +88,20 @@ static void assert_matches_digest(const struct model *m, uint64_t in)
 static void test_fal_lora_as_diffusers_loads_it(void **state)
 {
     struct tu_scratch *s = *state;
-    static struct fal_lora l;
+    static struct recipe l;
     fal_recipe(&l, 0, 1);
     char *path = tu_strdupf("%s-fal.safetensors", s->dir);
-    const uint64_t in = fal_write(&l, path, RECIPE, NULL, 0);
+    const uint64_t in = recipe_write(&l, path, RECIPE, NULL, 0);
     assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
     struct model *m;
     assert_int_equal(diffusers_lora_open(path, LORA_FAMILY_FLUX, 0, &m), NF4_OK);
     assert_string_equal(m->files[0]->path, path); /* messages name the fal file */
     assert_int_equal(m->count, 998);
-    assert_matches_digest(m, in);
+    assert_matches_digest(m, FAL_DIGEST, 615, in);
     model_close(m);
     /* Read the same way where the class is unknown (Flux.1's rules). */
     assert_int_equal(diffusers_lora_open(path, LORA_FAMILY_OTHER, 0, &m), NF4_OK);
-    assert_matches_digest(m, in);
+    assert_matches_digest(m, FAL_DIGEST, 615, in);
     model_close(m);
     assert_int_equal(tu_count_entries(s->dir), 0);
     unlink(path);
@@ -312,7 +115,7 @@ static void test_fal_lora_as_diffusers_loads_it(void **state)
 static void test_fal_lora_merges_as_converted(void **state)
 {
     struct tu_scratch *s = *state;
-    static struct fal_lora l;
+    static struct recipe l;
     fal_recipe(&l, 1, 1);
     char *fal = tu_strdupf("%s-fal.safetensors", s->dir), *converted = tu_strdupf("%s-fal.diffusers.safetensors", s->dir),
          *base = tu_strdupf("%s/base", s->dir), *got = tu_strdupf("%s/got", s->dir), *want = tu_strdupf("%s/want", s->dir);
@@ -320,7 +123,7 @@ static void test_fal_lora_merges_as_converted(void **state)
                            "{\"transformer.r\": 1, \"transformer.lora_alpha\": 2, \"transformer.lora_bias\": true, "
                            "\"transformer.target_modules\": "
                            "[\"to_q\"]}"};
-    fal_write(&l, fal, FROM_1_TO_2, &meta, 1);
+    recipe_write(&l, fal, FROM_1_TO_2, &meta, 1);
     struct model *m;
     assert_int_equal(diffusers_lora_open(fal, LORA_FAMILY_FLUX, 0, &m), NF4_OK);
     write_model(m, converted, &meta, 1);
@@ -377,18 +180,18 @@ static void test_fal_lora_refusals(void **state)
         {ADD, "double_blocks.0.img_attn.norm.query_norm.scale", 128,
          "double_blocks.0.img_attn.norm.query_norm.scale: makes this a BFL control LoRA"},
     };
-    static struct fal_lora l;
+    static struct recipe l;
     char *lora = tu_strdupf("%s-fal.safetensors", s->dir);
     assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
         fal_recipe(&l, 0, 1);
         if (CASES[i].edit == DROP)
-            fal_remove(&l, CASES[i].name);
+            recipe_remove(&l, CASES[i].name);
         else if (CASES[i].edit == ADD)
-            fal_add(&l, CASES[i].name, DT_BF16, 1, CASES[i].d0, 0);
+            recipe_add(&l, CASES[i].name, DT_BF16, 1, CASES[i].d0, 0);
         else
-            fal_find(&l, CASES[i].name)->shape[0] = CASES[i].d0;
-        fal_write(&l, lora, RECIPE, NULL, 0);
+            recipe_find(&l, CASES[i].name)->shape[0] = CASES[i].d0;
+        recipe_write(&l, lora, RECIPE, NULL, 0);
         char *out = tu_strdupf("%s/out", s->dir);
         struct tu_run r = tu_run("convert", "--device", "cpu", FLUX_TRANSFORMER, out, "--lora", lora, NULL);
         if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, CASES[i].want) || !strstr(r.err, lora))

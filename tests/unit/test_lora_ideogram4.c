@@ -1,21 +1,22 @@
-/* Ideogram 4 LoRAs (lora_ideogram4.h) read as diffusers 0.42 loads them:
- * each of make_ideogram4_fixtures.py's files (AI-Toolkit's diffusion_model.
- * form with a fused qkv; kohya's form with alphas of three dtypes and a module
- * without one) converts to the tensors of diffusers' own conversion, byte for
- * byte; merges through the command line, on the transformer's folder and in a
- * pipeline, as that conversion does; and what diffusers raises on is refused
- * with one line naming the key, nothing written, no temp file left. */
+/* Ideogram 4 LoRAs (lora_ideogram4.h) read as diffusers 0.42 loads them.
+ * Each test builds the LoRAs make_ideogram4_fixtures.py's digests list
+ * (AI-Toolkit's diffusion_model. form with a fused qkv; kohya's form with
+ * alphas of three dtypes and a module without one): each converts to what
+ * the digests of diffusers' own conversion say, byte for byte; merges through
+ * the command line, on the transformer's folder and in a pipeline, as that
+ * conversion does; and what diffusers raises on is refused with one line
+ * naming the key, nothing written, no temp file left. */
 #include "test_util.h"
 
 #include "lora_diffusers.h"
+#include "lora_recipe.h"
 #include "lora_synth.h"
 
-#define I4_FIXTURES FIXTURES "/diffusers/"
 #define I4_TRANSFORMER "Ideogram4Transformer2DModel"
 
-static const char *const FORMS[][2] = {
-    {I4_FIXTURES "lora-ideogram4-aitk.safetensors", I4_FIXTURES "lora-ideogram4-aitk.diffusers.safetensors"},
-    {I4_FIXTURES "lora-ideogram4-kohya.safetensors", I4_FIXTURES "lora-ideogram4-kohya.diffusers.safetensors"},
+static const char *const DIGESTS[] = {
+    FIXTURES "/diffusers/lora-ideogram4-aitk.digest",
+    FIXTURES "/diffusers/lora-ideogram4-kohya.digest",
 };
 
 /* The classes of Ideogram 4's pipelines and transformer pick its conversion. */
@@ -28,27 +29,41 @@ static void test_ideogram4_family(void **state)
     assert_int_equal(diffusers_lora_family("Ideogram3Pipeline"), LORA_FAMILY_OTHER);
 }
 
-/* Both forms convert to diffusers' tensors, byte for byte (the kohya file's
- * alphas folded in, the fused qkv split); the messages name the file. */
+/* Both forms convert to what the digests say, byte for byte (the kohya
+ * file's alphas folded in, the fused qkv split); the messages name the file. */
 static void test_ideogram4_lora_as_diffusers_loads_it(void **state)
 {
     struct tu_scratch *s = *state;
-    for (size_t i = 0; i < sizeof FORMS / sizeof FORMS[0]; i++)
-        assert_lora_converts_to(FORMS[i][0], LORA_FAMILY_IDEOGRAM4, FORMS[i][1], s->dir);
+    static struct recipe r;
+    char *path = tu_strdupf("%s-ideogram4.safetensors", s->dir);
+    for (size_t i = 0; i < sizeof DIGESTS / sizeof DIGESTS[0]; i++) {
+        recipe_read(&r, DIGESTS[i]);
+        assert_recipe_converts(&r, path, NULL, 0, LORA_FAMILY_IDEOGRAM4, DIGESTS[i], 1, s->dir, NULL);
+    }
+    unlink(path);
+    free(path);
 }
 
 /* Merged into an Ideogram 4-shaped transformer, alone and in a pipeline, each
- * form gives the bytes diffusers' conversion gives. */
+ * form gives the bytes the conversion the digests check gives. */
 static void test_ideogram4_lora_merges_as_converted(void **state)
 {
     struct tu_scratch *s = *state;
-    for (size_t i = 0; i < sizeof FORMS / sizeof FORMS[0]; i++) {
-        char *dir = tu_strdupf("%s/form-%zu", s->dir, i);
+    static struct recipe r;
+    char *tmp = tu_strdupf("%s/tmp", s->dir);
+    assert_int_equal(mkdir(tmp, 0755), 0);
+    for (size_t i = 0; i < sizeof DIGESTS / sizeof DIGESTS[0]; i++) {
+        char *dir = tu_strdupf("%s/form-%zu", s->dir, i), *lora = tu_strdupf("%s/lora-%zu.safetensors", s->dir, i),
+             *converted = tu_strdupf("%s/converted-%zu.safetensors", s->dir, i);
+        recipe_read(&r, DIGESTS[i]);
+        assert_recipe_converts(&r, lora, NULL, 0, LORA_FAMILY_IDEOGRAM4, DIGESTS[i], 1, tmp, converted);
         /* the AI-Toolkit file's DoRA scale is left out with a warning */
-        free(assert_merges_as_converted(dir, FORMS[i][0], FORMS[i][1], I4_TRANSFORMER, "Ideogram4Pipeline",
-                                        i == 0 ? 2 : 1));
+        free(assert_merges_as_converted(dir, lora, converted, I4_TRANSFORMER, "Ideogram4Pipeline", i == 0 ? 2 : 1));
         free(dir);
+        free(lora);
+        free(converted);
     }
+    free(tmp);
 }
 
 /* What diffusers raises on, or would load as nf4deq would not: one line
@@ -105,11 +120,16 @@ static void test_ideogram4_lora_refusals(void **state)
         assert_int_equal(tu_count_entries(s->dir), 0);
     }
     /* Through the command line, on an Ideogram 4 transformer's folder. */
-    char *base = tu_strdupf("%s-base", s->dir);
-    struct model *converted;
-    assert_int_equal(model_open_file(FORMS[0][1], &converted), NF4_OK);
-    write_lora_base(converted, base, I4_TRANSFORMER);
-    model_close(converted);
+    char *base = tu_strdupf("%s-base", s->dir), *converted = tu_strdupf("%s-converted.safetensors", s->dir);
+    static struct recipe aitk;
+    recipe_read(&aitk, DIGESTS[0]);
+    assert_recipe_converts(&aitk, lora, NULL, 0, LORA_FAMILY_IDEOGRAM4, DIGESTS[0], 1, s->dir, converted);
+    struct model *m;
+    assert_int_equal(model_open_file(converted, &m), NF4_OK);
+    write_lora_base(m, base, I4_TRANSFORMER);
+    model_close(m);
+    unlink(converted);
+    free(converted);
     write_synth_file(lora, CASES[0].t, CASES[0].n);
     struct tu_run r = tu_run("convert", "--device", "cpu", base, out, "--lora", lora, NULL);
     if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, CASES[0].want))

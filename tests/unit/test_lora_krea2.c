@@ -1,19 +1,49 @@
-/* Krea 2 LoRAs (lora_krea2.h) read as diffusers 0.42 loads them: each of
- * make_krea2_fixtures.py's files (ComfyUI's diffusion_model. form, AI-Toolkit's
- * base_model.model. form with a LoRA config) converts to the tensors of
- * diffusers' own conversion, byte for byte; merges through the command line,
- * on the transformer's folder and in a pipeline, as that conversion does with
- * the file's metadata; and what diffusers raises on is refused with one line
- * naming the key, nothing written, no temp file left. */
+/* Krea 2 LoRAs (lora_krea2.h) read as diffusers 0.42 loads them. Each test
+ * builds the LoRA lora-krea2.digest lists (make_krea2_fixtures.py: Krea 2's
+ * names under ComfyUI's diffusion_model.), and the same tensors in
+ * AI-Toolkit's form (base_model.model., with a LoRA config): both convert to
+ * what the digests of diffusers' own conversion say, byte for byte; merge
+ * through the command line, on the transformer's folder and in a pipeline, as
+ * that conversion does with the file's metadata; and what diffusers raises on
+ * is refused with one line naming the key, nothing written, no temp file
+ * left. */
 #include "test_util.h"
 
 #include "lora_diffusers.h"
+#include "lora_recipe.h"
 #include "lora_synth.h"
 
-#define KREA2_COMFY FIXTURES "/diffusers/lora-krea2-comfy.safetensors"
-#define KREA2_AITK FIXTURES "/diffusers/lora-krea2-aitk.safetensors"
-#define KREA2_CONVERTED FIXTURES "/diffusers/lora-krea2-comfy.diffusers.safetensors"
+#define KREA2_DIGEST FIXTURES "/diffusers/lora-krea2.digest"
+#define KREA2_COMFY "diffusion_model."
 #define KREA2_TRANSFORMER "Krea2Transformer2DModel"
+
+/* The AI-Toolkit file's LoRA config: alpha 4 over r 2, the feed-forwards at rank 3. */
+static const struct st_meta AITK_META = {
+    "lora_adapter_metadata",
+    "{\"transformer.r\": 2, \"transformer.lora_alpha\": 4, \"transformer.rank_pattern\": {\"ff.gate\": 3, "
+    "\"ff.up\": 3, \"ff.down\": 3}, \"transformer.target_modules\": [\"to_q\"]}"};
+
+/* The digest's LoRA in ComfyUI's form (*comfy), and its tensors under
+ * AI-Toolkit's base_model.model. (tmlp's without a prefix, no DoRA scale),
+ * their values those of the names they had (*aitk). */
+static void krea2_recipes(struct recipe *comfy, struct recipe *aitk)
+{
+    recipe_read(comfy, KREA2_DIGEST);
+    aitk->n = 0;
+    aitk->values = comfy->values;
+    for (size_t i = 0; i < comfy->n; i++) {
+        const char *rest = comfy->t[i].name + strlen(KREA2_COMFY);
+        assert_true(strncmp(comfy->t[i].name, KREA2_COMFY, strlen(KREA2_COMFY)) == 0);
+        if (strstr(rest, "dora_scale"))
+            continue;
+        char name[RECIPE_NAME_MAX];
+        snprintf(name, sizeof name, "%s%s", strncmp(rest, "tmlp.", 5) == 0 ? "" : "base_model.model.", rest);
+        struct recipe_tensor *t = recipe_add(aitk, name, comfy->t[i].dtype, comfy->t[i].ndim, comfy->t[i].shape[0],
+                                             comfy->t[i].shape[1]);
+        t->seeded = 1;
+        t->seed = fnv1a32(comfy->t[i].name);
+    }
+}
 
 /* The classes of Krea 2's pipelines and transformer pick its conversion. */
 static void test_krea2_family(void **state)
@@ -25,31 +55,49 @@ static void test_krea2_family(void **state)
     assert_int_equal(diffusers_lora_family("Krea1Pipeline"), LORA_FAMILY_OTHER);
 }
 
-/* Both forms convert to diffusers' tensors, byte for byte; the messages name the file. */
+/* Both forms convert to what the digests say, byte for byte; the messages
+ * name the file. */
 static void test_krea2_lora_as_diffusers_loads_it(void **state)
 {
     struct tu_scratch *s = *state;
-    assert_lora_converts_to(KREA2_COMFY, LORA_FAMILY_KREA2, KREA2_CONVERTED, s->dir);
-    assert_lora_converts_to(KREA2_AITK, LORA_FAMILY_KREA2, KREA2_CONVERTED, s->dir);
+    static struct recipe comfy, aitk;
+    krea2_recipes(&comfy, &aitk);
+    char *comfy_path = tu_strdupf("%s-comfy.safetensors", s->dir), *aitk_path = tu_strdupf("%s-aitk.safetensors", s->dir);
+    assert_recipe_converts(&comfy, comfy_path, NULL, 0, LORA_FAMILY_KREA2, KREA2_DIGEST, 1, s->dir, NULL);
+    assert_recipe_converts(&aitk, aitk_path, &AITK_META, 1, LORA_FAMILY_KREA2, KREA2_DIGEST, 0, s->dir, NULL);
+    unlink(comfy_path);
+    unlink(aitk_path);
+    free(comfy_path);
+    free(aitk_path);
 }
 
 /* Merged into a Krea 2-shaped transformer, alone and in a pipeline, each form
- * gives the bytes diffusers' conversion gives, with the file's metadata (the
- * AI-Toolkit file's alpha 4 and rank pattern), which changes the result. */
+ * gives the bytes the conversion the digests check gives, with the file's
+ * metadata (the AI-Toolkit file's alpha 4 and rank pattern), which changes
+ * the result. */
 static void test_krea2_lora_merges_as_converted(void **state)
 {
     struct tu_scratch *s = *state;
-    char *comfy_dir = tu_strdupf("%s/comfy", s->dir), *aitk_dir = tu_strdupf("%s/aitk", s->dir);
+    static struct recipe comfy, aitk;
+    krea2_recipes(&comfy, &aitk);
+    char *comfy_path = tu_strdupf("%s/comfy.safetensors", s->dir), *aitk_path = tu_strdupf("%s/aitk.safetensors", s->dir),
+         *converted = tu_strdupf("%s/converted.safetensors", s->dir), *comfy_dir = tu_strdupf("%s/comfy", s->dir),
+         *aitk_dir = tu_strdupf("%s/aitk", s->dir), *tmp = tu_strdupf("%s/tmp", s->dir);
+    assert_int_equal(mkdir(tmp, 0755), 0);
+    assert_recipe_converts(&comfy, comfy_path, NULL, 0, LORA_FAMILY_KREA2, KREA2_DIGEST, 1, tmp, converted);
+    recipe_write(&aitk, aitk_path, aitk.values, &AITK_META, 1);
     /* the comfy file's DoRA scale is left out with a warning */
-    char *comfy = assert_merges_as_converted(comfy_dir, KREA2_COMFY, KREA2_CONVERTED, KREA2_TRANSFORMER,
-                                             "Krea2Pipeline", 2);
-    char *aitk = assert_merges_as_converted(aitk_dir, KREA2_AITK, KREA2_CONVERTED, KREA2_TRANSFORMER, "Krea2Pipeline",
-                                            1);
-    assert_true(tensor_differs(comfy, aitk, "transformer_blocks.0.attn.to_q.weight"));
-    free(comfy);
-    free(aitk);
+    char *comfy_out = assert_merges_as_converted(comfy_dir, comfy_path, converted, KREA2_TRANSFORMER, "Krea2Pipeline", 2);
+    char *aitk_out = assert_merges_as_converted(aitk_dir, aitk_path, converted, KREA2_TRANSFORMER, "Krea2Pipeline", 1);
+    assert_true(tensor_differs(comfy_out, aitk_out, "transformer_blocks.0.attn.to_q.weight"));
+    free(comfy_out);
+    free(aitk_out);
+    free(comfy_path);
+    free(aitk_path);
+    free(converted);
     free(comfy_dir);
     free(aitk_dir);
+    free(tmp);
 }
 
 /* A file of the pairs `names` (each [2, 8] and [8, 2], BF16), and `extra`
@@ -115,11 +163,16 @@ static void test_krea2_lora_refusals(void **state)
         assert_int_equal(tu_count_entries(s->dir), 0);
     }
     /* Through the command line, on a Krea 2 transformer's folder. */
-    char *base = tu_strdupf("%s-base", s->dir);
-    struct model *converted;
-    assert_int_equal(model_open_file(KREA2_CONVERTED, &converted), NF4_OK);
-    write_lora_base(converted, base, KREA2_TRANSFORMER);
-    model_close(converted);
+    char *base = tu_strdupf("%s-base", s->dir), *converted = tu_strdupf("%s-converted.safetensors", s->dir);
+    static struct recipe comfy, aitk;
+    krea2_recipes(&comfy, &aitk);
+    assert_recipe_converts(&comfy, lora, NULL, 0, LORA_FAMILY_KREA2, KREA2_DIGEST, 1, s->dir, converted);
+    struct model *m;
+    assert_int_equal(model_open_file(converted, &m), NF4_OK);
+    write_lora_base(m, base, KREA2_TRANSFORMER);
+    model_close(m);
+    unlink(converted);
+    free(converted);
     write_krea2_lora(lora, CASES[0].pairs, 1, CASES[0].extra);
     struct tu_run r = tu_run("convert", "--device", "cpu", base, out, "--lora", lora, NULL);
     if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, CASES[0].want))
