@@ -280,4 +280,21 @@ static inline void assert_recipe_converts(struct recipe *r, const char *path, co
     assert_int_equal(tu_count_entries(dir), 0);
 }
 
+/* base: a model folder of class `cls` (write_lora_base) for the conversion
+ * of `r` (written to `path`, then removed), which must match digest file
+ * `digest`; TMPDIR `dir` holds nothing afterwards. */
+static inline void recipe_base(struct recipe *r, const char *path, enum lora_family family, const char *digest,
+                               const char *dir, const char *base, const char *cls)
+{
+    char *converted = tu_strdupf("%s.converted", path);
+    assert_recipe_converts(r, path, NULL, 0, family, digest, 1, dir, converted);
+    struct model *m;
+    assert_int_equal(model_open_file(converted, &m), NF4_OK);
+    write_lora_base(m, base, cls);
+    model_close(m);
+    unlink(converted);
+    unlink(path);
+    free(converted);
+}
+
 #endif

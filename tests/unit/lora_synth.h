@@ -223,4 +223,18 @@ static inline int lora_synth_teardown(void **state)
     return tu_scratch_teardown(state);
 }
 
+/* `nf4deq convert --device cpu IN OUT --lora LORA` exits 65 with one line
+ * naming LORA and holding `want`, writes no OUT, and leaves folder `dir`
+ * empty. */
+static inline void assert_lora_refused(const char *in, const char *out, const char *lora, const char *want,
+                                       const char *dir)
+{
+    struct tu_run r = tu_run("convert", "--device", "cpu", in, out, "--lora", lora, NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, want) || !strstr(r.err, lora))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    assert_int_equal(tu_count_entries(dir), 0);
+}
+
 #endif
