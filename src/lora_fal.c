@@ -96,13 +96,6 @@ static void place_module(struct fal_place *p, const struct fal_group *g, unsigne
     snprintf(p->ours, sizeof p->ours, "%s%s", g->ours, number);
 }
 
-/* The key of the file named `name`, not taken yet (NULL where there is none). */
-static struct lora_key *find_untaken(struct conversion *cv, const char *name)
-{
-    struct lora_key *k = lora_key_find(cv->keys, cv->nkeys, name);
-    return k && !k->taken ? k : NULL;
-}
-
 /* Adds `k` as ours + part + suffix for each part of `m`: lora_A's copied to
  * each, lora_B's cut by rows where the module is fused. */
 static int add_parts(struct conversion *cv, const struct fal_place *p, const struct fal_module *m,
@@ -154,7 +147,7 @@ static int convert_factor(struct conversion *cv, const struct fal_place *p, cons
     char name[FAL_NAME_MAX];
     if (snprintf(name, sizeof name, "%s.lora_%c.weight", p->theirs, factor) >= (int)sizeof name)
         return nf4_fail(NF4_ESOFTWARE, cv->path, p->theirs, "a name made for it is too long");
-    struct lora_key *k = find_untaken(cv, name);
+    struct lora_key *k = lora_key_available(cv->keys, cv->nkeys, name);
     if (!k)
         return nf4_fail(NF4_EDATA, cv->path, name, "is missing: diffusers converts a LoRA with \"base_model\" in a "
                         "key as fal's FLUX.1 Kontext form, which has each factor of every module of FLUX.1's %d double "
@@ -165,7 +158,7 @@ static int convert_factor(struct conversion *cv, const struct fal_place *p, cons
         return code;
     if (snprintf(name, sizeof name, "%s.lora_%c.bias", p->theirs, factor) >= (int)sizeof name)
         return nf4_fail(NF4_ESOFTWARE, cv->path, p->theirs, "a name made for it is too long");
-    if (!(k = find_untaken(cv, name)))
+    if (!(k = lora_key_available(cv->keys, cv->nkeys, name)))
         return NF4_OK;
     k->taken = 1;
     return add_parts(cv, p, m, k, factor, "bias");

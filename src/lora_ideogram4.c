@@ -43,12 +43,6 @@ struct conversion {
     struct lora_rewrite rw;
 };
 
-static struct lora_key *untaken(struct conversion *cv, const char *name)
-{
-    struct lora_key *k = lora_key_find(cv->keys, cv->nkeys, name);
-    return k && !k->taken ? k : NULL;
-}
-
 /* The pair of module `m` of layer `layer` where its down is there: its up
  * (which must be), its alpha folded in, under diffusers' names. */
 static int convert_module(struct conversion *cv, uint64_t layer, const char *const m[2])
@@ -56,46 +50,29 @@ static int convert_module(struct conversion *cv, uint64_t layer, const char *con
     char base[128], name[256];
     snprintf(base, sizeof base, I4_LAYERS "%" PRIu64 ".%s", layer, m[0]);
     snprintf(name, sizeof name, "%s%s", base, cv->down);
-    struct lora_key *down = untaken(cv, name);
+    struct lora_key *down = lora_key_available(cv->keys, cv->nkeys, name);
     if (!down)
         return NF4_OK;
     down->taken = 1;
     snprintf(name, sizeof name, "%s%s", base, cv->up);
-    struct lora_key *up = untaken(cv, name);
+    struct lora_key *up = lora_key_available(cv->keys, cv->nkeys, name);
     if (!up) /* diffusers' pop raises */
         return nf4_fail(NF4_EDATA, cv->path, down->t->t->name, "has no matching %s, which diffusers takes with it",
                         cv->up + 1);
     up->taken = 1;
     snprintf(name, sizeof name, "%s" I4_ALPHA, base);
-    struct lora_key *alpha = untaken(cv, name);
+    struct lora_key *alpha = lora_key_available(cv->keys, cv->nkeys, name);
     if (alpha)
         alpha->taken = 1;
     if (m[1]) {
         snprintf(name, sizeof name, I4_TARGET I4_LAYERS "%" PRIu64 ".%s", layer, m[1]);
         return lora_rewrite_add_folded(&cv->rw, name, I4_A, I4_B, down->t, up->t, alpha ? alpha->t : NULL);
     }
-    const struct st_tensor *dt = down->t->t, *ut = up->t->t;
-    int code = lora_check_pair(cv->path, dt, ut);
-    if (code != NF4_OK)
-        return code;
-    if (ut->shape[0] % 3 != 0)
-        return nf4_fail(NF4_EDATA, cv->path, ut->name, "has %" PRIu64 " rows, which diffusers cuts into parts for "
-                        "to_q, to_k and to_v that cannot load (not three equal parts)", ut->shape[0]);
-    float sd = 1.0f, su = 1.0f;
-    if (alpha) {
-        double a;
-        if ((code = lora_read_alpha(cv->path, alpha->t, &a)) != NF4_OK)
-            return code;
-        lora_split_scale(a / (double)dt->shape[0], DT_F64, &sd, &su); /* alpha.item() / rank: Python floats */
-    }
-    const uint64_t rows = ut->shape[0] / 3, r = dt->shape[0];
-    for (size_t j = 0; j < 3 && code == NF4_OK; j++) {
-        snprintf(name, sizeof name, I4_TARGET I4_LAYERS "%" PRIu64 ".%s", layer, QKV_PARTS[j]);
-        code = lora_rewrite_add(&cv->rw, name, I4_A, down->t, dt->dtype, r, dt->shape[1], 0, 0, sd);
-        if (code == NF4_OK)
-            code = lora_rewrite_add(&cv->rw, name, I4_B, up->t, ut->dtype, rows, r, j * rows, 0, su);
-    }
-    return code;
+    char targets[3][256];
+    const char *const parts[3] = {targets[0], targets[1], targets[2]};
+    for (size_t j = 0; j < 3; j++)
+        snprintf(targets[j], sizeof targets[j], I4_TARGET I4_LAYERS "%" PRIu64 ".%s", layer, QKV_PARTS[j]);
+    return lora_rewrite_add_folded_qkv(&cv->rw, parts, I4_A, I4_B, down->t, up->t, alpha ? alpha->t : NULL);
 }
 
 /* The number after "layers." at the start of `k`, where diffusers' re.match(
@@ -173,15 +150,11 @@ int ideogram4_lora_convert(const struct model *w, const char *path, int warn, st
     lora_rewrite_leave_out_dora(&cv.rw, w); /* dropped before the conversion, with a warning */
     int code = lora_keys_of(path, w, lora_is_dora_scale, &cv.keys, &cv.nkeys);
     /* The first prefix any key starts with, cut where a key starts with it (removeprefix). */
-    for (size_t p = 0; p < COUNT(PREFIXES) && code == NF4_OK; p++) {
-        if (!lora_keys_any_start(cv.keys, cv.nkeys, PREFIXES[p]))
-            continue;
-        const size_t len = strlen(PREFIXES[p]);
-        for (size_t i = 0; i < cv.nkeys; i++)
-            if (str_starts_with(cv.keys[i].name, PREFIXES[p]))
-                memmove(cv.keys[i].name, cv.keys[i].name + len, strlen(cv.keys[i].name) - len + 1);
-        break;
-    }
+    for (size_t p = 0; p < COUNT(PREFIXES) && code == NF4_OK; p++)
+        if (lora_keys_any_start(cv.keys, cv.nkeys, PREFIXES[p])) {
+            lora_keys_remove_prefix(cv.keys, cv.nkeys, PREFIXES[p]);
+            break;
+        }
     if (code == NF4_OK) {
         lora_keys_sort(cv.keys, cv.nkeys);
         code = lora_keys_check_distinct(path, cv.keys, cv.nkeys); /* diffusers' dict keeps one of them */

@@ -49,17 +49,6 @@ static const char *lookup(const char *const (*map)[2], size_t n, const char *nam
     return NULL;
 }
 
-/* `name` less KREA2_PEFT, then less KREA2_COMFY, at its start (Python's
- * removeprefix, one after the other). Allocated; NULL when out of memory. */
-static char *without_prefixes(const char *name)
-{
-    if (str_starts_with(name, KREA2_PEFT))
-        name += strlen(KREA2_PEFT);
-    if (str_starts_with(name, KREA2_COMFY))
-        name += strlen(KREA2_COMFY);
-    return strdup(name);
-}
-
 /* Where module[0..len) is a block's module, as diffusers' re.match(r"blocks\.
  * (\d+)\.(attn|mlp)\.(\w+)$") (and the text fusion's) reads it: its name in
  * *out, or nothing where the last part is none the maps hold. NF4_EDATA
@@ -148,9 +137,9 @@ int krea2_lora_convert(const struct model *w, const char *path, int warn, struct
         if (strchr(keys[i].name, '\n') || strchr(keys[i].name, '\r'))
             code = nf4_fail(NF4_EDATA, path, NULL, "has a key with a line break in its name, which nf4deq does not "
                             "read (Python's $ matches before one)");
-    if (code == NF4_OK)
-        code = lora_keys_rename(path, keys, n, without_prefixes);
-    if (code == NF4_OK) {
+    if (code == NF4_OK) { /* removeprefix(KREA2_PEFT).removeprefix(KREA2_COMFY), each key */
+        lora_keys_remove_prefix(keys, n, KREA2_PEFT);
+        lora_keys_remove_prefix(keys, n, KREA2_COMFY);
         lora_keys_sort(keys, n);
         code = lora_keys_check_distinct(path, keys, n); /* diffusers' dict keeps one of them */
     }

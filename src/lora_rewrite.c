@@ -243,6 +243,12 @@ struct lora_key *lora_key_find(struct lora_key *keys, size_t n, const char *name
     return bsearch(&probe, keys, n, sizeof *keys, key_cmp);
 }
 
+struct lora_key *lora_key_available(struct lora_key *keys, size_t n, const char *name)
+{
+    struct lora_key *k = name ? lora_key_find(keys, n, name) : NULL;
+    return k && !k->taken ? k : NULL;
+}
+
 int lora_keys_check_distinct(const char *path, const struct lora_key *keys, size_t n)
 {
     for (size_t i = 1; i < n; i++)
@@ -309,6 +315,14 @@ int lora_model_any_key(const struct model *w, int (*test)(const char *name))
         if (!lora_is_dora_scale(w->tensors[i].t->name) && test(w->tensors[i].t->name))
             return 1;
     return 0;
+}
+
+void lora_keys_remove_prefix(struct lora_key *keys, size_t n, const char *prefix)
+{
+    const size_t len = strlen(prefix);
+    for (size_t i = 0; i < n; i++)
+        if (str_starts_with(keys[i].name, prefix))
+            memmove(keys[i].name, keys[i].name + len, strlen(keys[i].name + len) + 1);
 }
 
 void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut)
@@ -471,15 +485,20 @@ double lora_round_to(enum st_dtype dt, double v)
     return f32_from_element(dt, b, 0);
 }
 
-int lora_rewrite_add_folded(struct lora_rewrite *rw, const char *prefix, const char *a_name, const char *b_name,
-                            const struct model_tensor *down, const struct model_tensor *up,
+/* lora_rewrite_add_folded over `nparts` targets (1, or a qkv's 3), `up` cut
+ * into that many equal blocks of rows. */
+static int add_folded_parts(struct lora_rewrite *rw, const char *const *targets, size_t nparts, const char *a_name,
+                            const char *b_name, const struct model_tensor *down, const struct model_tensor *up,
                             const struct model_tensor *alpha)
 {
     const struct st_tensor *dt = down->t, *ut = up->t;
     int code = lora_check_pair(rw->path, dt, ut);
     if (code != NF4_OK)
         return code;
-    const uint64_t r = dt->shape[0];
+    if (ut->shape[0] % nparts != 0)
+        return nf4_fail(NF4_EDATA, rw->path, ut->name, "has %llu rows, which diffusers cuts into parts for to_q, "
+                        "to_k and to_v that cannot load (not three equal parts)", (unsigned long long)ut->shape[0]);
+    const uint64_t r = dt->shape[0], rows = ut->shape[0] / nparts;
     float sd = 1.0f, su = 1.0f;
     if (alpha) {
         double a;
@@ -487,8 +506,26 @@ int lora_rewrite_add_folded(struct lora_rewrite *rw, const char *prefix, const c
             return code;
         lora_split_scale(a / (double)r, DT_F64, &sd, &su); /* alpha.item() / rank: Python floats */
     }
-    code = lora_rewrite_add(rw, prefix, a_name, down, dt->dtype, r, dt->shape[1], 0, 0, sd);
-    return code == NF4_OK ? lora_rewrite_add(rw, prefix, b_name, up, ut->dtype, ut->shape[0], r, 0, 0, su) : code;
+    for (size_t j = 0; j < nparts && code == NF4_OK; j++) {
+        code = lora_rewrite_add(rw, targets[j], a_name, down, dt->dtype, r, dt->shape[1], 0, 0, sd);
+        if (code == NF4_OK)
+            code = lora_rewrite_add(rw, targets[j], b_name, up, ut->dtype, rows, r, j * rows, 0, su);
+    }
+    return code;
+}
+
+int lora_rewrite_add_folded(struct lora_rewrite *rw, const char *prefix, const char *a_name, const char *b_name,
+                            const struct model_tensor *down, const struct model_tensor *up,
+                            const struct model_tensor *alpha)
+{
+    return add_folded_parts(rw, &prefix, 1, a_name, b_name, down, up, alpha);
+}
+
+int lora_rewrite_add_folded_qkv(struct lora_rewrite *rw, const char *const targets[3], const char *a_name,
+                                const char *b_name, const struct model_tensor *down, const struct model_tensor *up,
+                                const struct model_tensor *alpha)
+{
+    return add_folded_parts(rw, targets, 3, a_name, b_name, down, up, alpha);
 }
 
 void lora_split_scale(double scale, enum st_dtype dt, float *down, float *up)

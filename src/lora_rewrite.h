@@ -113,6 +113,10 @@ void lora_keys_sort(struct lora_key *keys, size_t n);
 /* The key named `name` in sorted keys, or NULL. */
 struct lora_key *lora_key_find(struct lora_key *keys, size_t n, const char *name);
 
+/* The key named `name` (NULL: none) in sorted keys where the conversion has
+ * not taken it yet, as a Python dict's pop still finds it; else NULL. */
+struct lora_key *lora_key_available(struct lora_key *keys, size_t n, const char *name);
+
 /* NF4_EDATA, naming the file `path` and both keys, where two sorted keys have
  * one name: diffusers' dict would keep one of them. */
 int lora_keys_check_distinct(const char *path, const struct lora_key *keys, size_t n);
@@ -145,6 +149,10 @@ int lora_model_any_key(const struct model *w, int (*test)(const char *name));
 /* Each name less its first `cut` characters, as Python's k[cut:] cuts every
  * key whatever its start (characters of UTF-8, not bytes). */
 void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut);
+
+/* Each name less `prefix` where it starts with it (Python's removeprefix on
+ * every key). */
+void lora_keys_remove_prefix(struct lora_key *keys, size_t n, const char *prefix);
 
 /* Python's int() of the text s[0..len): whitespace around (Unicode's
  * too), a sign, ASCII digits with single underscores between them. 0 where
@@ -191,6 +199,15 @@ int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alp
 int lora_rewrite_add_folded(struct lora_rewrite *rw, const char *prefix, const char *a_name, const char *b_name,
                             const struct model_tensor *down, const struct model_tensor *up,
                             const struct model_tensor *alpha);
+
+/* The same for a fused qkv pair: `down` [r, in] under each of targets[0..3)
+ * + a_name, `up` [3 * out, r] cut into three equal blocks of rows, one under
+ * each target + b_name (torch.chunk(3)), `alpha` folded in as above. Also
+ * NF4_EDATA naming `up` where its rows do not make three equal parts: those
+ * cannot load. */
+int lora_rewrite_add_folded_qkv(struct lora_rewrite *rw, const char *const targets[3], const char *a_name,
+                                const char *b_name, const struct model_tensor *down, const struct model_tensor *up,
+                                const struct model_tensor *alpha);
 
 /* `v` rounded to `dt` as a PyTorch tensor of that dtype holds it. */
 double lora_round_to(enum st_dtype dt, double v);

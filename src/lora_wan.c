@@ -48,14 +48,6 @@ struct conversion {
 
 /* ---- keys ---- */
 
-/* The key `name` where the conversion has not taken it yet (a Python dict's
- * pop finds it), else NULL. */
-static struct lora_key *available(const struct conversion *cv, const char *name)
-{
-    struct lora_key *k = lora_key_find(cv->keys, cv->nkeys, name);
-    return k && !k->taken ? k : NULL;
-}
-
 static int any_left_holding(const struct conversion *cv, const char *part)
 {
     for (size_t i = 0; i < cv->nkeys; i++)
@@ -150,8 +142,9 @@ static int convert_module(struct conversion *cv, const char *theirs, const char 
     snprintf(up_name, sizeof up_name, "%s.%s.weight", theirs, cv->up);
     snprintf(alpha_name, sizeof alpha_name, "%s.alpha", theirs);
     snprintf(bias_name, sizeof bias_name, "%s.diff_b", theirs);
-    struct lora_key *down = available(cv, down_name), *up = available(cv, up_name);
-    struct lora_key *alpha = alphas ? available(cv, alpha_name) : NULL;
+    struct lora_key *down = lora_key_available(cv->keys, cv->nkeys, down_name),
+                    *up = lora_key_available(cv->keys, cv->nkeys, up_name);
+    struct lora_key *alpha = alphas ? lora_key_available(cv->keys, cv->nkeys, alpha_name) : NULL;
     struct lora_key *named = alpha ? alpha : down ? down : up;
     if (!(down && up) && (named || rule == FACTORS_REQUIRED)) {
         /* Where diffusers' pop raises, or it would load a factor alone, which merges nothing. */
@@ -162,7 +155,7 @@ static int convert_module(struct conversion *cv, const char *theirs, const char 
                         down ? cv->up : cv->down);
     }
     int code = down ? add_pair(cv, ours, down, up, alpha) : NF4_OK;
-    struct lora_key *bias = available(cv, bias_name);
+    struct lora_key *bias = lora_key_available(cv->keys, cv->nkeys, bias_name);
     if (code == NF4_OK && bias && !down && !bias_needs_factors)
         /* diffusers would load it with zero factors: the bias alone, and the weight plus 0 */
         return nf4_fail(NF4_EDATA, cv->path, bias->t->t->name, "is a bias change of %s, which has no factors here: "
@@ -270,13 +263,13 @@ static int convert_head(struct conversion *cv)
     snprintf(down_name, sizeof down_name, "head.head.%s.weight", cv->down);
     snprintf(up_name, sizeof up_name, "head.head.%s.weight", cv->up);
     struct lora_key *down = NULL, *up = NULL;
-    if (any_file_key(cv, down_name, "") && !(down = available(cv, down_name)))
+    if (any_file_key(cv, down_name, "") && !(down = lora_key_available(cv->keys, cv->nkeys, down_name)))
         return nf4_fail(NF4_EDATA, cv->path, NULL, "has a key holding %s but not that key, which diffusers then "
                         "needs", down_name);
-    if (any_file_key(cv, up_name, "") && !(up = available(cv, up_name)))
+    if (any_file_key(cv, up_name, "") && !(up = lora_key_available(cv->keys, cv->nkeys, up_name)))
         return nf4_fail(NF4_EDATA, cv->path, NULL, "has a key holding %s but not that key, which diffusers then "
                         "needs", up_name);
-    struct lora_key *bias = available(cv, "head.head.diff_b");
+    struct lora_key *bias = lora_key_available(cv->keys, cv->nkeys, "head.head.diff_b");
     int code = bias ? add_bias(cv, "proj_out.lora_B.bias", bias) : NF4_OK;
     if (code != NF4_OK)
         return code;
@@ -290,7 +283,7 @@ static int convert_head(struct conversion *cv)
         return down ? add_pair(cv, "proj_out", down, up, NULL) : NF4_OK;
     }
     /* The weight's diff replaces any factors of the head. */
-    struct lora_key *diff = available(cv, "head.head.diff");
+    struct lora_key *diff = lora_key_available(cv->keys, cv->nkeys, "head.head.diff");
     if (!diff)
         return nf4_fail(NF4_EDATA, cv->path, NULL, "has a head.head key ending in .diff but not head.head.diff, "
                         "which diffusers then needs");
@@ -449,7 +442,9 @@ static int convert_musubi(struct conversion *cv)
             snprintf(down, sizeof down, "%s.lora_down.weight", theirs);
             snprintf(up, sizeof up, "%s.lora_up.weight", theirs);
             snprintf(alpha, sizeof alpha, "%s.alpha", theirs);
-            struct lora_key *d = available(cv, down), *u = available(cv, up), *a = available(cv, alpha);
+            struct lora_key *d = lora_key_available(cv->keys, cv->nkeys, down),
+                            *u = lora_key_available(cv->keys, cv->nkeys, up),
+                            *a = lora_key_available(cv->keys, cv->nkeys, alpha);
             if (!d || !u || !a)
                 code = nf4_fail(NF4_EDATA, cv->path, NULL, "has no %s%s, which diffusers needs: a musubi-tuner Wan "
                                 "LoRA has every module of each of its %zu blocks", WAN_MUSUBI,

@@ -57,14 +57,6 @@ static int any_key_holds(const struct conversion *cv, const char *part)
     return 0;
 }
 
-/* Python's removeprefix, on every key. */
-static void remove_prefix(struct conversion *cv, const char *prefix)
-{
-    for (size_t i = 0; i < cv->nkeys; i++)
-        if (str_starts_with(cv->keys[i].name, prefix))
-            memmove(cv->keys[i].name, cv->keys[i].name + strlen(prefix), strlen(cv->keys[i].name + strlen(prefix)) + 1);
-}
-
 /* diffusers' convert_key: the key before its last dot split at underscores
  * and joined with dots, but for the pairs kept whole; the part after the last
  * dot as it is (none where it is empty). Allocated; NULL when out of memory. */
@@ -136,9 +128,9 @@ static int rename_keys(struct conversion *cv, const struct model *w)
                             "does not read as a Z-Image LoRA's");
     }
     if (code == NF4_OK && lora_keys_any_start(cv->keys, cv->nkeys, Z_COMFY))
-        remove_prefix(cv, Z_COMFY);
+        lora_keys_remove_prefix(cv->keys, cv->nkeys, Z_COMFY);
     if (code == NF4_OK && lora_keys_any_start(cv->keys, cv->nkeys, Z_UNET)) {
-        remove_prefix(cv, Z_UNET);
+        lora_keys_remove_prefix(cv->keys, cv->nkeys, Z_UNET);
         code = lora_keys_rename(cv->path, cv->keys, cv->nkeys, kohya_key);
     }
     if (code == NF4_OK)
@@ -157,19 +149,12 @@ static int rename_keys(struct conversion *cv, const struct model *w)
 
 /* ---- factors ---- */
 
-/* The key named `name` that diffusers has not popped yet, or NULL. */
-static struct lora_key *available(const struct conversion *cv, const char *name)
-{
-    struct lora_key *k = name ? lora_key_find(cv->keys, cv->nkeys, name) : NULL;
-    return k && !k->taken ? k : NULL;
-}
-
 /* Folds `alpha_name`'s alpha (where diffusers has not popped it) into the
  * pair, named a_name / b_name under "transformer.". */
 static int fold_pair(struct conversion *cv, struct lora_key *down, struct lora_key *up, const char *a_name,
                      const char *b_name, const char *alpha_name)
 {
-    struct lora_key *alpha = available(cv, alpha_name);
+    struct lora_key *alpha = lora_key_available(cv->keys, cv->nkeys, alpha_name);
     down->taken = up->taken = 1;
     if (alpha)
         alpha->taken = 1;
@@ -187,7 +172,7 @@ static int convert_pairs(struct conversion *cv, const char *first, const char *s
             continue;
         char *up_name = str_replace_all(down->name, first, second), *a = str_replace_all(down->name, first, Z_A),
              *b = up_name ? str_replace_all(up_name, second, Z_B) : NULL, *alpha = str_replace_all(down->name, first, Z_ALPHA);
-        struct lora_key *up = available(cv, up_name);
+        struct lora_key *up = lora_key_available(cv->keys, cv->nkeys, up_name);
         if (!up_name || !a || !b || !alpha)
             code = nf4_fail(NF4_ESOFTWARE, cv->path, down->t->t->name, "out of memory");
         else if (down->taken || !up) /* diffusers' pop raises */
@@ -218,7 +203,7 @@ static int convert_dot_qkv(struct conversion *cv, struct lora_key *down, const c
     char name[1024], *up_name = str_replace_all(down->name, Z_DOT_DOWN, Z_DOT_UP);
     if (!up_name)
         return nf4_fail(NF4_ESOFTWARE, cv->path, down->t->t->name, "out of memory");
-    struct lora_key *up = available(cv, up_name);
+    struct lora_key *up = lora_key_available(cv->keys, cv->nkeys, up_name);
     free(up_name);
     int split = 0;
     for (const char *p = "qkv"; *p; p++)
@@ -227,7 +212,7 @@ static int convert_dot_qkv(struct conversion *cv, struct lora_key *down, const c
             split |= in_dot_set(cv, name);
         }
     snprintf(name, sizeof name, "%.*s.qkv%s", (int)block_len, block, Z_ALPHA);
-    struct lora_key *alpha = available(cv, name);
+    struct lora_key *alpha = lora_key_available(cv->keys, cv->nkeys, name);
     down->taken = 1;
     if (up)
         up->taken = 1;
@@ -239,28 +224,13 @@ static int convert_dot_qkv(struct conversion *cv, struct lora_key *down, const c
         }
         return NF4_OK;
     }
-    const struct st_tensor *dt = down->t->t, *ut = up->t->t;
-    int code = lora_check_pair(cv->path, dt, ut);
-    if (code != NF4_OK)
-        return code;
-    if (ut->shape[0] % 3 != 0)
-        return nf4_fail(NF4_EDATA, cv->path, ut->name, "has %llu rows, which diffusers cuts into parts for to_q, "
-                        "to_k and to_v that cannot load (not three equal parts)", (unsigned long long)ut->shape[0]);
-    float sd = 1.0f, su = 1.0f;
-    if (alpha) {
-        double a;
+    char targets[3][1024];
+    const char *const parts[3] = {targets[0], targets[1], targets[2]};
+    for (size_t j = 0; j < 3; j++)
+        snprintf(targets[j], sizeof targets[j], Z_TARGET "%.*s.to_%c", (int)block_len, block, "qkv"[j]);
+    if (alpha)
         alpha->taken = 1;
-        if ((code = lora_read_alpha(cv->path, alpha->t, &a)) != NF4_OK)
-            return code;
-        lora_split_scale(a / (double)dt->shape[0], DT_F64, &sd, &su);
-    }
-    const uint64_t rows = ut->shape[0] / 3, r = dt->shape[0];
-    for (size_t j = 0; j < 3 && code == NF4_OK; j++) {
-        snprintf(name, sizeof name, Z_TARGET "%.*s.to_%c", (int)block_len, block, "qkv"[j]);
-        if ((code = lora_rewrite_add(&cv->rw, name, Z_A, down->t, dt->dtype, r, dt->shape[1], 0, 0, sd)) == NF4_OK)
-            code = lora_rewrite_add(&cv->rw, name, Z_B, up->t, ut->dtype, rows, r, j * rows, 0, su);
-    }
-    return code;
+    return lora_rewrite_add_folded_qkv(&cv->rw, parts, Z_A, Z_B, down->t, up->t, alpha ? alpha->t : NULL);
 }
 
 /* The lora.down / lora.up pairs left after the others (dots for kohya's
@@ -293,7 +263,7 @@ static int convert_dot_pairs(struct conversion *cv)
         char *up_name = str_replace_all(name, Z_DOT_DOWN, Z_DOT_UP);
         if (!up_name)
             return nf4_fail(NF4_ESOFTWARE, cv->path, down->t->t->name, "out of memory");
-        struct lora_key *up = available(cv, up_name);
+        struct lora_key *up = lora_key_available(cv->keys, cv->nkeys, up_name);
         free(up_name);
         if (base_len >= 4 && memcmp(name + base_len - 4, ".out", 4) == 0 && !memmem(name, base_len, ".to_out", 7)) {
             /* a bare out: to_out.0, unless the block has one */
