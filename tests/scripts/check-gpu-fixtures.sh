@@ -81,7 +81,13 @@ for c in bf16-bnb4:r8-all-linear bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 b
     bf16-bnb4-bias:lora-bias bf16-bnb4-bias:lora-bias-all \
     bf16-bnb4-bias:lora-bias-fp32; do
     base=${c%%:*}; case_=${c##*:}
-    merge "lora $case_" "$lf/base-llama-$base" "$lf/adapter-$case_" "$out/lora-$case_" "$lf/merged-$case_"
+    # Expected files of the changed tensors only (tests/fixtures/lora/README.md), but one full file per base.
+    plain=
+    case $case_ in r8-all-linear|r16-qv-lmhead|fp16-r4|tied-embed|lora-bias) ;; *)
+        plain=$out/plain-$base
+        [ -d "$plain" ] || convert "$gpu" "$lf/base-llama-$base" "$plain" ;;
+    esac
+    merge "lora $case_" "$lf/base-llama-$base" "$lf/adapter-$case_" "$out/lora-$case_" "$lf/merged-$case_" $plain
 done
 # DoRA, and a LoRA on MoE experts (target_parameters): expected files of the merged tensors only.
 convert "$gpu" "$lf/base-llama-bf16-bnb4" "$out/llama-plain"
