@@ -25,8 +25,8 @@ enum recipe_values { RECIPE, FROM_1_TO_2 };
 struct recipe_tensor {
     char name[RECIPE_NAME_MAX];
     enum st_dtype dtype;
-    size_t ndim; /* 0 to 2 */
-    uint64_t shape[2];
+    size_t ndim; /* 0 to 4 */
+    uint64_t shape[4];
     int fixed; /* every element `value` (an alpha), not the recipe's */
     float value;
     int seeded; /* values made as for another name, whose FNV-1a hash is `seed` (a key renamed) */
@@ -166,7 +166,40 @@ static inline uint64_t recipe_write(struct recipe *r, const char *path, enum rec
     return h;
 }
 
-/* The recipe a digest file lists: its "values" line and its "tensor" lines. */
+static inline enum st_dtype recipe_dtype(const char *name)
+{
+    return strcmp(name, "F32") == 0 ? DT_F32 : strcmp(name, "F16") == 0 ? DT_F16 : DT_BF16;
+}
+
+/* A "pair KEY DTYPE R IN OUT K [=ALPHA ALPHA_DTYPE]" line: kohya's
+ * KEY.lora_down.weight [R, IN] and KEY.lora_up.weight [OUT, R] (K 0), or a
+ * convolution's [R, IN, K, K] and [OUT, R, 1, 1], and the 0-dimensional
+ * KEY.alpha where given. */
+static inline void recipe_read_pair(struct recipe *r, const char *line)
+{
+    char key[RECIPE_NAME_MAX], dtype[8], alpha[32] = "", alpha_dtype[8] = "", name[RECIPE_NAME_MAX + 32];
+    unsigned long long rank, in, out, kernel;
+    assert_true(sscanf(line, "pair %127s %7s %llu %llu %llu %llu %31s %7s", key, dtype, &rank, &in, &out, &kernel,
+                       alpha, alpha_dtype) >= 6);
+    snprintf(name, sizeof name, "%s.lora_down.weight", key);
+    struct recipe_tensor *down = recipe_add(r, name, recipe_dtype(dtype), 2, rank, in);
+    snprintf(name, sizeof name, "%s.lora_up.weight", key);
+    struct recipe_tensor *up = recipe_add(r, name, recipe_dtype(dtype), 2, out, rank);
+    if (kernel) {
+        down->ndim = up->ndim = 4;
+        down->shape[2] = down->shape[3] = kernel;
+        up->shape[2] = up->shape[3] = 1;
+    }
+    if (alpha[0] == '=') {
+        snprintf(name, sizeof name, "%s.alpha", key);
+        struct recipe_tensor *t = recipe_add(r, name, recipe_dtype(alpha_dtype), 0, 0, 0);
+        t->fixed = 1;
+        t->value = strtof(alpha + 1, NULL);
+    }
+}
+
+/* The recipe a digest file lists: its "values" line, its "tensor" lines and
+ * its "pair" lines. */
 static inline void recipe_read(struct recipe *r, const char *digest_path)
 {
     char *text = tu_read_file(digest_path, NULL);
@@ -176,14 +209,18 @@ static inline void recipe_read(struct recipe *r, const char *digest_path)
     for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
         if (strcmp(line, "values FROM_1_TO_2") == 0)
             r->values = FROM_1_TO_2;
+        if (strncmp(line, "pair ", 5) == 0) {
+            recipe_read_pair(r, line);
+            continue;
+        }
         if (strncmp(line, "tensor ", 7) != 0)
             continue;
         char name[RECIPE_NAME_MAX], dtype[8], shape[64], value[32] = "";
         assert_true(sscanf(line, "tensor %127s %7s %63s %31s", name, dtype, shape, value) >= 3);
-        const enum st_dtype dt = strcmp(dtype, "F32") == 0 ? DT_F32 : strcmp(dtype, "F16") == 0 ? DT_F16 : DT_BF16;
-        uint64_t d[2] = {0, 0};
+        const enum st_dtype dt = recipe_dtype(dtype);
+        uint64_t d[4] = {0, 0, 0, 0};
         size_t ndim = 0;
-        for (char *p = shape; strcmp(shape, "-") != 0 && ndim < 2; ndim++) {
+        for (char *p = shape; strcmp(shape, "-") != 0 && ndim < 4; ndim++) {
             d[ndim] = strtoull(p, &p, 10);
             if (*p++ != ',') {
                 ndim++;
@@ -191,6 +228,8 @@ static inline void recipe_read(struct recipe *r, const char *digest_path)
             }
         }
         struct recipe_tensor *t = recipe_add(r, name, dt, ndim, d[0], d[1]);
+        t->shape[2] = d[2];
+        t->shape[3] = d[3];
         if (value[0] == '=') {
             t->fixed = 1;
             t->value = strtof(value + 1, NULL);

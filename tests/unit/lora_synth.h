@@ -38,24 +38,28 @@ static inline void write_model(const struct model *m, const char *path, const st
     free(outs);
 }
 
-/* dir: a model folder of class `cls` (config.json's _class_name) for the
- * LoRA `m` (keys under "transformer."): for each lora_A [r, in] a BF16
- * weight [rows of its lora_B, in], for each lora_B.bias a BF16 bias, values
- * from 1 to 2 (nothing a rank-r delta of such factors overflows). */
-static inline void write_lora_base(const struct model *m, const char *dir, const char *cls)
+/* dir: the folder of the component whose keys in the LoRA `m` start with
+ * `prefix` ("transformer.", "unet."), the others skipped: for each lora_A
+ * [r, in] a BF16 weight [rows of its lora_B, in] ([out, in, k, k] for a
+ * convolution's [r, in, k, k]), for each lora_B.bias a
+ * BF16 bias, values from 1 to 2 (nothing a rank-r delta of such factors
+ * overflows); named by the module, less `strip` (NULL: nothing) where it
+ * starts with it, in file `weights`, beside config.json holding `config`. */
+static inline void write_component_base(const struct model *m, const char *dir, const char *prefix, const char *strip,
+                                        const char *config_json, const char *weights_name)
 {
-    static const char TARGET[] = "transformer.";
     char (*names)[SYNTH_NAME_MAX] = calloc(SYNTH_MAX_TENSORS, sizeof *names);
-    uint64_t (*shapes)[2] = calloc(SYNTH_MAX_TENSORS, sizeof *shapes);
+    uint64_t (*shapes)[4] = calloc(SYNTH_MAX_TENSORS, sizeof *shapes);
     struct st_out_tensor *outs = calloc(SYNTH_MAX_TENSORS, sizeof *outs);
     size_t n = 0;
     for (size_t i = 0; i < m->count; i++) {
         const struct st_tensor *t = m->tensors[i].t;
         const char *a = strstr(t->name, ".lora_A.weight"), *bias = strstr(t->name, ".lora_B.bias");
-        assert_true(strncmp(t->name, TARGET, strlen(TARGET)) == 0);
-        const char *module = t->name + strlen(TARGET);
-        if (!a && !bias)
+        if (strncmp(t->name, prefix, strlen(prefix)) != 0 || (!a && !bias))
             continue;
+        const char *module = t->name + strlen(prefix);
+        if (strip && strncmp(module, strip, strlen(strip)) == 0)
+            module += strlen(strip);
         assert_true(n < SYNTH_MAX_TENSORS);
         if (a) {
             char b_name[SYNTH_NAME_MAX];
@@ -64,8 +68,9 @@ static inline void write_lora_base(const struct model *m, const char *dir, const
             assert_non_null(b);
             snprintf(names[n], SYNTH_NAME_MAX, "%.*s.weight", (int)(a - module), module);
             shapes[n][0] = b->t->shape[0];
-            shapes[n][1] = t->shape[1];
-            outs[n] = (struct st_out_tensor){names[n], DT_BF16, 2, shapes[n]};
+            for (size_t d = 1; d < t->ndim && d < 4; d++) /* a convolution's A [r, in, k, k]: its kernel too */
+                shapes[n][d] = t->shape[d];
+            outs[n] = (struct st_out_tensor){names[n], DT_BF16, t->ndim, shapes[n]};
         } else {
             snprintf(names[n], SYNTH_NAME_MAX, "%.*s.bias", (int)(bias - module), module);
             shapes[n][0] = t->shape[0];
@@ -74,14 +79,15 @@ static inline void write_lora_base(const struct model *m, const char *dir, const
         n++;
     }
     assert_int_equal(mkdir(dir, 0755), 0);
-    char *config = tu_strdupf("%s/config.json", dir), *json = tu_strdupf("{\"_class_name\": \"%s\"}", cls),
-         *weights = tu_strdupf("%s/diffusion_pytorch_model.safetensors", dir);
-    tu_write_file(config, json, strlen(json));
+    char *config = tu_strdupf("%s/config.json", dir), *weights = tu_strdupf("%s/%s", dir, weights_name);
+    tu_write_file(config, config_json, strlen(config_json));
     struct st_writer *w;
     assert_int_equal(st_writer_begin(&w, weights, outs, n, NULL, 0), NF4_OK);
     for (size_t k = 0; k < n; k++) {
         const struct st_out_tensor *o = &outs[st_writer_order(w, k)];
-        const uint64_t count = o->shape[0] * (o->ndim == 2 ? o->shape[1] : 1);
+        uint64_t count = 1;
+        for (size_t d = 0; d < o->ndim; d++)
+            count *= o->shape[d];
         uint16_t *v = malloc(count * 2 + 2);
         for (uint64_t e = 0; e < count; e++)
             v[e] = (uint16_t)(0x3f80u | ((e * 2654435761u + k * 40503u) & 0x7fu)); /* BF16 from 1 to 2 */
@@ -90,11 +96,19 @@ static inline void write_lora_base(const struct model *m, const char *dir, const
     }
     assert_int_equal(st_writer_finish(w), NF4_OK);
     free(config);
-    free(json);
     free(weights);
     free(names);
     free(shapes);
     free(outs);
+}
+
+/* dir: a model folder of class `cls` (config.json's _class_name) for the
+ * LoRA `m` (keys under "transformer."), as write_component_base makes one. */
+static inline void write_lora_base(const struct model *m, const char *dir, const char *cls)
+{
+    char *json = tu_strdupf("{\"_class_name\": \"%s\"}", cls);
+    write_component_base(m, dir, "transformer.", NULL, json, "diffusion_pytorch_model.safetensors");
+    free(json);
 }
 
 /* `nf4deq convert IN OUT --lora LORA` on the CPU succeeds, writing `lines`
