@@ -726,15 +726,49 @@ static int module_rank_alpha(const struct lora_config *c, const char *module, ui
     return rp != NULL;
 }
 
-/* A pair's A and B, of `file`: F32, BF16 or F16 matrices. */
-static int check_factors(const char *file, const struct st_tensor *at, const struct st_tensor *btt)
+/* Whether A and B are a LoRA on a convolution, as PEFT's Conv1d, Conv2d and
+ * Conv3d layers hold one: A [r, in, k...] (a convolution of the layer's
+ * kernel), B [out, r, 1...] (a 1x1 one), of one number of dimensions, 3 to
+ * 5. Their delta, B @ A with A seen as [r, in * k...], is the layer's weight
+ * [out, in, k...] seen as [out, in * k...]: PEFT's get_delta_weight computes
+ * the same product (as a convolution of A by B where the kernel is not 1x1). */
+static int is_conv_pair(const struct st_tensor *at, const struct st_tensor *btt)
+{
+    if (at->ndim < 3 || at->ndim > 5 || btt->ndim != at->ndim)
+        return 0;
+    for (size_t d = 2; d < btt->ndim; d++)
+        if (btt->shape[d] != 1)
+            return 0;
+    return 1;
+}
+
+/* A's columns as the delta's: [r, in] a matrix's, in * k... a convolution's. */
+static uint64_t factor_columns(const struct st_tensor *at)
+{
+    uint64_t cols = 1;
+    for (size_t d = 1; d < at->ndim; d++)
+        cols *= at->shape[d];
+    return cols;
+}
+
+/* A pair's A and B, of `file`: F32, BF16 or F16 matrices, or a convolution's
+ * (is_conv_pair) where `conv_ok`. */
+static int check_factors_of(const char *file, const struct st_tensor *at, const struct st_tensor *btt, int conv_ok)
 {
     int code = lora_check_factor_dtype(file, at);
     if (code != NF4_OK || (code = lora_check_factor_dtype(file, btt)) != NF4_OK)
         return code;
+    if (conv_ok && is_conv_pair(at, btt))
+        return NF4_OK;
     if (at->ndim != 2 || btt->ndim != 2)
-        return nf4_fail(NF4_EDATA, file, (at->ndim != 2 ? at : btt)->name, "is not a matrix");
+        return nf4_fail(NF4_EDATA, file, (at->ndim != 2 ? at : btt)->name, "is not a matrix%s",
+                        conv_ok ? ", nor a convolution's LoRA factor (A [r, in, k...], B [out, r, 1...])" : "");
     return NF4_OK;
+}
+
+static int check_factors(const char *file, const struct st_tensor *at, const struct st_tensor *btt)
+{
+    return check_factors_of(file, at, btt, 0);
 }
 
 /* NF4_EDATA naming the LoRA_A key `aname` of a pair bound to a parameter
@@ -850,8 +884,14 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     /* PEFT matches the patterns against a wrapped parameter's "M.weight". */
     int from_pattern = module_rank_alpha(c, as_module ? module : wname, &r, &alpha);
     const struct st_tensor *at = a->t, *btt = bt->t;
-    if ((code = check_factors(file, at, btt)) != NF4_OK)
+    if ((code = check_factors_of(file, at, btt, !kind->embedding)) != NF4_OK)
         goto out;
+    const int conv = is_conv_pair(at, btt);
+    if (conv && (c->use_dora || parameter)) {
+        code = nf4_fail(NF4_EDATA, file, aname, "is a LoRA on a convolution with %s, which nf4deq does not merge",
+                        c->use_dora ? "DoRA (use_dora)" : "target_parameters");
+        goto out;
+    }
     if (c->rank_from_shapes) { /* a diffusers LoRA without its config: r = alpha = the pair's rank */
         if (at->shape[0] == 0 || at->shape[0] > LORA_MAX_RANK) {
             code = nf4_fail(NF4_EDATA, file, aname, "has rank %llu; a rank is from 1 to %u",
@@ -868,10 +908,21 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                         from_pattern ? " (rank_pattern)" : "");
         goto out;
     }
-    uint64_t out_f = btt->shape[0], in_f = at->shape[1];
-    int transposed = kind->embedding || delta_transposed(b, c, wname, out_f, in_f, ndim, shape);
+    uint64_t out_f = btt->shape[0], in_f = factor_columns(at);
+    if (conv) { /* the weight [out, in, k...] as [out, in * k...]: PEFT's Conv layers ignore fan_in_fan_out */
+        int fits = ndim == at->ndim && shape[0] == out_f;
+        for (size_t d = 1; fits && d < ndim; d++)
+            fits = shape[d] == at->shape[d];
+        if (!fits) {
+            code = nf4_fail(NF4_EDATA, file, aname, "is a convolution's LoRA of %llu outputs over [%s], which does "
+                            "not fit the base tensor %s (%zu dimensions, %llu outputs)", (unsigned long long)out_f,
+                            "in, kernel", wname, ndim, (unsigned long long)(ndim ? shape[0] : 0));
+            goto out;
+        }
+    }
+    int transposed = !conv && (kind->embedding || delta_transposed(b, c, wname, out_f, in_f, ndim, shape));
     uint64_t rows = transposed ? in_f : out_f, cols = transposed ? out_f : in_f;
-    if (ndim != 2 || shape[0] != rows || shape[1] != cols) {
+    if (!conv && (ndim != 2 || shape[0] != rows || shape[1] != cols)) {
         code = nf4_fail(NF4_EDATA, file, aname, "B @ A%s is %llux%llu but the base tensor %s is %s%llux%llu",
                         kind->embedding ? " transposed (an embedding)"
                         : transposed    ? " transposed (fan_in_fan_out)"
@@ -1776,6 +1827,18 @@ static enum lora_family base_family(const struct model *base)
     return family;
 }
 
+/* Opens a diffusers LoRA as the loader of the base's class reads it, with
+ * the base's config.json for a Stable Diffusion UNet's block names. */
+static int open_for_base(const char *path, const struct model *base, int warn, struct model **out)
+{
+    char *config = base->dir ? path_join(base->dir, CONFIG_FILE_NAME) : NULL;
+    if (base->dir && !config)
+        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    int code = diffusers_lora_open_for(path, base_family(base), config, warn, out);
+    free(config);
+    return code;
+}
+
 int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
               const struct bnb_weight *weights, size_t nweights)
 {
@@ -1807,8 +1870,8 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
         if (code == NF4_OK && ad->config_path) {
             ad->diffusers = 1;
             if ((code = converted && converted[i] ? model_reopen(converted[i], &ad->weights)
-                                                  : diffusers_lora_open(ad->config_path, base_family(base),
-                                                                        !component, &ad->weights)) == NF4_OK &&
+                                                  : open_for_base(ad->config_path, base, !component,
+                                                                  &ad->weights)) == NF4_OK &&
                 (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK &&
                 (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK)
                 code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);
