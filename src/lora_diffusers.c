@@ -20,6 +20,7 @@
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
 #include "lora_rewrite.h"
+#include "lora_sd.h"
 #include "lora_wan.h"
 #include "lora_xlabs.h"
 #include "lora_zimage.h"
@@ -99,6 +100,16 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_IDEOGRAM4;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
+    /* StableDiffusionLoraLoaderMixin's and ...XLLoraLoaderMixin's pipelines
+     * (diffusers 0.42; not Stable Diffusion 3's, which has a loader of its
+     * own), and their UNet. */
+    static const char *const SD_LOADERS[] = {"StableDiffusion", "AnimateDiff", "Kolors", "LatentConsistencyModel",
+                                             "PIAPipeline", "StableUnCLIP", "TextToVideo", "VideoToVideoSD",
+                                             "LEditsPPPipelineStableDiffusion", "AltDiffusion", "CycleDiffusion",
+                                             "UNet2DConditionModel", "UNetMotionModel"};
+    for (size_t i = 0; cls && i < sizeof SD_LOADERS / sizeof SD_LOADERS[0]; i++)
+        if (strncmp(cls, SD_LOADERS[i], strlen(SD_LOADERS[i])) == 0 && strncmp(cls, "StableDiffusion3", 16) != 0)
+            return LORA_FAMILY_STABLE_DIFFUSION;
     return LORA_FAMILY_OTHER;
 }
 
@@ -146,6 +157,12 @@ static int refuse_bfl_control(const struct model *w, const char *path)
 
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out)
 {
+    return diffusers_lora_open_for(path, family, NULL, warn, out);
+}
+
+int diffusers_lora_open_for(const char *path, enum lora_family family, const char *unet_config, int warn,
+                            struct model **out)
+{
     int code = str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
     if (code != NF4_OK)
         return code;
@@ -174,8 +191,16 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
         if (!convert && fal_lora_detect(*out))
             convert = fal_lora_convert;
         break;
+    case LORA_FAMILY_STABLE_DIFFUSION: break; /* below: it takes the UNet's config */
     }
-    if (convert) {
+    const int sd = family == LORA_FAMILY_STABLE_DIFFUSION && sd_lora_detect(*out);
+    if (sd) {
+        struct model *original = *out;
+        code = sd_lora_convert(original, path, unet_config, warn, out);
+        model_close(original);
+        if (code != NF4_OK)
+            return code;
+    } else if (convert) {
         struct model *original = *out;
         code = convert(original, path, warn, out);
         model_close(original);
@@ -198,7 +223,7 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
         const char *name = (*out)->tensors[i].t->name;
         if (!strstr(name, "lora") && !(lokr_passes && strstr(name, "lokr"))) {
             code = nf4_fail(NF4_EDATA, path, name, "has no \"lora\" in its name%s, and diffusers refuses a LoRA "
-                            "file with such a key", convert ? " once converted" : "");
+                            "file with such a key", convert || sd ? " once converted" : "");
             model_close(*out);
             *out = NULL;
             return code;

@@ -53,6 +53,9 @@ enum lora_family {
                                   and their transformers (not HunyuanVideo15..., which has no LoRA loader) */
     LORA_FAMILY_KREA2,      /* Krea2Pipeline, Krea2ModularPipeline and Krea2Transformer2DModel */
     LORA_FAMILY_IDEOGRAM4,  /* Ideogram4Pipeline, Ideogram4ModularPipeline and Ideogram4Transformer2DModel */
+    LORA_FAMILY_STABLE_DIFFUSION, /* Stable Diffusion 1.x, 2.x and XL's pipelines (StableDiffusion..., not
+                                     ...3; AnimateDiff..., Kolors..., LatentConsistencyModel..., PIA...,
+                                     StableUnCLIP..., TextToVideo..., LEditsPP...) and UNet2DConditionModel */
 };
 
 /* The family of a pipeline's or a model's class name (model_index.json's or
@@ -74,9 +77,16 @@ char *diffusers_class_name(const char *dir, const char *name);
  * converts it (Flux.1's and others: kohya and ComfyUI, lora_kohya.h, and
  * XLabs', lora_xlabs.h; Flux.2's, lora_flux2.h; Qwen-Image's, lora_qwen.h;
  * Wan's, lora_wan.h; Z-Image's, lora_zimage.h; HunyuanVideo's,
- * lora_hunyuan.h; LTX-Video's, LTX-2's and HiDream's, lora_prefixed.h),
+ * lora_hunyuan.h; LTX-Video's, LTX-2's and HiDream's, lora_prefixed.h;
+ * Stable Diffusion's, lora_sd.h),
  * saying what is left out where `warn`. */
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out);
+
+/* diffusers_lora_open, with the denoiser's config.json (`unet_config`, NULL:
+ * none), which a Stable Diffusion loader maps the SGM UNet's block names by
+ * (lora_sd.h), as a pipeline's loader passes it. */
+int diffusers_lora_open_for(const char *path, enum lora_family family, const char *unet_config, int warn,
+                            struct model **out);
 
 /* The key prefix ("transformer.", allocated) of the component of `weights`
  * that goes on `base`: `component` where given (a pipeline's, lora_open_component),

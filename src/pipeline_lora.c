@@ -75,8 +75,9 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n)
 /* Whether diffusers' LoRA loader for a pipeline of class `cls`
  * (model_index.json's _class_name) loads a LoRA's keys into `component`: its
  * _lora_loadable_modules (diffusers 0.42, loaders/lora_pipeline.py). Every
- * loader takes the denoiser; the text encoders only Stable Diffusion's (1.x,
- * XL and 3, the last two the second encoder too) and Flux.1's; LTX-2's its
+ * loader takes the denoiser; the text encoders only Stable Diffusion's (the
+ * pipelines of its two mixins, 1.x and XL with AnimateDiff, Kolors and their
+ * kin, and 3; XL's and 3's the second encoder too) and Flux.1's; LTX-2's its
  * text connectors. */
 static int diffusers_loads(const char *cls, const char *component)
 {
@@ -84,9 +85,15 @@ static int diffusers_loads(const char *cls, const char *component)
         return 1;
     if (strcmp(component, "connectors") == 0)
         return diffusers_lora_family(cls) == LORA_FAMILY_LTX2;
-    int sdxl_sd3 = cls && (strncmp(cls, "StableDiffusionXL", 17) == 0 || strncmp(cls, "StableDiffusion3", 16) == 0);
-    int one_encoder = cls && ((strncmp(cls, "StableDiffusion", 15) == 0) ||
-                              (strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9')));
+    /* StableDiffusionXLLoraLoaderMixin's pipelines and Stable Diffusion 3's
+     * load text_encoder_2 too; the Stable Diffusion mixin's and Flux.1's one. */
+    static const char *const TWO_ENCODERS[] = {"StableDiffusionXL", "StableDiffusion3", "AnimateDiffSDXL", "Kolors",
+                                               "LEditsPPPipelineStableDiffusionXL", "TextToVideoZeroSDXL"};
+    int sdxl_sd3 = 0;
+    for (size_t i = 0; cls && i < sizeof TWO_ENCODERS / sizeof TWO_ENCODERS[0]; i++)
+        sdxl_sd3 |= strncmp(cls, TWO_ENCODERS[i], strlen(TWO_ENCODERS[i])) == 0;
+    const enum lora_family family = diffusers_lora_family(cls);
+    int one_encoder = family == LORA_FAMILY_STABLE_DIFFUSION || family == LORA_FAMILY_FLUX;
     if (strcmp(component, "text_encoder") == 0)
         return one_encoder || sdxl_sd3;
     return strcmp(component, "text_encoder_2") == 0 && sdxl_sd3;
@@ -146,15 +153,21 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
             components[ncomp++] = e[i].name;
     for (size_t i = 0; i < n && code == NF4_OK; i++)
         code = take_into(in, pl, i, e, ne);
+    /* A Stable Diffusion loader maps the SGM UNet's names by the UNet's config. */
+    char *unet_config = code == NF4_OK ? path_join(in, "unet/" CONFIG_FILE_NAME) : NULL;
+    if (code == NF4_OK && !unet_config)
+        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     for (size_t i = 0; i < n && code == NF4_OK; i++) {
         char *file = NULL;
         if ((code = diffusers_lora_path(pl->paths[i], &file, 0)) == NF4_OK && !file)
             code = nf4_fail(NF4_ESOFTWARE, pl->paths[i], NULL, "not a diffusers LoRA (internal error)");
-        if (code == NF4_OK && (code = diffusers_lora_open(file, diffusers_lora_family(pl->cls), 1, &pl->weights[i])) == NF4_OK)
+        if (code == NF4_OK &&
+            (code = diffusers_lora_open_for(file, diffusers_lora_family(pl->cls), unet_config, 1, &pl->weights[i])) == NF4_OK)
             code = pl->into[i] ? diffusers_lora_check_components(pl->weights[i], TRANSFORMER, 1)
                                : diffusers_lora_check_components(pl->weights[i], components, ncomp);
         free(file);
     }
+    free(unet_config);
     free(components);
     return code;
 }
