@@ -1,10 +1,12 @@
 /* kohya_lora_convert, xlabs_lora_convert, fal_lora_convert, flux2_lora_convert,
  * qwen_lora_convert, wan_lora_convert, zimage_lora_convert,
- * ltx2_lora_convert, hunyuan_lora_convert, krea2_lora_convert and
- * ideogram4_lora_convert on arbitrary bytes written to a file (a kohya,
- * ComfyUI, XLabs or fal Kontext Flux.1 LoRA, a Flux.2, Qwen-Image, Wan,
- * Z-Image, LTX-2, HunyuanVideo, Krea 2 or Ideogram 4 LoRA in another form than
- * diffusers'): the
+ * ltx2_lora_convert, hunyuan_lora_convert, krea2_lora_convert,
+ * ideogram4_lora_convert and sd_lora_convert on arbitrary bytes written to a
+ * file (a kohya, ComfyUI, XLabs or fal Kontext Flux.1 LoRA, a Flux.2,
+ * Qwen-Image, Wan, Z-Image, LTX-2, HunyuanVideo, Krea 2 or Ideogram 4 LoRA in
+ * another form than diffusers', a kohya Stable Diffusion LoRA, whose
+ * conversion reads a UNet config of layers_per_block 2 written beside the
+ * scratch folder): the
  * renaming, the alpha, the splits of fused layers, Wan's biases and head
  * diff, and the temp file. When one accepts, every tensor of the result is a diffusers LoRA
  * factor of the transformer (or Flux.1's text encoder), or a Wan bias, or
@@ -12,7 +14,9 @@
  * transformer with "lora" in it, or (LTX-2's, copied under any component)
  * any key with "lora" in it, or (HunyuanVideo's, each copied or cut by rows)
  * any key of the transformer, or (fal's, each copied or cut by rows, factors and
- * biases; Krea 2's, each copied) any key of the transformer, or (XLabs', which keeps keys outside the
+ * biases; Krea 2's, each copied) any key of the transformer, or (Stable
+ * Diffusion's, each copied) a factor of its UNet or text encoders, 2-D or a
+ * convolution's 4-D, or (XLabs', which keeps keys outside the
  * blocks as they are) any key; a refusal must be bad data with a one-line
  * message; either way the temp file is gone (TMPDIR is a scratch folder that
  * must end up holding the input alone). */
@@ -26,6 +30,7 @@
 #include "lora_krea2.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
+#include "lora_sd.h"
 #include "lora_wan.h"
 #include "lora_xlabs.h"
 #include "lora_zimage.h"
@@ -33,6 +38,17 @@
 #include "strutil.h"
 
 static const char *path;
+static char *unet_config; /* beside the scratch folder, which must hold the input alone */
+
+static void remove_unet_config(void)
+{
+    unlink(unet_config);
+}
+
+static int sd_convert(const struct model *w, const char *file, int warn, struct model **out)
+{
+    return sd_lora_convert(w, file, unet_config, warn, out);
+}
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -41,6 +57,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     nf4_set_quiet(1);
     const struct fuzz_scratch *s = fuzz_scratch_init("fuzz-kohya", "lora.safetensors", NULL);
     path = s->input;
+    static const char UNET_CONFIG[] = "{\"_class_name\": \"UNet2DConditionModel\", \"layers_per_block\": 2}";
+    FILE *f = asprintf(&unet_config, "%s.unet.json", s->dir) < 0 ? NULL : fopen(unet_config, "w");
+    if (!f || fputs(UNET_CONFIG, f) < 0 || fclose(f) != 0) {
+        perror("fuzz_kohya: the UNet config");
+        exit(1);
+    }
+    atexit(remove_unet_config);
     if (setenv("TMPDIR", s->dir, 1) != 0) {
         perror("fuzz_kohya: TMPDIR");
         exit(1);
@@ -54,6 +77,7 @@ enum allowed {
     WITH_BIASES,     /* 1-D lora_B.bias vectors */
     WITH_LORA_COPIES, /* any tensor under `components` whose name holds "lora" (the file's own, copied) */
     ANY_LORA_KEY,     /* any tensor whose name holds "lora", under any component or none (LTX-2's) */
+    WITH_CONV,        /* factors of 2 or 4 dimensions (a convolution's: Stable Diffusion's) */
     ANY_KEY,          /* any tensor under `components` (HunyuanVideo's: diffusers_lora_open checks the names) */
     AS_NAMED          /* any tensor (XLabs' keys outside the blocks, kept as the file names them) */
 };
@@ -91,13 +115,14 @@ static void check_result(int code, struct model *out, const char *const *compone
         }
         FUZZ_ASSERT(under && (str_ends_with(t->name, ".lora_A.weight") || str_ends_with(t->name, ".lora_B.weight")),
                     "%s", t->name);
-        FUZZ_ASSERT(t->ndim == 2 && t->shape[0] && t->shape[1], "%s: shape", t->name);
+        FUZZ_ASSERT((t->ndim == 2 || (allowed == WITH_CONV && t->ndim == 4)) && t->nelem, "%s: shape", t->name);
     }
     model_close(out);
 }
 
 static const char *const FLUX[] = {"transformer.", "text_encoder.", NULL};
 static const char *const TRANSFORMER[] = {"transformer.", NULL};
+static const char *const SD[] = {"unet.", "text_encoder.", "text_encoder_2.", NULL};
 
 /* Each conversion, where its loader would convert the file, and what its
  * result may hold. */
@@ -119,6 +144,7 @@ static const struct {
     {"a HunyuanVideo conversion", hunyuan_lora_detect, hunyuan_lora_convert, TRANSFORMER, ANY_KEY},
     {"a Krea 2 conversion", krea2_lora_detect, krea2_lora_convert, TRANSFORMER, ANY_KEY},
     {"an Ideogram 4 conversion", ideogram4_lora_detect, ideogram4_lora_convert, TRANSFORMER, FACTORS_ONLY},
+    {"a Stable Diffusion conversion", sd_lora_detect, sd_convert, SD, WITH_CONV},
 };
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
