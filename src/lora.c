@@ -50,7 +50,7 @@ static int valid_rank(const cJSON *v)
 /* PEFT's question for a pattern key: re.match(rf"(.*\.)?({key})$", module). */
 static int compile_peft_pattern(const char *key, struct pattern **out, const char **why)
 {
-    return pattern_compile_in("(.*\\.)?(%s)$", key, out, why);
+    return pattern_compile_peft_key(key, out, why);
 }
 
 /* A pattern object: absent, null or {}; string keys that compile, values checked
@@ -914,9 +914,9 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         for (size_t d = 1; fits && d < ndim; d++)
             fits = shape[d] == at->shape[d];
         if (!fits) {
-            code = nf4_fail(NF4_EDATA, file, aname, "is a convolution's LoRA of %llu outputs over [%s], which does "
-                            "not fit the base tensor %s (%zu dimensions, %llu outputs)", (unsigned long long)out_f,
-                            "in, kernel", wname, ndim, (unsigned long long)(ndim ? shape[0] : 0));
+            code = nf4_fail(NF4_EDATA, file, aname, "is a convolution's LoRA of %llu outputs, whose [in, kernel...] "
+                            "does not fit the base tensor %s (%zu dimensions, %llu outputs)", (unsigned long long)out_f,
+                            wname, ndim, (unsigned long long)(ndim ? shape[0] : 0));
             goto out;
         }
     }

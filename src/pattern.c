@@ -563,6 +563,11 @@ struct inst {
 };
 
 struct pattern {
+    /* A PEFT key matched without a program (pattern_compile_peft_key): its
+     * text, less a leading '^' (anchored); NULL for a program. */
+    char *tail;
+    size_t tail_len;
+    int anchored;
     struct inst *prog;
     uint32_t nprog;
     struct range *ranges;
@@ -699,6 +704,7 @@ void pattern_free(struct pattern *pt)
 {
     if (!pt)
         return;
+    free(pt->tail);
     free(pt->prog);
     free(pt->ranges);
     free(pt->sets);
@@ -789,6 +795,68 @@ unsigned pattern_states(const struct pattern *pt)
     return pt->nprog;
 }
 
+/* Whether a PEFT key is of name characters and dots alone, maybe after a '^'. */
+static int is_plain_peft_key(const char *key)
+{
+    for (const char *p = key + (key[0] == '^'); *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '_' ||
+              *p == '-' || *p == '.'))
+            return 0;
+    return 1;
+}
+
+int pattern_compile_peft_key(const char *key, struct pattern **out, const char **why)
+{
+    *out = NULL;
+    *why = NULL;
+    if (strlen(key) > PATTERN_MAX_SOURCE || !is_plain_peft_key(key))
+        return pattern_compile_in("(.*\\.)?(%s)$", key, out, why);
+    struct pattern *pt = calloc(1, sizeof *pt);
+    if (!pt || !(pt->tail = strdup(key + (key[0] == '^')))) {
+        free(pt);
+        return PATTERN_NOMEM;
+    }
+    pt->anchored = key[0] == '^';
+    pt->tail_len = strlen(pt->tail);
+    pt->nprog = 1;
+    *out = pt;
+    return PATTERN_OK;
+}
+
+/* The bytes of the code point at s[0..left): a UTF-8 sequence, or one byte
+ * of none (as utf8_next reads it). */
+static size_t code_point_bytes(const unsigned char *s, size_t left)
+{
+    size_t n = utf8_sequence(s, left);
+    return n ? n : 1;
+}
+
+/* The plain key against name[0..end) as "(.*[.])?(KEY)$" reads it: its last
+ * code points, each '.' any but a line break, and before them nothing, or
+ * (not anchored) a '.' after a run without a line break. */
+static int tail_matches(const struct pattern *pt, const unsigned char *s, size_t end)
+{
+    size_t count = 0, start = 0;
+    for (size_t i = 0; i < end; i += code_point_bytes(s + i, end - i))
+        count++;
+    if (count < pt->tail_len)
+        return 0;
+    for (size_t k = 0; k < count - pt->tail_len; k++)
+        start += code_point_bytes(s + start, end - start);
+    for (size_t k = 0, i = start; k < pt->tail_len; k++) {
+        const size_t n = code_point_bytes(s + i, end - i);
+        const char kc = pt->tail[k];
+        if (kc == '.' ? n == 1 && s[i] == '\n' : n != 1 || s[i] != (unsigned char)kc)
+            return 0;
+        i += n;
+    }
+    if (start == 0)
+        return 1;
+    if (pt->anchored || s[start - 1] != '.')
+        return 0;
+    return memchr(s, '\n', start - 1) == NULL;
+}
+
 /* ---- matching ---- */
 
 static int set_has(const struct pattern *pt, uint32_t set, uint32_t cp)
@@ -873,6 +941,8 @@ int pattern_match(struct pattern *pt, const char *name)
 {
     const unsigned char *s = (const unsigned char *)name;
     size_t len = strlen(name), off = 0;
+    if (pt->tail) /* '$' matches at the end, and before a line break that ends the name */
+        return tail_matches(pt, s, len) || (len && s[len - 1] == '\n' && tail_matches(pt, s, len - 1));
     struct position at = {.before = CP_END, .start = 1};
     at.here = len ? utf8_next(s, len, &off) : CP_END;
     at.last_is_newline_here = at.here == '\n' && off == len;

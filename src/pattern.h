@@ -43,6 +43,13 @@ int pattern_compile(const char *src, struct pattern **out, const char **why);
  * its own question of a config's pattern ("(.*\.)?(%s)$", "(?:%s)\Z"). */
 int pattern_compile_in(const char *fmt, const char *src, struct pattern **out, const char **why);
 
+/* pattern_compile_in("(.*\\.)?(%s)$", key): what PEFT matches a rank_pattern
+ * or alpha_pattern key against a module's name with. A key of ASCII letters,
+ * digits, '_', '-' and '.' alone, maybe after a '^' (a module's own name, as
+ * diffusers writes thousands of them for a LoRA of many ranks), is matched
+ * directly, in time linear in the name, and counts one state. */
+int pattern_compile_peft_key(const char *key, struct pattern **out, const char **why);
+
 /* 1 if Python's re.match(src, name) finds a match (anchored at the start, not
  * at the end), else 0. Allocates nothing; one pattern serves one thread. */
 int pattern_match(struct pattern *p, const char *name);

@@ -265,6 +265,47 @@ static void test_invalid_utf8(void **state)
     assert_int_equal(answer("[^a]$", "\xed\xa0\x80"), 0); /* a UTF-8 surrogate: three bytes */
 }
 
+/* A plain PEFT key (pattern_compile_peft_key: name characters and dots,
+ * maybe after '^'), matched without a program, answers as the program of
+ * "(.*\.)?(KEY)$" does: random keys against random names of dots, line
+ * breaks, a two-byte and a broken UTF-8 character, half of them ending in the
+ * key (and some then in a line break). */
+static void test_plain_peft_keys_as_their_program(void **state)
+{
+    (void)state;
+    static const char *const PIECES[] = {"a", "b", ".", "_", "1", "-", "\n", "\xc3\xa9", "\xa9", "x.y"};
+    uint64_t seed = 88172645463325252ull;
+    size_t matches = 0;
+    for (int t = 0; t < 100000; t++) {
+        char key[64] = "", name[128] = "";
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        uint64_t r = seed >> 16;
+        if (r % 3 == 0)
+            strcat(key, "^");
+        for (unsigned i = 0, n = (unsigned)(r >> 4) % 6; i < n; i++)
+            strcat(key, PIECES[(r >> (8 + 3 * i)) % 6]); /* plain characters only */
+        for (unsigned i = 0, n = (unsigned)(r >> 28) % 10; i < n; i++)
+            strcat(name, PIECES[(r >> (32 + 3 * i)) % 10 % 10]);
+        if ((r >> 60) & 1) {
+            strcat(name, key + (key[0] == '^'));
+            if ((r >> 61) & 1)
+                strcat(name, "\n");
+        }
+        struct pattern *fast, *program;
+        const char *why;
+        assert_int_equal(pattern_compile_peft_key(key, &fast, &why), PATTERN_OK);
+        assert_int_equal(pattern_compile_in("(.*\\.)?(%s)$", key, &program, &why), PATTERN_OK);
+        const int want = pattern_match(program, name);
+        if (pattern_match(fast, name) != want)
+            fail_msg("key \"%s\", name \"%s\": the program says %d", key, name, want);
+        matches += (size_t)want;
+        assert_int_equal(pattern_states(fast), 1);
+        pattern_free(fast);
+        pattern_free(program);
+    }
+    assert_true(matches > 1000); /* the cases reach both answers */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -274,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_length_cap),
         cmocka_unit_test(test_long_names_and_reuse),
         cmocka_unit_test(test_invalid_utf8),
+        cmocka_unit_test(test_plain_peft_keys_as_their_program),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
