@@ -46,19 +46,20 @@ struct sd_alpha {
 
 struct sd_part {
     struct sd_pair *pairs;
-    size_t npairs;
+    size_t npairs, pairs_cap;
     /* Text encoders: the keys in diffusers' older form, before
      * _load_lora_into_text_encoder's renaming: down and up, with tensors. */
     struct lora_key *te_keys;
-    size_t nte;
+    size_t nte, te_cap;
     struct sd_alpha *alphas;
-    size_t nalphas;
+    size_t nalphas, alphas_cap;
 };
 
 struct conversion {
     const char *path;
     struct lora_key *keys; /* in the order diffusers walks them */
     size_t nkeys;
+    struct lora_key **by_name; /* the same, sorted by name */
     long layers_per_block; /* the UNet's; LPB_NONE where there is no config, LPB_OOM */
     struct sd_part comp[SD_COMPONENTS];
     struct lora_rewrite rw;
@@ -345,14 +346,71 @@ static int sgm_block_of(const char *key, int *kind, long *id)
     return 1;
 }
 
-/* Whether `key` is in the list of block `kind` number `id`: holds
- * "<SGM[kind]>_<id>", as diffusers' comprehension asks (so input_blocks_1
- * also takes input_blocks_10's keys). */
-static int in_block(const char *key, int kind, long id)
+/* A block number of a set, and where the set walks it. */
+struct walked_id {
+    long id;
+    size_t pos;
+};
+
+static int cmp_walked(const void *a, const void *b)
 {
-    char probe[48];
-    snprintf(probe, sizeof probe, "%s_%ld", SGM[kind], id);
-    return strstr(key, probe) != NULL;
+    const struct walked_id *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* The blocks of `kind` (numbers `sorted`, n of them) that list `key`: those
+ * whose "<SGM[kind]>_<number>" it holds, as diffusers' comprehension asks (so
+ * input_blocks_1 takes input_blocks_10's keys too), each once, into hits
+ * (*nhits so far, at most cap: more are not counted). Each such text in the
+ * key is followed by a number as Python writes one (no leading zero, "-"
+ * before a negative), of at most 7 digits (block numbers parse to no more):
+ * its prefixes are the candidates. */
+static void blocks_listing(const char *key, int kind, const struct walked_id *sorted, size_t n,
+                           struct walked_id *hits, int *hit_kinds, size_t *nhits, size_t cap)
+{
+    const size_t plen = strlen(SGM[kind]);
+    for (const char *at = strstr(key, SGM[kind]); at; at = strstr(at + 1, SGM[kind])) {
+        const char *p = at + plen;
+        if (*p++ != '_')
+            continue;
+        const int negative = *p == '-';
+        p += negative;
+        long value = 0;
+        for (int digits = 1; digits <= 7 && p[digits - 1] >= '0' && p[digits - 1] <= '9'; digits++) {
+            if (digits > 1 && p[0] == '0')
+                break; /* no number Python writes starts with 0 and goes on */
+            value = value * 10 + (p[digits - 1] - '0');
+            if (negative && value == 0)
+                break; /* Python writes no "-0" */
+            const struct walked_id probe = {negative ? -value : value, 0};
+            const struct walked_id *hit = bsearch(&probe, sorted, n, sizeof *sorted, cmp_walked);
+            int seen = 0;
+            for (size_t h = 0; hit && h < *nhits && !seen; h++)
+                seen = hit_kinds[h] == kind && hits[h].id == hit->id;
+            if (hit && !seen && *nhits < cap) {
+                hit_kinds[*nhits] = kind;
+                hits[(*nhits)++] = *hit;
+            }
+        }
+    }
+}
+
+/* A key the SGM mapping renames, by where diffusers' loops reach it: its
+ * block's kind, number and place in the set's walk. */
+struct renaming {
+    size_t key, pos;
+    long id;
+    int kind;
+};
+
+static int cmp_renaming(const void *a, const void *b)
+{
+    const struct renaming *x = a, *y = b;
+    if (x->kind != y->kind)
+        return x->kind - y->kind;
+    if (x->pos != y->pos)
+        return x->pos < y->pos ? -1 : 1;
+    return (x->key > y->key) - (x->key < y->key);
 }
 
 /* CPython's set of ints (setobject.c): an open-addressed table of a power of
@@ -439,13 +497,52 @@ static int python_set_order(long *ids, size_t n)
     return ok;
 }
 
-static long *add_id(long *ids, size_t *n, long id)
+static int cmp_place(const void *a, const void *b)
 {
-    for (size_t i = 0; i < *n; i++)
-        if (ids[i] == id)
-            return ids;
-    ids[(*n)++] = id;
-    return ids;
+    const struct walked_id *x = a, *y = b;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* The distinct numbers of `ids` (n, in the order added), in the order
+ * Python's set of them walks (python_set_order), sorted by number with that
+ * place (*out, allocated; *nout of them). 0 where memory ran out. */
+static int walk_ids(const long *ids, size_t n, struct walked_id **out, size_t *nout)
+{
+    struct walked_id *w = calloc(n ? n : 1, sizeof *w);
+    long *distinct = calloc(n ? n : 1, sizeof *distinct);
+    *out = NULL;
+    *nout = 0;
+    if (!w || !distinct) {
+        free(w);
+        free(distinct);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++) /* by number, first added first */
+        w[i] = (struct walked_id){ids[i], i};
+    qsort(w, n, sizeof *w, cmp_walked);
+    size_t nd = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t first = w[i].pos; /* qsort is not stable: the least place of the run */
+        while (i + 1 < n && w[i + 1].id == w[i].id)
+            first = w[++i].pos < first ? w[i].pos : first;
+        w[nd++] = (struct walked_id){w[i].id, first};
+    }
+    qsort(w, nd, sizeof *w, cmp_place); /* the order they were added in */
+    for (size_t i = 0; i < nd; i++)
+        distinct[i] = w[i].id;
+    int ok = python_set_order(distinct, nd);
+    for (size_t i = 0; ok && i < nd; i++)
+        w[i] = (struct walked_id){distinct[i], i};
+    if (ok)
+        qsort(w, nd, sizeof *w, cmp_walked);
+    free(distinct);
+    if (!ok) {
+        free(w);
+        return 0;
+    }
+    *out = w;
+    *nout = nd;
+    return 1;
 }
 
 /* Renames the keys of the SGM UNet into diffusers' blocks, and puts them in
@@ -488,12 +585,13 @@ static int sgm_remap(struct conversion *cv)
                         "that gives it");
     const long lpb = cv->layers_per_block;
     const size_t n = cv->nkeys ? cv->nkeys : 1;
-    long *ids[3] = {calloc(n, sizeof(long)), calloc(n, sizeof(long)), calloc(n, sizeof(long))};
-    size_t nids[3] = {0, 0, 0}, norder = 0, *order = calloc(n, sizeof *order);
+    long *added[3] = {calloc(n, sizeof(long)), calloc(n, sizeof(long)), calloc(n, sizeof(long))};
+    size_t nadded[3] = {0, 0, 0}, nwalked[3] = {0, 0, 0}, nout = 0, nrn = 0;
+    struct walked_id *walked[3] = {NULL, NULL, NULL};
     int *pass = calloc(n, sizeof *pass);
-    char **renamed = calloc(n, sizeof *renamed);
+    struct renaming *rn = calloc(n, sizeof *rn);
     struct lora_key *out = calloc(n, sizeof *out);
-    int code = ids[0] && ids[1] && ids[2] && order && pass && renamed && out
+    int code = added[0] && added[1] && added[2] && pass && rn && out
                    ? NF4_OK
                    : nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
@@ -502,83 +600,129 @@ static int sgm_remap(struct conversion *cv)
         long id;
         pass[i] = strstr(key, "text") || !holds_any(key, SGM) || strstr(key, "input_blocks_0_0");
         if (pass[i])
-            order[norder++] = i;
+            out[nout++] = cv->keys[i];
         else if (!sgm_block_of(key, &kind, &id))
             code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "has no block number where diffusers "
                             "reads it (the fifth \"_\"-separated piece)");
         else
-            add_id(ids[kind], &nids[kind], id);
+            added[kind][nadded[kind]++] = id;
     }
-    for (int kind = 0; kind < 3 && code == NF4_OK; kind++) {
-        if (!python_set_order(ids[kind], nids[kind])) {
+    for (int kind = 0; kind < 3 && code == NF4_OK; kind++)
+        if (!walk_ids(added[kind], nadded[kind], &walked[kind], &nwalked[kind]))
             code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-            break;
-        }
-        for (size_t j = 0; j < nids[kind] && code == NF4_OK; j++)
-            for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
-                if (pass[i] || !in_block(cv->keys[i].name, kind, ids[kind][j]))
-                    continue;
-                const char *why;
-                if (renamed[i]) /* diffusers pops it a second time */
-                    code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is in the keys of %s %ld and of "
-                                    "another block whose number starts the same, which diffusers cannot map "
-                                    "(KeyError)", SGM[kind], ids[kind][j]);
-                else if (!(renamed[i] = sgm_rename(cv->keys[i].name, kind, ids[kind][j], lpb, &why)))
-                    code = why ? nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "%s", why)
-                               : nf4_fail(NF4_ESOFTWARE, cv->path, cv->keys[i].t->t->name, "out of memory");
-                else
-                    order[norder++] = i;
-            }
-    }
-    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++)
-        if (!pass[i] && !renamed[i])
+    /* Each key goes to the one block that lists it; one two list is popped
+     * twice (KeyError), one none lists is left over. */
+    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
+        struct walked_id hits[2];
+        int kinds[2];
+        size_t nhits = 0;
+        for (int kind = 0; kind < 3 && !pass[i]; kind++)
+            blocks_listing(cv->keys[i].name, kind, walked[kind], nwalked[kind], hits, kinds, &nhits, 2);
+        if (pass[i])
+            continue;
+        if (nhits > 1)
+            code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is in the keys of %s %ld and of %s %ld, "
+                            "which diffusers cannot map (KeyError)", SGM[kinds[0]], hits[0].id, SGM[kinds[1]],
+                            hits[1].id);
+        else if (nhits == 0)
             code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is in no block diffusers maps it by "
                             "(\"At this point all state dict entries have to be converted\")");
-    if (code == NF4_OK) {
-        for (size_t j = 0; j < norder; j++) {
-            size_t i = order[j];
-            out[j] = cv->keys[i];
-            if (renamed[i]) {
-                free(cv->keys[i].name);
-                out[j].name = renamed[i];
-                renamed[i] = NULL;
-            }
-        }
-        memcpy(cv->keys, out, norder * sizeof *out);
-        cv->nkeys = norder;
+        else
+            rn[nrn++] = (struct renaming){i, hits[0].pos, hits[0].id, kinds[0]};
     }
-    for (size_t i = 0; renamed && i < cv->nkeys; i++)
-        free(renamed[i]);
-    for (int k = 0; k < 3; k++)
-        free(ids[k]);
-    free(order);
+    if (nrn)
+        qsort(rn, nrn, sizeof *rn, cmp_renaming);
+    for (size_t j = 0; j < nrn && code == NF4_OK; j++) {
+        const char *why;
+        struct lora_key *k = &cv->keys[rn[j].key];
+        char *renamed = sgm_rename(k->name, rn[j].kind, rn[j].id, lpb, &why);
+        if (!renamed)
+            code = why ? nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "%s", why)
+                       : nf4_fail(NF4_ESOFTWARE, cv->path, k->t->t->name, "out of memory");
+        else
+            out[nout++] = (struct lora_key){renamed, k->t, 0};
+    }
+    if (code == NF4_OK) {
+        for (size_t i = 0; i < cv->nkeys; i++)
+            if (!pass[i])
+                free(cv->keys[i].name);
+        memcpy(cv->keys, out, nout * sizeof *out);
+        cv->nkeys = nout;
+    } else {
+        size_t npass = 0; /* out holds the keys passed through, then those renamed */
+        for (size_t i = 0; pass && i < cv->nkeys; i++)
+            npass += pass[i] != 0;
+        for (size_t j = npass; out && j < nout; j++)
+            free(out[j].name);
+    }
+    for (int k = 0; k < 3; k++) {
+        free(added[k]);
+        free(walked[k]);
+    }
     free(pass);
-    free(renamed);
+    free(rn);
     free(out);
     return code;
 }
 
 /* ---- kohya's modules into diffusers' (_convert_non_diffusers_lora_to_diffusers) ---- */
 
+static int cmp_key_name(const void *a, const void *b)
+{
+    const struct lora_key *x = *(struct lora_key *const *)a, *y = *(struct lora_key *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x > y) - (x < y); /* equal names in walk order */
+}
+
+/* cv->by_name: the keys sorted by name, for find_left. */
+static int index_keys(struct conversion *cv)
+{
+    if (!(cv->by_name = calloc(cv->nkeys ? cv->nkeys : 1, sizeof *cv->by_name)))
+        return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    for (size_t i = 0; i < cv->nkeys; i++)
+        cv->by_name[i] = &cv->keys[i];
+    qsort(cv->by_name, cv->nkeys, sizeof *cv->by_name, cmp_key_name);
+    return NF4_OK;
+}
+
+/* The first key named `name` the conversion has not taken (a dict's pop), or NULL. */
 static struct lora_key *find_left(struct conversion *cv, const char *name)
 {
-    for (size_t i = 0; i < cv->nkeys; i++)
-        if (!cv->keys[i].taken && strcmp(cv->keys[i].name, name) == 0)
-            return &cv->keys[i];
+    size_t lo = 0, hi = cv->nkeys;
+    while (lo < hi) { /* the first of the name's run */
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(cv->by_name[mid]->name, name) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    for (; lo < cv->nkeys && strcmp(cv->by_name[lo]->name, name) == 0; lo++)
+        if (!cv->by_name[lo]->taken)
+            return cv->by_name[lo];
     return NULL;
 }
 
-static int add_alpha(struct sd_part *p, const char *name, double value)
+/* Room for one more of `n` items of `size` in *items (grown by half). */
+static int grow(void **items, size_t n, size_t *cap, size_t size)
 {
-    for (size_t i = 0; i < p->nalphas; i++)
-        if (strcmp(p->alphas[i].name, name) == 0) { /* a dict: the last value, the first place */
-            p->alphas[i].value = value;
-            return 1;
-        }
-    struct sd_alpha *grown = realloc(p->alphas, (p->nalphas + 1) * sizeof *grown);
+    if (n < *cap)
+        return 1;
+    size_t more = *cap ? *cap + *cap / 2 : 16;
+    void *grown = realloc(*items, more * size);
     if (!grown)
         return 0;
-    p->alphas = grown;
+    *items = grown;
+    *cap = more;
+    return 1;
+}
+
+/* Two alphas of one name (diffusers' dict would keep the last) are of two
+ * pairs of one module, which lora_rewrite_check_one_each refuses: each is
+ * kept here. */
+static int add_alpha(struct sd_part *p, const char *name, double value)
+{
+    if (!grow((void **)&p->alphas, p->nalphas, &p->alphas_cap, sizeof *p->alphas))
+        return 0;
     if (!(p->alphas[p->nalphas].name = strdup(name)))
         return 0;
     p->alphas[p->nalphas++].value = value;
@@ -587,20 +731,16 @@ static int add_alpha(struct sd_part *p, const char *name, double value)
 
 static int add_pair(struct sd_part *p, char *module, const struct model_tensor *down, const struct model_tensor *up)
 {
-    struct sd_pair *grown = realloc(p->pairs, (p->npairs + 1) * sizeof *grown);
-    if (!grown)
+    if (!grow((void **)&p->pairs, p->npairs, &p->pairs_cap, sizeof *p->pairs))
         return 0;
-    p->pairs = grown;
     p->pairs[p->npairs++] = (struct sd_pair){module, down, up};
     return 1;
 }
 
 static int add_te_key(struct sd_part *p, char *name, const struct model_tensor *t)
 {
-    struct lora_key *grown = realloc(p->te_keys, (p->nte + 1) * sizeof *grown);
-    if (!grown)
+    if (!grow((void **)&p->te_keys, p->nte, &p->te_cap, sizeof *p->te_keys))
         return 0;
-    p->te_keys = grown;
     p->te_keys[p->nte++] = (struct lora_key){name, t, 0};
     return 1;
 }
@@ -833,24 +973,45 @@ static int cmp_ranked(const void *a, const void *b)
     return (x->index > y->index) - (x->index < y->index);
 }
 
-/* collections.Counter(values).most_common()[0][0]: the most frequent, the
- * first seen among equals. */
-static double most_common(const double *v, size_t n)
+struct counted {
+    double value;
+    size_t first;
+};
+
+static int cmp_counted(const void *a, const void *b)
 {
-    size_t best = 0, best_count = 0;
-    for (size_t i = 0; i < n; i++) {
-        size_t count = 0;
-        int seen = 0;
-        for (size_t j = 0; j < n; j++) {
-            count += v[j] == v[i];
-            seen |= j < i && v[j] == v[i];
+    const struct counted *x = a, *y = b;
+    if (x->value != y->value)
+        return x->value < y->value ? -1 : 1;
+    return (x->first > y->first) - (x->first < y->first);
+}
+
+/* collections.Counter(values).most_common()[0][0]: the most frequent, the
+ * first seen among equals (in *out; 0 where memory ran out). Values are
+ * finite (lora_read_alpha, ranks). */
+static int most_common(const double *v, size_t n, double *out)
+{
+    struct counted *c = calloc(n ? n : 1, sizeof *c);
+    if (!c)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        c[i] = (struct counted){v[i], i};
+    qsort(c, n, sizeof *c, cmp_counted);
+    size_t best_count = 0, best_first = 0;
+    *out = n ? v[0] : 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && c[j].value == c[i].value)
+            j++;
+        if (j - i > best_count || (j - i == best_count && c[i].first < best_first)) {
+            best_count = j - i;
+            best_first = c[i].first;
+            *out = c[i].value;
         }
-        if (!seen && count > best_count) {
-            best = i;
-            best_count = count;
-        }
+        i = j;
     }
-    return n ? v[best] : 0;
+    free(c);
+    return 1;
 }
 
 static int all_equal(const double *v, size_t n)
@@ -916,7 +1077,9 @@ static int component_config(struct conversion *cv, enum sd_component c, cJSON *m
         qsort(rk, n, sizeof *rk, cmp_ranked);
     for (size_t i = 0; i < n; i++)
         ranks[i] = (double)rk[i].pair->up->t->shape[1];
-    const double r = code == NF4_OK ? (all_equal(ranks, n) ? ranks[0] : most_common(ranks, n)) : 0;
+    double r = code == NF4_OK ? ranks[0] : 0;
+    if (code == NF4_OK && !all_equal(ranks, n) && !most_common(ranks, n, &r))
+        code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     for (size_t i = 0; i < n && code == NF4_OK; i++) {
         if (ranks[i] == r)
             continue;
@@ -944,7 +1107,9 @@ static int component_config(struct conversion *cv, enum sd_component c, cJSON *m
     for (size_t i = 0; i < p->nalphas && code == NF4_OK; i++)
         alphas[i] = p->alphas[i].value;
     if (code == NF4_OK && p->nalphas > 0)
-        lora_alpha = all_equal(alphas, p->nalphas) ? alphas[0] : most_common(alphas, p->nalphas);
+        lora_alpha = alphas[0];
+    if (code == NF4_OK && p->nalphas > 0 && !all_equal(alphas, p->nalphas) && !most_common(alphas, p->nalphas, &lora_alpha))
+        code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     for (size_t i = 0; i < p->nalphas && code == NF4_OK && !all_equal(alphas, p->nalphas); i++) {
         if (alphas[i] == lora_alpha)
             continue;
@@ -1110,6 +1275,8 @@ int sd_lora_convert(const struct model *w, const char *path, const char *unet_co
     if (code == NF4_OK)
         code = sgm_remap(&cv);
     if (code == NF4_OK)
+        code = index_keys(&cv);
+    if (code == NF4_OK)
         code = convert_modules(&cv);
     for (int c = SD_COMP_TE; c < SD_COMPONENTS && code == NF4_OK; c++)
         code = te_pairs(&cv, c);
@@ -1126,6 +1293,7 @@ int sd_lora_convert(const struct model *w, const char *path, const char *unet_co
         free(meta[w->files[0]->nmeta].value);
     free(meta);
     free_parts(&cv);
+    free(cv.by_name);
     lora_keys_free(cv.keys, cv.nkeys);
     return code;
 }

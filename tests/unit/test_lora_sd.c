@@ -389,6 +389,80 @@ static void test_sd_conv_lora_merged(void **state)
     free(merged);
 }
 
+#define MANY_BLOCKS 7
+#define MANY_LAYERS 30
+
+/* A LoRA of many ranks and alphas, as kohya's resized ("dynamic rank")
+ * LoRAs are: 210 feed-forwards of ranks 1 to 3 and alphas 1 to 5, whose
+ * config names most of them in rank_pattern and alpha_pattern. Each merges
+ * with its own alpha over its own rank (diffusers' alpha names fit a
+ * feed-forward), none refused for the patterns' size. */
+static void test_sd_lora_of_many_ranks(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *unet = tu_strdupf("%s/unet", s->dir), *lora = tu_strdupf("%s/many.safetensors", s->dir),
+         *config = tu_strdupf("%s/config.json", unet), *weights = tu_strdupf("%s/diffusion_pytorch_model.safetensors", unet);
+    static struct recipe r;
+    static char names[MANY_BLOCKS * MANY_LAYERS][RECIPE_NAME_MAX];
+    static uint64_t shapes[MANY_BLOCKS * MANY_LAYERS][2];
+    static struct st_out_tensor outs[MANY_BLOCKS * MANY_LAYERS];
+    r.n = 0;
+    r.values = FROM_1_TO_2;
+    for (int i = 0; i < MANY_BLOCKS * MANY_LAYERS; i++) {
+        const int b = i / MANY_LAYERS, t = i % MANY_LAYERS;
+        char key[RECIPE_NAME_MAX];
+        snprintf(key, sizeof key, "lora_unet_down_blocks_%d_attentions_0_transformer_blocks_%d_ff_net_2.lora_down.weight",
+                 b, t);
+        recipe_add(&r, key, DT_BF16, 2, (uint64_t)(1 + i % 3), 4);
+        snprintf(key, sizeof key, "lora_unet_down_blocks_%d_attentions_0_transformer_blocks_%d_ff_net_2.lora_up.weight",
+                 b, t);
+        recipe_add(&r, key, DT_BF16, 2, 4, (uint64_t)(1 + i % 3));
+        snprintf(key, sizeof key, "lora_unet_down_blocks_%d_attentions_0_transformer_blocks_%d_ff_net_2.alpha", b, t);
+        struct recipe_tensor *alpha = recipe_add(&r, key, DT_F32, 0, 0, 0);
+        alpha->fixed = 1;
+        alpha->value = (float)(1 + i % 5);
+        snprintf(names[i], sizeof names[i], "down_blocks.%d.attentions.0.transformer_blocks.%d.ff.net.2.weight", b, t);
+        shapes[i][0] = shapes[i][1] = 4;
+        outs[i] = (struct st_out_tensor){names[i], DT_BF16, 2, shapes[i]};
+    }
+    recipe_write(&r, lora, r.values, NULL, 0);
+    assert_int_equal(mkdir(unet, 0755), 0);
+    tu_write_file(config, SD_UNET_CONFIG, strlen(SD_UNET_CONFIG));
+    struct st_writer *w;
+    uint16_t ones[16];
+    for (int e = 0; e < 16; e++)
+        ones[e] = 0x3f80;
+    assert_int_equal(st_writer_begin(&w, weights, outs, MANY_BLOCKS * MANY_LAYERS, NULL, 0), NF4_OK);
+    for (int k = 0; k < MANY_BLOCKS * MANY_LAYERS; k++)
+        assert_int_equal(st_writer_write(w, ones, sizeof ones), NF4_OK);
+    assert_int_equal(st_writer_finish(w), NF4_OK);
+    struct tu_run run = tu_run("inspect", unet, "--lora", lora, NULL);
+    if (run.status != 0)
+        fail_msg("exit %d, stderr: %s", run.status, run.err);
+    size_t checked = 0;
+    for (char *line = strtok(run.out, "\n"); line; line = strtok(NULL, "\n")) {
+        int b, t;
+        unsigned rank;
+        double alpha, scaling;
+        if (sscanf(line, "down_blocks.%d.attentions.0.transformer_blocks.%d.ff.net.2.weight %u %lf %lf", &b, &t, &rank,
+                   &alpha, &scaling) != 5)
+            continue;
+        const int i = b * MANY_LAYERS + t;
+        if (rank != (unsigned)(1 + i % 3) || alpha != (double)(1 + i % 5) ||
+            (float)scaling != (float)((double)(1 + i % 5) / (1 + i % 3)))
+            fail_msg("%s: want rank %d, alpha %d", line, 1 + i % 3, 1 + i % 5);
+        checked++;
+    }
+    assert_int_equal(checked, MANY_BLOCKS * MANY_LAYERS);
+    tu_run_free(&run);
+    tu_rmtree(unet);
+    unlink(lora);
+    free(unet);
+    free(lora);
+    free(config);
+    free(weights);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +471,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sd_lora_merges_as_diffusers_scales, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_sd_lora_refusals, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_sd_conv_lora_merged, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_sd_lora_of_many_ranks, tu_scratch_setup, lora_synth_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
