@@ -113,6 +113,16 @@ enum lora_family diffusers_lora_family(const char *cls)
     return LORA_FAMILY_OTHER;
 }
 
+int diffusers_loads_sdxl(const char *cls)
+{
+    static const char *const XL_LOADERS[] = {"StableDiffusionXL", "AnimateDiffSDXL", "Kolors",
+                                             "LEditsPPPipelineStableDiffusionXL", "TextToVideoZeroSDXL"};
+    for (size_t i = 0; cls && i < sizeof XL_LOADERS / sizeof XL_LOADERS[0]; i++)
+        if (strncmp(cls, XL_LOADERS[i], strlen(XL_LOADERS[i])) == 0)
+            return 1;
+    return 0;
+}
+
 int diffusers_loads_transformer_2(const char *cls)
 {
     return diffusers_lora_family(cls) == LORA_FAMILY_WAN && strncmp(cls, "Helios", 6) != 0;

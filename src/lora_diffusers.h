@@ -62,6 +62,12 @@ enum lora_family {
  * config.json's _class_name; NULL: LORA_FAMILY_OTHER). */
 enum lora_family diffusers_lora_family(const char *cls);
 
+/* Whether the LoRA loader of a pipeline of class `cls` is Stable Diffusion
+ * XL's (StableDiffusionXLLoraLoaderMixin: StableDiffusionXL..., Kolors...,
+ * AnimateDiffSDXL..., ...), the one that maps the SGM UNet's block names by
+ * the UNet's config and loads text_encoder_2 too. */
+int diffusers_loads_sdxl(const char *cls);
+
 /* Whether the LoRA loader of a pipeline of class `cls` can load a LoRA's
  * transformer keys into its transformer_2 (Wan 2.2's second expert:
  * load_into_transformer_2, in Wan's and SkyReels-V2's loaders). */

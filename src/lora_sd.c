@@ -564,6 +564,12 @@ static int sgm_remap(struct conversion *cv)
     }
     if (!sgm)
         return NF4_OK;
+    if (cv->layers_per_block == LPB_OOM)
+        return nf4_fail(NF4_ESOFTWARE, cv->path, first_sgm, "out of memory reading the UNet's config");
+    if (cv->layers_per_block < 0) /* no mapping at all: the keys keep names no UNet module has */
+        return nf4_fail(NF4_EDATA, cv->path, first_sgm, "is in the SGM UNet's names (input_blocks_...), which "
+                        "diffusers maps only in Stable Diffusion XL's loader, by the UNet's config "
+                        "(layers_per_block): this is no XL pipeline, or its unet/config.json gives none");
     if (not_sgm) { /* both names: diffusers drops the SGM ones */
         size_t kept = 0;
         for (size_t i = 0; i < cv->nkeys; i++) {
@@ -577,12 +583,6 @@ static int sgm_remap(struct conversion *cv)
         cv->nkeys = kept;
         return NF4_OK;
     }
-    if (cv->layers_per_block == LPB_OOM)
-        return nf4_fail(NF4_ESOFTWARE, cv->path, first_sgm, "out of memory reading the UNet's config");
-    if (cv->layers_per_block < 0)
-        return nf4_fail(NF4_EDATA, cv->path, first_sgm, "is in the SGM UNet's names (input_blocks_...), which "
-                        "diffusers maps by the UNet's config (layers_per_block); the pipeline has no unet/config.json "
-                        "that gives it");
     const long lpb = cv->layers_per_block;
     const size_t n = cv->nkeys ? cv->nkeys : 1;
     long *added[3] = {calloc(n, sizeof(long)), calloc(n, sizeof(long)), calloc(n, sizeof(long))};
@@ -604,6 +604,9 @@ static int sgm_remap(struct conversion *cv)
         else if (!sgm_block_of(key, &kind, &id))
             code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "has no block number where diffusers "
                             "reads it (the fifth \"_\"-separated piece)");
+        else if (kind == 1 && (id < 0 || id > 2)) /* diffusers raises for the number, whichever keys it lists */
+            code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is of a middle block other than 0, 1 "
+                            "and 2, which diffusers refuses");
         else
             added[kind][nadded[kind]++] = id;
     }
@@ -817,6 +820,12 @@ static int convert_module(struct conversion *cv, struct lora_key *down)
                           : str_starts_with(key, "lora_te2_") ? SD_COMP_TE2
                                                              : SD_COMP_TE;
     const char *te_prefix = c == SD_COMP_TE2 ? "lora_te2_" : str_starts_with(key, "lora_te1_") ? "lora_te1_" : "lora_te_";
+    int ascii = 1;
+    for (const char *q = key; *q && ascii; q++)
+        ascii = (unsigned char)*q < 0x80;
+    if (c == SD_COMP_UNET && !ascii && strstr(key, "emb"))
+        return nf4_fail(NF4_EDATA, cv->path, down->t->t->name, "holds a character outside ASCII where diffusers cuts "
+                        "a block number from an embedding's name with Python's \\d, which reads Unicode's digits");
     char *dn = c == SD_COMP_UNET ? unet_key(key) : te_key(key, te_prefix);
     if (!dn)
         return nf4_fail(NF4_ESOFTWARE, cv->path, key, "out of memory");
@@ -863,6 +872,34 @@ static int convert_modules(struct conversion *cv)
 }
 
 /* ---- the text encoders (_load_lora_into_text_encoder) ---- */
+
+/* Where te_rank_order puts a ranked module outside encoder.layers.N: after them. */
+#define TE_ORDER_LAST (1L << 30)
+
+/* The text encoder's modules diffusers takes ranks from (the names
+ * named_modules gives, in its order: per layer k, v, q, out_proj, fc1, fc2);
+ * the sort key of one, or -1 for one it does not. */
+static long te_rank_order(const char *module)
+{
+    static const char *const KINDS[] = {"self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj",
+                                        "self_attn.out_proj", "mlp.fc1", "mlp.fc2"};
+    static const char *const ENDS[] = {".q_proj", ".k_proj", ".v_proj", ".out_proj", ".fc1", ".fc2"};
+    int ranked = 0;
+    for (size_t i = 0; i < MAP_N(ENDS) && !ranked; i++)
+        ranked = str_ends_with(module, ENDS[i]);
+    if (!ranked)
+        return -1;
+    const char *layers = strstr(module, "encoder.layers.");
+    const char *num = layers ? layers + strlen("encoder.layers.") : NULL, *dot = num ? strchr(num, '.') : NULL;
+    int64_t layer;
+    if (!dot || !lora_python_int(num, (size_t)(dot - num), &layer) || layer < 0 || layer > 100000)
+        return TE_ORDER_LAST;
+    for (size_t k = 0; k < MAP_N(KINDS); k++)
+        if (strcmp(dot + 1, KINDS[k]) == 0)
+            return (long)layer * (long)MAP_N(KINDS) + (long)k;
+    return TE_ORDER_LAST;
+}
+
 
 static int any_te_key_holds(const struct sd_part *p, const char *s)
 {
@@ -912,52 +949,44 @@ static int te_pairs(struct conversion *cv, enum sd_component c)
     if (p->nte == 0)
         return NF4_OK;
     int code = te_to_peft(cv, p, c);
+    size_t ranked = 0;
     for (size_t i = 0; i + 1 < p->nte && code == NF4_OK; i += 2) { /* down, up */
         struct lora_key *a = &p->te_keys[i], *b = &p->te_keys[i + 1];
         int other_a, other_b;
         char *ma = module_of(a->name, ".lora_A.weight", &other_a), *mb = module_of(b->name, ".lora_B.weight", &other_b);
-        if (ma && mb && strcmp(ma, mb) == 0 && add_pair(p, ma, a->t, b->t)) {
-            ma = NULL;
-        } else if ((ma && mb && strcmp(ma, mb) == 0) || (!ma && !other_a) || (!mb && !other_b)) {
+        /* transformers 5's CLIPTextModelWithProjection (XL's second encoder)
+         * keeps text_model. before all but text_projection: a module without
+         * it is none of its own, and neither loaded nor given a rank */
+        const int foreign = c == SD_COMP_TE2 && ma && !str_starts_with(ma, "text_model.") &&
+                            strcmp(ma, "text_projection") != 0;
+        if ((!ma && !other_a) || (!mb && !other_b)) {
             code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-        } else {
+        } else if (ma && mb && strcmp(ma, mb) != 0) {
+            code = nf4_fail(NF4_EDATA, cv->path, a->t->t->name, "becomes %s and %s, which are no LoRA pair of one "
+                            "module in PEFT's names: diffusers would not load it", a->name, b->name);
+        } else if (ma && mb && !foreign) {
+            ranked += te_rank_order(ma) >= 0;
+            if (add_pair(p, ma, a->t, b->t))
+                ma = NULL;
+            else
+                code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+        } else { /* names PEFT does not read */
             lora_rewrite_leave_out(&cv->rw, a->t->t->name, strlen(a->t->t->name), 1);
             lora_rewrite_leave_out(&cv->rw, b->t->t->name, strlen(b->t->t->name), 1);
         }
         free(ma);
         free(mb);
     }
+    /* diffusers takes r from the ranks of the modules it ranks, and has none
+     * to take (IndexError) where the encoder's keys name none of them */
+    if (code == NF4_OK && ranked == 0)
+        code = nf4_fail(NF4_EDATA, cv->path, p->te_keys[0].t->t->name, "is a %s key, and none of them is of a "
+                        "module diffusers takes a rank from (q_proj, k_proj, v_proj, out_proj, fc1, fc2): it "
+                        "cannot make the LoRA's config (IndexError)", COMPONENT[c]);
     return code;
 }
 
 /* ---- each component's LoraConfig (get_peft_kwargs) ---- */
-
-/* Where te_rank_order puts a ranked module outside encoder.layers.N: after them. */
-#define TE_ORDER_LAST (1L << 30)
-
-/* The text encoder's modules diffusers takes ranks from (the names
- * named_modules gives, in its order: per layer k, v, q, out_proj, fc1, fc2);
- * the sort key of one, or -1 for one it does not. */
-static long te_rank_order(const char *module)
-{
-    static const char *const KINDS[] = {"self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj",
-                                        "self_attn.out_proj", "mlp.fc1", "mlp.fc2"};
-    static const char *const ENDS[] = {".q_proj", ".k_proj", ".v_proj", ".out_proj", ".fc1", ".fc2"};
-    int ranked = 0;
-    for (size_t i = 0; i < MAP_N(ENDS) && !ranked; i++)
-        ranked = str_ends_with(module, ENDS[i]);
-    if (!ranked)
-        return -1;
-    const char *layers = strstr(module, "encoder.layers.");
-    const char *num = layers ? layers + strlen("encoder.layers.") : NULL, *dot = num ? strchr(num, '.') : NULL;
-    int64_t layer;
-    if (!dot || !lora_python_int(num, (size_t)(dot - num), &layer) || layer < 0 || layer > 100000)
-        return TE_ORDER_LAST;
-    for (size_t k = 0; k < MAP_N(KINDS); k++)
-        if (strcmp(dot + 1, KINDS[k]) == 0)
-            return (long)layer * (long)MAP_N(KINDS) + (long)k;
-    return TE_ORDER_LAST;
-}
 
 struct ranked {
     const struct sd_pair *pair;
@@ -1172,12 +1201,23 @@ static long layers_per_block(const char *config)
     return lpb;
 }
 
+/* The file's lora_adapter_metadata, or NULL where it has none, or "" or
+ * "null" (which json.loads reads as None), as diffusers reads it. */
 static const char *file_metadata(const struct model *w)
 {
     const struct st_file *f = w->files[0];
-    for (size_t i = 0; i < f->nmeta; i++)
-        if (strcmp(f->meta[i].key, DIFFUSERS_LORA_METADATA) == 0 && f->meta[i].value[0])
-            return f->meta[i].value;
+    for (size_t i = 0; i < f->nmeta; i++) {
+        const char *v = f->meta[i].value;
+        if (strcmp(f->meta[i].key, DIFFUSERS_LORA_METADATA) != 0)
+            continue;
+        v += strspn(v, " \t\n\r");
+        size_t n = strlen(v);
+        while (n && strchr(" \t\n\r", v[n - 1]))
+            n--;
+        if (n == 0 || (n == 4 && strncmp(v, "null", 4) == 0))
+            return NULL;
+        return f->meta[i].value;
+    }
     return NULL;
 }
 

@@ -85,13 +85,9 @@ static int diffusers_loads(const char *cls, const char *component)
         return 1;
     if (strcmp(component, "connectors") == 0)
         return diffusers_lora_family(cls) == LORA_FAMILY_LTX2;
-    /* StableDiffusionXLLoraLoaderMixin's pipelines and Stable Diffusion 3's
-     * load text_encoder_2 too; the Stable Diffusion mixin's and Flux.1's one. */
-    static const char *const TWO_ENCODERS[] = {"StableDiffusionXL", "StableDiffusion3", "AnimateDiffSDXL", "Kolors",
-                                               "LEditsPPPipelineStableDiffusionXL", "TextToVideoZeroSDXL"};
-    int sdxl_sd3 = 0;
-    for (size_t i = 0; cls && i < sizeof TWO_ENCODERS / sizeof TWO_ENCODERS[0]; i++)
-        sdxl_sd3 |= strncmp(cls, TWO_ENCODERS[i], strlen(TWO_ENCODERS[i])) == 0;
+    /* Stable Diffusion XL's loader and 3's load text_encoder_2 too; the
+     * Stable Diffusion mixin's and Flux.1's one. */
+    const int sdxl_sd3 = diffusers_loads_sdxl(cls) || (cls && strncmp(cls, "StableDiffusion3", 16) == 0);
     const enum lora_family family = diffusers_lora_family(cls);
     int one_encoder = family == LORA_FAMILY_STABLE_DIFFUSION || family == LORA_FAMILY_FLUX;
     if (strcmp(component, "text_encoder") == 0)
@@ -153,9 +149,10 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
             components[ncomp++] = e[i].name;
     for (size_t i = 0; i < n && code == NF4_OK; i++)
         code = take_into(in, pl, i, e, ne);
-    /* A Stable Diffusion loader maps the SGM UNet's names by the UNet's config. */
-    char *unet_config = code == NF4_OK ? path_join(in, "unet/" CONFIG_FILE_NAME) : NULL;
-    if (code == NF4_OK && !unet_config)
+    /* Stable Diffusion XL's loader maps the SGM UNet's names by the UNet's
+     * config; the other loaders pass none (and 1.x's does not map them). */
+    char *unet_config = code == NF4_OK && diffusers_loads_sdxl(pl->cls) ? path_join(in, "unet/" CONFIG_FILE_NAME) : NULL;
+    if (code == NF4_OK && diffusers_loads_sdxl(pl->cls) && !unet_config)
         code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     for (size_t i = 0; i < n && code == NF4_OK; i++) {
         char *file = NULL;

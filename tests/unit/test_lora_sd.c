@@ -292,6 +292,14 @@ static void test_sd_lora_refusals(void **state)
          "{\"unet.r\": 2}", "holds both alphas and a LoRA config"},
         {{"lora_unet_down_blocks_1_attentions_0_proj_in", NULL}, "lora_unet_down_blocks_1_attentions_0_proj_in.bias",
          NULL, "proj_in.bias: is no lora_down.weight"},
+        {{"lora_te_text_model_encoder_layers_0_mlp_fc1", "lora_te_x_down_self_attn_out_proj"}, NULL, NULL,
+         "x_down_self_attn_out_proj.lora_down.weight: becomes x.down.self_attn.out_proj.lora_A.weight and "
+         "x.up.self_attn.out_proj.lora_B.weight, which are no LoRA pair of one module"},
+        {{"lora_te_text_model_encoder_layers_0_mlp_layer_norm", NULL}, NULL, NULL,
+         "none of them is of a module diffusers takes a rank from"},
+        {{"lora_unet_output_blocks_2_0_emb_layers_1", "lora_unet_a_b_7_0_middle_block_output_blocks_2"}, NULL, NULL,
+         "a_b_7_0_middle_block_output_blocks_2.lora_down.weight: is of a middle block other than 0, 1 and 2"},
+        {{"lora_unet_time_embedding_emb_\xd9\xa3", NULL}, NULL, NULL, "holds a character outside ASCII"},
     };
     char *lora = tu_strdupf("%s-sd.safetensors", s->dir), *config = tu_strdupf("%s-unet.json", s->dir);
     tu_write_file(config, SD_UNET_CONFIG, strlen(SD_UNET_CONFIG));
@@ -322,6 +330,11 @@ static void test_sd_lora_refusals(void **state)
     write_sd_pipeline(pipe, converted, "StableDiffusionXLPipeline", 1);
     write_sd_case(lora, &CASES[0]);
     assert_lora_refused(pipe, out, lora, CASES[0].want, tmp);
+    tu_rmtree(pipe);
+    /* The SGM names on a Stable Diffusion 1.x pipeline, whose loader does not map them. */
+    write_sd_pipeline(pipe, converted, "StableDiffusionPipeline", 0);
+    recipe_write(&xl, lora, xl.values, NULL, 0);
+    assert_lora_refused(pipe, out, lora, "which diffusers maps only in Stable Diffusion XL's loader", tmp);
     tu_rmtree(pipe);
     unlink(converted);
     unlink(lora);
