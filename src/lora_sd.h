@@ -45,7 +45,9 @@ int sd_lora_detect(const struct model *w);
 /* Converts `w`, read from `path`, into the diffusers LoRA with PEFT's keys
  * and its config in the metadata, as the header says, opened as *out (a temp
  * file with no name, lora_rewrite.h). `unet_config`: the UNet's config.json
- * (NULL: none), whose layers_per_block maps the SGM UNet's block numbers.
+ * (NULL: none), whose layers_per_block maps the SGM UNet's block numbers, as
+ * Stable Diffusion XL's loader passes it (the others pass none, and SGM
+ * names are then refused).
  * `warn`: say what is left out. NF4_OK, NF4_EDATA naming the key, NF4_EIO /
  * NF4_ECANTCREAT for the temp file, or NF4_ESOFTWARE. */
 int sd_lora_convert(const struct model *w, const char *path, const char *unet_config, int warn, struct model **out);
