@@ -1222,11 +1222,13 @@ static const char *file_metadata(const struct model *w)
 }
 
 /* The parts, and the metadata: the file's own, with the components'
- * configs where it has no lora_adapter_metadata. *meta: the array made
- * (free it and its last value after writing), or NULL. */
-static int finish_parts(struct conversion *cv, const struct model *w, struct st_meta **meta)
+ * configs where it has no lora_adapter_metadata (or one diffusers reads as
+ * none, "" or "null", which the configs take the place of). *meta: the
+ * array made, *made its config text (free both after writing), or NULL. */
+static int finish_parts(struct conversion *cv, const struct model *w, struct st_meta **meta, char **made)
 {
     *meta = NULL;
+    *made = NULL;
     int code = NF4_OK;
     size_t nalphas = 0;
     for (int c = 0; c < SD_COMPONENTS; c++) {
@@ -1261,11 +1263,14 @@ static int finish_parts(struct conversion *cv, const struct model *w, struct st_
         free(text);
         return code;
     }
-    if (f->nmeta)
-        memcpy(*meta, f->meta, f->nmeta * sizeof **meta);
-    (*meta)[f->nmeta] = (struct st_meta){(char *)DIFFUSERS_LORA_METADATA, text};
+    size_t n = 0;
+    for (size_t i = 0; i < f->nmeta; i++)
+        if (strcmp(f->meta[i].key, DIFFUSERS_LORA_METADATA) != 0)
+            (*meta)[n++] = f->meta[i];
+    (*meta)[n++] = (struct st_meta){(char *)DIFFUSERS_LORA_METADATA, text};
+    *made = text;
     cv->rw.meta = *meta;
-    cv->rw.nmeta = f->nmeta + 1;
+    cv->rw.nmeta = n;
     return NF4_OK;
 }
 
@@ -1309,6 +1314,7 @@ int sd_lora_convert(const struct model *w, const char *path, const char *unet_co
     *out = NULL;
     struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
     struct st_meta *meta = NULL;
+    char *made = NULL;
     cv.layers_per_block = layers_per_block(unet_config);
     lora_rewrite_leave_out_dora(&cv.rw, w);
     int code = keys_in_order(&cv, w);
@@ -1321,7 +1327,7 @@ int sd_lora_convert(const struct model *w, const char *path, const char *unet_co
     for (int c = SD_COMP_TE; c < SD_COMPONENTS && code == NF4_OK; c++)
         code = te_pairs(&cv, c);
     if (code == NF4_OK)
-        code = finish_parts(&cv, w, &meta);
+        code = finish_parts(&cv, w, &meta, &made);
     if (code == NF4_OK)
         code = lora_rewrite_check_one_each(&cv.rw);
     if (code == NF4_OK && cv.rw.nparts == 0)
@@ -1329,8 +1335,7 @@ int sd_lora_convert(const struct model *w, const char *path, const char *unet_co
                         "LoRA (lora_unet_..., lora_te_...) among its %zu tensors", w->count);
     code = lora_rewrite_finish(&cv.rw, code, warn, "are not loaded by diffusers from a kohya Stable Diffusion LoRA",
                                out);
-    if (meta)
-        free(meta[w->files[0]->nmeta].value);
+    free(made);
     free(meta);
     free_parts(&cv);
     free(cv.by_name);

@@ -402,6 +402,35 @@ static void test_sd_conv_lora_merged(void **state)
     free(merged);
 }
 
+/* A file whose lora_adapter_metadata is "" or "null", which diffusers reads
+ * as no config: the alphas' config takes its place, once. */
+static void test_sd_lora_empty_config_replaced(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *lora = tu_strdupf("%s-sd.safetensors", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    static const char *const EMPTY[] = {"", "null", " null\n"};
+    for (size_t i = 0; i < sizeof EMPTY / sizeof EMPTY[0]; i++) {
+        const struct sd_case c = {{"lora_unet_down_blocks_1_attentions_0_proj_in", NULL},
+                                  "lora_unet_down_blocks_1_attentions_0_proj_in.alpha", EMPTY[i], NULL};
+        write_sd_case(lora, &c);
+        struct model *m = NULL;
+        if (diffusers_lora_open_for(lora, LORA_FAMILY_STABLE_DIFFUSION, NULL, 0, &m) != NF4_OK)
+            fail_msg("\"%s\": %s", EMPTY[i], nf4_last_error());
+        size_t configs = 0;
+        for (size_t k = 0; k < m->files[0]->nmeta; k++)
+            if (strcmp(m->files[0]->meta[k].key, "lora_adapter_metadata") == 0) {
+                configs++;
+                assert_non_null(strstr(m->files[0]->meta[k].value, "\"unet.lora_alpha\""));
+            }
+        assert_int_equal(configs, 1);
+        model_close(m);
+        assert_int_equal(tu_count_entries(s->dir), 0);
+    }
+    unlink(lora);
+    free(lora);
+}
+
 #define MANY_BLOCKS 7
 #define MANY_LAYERS 30
 
@@ -485,6 +514,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sd_lora_refusals, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_sd_conv_lora_merged, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_sd_lora_of_many_ranks, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_sd_lora_empty_config_replaced, tu_scratch_setup, lora_synth_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
