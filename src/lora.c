@@ -726,23 +726,11 @@ static int module_rank_alpha(const struct lora_config *c, const char *module, ui
     return rp != NULL;
 }
 
-/* Whether A and B are a LoRA on a convolution, as PEFT's Conv1d, Conv2d and
- * Conv3d layers hold one: A [r, in, k...] (a convolution of the layer's
- * kernel), B [out, r, 1...] (a 1x1 one), of one number of dimensions, 3 to
- * 5. Their delta, B @ A with A seen as [r, in * k...], is the layer's weight
- * [out, in, k...] seen as [out, in * k...]: PEFT's get_delta_weight computes
- * the same product (as a convolution of A by B where the kernel is not 1x1). */
-static int is_conv_pair(const struct st_tensor *at, const struct st_tensor *btt)
-{
-    if (at->ndim < 3 || at->ndim > 5 || btt->ndim != at->ndim)
-        return 0;
-    for (size_t d = 2; d < btt->ndim; d++)
-        if (btt->shape[d] != 1)
-            return 0;
-    return 1;
-}
-
-/* A's columns as the delta's: [r, in] a matrix's, in * k... a convolution's. */
+/* A's columns as the delta's: [r, in] a matrix's, in * k... a convolution's
+ * (lora_is_conv_pair), whose delta, B @ A with A seen as [r, in * k...], is
+ * the layer's weight [out, in, k...] seen as [out, in * k...]: PEFT's
+ * get_delta_weight computes the same product (as a convolution of A by B
+ * where the kernel is not 1x1). */
 static uint64_t factor_columns(const struct st_tensor *at)
 {
     uint64_t cols = 1;
@@ -752,13 +740,13 @@ static uint64_t factor_columns(const struct st_tensor *at)
 }
 
 /* A pair's A and B, of `file`: F32, BF16 or F16 matrices, or a convolution's
- * (is_conv_pair) where `conv_ok`. */
+ * (lora_is_conv_pair) where `conv_ok`. */
 static int check_factors_of(const char *file, const struct st_tensor *at, const struct st_tensor *btt, int conv_ok)
 {
     int code = lora_check_factor_dtype(file, at);
     if (code != NF4_OK || (code = lora_check_factor_dtype(file, btt)) != NF4_OK)
         return code;
-    if (conv_ok && is_conv_pair(at, btt))
+    if (conv_ok && lora_is_conv_pair(at, btt))
         return NF4_OK;
     if (at->ndim != 2 || btt->ndim != 2)
         return nf4_fail(NF4_EDATA, file, (at->ndim != 2 ? at : btt)->name, "is not a matrix%s",
@@ -886,7 +874,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     const struct st_tensor *at = a->t, *btt = bt->t;
     if ((code = check_factors_of(file, at, btt, !kind->embedding)) != NF4_OK)
         goto out;
-    const int conv = is_conv_pair(at, btt);
+    const int conv = lora_is_conv_pair(at, btt);
     if (conv && (c->use_dora || parameter)) {
         code = nf4_fail(NF4_EDATA, file, aname, "is a LoRA on a convolution with %s, which nf4deq does not merge",
                         c->use_dora ? "DoRA (use_dora)" : "target_parameters");

@@ -92,19 +92,6 @@ struct conversion {
 
 /* ---- names ---- */
 
-/* `name` with each pair's first replaced by its second, in turn. Allocated;
- * NULL when out of memory. */
-static char *renamed_in_turn(const char *name, const char *const (*pairs)[2], size_t n)
-{
-    char *s = strdup(name);
-    for (size_t i = 0; s && i < n; i++) {
-        char *next = str_replace_all(s, pairs[i][0], pairs[i][1]);
-        free(s);
-        s = next;
-    }
-    return s;
-}
-
 /* A key's name before one of diffusers' steps, and the key. */
 struct name_before {
     char *name;
@@ -194,7 +181,7 @@ static int rename_keys(struct conversion *cv, const struct model *w)
         !(renamed = calloc(cv->nkeys ? cv->nkeys : 1, sizeof *renamed)))
         code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++)
-        if (!(renamed[i] = renamed_in_turn(cv->keys[i].name, RENAMES, COUNT(RENAMES))))
+        if (!(renamed[i] = str_replace_in_turn(cv->keys[i].name, RENAMES, COUNT(RENAMES))))
             code = nf4_fail(NF4_ESOFTWARE, cv->path, cv->keys[i].t->t->name, "out of memory");
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
         const struct lora_key *other =
@@ -334,7 +321,7 @@ static int convert_single(struct conversion *cv, const struct lora_key *k)
         return convert_linear1(cv, k, "weight");
     if (strstr(k->name, "linear1.lora_A.bias") || strstr(k->name, "linear1.lora_B.bias"))
         return convert_linear1(cv, k, "bias");
-    return add_copy(cv, renamed_in_turn(k->name, SINGLE_RENAMES, COUNT(SINGLE_RENAMES)), k);
+    return add_copy(cv, str_replace_in_turn(k->name, SINGLE_RENAMES, COUNT(SINGLE_RENAMES)), k);
 }
 
 /* final_layer.adaLN_modulation.1: norm_out.linear, the two halves of its rows
@@ -374,7 +361,7 @@ static int convert_keys(struct conversion *cv)
                 return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is of the token refiner's fused qkv "
                                 "(self_attn_qkv), which diffusers cuts in three by rows, lora_A too, into parts that "
                                 "cannot load");
-            code = add_copy(cv, renamed_in_turn(k->name, TXT_IN_RENAMES, COUNT(TXT_IN_RENAMES)), k);
+            code = add_copy(cv, str_replace_in_turn(k->name, TXT_IN_RENAMES, COUNT(TXT_IN_RENAMES)), k);
             break;
         case SPECIAL_IMG_QKV: code = convert_qkv(cv, k, SPECIALS[first], IMG_QKV); break;
         case SPECIAL_TXT_QKV: code = convert_qkv(cv, k, SPECIALS[first], TXT_QKV); break;

@@ -106,12 +106,9 @@ static char *text_encoder_module(const char *name)
     for (char *p = m; p && *p; p++)
         if (*p == '_')
             *p = '.';
-    for (size_t i = 0; m && i < sizeof FIXES / sizeof FIXES[0]; i++) {
-        char *fixed = str_replace_all(m, FIXES[i][0], FIXES[i][1]);
-        free(m);
-        m = fixed;
-    }
-    return m;
+    char *fixed = m ? str_replace_in_turn(m, FIXES, sizeof FIXES / sizeof FIXES[0]) : NULL;
+    free(m);
+    return fixed;
 }
 
 static int key_cmp(const void *a, const void *b)

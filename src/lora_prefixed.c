@@ -113,19 +113,15 @@ int ltx2_lora_detect(const struct model *w)
 static int ltx2_add(struct lora_rewrite *rw, const struct model_tensor *t, const char *prefix,
                     const char *const (*renames)[2], size_t nrenames, const char *component)
 {
-    char *name = strdup(t->t->name + strlen(prefix));
-    for (size_t i = 0; name && i < nrenames; i++) {
-        char *renamed = str_replace_all(name, renames[i][0], renames[i][1]);
-        free(name);
-        name = renamed;
-    }
+    char *name = str_replace_in_turn(t->t->name + strlen(prefix), renames, nrenames);
     static const char *const TIME_EMBEDS[][2] = {{"adaln_single.", "time_embed."},
                                                  {"audio_adaln_single.", "audio_time_embed."}};
     for (size_t i = 0; name && i < 2; i++)
         if (str_starts_with(name, TIME_EMBEDS[i][0])) {
-            char *renamed = str_replace_all(name, TIME_EMBEDS[i][0], TIME_EMBEDS[i][1]);
-            free(name);
-            name = renamed;
+            if (!str_replace_in(&name, TIME_EMBEDS[i][0], TIME_EMBEDS[i][1])) {
+                free(name);
+                name = NULL;
+            }
             break;
         }
     int code = name ? lora_rewrite_add_copy(rw, component, name, t) : nf4_fail(NF4_ESOFTWARE, rw->path, NULL,

@@ -279,13 +279,9 @@ int lora_keys_of(const char *path, const struct model *w, int (*skip)(const char
 
 int lora_keys_replace(const char *path, struct lora_key *keys, size_t n, const char *from, const char *to)
 {
-    for (size_t i = 0; i < n; i++) {
-        char *renamed = str_replace_all(keys[i].name, from, to);
-        if (!renamed)
+    for (size_t i = 0; i < n; i++)
+        if (!str_replace_in(&keys[i].name, from, to))
             return nf4_fail(NF4_ESOFTWARE, path, keys[i].t->t->name, "out of memory");
-        free(keys[i].name);
-        keys[i].name = renamed;
-    }
     return NF4_OK;
 }
 
@@ -424,6 +420,16 @@ int lora_check_factor_dtype(const char *path, const struct st_tensor *t)
     return lora_is_factor_dtype(t->dtype) ? NF4_OK
                                           : nf4_fail(NF4_EDATA, path, t->name, "is %s; LoRA weights must be F32, "
                                                      "BF16 or F16", dtype_name(t->dtype));
+}
+
+int lora_is_conv_pair(const struct st_tensor *a, const struct st_tensor *b)
+{
+    if (a->ndim < 3 || a->ndim > 5 || b->ndim != a->ndim)
+        return 0;
+    for (size_t d = 2; d < b->ndim; d++)
+        if (b->shape[d] != 1)
+            return 0;
+    return 1;
 }
 
 int lora_check_pair(const char *path, const struct st_tensor *dt, const struct st_tensor *ut)

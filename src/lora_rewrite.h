@@ -180,6 +180,12 @@ int lora_is_factor_dtype(enum st_dtype dt);
  * whole bytes). */
 int lora_check_factor_dtype(const char *path, const struct st_tensor *t);
 
+/* Whether A and B have the shapes of a LoRA on a convolution, as PEFT's
+ * Conv1d, Conv2d and Conv3d layers hold one: A [r, in, k...] (a convolution
+ * of the layer's kernel), B [out, r, 1...] (a 1x1 one), of one number of
+ * dimensions, 3 to 5 (the ranks are not compared). */
+int lora_is_conv_pair(const struct st_tensor *a, const struct st_tensor *b);
+
 /* NF4_OK where `down` and `up` make a LoRA pair [r, in], [out, r] of factor
  * dtypes, not empty; else NF4_EDATA naming `path` and the tensor. */
 int lora_check_pair(const char *path, const struct st_tensor *down, const struct st_tensor *up);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "fileio.h"
+#include "grow.h"
 #include "json_util.h"
 #include "lora_diffusers.h"
 #include "lora_rewrite.h"
@@ -81,29 +82,15 @@ int sd_lora_detect(const struct model *w)
     return w->count > 0 && !lora_model_any_key(w, not_kohya);
 }
 
-/* ---- Python's str.replace, in place of a malloc'd string ---- */
-
-static int replace(char **s, const char *from, const char *to)
-{
-    if (!strstr(*s, from))
-        return 1;
-    char *r = str_replace_all(*s, from, to);
-    if (!r)
-        return 0;
-    free(*s);
-    *s = r;
-    return 1;
-}
-
 /* diffusers' convert_state_dict: ".processor." always, then the first
  * pattern of `map` (pairs, in order) the name holds. */
 static int convert_by_map(char **s, const char *const (*map)[2], size_t n)
 {
-    if (!replace(s, ".processor.", "."))
+    if (!str_replace_in(s, ".processor.", "."))
         return 0;
     for (size_t i = 0; i < n; i++)
         if (strstr(*s, map[i][0]))
-            return replace(s, map[i][0], map[i][1]);
+            return str_replace_in(s, map[i][0], map[i][1]);
     return 1;
 }
 
@@ -182,21 +169,21 @@ static char *unet_key(const char *key)
             *p = '.';
     int ok = s != NULL;
     for (size_t i = 0; ok && i < MAP_N(STEPS); i++)
-        ok = replace(&s, STEPS[i][0], STEPS[i][1]);
+        ok = str_replace_in(&s, STEPS[i][0], STEPS[i][1]);
     if (ok && strstr(s, "emb") && !strstr(s, "time.emb.proj")) /* "SDXL specific conversions" */
         drop_last_number(s);
     if (ok && strstr(s, ".in."))
-        ok = replace(&s, "in.layers.2", "conv1");
+        ok = str_replace_in(&s, "in.layers.2", "conv1");
     if (ok && strstr(s, ".out."))
-        ok = replace(&s, "out.layers.3", "conv2");
+        ok = str_replace_in(&s, "out.layers.3", "conv2");
     if (ok && (strstr(s, "downsamplers") || strstr(s, "upsamplers")))
-        ok = replace(&s, "op", "conv");
+        ok = str_replace_in(&s, "op", "conv");
     if (ok && strstr(s, "skip"))
-        ok = replace(&s, "skip.connection", "conv_shortcut");
+        ok = str_replace_in(&s, "skip.connection", "conv_shortcut");
     if (ok) /* LyCORIS' */
-        ok = replace(&s, "time.emb.proj", "time_emb_proj") && replace(&s, "conv.shortcut", "conv_shortcut");
+        ok = str_replace_in(&s, "time.emb.proj", "time_emb_proj") && str_replace_in(&s, "conv.shortcut", "conv_shortcut");
     if (ok && strstr(s, "transformer_blocks") && (strstr(s, "attn1") || strstr(s, "attn2")))
-        ok = replace(&s, "attn1", "attn1.processor") && replace(&s, "attn2", "attn2.processor");
+        ok = str_replace_in(&s, "attn1", "attn1.processor") && str_replace_in(&s, "attn2", "attn2.processor");
     if (!ok) {
         free(s);
         return NULL;
@@ -218,9 +205,9 @@ static char *te_key(const char *key, const char *prefix)
             *p = '.';
     int ok = s != NULL;
     for (size_t i = 0; ok && i < MAP_N(STEPS); i++)
-        ok = replace(&s, STEPS[i][0], STEPS[i][1]);
+        ok = str_replace_in(&s, STEPS[i][0], STEPS[i][1]);
     if (ok && !strstr(s, "self_attn") && !strstr(s, "text_projection") && strstr(s, "mlp"))
-        ok = replace(&s, ".lora.", ".lora_linear_layer.");
+        ok = str_replace_in(&s, ".lora.", ".lora_linear_layer.");
     if (!ok) {
         free(s);
         return NULL;
@@ -705,26 +692,12 @@ static struct lora_key *find_left(struct conversion *cv, const char *name)
     return NULL;
 }
 
-/* Room for one more of `n` items of `size` in *items (grown by half). */
-static int grow(void **items, size_t n, size_t *cap, size_t size)
-{
-    if (n < *cap)
-        return 1;
-    size_t more = *cap ? *cap + *cap / 2 : 16;
-    void *grown = realloc(*items, more * size);
-    if (!grown)
-        return 0;
-    *items = grown;
-    *cap = more;
-    return 1;
-}
-
 /* Two alphas of one name (diffusers' dict would keep the last) are of two
  * pairs of one module, which lora_rewrite_check_one_each refuses: each is
  * kept here. */
 static int add_alpha(struct sd_part *p, const char *name, double value)
 {
-    if (!grow((void **)&p->alphas, p->nalphas, &p->alphas_cap, sizeof *p->alphas))
+    if (!grow_array((void **)&p->alphas, &p->alphas_cap, p->nalphas + 1, sizeof *p->alphas))
         return 0;
     if (!(p->alphas[p->nalphas].name = strdup(name)))
         return 0;
@@ -734,7 +707,7 @@ static int add_alpha(struct sd_part *p, const char *name, double value)
 
 static int add_pair(struct sd_part *p, char *module, const struct model_tensor *down, const struct model_tensor *up)
 {
-    if (!grow((void **)&p->pairs, p->npairs, &p->pairs_cap, sizeof *p->pairs))
+    if (!grow_array((void **)&p->pairs, &p->pairs_cap, p->npairs + 1, sizeof *p->pairs))
         return 0;
     p->pairs[p->npairs++] = (struct sd_pair){module, down, up};
     return 1;
@@ -742,7 +715,7 @@ static int add_pair(struct sd_part *p, char *module, const struct model_tensor *
 
 static int add_te_key(struct sd_part *p, char *name, const struct model_tensor *t)
 {
-    if (!grow((void **)&p->te_keys, p->nte, &p->te_cap, sizeof *p->te_keys))
+    if (!grow_array((void **)&p->te_keys, &p->te_cap, p->nte + 1, sizeof *p->te_keys))
         return 0;
     p->te_keys[p->nte++] = (struct lora_key){name, t, 0};
     return 1;
@@ -794,7 +767,7 @@ static int check_pair(const char *path, const struct st_tensor *dt, const struct
     int code = lora_check_factor_dtype(path, dt);
     if (code != NF4_OK || (code = lora_check_factor_dtype(path, ut)) != NF4_OK)
         return code;
-    if (dt->ndim != 4 || ut->ndim != 4 || ut->shape[1] != dt->shape[0] || ut->shape[2] != 1 || ut->shape[3] != 1)
+    if (dt->ndim != 4 || !lora_is_conv_pair(dt, ut) || ut->shape[1] != dt->shape[0])
         return nf4_fail(NF4_EDATA, path, dt->name, "is %s; with %s it is not a convolution's LoRA pair [r, in, kh, "
                         "kw], [out, r, 1, 1]", dt->ndim == 4 ? "4-D" : "not 4-D", ut->name);
     if (dt->nelem == 0 || ut->nelem == 0)

@@ -108,3 +108,26 @@ char *str_replace_all(const char *s, const char *from, const char *to)
     *o = '\0';
     return out;
 }
+
+int str_replace_in(char **s, const char *from, const char *to)
+{
+    if (!strstr(*s, from))
+        return 1;
+    char *r = str_replace_all(*s, from, to);
+    if (!r)
+        return 0;
+    free(*s);
+    *s = r;
+    return 1;
+}
+
+char *str_replace_in_turn(const char *s, const char *const (*pairs)[2], size_t n)
+{
+    char *out = strdup(s);
+    for (size_t i = 0; out && i < n; i++)
+        if (!str_replace_in(&out, pairs[i][0], pairs[i][1])) {
+            free(out);
+            out = NULL;
+        }
+    return out;
+}

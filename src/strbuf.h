@@ -29,4 +29,12 @@ void strbuf_json_string_for_terminal(struct strbuf *b, const char *s);
  * allocated, NULL when out of memory. */
 char *str_replace_all(const char *s, const char *from, const char *to);
 
+/* Replaces every `from` in the malloc'd *s by `to` (str_replace_all): 1, or 0
+ * when out of memory, *s then as it was. */
+int str_replace_in(char **s, const char *from, const char *to);
+
+/* `s` with each pair's first replaced by its second, in turn, as a chain of
+ * Python's str.replace calls does: allocated, NULL when out of memory. */
+char *str_replace_in_turn(const char *s, const char *const (*pairs)[2], size_t n);
+
 #endif
