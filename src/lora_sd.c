@@ -61,7 +61,7 @@ struct conversion {
     struct lora_key *keys; /* in the order diffusers walks them */
     size_t nkeys;
     struct lora_key **by_name; /* the same, sorted by name */
-    long layers_per_block; /* the UNet's; LPB_NONE where there is no config, LPB_OOM */
+    const char *unet_config; /* the UNet's config.json, NULL: none; read only where keys have SGM names */
     struct sd_part comp[SD_COMPONENTS];
     struct lora_rewrite rw;
 };
@@ -532,6 +532,31 @@ static int walk_ids(const long *ids, size_t n, struct walked_id **out, size_t *n
     return 1;
 }
 
+/* The UNet's layers_per_block from its config.json, or LPB_NONE where there
+ * is none (no file, no key) or it is no whole number from 0 up, or LPB_OOM. */
+static long layers_per_block(const char *config)
+{
+    char *text = NULL;
+    size_t len = 0;
+    long lpb = LPB_NONE;
+    int code = config ? read_small_file(config, MAX_JSON_FILE_BYTES, &text, &len) : NF4_EIO;
+    if (code == NF4_ESOFTWARE)
+        lpb = LPB_OOM;
+    if (code == NF4_OK) {
+        cJSON *root = json_parse_whole(text, len);
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "layers_per_block");
+        if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 1000 &&
+            v->valuedouble == (double)(long)v->valuedouble)
+            lpb = (long)v->valuedouble;
+        if (!root && json_ran_out_of_memory())
+            lpb = LPB_OOM;
+        cJSON_Delete(root);
+    }
+    nf4_clear_error(); /* a config that cannot be read gives nothing; the SGM keys then say so */
+    free(text);
+    return lpb;
+}
+
 /* Renames the keys of the SGM UNet into diffusers' blocks, and puts them in
  * the order diffusers' new dict has them: the keys it passes through, then
  * input, middle and output blocks in the order Python's sets of their
@@ -551,9 +576,10 @@ static int sgm_remap(struct conversion *cv)
     }
     if (!sgm)
         return NF4_OK;
-    if (cv->layers_per_block == LPB_OOM)
+    const long lpb = layers_per_block(cv->unet_config);
+    if (lpb == LPB_OOM)
         return nf4_fail(NF4_ESOFTWARE, cv->path, first_sgm, "out of memory reading the UNet's config");
-    if (cv->layers_per_block < 0) /* no mapping at all: the keys keep names no UNet module has */
+    if (lpb < 0) /* no mapping at all: the keys keep names no UNet module has */
         return nf4_fail(NF4_EDATA, cv->path, first_sgm, "is in the SGM UNet's names (input_blocks_...), which "
                         "diffusers maps only in Stable Diffusion XL's loader, by the UNet's config "
                         "(layers_per_block): this is no XL pipeline, or its unet/config.json gives none");
@@ -570,7 +596,6 @@ static int sgm_remap(struct conversion *cv)
         cv->nkeys = kept;
         return NF4_OK;
     }
-    const long lpb = cv->layers_per_block;
     const size_t n = cv->nkeys ? cv->nkeys : 1;
     long *added[3] = {calloc(n, sizeof(long)), calloc(n, sizeof(long)), calloc(n, sizeof(long))};
     size_t nadded[3] = {0, 0, 0}, nwalked[3] = {0, 0, 0}, nout = 0, nrn = 0;
@@ -1149,31 +1174,6 @@ static int component_config(struct conversion *cv, enum sd_component c, cJSON *m
 
 /* ---- the converted file ---- */
 
-/* The UNet's layers_per_block from its config.json, or LPB_NONE where there
- * is none (no file, no key) or it is no whole number from 0 up, or LPB_OOM. */
-static long layers_per_block(const char *config)
-{
-    char *text = NULL;
-    size_t len = 0;
-    long lpb = LPB_NONE;
-    int code = config ? read_small_file(config, MAX_JSON_FILE_BYTES, &text, &len) : NF4_EIO;
-    if (code == NF4_ESOFTWARE)
-        lpb = LPB_OOM;
-    if (code == NF4_OK) {
-        cJSON *root = json_parse_whole(text, len);
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "layers_per_block");
-        if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 1000 &&
-            v->valuedouble == (double)(long)v->valuedouble)
-            lpb = (long)v->valuedouble;
-        if (!root && json_ran_out_of_memory())
-            lpb = LPB_OOM;
-        cJSON_Delete(root);
-    }
-    nf4_clear_error(); /* a config that cannot be read gives nothing; the SGM keys then say so */
-    free(text);
-    return lpb;
-}
-
 /* The file's lora_adapter_metadata, or NULL where it has none, or "" or
  * "null" (which json.loads reads as None), as diffusers reads it. */
 static const char *file_metadata(const struct model *w)
@@ -1288,7 +1288,7 @@ int sd_lora_convert(const struct model *w, const char *path, const char *unet_co
     struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
     struct st_meta *meta = NULL;
     char *made = NULL;
-    cv.layers_per_block = layers_per_block(unet_config);
+    cv.unet_config = unet_config;
     lora_rewrite_leave_out_dora(&cv.rw, w);
     int code = keys_in_order(&cv, w);
     if (code == NF4_OK)
