@@ -536,13 +536,29 @@ struct text_model_rename {
     const char *prefix;
     size_t plen;
     int base_has; /* the base's tensors are under CLIP_TEXT_MODEL */
+    const struct model *base;
 };
+
+/* Whether the base has the weight of the module a key (less its component)
+ * is of: CLIPTextModelWithProjection's text_projection is outside
+ * text_model, in either transformers. */
+static int base_has_module_of(const struct model *base, const char *rest)
+{
+    const char *cut = NULL;
+    for (const char *p = strstr(rest, ".lora_"); p; p = strstr(p + 1, ".lora_"))
+        cut = p;
+    char name[LORA_KEY_MAX + 16];
+    if (!cut || (size_t)(cut - rest) > LORA_KEY_MAX)
+        return 0;
+    snprintf(name, sizeof name, "%.*s.weight", (int)(cut - rest), rest);
+    return model_find(base, name) != NULL;
+}
 
 static int text_model_name(const char *key, void *arg, char **renamed)
 {
     const struct text_model_rename *r = arg;
     const size_t tlen = strlen(CLIP_TEXT_MODEL);
-    if (strncmp(key, r->prefix, r->plen) != 0)
+    if (strncmp(key, r->prefix, r->plen) != 0 || base_has_module_of(r->base, key + r->plen))
         return NF4_OK;
     const char *rest = key + r->plen;
     int has = strncmp(rest, CLIP_TEXT_MODEL, tlen) == 0;
@@ -559,7 +575,7 @@ int diffusers_lora_align_text_model(struct model *weights, const char *prefix, c
 {
     if (strncmp(prefix, "text_encoder", 12) != 0)
         return NF4_OK;
-    struct text_model_rename r = {weights->files[0]->path, prefix, strlen(prefix), 0};
+    struct text_model_rename r = {weights->files[0]->path, prefix, strlen(prefix), 0, base};
     for (size_t i = 0; i < base->count && !r.base_has; i++)
         r.base_has = strncmp(base->tensors[i].t->name, CLIP_TEXT_MODEL, strlen(CLIP_TEXT_MODEL)) == 0;
     return model_rename_tensors(weights, text_model_name, &r);

@@ -110,7 +110,8 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
  * transformers 4), as transformers maps them on loading. For a text
  * encoder's prefix ("text_encoder.", "text_encoder_2."), renames the keys
  * under it so that they name `base`'s tensors: "text_model." added or
- * removed as the base has it. */
+ * removed as the base has it, but for a key whose module the base has as it
+ * is (CLIPTextModelWithProjection's text_projection, outside text_model). */
 int diffusers_lora_align_text_model(struct model *weights, const char *prefix, const struct model *base);
 
 /* How many keys of `weights` are under "<component>.". */

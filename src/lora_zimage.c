@@ -283,7 +283,7 @@ static int convert_dot_pairs(struct conversion *cv)
             continue;
         }
         if (!up) {
-            code = nf4_fail(NF4_EDATA, cv->path, down->t->t->name, "has no matching %s", Z_DOT_UP + 1);
+            code = nf4_fail(NF4_EDATA, cv->path, down->t->t->name, "has no matching %s", &Z_DOT_UP[1]);
             break;
         }
         /* ".to.q" before the suffix becomes ".to_q" (and k, v); every lora.down in the key becomes lora_A */
