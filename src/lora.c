@@ -12,6 +12,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "lora_diffusers.h"
+#include "lora_old_forms.h"
 #include "lora_experts.h"
 #include "lora_rewrite.h"
 #include "lora_target.h"
@@ -1857,10 +1858,13 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
             code = diffusers_lora_path(dirs[i], &ad->config_path, !component);
         if (code == NF4_OK && ad->config_path) {
             ad->diffusers = 1;
+            /* a pipeline's component takes the LoRA as the pipeline's loader read it */
             if ((code = converted && converted[i] ? model_reopen(converted[i], &ad->weights)
-                                                  : open_for_base(ad->config_path, base, !component,
-                                                                  &ad->weights)) == NF4_OK &&
+                        : component           ? diffusers_lora_open_own_form(ad->config_path, &ad->weights)
+                                              : open_for_base(ad->config_path, base, 1, &ad->weights)) == NF4_OK &&
                 (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK &&
+                /* in diffusers' own form, maybe its older one; converted, PEFT's already */
+                (ad->weights->unnamed || (code = diffusers_lora_old_names(ad->weights, ad->key_prefix)) == NF4_OK) &&
                 (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK)
                 code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);
         } else if (code == NF4_OK && component) {

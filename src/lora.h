@@ -185,7 +185,8 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
  * ones bound (the component's own name, or "transformer" for a LoRA loaded
  * into Wan 2.2's transformer_2). `converted` (NULL, or ndirs entries): each
  * adapter's LoRA as already converted from another form (model_reopen), or
- * NULL to read its file. */
+ * NULL to read its file, in diffusers' own form as the pipeline's loader
+ * found it (diffusers_lora_open_own_form). */
 int lora_open_component(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
                         const struct bnb_weight *weights, size_t nweights, const char *const *key_components,
                         struct model *const *converted);

@@ -170,10 +170,23 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
     return diffusers_lora_open_for(path, family, NULL, warn, out);
 }
 
+static int open_weights(const char *path, struct model **out)
+{
+    return str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
+}
+
+int diffusers_lora_open_own_form(const char *path, struct model **out)
+{
+    int code = open_weights(path, out);
+    if (code == NF4_OK)
+        model_drop_tensors(*out, lora_is_dora_scale);
+    return code;
+}
+
 int diffusers_lora_open_for(const char *path, enum lora_family family, const char *unet_config, int warn,
                             struct model **out)
 {
-    int code = str_ends_with(path, ".bin") ? model_open_torch_file(path, out) : model_open_file(path, out);
+    int code = open_weights(path, out);
     if (code != NF4_OK)
         return code;
     int (*convert)(const struct model *, const char *, int, struct model **) = NULL;

@@ -94,6 +94,14 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
 int diffusers_lora_open_for(const char *path, enum lora_family family, const char *unet_config, int warn,
                             struct model **out);
 
+/* A pipeline component's own opening of a LoRA that its pipeline's loader
+ * read in diffusers' own form (diffusers_lora_open_for gave a model that
+ * has its name; a converted one is opened again with model_reopen): the
+ * file's weights, DoRA scales dropped, unwarned (the pipeline's opening
+ * warned). Not by the component's class, whose loader is not the one that
+ * reads it. */
+int diffusers_lora_open_own_form(const char *path, struct model **out);
+
 /* The key prefix ("transformer.", allocated) of the component of `weights`
  * that goes on `base`: `component` where given (a pipeline's, lora_open_component),
  * else the base folder's name (transformer/ of a pipeline) where keys start

@@ -10,6 +10,7 @@
 #include "grow.h"
 #include "json_util.h"
 #include "lora_diffusers.h"
+#include "lora_old_forms.h"
 #include "lora_rewrite.h"
 #include "status.h"
 #include "strbuf.h"
@@ -82,54 +83,7 @@ int sd_lora_detect(const struct model *w)
     return w->count > 0 && !lora_model_any_key(w, not_kohya);
 }
 
-/* diffusers' convert_state_dict: ".processor." always, then the first
- * pattern of `map` (pairs, in order) the name holds. */
-static int convert_by_map(char **s, const char *const (*map)[2], size_t n)
-{
-    if (!str_replace_in(s, ".processor.", "."))
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (strstr(*s, map[i][0]))
-            return str_replace_in(s, map[i][0], map[i][1]);
-    return 1;
-}
-
 #define MAP_N(m) (sizeof(m) / sizeof(m)[0])
-
-static const char *const UNET_TO_PEFT[][2] = {
-    {".to_out_lora.up", ".to_out.0.lora_B"}, {".to_out_lora.down", ".to_out.0.lora_A"},
-    {".to_q_lora.down", ".to_q.lora_A"},     {".to_q_lora.up", ".to_q.lora_B"},
-    {".to_k_lora.down", ".to_k.lora_A"},     {".to_k_lora.up", ".to_k.lora_B"},
-    {".to_v_lora.down", ".to_v.lora_A"},     {".to_v_lora.up", ".to_v.lora_B"},
-    {".lora.up", ".lora_B"},                 {".lora.down", ".lora_A"},
-    {".to_out.lora_magnitude_vector", ".to_out.0.lora_magnitude_vector"},
-};
-static const char *const OLD_TO_NEW[][2] = {
-    {".to_q_lora.up", ".q_proj.lora_linear_layer.up"},     {".to_q_lora.down", ".q_proj.lora_linear_layer.down"},
-    {".to_k_lora.up", ".k_proj.lora_linear_layer.up"},     {".to_k_lora.down", ".k_proj.lora_linear_layer.down"},
-    {".to_v_lora.up", ".v_proj.lora_linear_layer.up"},     {".to_v_lora.down", ".v_proj.lora_linear_layer.down"},
-    {".to_out_lora.up", ".out_proj.lora_linear_layer.up"}, {".to_out_lora.down", ".out_proj.lora_linear_layer.down"},
-    {".to_k.lora_magnitude_vector", ".k_proj.lora_magnitude_vector"},
-    {".to_v.lora_magnitude_vector", ".v_proj.lora_magnitude_vector"},
-    {".to_q.lora_magnitude_vector", ".q_proj.lora_magnitude_vector"},
-    {".to_out.lora_magnitude_vector", ".out_proj.lora_magnitude_vector"},
-};
-static const char *const OLD_TO_PEFT[][2] = {
-    {".to_q_lora.up", ".q_proj.lora_B"},     {".to_q_lora.down", ".q_proj.lora_A"},
-    {".to_k_lora.up", ".k_proj.lora_B"},     {".to_k_lora.down", ".k_proj.lora_A"},
-    {".to_v_lora.up", ".v_proj.lora_B"},     {".to_v_lora.down", ".v_proj.lora_A"},
-    {".to_out_lora.up", ".out_proj.lora_B"}, {".to_out_lora.down", ".out_proj.lora_A"},
-    {".lora_linear_layer.up", ".lora_B"},    {".lora_linear_layer.down", ".lora_A"},
-};
-static const char *const NEW_TO_PEFT[][2] = {
-    {".q_proj.lora_linear_layer.up", ".q_proj.lora_B"},     {".q_proj.lora_linear_layer.down", ".q_proj.lora_A"},
-    {".k_proj.lora_linear_layer.up", ".k_proj.lora_B"},     {".k_proj.lora_linear_layer.down", ".k_proj.lora_A"},
-    {".v_proj.lora_linear_layer.up", ".v_proj.lora_B"},     {".v_proj.lora_linear_layer.down", ".v_proj.lora_A"},
-    {".out_proj.lora_linear_layer.up", ".out_proj.lora_B"}, {".out_proj.lora_linear_layer.down", ".out_proj.lora_A"},
-    {".lora_linear_layer.up", ".lora_B"},                   {".lora_linear_layer.down", ".lora_A"},
-    {"text_projection.lora.down.weight", "text_projection.lora_A.weight"},
-    {"text_projection.lora.up.weight", "text_projection.lora_B.weight"},
-};
 
 /* ---- diffusers' names of a kohya key ---- */
 
@@ -760,8 +714,7 @@ static int add_unet_pair(struct conversion *cv, const char *dn, const struct mod
                          const struct model_tensor *up)
 {
     char *a = strdup(dn), *b = str_replace_all(dn, ".down.", ".up.");
-    int ok = a && b && convert_by_map(&a, UNET_TO_PEFT, MAP_N(UNET_TO_PEFT)) &&
-             convert_by_map(&b, UNET_TO_PEFT, MAP_N(UNET_TO_PEFT));
+    int ok = a && b && old_forms_unet_to_peft(&a) && old_forms_unet_to_peft(&b);
     int other_a = 0, other_b = 0;
     char *ma = ok ? module_of(a, ".lora_A.weight", &other_a) : NULL,
          *mb = ok ? module_of(b, ".lora_B.weight", &other_b) : NULL;
@@ -899,44 +852,20 @@ static long te_rank_order(const char *module)
 }
 
 
-static int any_te_key_holds(const struct sd_part *p, const char *s)
-{
-    for (size_t i = 0; i < p->nte; i++)
-        if (strstr(p->te_keys[i].name, s))
-            return 1;
-    return 0;
-}
-
-/* convert_state_dict_to_diffusers, then convert_state_dict_to_peft, each
- * telling the keys' form by what they hold; NF4_EDATA where it cannot. */
+/* _load_lora_into_text_encoder's renaming into PEFT's names (lora_old_forms.h);
+ * NF4_EDATA where diffusers cannot tell the keys' form. */
 static int te_to_peft(struct conversion *cv, struct sd_part *p, enum sd_component c)
 {
-    const char *const (*map)[2] = NULL;
-    size_t n = 0;
-    if (any_te_key_holds(p, "to_out_lora")) {
-        map = OLD_TO_NEW;
-        n = MAP_N(OLD_TO_NEW);
-    } else if (any_te_key_holds(p, ".lora_A.weight") || !any_te_key_holds(p, "lora_linear_layer")) {
+    switch (old_forms_text_encoder_to_peft(p->te_keys, p->nte)) {
+    case OLD_FORMS_OK: return NF4_OK;
+    case OLD_FORMS_OOM: return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    case OLD_FORMS_UNKNOWN:
         return nf4_fail(NF4_EDATA, cv->path, p->te_keys[0].t->t->name, "is a %s key, and none of them is of an "
                         "out_proj or mlp module: diffusers cannot tell their form, and refuses this LoRA", COMPONENT[c]);
+    case OLD_FORMS_UNKNOWN_AFTER: break;
     }
-    for (size_t i = 0; map && i < p->nte; i++)
-        if (!convert_by_map(&p->te_keys[i].name, map, n))
-            return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-    if (any_te_key_holds(p, "to_out_lora")) {
-        map = OLD_TO_PEFT;
-        n = MAP_N(OLD_TO_PEFT);
-    } else if (any_te_key_holds(p, "lora_linear_layer")) {
-        map = NEW_TO_PEFT;
-        n = MAP_N(NEW_TO_PEFT);
-    } else {
-        return nf4_fail(NF4_EDATA, cv->path, p->te_keys[0].t->t->name, "is a %s key of a form diffusers cannot "
-                        "tell (\"Could not automatically infer state dict type\")", COMPONENT[c]);
-    }
-    for (size_t i = 0; i < p->nte; i++)
-        if (!convert_by_map(&p->te_keys[i].name, map, n))
-            return nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-    return NF4_OK;
+    return nf4_fail(NF4_EDATA, cv->path, p->te_keys[0].t->t->name, "is a %s key of a form diffusers cannot tell "
+                    "(\"Could not automatically infer state dict type\")", COMPONENT[c]);
 }
 
 /* The text encoder's pairs: keys named lora_A and lora_B of one module; the

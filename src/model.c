@@ -306,15 +306,30 @@ int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *
     return st_index_names(f);
 }
 
-size_t model_drop_tensors(struct model *m, int (*drop)(const char *name))
+size_t model_drop_tensors_by(struct model *m, int (*drop)(const char *name, void *arg), void *arg)
 {
     size_t kept = 0;
     for (size_t i = 0; i < m->count; i++)
-        if (!drop(m->tensors[i].t->name))
+        if (!drop(m->tensors[i].t->name, arg))
             m->tensors[kept++] = m->tensors[i]; /* the order, and so the sort, stays */
     size_t dropped = m->count - kept;
     m->count = kept;
     return dropped;
+}
+
+struct name_test {
+    int (*drop)(const char *name);
+};
+
+static int drop_by_name(const char *name, void *arg)
+{
+    return ((const struct name_test *)arg)->drop(name);
+}
+
+size_t model_drop_tensors(struct model *m, int (*drop)(const char *name))
+{
+    struct name_test t = {drop};
+    return model_drop_tensors_by(m, drop_by_name, &t);
 }
 
 int model_open_torch_file(const char *path, struct model **out)

@@ -74,6 +74,8 @@ int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *
 /* Leaves out of the model (its lookups and its list; the file keeps them)
  * the tensors whose names `drop` says to; returns how many went. */
 size_t model_drop_tensors(struct model *m, int (*drop)(const char *name));
+/* The same, drop(name, arg) saying which. */
+size_t model_drop_tensors_by(struct model *m, int (*drop)(const char *name, void *arg), void *arg);
 /* A PyTorch checkpoint of tensors as a one-file model (torch_file.h). */
 int model_open_torch_file(const char *path, struct model **out);
 int model_open_dir(const char *dir, struct model **out);

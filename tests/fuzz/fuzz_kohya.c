@@ -19,7 +19,10 @@
  * convolution's 4-D, or (XLabs', which keeps keys outside the
  * blocks as they are) any key; a refusal must be bad data with a one-line
  * message; either way the temp file is gone (TMPDIR is a scratch folder that
- * must end up holding the input alone). */
+ * must end up holding the input alone). Then diffusers_lora_old_names renames
+ * each component's keys of diffusers' older forms: names stay distinct, a
+ * text encoder's keep none of the oldest form (renamed, or left out), and a
+ * refusal is bad data with a one-line message. */
 #define FUZZ_OWN_INITIALIZE
 #include "fuzz_common.h"
 #include "lora_fal.h"
@@ -28,6 +31,7 @@
 #include "lora_ideogram4.h"
 #include "lora_kohya.h"
 #include "lora_krea2.h"
+#include "lora_old_forms.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
 #include "lora_sd.h"
@@ -124,6 +128,13 @@ static const char *const FLUX[] = {"transformer.", "text_encoder.", NULL};
 static const char *const TRANSFORMER[] = {"transformer.", NULL};
 static const char *const SD[] = {"unet.", "text_encoder.", "text_encoder_2.", NULL};
 
+/* An attention projection's key in diffusers' oldest form. */
+static int in_oldest_form(const char *name)
+{
+    return strstr(name, ".to_q_lora.") || strstr(name, ".to_k_lora.") || strstr(name, ".to_v_lora.") ||
+           strstr(name, ".to_out_lora.");
+}
+
 /* Each conversion, where its loader would convert the file, and what its
  * result may hold. */
 static const struct {
@@ -163,5 +174,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         fuzz_assert_only_input_left(CONVERSIONS[i].what);
     }
     model_close(m);
+    /* diffusers' own form, maybe its older names: renamed per component in place */
+    static const char *const PREFIXES[] = {"unet.", "text_encoder.", "text_encoder_2.", "transformer.", ""};
+    for (size_t i = 0; i < sizeof PREFIXES / sizeof PREFIXES[0]; i++) {
+        nf4_clear_error();
+        if (model_open_file(path, &m) != NF4_OK)
+            return 0;
+        const size_t before = m->count;
+        const int code = diffusers_lora_old_names(m, PREFIXES[i]);
+        if (code != NF4_OK)
+            fuzz_check_failure(code);
+        for (size_t k = 0; code == NF4_OK && k < m->count; k++) {
+            const char *name = m->tensors[k].t->name;
+            FUZZ_ASSERT(k == 0 || strcmp(m->tensors[k - 1].t->name, name) < 0, "%s: names not distinct", name);
+            FUZZ_ASSERT(!str_starts_with(PREFIXES[i], "text_encoder") || !str_starts_with(name, PREFIXES[i]) ||
+                            !in_oldest_form(name),
+                        "%s: left in the oldest form", name);
+        }
+        FUZZ_ASSERT(code != NF4_OK || m->count <= before, "%zu tensors from %zu", m->count, before);
+        model_close(m);
+    }
     return 0;
 }

@@ -7,15 +7,19 @@
  * diffusers had loaded the file; a LoCon pair on a 3x3 convolution merges
  * as PEFT's Conv2d computes it; what diffusers raises on, or what nf4deq does
  * not merge, is refused with one line naming the key, nothing written, no
- * temp file left. */
+ * temp file left. lora-sd-old.digest's LoRA, in diffusers' names before
+ * PEFT (lora_old_forms.h), is renamed as diffusers renames it, byte for
+ * byte, and merges as the renamed one does. */
 #include "test_util.h"
 
 #include "lora_diffusers.h"
+#include "lora_old_forms.h"
 #include "lora_recipe.h"
 #include "lora_synth.h"
 
 #define SD_XL_DIGEST FIXTURES "/diffusers/lora-sd-xl.digest"
 #define SD_1_DIGEST FIXTURES "/diffusers/lora-sd-1.digest"
+#define SD_OLD_DIGEST FIXTURES "/diffusers/lora-sd-old.digest"
 #define SD_UNET_CONFIG "{\"_class_name\": \"UNet2DConditionModel\", \"layers_per_block\": 2}"
 
 /* The classes of Stable Diffusion 1.x, 2.x and XL's pipelines and UNet pick
@@ -431,6 +435,119 @@ static void test_sd_lora_empty_config_replaced(void **state)
     free(lora);
 }
 
+/* The LoRA lora-sd-old.digest lists, written to `lora`, opened as a
+ * pipeline's component opens it and renamed for each component. */
+static struct model *open_old_forms(struct recipe *r, const char *lora)
+{
+    recipe_read(r, SD_OLD_DIGEST);
+    const uint64_t in = recipe_write(r, lora, r->values, NULL, 0);
+    struct model *m;
+    assert_int_equal(diffusers_lora_open_own_form(lora, &m), NF4_OK);
+    static const char *const COMPONENTS[] = {"unet.", "text_encoder.", "text_encoder_2."};
+    for (size_t i = 0; i < sizeof COMPONENTS / sizeof COMPONENTS[0]; i++)
+        if (diffusers_lora_old_names(m, COMPONENTS[i]) != NF4_OK)
+            fail_msg("%s", nf4_last_error());
+    assert_matches_digest(m, SD_OLD_DIGEST, r->n, in);
+    return m;
+}
+
+/* A Stable Diffusion XL LoRA in diffusers' names before PEFT (attention
+ * processors' to_q_lora, LoRACompatibleLinear's and ...Conv's .lora, the
+ * text encoders' to_out_lora and lora_linear_layer): renamed as diffusers
+ * renames it, byte for byte, the second text encoder's to_k_lora left out
+ * (no to_out_lora beside it), each module merged with scaling 1 (no
+ * alphas), and the pipeline converted exactly as with the same LoRA in
+ * PEFT's names. */
+static void test_sd_old_forms_renamed_as_diffusers(void **state)
+{
+    struct tu_scratch *s = *state;
+    static struct recipe old;
+    char *lora = tu_strdupf("%s/old.safetensors", s->dir), *peft = tu_strdupf("%s/peft.safetensors", s->dir),
+         *pipe = tu_strdupf("%s/pipe", s->dir), *out = tu_strdupf("%s/out", s->dir),
+         *want = tu_strdupf("%s/want", s->dir);
+    struct model *m = open_old_forms(&old, lora);
+    write_model(m, peft, NULL, 0);
+    model_close(m);
+    write_sd_pipeline(pipe, peft, "StableDiffusionXLPipeline", 1);
+    assert_sd_scalings(pipe, lora, SD_OLD_DIGEST);
+    assert_lora_converts(pipe, out, lora, 2); /* the warning, and the summary */
+    assert_lora_converts(pipe, want, peft, 1);
+    static const char *const FILES[] = {"unet/diffusion_pytorch_model.safetensors", "text_encoder/model.safetensors",
+                                        "text_encoder_2/model.safetensors"};
+    for (size_t i = 0; i < sizeof FILES / sizeof FILES[0]; i++) {
+        char *got = tu_strdupf("%s/%s", out, FILES[i]), *expect = tu_strdupf("%s/%s", want, FILES[i]),
+             *base = tu_strdupf("%s/%s", pipe, FILES[i]);
+        tu_assert_same_tensors(got, expect);
+        assert_true(tu_sh_status("cmp -s %s %s", got, base) != 0); /* each component changed */
+        free(got);
+        free(expect);
+        free(base);
+    }
+    tu_rmtree(pipe);
+    tu_rmtree(out);
+    tu_rmtree(want);
+    unlink(lora);
+    unlink(peft);
+    free(lora);
+    free(peft);
+    free(pipe);
+    free(out);
+    free(want);
+}
+
+/* One older-form refusal: tensors `names` (each [2, 8] or [8, 2] BF16 as
+ * its name says down or up), and the message. */
+struct old_case {
+    const char *names[4];
+    const char *want;
+};
+
+/* What diffusers refuses in the older forms, or loads two ways: one line
+ * naming the file and key, exit 65, nothing written. */
+static void test_sd_old_forms_refused(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct old_case CASES[] = {
+        {{"text_encoder.text_model.encoder.layers.0.mlp.fc1.lora.down.weight",
+          "text_encoder.text_model.encoder.layers.0.mlp.fc1.lora.up.weight"},
+         "is a text_encoder key, and neither it nor any other of them is in a form diffusers tells"},
+        {{"unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.processor.to_q_lora.down.weight",
+          "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.processor.to_q_lora.up.weight",
+          "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q_lora.down.weight",
+          "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q_lora.up.weight"},
+         "is the name of two of its tensors"},
+    };
+    static struct recipe old;
+    char *lora = tu_strdupf("%s/old.safetensors", s->dir), *peft = tu_strdupf("%s/peft.safetensors", s->dir),
+         *pipe = tu_strdupf("%s/pipe", s->dir), *out = tu_strdupf("%s/out", s->dir),
+         *tmp = tu_strdupf("%s/tmp", s->dir);
+    assert_int_equal(mkdir(tmp, 0755), 0);
+    assert_int_equal(setenv("TMPDIR", tmp, 1), 0);
+    struct model *m = open_old_forms(&old, lora);
+    write_model(m, peft, NULL, 0);
+    model_close(m);
+    write_sd_pipeline(pipe, peft, "StableDiffusionXLPipeline", 1);
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        static struct recipe r;
+        r.n = 0;
+        r.values = FROM_1_TO_2;
+        for (size_t k = 0; k < 4 && CASES[i].names[k]; k++) {
+            const int up = strstr(CASES[i].names[k], ".up.") != NULL;
+            recipe_add(&r, CASES[i].names[k], DT_BF16, 2, up ? 8 : 2, up ? 2 : 8);
+        }
+        recipe_write(&r, lora, r.values, NULL, 0);
+        assert_lora_refused(pipe, out, lora, CASES[i].want, tmp);
+    }
+    tu_rmtree(pipe);
+    unlink(lora);
+    unlink(peft);
+    free(lora);
+    free(peft);
+    free(pipe);
+    free(out);
+    free(tmp);
+}
+
 #define MANY_BLOCKS 7
 #define MANY_LAYERS 30
 
@@ -515,6 +632,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sd_conv_lora_merged, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_sd_lora_of_many_ranks, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_sd_lora_empty_config_replaced, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_sd_old_forms_renamed_as_diffusers, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_sd_old_forms_refused, tu_scratch_setup, lora_synth_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
