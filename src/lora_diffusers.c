@@ -17,6 +17,7 @@
 #include "lora_ideogram4.h"
 #include "lora_kohya.h"
 #include "lora_krea2.h"
+#include "lora_lumina2.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
 #include "lora_rewrite.h"
@@ -98,6 +99,8 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_KREA2;
     if (cls && strncmp(cls, "Ideogram4", 9) == 0)
         return LORA_FAMILY_IDEOGRAM4;
+    if (cls && strncmp(cls, "Lumina2", 7) == 0)
+        return LORA_FAMILY_LUMINA2;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     /* StableDiffusionLoraLoaderMixin's and ...XLLoraLoaderMixin's pipelines
@@ -201,6 +204,7 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
     case LORA_FAMILY_HUNYUAN_VIDEO: convert = hunyuan_lora_detect(*out) ? hunyuan_lora_convert : NULL; break;
     case LORA_FAMILY_KREA2: convert = krea2_lora_detect(*out) ? krea2_lora_convert : NULL; break;
     case LORA_FAMILY_IDEOGRAM4: convert = ideogram4_lora_detect(*out) ? ideogram4_lora_convert : NULL; break;
+    case LORA_FAMILY_LUMINA2: convert = lumina2_lora_detect(*out) ? lumina2_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
         convert = kohya_lora_detect(*out)   ? kohya_lora_convert
