@@ -12,8 +12,8 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "lora_diffusers.h"
-#include "lora_old_forms.h"
 #include "lora_experts.h"
+#include "lora_old_forms.h"
 #include "lora_rewrite.h"
 #include "lora_target.h"
 #include "model_dir.h"
@@ -1806,28 +1806,6 @@ static int open_adapter_weights(const char *dir, const char *path, struct model 
     return model_open_file(path, out);
 }
 
-/* A LoRA in another form than diffusers' is read as the loader of the
- * base's class reads it (its config.json), asked only where one is opened. */
-static enum lora_family base_family(const struct model *base)
-{
-    char *cls = base->dir ? diffusers_class_name(base->dir, CONFIG_FILE_NAME) : NULL;
-    const enum lora_family family = diffusers_lora_family(cls);
-    free(cls);
-    return family;
-}
-
-/* Opens a diffusers LoRA as the loader of the base's class reads it, with
- * the base's config.json for a Stable Diffusion UNet's block names. */
-static int open_for_base(const char *path, const struct model *base, int warn, struct model **out)
-{
-    char *config = base->dir ? path_join(base->dir, CONFIG_FILE_NAME) : NULL;
-    if (base->dir && !config)
-        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    int code = diffusers_lora_open_for(path, base_family(base), config, warn, out);
-    free(config);
-    return code;
-}
-
 int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
               const struct bnb_weight *weights, size_t nweights)
 {
@@ -1861,7 +1839,8 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
             /* a pipeline's component takes the LoRA as the pipeline's loader read it */
             if ((code = converted && converted[i] ? model_reopen(converted[i], &ad->weights)
                         : component           ? diffusers_lora_open_own_form(ad->config_path, &ad->weights)
-                                              : open_for_base(ad->config_path, base, 1, &ad->weights)) == NF4_OK &&
+                                              : diffusers_lora_open_for_dir(ad->config_path, base->dir, 1,
+                                                                            &ad->weights)) == NF4_OK &&
                 (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK &&
                 /* in diffusers' own form, maybe its older one; converted, PEFT's already */
                 (ad->weights->unnamed || (code = diffusers_lora_old_names(ad->weights, ad->key_prefix)) == NF4_OK) &&

@@ -22,10 +22,10 @@
 #include "lora_qwen.h"
 #include "lora_rewrite.h"
 #include "lora_sd.h"
+#include "lora_target.h"
 #include "lora_wan.h"
 #include "lora_xlabs.h"
 #include "lora_zimage.h"
-#include "lora_target.h"
 #include "status.h"
 #include "strbuf.h"
 #include "strutil.h"
@@ -383,8 +383,6 @@ static char *folder_name(const char *dir)
     return name;
 }
 
-/* Whether folder `dir` is a component of a diffusers pipeline: its parent
- * holds model_index.json. */
 /* The folder `dir` is in, through its real path (allocated; NULL where it
  * cannot be found or out of memory). */
 static char *real_parent(const char *dir)
@@ -394,6 +392,8 @@ static char *real_parent(const char *dir)
     return parent;
 }
 
+/* Whether folder `dir` is a component of a diffusers pipeline: its parent
+ * holds model_index.json. */
 static int in_pipeline(const char *dir)
 {
     char *parent = real_parent(dir), *index = parent ? path_join(parent, PIPELINE_INDEX_NAME) : NULL;
@@ -402,6 +402,27 @@ static int in_pipeline(const char *dir)
     free(index);
     free(parent);
     return found;
+}
+
+int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, struct model **out)
+{
+    char *pipeline = dir && in_pipeline(dir) ? real_parent(dir) : NULL;
+    char *cls = pipeline ? diffusers_class_name(pipeline, PIPELINE_INDEX_NAME) : NULL;
+    char *config = NULL;
+    int oom = 0;
+    if (cls) { /* as diffusers_lora_open_for is called for the whole pipeline (pipeline_lora.c) */
+        oom = diffusers_loads_sdxl(cls) && !(config = path_join(pipeline, "unet/" CONFIG_FILE_NAME));
+    } else if (dir) {
+        cls = diffusers_class_name(dir, CONFIG_FILE_NAME);
+        oom = !(config = path_join(dir, CONFIG_FILE_NAME));
+    }
+    const enum lora_family family = diffusers_lora_family(cls);
+    free(cls);
+    free(pipeline);
+    int code = oom ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
+                   : diffusers_lora_open_for(path, family, config, warn, out);
+    free(config);
+    return code;
 }
 
 /* Whether `dir`, named `own`, is the transformer_2 of a Wan pipeline (its

@@ -95,6 +95,16 @@ int diffusers_lora_open(const char *path, enum lora_family family, int warn, str
 int diffusers_lora_open_for(const char *path, enum lora_family family, const char *unet_config, int warn,
                             struct model **out);
 
+/* Opens a diffusers LoRA for the model in folder `dir` (NULL: a file alone,
+ * read as an unknown class), converted alone, as the loader that would load
+ * it reads it: where `dir` is a pipeline's component (its parent holds
+ * model_index.json with a class), the pipeline's, with the UNet's config
+ * for Stable Diffusion XL's, as a pipeline's conversion reads it (a text
+ * encoder's folder, whose class has no loader, so takes a Stable Diffusion
+ * LoRA as its pipeline does); else the folder's own class's, with its own
+ * config.json (a UNet folder's maps SGM names by it). */
+int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, struct model **out);
+
 /* A pipeline component's own opening of a LoRA that its pipeline's loader
  * read in diffusers' own form (diffusers_lora_open_for gave a model that
  * has its name; a converted one is opened again with model_reopen): the

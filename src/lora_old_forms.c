@@ -146,13 +146,29 @@ static int is_lokr_key(const struct lora_key *k)
     return strstr(k->name, ".lokr_") != NULL;
 }
 
+/* Whether a key (less its component) is in one of diffusers' forms before
+ * PEFT: an attention processor's to_q_lora, a layer's .lora.down/.lora.up, a
+ * text encoder's lora_linear_layer. */
+static int in_older_form(const char *name)
+{
+    return strstr(name, "_lora.") || strstr(name, ".lora.down.") || strstr(name, ".lora.up.") ||
+           strstr(name, "lora_linear_layer");
+}
+
+static int any_in_older_form(const struct lora_key *keys, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (in_older_form(keys[i].name))
+            return 1;
+    return 0;
+}
+
 /* Renames the component's keys (less its prefix, in the order of their data,
  * n of them): NF4_OK, NF4_EDATA where diffusers refuses them, NF4_ESOFTWARE. */
 static int rename_component(const char *path, const char *prefix, struct lora_key *keys, size_t n)
 {
     if (str_starts_with(prefix, "text_encoder")) {
-        if (!any_key_holds(keys, n, "_lora.") && !any_key_holds(keys, n, "lora_linear_layer") &&
-            !any_key_holds(keys, n, ".lora.down.") && !any_key_holds(keys, n, ".lora.up."))
+        if (!any_in_older_form(keys, n))
             return NF4_OK; /* PEFT's names alone: see the header */
         switch (old_forms_text_encoder_to_peft(keys, n)) {
         case OLD_FORMS_OK: return NF4_OK;
@@ -168,11 +184,24 @@ static int rename_component(const char *path, const char *prefix, struct lora_ke
     for (size_t i = 0; i < n; i++)
         if (is_lokr_key(&keys[i]))
             return NF4_OK;
-    if (strstr(keys[0].name, "lora_A"))
+    if (strstr(keys[0].name, "lora_A")) {
+        /* diffusers renames none, and PEFT leaves the older ones unloaded, unsaid */
+        for (size_t i = 1; i < n; i++)
+            if (in_older_form(keys[i].name))
+                return nf4_fail(NF4_EDATA, path, keys[i].t->t->name, "is in diffusers' names before PEFT, but the "
+                                "first of the component's keys (%s) is in PEFT's: diffusers then renames none of "
+                                "them, and PEFT does not load this one", keys[0].t->t->name);
         return NF4_OK;
-    for (size_t i = 0; i < n; i++)
+    }
+    const int older = any_in_older_form(keys, n);
+    for (size_t i = 0; i < n; i++) {
         if (!old_forms_unet_to_peft(&keys[i].name))
             return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+        if (older && str_ends_with(keys[i].name, ".alpha")) /* else the binder says what it is */
+            return nf4_fail(NF4_EDATA, path, keys[i].t->t->name, "is an alpha among keys in diffusers' names before "
+                            "PEFT, which have none: diffusers and PEFT leave it unread, and the scaling it asks "
+                            "for unapplied");
+    }
     return NF4_OK;
 }
 

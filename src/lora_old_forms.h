@@ -53,7 +53,9 @@ enum old_forms_result old_forms_text_encoder_to_peft(struct lora_key *keys, size
  * any to_out_lora) are left out with a warning, as PEFT leaves them. For a
  * file in diffusers' own form; a converted one (lora_rewrite.h) already has
  * PEFT's names. NF4_OK, NF4_EDATA naming the file and key where diffusers
- * refuses the keys or two of them would share a name, or NF4_ESOFTWARE. */
+ * refuses the keys or two of them would share a name, or where it would
+ * leave one unread without a word (a denoiser's key in an older form after
+ * a first key in PEFT's; an alpha among renamed keys), or NF4_ESOFTWARE. */
 int diffusers_lora_old_names(struct model *weights, const char *prefix);
 
 #endif

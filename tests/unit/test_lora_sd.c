@@ -16,6 +16,7 @@
 #include "lora_old_forms.h"
 #include "lora_recipe.h"
 #include "lora_synth.h"
+#include "strutil.h"
 
 #define SD_XL_DIGEST FIXTURES "/diffusers/lora-sd-xl.digest"
 #define SD_1_DIGEST FIXTURES "/diffusers/lora-sd-1.digest"
@@ -479,6 +480,19 @@ static void test_sd_old_forms_renamed_as_diffusers(void **state)
              *base = tu_strdupf("%s/%s", pipe, FILES[i]);
         tu_assert_same_tensors(got, expect);
         assert_true(tu_sh_status("cmp -s %s %s", got, base) != 0); /* each component changed */
+        /* each component's folder converted alone reads the LoRA as its pipeline does */
+        char *folder = tu_strdupf("%s/%.*s", pipe, (int)(strchr(FILES[i], '/') - FILES[i]), FILES[i]),
+             *alone = tu_strdupf("%s/alone", s->dir),
+             *alone_file = tu_strdupf("%s/%s", alone, strchr(FILES[i], '/') + 1);
+        struct tu_run r = tu_run("convert", "--device", "cpu", folder, alone, "--lora", lora, NULL);
+        if (r.status != 0)
+            fail_msg("%s: exit %d, stderr: %s", folder, r.status, r.err);
+        tu_run_free(&r);
+        tu_assert_same_tensors(alone_file, got);
+        tu_rmtree(alone);
+        free(folder);
+        free(alone);
+        free(alone_file);
         free(got);
         free(expect);
         free(base);
@@ -516,6 +530,15 @@ static void test_sd_old_forms_refused(void **state)
           "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q_lora.down.weight",
           "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q_lora.up.weight"},
          "is the name of two of its tensors"},
+        {{"unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight",
+          "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_B.weight",
+          "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.processor.to_k_lora.down.weight",
+          "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.processor.to_k_lora.up.weight"},
+         "to_k_lora.down.weight: is in diffusers' names before PEFT, but the first of the component's keys"},
+        {{"unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.processor.to_q_lora.down.weight",
+          "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.processor.to_q_lora.up.weight",
+          "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.processor.to_q_lora.alpha"},
+         "to_q_lora.alpha: is an alpha among keys in diffusers' names before PEFT"},
     };
     static struct recipe old;
     char *lora = tu_strdupf("%s/old.safetensors", s->dir), *peft = tu_strdupf("%s/peft.safetensors", s->dir),
@@ -532,8 +555,11 @@ static void test_sd_old_forms_refused(void **state)
         r.n = 0;
         r.values = FROM_1_TO_2;
         for (size_t k = 0; k < 4 && CASES[i].names[k]; k++) {
-            const int up = strstr(CASES[i].names[k], ".up.") != NULL;
-            recipe_add(&r, CASES[i].names[k], DT_BF16, 2, up ? 8 : 2, up ? 2 : 8);
+            const int up = strstr(CASES[i].names[k], ".up.") || strstr(CASES[i].names[k], "lora_B");
+            if (str_ends_with(CASES[i].names[k], ".alpha"))
+                recipe_add(&r, CASES[i].names[k], DT_F32, 1, 1, 0);
+            else
+                recipe_add(&r, CASES[i].names[k], DT_BF16, 2, up ? 8 : 2, up ? 2 : 8);
         }
         recipe_write(&r, lora, r.values, NULL, 0);
         assert_lora_refused(pipe, out, lora, CASES[i].want, tmp);
