@@ -13,6 +13,7 @@
 #include "layout.h"
 #include "lora_fal.h"
 #include "lora_flux2.h"
+#include "lora_flux3.h"
 #include "lora_hunyuan.h"
 #include "lora_ideogram4.h"
 #include "lora_kohya.h"
@@ -101,6 +102,8 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_IDEOGRAM4;
     if (cls && strncmp(cls, "Lumina2", 7) == 0)
         return LORA_FAMILY_LUMINA2;
+    if (cls && strncmp(cls, "Flux3", 5) == 0)
+        return LORA_FAMILY_FLUX3;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     /* StableDiffusionLoraLoaderMixin's and ...XLLoraLoaderMixin's pipelines
@@ -205,6 +208,7 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
     case LORA_FAMILY_KREA2: convert = krea2_lora_detect(*out) ? krea2_lora_convert : NULL; break;
     case LORA_FAMILY_IDEOGRAM4: convert = ideogram4_lora_detect(*out) ? ideogram4_lora_convert : NULL; break;
     case LORA_FAMILY_LUMINA2: convert = lumina2_lora_detect(*out) ? lumina2_lora_convert : NULL; break;
+    case LORA_FAMILY_FLUX3: convert = flux3_lora_detect(*out) ? flux3_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
         convert = kohya_lora_detect(*out)   ? kohya_lora_convert

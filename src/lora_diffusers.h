@@ -54,6 +54,7 @@ enum lora_family {
     LORA_FAMILY_KREA2,      /* Krea2Pipeline, Krea2ModularPipeline and Krea2Transformer2DModel */
     LORA_FAMILY_IDEOGRAM4,  /* Ideogram4Pipeline, Ideogram4ModularPipeline and Ideogram4Transformer2DModel */
     LORA_FAMILY_LUMINA2,    /* Lumina2Pipeline and Lumina2Transformer2DModel */
+    LORA_FAMILY_FLUX3,      /* Flux3ModularPipeline, ... and Flux3Transformer2DModel */
     LORA_FAMILY_STABLE_DIFFUSION, /* Stable Diffusion 1.x, 2.x and XL's pipelines (StableDiffusion..., not
                                      ...3; AnimateDiff..., Kolors..., LatentConsistencyModel..., PIA...,
                                      StableUnCLIP..., TextToVideo..., LEditsPP...) and UNet2DConditionModel */
@@ -84,8 +85,9 @@ char *diffusers_class_name(const char *dir, const char *name);
  * converts it (Flux.1's and others: kohya and ComfyUI, lora_kohya.h, and
  * XLabs', lora_xlabs.h; Flux.2's, lora_flux2.h; Qwen-Image's, lora_qwen.h;
  * Wan's, lora_wan.h; Z-Image's, lora_zimage.h; HunyuanVideo's,
- * lora_hunyuan.h; Lumina 2's, lora_lumina2.h; LTX-Video's, LTX-2's and
- * HiDream's, lora_prefixed.h; Stable Diffusion's, lora_sd.h),
+ * lora_hunyuan.h; Lumina 2's, lora_lumina2.h; FLUX.3's, lora_flux3.h;
+ * LTX-Video's, LTX-2's and HiDream's, lora_prefixed.h; Stable Diffusion's,
+ * lora_sd.h),
  * saying what is left out where `warn`. */
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out);
 

@@ -1,10 +1,11 @@
 /* kohya_lora_convert, xlabs_lora_convert, fal_lora_convert, flux2_lora_convert,
  * qwen_lora_convert, wan_lora_convert, zimage_lora_convert,
  * ltx2_lora_convert, hunyuan_lora_convert, krea2_lora_convert,
- * ideogram4_lora_convert, lumina2_lora_convert and sd_lora_convert on
- * arbitrary bytes written to a file (a kohya, ComfyUI, XLabs or fal Kontext
- * Flux.1 LoRA, a Flux.2, Qwen-Image, Wan, Z-Image, LTX-2, HunyuanVideo,
- * Krea 2, Ideogram 4 or Lumina 2 LoRA in another form than diffusers', a
+ * ideogram4_lora_convert, lumina2_lora_convert, flux3_lora_convert and
+ * sd_lora_convert on arbitrary bytes written to a file (a kohya, ComfyUI,
+ * XLabs or fal Kontext Flux.1 LoRA, a Flux.2, Qwen-Image, Wan, Z-Image,
+ * LTX-2, HunyuanVideo, Krea 2, Ideogram 4, Lumina 2 or FLUX.3 LoRA in
+ * another form than diffusers', a
  * kohya Stable Diffusion LoRA, whose conversion reads a UNet config of
  * layers_per_block 2 written beside the scratch folder): the
  * renaming, the alpha, the splits of fused layers, Wan's biases and head
@@ -14,7 +15,7 @@
  * transformer with "lora" in it, or (LTX-2's, copied under any component)
  * any key with "lora" in it, or (HunyuanVideo's, each copied or cut by rows)
  * any key of the transformer, or (fal's, each copied or cut by rows, factors and
- * biases; Krea 2's, each copied; Lumina 2's, copied or cut by rows) any key
+ * biases; Krea 2's and FLUX.3's, each copied; Lumina 2's, copied or cut by rows) any key
  * of the transformer, or (Stable
  * Diffusion's, each copied) a factor of its UNet or text encoders, 2-D or a
  * convolution's 4-D, or (XLabs', which keeps keys outside the
@@ -28,6 +29,7 @@
 #include "fuzz_common.h"
 #include "lora_fal.h"
 #include "lora_flux2.h"
+#include "lora_flux3.h"
 #include "lora_hunyuan.h"
 #include "lora_ideogram4.h"
 #include "lora_kohya.h"
@@ -158,6 +160,7 @@ static const struct {
     {"a Krea 2 conversion", krea2_lora_detect, krea2_lora_convert, TRANSFORMER, ANY_KEY},
     {"an Ideogram 4 conversion", ideogram4_lora_detect, ideogram4_lora_convert, TRANSFORMER, FACTORS_ONLY},
     {"a Lumina 2 conversion", lumina2_lora_detect, lumina2_lora_convert, TRANSFORMER, ANY_KEY},
+    {"a FLUX.3 conversion", flux3_lora_detect, flux3_lora_convert, TRANSFORMER, ANY_KEY},
     {"a Stable Diffusion conversion", sd_lora_detect, sd_convert, SD, WITH_CONV},
 };
 

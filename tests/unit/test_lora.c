@@ -3613,7 +3613,8 @@ static void test_flux2_lora_as_diffusers_loads_it(void **state)
         enum lora_family family;
     } FAMILIES[] = {{"Flux2Pipeline", LORA_FAMILY_FLUX2}, {"Flux2KleinPipeline", LORA_FAMILY_FLUX2},
                     {"Flux2Transformer2DModel", LORA_FAMILY_FLUX2}, {"FluxPipeline", LORA_FAMILY_FLUX},
-                    {"FluxTransformer2DModel", LORA_FAMILY_FLUX}, {"Flux3Pipeline", LORA_FAMILY_OTHER}};
+                    {"FluxTransformer2DModel", LORA_FAMILY_FLUX}, {"Flux3Pipeline", LORA_FAMILY_FLUX3},
+                    {"Flux4Pipeline", LORA_FAMILY_OTHER}};
     for (size_t i = 0; i < sizeof FAMILIES / sizeof FAMILIES[0]; i++)
         assert_int_equal(diffusers_lora_family(FAMILIES[i].cls), FAMILIES[i].family);
     assert_converts_as_diffusers(s, FLUX2_CASES, sizeof FLUX2_CASES / sizeof FLUX2_CASES[0], LORA_FAMILY_FLUX2,
