@@ -319,6 +319,20 @@ static inline void assert_recipe_converts(struct recipe *r, const char *path, co
     assert_int_equal(tu_count_entries(dir), 0);
 }
 
+/* The LoRA digest file `digest` lists, written to DIR-NAME.safetensors,
+ * opened as `family`: assert_recipe_converts, its "in" line checked too;
+ * the file removed. */
+static inline void assert_digest_converts(const char *digest, enum lora_family family, const char *dir,
+                                          const char *name)
+{
+    static struct recipe r;
+    recipe_read(&r, digest);
+    char *path = tu_strdupf("%s-%s.safetensors", dir, name);
+    assert_recipe_converts(&r, path, NULL, 0, family, digest, 1, dir, NULL);
+    unlink(path);
+    free(path);
+}
+
 /* base: a model folder of class `cls` (write_lora_base) for the conversion
  * of `r` (written to `path`, then removed), which must match digest file
  * `digest`; TMPDIR `dir` holds nothing afterwards. */
