@@ -690,14 +690,30 @@ static int check_integers(const char *label, const char *meta, const char *prefi
     return code;
 }
 
+/* JSON's whitespace (RFC 8259), which json.loads skips around a value. */
+#define JSON_SPACE " \t\n\r"
+
+const char *diffusers_lora_metadata(const struct model *w)
+{
+    const struct st_file *f = w->files[0];
+    for (size_t i = 0; i < f->nmeta; i++) {
+        if (strcmp(f->meta[i].key, DIFFUSERS_LORA_METADATA) != 0)
+            continue;
+        const char *v = f->meta[i].value + strspn(f->meta[i].value, JSON_SPACE);
+        size_t n = strlen(v);
+        while (n && strchr(JSON_SPACE, v[n - 1]))
+            n--;
+        const int none = !f->meta[i].value[0] || (n == 4 && strncmp(v, "null", 4) == 0);
+        return none ? NULL : f->meta[i].value;
+    }
+    return NULL;
+}
+
 int diffusers_lora_config(const struct model *weights, const char *prefix, struct lora_config *c)
 {
     memset(c, 0, sizeof *c);
     const struct st_file *f = weights->files[0];
-    const char *meta = NULL;
-    for (size_t i = 0; i < f->nmeta && !meta; i++)
-        if (strcmp(f->meta[i].key, DIFFUSERS_LORA_METADATA) == 0)
-            meta = f->meta[i].value;
+    const char *meta = diffusers_lora_metadata(weights);
     struct strbuf label = {0};
     strbuf_printf(&label, "%s (metadata \"%s\")", f->path, DIFFUSERS_LORA_METADATA);
     cJSON *cfg = cJSON_CreateObject();
@@ -706,8 +722,6 @@ int diffusers_lora_config(const struct model *weights, const char *prefix, struc
         cJSON_Delete(cfg);
         return nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory");
     }
-    if (meta && !meta[0])
-        meta = NULL; /* diffusers reads "" as no metadata */
     size_t entries = 0;
     struct strbuf covered = {0};
     int code = meta ? metadata_entries(label.p, meta, prefix, cfg, &entries, &covered) : NF4_OK;

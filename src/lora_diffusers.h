@@ -144,6 +144,12 @@ size_t diffusers_lora_keys_for(const struct model *weights, const char *componen
  * before its keys, as ModelMixin.save_lora_adapter writes). */
 int diffusers_lora_check_components(const struct model *weights, const char *const *components, size_t n);
 
+/* The file's lora_adapter_metadata (DIFFUSERS_LORA_METADATA), or NULL
+ * where diffusers reads none (json.loads(raw) if raw else None): no such
+ * entry, "", or JSON's null (whitespace around it). Whitespace alone is
+ * returned, and refused as no JSON, where diffusers raises. */
+const char *diffusers_lora_metadata(const struct model *w);
+
 /* The adapter's config, checked by lora_config_parse, from the metadata's
  * entries of the prefix's component; without any, what diffusers infers:
  * each pair's own rank as r and alpha (c->rank_from_shapes), and use_dora and

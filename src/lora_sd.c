@@ -1103,26 +1103,6 @@ static int component_config(struct conversion *cv, enum sd_component c, cJSON *m
 
 /* ---- the converted file ---- */
 
-/* The file's lora_adapter_metadata, or NULL where it has none, or "" or
- * "null" (which json.loads reads as None), as diffusers reads it. */
-static const char *file_metadata(const struct model *w)
-{
-    const struct st_file *f = w->files[0];
-    for (size_t i = 0; i < f->nmeta; i++) {
-        const char *v = f->meta[i].value;
-        if (strcmp(f->meta[i].key, DIFFUSERS_LORA_METADATA) != 0)
-            continue;
-        v += strspn(v, " \t\n\r");
-        size_t n = strlen(v);
-        while (n && strchr(" \t\n\r", v[n - 1]))
-            n--;
-        if (n == 0 || (n == 4 && strncmp(v, "null", 4) == 0))
-            return NULL;
-        return f->meta[i].value;
-    }
-    return NULL;
-}
-
 /* The parts, and the metadata: the file's own, with the components'
  * configs where it has no lora_adapter_metadata (or one diffusers reads as
  * none, "" or "null", which the configs take the place of). *meta: the
@@ -1145,7 +1125,7 @@ static int finish_parts(struct conversion *cv, const struct model *w, struct st_
     }
     if (code != NF4_OK)
         return code;
-    if (file_metadata(w))
+    if (diffusers_lora_metadata(w))
         return nalphas ? nf4_fail(NF4_EDATA, cv->path, NULL, "holds both alphas and a LoRA config (metadata \"%s\"), "
                                   "which diffusers refuses (\"Both network_alphas and metadata cannot be specified\")",
                                   DIFFUSERS_LORA_METADATA)

@@ -2745,6 +2745,64 @@ static void test_diffusers_loras(void **state)
     free(dir_out);
 }
 
+/* The safetensors file `src` written to `dst` with lora_adapter_metadata
+ * `value` (its tensors, header and bytes, as they were). */
+static void copy_with_lora_metadata(const char *src, const char *dst, const char *value)
+{
+    size_t len = 0;
+    char *bytes = tu_read_file(src, &len);
+    assert_non_null(bytes);
+    assert_true(len >= 8);
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--)
+        hlen = hlen << 8 | (unsigned char)bytes[i];
+    assert_true(hlen <= len - 8);
+    cJSON *header = cJSON_ParseWithLength(bytes + 8, (size_t)hlen), *meta = cJSON_CreateObject();
+    assert_non_null(header);
+    cJSON_DeleteItemFromObjectCaseSensitive(header, "__metadata__");
+    assert_non_null(cJSON_AddStringToObject(meta, "lora_adapter_metadata", value));
+    cJSON_AddItemToObject(header, "__metadata__", meta);
+    char *text = cJSON_PrintUnformatted(header);
+    tu_write_safetensors_raw(dst, text, strlen(text), bytes + 8 + hlen, len - 8 - (size_t)hlen);
+    cJSON_free(text);
+    cJSON_Delete(header);
+    free(bytes);
+}
+
+/* lora_adapter_metadata that diffusers reads as none (json.loads(raw) if raw
+ * else None: "" and JSON's null) merges as a file without it, byte for byte;
+ * whitespace alone, on which json.loads raises, is refused. */
+static void test_diffusers_lora_null_metadata(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer";
+    char *want = tu_strdupf("%s/want", s->dir), *got = tu_strdupf("%s/got", s->dir),
+         *lora = tu_strdupf("%s/lora.safetensors", s->dir),
+         *want_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", want),
+         *got_file = tu_strdupf("%s/diffusion_pytorch_model.safetensors", got);
+    const char *nometa[1] = {DIFFUSERS_FIXTURES "/lora-flux-nometa"}, *dirs[1] = {lora};
+    assert_int_equal(merge_on_cpu(base, want, nometa, 1, 0, 0, DT_INVALID), 18);
+    static const char *const NONE[] = {"", "null", " null\n"};
+    for (size_t i = 0; i < sizeof NONE / sizeof NONE[0]; i++) {
+        copy_with_lora_metadata(DIFFUSERS_FIXTURES "/lora-flux-nometa/pytorch_lora_weights.safetensors", lora, NONE[i]);
+        assert_int_equal(merge_on_cpu(base, got, dirs, 1, 0, 0, DT_INVALID), 18);
+        tu_assert_same_tensors(got_file, want_file);
+        tu_rmtree(got);
+    }
+    copy_with_lora_metadata(DIFFUSERS_FIXTURES "/lora-flux-nometa/pytorch_lora_weights.safetensors", lora, "  ");
+    struct tu_run r = tu_run("convert", "--device", "cpu", base, got, "--lora", lora, NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, "lora_adapter_metadata"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(got));
+    unlink(lora);
+    free(want);
+    free(got);
+    free(lora);
+    free(want_file);
+    free(got_file);
+}
+
 /* A diffusers LoRA with tensors for the transformer and for another
  * component: the transformer's are merged, the others left out with one
  * warning; with none for the transformer, refused. inspect lists the change. */
@@ -4865,6 +4923,7 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_lora_bias_terms, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_loras, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_diffusers_lora_null_metadata, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_components, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_component_by_folder, tu_scratch_setup,
                                         tu_scratch_teardown),

@@ -408,7 +408,8 @@ static void test_sd_conv_lora_merged(void **state)
 }
 
 /* A file whose lora_adapter_metadata is "" or "null", which diffusers reads
- * as no config: the alphas' config takes its place, once. */
+ * as no config: the alphas' config takes its place, once; whitespace alone
+ * is kept, and refused as no config. */
 static void test_sd_lora_empty_config_replaced(void **state)
 {
     struct tu_scratch *s = *state;
@@ -432,6 +433,17 @@ static void test_sd_lora_empty_config_replaced(void **state)
         model_close(m);
         assert_int_equal(tu_count_entries(s->dir), 0);
     }
+    /* Whitespace alone is no JSON, on which diffusers' json.loads raises: the
+     * file's config, kept and refused where it is read (diffusers_lora_config). */
+    const struct sd_case blank = {{"lora_unet_down_blocks_1_attentions_0_proj_in", NULL}, NULL, "  ", NULL};
+    write_sd_case(lora, &blank);
+    struct model *m = NULL;
+    assert_int_equal(diffusers_lora_open_for(lora, LORA_FAMILY_STABLE_DIFFUSION, NULL, 0, &m), NF4_OK);
+    assert_string_equal(diffusers_lora_metadata(m), "  ");
+    struct lora_config c;
+    assert_int_equal(diffusers_lora_config(m, "unet.", &c), NF4_EDATA);
+    lora_config_free(&c);
+    model_close(m);
     unlink(lora);
     free(lora);
 }
