@@ -410,7 +410,8 @@ static int in_pipeline(const char *dir)
 
 int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, struct model **out)
 {
-    char *pipeline = dir && in_pipeline(dir) ? real_parent(dir) : NULL;
+    /* none where the parent holds no model_index.json (a regular file) */
+    char *pipeline = dir ? real_parent(dir) : NULL;
     char *cls = pipeline ? diffusers_class_name(pipeline, PIPELINE_INDEX_NAME) : NULL;
     char *config = NULL;
     int oom = 0;

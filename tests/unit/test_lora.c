@@ -13,6 +13,7 @@
 #include "fpconv.h"
 #include "lora.h"
 #include "lora_diffusers.h"
+#include "lora_synth.h"
 #include "model.h"
 #include "resume.h"
 #include "strbuf.h"
@@ -2746,27 +2747,14 @@ static void test_diffusers_loras(void **state)
 }
 
 /* The safetensors file `src` written to `dst` with lora_adapter_metadata
- * `value` (its tensors, header and bytes, as they were). */
+ * `value` (its tensors as they are). */
 static void copy_with_lora_metadata(const char *src, const char *dst, const char *value)
 {
-    size_t len = 0;
-    char *bytes = tu_read_file(src, &len);
-    assert_non_null(bytes);
-    assert_true(len >= 8);
-    uint64_t hlen = 0;
-    for (int i = 7; i >= 0; i--)
-        hlen = hlen << 8 | (unsigned char)bytes[i];
-    assert_true(hlen <= len - 8);
-    cJSON *header = cJSON_ParseWithLength(bytes + 8, (size_t)hlen), *meta = cJSON_CreateObject();
-    assert_non_null(header);
-    cJSON_DeleteItemFromObjectCaseSensitive(header, "__metadata__");
-    assert_non_null(cJSON_AddStringToObject(meta, "lora_adapter_metadata", value));
-    cJSON_AddItemToObject(header, "__metadata__", meta);
-    char *text = cJSON_PrintUnformatted(header);
-    tu_write_safetensors_raw(dst, text, strlen(text), bytes + 8 + hlen, len - 8 - (size_t)hlen);
-    cJSON_free(text);
-    cJSON_Delete(header);
-    free(bytes);
+    struct model *m;
+    assert_int_equal(model_open_file(src, &m), NF4_OK);
+    const struct st_meta meta = {"lora_adapter_metadata", (char *)value};
+    write_model(m, dst, &meta, 1);
+    model_close(m);
 }
 
 /* lora_adapter_metadata that diffusers reads as none (json.loads(raw) if raw
