@@ -1,14 +1,36 @@
 #include "layout.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "fileio.h"
 #include "model.h"
 #include "status.h"
 #include "strutil.h"
+
+/* Whether folder `dirfd` holds `name`, a regular file or a link to one
+ * (without allocating: an index's absence is not an error). */
+static int holds_regular_file(int dirfd, const char *name)
+{
+    struct stat st;
+    return fstatat(dirfd, name, &st, 0) == 0 && S_ISREG(st.st_mode);
+}
+
+const char *pipeline_index_name(const char *dir)
+{
+    const int fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    const char *name = holds_regular_file(fd, PIPELINE_INDEX_NAME)           ? PIPELINE_INDEX_NAME
+                       : holds_regular_file(fd, MODULAR_PIPELINE_INDEX_NAME) ? MODULAR_PIPELINE_INDEX_NAME
+                                                                             : NULL;
+    close(fd);
+    return name;
+}
 
 int layout_of(const char *path, enum input_layout *out)
 {
@@ -21,12 +43,7 @@ int layout_of(const char *path, enum input_layout *out)
     }
     if (!S_ISDIR(st.st_mode))
         return nf4_fail(NF4_ENOINPUT, path, NULL, "neither a file nor a directory");
-    char *index = path_join(path, PIPELINE_INDEX_NAME);
-    if (!index)
-        return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    int pipeline = stat(index, &st) == 0 && S_ISREG(st.st_mode);
-    free(index);
-    *out = pipeline ? LAYOUT_PIPELINE : LAYOUT_MODEL_DIR;
+    *out = pipeline_index_name(path) ? LAYOUT_PIPELINE : LAYOUT_MODEL_DIR;
     return NF4_OK;
 }
 

@@ -1,14 +1,25 @@
 /* What an input path is: one safetensors file, a model directory (model.h), or
- * a diffusers pipeline, a directory with model_index.json whose sub-directories
- * are its components. Used by convert and inspect alike. */
+ * a diffusers pipeline, a directory with model_index.json (DiffusionPipeline's)
+ * or modular_model_index.json (ModularPipeline's) whose sub-directories are
+ * its components. Used by convert and inspect alike. */
 #ifndef NF4DEQ_LAYOUT_H
 #define NF4DEQ_LAYOUT_H
 
 #include <stddef.h>
 
 #define PIPELINE_INDEX_NAME "model_index.json"
+/* ModularPipeline.save_pretrained's index (diffusers 0.42): its components
+ * record where they were loaded from, but ModularPipeline.from_pretrained of
+ * a folder loads each component whose files the folder holds from the folder
+ * (_is_local_component), so a byte copy of it loads the converted ones. */
+#define MODULAR_PIPELINE_INDEX_NAME "modular_model_index.json"
 
 enum input_layout { LAYOUT_FILE, LAYOUT_MODEL_DIR, LAYOUT_PIPELINE };
+
+/* The index file that makes folder `dir` a pipeline: PIPELINE_INDEX_NAME
+ * where it holds that regular file, else MODULAR_PIPELINE_INDEX_NAME where
+ * it holds that one, else NULL. */
+const char *pipeline_index_name(const char *dir);
 
 /* Classifies an existing path. NF4_ENOINPUT for what is neither a file nor
  * a directory. */

@@ -11,6 +11,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "layout.h"
+#include "lora_anima.h"
 #include "lora_fal.h"
 #include "lora_flux2.h"
 #include "lora_flux3.h"
@@ -83,7 +84,8 @@ enum lora_family diffusers_lora_family(const char *cls)
     for (size_t i = 0; cls && i < sizeof WAN_LOADERS / sizeof WAN_LOADERS[0]; i++)
         if (strncmp(cls, WAN_LOADERS[i], strlen(WAN_LOADERS[i])) == 0)
             return LORA_FAMILY_WAN;
-    if (cls && strncmp(cls, "LTX2", 4) == 0) /* LTX-2 has a loader of its own */
+    /* LTX-2 has a loader of its own, which EchoModularPipeline has too */
+    if (cls && (strncmp(cls, "LTX2", 4) == 0 || strncmp(cls, "EchoModular", 11) == 0))
         return LORA_FAMILY_LTX2;
     if (cls && strncmp(cls, "LTX", 3) == 0)
         return LORA_FAMILY_LTX_VIDEO;
@@ -91,7 +93,10 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_HIDREAM;
     if (cls && strncmp(cls, "ZImage", 6) == 0)
         return LORA_FAMILY_Z_IMAGE;
-    if (cls && ((strncmp(cls, "HunyuanVideo", 12) == 0 && strncmp(cls, "HunyuanVideo15", 14) != 0) ||
+    /* HunyuanVideo 1.5's pipelines have no LoRA loader, but its modular
+     * pipeline has HunyuanVideo's. */
+    if (cls && ((strncmp(cls, "HunyuanVideo", 12) == 0 &&
+                 (strncmp(cls, "HunyuanVideo15", 14) != 0 || strncmp(cls, "HunyuanVideo15Modular", 21) == 0)) ||
                 strncmp(cls, "HunyuanSkyreels", 15) == 0))
         return LORA_FAMILY_HUNYUAN_VIDEO;
     if (cls && strncmp(cls, "Flux2", 5) == 0)
@@ -104,6 +109,9 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_LUMINA2;
     if (cls && strncmp(cls, "Flux3", 5) == 0)
         return LORA_FAMILY_FLUX3;
+    /* AnimaModularPipeline, AnimaTextConditioner; not AnimateDiff... */
+    if (cls && strncmp(cls, "Anima", 5) == 0 && cls[5] >= 'A' && cls[5] <= 'Z')
+        return LORA_FAMILY_ANIMA;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     /* StableDiffusionLoraLoaderMixin's and ...XLLoraLoaderMixin's pipelines
@@ -149,6 +157,12 @@ char *diffusers_class_name(const char *dir, const char *name)
     free(text);
     free(path);
     return cls;
+}
+
+char *diffusers_pipeline_class(const char *dir)
+{
+    const char *index = pipeline_index_name(dir);
+    return index ? diffusers_class_name(dir, index) : NULL;
 }
 
 static int holds_query_norm_scale(const char *key)
@@ -209,6 +223,7 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
     case LORA_FAMILY_IDEOGRAM4: convert = ideogram4_lora_detect(*out) ? ideogram4_lora_convert : NULL; break;
     case LORA_FAMILY_LUMINA2: convert = lumina2_lora_detect(*out) ? lumina2_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX3: convert = flux3_lora_detect(*out) ? flux3_lora_convert : NULL; break;
+    case LORA_FAMILY_ANIMA: convert = anima_lora_detect(*out) ? anima_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
         convert = kohya_lora_detect(*out)   ? kohya_lora_convert
@@ -397,22 +412,20 @@ static char *real_parent(const char *dir)
 }
 
 /* Whether folder `dir` is a component of a diffusers pipeline: its parent
- * holds model_index.json. */
+ * holds model_index.json or modular_model_index.json. */
 static int in_pipeline(const char *dir)
 {
-    char *parent = real_parent(dir), *index = parent ? path_join(parent, PIPELINE_INDEX_NAME) : NULL;
-    struct stat st;
-    int found = index && stat(index, &st) == 0 && S_ISREG(st.st_mode);
-    free(index);
+    char *parent = real_parent(dir);
+    const int found = parent && pipeline_index_name(parent);
     free(parent);
     return found;
 }
 
 int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, struct model **out)
 {
-    /* none where the parent holds no model_index.json (a regular file) */
+    /* none where the parent holds no pipeline index (a regular file) */
     char *pipeline = dir ? real_parent(dir) : NULL;
-    char *cls = pipeline ? diffusers_class_name(pipeline, PIPELINE_INDEX_NAME) : NULL;
+    char *cls = pipeline ? diffusers_pipeline_class(pipeline) : NULL;
     char *config = NULL;
     int oom = 0;
     if (cls) { /* as diffusers_lora_open_for is called for the whole pipeline (pipeline_lora.c) */
@@ -431,12 +444,12 @@ int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, str
 }
 
 /* Whether `dir`, named `own`, is the transformer_2 of a Wan pipeline (its
- * parent's model_index.json). */
+ * parent's pipeline index). */
 static int second_wan_transformer(const char *dir, const char *own)
 {
     if (strcmp(own, "transformer_2") != 0)
         return 0;
-    char *parent = real_parent(dir), *cls = parent ? diffusers_class_name(parent, PIPELINE_INDEX_NAME) : NULL;
+    char *parent = real_parent(dir), *cls = parent ? diffusers_pipeline_class(parent) : NULL;
     int wan = diffusers_loads_transformer_2(cls);
     free(cls);
     free(parent);

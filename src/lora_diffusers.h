@@ -46,15 +46,19 @@ enum lora_family {
     LORA_FAMILY_WAN,        /* WanPipeline, WanImageToVideoPipeline, ..., SkyReelsV2..., LucyEdit...,
                                ChronoEdit..., AnyFlow..., Helios... and their transformers */
     LORA_FAMILY_LTX_VIDEO,  /* LTXPipeline, LTXImageToVideoPipeline, ... and LTXVideoTransformer3DModel */
-    LORA_FAMILY_LTX2,       /* LTX2Pipeline, LTX2ImageToVideoPipeline, ..., their transformer and connectors */
+    LORA_FAMILY_LTX2,       /* LTX2Pipeline, LTX2ImageToVideoPipeline, ..., EchoModularPipeline, their
+                               transformer and connectors */
     LORA_FAMILY_HIDREAM,    /* HiDreamImagePipeline and its transformer */
     LORA_FAMILY_Z_IMAGE,    /* ZImagePipeline, ZImageImg2ImgPipeline, ... and ZImageTransformer2DModel */
     LORA_FAMILY_HUNYUAN_VIDEO, /* HunyuanVideoPipeline, ...ImageToVideo..., ...Framepack..., HunyuanSkyreels...
-                                  and their transformers (not HunyuanVideo15..., which has no LoRA loader) */
+                                  HunyuanVideo15ModularPipeline and their transformers (not
+                                  HunyuanVideo15Pipeline... or its transformer: no LoRA loader) */
     LORA_FAMILY_KREA2,      /* Krea2Pipeline, Krea2ModularPipeline and Krea2Transformer2DModel */
     LORA_FAMILY_IDEOGRAM4,  /* Ideogram4Pipeline, Ideogram4ModularPipeline and Ideogram4Transformer2DModel */
     LORA_FAMILY_LUMINA2,    /* Lumina2Pipeline and Lumina2Transformer2DModel */
     LORA_FAMILY_FLUX3,      /* Flux3ModularPipeline, ... and Flux3Transformer2DModel */
+    LORA_FAMILY_ANIMA,      /* AnimaModularPipeline and AnimaTextConditioner (its transformer's class,
+                               CosmosTransformer3DModel, is Cosmos' too, which converts nothing) */
     LORA_FAMILY_STABLE_DIFFUSION, /* Stable Diffusion 1.x, 2.x and XL's pipelines (StableDiffusion..., not
                                      ...3; AnimateDiff..., Kolors..., LatentConsistencyModel..., PIA...,
                                      StableUnCLIP..., TextToVideo..., LEditsPP...) and UNet2DConditionModel */
@@ -79,6 +83,13 @@ int diffusers_loads_transformer_2(const char *cls);
  * cannot be read or has none. */
 char *diffusers_class_name(const char *dir, const char *name);
 
+/* The class of the pipeline in folder `dir` (allocated): the _class_name of
+ * its index (pipeline_index_name: model_index.json where it holds one, else
+ * ModularPipeline's modular_model_index.json, Flux3ModularPipeline,
+ * AnimaModularPipeline...); NULL where there is none, or it cannot be read
+ * or names no class. */
+char *diffusers_pipeline_class(const char *dir);
+
 /* Opens a diffusers LoRA's weights: safetensors, or a torch.save pickle
  * (save_lora_weights(safe_serialization=False)), read as torch_file.h reads
  * a pickled PEFT adapter; one in another form as the loader of `family`
@@ -86,6 +97,7 @@ char *diffusers_class_name(const char *dir, const char *name);
  * XLabs', lora_xlabs.h; Flux.2's, lora_flux2.h; Qwen-Image's, lora_qwen.h;
  * Wan's, lora_wan.h; Z-Image's, lora_zimage.h; HunyuanVideo's,
  * lora_hunyuan.h; Lumina 2's, lora_lumina2.h; FLUX.3's, lora_flux3.h;
+ * Anima's, lora_anima.h;
  * LTX-Video's, LTX-2's and HiDream's, lora_prefixed.h; Stable Diffusion's,
  * lora_sd.h),
  * saying what is left out where `warn`. */
@@ -100,7 +112,7 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
 /* Opens a diffusers LoRA for the model in folder `dir` (NULL: a file alone,
  * read as an unknown class), converted alone, as the loader that would load
  * it reads it: where `dir` is a pipeline's component (its parent holds
- * model_index.json with a class), the pipeline's, with the UNet's config
+ * a pipeline index with a class, diffusers_pipeline_class), the pipeline's, with the UNet's config
  * for Stable Diffusion XL's, as a pipeline's conversion reads it (a text
  * encoder's folder, whose class has no loader, so takes a Stable Diffusion
  * LoRA as its pipeline does); else the folder's own class's, with its own

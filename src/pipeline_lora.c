@@ -73,18 +73,20 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n)
 }
 
 /* Whether diffusers' LoRA loader for a pipeline of class `cls`
- * (model_index.json's _class_name) loads a LoRA's keys into `component`: its
+ * (its index's _class_name) loads a LoRA's keys into `component`: its
  * _lora_loadable_modules (diffusers 0.42, loaders/lora_pipeline.py). Every
  * loader takes the denoiser; the text encoders only Stable Diffusion's (the
  * pipelines of its two mixins, 1.x and XL with AnimateDiff, Kolors and their
  * kin, and 3; XL's and 3's the second encoder too) and Flux.1's; LTX-2's its
- * text connectors. */
+ * text connectors; Anima's its text conditioner. */
 static int diffusers_loads(const char *cls, const char *component)
 {
     if (strcmp(component, "transformer") == 0 || strcmp(component, "unet") == 0)
         return 1;
     if (strcmp(component, "connectors") == 0)
         return diffusers_lora_family(cls) == LORA_FAMILY_LTX2;
+    if (strcmp(component, "text_conditioner") == 0)
+        return diffusers_lora_family(cls) == LORA_FAMILY_ANIMA;
     /* Stable Diffusion XL's loader and 3's load text_encoder_2 too; the
      * Stable Diffusion mixin's and Flux.1's one. */
     const int sdxl_sd3 = diffusers_loads_sdxl(cls) || (cls && strncmp(cls, "StableDiffusion3", 16) == 0);
@@ -139,7 +141,7 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
     pl->weights = calloc(n, sizeof *pl->weights);
     pl->paths = calloc(n, sizeof *pl->paths);
     pl->into = calloc(n, sizeof *pl->into);
-    pl->cls = diffusers_class_name(in, PIPELINE_INDEX_NAME);
+    pl->cls = diffusers_pipeline_class(in);
     int code = components && pl->weights && pl->paths && pl->into ? NF4_OK
                                                                   : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     if (code == NF4_OK)

@@ -18,7 +18,7 @@ struct pipeline_loras {
     char **into;             /* the COMPONENT it names, or NULL: the components its keys name */
     struct model **weights;  /* each one's weights, opened to read its keys */
     size_t n;
-    char *cls; /* model_index.json's _class_name, or NULL */
+    char *cls; /* the pipeline index's _class_name (diffusers_pipeline_class), or NULL */
 };
 
 /* --lora COMPONENT=LORA on a pipeline: the LoRA's transformer keys go into

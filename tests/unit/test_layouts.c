@@ -171,6 +171,47 @@ static void test_pipeline_output_is_all_or_nothing(void **state)
     free(out);
 }
 
+/* A modular pipeline (ModularPipeline.save_pretrained's
+ * modular_model_index.json and no model_index.json) is a pipeline: its
+ * components convert as a DiffusionPipeline's, its index is copied byte for
+ * byte (diffusers loads the components a folder holds from the folder), and
+ * inspect lists it as one. A folder named like the index is no index. */
+static void test_modular_pipeline_converts_as_a_pipeline(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *in = pipeline_with_extras(s->dir), *out = tu_strdupf("%s/flux-out", s->dir);
+    tu_sh("rm %s/model_index.json && printf '{\\n  \"_blocks_class_name\": \"FluxAutoBlocks\",\\n  "
+          "\"_class_name\": \"FluxModularPipeline\",\\n  \"transformer\": [\"diffusers\", "
+          "\"FluxTransformer2DModel\", {\"pretrained_model_name_or_path\": \"someone/flux-bnb-4bit\", "
+          "\"subfolder\": \"transformer\"}]\\n}\\n' > %s/modular_model_index.json", in, in);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+    assert_converted_ok(&r);
+    char *got = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", out);
+    assert_same_but_metadata(got, FLUX_TRANSFORMER_EXPECTED);
+    free(got);
+    got = tu_strdupf("%s/text_encoder_2/model.safetensors", out);
+    assert_same_but_metadata(got, FLUX_T5_EXPECTED);
+    free(got);
+    char *a = tu_strdupf("%s/modular_model_index.json", out), *b = tu_strdupf("%s/modular_model_index.json", in);
+    assert_same_file(a, b);
+    free(a);
+    free(b);
+    assert_no_quantization_config_below(out);
+    r = tu_run("inspect", in, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.out, "pipeline: 3 components (2 converted, 1 copied)"));
+    tu_run_free(&r);
+    tu_rmtree(out);
+    tu_sh("rm %s/modular_model_index.json && mkdir %s/modular_model_index.json", in, in);
+    r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+    assert_int_equal(r.status, NF4_ENOINPUT);
+    assert_non_null(strstr(r.err, "is not a model directory"));
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    free(in);
+    free(out);
+}
+
 /* "out/" is the directory out; an OUT inside IN is refused before anything is written. */
 static void test_trailing_slash_and_out_inside_in(void **state)
 {
@@ -740,6 +781,7 @@ int main(void)
         SCRATCH(test_pipeline_refuses_lora_and_stdout),
         SCRATCH(test_trailing_slash_and_out_inside_in),
         cmocka_unit_test(test_inspect_shows_components_and_totals),
+        SCRATCH(test_modular_pipeline_converts_as_a_pipeline),
         SCRATCH(test_diffusers_component_and_single_file_convert),
         SCRATCH(test_index_of_any_prefix_keeps_its_names),
         SCRATCH(test_several_unindexed_files_are_one_model),

@@ -1,0 +1,104 @@
+#include "lora_anima.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "lora_rewrite.h"
+#include "status.h"
+#include "strbuf.h"
+#include "strutil.h"
+
+#define ANIMA_COMFY "diffusion_model."
+#define ANIMA_ADAPTER "llm_adapter."
+#define ANIMA_CONDITIONER "text_conditioner."
+#define ANIMA_TARGET "transformer."
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* _convert_non_diffusers_anima_lora_to_diffusers' rename_dict, in its order:
+ * each replaces every occurrence in the key as the earlier ones left it. */
+static const char *const RENAMES[][2] = {
+    {"blocks.", "transformer_blocks."},
+    {"adaln_modulation_self_attn.1", "norm1.linear_1"},
+    {"adaln_modulation_self_attn.2", "norm1.linear_2"},
+    {"adaln_modulation_cross_attn.1", "norm2.linear_1"},
+    {"adaln_modulation_cross_attn.2", "norm2.linear_2"},
+    {"adaln_modulation_mlp.1", "norm3.linear_1"},
+    {"adaln_modulation_mlp.2", "norm3.linear_2"},
+    {"self_attn.q_proj", "attn1.to_q"},
+    {"self_attn.k_proj", "attn1.to_k"},
+    {"self_attn.v_proj", "attn1.to_v"},
+    {"self_attn.output_proj", "attn1.to_out.0"},
+    {"cross_attn.q_proj", "attn2.to_q"},
+    {"cross_attn.k_proj", "attn2.to_k"},
+    {"cross_attn.v_proj", "attn2.to_v"},
+    {"cross_attn.output_proj", "attn2.to_out.0"},
+    {"mlp.layer1", "ff.net.0.proj"},
+    {"mlp.layer2", "ff.net.2"},
+    {"final_layer.adaln_modulation.1", "norm_out.linear_1"},
+    {"final_layer.adaln_modulation.2", "norm_out.linear_2"},
+    {"final_layer.linear", "proj_out"},
+    {"t_embedder.1", "time_embed.t_embedder"},
+    {"t_embedding_norm", "time_embed.norm"},
+    {"x_embedder.proj.1", "patch_embed.proj"},
+};
+
+static int starts_anima_form(const char *key)
+{
+    return str_starts_with(key, ANIMA_COMFY);
+}
+
+int anima_lora_detect(const struct model *w)
+{
+    return lora_model_any_key(w, starts_anima_form);
+}
+
+/* prefix + rest, allocated; NULL when out of memory. */
+static char *joined(const char *prefix, const char *rest)
+{
+    const size_t a = strlen(prefix), b = strlen(rest);
+    char *s = malloc(a + b + 1);
+    if (s) {
+        memcpy(s, prefix, a);
+        memcpy(s + a, rest, b + 1);
+    }
+    return s;
+}
+
+/* One key's name as diffusers converts it (allocated; NULL when out of
+ * memory). */
+static char *anima_name(const char *key)
+{
+    if (!str_starts_with(key, ANIMA_COMFY))
+        return strdup(key);
+    const char *rest = key + strlen(ANIMA_COMFY);
+    if (str_starts_with(rest, ANIMA_ADAPTER))
+        return joined(ANIMA_CONDITIONER, rest + strlen(ANIMA_ADAPTER));
+    char *renamed = str_replace_in_turn(rest, RENAMES, COUNT(RENAMES));
+    char *name = renamed ? joined(ANIMA_TARGET, renamed) : NULL;
+    free(renamed);
+    return name;
+}
+
+int anima_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
+{
+    *out = NULL;
+    struct lora_rewrite rw = {.path = path, .meta = w->files[0]->meta, .nmeta = w->files[0]->nmeta};
+    lora_rewrite_leave_out_dora(&rw, w); /* dropped before the conversion, with a warning */
+    struct lora_key *keys = NULL;
+    size_t n = 0;
+    int code = lora_keys_of(path, w, lora_is_dora_scale, &keys, &n);
+    if (code == NF4_OK)
+        code = lora_keys_rename(path, keys, n, anima_name);
+    if (code == NF4_OK) {
+        lora_keys_sort(keys, n);
+        code = lora_keys_check_distinct(path, keys, n); /* diffusers' dict keeps one of them */
+    }
+    for (size_t i = 0; i < n && code == NF4_OK; i++)
+        code = lora_rewrite_add_copy(&rw, keys[i].name, "", keys[i].t);
+    if (code == NF4_OK)
+        code = lora_rewrite_check_one_each(&rw);
+    code = lora_rewrite_finish(&rw, code, warn, "are DoRA scales, which diffusers drops", out);
+    lora_keys_free(keys, n);
+    return code;
+}
