@@ -11,6 +11,7 @@
 #include "fileio.h"
 #include "json_util.h"
 #include "layout.h"
+#include "lora_ace_step.h"
 #include "lora_anima.h"
 #include "lora_fal.h"
 #include "lora_flux2.h"
@@ -112,6 +113,8 @@ enum lora_family diffusers_lora_family(const char *cls)
     /* AnimaModularPipeline, AnimaTextConditioner; not AnimateDiff... */
     if (cls && strncmp(cls, "Anima", 5) == 0 && cls[5] >= 'A' && cls[5] <= 'Z')
         return LORA_FAMILY_ANIMA;
+    if (cls && strncmp(cls, "AceStep", 7) == 0)
+        return LORA_FAMILY_ACE_STEP;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     /* StableDiffusionLoraLoaderMixin's and ...XLLoraLoaderMixin's pipelines
@@ -224,6 +227,7 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
     case LORA_FAMILY_LUMINA2: convert = lumina2_lora_detect(*out) ? lumina2_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX3: convert = flux3_lora_detect(*out) ? flux3_lora_convert : NULL; break;
     case LORA_FAMILY_ANIMA: convert = anima_lora_detect(*out) ? anima_lora_convert : NULL; break;
+    case LORA_FAMILY_ACE_STEP: convert = ace_step_lora_detect(*out) ? ace_step_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
         convert = kohya_lora_detect(*out)   ? kohya_lora_convert

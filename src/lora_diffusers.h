@@ -59,6 +59,7 @@ enum lora_family {
     LORA_FAMILY_FLUX3,      /* Flux3ModularPipeline, ... and Flux3Transformer2DModel */
     LORA_FAMILY_ANIMA,      /* AnimaModularPipeline and AnimaTextConditioner (its transformer's class,
                                CosmosTransformer3DModel, is Cosmos' too, which converts nothing) */
+    LORA_FAMILY_ACE_STEP,   /* AceStepPipeline and AceStepTransformer1DModel (and ACE-Step's other classes) */
     LORA_FAMILY_STABLE_DIFFUSION, /* Stable Diffusion 1.x, 2.x and XL's pipelines (StableDiffusion..., not
                                      ...3; AnimateDiff..., Kolors..., LatentConsistencyModel..., PIA...,
                                      StableUnCLIP..., TextToVideo..., LEditsPP...) and UNet2DConditionModel */
@@ -97,7 +98,7 @@ char *diffusers_pipeline_class(const char *dir);
  * XLabs', lora_xlabs.h; Flux.2's, lora_flux2.h; Qwen-Image's, lora_qwen.h;
  * Wan's, lora_wan.h; Z-Image's, lora_zimage.h; HunyuanVideo's,
  * lora_hunyuan.h; Lumina 2's, lora_lumina2.h; FLUX.3's, lora_flux3.h;
- * Anima's, lora_anima.h;
+ * Anima's, lora_anima.h; ACE-Step's, lora_ace_step.h;
  * LTX-Video's, LTX-2's and HiDream's, lora_prefixed.h; Stable Diffusion's,
  * lora_sd.h),
  * saying what is left out where `warn`. */

@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "lora_rewrite.h"
-#include "status.h"
 #include "strutil.h"
 
 #define FLUX3_COMFY "diffusion_model."
@@ -36,25 +35,5 @@ int flux3_lora_detect(const struct model *w)
 
 int flux3_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
-    *out = NULL;
-    struct lora_rewrite rw = {.path = path, .meta = w->files[0]->meta, .nmeta = w->files[0]->nmeta};
-    lora_rewrite_leave_out_dora(&rw, w); /* dropped before the conversion, with a warning */
-    struct lora_key *keys = NULL;
-    size_t n = 0;
-    int code = lora_keys_of(path, w, lora_is_dora_scale, &keys, &n);
-    if (code == NF4_OK)
-        lora_keys_remove_prefix(keys, n, FLUX3_COMFY);
-    for (size_t r = 0; r < COUNT(RENAMES) && code == NF4_OK; r++)
-        code = lora_keys_replace(path, keys, n, RENAMES[r][0], RENAMES[r][1]);
-    if (code == NF4_OK) {
-        lora_keys_sort(keys, n);
-        code = lora_keys_check_distinct(path, keys, n); /* diffusers' dict keeps one of them */
-    }
-    for (size_t i = 0; i < n && code == NF4_OK; i++)
-        code = lora_rewrite_add_copy(&rw, FLUX3_TARGET, keys[i].name, keys[i].t);
-    if (code == NF4_OK)
-        code = lora_rewrite_check_one_each(&rw);
-    code = lora_rewrite_finish(&rw, code, warn, "are DoRA scales, which diffusers drops", out);
-    lora_keys_free(keys, n);
-    return code;
+    return lora_rewrite_renaming(w, path, warn, FLUX3_COMFY, RENAMES, COUNT(RENAMES), FLUX3_TARGET, out);
 }

@@ -297,6 +297,32 @@ int lora_keys_rename(const char *path, struct lora_key *keys, size_t n, char *(*
     return NF4_OK;
 }
 
+int lora_rewrite_renaming(const struct model *w, const char *path, int warn, const char *prefix,
+                          const char *const (*renames)[2], size_t n, const char *target, struct model **out)
+{
+    *out = NULL;
+    struct lora_rewrite rw = {.path = path, .meta = w->files[0]->meta, .nmeta = w->files[0]->nmeta};
+    lora_rewrite_leave_out_dora(&rw, w); /* dropped before the conversion, with a warning */
+    struct lora_key *keys = NULL;
+    size_t nkeys = 0;
+    int code = lora_keys_of(path, w, lora_is_dora_scale, &keys, &nkeys);
+    if (code == NF4_OK)
+        lora_keys_remove_prefix(keys, nkeys, prefix);
+    for (size_t r = 0; r < n && code == NF4_OK; r++)
+        code = lora_keys_replace(path, keys, nkeys, renames[r][0], renames[r][1]);
+    if (code == NF4_OK) {
+        lora_keys_sort(keys, nkeys);
+        code = lora_keys_check_distinct(path, keys, nkeys); /* diffusers' dict keeps one of them */
+    }
+    for (size_t i = 0; i < nkeys && code == NF4_OK; i++)
+        code = lora_rewrite_add_copy(&rw, target, keys[i].name, keys[i].t);
+    if (code == NF4_OK)
+        code = lora_rewrite_check_one_each(&rw);
+    code = lora_rewrite_finish(&rw, code, warn, "are DoRA scales, which diffusers drops", out);
+    lora_keys_free(keys, nkeys);
+    return code;
+}
+
 int lora_keys_any_start(const struct lora_key *keys, size_t n, const char *prefix)
 {
     for (size_t i = 0; i < n; i++)

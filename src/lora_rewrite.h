@@ -139,6 +139,18 @@ int lora_keys_replace(const char *path, struct lora_key *keys, size_t n, const c
  * NF4_OK or NF4_ESOFTWARE. */
 int lora_keys_rename(const char *path, struct lora_key *keys, size_t n, char *(*rename)(const char *name));
 
+/* The conversion that renames every key alike (FLUX.3's and ACE-Step's
+ * loaders): DoRA scales dropped (with a warning where `warn`), `prefix`
+ * removed from each key that starts with it, then each of the `n` pairs of
+ * `renames` replaced in turn in every key as a chain of Python's
+ * str.replace does, the result put under `target` ("transformer."); every
+ * tensor a byte copy, the file's metadata kept; opened as *out
+ * (lora_rewrite_finish). NF4_EDATA naming both keys where two become one
+ * (diffusers' dict keeps the last), or a key longer than LORA_KEY_MAX;
+ * NF4_EIO / NF4_ECANTCREAT for the temp file; NF4_ESOFTWARE. */
+int lora_rewrite_renaming(const struct model *w, const char *path, int warn, const char *prefix,
+                          const char *const (*renames)[2], size_t n, const char *target, struct model **out);
+
 /* Whether any name starts with `prefix`. */
 int lora_keys_any_start(const struct lora_key *keys, size_t n, const char *prefix);
 
