@@ -31,5 +31,6 @@ int ace_step_lora_detect(const struct model *w)
 
 int ace_step_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
-    return lora_rewrite_renaming(w, path, warn, ACE_STEP_PEFT, RENAMES, COUNT(RENAMES), ACE_STEP_TARGET, out);
+    static const struct lora_rename_chain CHAIN = {ACE_STEP_PEFT, RENAMES, COUNT(RENAMES)};
+    return lora_rewrite_renamed(w, path, warn, lora_keys_rename_chain, &CHAIN, ACE_STEP_TARGET, out);
 }

@@ -4,7 +4,6 @@
 #include <string.h>
 
 #include "lora_rewrite.h"
-#include "status.h"
 #include "strbuf.h"
 #include "strutil.h"
 
@@ -80,25 +79,13 @@ static char *anima_name(const char *key)
     return name;
 }
 
+static int rename_keys(const char *path, struct lora_key *keys, size_t n, const void *how)
+{
+    (void)how;
+    return lora_keys_rename(path, keys, n, anima_name);
+}
+
 int anima_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
-    *out = NULL;
-    struct lora_rewrite rw = {.path = path, .meta = w->files[0]->meta, .nmeta = w->files[0]->nmeta};
-    lora_rewrite_leave_out_dora(&rw, w); /* dropped before the conversion, with a warning */
-    struct lora_key *keys = NULL;
-    size_t n = 0;
-    int code = lora_keys_of(path, w, lora_is_dora_scale, &keys, &n);
-    if (code == NF4_OK)
-        code = lora_keys_rename(path, keys, n, anima_name);
-    if (code == NF4_OK) {
-        lora_keys_sort(keys, n);
-        code = lora_keys_check_distinct(path, keys, n); /* diffusers' dict keeps one of them */
-    }
-    for (size_t i = 0; i < n && code == NF4_OK; i++)
-        code = lora_rewrite_add_copy(&rw, keys[i].name, "", keys[i].t);
-    if (code == NF4_OK)
-        code = lora_rewrite_check_one_each(&rw);
-    code = lora_rewrite_finish(&rw, code, warn, "are DoRA scales, which diffusers drops", out);
-    lora_keys_free(keys, n);
-    return code;
+    return lora_rewrite_renamed(w, path, warn, rename_keys, NULL, "", out); /* the names are whole */
 }

@@ -13,6 +13,7 @@
 #include "layout.h"
 #include "lora_ace_step.h"
 #include "lora_anima.h"
+#include "lora_ernie_image.h"
 #include "lora_fal.h"
 #include "lora_flux2.h"
 #include "lora_flux3.h"
@@ -115,6 +116,19 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_ANIMA;
     if (cls && strncmp(cls, "AceStep", 7) == 0)
         return LORA_FAMILY_ACE_STEP;
+    if (cls && strncmp(cls, "ErnieImage", 10) == 0)
+        return LORA_FAMILY_ERNIE_IMAGE;
+    /* The loaders whose lora_state_dict converts nothing (diffusers 0.42):
+     * their pipelines and transformers. Cosmos' transformer class is
+     * Anima's too, whose loader converts: alone, outside a pipeline, it
+     * takes diffusers' form only, which both read alike. */
+    static const char *const OWN_FORM_LOADERS[] = {
+        "StableDiffusion3", "SD3Transformer2DModel", "AuraFlow", "CogVideoX", "ConsisID",
+        "Mochi", "Sana", "Kandinsky5", "CogView4", "BriaFibo2", "Cosmos2_5_Predict",
+        "CosmosTransformer3DModel", "RFD4Proteina"};
+    for (size_t i = 0; cls && i < sizeof OWN_FORM_LOADERS / sizeof OWN_FORM_LOADERS[0]; i++)
+        if (strncmp(cls, OWN_FORM_LOADERS[i], strlen(OWN_FORM_LOADERS[i])) == 0)
+            return LORA_FAMILY_OWN_FORM;
     if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
     /* StableDiffusionLoraLoaderMixin's and ...XLLoraLoaderMixin's pipelines
@@ -228,6 +242,8 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
     case LORA_FAMILY_FLUX3: convert = flux3_lora_detect(*out) ? flux3_lora_convert : NULL; break;
     case LORA_FAMILY_ANIMA: convert = anima_lora_detect(*out) ? anima_lora_convert : NULL; break;
     case LORA_FAMILY_ACE_STEP: convert = ace_step_lora_detect(*out) ? ace_step_lora_convert : NULL; break;
+    case LORA_FAMILY_ERNIE_IMAGE: convert = ernie_image_lora_detect(*out) ? ernie_image_lora_convert : NULL; break;
+    case LORA_FAMILY_OWN_FORM: break; /* diffusers' own form only: below */
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
         convert = kohya_lora_detect(*out)   ? kohya_lora_convert
@@ -384,9 +400,7 @@ static int kohya_refusal(const struct model *w)
     for (size_t i = 0; i < w->count; i++)
         if (strstr(w->tensors[i].t->name, ".lora_down."))
             return nf4_fail(NF4_EDATA, path, w->tensors[i].t->name, "is a lora_down key in a form this pipeline's "
-                            "diffusers loader does not convert (Qwen-Image's converts files with a key ending in "
-                            ".alpha, or starting with lora_unet_ or diffusion_model., or holding default.): "
-                            "diffusers loads none of it");
+                            "diffusers loader does not convert: diffusers loads none of it");
     return nf4_fail(NF4_EDATA, path, NULL, KOHYA_REFUSAL);
 }
 

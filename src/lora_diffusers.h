@@ -60,6 +60,10 @@ enum lora_family {
     LORA_FAMILY_ANIMA,      /* AnimaModularPipeline and AnimaTextConditioner (its transformer's class,
                                CosmosTransformer3DModel, is Cosmos' too, which converts nothing) */
     LORA_FAMILY_ACE_STEP,   /* AceStepPipeline and AceStepTransformer1DModel (and ACE-Step's other classes) */
+    LORA_FAMILY_ERNIE_IMAGE, /* ErnieImagePipeline, ErnieImageModularPipeline and ErnieImageTransformer2DModel */
+    LORA_FAMILY_OWN_FORM,   /* the loaders that convert no other form: Stable Diffusion 3's, AuraFlow's,
+                               CogVideoX's (and ConsisID's), Mochi's, Sana's, Kandinsky 5's, CogView4's,
+                               BriaFibo2's, Cosmos 2.5 Predict's, RFD4Proteina's pipelines and transformers */
     LORA_FAMILY_STABLE_DIFFUSION, /* Stable Diffusion 1.x, 2.x and XL's pipelines (StableDiffusion..., not
                                      ...3; AnimateDiff..., Kolors..., LatentConsistencyModel..., PIA...,
                                      StableUnCLIP..., TextToVideo..., LEditsPP...) and UNet2DConditionModel */
@@ -98,7 +102,8 @@ char *diffusers_pipeline_class(const char *dir);
  * XLabs', lora_xlabs.h; Flux.2's, lora_flux2.h; Qwen-Image's, lora_qwen.h;
  * Wan's, lora_wan.h; Z-Image's, lora_zimage.h; HunyuanVideo's,
  * lora_hunyuan.h; Lumina 2's, lora_lumina2.h; FLUX.3's, lora_flux3.h;
- * Anima's, lora_anima.h; ACE-Step's, lora_ace_step.h;
+ * Anima's, lora_anima.h; ACE-Step's, lora_ace_step.h; ERNIE-Image's,
+ * lora_ernie_image.h;
  * LTX-Video's, LTX-2's and HiDream's, lora_prefixed.h; Stable Diffusion's,
  * lora_sd.h),
  * saying what is left out where `warn`. */

@@ -35,5 +35,6 @@ int flux3_lora_detect(const struct model *w)
 
 int flux3_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
-    return lora_rewrite_renaming(w, path, warn, FLUX3_COMFY, RENAMES, COUNT(RENAMES), FLUX3_TARGET, out);
+    static const struct lora_rename_chain CHAIN = {FLUX3_COMFY, RENAMES, COUNT(RENAMES)};
+    return lora_rewrite_renamed(w, path, warn, lora_keys_rename_chain, &CHAIN, FLUX3_TARGET, out);
 }

@@ -297,29 +297,38 @@ int lora_keys_rename(const char *path, struct lora_key *keys, size_t n, char *(*
     return NF4_OK;
 }
 
-int lora_rewrite_renaming(const struct model *w, const char *path, int warn, const char *prefix,
-                          const char *const (*renames)[2], size_t n, const char *target, struct model **out)
+int lora_rewrite_renamed(const struct model *w, const char *path, int warn,
+                         int (*rename)(const char *path, struct lora_key *keys, size_t n, const void *how),
+                         const void *how, const char *target, struct model **out)
 {
     *out = NULL;
     struct lora_rewrite rw = {.path = path, .meta = w->files[0]->meta, .nmeta = w->files[0]->nmeta};
     lora_rewrite_leave_out_dora(&rw, w); /* dropped before the conversion, with a warning */
     struct lora_key *keys = NULL;
-    size_t nkeys = 0;
-    int code = lora_keys_of(path, w, lora_is_dora_scale, &keys, &nkeys);
+    size_t n = 0;
+    int code = lora_keys_of(path, w, lora_is_dora_scale, &keys, &n);
     if (code == NF4_OK)
-        lora_keys_remove_prefix(keys, nkeys, prefix);
-    for (size_t r = 0; r < n && code == NF4_OK; r++)
-        code = lora_keys_replace(path, keys, nkeys, renames[r][0], renames[r][1]);
+        code = rename(path, keys, n, how);
     if (code == NF4_OK) {
-        lora_keys_sort(keys, nkeys);
-        code = lora_keys_check_distinct(path, keys, nkeys); /* diffusers' dict keeps one of them */
+        lora_keys_sort(keys, n);
+        code = lora_keys_check_distinct(path, keys, n); /* diffusers' dict keeps one of them */
     }
-    for (size_t i = 0; i < nkeys && code == NF4_OK; i++)
+    for (size_t i = 0; i < n && code == NF4_OK; i++)
         code = lora_rewrite_add_copy(&rw, target, keys[i].name, keys[i].t);
     if (code == NF4_OK)
         code = lora_rewrite_check_one_each(&rw);
     code = lora_rewrite_finish(&rw, code, warn, "are DoRA scales, which diffusers drops", out);
-    lora_keys_free(keys, nkeys);
+    lora_keys_free(keys, n);
+    return code;
+}
+
+int lora_keys_rename_chain(const char *path, struct lora_key *keys, size_t n, const void *how)
+{
+    const struct lora_rename_chain *chain = how;
+    lora_keys_remove_prefix(keys, n, chain->prefix);
+    int code = NF4_OK;
+    for (size_t r = 0; r < chain->n && code == NF4_OK; r++)
+        code = lora_keys_replace(path, keys, n, chain->renames[r][0], chain->renames[r][1]);
     return code;
 }
 

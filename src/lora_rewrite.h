@@ -139,17 +139,30 @@ int lora_keys_replace(const char *path, struct lora_key *keys, size_t n, const c
  * NF4_OK or NF4_ESOFTWARE. */
 int lora_keys_rename(const char *path, struct lora_key *keys, size_t n, char *(*rename)(const char *name));
 
-/* The conversion that renames every key alike (FLUX.3's and ACE-Step's
- * loaders): DoRA scales dropped (with a warning where `warn`), `prefix`
- * removed from each key that starts with it, then each of the `n` pairs of
- * `renames` replaced in turn in every key as a chain of Python's
- * str.replace does, the result put under `target` ("transformer."); every
- * tensor a byte copy, the file's metadata kept; opened as *out
- * (lora_rewrite_finish). NF4_EDATA naming both keys where two become one
- * (diffusers' dict keeps the last), or a key longer than LORA_KEY_MAX;
- * NF4_EIO / NF4_ECANTCREAT for the temp file; NF4_ESOFTWARE. */
-int lora_rewrite_renaming(const struct model *w, const char *path, int warn, const char *prefix,
-                          const char *const (*renames)[2], size_t n, const char *target, struct model **out);
+/* The conversions that only rename keys (FLUX.3's, ACE-Step's, Anima's,
+ * ERNIE-Image's loaders): DoRA scales dropped (with a warning where
+ * `warn`), `rename(path, keys, n, how)` applied to the others' names, each
+ * result put under `target` ("transformer.", or "" where the names are
+ * whole); every tensor a byte copy, the file's metadata kept; opened as *out
+ * (lora_rewrite_finish). `rename` returns NF4_OK or a failure it recorded.
+ * NF4_EDATA naming both keys where two become one (diffusers' dict keeps the
+ * last), or a key longer than LORA_KEY_MAX; NF4_EIO / NF4_ECANTCREAT for the
+ * temp file; NF4_ESOFTWARE. */
+int lora_rewrite_renamed(const struct model *w, const char *path, int warn,
+                         int (*rename)(const char *path, struct lora_key *keys, size_t n, const void *how),
+                         const void *how, const char *target, struct model **out);
+
+/* A renaming as a chain of Python string methods: `prefix` removed from
+ * each key that starts with it, then each of the `n` pairs of `renames`
+ * replaced in turn in every key, as str.replace does. */
+struct lora_rename_chain {
+    const char *prefix;
+    const char *const (*renames)[2];
+    size_t n;
+};
+
+/* lora_rewrite_renamed's `rename` for `how`, a struct lora_rename_chain. */
+int lora_keys_rename_chain(const char *path, struct lora_key *keys, size_t n, const void *how);
 
 /* Whether any name starts with `prefix`. */
 int lora_keys_any_start(const struct lora_key *keys, size_t n, const char *prefix);

@@ -2,11 +2,11 @@
  * qwen_lora_convert, wan_lora_convert, zimage_lora_convert,
  * ltx2_lora_convert, hunyuan_lora_convert, krea2_lora_convert,
  * ideogram4_lora_convert, lumina2_lora_convert, flux3_lora_convert,
- * anima_lora_convert, ace_step_lora_convert and
+ * anima_lora_convert, ace_step_lora_convert, ernie_image_lora_convert and
  * sd_lora_convert on arbitrary bytes written to a file (a kohya, ComfyUI,
  * XLabs or fal Kontext Flux.1 LoRA, a Flux.2, Qwen-Image, Wan, Z-Image,
- * LTX-2, HunyuanVideo, Krea 2, Ideogram 4, Lumina 2, FLUX.3, Anima or
- * ACE-Step LoRA in
+ * LTX-2, HunyuanVideo, Krea 2, Ideogram 4, Lumina 2, FLUX.3, Anima,
+ * ACE-Step or ERNIE-Image LoRA in
  * another form than diffusers', a
  * kohya Stable Diffusion LoRA, whose conversion reads a UNet config of
  * layers_per_block 2 written beside the scratch folder): the
@@ -31,6 +31,7 @@
 #include "fuzz_common.h"
 #include "lora_ace_step.h"
 #include "lora_anima.h"
+#include "lora_ernie_image.h"
 #include "lora_fal.h"
 #include "lora_flux2.h"
 #include "lora_flux3.h"
@@ -168,6 +169,8 @@ static const struct {
     /* keys outside diffusion_model. kept as they are */
     {"an Anima conversion", anima_lora_detect, anima_lora_convert, TRANSFORMER, AS_NAMED},
     {"an ACE-Step conversion", ace_step_lora_detect, ace_step_lora_convert, TRANSFORMER, ANY_KEY},
+    /* keys without either prefix kept as they are */
+    {"an ERNIE-Image conversion", ernie_image_lora_detect, ernie_image_lora_convert, TRANSFORMER, AS_NAMED},
     {"a Stable Diffusion conversion", sd_lora_detect, sd_convert, SD, WITH_CONV},
 };
 

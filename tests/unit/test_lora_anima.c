@@ -19,7 +19,8 @@
 #define WEIGHTS "diffusion_pytorch_model.safetensors"
 
 /* The classes whose loader is Anima's pick its conversion; AnimateDiff's
- * and Cosmos' (whose transformer class Anima's shares) do not. Modular
+ * do not, nor Cosmos' transformer class, which Anima's shares (alone, it
+ * takes diffusers' form only, as Cosmos' loader does). Modular
  * pipelines take the loader their class has: HunyuanVideo 1.5's modular
  * one HunyuanVideo's (its other pipelines have none), Echo's LTX-2's. */
 static void test_anima_family(void **state)
@@ -29,7 +30,7 @@ static void test_anima_family(void **state)
     assert_int_equal(diffusers_lora_family("AnimaTextConditioner"), LORA_FAMILY_ANIMA);
     assert_int_equal(diffusers_lora_family("AnimateDiffPipeline"), LORA_FAMILY_STABLE_DIFFUSION);
     assert_int_equal(diffusers_lora_family("Anima"), LORA_FAMILY_OTHER);
-    assert_int_equal(diffusers_lora_family("CosmosTransformer3DModel"), LORA_FAMILY_OTHER);
+    assert_int_equal(diffusers_lora_family("CosmosTransformer3DModel"), LORA_FAMILY_OWN_FORM);
     assert_int_equal(diffusers_lora_family("HunyuanVideo15ModularPipeline"), LORA_FAMILY_HUNYUAN_VIDEO);
     assert_int_equal(diffusers_lora_family("HunyuanVideo15Pipeline"), LORA_FAMILY_OTHER);
     assert_int_equal(diffusers_lora_family("HunyuanVideo15Transformer3DModel"), LORA_FAMILY_OTHER);

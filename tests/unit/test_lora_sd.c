@@ -24,7 +24,8 @@
 #define SD_UNET_CONFIG "{\"_class_name\": \"UNet2DConditionModel\", \"layers_per_block\": 2}"
 
 /* The classes of Stable Diffusion 1.x, 2.x and XL's pipelines and UNet pick
- * the conversion; Stable Diffusion 3's have a loader of their own. */
+ * the conversion; Stable Diffusion 3's have a loader of their own, which
+ * converts no other form. */
 static void test_sd_family(void **state)
 {
     (void)state;
@@ -34,8 +35,8 @@ static void test_sd_family(void **state)
                                      "PIAPipeline", "StableUnCLIPPipeline", "UNet2DConditionModel"};
     for (size_t i = 0; i < sizeof SD / sizeof SD[0]; i++)
         assert_int_equal(diffusers_lora_family(SD[i]), LORA_FAMILY_STABLE_DIFFUSION);
-    assert_int_equal(diffusers_lora_family("StableDiffusion3Pipeline"), LORA_FAMILY_OTHER);
-    assert_int_equal(diffusers_lora_family("SD3Transformer2DModel"), LORA_FAMILY_OTHER);
+    assert_int_equal(diffusers_lora_family("StableDiffusion3Pipeline"), LORA_FAMILY_OWN_FORM);
+    assert_int_equal(diffusers_lora_family("SD3Transformer2DModel"), LORA_FAMILY_OWN_FORM);
 }
 
 /* `r` written to `path`, converted with the UNet config `config` (NULL:
