@@ -251,4 +251,19 @@ static inline void assert_lora_refused(const char *in, const char *out, const ch
     assert_int_equal(tu_count_entries(dir), 0);
 }
 
+/* diffusers_lora_open of the file `lora` as `family` refuses it: NF4_EDATA
+ * in one line naming `lora` and holding `want`, no model, and nothing left in
+ * TMPDIR `dir` (case `i` of a table, for the message). */
+static inline void assert_lora_open_refused(const char *lora, enum lora_family family, const char *want,
+                                            const char *dir, size_t i)
+{
+    struct model *m = NULL;
+    nf4_clear_error();
+    if (diffusers_lora_open(lora, family, 0, &m) != NF4_EDATA || !strstr(nf4_last_error(), want) ||
+        !strstr(nf4_last_error(), lora) || strchr(nf4_last_error(), '\n'))
+        fail_msg("case %zu: %s", i, nf4_last_error());
+    assert_null(m);
+    assert_int_equal(tu_count_entries(dir), 0);
+}
+
 #endif
