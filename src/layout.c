@@ -47,7 +47,9 @@ int layout_of(const char *path, enum input_layout *out)
     return NF4_OK;
 }
 
-static int classify(const char *root, const char *path, enum pipeline_entry_kind *kind)
+/* What entry `path` of pipeline `root` is; `is_index`: it is the index that
+ * makes `root` a pipeline, which OUT cannot be one without. */
+static int classify(const char *root, const char *path, int is_index, enum pipeline_entry_kind *kind)
 {
     struct stat lst, st;
     if (lstat(path, &lst) != 0)
@@ -59,6 +61,9 @@ static int classify(const char *root, const char *path, enum pipeline_entry_kind
         return NF4_OK;
     }
     if (S_ISREG(st.st_mode)) {
+        if (S_ISLNK(lst.st_mode) && !path_stays_in_model(root, path) && is_index)
+            return nf4_fail(NF4_EDATA, path, NULL, "is the pipeline's index and links outside the pipeline, which "
+                            "nf4deq copies no file from: copy the file into the pipeline");
         if (S_ISLNK(lst.st_mode) && !path_stays_in_model(root, path))
             *kind = ENTRY_OTHER;
         else
@@ -101,6 +106,7 @@ int pipeline_list(const char *root, struct pipeline_entry **out, size_t *n_out)
     int code = dir_list(root, NF4_ENOINPUT, &names, &n);
     if (code != NF4_OK)
         return code;
+    const char *index = pipeline_index_name(root);
     struct pipeline_entry *e = calloc(n ? n : 1, sizeof *e);
     size_t kept = 0;
     if (!e)
@@ -108,7 +114,8 @@ int pipeline_list(const char *root, struct pipeline_entry **out, size_t *n_out)
     for (size_t i = 0; i < n && code == NF4_OK; i++) { /* sorted: so are the entries */
         char *path = path_join(root, names[i]);
         enum pipeline_entry_kind kind = ENTRY_OTHER;
-        code = path ? classify(root, path, &kind) : nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
+        const int is_index = index && strcmp(names[i], index) == 0;
+        code = path ? classify(root, path, is_index, &kind) : nf4_fail(NF4_ESOFTWARE, root, NULL, "out of memory");
         free(path);
         if (code != NF4_OK || (names[i][0] == '.' && kind != ENTRY_FILE))
             continue;

@@ -44,7 +44,8 @@ struct pipeline_entry {
 /* The entries of a pipeline's root, sorted by name, without hidden
  * directories (.cache of `hf download --local-dir`, .git). A component that is
  * a link must stay inside the pipeline (or its Hugging Face cache
- * repository): NF4_EDATA otherwise. */
+ * repository), and so must the index (pipeline_index_name): NF4_EDATA
+ * otherwise. */
 int pipeline_list(const char *root, struct pipeline_entry **out, size_t *n);
 void pipeline_entries_free(struct pipeline_entry *e, size_t n);
 

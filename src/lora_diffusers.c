@@ -118,6 +118,8 @@ enum lora_family diffusers_lora_family(const char *cls)
         return LORA_FAMILY_ACE_STEP;
     if (cls && strncmp(cls, "ErnieImage", 10) == 0)
         return LORA_FAMILY_ERNIE_IMAGE;
+    if (cls && strncmp(cls, "MiniMaxH3", 9) == 0)
+        return LORA_FAMILY_MINIMAX_H3;
     /* The loaders whose lora_state_dict converts nothing (diffusers 0.42):
      * their pipelines and transformers. Cosmos' transformer class is
      * Anima's too, whose loader converts: alone, outside a pipeline, it
@@ -244,6 +246,12 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
     case LORA_FAMILY_ACE_STEP: convert = ace_step_lora_detect(*out) ? ace_step_lora_convert : NULL; break;
     case LORA_FAMILY_ERNIE_IMAGE: convert = ernie_image_lora_detect(*out) ? ernie_image_lora_convert : NULL; break;
     case LORA_FAMILY_OWN_FORM: break; /* diffusers' own form only: below */
+    case LORA_FAMILY_MINIMAX_H3:
+        model_close(*out);
+        *out = NULL;
+        return nf4_fail(NF4_EDATA, path, NULL, "is for a MiniMax-H3 model, whose diffusers loader nf4deq does not "
+                        "follow yet (it loads LoRAs into transformer_ref too, converts other forms and reads an "
+                        "alpha from the file's metadata): nothing is merged");
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
         convert = kohya_lora_detect(*out)   ? kohya_lora_convert

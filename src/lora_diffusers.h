@@ -61,6 +61,9 @@ enum lora_family {
                                CosmosTransformer3DModel, is Cosmos' too, which converts nothing) */
     LORA_FAMILY_ACE_STEP,   /* AceStepPipeline and AceStepTransformer1DModel (and ACE-Step's other classes) */
     LORA_FAMILY_ERNIE_IMAGE, /* ErnieImagePipeline, ErnieImageModularPipeline and ErnieImageTransformer2DModel */
+    LORA_FAMILY_MINIMAX_H3, /* MiniMaxH3ModularPipeline and MiniMaxH3Transformer3DModel: refused (its loader
+                               also loads transformer_ref, converts other forms and reads an alpha from the
+                               file's metadata, none of which nf4deq follows yet) */
     LORA_FAMILY_OWN_FORM,   /* the loaders that convert no other form: Stable Diffusion 3's, AuraFlow's,
                                CogVideoX's (and ConsisID's), Mochi's, Sana's, Kandinsky 5's, CogView4's,
                                BriaFibo2's, Cosmos 2.5 Predict's, RFD4Proteina's pipelines and transformers */

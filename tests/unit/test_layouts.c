@@ -202,7 +202,16 @@ static void test_modular_pipeline_converts_as_a_pipeline(void **state)
     assert_non_null(strstr(r.out, "pipeline: 3 components (2 converted, 1 copied)"));
     tu_run_free(&r);
     tu_rmtree(out);
-    tu_sh("rm %s/modular_model_index.json && mkdir %s/modular_model_index.json", in, in);
+    /* An index that links outside the pipeline, which nf4deq copies no file
+     * from: refused, as OUT would be no pipeline without it. */
+    tu_sh("mv %s/modular_model_index.json %s/index-outside.json && ln -s %s/index-outside.json "
+          "%s/modular_model_index.json", in, s->dir, s->dir, in);
+    r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, "modular_model_index.json: is the pipeline's index"))
+        fail_msg("exit %d: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    tu_sh("rm %s/modular_model_index.json %s/index-outside.json && mkdir %s/modular_model_index.json", in, s->dir, in);
     r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
     assert_int_equal(r.status, NF4_ENOINPUT);
     assert_non_null(strstr(r.err, "is not a model directory"));
