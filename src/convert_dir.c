@@ -20,6 +20,7 @@
 #include "layout.h"
 #include "pipeline_lora.h"
 #include "model_dir.h"
+#include "modular_index.h"
 #include "out_lock.h"
 #include "resume.h"
 #include "status.h"
@@ -548,6 +549,7 @@ int convert_pipeline(struct ctx *c, const char *in, const char *out, int replace
     int code = pipeline_list(in, &e, &n);
     if (code != NF4_OK)
         return code;
+    modular_index_warn_remote(in);
     struct model_job *jobs = calloc(n ? n : 1, sizeof *jobs);
     uint64_t tensors = 0, bytes = 0;
     char *tmp = NULL;

@@ -17,6 +17,7 @@
 #include "lora.h"
 #include "model.h"
 #include "model_dir.h"
+#include "modular_index.h"
 #include "pipeline_lora.h"
 #include "status.h"
 #include "tokenizer_files.h"
@@ -481,6 +482,7 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
     int code = pipeline_list(in, &e, &n);
     if (code != NF4_OK)
         return code;
+    modular_index_warn_remote(in);
     struct pipeline_loras pl;
     code = pipeline_loras_open(in, o->lora_dirs, o->nlora, e, n, &pl);
     struct component_loras cl = {0};

@@ -175,15 +175,25 @@ static void test_pipeline_output_is_all_or_nothing(void **state)
  * modular_model_index.json and no model_index.json) is a pipeline: its
  * components convert as a DiffusionPipeline's, its index is copied byte for
  * byte (diffusers loads the components a folder holds from the folder), and
- * inspect lists it as one. A folder named like the index is no index. */
+ * inspect lists it as one, warning of a component the index takes from a
+ * repository. A folder named like the index is no index. */
 static void test_modular_pipeline_converts_as_a_pipeline(void **state)
 {
     struct tu_scratch *s = *state;
     char *in = pipeline_with_extras(s->dir), *out = tu_strdupf("%s/flux-out", s->dir);
-    tu_sh("rm %s/model_index.json && printf '{\\n  \"_blocks_class_name\": \"FluxAutoBlocks\",\\n  "
-          "\"_class_name\": \"FluxModularPipeline\",\\n  \"transformer\": [\"diffusers\", "
-          "\"FluxTransformer2DModel\", {\"pretrained_model_name_or_path\": \"someone/flux-bnb-4bit\", "
-          "\"subfolder\": \"transformer\"}]\\n}\\n' > %s/modular_model_index.json", in, in);
+    static const char MODULAR_INDEX[] =
+        "{\n  \"_blocks_class_name\": \"FluxAutoBlocks\",\n  \"_class_name\": \"FluxModularPipeline\",\n"
+        "  \"scheduler\": [null, null, {\"pretrained_model_name_or_path\": null, \"subfolder\": \"\"}],\n"
+        "  \"text_encoder\": [\"transformers\", \"CLIPTextModel\", {\"pretrained_model_name_or_path\": "
+        "\"someone/flux-bnb-4bit\", \"subfolder\": \"text_encoder\"}],\n"
+        "  \"transformer\": [\"diffusers\", \"FluxTransformer2DModel\", {\"pretrained_model_name_or_path\": "
+        "\"someone/flux-bnb-4bit\", \"subfolder\": \"transformer\"}],\n"
+        "  \"vae\": [\"diffusers\", \"AutoencoderKL\", {\"pretrained_model_name_or_path\": "
+        "\"someone/flux-bnb-4bit\", \"subfolder\": \"vae\"}]\n}\n";
+    char *index = tu_strdupf("%s/modular_model_index.json", in);
+    tu_sh("rm %s/model_index.json", in);
+    tu_write_file(index, MODULAR_INDEX, strlen(MODULAR_INDEX));
+    free(index);
     struct tu_run r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
     assert_converted_ok(&r);
     char *got = tu_strdupf("%s/transformer/diffusion_pytorch_model.safetensors", out);
@@ -200,6 +210,12 @@ static void test_modular_pipeline_converts_as_a_pipeline(void **state)
     r = tu_run("inspect", in, NULL);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "pipeline: 3 components (2 converted, 1 copied)"));
+    /* The index takes text_encoder from a repository, which the folder does
+     * not hold: a converted pipeline would load it from there, and the
+     * warning says so (naming no component the folder holds). */
+    if (!strstr(r.err, "modular_model_index.json: takes text_encoder from the repositories it names "
+                       "(someone/flux-bnb-4bit...)") || tu_lines(r.err) != 1)
+        fail_msg("%s", r.err);
     tu_run_free(&r);
     tu_rmtree(out);
     /* An index that links outside the pipeline, which nf4deq copies no file
