@@ -76,73 +76,91 @@ static char *only_safetensors(const char *dir)
     return found;
 }
 
+/* Class-name prefixes and the loader each picks (diffusers 0.42's mixins:
+ * pipelines, modular pipelines and the models they load into), tried in
+ * order, a longer prefix before a shorter one it extends (LTX2 before LTX,
+ * StableDiffusion3 before StableDiffusion). LORA_FAMILY_OTHER stops a class
+ * with no loader from reaching a shorter prefix (HunyuanVideo 1.5's
+ * pipelines have none, but its modular one has HunyuanVideo's). */
+static const struct {
+    const char *prefix;
+    enum lora_family family;
+} CLASS_PREFIXES[] = {
+    {"QwenImage", LORA_FAMILY_QWEN_IMAGE},
+    /* WanLoraLoaderMixin's pipelines and theirs like it (SkyReels-V2's and
+     * Helios's mixins run the same conversions), and their transformers */
+    {"Wan", LORA_FAMILY_WAN},
+    {"SkyReelsV2", LORA_FAMILY_WAN},
+    {"LucyEdit", LORA_FAMILY_WAN},
+    {"ChronoEdit", LORA_FAMILY_WAN},
+    {"AnyFlow", LORA_FAMILY_WAN},
+    {"Helios", LORA_FAMILY_WAN},
+    /* LTX-2 has a loader of its own, which EchoModularPipeline has too */
+    {"LTX2", LORA_FAMILY_LTX2},
+    {"EchoModular", LORA_FAMILY_LTX2},
+    {"LTX", LORA_FAMILY_LTX_VIDEO},
+    {"HiDreamImage", LORA_FAMILY_HIDREAM},
+    {"ZImage", LORA_FAMILY_Z_IMAGE},
+    {"HunyuanVideo15Modular", LORA_FAMILY_HUNYUAN_VIDEO},
+    {"HunyuanVideo15", LORA_FAMILY_OTHER},
+    {"HunyuanVideo", LORA_FAMILY_HUNYUAN_VIDEO},
+    {"HunyuanSkyreels", LORA_FAMILY_HUNYUAN_VIDEO},
+    {"Flux2", LORA_FAMILY_FLUX2},
+    {"Krea2", LORA_FAMILY_KREA2},
+    {"Ideogram4", LORA_FAMILY_IDEOGRAM4},
+    {"Lumina2", LORA_FAMILY_LUMINA2},
+    {"Flux3", LORA_FAMILY_FLUX3},
+    {"AceStep", LORA_FAMILY_ACE_STEP},
+    {"ErnieImage", LORA_FAMILY_ERNIE_IMAGE},
+    {"MiniMaxH3", LORA_FAMILY_MINIMAX_H3},
+    /* The loaders whose lora_state_dict converts nothing: their pipelines
+     * and transformers. Cosmos' transformer class is Anima's too, whose
+     * loader converts: alone, outside a pipeline, it takes diffusers' form
+     * only, which both read alike. */
+    {"StableDiffusion3", LORA_FAMILY_OWN_FORM},
+    {"SD3Transformer2DModel", LORA_FAMILY_OWN_FORM},
+    {"AuraFlow", LORA_FAMILY_OWN_FORM},
+    {"CogVideoX", LORA_FAMILY_OWN_FORM},
+    {"ConsisID", LORA_FAMILY_OWN_FORM},
+    {"Mochi", LORA_FAMILY_OWN_FORM},
+    {"Sana", LORA_FAMILY_OWN_FORM},
+    {"Kandinsky5", LORA_FAMILY_OWN_FORM},
+    {"CogView4", LORA_FAMILY_OWN_FORM},
+    {"BriaFibo2", LORA_FAMILY_OWN_FORM},
+    {"Cosmos2_5_Predict", LORA_FAMILY_OWN_FORM},
+    {"CosmosTransformer3DModel", LORA_FAMILY_OWN_FORM},
+    {"RFD4Proteina", LORA_FAMILY_OWN_FORM},
+    /* StableDiffusionLoraLoaderMixin's and ...XLLoraLoaderMixin's pipelines
+     * (not Stable Diffusion 3's, above), and their UNet */
+    {"StableDiffusion", LORA_FAMILY_STABLE_DIFFUSION},
+    {"AnimateDiff", LORA_FAMILY_STABLE_DIFFUSION},
+    {"Kolors", LORA_FAMILY_STABLE_DIFFUSION},
+    {"LatentConsistencyModel", LORA_FAMILY_STABLE_DIFFUSION},
+    {"PIAPipeline", LORA_FAMILY_STABLE_DIFFUSION},
+    {"StableUnCLIP", LORA_FAMILY_STABLE_DIFFUSION},
+    {"TextToVideo", LORA_FAMILY_STABLE_DIFFUSION},
+    {"VideoToVideoSD", LORA_FAMILY_STABLE_DIFFUSION},
+    {"LEditsPPPipelineStableDiffusion", LORA_FAMILY_STABLE_DIFFUSION},
+    {"AltDiffusion", LORA_FAMILY_STABLE_DIFFUSION},
+    {"CycleDiffusion", LORA_FAMILY_STABLE_DIFFUSION},
+    {"UNet2DConditionModel", LORA_FAMILY_STABLE_DIFFUSION},
+    {"UNetMotionModel", LORA_FAMILY_STABLE_DIFFUSION},
+};
+
 enum lora_family diffusers_lora_family(const char *cls)
 {
-    if (cls && strncmp(cls, "QwenImage", 9) == 0)
-        return LORA_FAMILY_QWEN_IMAGE;
-    /* WanLoraLoaderMixin's pipelines and theirs like it (SkyReels-V2's and
-     * Helios's mixins run the same conversions), and their transformers. */
-    static const char *const WAN_LOADERS[] = {"Wan", "SkyReelsV2", "LucyEdit", "ChronoEdit", "AnyFlow", "Helios"};
-    for (size_t i = 0; cls && i < sizeof WAN_LOADERS / sizeof WAN_LOADERS[0]; i++)
-        if (strncmp(cls, WAN_LOADERS[i], strlen(WAN_LOADERS[i])) == 0)
-            return LORA_FAMILY_WAN;
-    /* LTX-2 has a loader of its own, which EchoModularPipeline has too */
-    if (cls && (strncmp(cls, "LTX2", 4) == 0 || strncmp(cls, "EchoModular", 11) == 0))
-        return LORA_FAMILY_LTX2;
-    if (cls && strncmp(cls, "LTX", 3) == 0)
-        return LORA_FAMILY_LTX_VIDEO;
-    if (cls && strncmp(cls, "HiDreamImage", 12) == 0)
-        return LORA_FAMILY_HIDREAM;
-    if (cls && strncmp(cls, "ZImage", 6) == 0)
-        return LORA_FAMILY_Z_IMAGE;
-    /* HunyuanVideo 1.5's pipelines have no LoRA loader, but its modular
-     * pipeline has HunyuanVideo's. */
-    if (cls && ((strncmp(cls, "HunyuanVideo", 12) == 0 &&
-                 (strncmp(cls, "HunyuanVideo15", 14) != 0 || strncmp(cls, "HunyuanVideo15Modular", 21) == 0)) ||
-                strncmp(cls, "HunyuanSkyreels", 15) == 0))
-        return LORA_FAMILY_HUNYUAN_VIDEO;
-    if (cls && strncmp(cls, "Flux2", 5) == 0)
-        return LORA_FAMILY_FLUX2;
-    if (cls && strncmp(cls, "Krea2", 5) == 0)
-        return LORA_FAMILY_KREA2;
-    if (cls && strncmp(cls, "Ideogram4", 9) == 0)
-        return LORA_FAMILY_IDEOGRAM4;
-    if (cls && strncmp(cls, "Lumina2", 7) == 0)
-        return LORA_FAMILY_LUMINA2;
-    if (cls && strncmp(cls, "Flux3", 5) == 0)
-        return LORA_FAMILY_FLUX3;
+    if (!cls)
+        return LORA_FAMILY_OTHER;
     /* AnimaModularPipeline, AnimaTextConditioner; not AnimateDiff... */
-    if (cls && strncmp(cls, "Anima", 5) == 0 && cls[5] >= 'A' && cls[5] <= 'Z')
+    if (str_starts_with(cls, "Anima") && cls[5] >= 'A' && cls[5] <= 'Z')
         return LORA_FAMILY_ANIMA;
-    if (cls && strncmp(cls, "AceStep", 7) == 0)
-        return LORA_FAMILY_ACE_STEP;
-    if (cls && strncmp(cls, "ErnieImage", 10) == 0)
-        return LORA_FAMILY_ERNIE_IMAGE;
-    if (cls && strncmp(cls, "MiniMaxH3", 9) == 0)
-        return LORA_FAMILY_MINIMAX_H3;
-    /* The loaders whose lora_state_dict converts nothing (diffusers 0.42):
-     * their pipelines and transformers. Cosmos' transformer class is
-     * Anima's too, whose loader converts: alone, outside a pipeline, it
-     * takes diffusers' form only, which both read alike. */
-    static const char *const OWN_FORM_LOADERS[] = {
-        "StableDiffusion3", "SD3Transformer2DModel", "AuraFlow", "CogVideoX", "ConsisID",
-        "Mochi", "Sana", "Kandinsky5", "CogView4", "BriaFibo2", "Cosmos2_5_Predict",
-        "CosmosTransformer3DModel", "RFD4Proteina"};
-    for (size_t i = 0; cls && i < sizeof OWN_FORM_LOADERS / sizeof OWN_FORM_LOADERS[0]; i++)
-        if (strncmp(cls, OWN_FORM_LOADERS[i], strlen(OWN_FORM_LOADERS[i])) == 0)
-            return LORA_FAMILY_OWN_FORM;
-    if (cls && strncmp(cls, "Flux", 4) == 0 && !(cls[4] >= '0' && cls[4] <= '9'))
+    for (size_t i = 0; i < sizeof CLASS_PREFIXES / sizeof CLASS_PREFIXES[0]; i++)
+        if (str_starts_with(cls, CLASS_PREFIXES[i].prefix))
+            return CLASS_PREFIXES[i].family;
+    /* Flux.1's pipelines and transformer; Flux followed by a digit is another
+     * generation, whose loader nf4deq does not know */
+    if (str_starts_with(cls, "Flux") && !(cls[4] >= '0' && cls[4] <= '9'))
         return LORA_FAMILY_FLUX;
-    /* StableDiffusionLoraLoaderMixin's and ...XLLoraLoaderMixin's pipelines
-     * (diffusers 0.42; not Stable Diffusion 3's, which has a loader of its
-     * own), and their UNet. */
-    static const char *const SD_LOADERS[] = {"StableDiffusion", "AnimateDiff", "Kolors", "LatentConsistencyModel",
-                                             "PIAPipeline", "StableUnCLIP", "TextToVideo", "VideoToVideoSD",
-                                             "LEditsPPPipelineStableDiffusion", "AltDiffusion", "CycleDiffusion",
-                                             "UNet2DConditionModel", "UNetMotionModel"};
-    for (size_t i = 0; cls && i < sizeof SD_LOADERS / sizeof SD_LOADERS[0]; i++)
-        if (strncmp(cls, SD_LOADERS[i], strlen(SD_LOADERS[i])) == 0 && strncmp(cls, "StableDiffusion3", 16) != 0)
-            return LORA_FAMILY_STABLE_DIFFUSION;
     return LORA_FAMILY_OTHER;
 }
 
