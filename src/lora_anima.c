@@ -42,26 +42,9 @@ static const char *const RENAMES[][2] = {
     {"x_embedder.proj.1", "patch_embed.proj"},
 };
 
-static int starts_anima_form(const char *key)
-{
-    return str_starts_with(key, ANIMA_COMFY);
-}
-
 int anima_lora_detect(const struct model *w)
 {
-    return lora_model_any_key(w, starts_anima_form);
-}
-
-/* prefix + rest, allocated; NULL when out of memory. */
-static char *joined(const char *prefix, const char *rest)
-{
-    const size_t a = strlen(prefix), b = strlen(rest);
-    char *s = malloc(a + b + 1);
-    if (s) {
-        memcpy(s, prefix, a);
-        memcpy(s + a, rest, b + 1);
-    }
-    return s;
+    return lora_model_any_key_starting(w, ANIMA_COMFY);
 }
 
 /* One key's name as diffusers converts it (allocated; NULL when out of
@@ -72,9 +55,9 @@ static char *anima_name(const char *key)
         return strdup(key);
     const char *rest = key + strlen(ANIMA_COMFY);
     if (str_starts_with(rest, ANIMA_ADAPTER))
-        return joined(ANIMA_CONDITIONER, rest + strlen(ANIMA_ADAPTER));
+        return str_concat(ANIMA_CONDITIONER, rest + strlen(ANIMA_ADAPTER));
     char *renamed = str_replace_in_turn(rest, RENAMES, COUNT(RENAMES));
-    char *name = renamed ? joined(ANIMA_TARGET, renamed) : NULL;
+    char *name = renamed ? str_concat(ANIMA_TARGET, renamed) : NULL;
     free(renamed);
     return name;
 }

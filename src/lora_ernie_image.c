@@ -2,20 +2,14 @@
 
 #include "lora_rewrite.h"
 #include "status.h"
-#include "strutil.h"
 
 #define ERNIE_PEFT "base_model.model."
 #define ERNIE_AI_TOOLKIT "diffusion_model."
 #define ERNIE_TARGET "transformer."
 
-static int starts_renamed_form(const char *key)
-{
-    return str_starts_with(key, ERNIE_PEFT) || str_starts_with(key, ERNIE_AI_TOOLKIT);
-}
-
 int ernie_image_lora_detect(const struct model *w)
 {
-    return lora_model_any_key(w, starts_renamed_form);
+    return lora_model_any_key_starting(w, ERNIE_PEFT) || lora_model_any_key_starting(w, ERNIE_AI_TOOLKIT);
 }
 
 /* Each step runs where a key starts with its prefix, and renames every

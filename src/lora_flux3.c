@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "lora_rewrite.h"
-#include "strutil.h"
 
 #define FLUX3_COMFY "diffusion_model."
 #define FLUX3_TARGET "transformer."
@@ -23,14 +22,9 @@ static const char *const RENAMES[][2] = {
     {".mlp_out.", ".ff.linear_out."},
 };
 
-static int starts_flux3_form(const char *key)
-{
-    return str_starts_with(key, FLUX3_COMFY);
-}
-
 int flux3_lora_detect(const struct model *w)
 {
-    return lora_model_any_key(w, starts_flux3_form);
+    return lora_model_any_key_starting(w, FLUX3_COMFY);
 }
 
 int flux3_lora_convert(const struct model *w, const char *path, int warn, struct model **out)

@@ -6,7 +6,6 @@
 #include "lora_rewrite.h"
 #include "status.h"
 #include "strbuf.h"
-#include "strutil.h"
 
 #define KREA2_PEFT "base_model.model."
 #define KREA2_COMFY "diffusion_model."
@@ -115,14 +114,9 @@ static int convert_key(const char *path, struct lora_rewrite *rw, struct lora_ke
     return NF4_OK;
 }
 
-static int starts_krea2_form(const char *key)
-{
-    return str_starts_with(key, KREA2_COMFY) || str_starts_with(key, KREA2_PEFT);
-}
-
 int krea2_lora_detect(const struct model *w)
 {
-    return lora_model_any_key(w, starts_krea2_form);
+    return lora_model_any_key_starting(w, KREA2_COMFY) || lora_model_any_key_starting(w, KREA2_PEFT);
 }
 
 int krea2_lora_convert(const struct model *w, const char *path, int warn, struct model **out)

@@ -7,7 +7,6 @@
 
 #include "lora_rewrite.h"
 #include "status.h"
-#include "strutil.h"
 
 #define LUMINA2_COMFY "diffusion_model."
 #define LUMINA2_TARGET "transformer."
@@ -50,14 +49,9 @@ struct conversion {
     struct lora_rewrite rw;
 };
 
-static int starts_lumina2_form(const char *key)
-{
-    return str_starts_with(key, LUMINA2_COMFY);
-}
-
 int lumina2_lora_detect(const struct model *w)
 {
-    return lora_model_any_key(w, starts_lumina2_form);
+    return lora_model_any_key_starting(w, LUMINA2_COMFY);
 }
 
 static int cmp_u32(const void *a, const void *b)

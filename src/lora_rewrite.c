@@ -348,6 +348,14 @@ int lora_model_any_key(const struct model *w, int (*test)(const char *name))
     return 0;
 }
 
+int lora_model_any_key_starting(const struct model *w, const char *prefix)
+{
+    for (size_t i = 0; i < w->count; i++)
+        if (!lora_is_dora_scale(w->tensors[i].t->name) && str_starts_with(w->tensors[i].t->name, prefix))
+            return 1;
+    return 0;
+}
+
 void lora_keys_remove_prefix(struct lora_key *keys, size_t n, const char *prefix)
 {
     const size_t len = strlen(prefix);

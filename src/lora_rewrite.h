@@ -171,6 +171,10 @@ int lora_keys_any_start(const struct lora_key *keys, size_t n, const char *prefi
  * before it looks) passes `test`. */
 int lora_model_any_key(const struct model *w, int (*test)(const char *name));
 
+/* Whether any key of `w` but its DoRA scales starts with `prefix`: how
+ * most loaders tell a form they convert (diffusion_model.). */
+int lora_model_any_key_starting(const struct model *w, const char *prefix);
+
 /* Each name less its first `cut` characters, as Python's k[cut:] cuts every
  * key whatever its start (characters of UTF-8, not bytes). */
 void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut);
