@@ -8,6 +8,7 @@
 
 #include "json_util.h"
 #include "status.h"
+#include "strbuf.h"
 #include "strutil.h"
 
 static const char *const STATE_PART_SUFFIXES[] = {
@@ -201,12 +202,9 @@ static int find_part(const struct model *m, const char *file, const char *base, 
                      const struct model_tensor **out)
 {
     *out = NULL;
-    size_t a = strlen(base), b = strlen(suffix);
-    char *name = malloc(a + b + 1);
+    char *name = str_concat(base, suffix);
     if (!name)
         return nf4_fail(NF4_ESOFTWARE, file, base, "out of memory");
-    memcpy(name, base, a);
-    memcpy(name + a, suffix, b + 1);
     *out = model_find(m, name);
     free(name);
     return NF4_OK;

@@ -87,6 +87,17 @@ void strbuf_json_string_for_terminal(struct strbuf *b, const char *s)
     put_json_string(b, s, 1);
 }
 
+char *str_concat(const char *a, const char *b)
+{
+    const size_t na = strlen(a), nb = strlen(b);
+    char *s = malloc(na + nb + 1);
+    if (s) {
+        memcpy(s, a, na);
+        memcpy(s + na, b, nb + 1);
+    }
+    return s;
+}
+
 char *str_replace_all(const char *s, const char *from, const char *to)
 {
     size_t nf = strlen(from), nt = strlen(to), n = 0;

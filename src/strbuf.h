@@ -25,6 +25,9 @@ void strbuf_json_string(struct strbuf *b, const char *s);
  * controls U+0080-U+009F escaped too, so no name can drive the terminal. */
 void strbuf_json_string_for_terminal(struct strbuf *b, const char *s);
 
+/* a followed by b: allocated, NULL when out of memory. */
+char *str_concat(const char *a, const char *b);
+
 /* `s` with every `from` (not empty) replaced by `to`, as Python's str.replace:
  * allocated, NULL when out of memory. */
 char *str_replace_all(const char *s, const char *from, const char *to);
