@@ -251,6 +251,19 @@ static inline void assert_lora_refused(const char *in, const char *out, const ch
     assert_int_equal(tu_count_entries(dir), 0);
 }
 
+/* Writes `lora` holding a BF16 [2, 8] tensor of 0.5s for each of the first
+ * `max` of `names` up to a NULL: a file that only its names make wrong. */
+static inline void write_names_file(const char *lora, const char *const *names, size_t max)
+{
+    struct synth_tensor ts[8];
+    size_t n = 0;
+    while (n < max && n < sizeof ts / sizeof ts[0] && names[n]) {
+        ts[n] = (struct synth_tensor){names[n], DT_BF16, 2, 8, 0.5f};
+        n++;
+    }
+    write_synth_file(lora, ts, n);
+}
+
 /* diffusers_lora_open of the file `lora` as `family` refuses it: NF4_EDATA
  * in one line naming `lora` and holding `want`, no model, and nothing left in
  * TMPDIR `dir` (case `i` of a table, for the message). */

@@ -78,11 +78,7 @@ static void test_flux3_lora_refusals(void **state)
     char *lora = tu_strdupf("%s-flux3.safetensors", s->dir);
     assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
-        struct synth_tensor ts[2];
-        size_t n = 0;
-        for (size_t k = 0; k < 2 && CASES[i].names[k]; k++)
-            ts[n++] = (struct synth_tensor){CASES[i].names[k], DT_BF16, 2, 8, 0.5f};
-        write_synth_file(lora, ts, n);
+        write_names_file(lora, CASES[i].names, 2);
         assert_lora_open_refused(lora, LORA_FAMILY_FLUX3, CASES[i].want, s->dir, i);
     }
     /* Through the command line, on a FLUX.3 transformer's folder. */
@@ -90,8 +86,7 @@ static void test_flux3_lora_refusals(void **state)
     static struct recipe r;
     recipe_read(&r, FLUX3_DIGEST);
     recipe_base(&r, lora, LORA_FAMILY_FLUX3, FLUX3_DIGEST, s->dir, base, FLUX3_TRANSFORMER);
-    const struct synth_tensor bad = {CASES[1].names[0], DT_BF16, 2, 8, 0.5f};
-    write_synth_file(lora, &bad, 1);
+    write_names_file(lora, CASES[1].names, 1);
     assert_lora_refused(base, out, lora, CASES[1].want, s->dir);
     tu_rmtree(base);
     unlink(lora);
