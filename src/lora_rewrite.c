@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "fileio.h"
@@ -39,6 +40,7 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
     p->shape[1] = cols;
     p->row0 = row0;
     p->col0 = col0;
+    p->block = p->stride = 0;
     p->scale = scale;
     p->as_is = p->whole = p->vector = p->identity = 0;
     rw->nparts++;
@@ -67,12 +69,56 @@ int lora_rewrite_add_rows(struct lora_rewrite *rw, const char *target, const cha
     return code;
 }
 
+int lora_rewrite_add_row_blocks(struct lora_rewrite *rw, const char *target, const char *factor,
+                                const struct model_tensor *src, uint64_t rows, uint64_t row0, uint64_t block,
+                                uint64_t stride, const float *scale)
+{
+    int code = lora_rewrite_add(rw, target, factor, src, src->t->dtype, rows, src->t->shape[1], row0, 0,
+                                scale ? *scale : 1.0f);
+    if (code == NF4_OK) {
+        struct lora_part *p = &rw->parts[rw->nparts - 1];
+        p->as_is = !scale;
+        p->block = block;
+        p->stride = stride;
+    }
+    return code;
+}
+
 int lora_rewrite_add_identity(struct lora_rewrite *rw, const char *target, const char *factor,
                               const struct model_tensor *src, enum st_dtype dtype, uint64_t rows, uint64_t cols)
 {
     int code = lora_rewrite_add(rw, target, factor, src, dtype, rows, cols, 0, 0, 1.0f);
     if (code == NF4_OK)
         rw->parts[rw->nparts - 1].identity = 1;
+    return code;
+}
+
+/* The row of p's source that row i of p holds (a vector's value). */
+static uint64_t part_source_row(const struct lora_part *p, uint64_t i)
+{
+    const uint64_t r = p->row0 + (p->block ? (i / p->block) * p->stride + i % p->block : i), n = p->src->t->shape[0];
+    return n ? r % n : r; /* none: st_read refuses what is not there */
+}
+
+/* How many of p's rows from row i on are rows of the source one after another. */
+static uint64_t part_run(const struct lora_part *p, uint64_t i)
+{
+    const uint64_t first = part_source_row(p, i);
+    uint64_t n = 1;
+    while (i + n < p->shape[0] && part_source_row(p, i + n) == first + n)
+        n++;
+    return n;
+}
+
+/* p's rows of its source, whole (row_bytes each), into `out`, a run at a time. */
+static int read_part_rows(const struct lora_part *p, uint64_t row_bytes, unsigned char *out)
+{
+    int code = NF4_OK;
+    for (uint64_t i = 0, run; code == NF4_OK && i < p->shape[0]; i += run) {
+        run = part_run(p, i);
+        code = st_read(p->src->file, p->src->t, part_source_row(p, i) * row_bytes, out + i * row_bytes,
+                       run * row_bytes);
+    }
     return code;
 }
 
@@ -87,19 +133,14 @@ int lora_part_values(const struct lora_part *p, void *out)
     const struct st_tensor *t = p->src->t;
     if (p->whole)
         return st_read(p->src->file, t, 0, out, st_tensor_bytes(t));
-    if (p->as_is) { /* rows of a matrix or a vector, the first ones again after the last */
-        const uint64_t row_bytes = p->shape[1] * (dtype_bits(t->dtype) / 8), first = t->shape[0] - p->row0;
-        const uint64_t tail = p->shape[0] < first ? p->shape[0] : first;
-        int code = st_read(p->src->file, t, p->row0 * row_bytes, out, tail * row_bytes);
-        if (code == NF4_OK && p->shape[0] > tail)
-            code = st_read(p->src->file, t, 0, (unsigned char *)out + tail * row_bytes, (p->shape[0] - tail) * row_bytes);
-        return code;
-    }
-    const uint64_t esize = dtype_bits(t->dtype) / 8, src_cols = t->shape[1];
+    const uint64_t esize = dtype_bits(t->dtype) / 8;
+    if (p->as_is) /* rows of a matrix or a vector */
+        return read_part_rows(p, p->shape[1] * esize, out);
+    const uint64_t src_cols = t->shape[1];
     unsigned char *rows = malloc(p->shape[0] * src_cols * esize + 1);
     if (!rows)
         return nf4_fail(NF4_ESOFTWARE, p->src->file->path, t->name, "out of memory");
-    int code = st_read(p->src->file, t, p->row0 * src_cols * esize, rows, p->shape[0] * src_cols * esize);
+    int code = read_part_rows(p, src_cols * esize, rows);
     for (uint64_t i = 0, k = 0; code == NF4_OK && i < p->shape[0]; i++)
         for (uint64_t c = 0; c < p->shape[1]; c++, k++)
             f32_to_element(p->dtype, out, k, f32_from_element(t->dtype, rows, i * src_cols + p->col0 + c) * p->scale);
@@ -393,21 +434,28 @@ static size_t python_space(const unsigned char *s, size_t n)
     return space ? 3 : 0;
 }
 
-int lora_python_int(const char *s, size_t len, int64_t *out)
+/* Moves *s and *end past the whitespace around the text between them, as
+ * Python's int() and float() strip it (Unicode's included). */
+static void python_strip(const char **s, const char **end)
 {
-    const char *end = s + len;
-    for (int more = 1; more;) { /* leading and trailing whitespace, Unicode's included */
+    for (int more = 1; more;) {
         more = 0;
         for (size_t n = 1; n <= 3 && !more; n++) {
-            if ((size_t)(end - s) >= n && python_space((const unsigned char *)s, n)) {
-                s += n;
+            if ((size_t)(*end - *s) >= n && python_space((const unsigned char *)*s, n)) {
+                *s += n;
                 more = 1;
-            } else if ((size_t)(end - s) >= n && python_space((const unsigned char *)end - n, n)) {
-                end -= n;
+            } else if ((size_t)(*end - *s) >= n && python_space((const unsigned char *)*end - n, n)) {
+                *end -= n;
                 more = 1;
             }
         }
     }
+}
+
+int lora_python_int(const char *s, size_t len, int64_t *out)
+{
+    const char *end = s + len;
+    python_strip(&s, &end);
     int negative = s < end && *s == '-';
     if (s < end && (*s == '-' || *s == '+'))
         s++;
@@ -423,6 +471,69 @@ int lora_python_int(const char *s, size_t len, int64_t *out)
     }
     *out = negative ? -v : v;
     return 1;
+}
+
+static int is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+
+/* Copies the digits at *s (one or more, single underscores between them)
+ * to *to, without the underscores; how many digits. */
+static size_t copy_digits(const char **s, const char *end, char **to)
+{
+    size_t n = 0;
+    while (*s < end && (is_digit(**s) || (n && **s == '_' && *s + 1 < end && is_digit((*s)[1])))) {
+        if (**s != '_') {
+            *(*to)++ = **s;
+            n++;
+        }
+        (*s)++;
+    }
+    return n;
+}
+
+int lora_python_float(const char *s, size_t len, double *out)
+{
+    const char *end = s + len;
+    python_strip(&s, &end);
+    for (const char *p = s; p < end; p++)
+        if ((unsigned char)*p >= 0x80)
+            return -1; /* Unicode's digits, which Python reads too */
+    const int negative = s < end && *s == '-';
+    if (s < end && (*s == '-' || *s == '+'))
+        s++;
+    const size_t n = (size_t)(end - s);
+    if ((n == 3 && strncasecmp(s, "inf", 3) == 0) || (n == 8 && strncasecmp(s, "infinity", 8) == 0)) {
+        *out = negative ? -INFINITY : INFINITY;
+        return 1;
+    }
+    if (n == 3 && strncasecmp(s, "nan", 3) == 0) {
+        *out = NAN;
+        return 1;
+    }
+    char *text = malloc(n + 2), *to = text;
+    if (!text)
+        return -2;
+    *to++ = negative ? '-' : '+';
+    size_t digits = copy_digits(&s, end, &to);
+    if (s < end && *s == '.') {
+        *to++ = *s++;
+        digits += copy_digits(&s, end, &to);
+    }
+    int ok = digits > 0;
+    if (ok && s < end && (*s == 'e' || *s == 'E')) {
+        *to++ = *s++;
+        if (s < end && (*s == '-' || *s == '+'))
+            *to++ = *s++;
+        ok = copy_digits(&s, end, &to) > 0;
+    }
+    *to = 0;
+    ok = ok && s == end;
+    if (ok)
+        *out = strtod(text, NULL); /* the C locale's: '.' */
+    free(text);
+    return ok;
 }
 
 /* By where each tensor's data starts, then by name (tensors of no bytes share an offset). */

@@ -22,15 +22,19 @@
 /* One tensor of the result: rows row0.. and columns col0.. of `src`, times
  * `scale`; or `src` as it is (`as_is`: its bytes, NaN bits and all, where
  * diffusers copies the tensor: the whole, in its shape, where `whole`, else
- * shape[0] rows from row0 on, wrapping around past the last, of every column,
- * or of a vector where `vector`); or the identity matrix of `shape`
- * (`identity`: values 1 and 0, `src` only named in messages). */
+ * shape[0] rows from row0 on, of every column, or of a vector where
+ * `vector`); or the identity matrix of `shape` (`identity`: values 1 and 0,
+ * `src` only named in messages). Rows run on from the first past the last
+ * (torch.cat of two blocks); where `block` is not 0 they are taken `block`
+ * at a time, each run `stride` rows after the one before (a head's rows of
+ * a per-head interleaved qkv). */
 struct lora_part {
     char *name;
     const struct model_tensor *src;
     enum st_dtype dtype; /* its own: the source's, or one PyTorch promotes it to */
     uint64_t shape[2];
     uint64_t row0, col0;
+    uint64_t block, stride;
     float scale;
     unsigned as_is : 1, whole : 1, vector : 1, identity : 1;
 };
@@ -66,6 +70,16 @@ int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const cha
  * torch.cat of two): bytes, NaN bits and all. NF4_OK or NF4_ESOFTWARE. */
 int lora_rewrite_add_rows(struct lora_rewrite *rw, const char *target, const char *factor,
                           const struct model_tensor *src, uint64_t row0, uint64_t rows);
+
+/* Adds the part named target + factor holding `rows` rows of the matrix
+ * `src`, every column: `block` rows from row0 on, the next `block` from
+ * row0 + stride, and so on (block 0: all in one run), running on from the
+ * first row past the last; each value as it is where `scale` is NULL (its
+ * bytes), else times *scale rounded to src's dtype (lora_rewrite_add). The
+ * caller checks that the rows are there. NF4_OK or NF4_ESOFTWARE. */
+int lora_rewrite_add_row_blocks(struct lora_rewrite *rw, const char *target, const char *factor,
+                                const struct model_tensor *src, uint64_t rows, uint64_t row0, uint64_t block,
+                                uint64_t stride, const float *scale);
 
 /* Adds the part named target + factor holding the identity matrix [rows,
  * cols] in `dtype` (what torch.eye(cols, rows).T holds), made for `src`. */
@@ -188,6 +202,13 @@ void lora_keys_remove_prefix(struct lora_key *keys, size_t n, const char *prefix
  * it is not one (Unicode's other digits included) or is out of range, else 1
  * with the value in *out. */
 int lora_python_int(const char *s, size_t len, int64_t *out);
+
+/* Python's float() of the text s[0..len): whitespace around (Unicode's
+ * too), a sign, digits with single underscores between them, a point, an
+ * exponent; or inf, infinity, nan in any case. 1 with the value in *out; 0
+ * where float() raises; -1 for text with other than ASCII in it (Python also
+ * reads Unicode's digits), which the caller refuses; -2 when out of memory. */
+int lora_python_float(const char *s, size_t len, double *out);
 
 /* Pointers to the keys in the order of their data in the file (then by
  * name), as Python's state dict holds them: safetensors 0.8's load_file
