@@ -292,3 +292,15 @@ char *json_print_pretty(const cJSON *item)
     }
     return b.p;
 }
+
+int json_set_number(cJSON *object, const char *key, double value)
+{
+    cJSON *item = cJSON_CreateNumber(value);
+    if (!item)
+        return 0;
+    const int set = cJSON_GetObjectItemCaseSensitive(object, key) ? cJSON_ReplaceItemInObjectCaseSensitive(object, key, item)
+                                                                  : cJSON_AddItemToObject(object, key, item);
+    if (!set)
+        cJSON_Delete(item);
+    return set;
+}

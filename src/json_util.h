@@ -54,6 +54,10 @@ size_t json_number_end(const char *s, size_t len, size_t i, int *plain_integer);
 int json_keys_hold_plain_integers(const char *s, size_t len, const char *const *keys, size_t nkeys,
                                   const char **bad_key);
 
+/* Sets object[key] = value as a Python dict does: in place where the key is
+ * there, else added last. 0 when out of memory (nothing changed). */
+int json_set_number(cJSON *object, const char *key, double value);
+
 /* Prints a document as jq does by default: two-space indentation, "key": value,
  * empty containers as {} and [], one value per line, a final newline, DEL as
  * \u007f; the C1 controls are escaped too (strbuf_json_string_for_terminal).

@@ -10,6 +10,7 @@
 
 #include "fileio.h"
 #include "fpconv.h"
+#include "lora_diffusers.h"
 #include "safetensors_writer.h"
 #include "status.h"
 #include "strbuf.h"
@@ -241,6 +242,21 @@ void lora_rewrite_leave_out_dora(struct lora_rewrite *rw, const struct model *w)
     for (size_t i = 0; i < w->count; i++)
         if (lora_is_dora_scale(w->tensors[i].t->name))
             lora_rewrite_leave_out(rw, w->tensors[i].t->name, strlen(w->tensors[i].t->name), 1);
+}
+
+int lora_rewrite_use_config(struct lora_rewrite *rw, const struct st_file *f, char *config, struct st_meta **meta)
+{
+    *meta = calloc(f->nmeta + 1, sizeof **meta);
+    if (!*meta)
+        return nf4_fail(NF4_ESOFTWARE, rw->path, NULL, "out of memory");
+    size_t n = 0;
+    for (size_t i = 0; i < f->nmeta; i++)
+        if (strcmp(f->meta[i].key, DIFFUSERS_LORA_METADATA) != 0)
+            (*meta)[n++] = f->meta[i];
+    (*meta)[n++] = (struct st_meta){(char *)DIFFUSERS_LORA_METADATA, config};
+    rw->meta = *meta;
+    rw->nmeta = n;
+    return NF4_OK;
 }
 
 int lora_rewrite_finish(struct lora_rewrite *rw, int code, int warn, const char *why, struct model **out)
@@ -634,6 +650,44 @@ int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alp
     if (!isfinite(*alpha) || *alpha < 0)
         return nf4_fail(NF4_EDATA, path, t->name, "is %g; an alpha is a number from 0 up", *alpha);
     return NF4_OK;
+}
+
+struct counted {
+    double value;
+    size_t first;
+};
+
+static int cmp_counted(const void *a, const void *b)
+{
+    const struct counted *x = a, *y = b;
+    if (x->value != y->value)
+        return x->value < y->value ? -1 : 1;
+    return (x->first > y->first) - (x->first < y->first);
+}
+
+int lora_most_common(const double *v, size_t n, double *out)
+{
+    struct counted *c = calloc(n ? n : 1, sizeof *c);
+    if (!c)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        c[i] = (struct counted){v[i], i};
+    qsort(c, n, sizeof *c, cmp_counted);
+    size_t best_count = 0, best_first = 0;
+    *out = n ? v[0] : 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && c[j].value == c[i].value)
+            j++;
+        if (j - i > best_count || (j - i == best_count && c[i].first < best_first)) {
+            best_count = j - i;
+            best_first = c[i].first;
+            *out = c[i].value;
+        }
+        i = j;
+    }
+    free(c);
+    return 1;
 }
 
 double lora_round_to(enum st_dtype dt, double v)

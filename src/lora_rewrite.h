@@ -101,6 +101,13 @@ void lora_rewrite_leave_out(struct lora_rewrite *rw, const char *name, size_t le
  * loader's lora_state_dict drops them before it converts. */
 void lora_rewrite_leave_out_dora(struct lora_rewrite *rw, const struct model *w);
 
+/* Makes rw's metadata the file's (`f`'s) with `config` (a LoRA config's
+ * JSON text, as diffusers' loader builds it for a form without one) as
+ * lora_adapter_metadata, in place of one diffusers reads as none ("" or
+ * "null"): *meta, the array made, which the caller frees after
+ * lora_rewrite_finish, with `config`. NF4_OK or NF4_ESOFTWARE. */
+int lora_rewrite_use_config(struct lora_rewrite *rw, const struct st_file *f, char *config, struct st_meta **meta);
+
 /* Where `code` is NF4_OK: warns (where `warn`) "PATH: N of its tensors
  * (NAMES) `why`: they are not merged", writes the parts to the temp file and
  * opens it as *out, named rw->path (NF4_ECANTCREAT naming TMPDIR, or NF4_EIO,
@@ -264,6 +271,11 @@ int lora_rewrite_add_folded(struct lora_rewrite *rw, const char *prefix, const c
 int lora_rewrite_add_folded_qkv(struct lora_rewrite *rw, const char *const targets[3], const char *a_name,
                                 const char *b_name, const struct model_tensor *down, const struct model_tensor *up,
                                 const struct model_tensor *alpha);
+
+/* collections.Counter(values).most_common()[0][0], as get_peft_kwargs picks
+ * r and lora_alpha: the most frequent of v[0..n), the first seen among
+ * equals (in *out; 0 where memory ran out). Values are finite. */
+int lora_most_common(const double *v, size_t n, double *out);
 
 /* `v` rounded to `dt` as a PyTorch tensor of that dtype holds it. */
 double lora_round_to(enum st_dtype dt, double v);

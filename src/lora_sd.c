@@ -929,64 +929,12 @@ static int cmp_ranked(const void *a, const void *b)
     return (x->index > y->index) - (x->index < y->index);
 }
 
-struct counted {
-    double value;
-    size_t first;
-};
-
-static int cmp_counted(const void *a, const void *b)
-{
-    const struct counted *x = a, *y = b;
-    if (x->value != y->value)
-        return x->value < y->value ? -1 : 1;
-    return (x->first > y->first) - (x->first < y->first);
-}
-
-/* collections.Counter(values).most_common()[0][0]: the most frequent, the
- * first seen among equals (in *out; 0 where memory ran out). Values are
- * finite (lora_read_alpha, ranks). */
-static int most_common(const double *v, size_t n, double *out)
-{
-    struct counted *c = calloc(n ? n : 1, sizeof *c);
-    if (!c)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        c[i] = (struct counted){v[i], i};
-    qsort(c, n, sizeof *c, cmp_counted);
-    size_t best_count = 0, best_first = 0;
-    *out = n ? v[0] : 0;
-    for (size_t i = 0; i < n;) {
-        size_t j = i;
-        while (j < n && c[j].value == c[i].value)
-            j++;
-        if (j - i > best_count || (j - i == best_count && c[i].first < best_first)) {
-            best_count = j - i;
-            best_first = c[i].first;
-            *out = c[i].value;
-        }
-        i = j;
-    }
-    free(c);
-    return 1;
-}
-
 static int all_equal(const double *v, size_t n)
 {
     for (size_t i = 1; i < n; i++)
         if (v[i] != v[0])
             return 0;
     return 1;
-}
-
-/* Sets object[key] = value, in place where the key is there (a dict). */
-static int set_number(cJSON *object, const char *key, double value)
-{
-    cJSON *item = cJSON_CreateNumber(value);
-    if (!item)
-        return 0;
-    if (cJSON_GetObjectItemCaseSensitive(object, key))
-        return cJSON_ReplaceItemInObjectCaseSensitive(object, key, item) ? 1 : (cJSON_Delete(item), 0);
-    return cJSON_AddItemToObject(object, key, item) ? 1 : (cJSON_Delete(item), 0);
 }
 
 /* alpha_pattern's key for a network alpha's name, as get_peft_kwargs makes
@@ -1034,7 +982,7 @@ static int component_config(struct conversion *cv, enum sd_component c, cJSON *m
     for (size_t i = 0; i < n; i++)
         ranks[i] = (double)rk[i].pair->up->t->shape[1];
     double r = code == NF4_OK ? ranks[0] : 0;
-    if (code == NF4_OK && !all_equal(ranks, n) && !most_common(ranks, n, &r))
+    if (code == NF4_OK && !all_equal(ranks, n) && !lora_most_common(ranks, n, &r))
         code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     for (size_t i = 0; i < n && code == NF4_OK; i++) {
         if (ranks[i] == r)
@@ -1044,7 +992,7 @@ static int component_config(struct conversion *cv, enum sd_component c, cJSON *m
         if (c != SD_COMP_UNET && str_starts_with(m, "text_model."))
             m += strlen("text_model."); /* transformers 5's CLIPTextModel has none; unanchored, it fits either */
         snprintf(key, sizeof key, "%s%s", c == SD_COMP_UNET ? "^" : "", m);
-        if (!set_number(rank_pattern, key, ranks[i]))
+        if (!json_set_number(rank_pattern, key, ranks[i]))
             code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     }
     /* PEFT builds a module without a rank of its own with r: a text encoder's
@@ -1064,13 +1012,13 @@ static int component_config(struct conversion *cv, enum sd_component c, cJSON *m
         alphas[i] = p->alphas[i].value;
     if (code == NF4_OK && p->nalphas > 0)
         lora_alpha = alphas[0];
-    if (code == NF4_OK && p->nalphas > 0 && !all_equal(alphas, p->nalphas) && !most_common(alphas, p->nalphas, &lora_alpha))
+    if (code == NF4_OK && p->nalphas > 0 && !all_equal(alphas, p->nalphas) && !lora_most_common(alphas, p->nalphas, &lora_alpha))
         code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     for (size_t i = 0; i < p->nalphas && code == NF4_OK && !all_equal(alphas, p->nalphas); i++) {
         if (alphas[i] == lora_alpha)
             continue;
         char *key = alpha_key(p->alphas[i].name, c);
-        if (!key || !set_number(alpha_pattern, key, alphas[i]))
+        if (!key || !json_set_number(alpha_pattern, key, alphas[i]))
             code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
         free(key);
     }
@@ -1138,22 +1086,13 @@ static int finish_parts(struct conversion *cv, const struct model *w, struct st_
             code = component_config(cv, c, cfg);
     char *text = code == NF4_OK ? cJSON_PrintUnformatted(cfg) : NULL;
     cJSON_Delete(cfg);
-    const struct st_file *f = w->files[0];
-    if (code == NF4_OK && (!text || !(*meta = calloc(f->nmeta + 1, sizeof **meta))))
+    if (code == NF4_OK && !text)
         code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
-    if (code != NF4_OK) {
+    if (code == NF4_OK && (code = lora_rewrite_use_config(&cv->rw, w->files[0], text, meta)) == NF4_OK)
+        *made = text;
+    else
         free(text);
-        return code;
-    }
-    size_t n = 0;
-    for (size_t i = 0; i < f->nmeta; i++)
-        if (strcmp(f->meta[i].key, DIFFUSERS_LORA_METADATA) != 0)
-            (*meta)[n++] = f->meta[i];
-    (*meta)[n++] = (struct st_meta){(char *)DIFFUSERS_LORA_METADATA, text};
-    *made = text;
-    cv->rw.meta = *meta;
-    cv->rw.nmeta = n;
-    return NF4_OK;
+    return code;
 }
 
 static void free_parts(struct conversion *cv)
