@@ -22,6 +22,7 @@
 #include "lora_kohya.h"
 #include "lora_krea2.h"
 #include "lora_lumina2.h"
+#include "lora_minimax_h3.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
 #include "lora_rewrite.h"
@@ -264,12 +265,7 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
     case LORA_FAMILY_ACE_STEP: convert = ace_step_lora_detect(*out) ? ace_step_lora_convert : NULL; break;
     case LORA_FAMILY_ERNIE_IMAGE: convert = ernie_image_lora_detect(*out) ? ernie_image_lora_convert : NULL; break;
     case LORA_FAMILY_OWN_FORM: break; /* diffusers' own form only: below */
-    case LORA_FAMILY_MINIMAX_H3:
-        model_close(*out);
-        *out = NULL;
-        return nf4_fail(NF4_EDATA, path, NULL, "is for a MiniMax-H3 model, whose diffusers loader nf4deq does not "
-                        "follow yet (it loads LoRAs into transformer_ref too, converts other forms and reads an "
-                        "alpha from the file's metadata): nothing is merged");
+    case LORA_FAMILY_MINIMAX_H3: convert = minimax_h3_lora_detect(*out) ? minimax_h3_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
         convert = kohya_lora_detect(*out)   ? kohya_lora_convert
@@ -487,17 +483,20 @@ int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, str
     return code;
 }
 
-/* Whether `dir`, named `own`, is the transformer_2 of a Wan pipeline (its
- * parent's pipeline index). */
-static int second_wan_transformer(const char *dir, const char *own)
+/* Whether `dir`, named `own`, is a second transformer its pipeline's
+ * loader loads transformer keys into (its parent's pipeline index): the
+ * transformer_2 of a Wan pipeline, the transformer_ref of a MiniMax-H3
+ * one. */
+static int second_transformer(const char *dir, const char *own)
 {
-    if (strcmp(own, "transformer_2") != 0)
+    const int wan_name = strcmp(own, "transformer_2") == 0, h3_name = strcmp(own, MINIMAX_H3_REF) == 0;
+    if (!wan_name && !h3_name)
         return 0;
     char *parent = real_parent(dir), *cls = parent ? diffusers_pipeline_class(parent) : NULL;
-    int wan = diffusers_loads_transformer_2(cls);
+    int second = wan_name ? diffusers_loads_transformer_2(cls) : diffusers_lora_family(cls) == LORA_FAMILY_MINIMAX_H3;
     free(cls);
     free(parent);
-    return wan;
+    return second;
 }
 
 /* Whether the keys name the base's tensors with no component before them:
@@ -588,11 +587,12 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
     int own_usable = own && own[0] && strcmp(own, ".") != 0 && strcmp(own, "..") != 0 &&
                      strcmp(own, DIFFUSERS_DEFAULT_COMPONENT) != 0;
     /* A pipeline's component takes its own keys only: another one's
-     * transformer keys do not fit it. But Wan 2.2's transformer_2 is a second
-     * transformer, which diffusers loads transformer keys into
-     * (load_into_transformer_2). */
+     * transformer keys do not fit it. But Wan 2.2's transformer_2 and
+     * MiniMax-H3's transformer_ref are second transformers, which diffusers
+     * loads transformer keys into (load_into_transformer_2,
+     * load_into_transformer_ref). */
     const char *names[2] = {own_usable ? own : NULL,
-                            own_usable && in_pipeline(base->dir) && !second_wan_transformer(base->dir, own)
+                            own_usable && in_pipeline(base->dir) && !second_transformer(base->dir, own)
                                 ? NULL
                                 : DIFFUSERS_DEFAULT_COMPONENT};
     int code = NF4_OK;

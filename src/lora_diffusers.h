@@ -61,9 +61,8 @@ enum lora_family {
                                CosmosTransformer3DModel, is Cosmos' too, which converts nothing) */
     LORA_FAMILY_ACE_STEP,   /* AceStepPipeline and AceStepTransformer1DModel (and ACE-Step's other classes) */
     LORA_FAMILY_ERNIE_IMAGE, /* ErnieImagePipeline, ErnieImageModularPipeline and ErnieImageTransformer2DModel */
-    LORA_FAMILY_MINIMAX_H3, /* MiniMaxH3ModularPipeline and MiniMaxH3Transformer3DModel: refused (its loader
-                               also loads transformer_ref, converts other forms and reads an alpha from the
-                               file's metadata, none of which nf4deq follows yet) */
+    LORA_FAMILY_MINIMAX_H3, /* MiniMaxH3ModularPipeline and MiniMaxH3Transformer3DModel (whose loader also
+                               loads transformer_ref, pipeline_lora.c) */
     LORA_FAMILY_OWN_FORM,   /* the loaders that convert no other form: Stable Diffusion 3's, AuraFlow's,
                                CogVideoX's (and ConsisID's), Mochi's, Sana's, Kandinsky 5's, CogView4's,
                                BriaFibo2's, Cosmos 2.5 Predict's, RFD4Proteina's pipelines and transformers */
@@ -106,7 +105,7 @@ char *diffusers_pipeline_class(const char *dir);
  * Wan's, lora_wan.h; Z-Image's, lora_zimage.h; HunyuanVideo's,
  * lora_hunyuan.h; Lumina 2's, lora_lumina2.h; FLUX.3's, lora_flux3.h;
  * Anima's, lora_anima.h; ACE-Step's, lora_ace_step.h; ERNIE-Image's,
- * lora_ernie_image.h;
+ * lora_ernie_image.h; MiniMax-H3's, lora_minimax_h3.h;
  * LTX-Video's, LTX-2's and HiDream's, lora_prefixed.h; Stable Diffusion's,
  * lora_sd.h),
  * saying what is left out where `warn`. */

@@ -8,6 +8,7 @@
 #include "fileio.h"
 #include "lora.h"
 #include "lora_diffusers.h"
+#include "lora_minimax_h3.h"
 #include "status.h"
 #include "strutil.h"
 
@@ -80,7 +81,8 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n)
  * loader takes the denoiser; the text encoders only Stable Diffusion's (the
  * pipelines of its two mixins, 1.x and XL with AnimateDiff, Kolors and their
  * kin, and 3; XL's and 3's the second encoder too) and Flux.1's; LTX-2's its
- * text connectors; Anima's its text conditioner. */
+ * text connectors; Anima's its text conditioner; MiniMax-H3's its second
+ * partition, transformer_ref. */
 static int diffusers_loads(const char *cls, const char *component)
 {
     if (strcmp(component, "transformer") == 0 || strcmp(component, "unet") == 0)
@@ -89,6 +91,8 @@ static int diffusers_loads(const char *cls, const char *component)
         return diffusers_lora_family(cls) == LORA_FAMILY_LTX2;
     if (strcmp(component, "text_conditioner") == 0)
         return diffusers_lora_family(cls) == LORA_FAMILY_ANIMA;
+    if (strcmp(component, MINIMAX_H3_REF) == 0)
+        return diffusers_lora_family(cls) == LORA_FAMILY_MINIMAX_H3;
     /* Stable Diffusion XL's loader and 3's load text_encoder_2 too; the
      * Stable Diffusion mixin's and Flux.1's one. */
     const int sdxl_sd3 = diffusers_loads_sdxl(cls) || (cls && strncmp(cls, "StableDiffusion3", 16) == 0);
@@ -101,11 +105,13 @@ static int diffusers_loads(const char *cls, const char *component)
 
 /* Whether diffusers can load a LoRA's transformer keys into `component` of
  * a pipeline of class `cls`, as --lora COMPONENT=LORA asks: the transformer
- * itself, and Wan 2.2's second expert (load_into_transformer_2). */
+ * itself, Wan 2.2's second expert (load_into_transformer_2) and MiniMax-H3's
+ * second partition (load_into_transformer_ref). */
 static int diffusers_loads_into(const char *cls, const char *component)
 {
     return strcmp(component, DIFFUSERS_DEFAULT_COMPONENT) == 0 ||
-           (strcmp(component, "transformer_2") == 0 && diffusers_loads_transformer_2(cls));
+           (strcmp(component, "transformer_2") == 0 && diffusers_loads_transformer_2(cls)) ||
+           (strcmp(component, MINIMAX_H3_REF) == 0 && diffusers_lora_family(cls) == LORA_FAMILY_MINIMAX_H3);
 }
 
 /* The component --lora args[i] names (pl->into[i], pl->paths[i]): one of the
@@ -124,9 +130,38 @@ static int take_into(const char *in, struct pipeline_loras *pl, size_t i, const 
     if (k == ne)
         return nf4_fail(NF4_EUSAGE, in, NULL, "has no component %s (--lora %s)", pl->into[i], pl->args[i]);
     if (!diffusers_loads_into(pl->cls, pl->into[i]))
-        return nf4_fail(NF4_EUSAGE, in, NULL, "is a %s, and diffusers loads a LoRA into %s only (and Wan's loader "
-                        "into transformer_2), not into %s (--lora %s)", pl->cls ? pl->cls : "pipeline",
+        return nf4_fail(NF4_EUSAGE, in, NULL, "is a %s, and diffusers loads a LoRA into %s only (Wan's loader also "
+                        "into transformer_2, MiniMax-H3's into transformer_ref), not into %s (--lora %s)", pl->cls ? pl->cls : "pipeline",
                         DIFFUSERS_DEFAULT_COMPONENT, pl->into[i], pl->args[i]);
+    return NF4_OK;
+}
+
+/* Whether MiniMax-H3's loader sends LoRA i's transformer keys into
+ * transformer_ref: asked to (load_into_transformer_ref), or the pipeline
+ * has no transformer. */
+static int into_ref(const struct pipeline_loras *pl, size_t i)
+{
+    return pl->into[i] ? strcmp(pl->into[i], MINIMAX_H3_REF) == 0 : !pl->has_transformer;
+}
+
+/* MiniMax-H3's loader, for LoRA i: it refuses keys under transformer_ref.
+ * where the pipeline has no transformer_ref, and says where a LoRA goes
+ * that does not name its partition when the pipeline has both. */
+static int check_partitions(const struct pipeline_loras *pl, size_t i, int has_ref)
+{
+    const struct model *w = pl->weights[i];
+    const size_t own = diffusers_lora_keys_for(w, DIFFUSERS_DEFAULT_COMPONENT), ref = diffusers_lora_keys_for(w, MINIMAX_H3_REF);
+    if (ref && !has_ref)
+        return nf4_fail(NF4_EDATA, pl->paths[i], NULL, "has %zu tensors for %s, a component this pipeline does not "
+                        "have (diffusers refuses the LoRA)", ref, MINIMAX_H3_REF);
+    if (own && !ref && !pl->into[i] && has_ref && pl->has_transformer)
+        nf4_warn("%s: names no MiniMax-H3 partition, and the pipeline has both: merging it into %s, as diffusers "
+                 "loads it (--lora %s=LORA merges it into the other)", pl->paths[i], DIFFUSERS_DEFAULT_COMPONENT,
+                 MINIMAX_H3_REF);
+    if (own && ref && into_ref(pl, i))
+        nf4_warn("%s: its %zu %s tensors go into %s beside its %s ones, as an adapter that diffusers loads before "
+                 "theirs and so leaves inactive: they are not merged", pl->paths[i], own, DIFFUSERS_DEFAULT_COMPONENT,
+                 MINIMAX_H3_REF, MINIMAX_H3_REF);
     return NF4_OK;
 }
 
@@ -138,7 +173,7 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
     if (!n)
         return NF4_OK;
     size_t ncomp = 0;
-    const char **components = calloc(ne ? ne : 1, sizeof *components);
+    const char **components = calloc(ne + 1, sizeof *components); /* and MiniMax-H3's transformer keys */
     static const char *const TRANSFORMER[1] = {DIFFUSERS_DEFAULT_COMPONENT};
     pl->weights = calloc(n, sizeof *pl->weights);
     pl->paths = calloc(n, sizeof *pl->paths);
@@ -153,6 +188,15 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
             components[ncomp++] = e[i].name;
     for (size_t i = 0; i < n && code == NF4_OK; i++)
         code = take_into(in, pl, i, e, ne);
+    int has_ref = 0;
+    pl->partitions = diffusers_lora_family(pl->cls) == LORA_FAMILY_MINIMAX_H3;
+    for (size_t i = 0; pl->partitions && i < ncomp; i++) {
+        pl->has_transformer |= strcmp(components[i], DIFFUSERS_DEFAULT_COMPONENT) == 0;
+        has_ref |= strcmp(components[i], MINIMAX_H3_REF) == 0;
+    }
+    /* A ref2va pipeline (transformer_ref alone) loads the transformer's keys there. */
+    if (pl->partitions && has_ref && !pl->has_transformer)
+        components[ncomp++] = DIFFUSERS_DEFAULT_COMPONENT;
     /* Stable Diffusion XL's loader maps the SGM UNet's names by the UNet's
      * config; the other loaders pass none (and 1.x's does not map them). */
     char *unet_config = code == NF4_OK && diffusers_loads_sdxl(pl->cls) ? path_join(in, "unet/" CONFIG_FILE_NAME) : NULL;
@@ -163,9 +207,10 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
         if ((code = diffusers_lora_path(pl->paths[i], &file, 0)) == NF4_OK && !file)
             code = nf4_fail(NF4_ESOFTWARE, pl->paths[i], NULL, "not a diffusers LoRA (internal error)");
         if (code == NF4_OK &&
-            (code = diffusers_lora_open_for(file, diffusers_lora_family(pl->cls), unet_config, 1, &pl->weights[i])) == NF4_OK)
-            code = pl->into[i] ? diffusers_lora_check_components(pl->weights[i], TRANSFORMER, 1)
-                               : diffusers_lora_check_components(pl->weights[i], components, ncomp);
+            (code = diffusers_lora_open_for(file, diffusers_lora_family(pl->cls), unet_config, 1, &pl->weights[i])) == NF4_OK &&
+            (!pl->partitions || (code = check_partitions(pl, i, has_ref)) == NF4_OK))
+            code = pl->into[i] && !pl->partitions ? diffusers_lora_check_components(pl->weights[i], TRANSFORMER, 1)
+                                                  : diffusers_lora_check_components(pl->weights[i], components, ncomp);
         free(file);
     }
     free(unet_config);
@@ -176,9 +221,10 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
 int component_loras_init(struct component_loras *cl, const struct pipeline_loras *pl, const char *in)
 {
     memset(cl, 0, sizeof *cl);
-    cl->dirs = calloc(pl->n ? pl->n : 1, sizeof *cl->dirs);
-    cl->key_components = calloc(pl->n ? pl->n : 1, sizeof *cl->key_components);
-    cl->converted = calloc(pl->n ? pl->n : 1, sizeof *cl->converted);
+    const size_t room = pl->n ? 2 * pl->n : 1;
+    cl->dirs = calloc(room, sizeof *cl->dirs);
+    cl->key_components = calloc(room, sizeof *cl->key_components);
+    cl->converted = calloc(room, sizeof *cl->converted);
     return cl->dirs && cl->key_components && cl->converted ? NF4_OK
                                                            : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
 }
@@ -191,19 +237,46 @@ void component_loras_free(struct component_loras *cl)
     memset(cl, 0, sizeof *cl);
 }
 
+/* Adds LoRA k of pl, its keys under `keys`, to cl. */
+static void take_lora(struct component_loras *cl, const struct pipeline_loras *pl, size_t k, const char *keys)
+{
+    cl->dirs[cl->n] = pl->paths[k];
+    cl->key_components[cl->n] = keys;
+    cl->converted[cl->n++] = pl->weights[k]->unnamed ? pl->weights[k] : NULL;
+}
+
+/* MiniMax-H3's loader: transformer_ref takes the keys under its name, and
+ * the transformer's where they go there (into_ref) and it has none of its
+ * own (diffusers would load the transformer's first, as an adapter that the
+ * next one leaves inactive); the transformer takes its own keys otherwise. */
+static void partition_loras_for(const struct pipeline_loras *pl, const char *component, struct component_loras *cl)
+{
+    const int ref = strcmp(component, MINIMAX_H3_REF) == 0;
+    for (size_t k = 0; k < pl->n; k++) {
+        const int own = diffusers_lora_keys_for(pl->weights[k], DIFFUSERS_DEFAULT_COMPONENT) != 0,
+                  refs = diffusers_lora_keys_for(pl->weights[k], MINIMAX_H3_REF) != 0;
+        if (own && (ref ? into_ref(pl, k) && !refs : !into_ref(pl, k) && strcmp(component, DIFFUSERS_DEFAULT_COMPONENT) == 0))
+            take_lora(cl, pl, k, DIFFUSERS_DEFAULT_COMPONENT);
+        if (ref && refs)
+            take_lora(cl, pl, k, MINIMAX_H3_REF);
+    }
+}
+
 void pipeline_loras_for(const struct pipeline_loras *pl, const char *component, struct component_loras *cl)
 {
     cl->component = component;
     cl->n = 0;
+    if (pl->partitions) {
+        partition_loras_for(pl, component, cl);
+        return;
+    }
     for (size_t k = 0; k < pl->n; k++) {
         /* given to a component, the LoRA goes there alone; else where its keys say */
         const char *keys = pl->into[k] ? DIFFUSERS_DEFAULT_COMPONENT : component;
         if (pl->into[k] ? strcmp(pl->into[k], component) != 0
                         : !diffusers_loads(pl->cls, component) || !diffusers_lora_keys_for(pl->weights[k], component))
             continue;
-        cl->dirs[cl->n] = pl->paths[k];
-        cl->key_components[cl->n] = keys;
-        cl->converted[cl->n++] = pl->weights[k]->unnamed ? pl->weights[k] : NULL;
+        take_lora(cl, pl, k, keys);
     }
 }
 

@@ -19,11 +19,17 @@ struct pipeline_loras {
     struct model **weights;  /* each one's weights, opened to read its keys */
     size_t n;
     char *cls; /* the pipeline index's _class_name (diffusers_pipeline_class), or NULL */
+    /* MiniMax-H3's two partitions: transformer_ref takes the keys under
+     * transformer_ref., and the transformer's where the pipeline has no
+     * transformer (a ref2va pipeline) or --lora transformer_ref=LORA says so
+     * (load_into_transformer_ref). */
+    int partitions, has_transformer;
 };
 
 /* --lora COMPONENT=LORA on a pipeline: the LoRA's transformer keys go into
  * COMPONENT instead, as diffusers' load_lora_weights(...,
- * load_into_transformer_2=True) loads them into Wan 2.2's transformer_2.
+ * load_into_transformer_2=True) loads them into Wan 2.2's transformer_2
+ * (and load_into_transformer_ref=True into MiniMax-H3's transformer_ref).
  * An argument that names an existing path is that path; otherwise a leading
  * name of letters, digits and '_' before '=' is the component. Returns the
  * LoRA's part of `arg`, and the component's length in *component_len (0:
@@ -61,7 +67,9 @@ struct component_loras {
     size_t n;
 };
 
-/* Room in cl for every LoRA of pl. NF4_OK or NF4_ESOFTWARE (naming `in`). */
+/* Room in cl for every LoRA of pl, twice (a MiniMax-H3 LoRA can go into
+ * transformer_ref under both of its components' keys). NF4_OK or
+ * NF4_ESOFTWARE (naming `in`). */
 int component_loras_init(struct component_loras *cl, const struct pipeline_loras *pl, const char *in);
 void component_loras_free(struct component_loras *cl);
 

@@ -2,11 +2,11 @@
  * qwen_lora_convert, wan_lora_convert, zimage_lora_convert,
  * ltx2_lora_convert, hunyuan_lora_convert, krea2_lora_convert,
  * ideogram4_lora_convert, lumina2_lora_convert, flux3_lora_convert,
- * anima_lora_convert, ace_step_lora_convert, ernie_image_lora_convert and
- * sd_lora_convert on arbitrary bytes written to a file (a kohya, ComfyUI,
- * XLabs or fal Kontext Flux.1 LoRA, a Flux.2, Qwen-Image, Wan, Z-Image,
- * LTX-2, HunyuanVideo, Krea 2, Ideogram 4, Lumina 2, FLUX.3, Anima,
- * ACE-Step or ERNIE-Image LoRA in
+ * anima_lora_convert, ace_step_lora_convert, ernie_image_lora_convert,
+ * minimax_h3_lora_convert and sd_lora_convert on arbitrary bytes written to
+ * a file (a kohya, ComfyUI, XLabs or fal Kontext Flux.1 LoRA, a Flux.2,
+ * Qwen-Image, Wan, Z-Image, LTX-2, HunyuanVideo, Krea 2, Ideogram 4,
+ * Lumina 2, FLUX.3, Anima, ACE-Step, ERNIE-Image or MiniMax-H3 LoRA in
  * another form than diffusers', a
  * kohya Stable Diffusion LoRA, whose conversion reads a UNet config of
  * layers_per_block 2 written beside the scratch folder): the
@@ -40,6 +40,7 @@
 #include "lora_kohya.h"
 #include "lora_krea2.h"
 #include "lora_lumina2.h"
+#include "lora_minimax_h3.h"
 #include "lora_old_forms.h"
 #include "lora_prefixed.h"
 #include "lora_qwen.h"
@@ -171,6 +172,8 @@ static const struct {
     {"an ACE-Step conversion", ace_step_lora_detect, ace_step_lora_convert, TRANSFORMER, ANY_KEY},
     /* keys without either prefix kept as they are */
     {"an ERNIE-Image conversion", ernie_image_lora_detect, ernie_image_lora_convert, TRANSFORMER, AS_NAMED},
+    /* a file in diffusers' form with a metadata alpha kept as it is */
+    {"a MiniMax-H3 conversion", minimax_h3_lora_detect, minimax_h3_lora_convert, TRANSFORMER, AS_NAMED},
     {"a Stable Diffusion conversion", sd_lora_detect, sd_convert, SD, WITH_CONV},
 };
 

@@ -3420,8 +3420,8 @@ static void test_wan_lora_into_transformer_2(void **state)
     } cases[] = {
         {pipe, third, "has no component transformer_3 (--lora transformer_3=", 0},
         {pipe, encoder, "has no component text_encoder", 0},
-        {pipe, into, "is a FluxPipeline, and diffusers loads a LoRA into transformer only (and Wan's loader into "
-                     "transformer_2), not into transformer_2", 1},
+        {pipe, into, "is a FluxPipeline, and diffusers loads a LoRA into transformer only (Wan's loader also into "
+                     "transformer_2, MiniMax-H3's into transformer_ref), not into transformer_2", 1},
         {transformer, into, "is not a diffusers pipeline, so --lora transformer_2=", 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -7,8 +7,8 @@
  * lora-ernie-image.digest lists (make_ernie_image_fixtures.py: diffusers'
  * names under base_model.model., diffusion_model. and transformer.) converts
  * to what the digests of diffusers' own renaming say, byte for byte, and
- * merges through the command line as that renaming does. MiniMax-H3's
- * loader, which nf4deq does not follow yet, takes no LoRA. */
+ * merges through the command line as that renaming does. (MiniMax-H3's
+ * loader is test_lora_minimax_h3.c's.) */
 #include "test_util.h"
 
 #include "lora_diffusers.h"
@@ -39,8 +39,6 @@ static void test_own_form_family(void **state)
     assert_int_equal(diffusers_lora_family("ErnieImagePipeline"), LORA_FAMILY_ERNIE_IMAGE);
     assert_int_equal(diffusers_lora_family("ErnieImageModularPipeline"), LORA_FAMILY_ERNIE_IMAGE);
     assert_int_equal(diffusers_lora_family(ERNIE_TRANSFORMER), LORA_FAMILY_ERNIE_IMAGE);
-    assert_int_equal(diffusers_lora_family("MiniMaxH3ModularPipeline"), LORA_FAMILY_MINIMAX_H3);
-    assert_int_equal(diffusers_lora_family("MiniMaxH3Transformer3DModel"), LORA_FAMILY_MINIMAX_H3);
     assert_int_equal(diffusers_lora_family("Cosmos3OmniModularPipeline"), LORA_FAMILY_OTHER);
     assert_int_equal(diffusers_lora_family("KandinskyV22Pipeline"), LORA_FAMILY_OTHER);
 }
@@ -154,14 +152,6 @@ static void test_ernie_image_lora_merges_as_converted(void **state)
     write_synth_file(lora, BOTH, 2);
     assert_int_equal(setenv("TMPDIR", tmp, 1), 0);
     assert_lora_open_refused(lora, LORA_FAMILY_ERNIE_IMAGE, "transformer.layers.0.mlp.up_proj.lora_A.weight", tmp, 0);
-    /* MiniMax-H3's loader, which nf4deq does not follow, takes nothing,
-     * not even a file in diffusers' form that the others would merge. */
-    static const struct synth_tensor OWN[] = {
-        {"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", DT_BF16, 2, 8, 0.5f},
-        {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", DT_BF16, 8, 2, 0.5f},
-    };
-    write_synth_file(lora, OWN, 2);
-    assert_lora_open_refused(lora, LORA_FAMILY_MINIMAX_H3, "MiniMax-H3", tmp, 1);
     free(lora);
     free(converted);
     free(dir);
