@@ -277,11 +277,11 @@ static int add_pair(struct conversion *cv, const char *target, enum cut cut, con
             snprintf(name, sizeof name, H3_TARGET ".%s.%s", target, QKV[j]);
             code = lora_rewrite_add_row_blocks(&cv->rw, name, ".lora_A.weight", down, r, 0, 0, 0, a_scale);
             /* DiffSynth's rows are [head 0: q k v, head 1: q k v, ...]: to_q takes each head's first 128 */
+            const uint64_t row0 = cv->diffsynth ? j * H3_HEAD_DIM : j * (rows / 3),
+                           block = cv->diffsynth ? H3_HEAD_DIM : 0;
             if (code == NF4_OK)
-                code = cv->diffsynth ? lora_rewrite_add_row_blocks(&cv->rw, name, ".lora_B.weight", up, rows / 3,
-                                                                   j * H3_HEAD_DIM, H3_HEAD_DIM, 3 * H3_HEAD_DIM, b_scale)
-                                     : lora_rewrite_add_row_blocks(&cv->rw, name, ".lora_B.weight", up, rows / 3,
-                                                                   j * (rows / 3), 0, 0, b_scale);
+                code = lora_rewrite_add_row_blocks(&cv->rw, name, ".lora_B.weight", up, rows / 3, row0, block,
+                                                   3 * H3_HEAD_DIM, b_scale);
         }
         return code;
     }

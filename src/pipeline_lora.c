@@ -131,8 +131,8 @@ static int take_into(const char *in, struct pipeline_loras *pl, size_t i, const 
         return nf4_fail(NF4_EUSAGE, in, NULL, "has no component %s (--lora %s)", pl->into[i], pl->args[i]);
     if (!diffusers_loads_into(pl->cls, pl->into[i]))
         return nf4_fail(NF4_EUSAGE, in, NULL, "is a %s, and diffusers loads a LoRA into %s only (Wan's loader also "
-                        "into transformer_2, MiniMax-H3's into transformer_ref), not into %s (--lora %s)", pl->cls ? pl->cls : "pipeline",
-                        DIFFUSERS_DEFAULT_COMPONENT, pl->into[i], pl->args[i]);
+                        "into transformer_2, MiniMax-H3's into transformer_ref), not into %s (--lora %s)",
+                        pl->cls ? pl->cls : "pipeline", DIFFUSERS_DEFAULT_COMPONENT, pl->into[i], pl->args[i]);
     return NF4_OK;
 }
 
@@ -150,7 +150,8 @@ static int into_ref(const struct pipeline_loras *pl, size_t i)
 static int check_partitions(const struct pipeline_loras *pl, size_t i, int has_ref)
 {
     const struct model *w = pl->weights[i];
-    const size_t own = diffusers_lora_keys_for(w, DIFFUSERS_DEFAULT_COMPONENT), ref = diffusers_lora_keys_for(w, MINIMAX_H3_REF);
+    const size_t own = diffusers_lora_keys_for(w, DIFFUSERS_DEFAULT_COMPONENT),
+                 ref = diffusers_lora_keys_for(w, MINIMAX_H3_REF);
     if (ref && !has_ref)
         return nf4_fail(NF4_EDATA, pl->paths[i], NULL, "has %zu tensors for %s, a component this pipeline does not "
                         "have (diffusers refuses the LoRA)", ref, MINIMAX_H3_REF);
@@ -206,9 +207,11 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
         char *file = NULL;
         if ((code = diffusers_lora_path(pl->paths[i], &file, 0)) == NF4_OK && !file)
             code = nf4_fail(NF4_ESOFTWARE, pl->paths[i], NULL, "not a diffusers LoRA (internal error)");
-        if (code == NF4_OK &&
-            (code = diffusers_lora_open_for(file, diffusers_lora_family(pl->cls), unet_config, 1, &pl->weights[i])) == NF4_OK &&
-            (!pl->partitions || (code = check_partitions(pl, i, has_ref)) == NF4_OK))
+        if (code == NF4_OK)
+            code = diffusers_lora_open_for(file, diffusers_lora_family(pl->cls), unet_config, 1, &pl->weights[i]);
+        if (code == NF4_OK && pl->partitions)
+            code = check_partitions(pl, i, has_ref);
+        if (code == NF4_OK)
             code = pl->into[i] && !pl->partitions ? diffusers_lora_check_components(pl->weights[i], TRANSFORMER, 1)
                                                   : diffusers_lora_check_components(pl->weights[i], components, ncomp);
         free(file);
@@ -221,10 +224,9 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
 int component_loras_init(struct component_loras *cl, const struct pipeline_loras *pl, const char *in)
 {
     memset(cl, 0, sizeof *cl);
-    const size_t room = pl->n ? 2 * pl->n : 1;
-    cl->dirs = calloc(room, sizeof *cl->dirs);
-    cl->key_components = calloc(room, sizeof *cl->key_components);
-    cl->converted = calloc(room, sizeof *cl->converted);
+    cl->dirs = calloc(pl->n ? pl->n : 1, sizeof *cl->dirs);
+    cl->key_components = calloc(pl->n ? pl->n : 1, sizeof *cl->key_components);
+    cl->converted = calloc(pl->n ? pl->n : 1, sizeof *cl->converted);
     return cl->dirs && cl->key_components && cl->converted ? NF4_OK
                                                            : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
 }
@@ -255,7 +257,8 @@ static void partition_loras_for(const struct pipeline_loras *pl, const char *com
     for (size_t k = 0; k < pl->n; k++) {
         const int own = diffusers_lora_keys_for(pl->weights[k], DIFFUSERS_DEFAULT_COMPONENT) != 0,
                   refs = diffusers_lora_keys_for(pl->weights[k], MINIMAX_H3_REF) != 0;
-        if (own && (ref ? into_ref(pl, k) && !refs : !into_ref(pl, k) && strcmp(component, DIFFUSERS_DEFAULT_COMPONENT) == 0))
+        if (own && (ref ? into_ref(pl, k) && !refs
+                        : !into_ref(pl, k) && strcmp(component, DIFFUSERS_DEFAULT_COMPONENT) == 0))
             take_lora(cl, pl, k, DIFFUSERS_DEFAULT_COMPONENT);
         if (ref && refs)
             take_lora(cl, pl, k, MINIMAX_H3_REF);

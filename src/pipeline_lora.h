@@ -67,9 +67,7 @@ struct component_loras {
     size_t n;
 };
 
-/* Room in cl for every LoRA of pl, twice (a MiniMax-H3 LoRA can go into
- * transformer_ref under both of its components' keys). NF4_OK or
- * NF4_ESOFTWARE (naming `in`). */
+/* Room in cl for every LoRA of pl. NF4_OK or NF4_ESOFTWARE (naming `in`). */
 int component_loras_init(struct component_loras *cl, const struct pipeline_loras *pl, const char *in);
 void component_loras_free(struct component_loras *cl);
 

@@ -63,7 +63,8 @@ static void test_minimax_h3_metadata_alpha(void **state)
     struct tu_scratch *s = *state;
     static struct recipe r;
     recipe_read(&r, H3_DIGEST("alpha"));
-    char *lora = tu_strdupf("%s/alpha.safetensors", s->dir), *converted = tu_strdupf("%s/converted.safetensors", s->dir),
+    char *lora = tu_strdupf("%s/alpha.safetensors", s->dir),
+         *converted = tu_strdupf("%s/converted.safetensors", s->dir),
          *with_config = tu_strdupf("%s/config.safetensors", s->dir), *base = tu_strdupf("%s/transformer", s->dir),
          *tmp = tu_strdupf("%s/tmp", s->dir), *want = tu_strdupf("%s/want", s->dir),
          *plain = tu_strdupf("%s/plain", s->dir), *got = tu_strdupf("%s/got", s->dir);
@@ -183,8 +184,9 @@ static void test_minimax_h3_partitions(void **state)
     struct tu_scratch *s = *state;
     static struct recipe r;
     recipe_read(&r, H3_DIGEST("aitk"));
-    char *lora = tu_strdupf("%s/aitk.safetensors", s->dir), *converted = tu_strdupf("%s/converted.safetensors", s->dir),
-         *tmp = tu_strdupf("%s/tmp", s->dir), *both = tu_strdupf("%s/both", s->dir), *ref = tu_strdupf("%s/ref", s->dir),
+    char *lora = tu_strdupf("%s/aitk.safetensors", s->dir),
+         *converted = tu_strdupf("%s/converted.safetensors", s->dir), *tmp = tu_strdupf("%s/tmp", s->dir),
+         *both = tu_strdupf("%s/both", s->dir), *ref = tu_strdupf("%s/ref", s->dir),
          *own = tu_strdupf("%s/own", s->dir), *out = tu_strdupf("%s/out", s->dir),
          *t_lora = tu_strdupf("%s/t.safetensors", s->dir), *r_lora = tu_strdupf("%s/r.safetensors", s->dir),
          *tr_lora = tu_strdupf("%s/tr.safetensors", s->dir), *both_t = tu_strdupf("%s/both/transformer", s->dir),
@@ -286,19 +288,23 @@ static void test_minimax_h3_refusals(void **state)
         {{{"blocks.0.attn.qkv_proj.lora_A.default.weight", DT_BF16, 2, 8, 0.5f},
           {"blocks.0.attn.qkv_proj.lora_B.default.weight", DT_BF16, 384 * 2 + 3, 2, 0.5f}},
          "not a multiple of 384"},
-        {{{"blocks.1.mlp.fc1.lora_A.weight", DT_BF16, 2, 8, 0.5f}, {"blocks.1.mlp.fc1.lora_B.weight", DT_BF16, 9, 2, 0.5f}},
+        {{{"blocks.1.mlp.fc1.lora_A.weight", DT_BF16, 2, 8, 0.5f},
+          {"blocks.1.mlp.fc1.lora_B.weight", DT_BF16, 9, 2, 0.5f}},
          "not an even number"},
         {{{"diffusion_model.final_layer.video_out.lora_A.weight", DT_BF16, 2, 8, 0.5f}},
          "has no final_layer.video_out.lora_B.weight beside it"},
-        {{{"blocks.01.mlp.fc2.lora_A.weight", DT_BF16, 2, 8, 0.5f}, {"blocks.01.mlp.fc2.lora_B.weight", DT_BF16, 8, 2, 0.5f}},
+        {{{"blocks.01.mlp.fc2.lora_A.weight", DT_BF16, 2, 8, 0.5f},
+          {"blocks.01.mlp.fc2.lora_B.weight", DT_BF16, 8, 2, 0.5f}},
          "is left over by diffusers' conversion"},
-        {{{"blocks.0.mlp.fc2.lora_A.weight", DT_BF16, 2, 8, 0.5f}, {"blocks.0.mlp.fc2.lora_B.weight", DT_BF16, 8, 2, 0.5f},
+        {{{"blocks.0.mlp.fc2.lora_A.weight", DT_BF16, 2, 8, 0.5f},
+          {"blocks.0.mlp.fc2.lora_B.weight", DT_BF16, 8, 2, 0.5f},
           {"blocks.0.mlp.fc2.lora_down.weight", DT_BF16, 2, 8, 0.5f}},
          "has no blocks.0.mlp.fc2.lora_up.weight beside it"},
         {{{"diffusion_model.blocks.0.mlp.fc2.lora_A.weight", DT_BF16, 2, 8, 0.5f},
           {"blocks.0.mlp.fc2.lora_A.weight", DT_BF16, 2, 8, 0.5f}},
          "becomes blocks.0.mlp.fc2.lora_A.weight"},
-        {{{"blocks.0.mlp.fc2.lora_A.weight", DT_BF16, 2, 8, 0.5f}, {"blocks.0.mlp.fc2.lora_B.weight", DT_BF16, 8, 2, 0.5f},
+        {{{"blocks.0.mlp.fc2.lora_A.weight", DT_BF16, 2, 8, 0.5f},
+          {"blocks.0.mlp.fc2.lora_B.weight", DT_BF16, 8, 2, 0.5f},
           {"blocks.0.mlp.fc2.alpha", DT_BF16, 2, 0, -1.0f}},
          "is not one number"},
         {{{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", DT_BF16, 2, 8, 0.5f},
