@@ -433,12 +433,15 @@ void lora_keys_cut(struct lora_key *keys, size_t n, size_t cut)
     }
 }
 
-/* The length of the character of Python's whitespace (str.isspace, which
- * int() strips) that the UTF-8 text s[0..n) holds whole, else 0. */
+/* The length of the character of the whitespace int() and float() strip
+ * that the UTF-8 text s[0..n) holds whole, else 0: str.isspace's past
+ * ASCII, which CPython makes ' ' before parsing, and in ASCII only what
+ * Py_ISSPACE strips (not 0x1C-0x1F, which str.isspace counts: int("8\x1c")
+ * raises). */
 static size_t python_space(const unsigned char *s, size_t n)
 {
     if (n == 1)
-        return s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r') || (s[0] >= 0x1c && s[0] <= 0x1f);
+        return s[0] == ' ' || (s[0] >= '\t' && s[0] <= '\r');
     if (n == 2)
         return s[0] == 0xC2 && (s[1] == 0x85 || s[1] == 0xA0) ? 2 : 0; /* U+0085, U+00A0 */
     if (n != 3)
