@@ -27,17 +27,44 @@ static const char *remote_of(const cJSON *entry, const char **subfolder)
     return repo->valuestring;
 }
 
+/* Pipeline folder `root`'s index, `index` (a name pipeline_index_name
+ * gave), parsed: NULL where it cannot be read or parsed, no error recorded
+ * (an index nf4deq cannot read is copied as it is). *path: its path
+ * (allocated, or NULL). */
+static cJSON *read_index(const char *root, const char *index, char **path)
+{
+    char *text = NULL;
+    size_t len = 0;
+    cJSON *json = NULL;
+    *path = path_join(root, index);
+    if (*path && read_small_file(*path, MAX_JSON_FILE_BYTES, &text, &len) == NF4_OK)
+        json = json_parse_whole(text, len);
+    nf4_clear_error();
+    free(text);
+    return json;
+}
+
+int pipeline_index_lists(const char *root, const char *name)
+{
+    const char *index = pipeline_index_name(root);
+    char *path = NULL;
+    cJSON *json = index ? read_index(root, index, &path) : NULL;
+    const cJSON *entry = cJSON_IsObject(json) ? cJSON_GetObjectItemCaseSensitive(json, name) : NULL;
+    /* [library, class(, spec)]: [null, null] is a component the pipeline does not load */
+    const int listed = !cJSON_IsObject(json) ? -1
+                                             : cJSON_IsArray(entry) && cJSON_IsString(cJSON_GetArrayItem(entry, 0));
+    cJSON_Delete(json);
+    free(path);
+    return listed;
+}
+
 void modular_index_warn_remote(const char *root)
 {
     const char *index = pipeline_index_name(root);
     if (!index || strcmp(index, MODULAR_PIPELINE_INDEX_NAME) != 0)
         return;
-    char *path = path_join(root, index), *text = NULL;
-    size_t len = 0;
-    cJSON *json = NULL;
-    if (path && read_small_file(path, MAX_JSON_FILE_BYTES, &text, &len) == NF4_OK)
-        json = json_parse_whole(text, len);
-    nf4_clear_error(); /* an index nf4deq cannot read is copied as it is */
+    char *path = NULL;
+    cJSON *json = read_index(root, index, &path);
     struct strbuf names = {0};
     const char *first_repo = NULL;
     const cJSON *entry, *components = cJSON_IsObject(json) ? json : NULL;
@@ -57,6 +84,5 @@ void modular_index_warn_remote(const char *root)
                  "those from there, as they are", path, names.p, first_repo);
     free(names.p);
     cJSON_Delete(json);
-    free(text);
     free(path);
 }

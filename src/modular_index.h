@@ -1,5 +1,6 @@
-/* What a modular pipeline's index (modular_model_index.json, layout.h) says
- * about where its components load from. Each from_pretrained component is
+/* What a pipeline's index (model_index.json or modular_model_index.json,
+ * layout.h) says about its components: which it loads, and, in a modular
+ * one, where from. Each from_pretrained component is
  * [library, class, {"pretrained_model_name_or_path": REPO, "subfolder": S,
  * ...}]; diffusers 0.42's ModularPipeline.from_pretrained of a folder loads
  * a component from the folder where the folder holds S, else from REPO. So a
@@ -7,6 +8,12 @@
  * their repositories, quantized or not: nf4deq says so. */
 #ifndef NF4DEQ_MODULAR_INDEX_H
 #define NF4DEQ_MODULAR_INDEX_H
+
+/* Whether pipeline folder `root`'s index (model_index.json, or the modular
+ * one) lists a component `name` that the pipeline loads ([library, class,
+ * ...], not [null, null]), wherever from: 1 or 0; -1 where there is no index
+ * nf4deq can read. */
+int pipeline_index_lists(const char *root, const char *name);
 
 /* Where pipeline folder `root`'s index is a modular one: warns, naming it,
  * of the components it takes from a repository whose subfolder `root` does

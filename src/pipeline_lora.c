@@ -9,6 +9,7 @@
 #include "lora.h"
 #include "lora_diffusers.h"
 #include "lora_minimax_h3.h"
+#include "modular_index.h"
 #include "status.h"
 #include "strutil.h"
 
@@ -141,21 +142,25 @@ static int take_into(const char *in, struct pipeline_loras *pl, size_t i, const 
  * has no transformer. */
 static int into_ref(const struct pipeline_loras *pl, size_t i)
 {
-    return pl->into[i] ? strcmp(pl->into[i], MINIMAX_H3_REF) == 0 : !pl->has_transformer;
+    return pl->into[i] ? strcmp(pl->into[i], MINIMAX_H3_REF) == 0 : !pl->h3.loads_transformer;
 }
 
 /* MiniMax-H3's loader, for LoRA i: it refuses keys under transformer_ref.
- * where the pipeline has no transformer_ref, and says where a LoRA goes
- * that does not name its partition when the pipeline has both. */
-static int check_partitions(const struct pipeline_loras *pl, size_t i, int has_ref)
+ * where the pipeline loads no transformer_ref, and load_into_transformer_ref
+ * there; and it says where a LoRA goes that does not name its partition
+ * when the pipeline has both. */
+static int check_partitions(const struct pipeline_loras *pl, size_t i)
 {
     const struct model *w = pl->weights[i];
     const size_t own = diffusers_lora_keys_for(w, DIFFUSERS_DEFAULT_COMPONENT),
                  ref = diffusers_lora_keys_for(w, MINIMAX_H3_REF);
-    if (ref && !has_ref)
+    if (ref && !pl->h3.loads_ref)
         return nf4_fail(NF4_EDATA, pl->paths[i], NULL, "has %zu tensors for %s, a component this pipeline does not "
-                        "have (diffusers refuses the LoRA)", ref, MINIMAX_H3_REF);
-    if (own && !ref && !pl->into[i] && has_ref && pl->has_transformer)
+                        "load (diffusers refuses the LoRA)", ref, MINIMAX_H3_REF);
+    if (pl->into[i] && into_ref(pl, i) && !pl->h3.loads_ref)
+        return nf4_fail(NF4_EUSAGE, pl->paths[i], NULL, "cannot go into %s (--lora %s): the pipeline's index does not "
+                        "load it", MINIMAX_H3_REF, pl->args[i]);
+    if (own && !ref && !pl->into[i] && pl->h3.loads_ref && pl->h3.holds_transformer)
         nf4_warn("%s: names no MiniMax-H3 partition, and the pipeline has both: merging it into %s, as diffusers "
                  "loads it (--lora %s=LORA merges it into the other)", pl->paths[i], DIFFUSERS_DEFAULT_COMPONENT,
                  MINIMAX_H3_REF);
@@ -164,6 +169,35 @@ static int check_partitions(const struct pipeline_loras *pl, size_t i, int has_r
                  "theirs and so leaves inactive: they are not merged", pl->paths[i], own, DIFFUSERS_DEFAULT_COMPONENT,
                  MINIMAX_H3_REF, MINIMAX_H3_REF);
     return NF4_OK;
+}
+
+/* Drops from `components` (*n) the partitions MiniMax-H3's pipeline does not
+ * load, as its index says, and fills pl->h3; where the transformer's keys go
+ * into a transformer_ref the folder holds, "transformer" counts as one of its
+ * components, so that they are not taken as another component's. */
+static void find_partitions(const char *in, struct pipeline_loras *pl, const char **components, size_t *n)
+{
+    int held[2] = {0, 0};
+    static const char *const NAMES[2] = {DIFFUSERS_DEFAULT_COMPONENT, MINIMAX_H3_REF};
+    for (size_t i = 0; i < *n; i++)
+        for (size_t j = 0; j < 2; j++)
+            held[j] |= strcmp(components[i], NAMES[j]) == 0;
+    int loads[2];
+    for (size_t j = 0; j < 2; j++) {
+        const int listed = pipeline_index_lists(in, NAMES[j]);
+        loads[j] = listed < 0 ? held[j] : listed;
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < *n; i++)
+        if ((strcmp(components[i], NAMES[0]) != 0 || loads[0]) && (strcmp(components[i], NAMES[1]) != 0 || loads[1]))
+            components[kept++] = components[i];
+    *n = kept;
+    pl->h3.loads_transformer = loads[0];
+    pl->h3.loads_ref = loads[1];
+    pl->h3.holds_transformer = held[0] && loads[0];
+    pl->h3.holds_ref = held[1] && loads[1];
+    if (pl->h3.holds_ref && !loads[0])
+        components[(*n)++] = DIFFUSERS_DEFAULT_COMPONENT;
 }
 
 int pipeline_loras_open(const char *in, const char *const *args, size_t n, const struct pipeline_entry *e,
@@ -189,15 +223,9 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
             components[ncomp++] = e[i].name;
     for (size_t i = 0; i < n && code == NF4_OK; i++)
         code = take_into(in, pl, i, e, ne);
-    int has_ref = 0;
-    pl->partitions = diffusers_lora_family(pl->cls) == LORA_FAMILY_MINIMAX_H3;
-    for (size_t i = 0; pl->partitions && i < ncomp; i++) {
-        pl->has_transformer |= strcmp(components[i], DIFFUSERS_DEFAULT_COMPONENT) == 0;
-        has_ref |= strcmp(components[i], MINIMAX_H3_REF) == 0;
-    }
-    /* A ref2va pipeline (transformer_ref alone) loads the transformer's keys there. */
-    if (pl->partitions && has_ref && !pl->has_transformer)
-        components[ncomp++] = DIFFUSERS_DEFAULT_COMPONENT;
+    pl->h3.partitions = diffusers_lora_family(pl->cls) == LORA_FAMILY_MINIMAX_H3;
+    if (code == NF4_OK && pl->h3.partitions)
+        find_partitions(in, pl, components, &ncomp);
     /* Stable Diffusion XL's loader maps the SGM UNet's names by the UNet's
      * config; the other loaders pass none (and 1.x's does not map them). */
     char *unet_config = code == NF4_OK && diffusers_loads_sdxl(pl->cls) ? path_join(in, "unet/" CONFIG_FILE_NAME) : NULL;
@@ -209,10 +237,10 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
             code = nf4_fail(NF4_ESOFTWARE, pl->paths[i], NULL, "not a diffusers LoRA (internal error)");
         if (code == NF4_OK)
             code = diffusers_lora_open_for(file, diffusers_lora_family(pl->cls), unet_config, 1, &pl->weights[i]);
-        if (code == NF4_OK && pl->partitions)
-            code = check_partitions(pl, i, has_ref);
+        if (code == NF4_OK && pl->h3.partitions)
+            code = check_partitions(pl, i);
         if (code == NF4_OK)
-            code = pl->into[i] && !pl->partitions ? diffusers_lora_check_components(pl->weights[i], TRANSFORMER, 1)
+            code = pl->into[i] && !pl->h3.partitions ? diffusers_lora_check_components(pl->weights[i], TRANSFORMER, 1)
                                                   : diffusers_lora_check_components(pl->weights[i], components, ncomp);
         free(file);
     }
@@ -250,15 +278,18 @@ static void take_lora(struct component_loras *cl, const struct pipeline_loras *p
 /* MiniMax-H3's loader: transformer_ref takes the keys under its name, and
  * the transformer's where they go there (into_ref) and it has none of its
  * own (diffusers would load the transformer's first, as an adapter that the
- * next one leaves inactive); the transformer takes its own keys otherwise. */
+ * next one leaves inactive); the transformer takes its own keys otherwise.
+ * (A partition the index does not load is no component of pl's: a LoRA
+ * with keys for it was refused, or its keys left out, when it was opened.) */
 static void partition_loras_for(const struct pipeline_loras *pl, const char *component, struct component_loras *cl)
 {
     const int ref = strcmp(component, MINIMAX_H3_REF) == 0;
     for (size_t k = 0; k < pl->n; k++) {
         const int own = diffusers_lora_keys_for(pl->weights[k], DIFFUSERS_DEFAULT_COMPONENT) != 0,
                   refs = diffusers_lora_keys_for(pl->weights[k], MINIMAX_H3_REF) != 0;
-        if (own && (ref ? into_ref(pl, k) && !refs
-                        : !into_ref(pl, k) && strcmp(component, DIFFUSERS_DEFAULT_COMPONENT) == 0))
+        const int here = ref ? into_ref(pl, k) && !refs
+                             : !into_ref(pl, k) && strcmp(component, DIFFUSERS_DEFAULT_COMPONENT) == 0;
+        if (own && here)
             take_lora(cl, pl, k, DIFFUSERS_DEFAULT_COMPONENT);
         if (ref && refs)
             take_lora(cl, pl, k, MINIMAX_H3_REF);
@@ -269,7 +300,7 @@ void pipeline_loras_for(const struct pipeline_loras *pl, const char *component, 
 {
     cl->component = component;
     cl->n = 0;
-    if (pl->partitions) {
+    if (pl->h3.partitions) {
         partition_loras_for(pl, component, cl);
         return;
     }

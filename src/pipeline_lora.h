@@ -19,11 +19,18 @@ struct pipeline_loras {
     struct model **weights;  /* each one's weights, opened to read its keys */
     size_t n;
     char *cls; /* the pipeline index's _class_name (diffusers_pipeline_class), or NULL */
-    /* MiniMax-H3's two partitions: transformer_ref takes the keys under
-     * transformer_ref., and the transformer's where the pipeline has no
-     * transformer (a ref2va pipeline) or --lora transformer_ref=LORA says so
-     * (load_into_transformer_ref). */
-    int partitions, has_transformer;
+    /* MiniMax-H3's two partitions (`partitions` set for its pipelines):
+     * transformer_ref takes the keys under transformer_ref., and the
+     * transformer's where the pipeline loads no transformer (a ref2va one)
+     * or --lora transformer_ref=LORA says so (load_into_transformer_ref).
+     * What diffusers loads is what the pipeline's index lists (else, with no
+     * index to read, what the folder holds); what nf4deq merges into, the
+     * components of those the folder holds. */
+    struct {
+        int partitions;
+        int loads_transformer, loads_ref; /* listed in the index */
+        int holds_transformer, holds_ref; /* listed, and in the folder */
+    } h3;
 };
 
 /* --lora COMPONENT=LORA on a pipeline: the LoRA's transformer keys go into

@@ -96,7 +96,7 @@ static void test_minimax_h3_metadata_alpha(void **state)
     assert_converts(base, got, with_config, NULL, 1);
     tu_assert_same_tensors(got_file, want_file);
     tu_rmtree(got);
-    static const char *const IGNORED[] = {"eight", "0x8", "8_", "1__0", ""};
+    static const char *const IGNORED[] = {"eight", "0x8", "8_", "1__0", "", "8\x1c"}; /* str.isspace's, not float()'s */
     for (size_t i = 0; i < sizeof IGNORED / sizeof IGNORED[0]; i++) {
         struct st_meta alpha = {"alpha", (char *)IGNORED[i]};
         recipe_write(&r, lora, r.values, &alpha, 1);
@@ -128,32 +128,45 @@ static void test_minimax_h3_metadata_alpha(void **state)
     free(got);
 }
 
-/* pipe: a modular MiniMax-H3 pipeline holding a transformer (where
- * `transformer`) and a transformer_ref (where `ref`), each made for the
- * diffusers-form LoRA `converted` with the same weights. */
-static void write_h3_pipeline(const char *pipe, const char *converted, int transformer, int ref)
+/* pipe's modular index, listing a transformer (where `transformer`) and a
+ * transformer_ref (where `ref`), each from a repository's subfolder. */
+static void write_h3_index(const char *pipe, int transformer, int ref)
 {
-    struct model *c;
-    assert_int_equal(model_open_file(converted, &c), NF4_OK);
-    assert_int_equal(mkdir(pipe, 0755), 0);
     struct strbuf index = {0};
     strbuf_puts(&index, "{\"_blocks_class_name\": \"MiniMaxH3Blocks\", \"_class_name\": \"" H3_PIPELINE "\"");
     static const char *const NAMES[] = {"transformer", "transformer_ref"};
-    const int held[] = {transformer, ref};
-    for (size_t i = 0; i < 2; i++) {
-        if (!held[i])
-            continue;
-        strbuf_printf(&index, ", \"%s\": [\"diffusers\", \"" H3_TRANSFORMER "\", {\"pretrained_model_name_or_path\": "
-                      "\"someone/minimax-h3-bnb-4bit\", \"subfolder\": \"%s\"}]", NAMES[i], NAMES[i]);
-        char *dir = tu_strdupf("%s/%s", pipe, NAMES[i]);
-        write_component_base(c, dir, "transformer.", NULL, "{\"_class_name\": \"" H3_TRANSFORMER "\"}", WEIGHTS);
-        free(dir);
-    }
+    const int listed[] = {transformer, ref};
+    for (size_t i = 0; i < 2; i++)
+        if (listed[i])
+            strbuf_printf(&index, ", \"%s\": [\"diffusers\", \"" H3_TRANSFORMER "\", "
+                          "{\"pretrained_model_name_or_path\": \"someone/minimax-h3-bnb-4bit\", "
+                          "\"subfolder\": \"%s\"}]",
+                          NAMES[i], NAMES[i]);
     strbuf_puts(&index, "}\n");
     char *path = tu_strdupf("%s/modular_model_index.json", pipe);
     tu_write_file(path, index.p, index.len);
     free(path);
     free(index.p);
+}
+
+/* pipe: a modular MiniMax-H3 pipeline holding a transformer (where
+ * `transformer`) and a transformer_ref (where `ref`), each made for the
+ * diffusers-form LoRA `converted` with the same weights, and listed in its
+ * index. */
+static void write_h3_pipeline(const char *pipe, const char *converted, int transformer, int ref)
+{
+    struct model *c;
+    assert_int_equal(model_open_file(converted, &c), NF4_OK);
+    assert_int_equal(mkdir(pipe, 0755), 0);
+    static const char *const NAMES[] = {"transformer", "transformer_ref"};
+    const int held[] = {transformer, ref};
+    for (size_t i = 0; i < 2; i++) {
+        char *dir = tu_strdupf("%s/%s", pipe, NAMES[i]);
+        if (held[i])
+            write_component_base(c, dir, "transformer.", NULL, "{\"_class_name\": \"" H3_TRANSFORMER "\"}", WEIGHTS);
+        free(dir);
+    }
+    write_h3_index(pipe, transformer, ref);
     model_close(c);
 }
 
@@ -233,12 +246,36 @@ static void test_minimax_h3_partitions(void **state)
         tu_rmtree(out);
     }
     /* transformer_ref keys with no transformer_ref: refused, as diffusers refuses them */
-    assert_lora_refused(own, out, tr_lora, "transformer_ref, a component this pipeline does not have", tmp);
+    assert_lora_refused(own, out, tr_lora, "transformer_ref, a component this pipeline does not load", tmp);
     struct tu_run run = tu_run("convert", "--device", "cpu", own, out, "--lora", into, NULL);
     if (run.status != NF4_EUSAGE || tu_lines(run.err) != 1 || !strstr(run.err, "has no component transformer_ref"))
         fail_msg("exit %d, stderr: %s", run.status, run.err);
     tu_run_free(&run);
     assert_false(tu_exists(out));
+    /* What diffusers loads is what the index lists. Both folders, transformer_ref listed alone: a ref2va
+     * pipeline, whose transformer/ takes nothing */
+    write_h3_index(both, 0, 1);
+    assert_converts(both, out, t_lora, NULL, 1);
+    assert_component(out, "transformer", NULL, both);
+    assert_component(out, "transformer_ref", ref_t_alone, both);
+    tu_rmtree(out);
+    write_h3_index(both, 0, 0); /* neither: no denoiser takes a LoRA */
+    assert_lora_refused(both, out, t_lora, "has no tensors for a component of this pipeline", tmp);
+    /* transformer listed but not held (from its repository): the transformer's keys go there, not here */
+    write_h3_index(ref, 1, 1);
+    run = tu_run("convert", "--device", "cpu", ref, out, "--lora", t_lora, NULL); /* and the remote one is named */
+    if (run.status != NF4_EDATA || tu_lines(run.err) != 2 ||
+        !strstr(run.err, "takes transformer from the repositories") ||
+        !strstr(run.err, "its keys are for: transformer)"))
+        fail_msg("exit %d, stderr: %s", run.status, run.err);
+    tu_run_free(&run);
+    assert_false(tu_exists(out));
+    run = tu_run("convert", "--device", "cpu", ref, out, "--lora", tr_lora, NULL);
+    if (run.status != 0 || tu_lines(run.err) != 3 || !strstr(run.err, "2 of its tensors are for transformer, which"))
+        fail_msg("exit %d, stderr: %s", run.status, run.err);
+    tu_run_free(&run);
+    assert_component(out, "transformer_ref", ref_r_alone, ref);
+    tu_rmtree(out);
     char *const owned[] = {lora, converted, tmp, both, ref, own, out, t_lora, r_lora, tr_lora, both_t, both_ref, into,
                            into_tr, t_alone, ref_t_alone, ref_r_alone};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++)
