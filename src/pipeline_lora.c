@@ -137,12 +137,18 @@ static int take_into(const char *in, struct pipeline_loras *pl, size_t i, const 
     return NF4_OK;
 }
 
+/* Whether LoRA i is given as transformer_ref=LORA (load_into_transformer_ref). */
+static int asks_ref(const struct pipeline_loras *pl, size_t i)
+{
+    return pl->into[i] && strcmp(pl->into[i], MINIMAX_H3_REF) == 0;
+}
+
 /* Whether MiniMax-H3's loader sends LoRA i's transformer keys into
- * transformer_ref: asked to (load_into_transformer_ref), or the pipeline
- * has no transformer. */
+ * transformer_ref: asked to, or the pipeline loads no transformer
+ * (whatever --lora transformer=LORA says). */
 static int into_ref(const struct pipeline_loras *pl, size_t i)
 {
-    return pl->into[i] ? strcmp(pl->into[i], MINIMAX_H3_REF) == 0 : !pl->h3.loads_transformer;
+    return asks_ref(pl, i) || !pl->h3.loads_transformer;
 }
 
 /* MiniMax-H3's loader, for LoRA i: it refuses keys under transformer_ref.
@@ -157,7 +163,7 @@ static int check_partitions(const struct pipeline_loras *pl, size_t i)
     if (ref && !pl->h3.loads_ref)
         return nf4_fail(NF4_EDATA, pl->paths[i], NULL, "has %zu tensors for %s, a component this pipeline does not "
                         "load (diffusers refuses the LoRA)", ref, MINIMAX_H3_REF);
-    if (pl->into[i] && into_ref(pl, i) && !pl->h3.loads_ref)
+    if (asks_ref(pl, i) && !pl->h3.loads_ref)
         return nf4_fail(NF4_EUSAGE, pl->paths[i], NULL, "cannot go into %s (--lora %s): the pipeline's index does not "
                         "load it", MINIMAX_H3_REF, pl->args[i]);
     if (own && !ref && !pl->into[i] && pl->h3.loads_ref && pl->h3.holds_transformer)

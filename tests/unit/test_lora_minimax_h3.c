@@ -255,10 +255,15 @@ static void test_minimax_h3_partitions(void **state)
     /* What diffusers loads is what the index lists. Both folders, transformer_ref listed alone: a ref2va
      * pipeline, whose transformer/ takes nothing */
     write_h3_index(both, 0, 1);
-    assert_converts(both, out, t_lora, NULL, 1);
-    assert_component(out, "transformer", NULL, both);
-    assert_component(out, "transformer_ref", ref_t_alone, both);
-    tu_rmtree(out);
+    char *into_t = tu_strdupf("transformer=%s", t_lora);
+    const char *const TO_REF[] = {t_lora, into_t}; /* transformer=LORA too: diffusers has no transformer to load into */
+    for (size_t i = 0; i < 2; i++) {
+        assert_converts(both, out, TO_REF[i], NULL, 1);
+        assert_component(out, "transformer", NULL, both);
+        assert_component(out, "transformer_ref", ref_t_alone, both);
+        tu_rmtree(out);
+    }
+    free(into_t);
     write_h3_index(both, 0, 0); /* neither: no denoiser takes a LoRA */
     assert_lora_refused(both, out, t_lora, "has no tensors for a component of this pipeline", tmp);
     /* transformer listed but not held (from its repository): the transformer's keys go there, not here */
