@@ -60,25 +60,20 @@ int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const cha
 int lora_rewrite_add_rows(struct lora_rewrite *rw, const char *target, const char *factor,
                           const struct model_tensor *src, uint64_t row0, uint64_t rows)
 {
-    const int vector = src->t->ndim == 1;
-    int code = lora_rewrite_add(rw, target, factor, src, src->t->dtype, rows, vector ? 1 : src->t->shape[1], row0,
-                                0, 1.0f);
-    if (code == NF4_OK) {
-        rw->parts[rw->nparts - 1].as_is = 1;
-        rw->parts[rw->nparts - 1].vector = (unsigned)vector;
-    }
-    return code;
+    return lora_rewrite_add_row_blocks(rw, target, factor, src, rows, row0, 0, 0, NULL);
 }
 
 int lora_rewrite_add_row_blocks(struct lora_rewrite *rw, const char *target, const char *factor,
                                 const struct model_tensor *src, uint64_t rows, uint64_t row0, uint64_t block,
                                 uint64_t stride, const float *scale)
 {
-    int code = lora_rewrite_add(rw, target, factor, src, src->t->dtype, rows, src->t->shape[1], row0, 0,
+    const int vector = src->t->ndim == 1;
+    int code = lora_rewrite_add(rw, target, factor, src, src->t->dtype, rows, vector ? 1 : src->t->shape[1], row0, 0,
                                 scale ? *scale : 1.0f);
     if (code == NF4_OK) {
         struct lora_part *p = &rw->parts[rw->nparts - 1];
         p->as_is = !scale;
+        p->vector = (unsigned)vector;
         p->block = block;
         p->stride = stride;
     }

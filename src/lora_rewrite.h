@@ -71,12 +71,14 @@ int lora_rewrite_add_copy(struct lora_rewrite *rw, const char *target, const cha
 int lora_rewrite_add_rows(struct lora_rewrite *rw, const char *target, const char *factor,
                           const struct model_tensor *src, uint64_t row0, uint64_t rows);
 
-/* Adds the part named target + factor holding `rows` rows of the matrix
- * `src`, every column: `block` rows from row0 on, the next `block` from
- * row0 + stride, and so on (block 0: all in one run), running on from the
- * first row past the last; each value as it is where `scale` is NULL (its
- * bytes), else times *scale rounded to src's dtype (lora_rewrite_add). The
- * caller checks that the rows are there. NF4_OK or NF4_ESOFTWARE. */
+/* Adds the part named target + factor holding `rows` rows of `src` (a
+ * matrix, every column; or a vector, whose rows are its values, as is
+ * only): `block` rows from row0 on, the next `block` from row0 + stride,
+ * and so on (block 0: all in one run), running on from the first row past
+ * the last; each value as it is where `scale` is NULL (its bytes), else
+ * times *scale rounded to src's dtype (lora_rewrite_add). The caller checks
+ * that the rows are there. lora_rewrite_add_rows is its one run, as is.
+ * NF4_OK or NF4_ESOFTWARE. */
 int lora_rewrite_add_row_blocks(struct lora_rewrite *rw, const char *target, const char *factor,
                                 const struct model_tensor *src, uint64_t rows, uint64_t row0, uint64_t block,
                                 uint64_t stride, const float *scale);
