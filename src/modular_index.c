@@ -44,18 +44,20 @@ static cJSON *read_index(const char *root, const char *index, char **path)
     return json;
 }
 
-int pipeline_index_lists(const char *root, const char *name)
+int pipeline_index_lists(const char *root, const char *const *names, size_t n, int *listed)
 {
     const char *index = pipeline_index_name(root);
     char *path = NULL;
     cJSON *json = index ? read_index(root, index, &path) : NULL;
-    const cJSON *entry = cJSON_IsObject(json) ? cJSON_GetObjectItemCaseSensitive(json, name) : NULL;
-    /* [library, class(, spec)]: [null, null] is a component the pipeline does not load */
-    const int listed = !cJSON_IsObject(json) ? -1
-                                             : cJSON_IsArray(entry) && cJSON_IsString(cJSON_GetArrayItem(entry, 0));
+    const int readable = cJSON_IsObject(json);
+    for (size_t i = 0; readable && i < n; i++) {
+        /* [library, class(, spec)]: [null, null] is a component the pipeline does not load */
+        const cJSON *entry = cJSON_GetObjectItemCaseSensitive(json, names[i]);
+        listed[i] = cJSON_IsArray(entry) && cJSON_IsString(cJSON_GetArrayItem(entry, 0));
+    }
     cJSON_Delete(json);
     free(path);
-    return listed;
+    return readable ? 0 : -1;
 }
 
 void modular_index_warn_remote(const char *root)

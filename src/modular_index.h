@@ -9,11 +9,14 @@
 #ifndef NF4DEQ_MODULAR_INDEX_H
 #define NF4DEQ_MODULAR_INDEX_H
 
+#include <stddef.h>
+
 /* Whether pipeline folder `root`'s index (model_index.json, or the modular
- * one) lists a component `name` that the pipeline loads ([library, class,
- * ...], not [null, null]), wherever from: 1 or 0; -1 where there is no index
- * nf4deq can read. */
-int pipeline_index_lists(const char *root, const char *name);
+ * one) lists each of the n components `names` as one the pipeline loads
+ * ([library, class, ...], not [null, null]), wherever from: listed[i] 1 or
+ * 0, and 0 returned; -1 (listed untouched) where there is no index nf4deq
+ * can read. */
+int pipeline_index_lists(const char *root, const char *const *names, size_t n, int *listed);
 
 /* Where pipeline folder `root`'s index is a modular one: warns, naming it,
  * of the components it takes from a repository whose subfolder `root` does

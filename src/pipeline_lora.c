@@ -188,11 +188,8 @@ static void find_partitions(const char *in, struct pipeline_loras *pl, const cha
     for (size_t i = 0; i < *n; i++)
         for (size_t j = 0; j < 2; j++)
             held[j] |= strcmp(components[i], NAMES[j]) == 0;
-    int loads[2];
-    for (size_t j = 0; j < 2; j++) {
-        const int listed = pipeline_index_lists(in, NAMES[j]);
-        loads[j] = listed < 0 ? held[j] : listed;
-    }
+    int loads[2] = {held[0], held[1]}; /* with no index to read, what the folder holds */
+    pipeline_index_lists(in, NAMES, 2, loads);
     size_t kept = 0;
     for (size_t i = 0; i < *n; i++)
         if ((strcmp(components[i], NAMES[0]) != 0 || loads[0]) && (strcmp(components[i], NAMES[1]) != 0 || loads[1]))
