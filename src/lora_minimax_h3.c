@@ -160,14 +160,7 @@ int minimax_h3_lora_detect(const struct model *w)
 
 /* ---- the original names ---- */
 
-/* The length of the ASCII digits at s. */
-static size_t digits_at(const char *s)
-{
-    size_t n = 0;
-    while (s[n] >= '0' && s[n] <= '9')
-        n++;
-    return n;
-}
+#define ASCII_DIGITS "0123456789"
 
 /* musubi's module `flat` (len bytes) dotted, as diffusers' table dots it
  * (allocated into *dotted), or 0 where no row matches it whole. */
@@ -177,7 +170,7 @@ static int musubi_dotted(const char *flat, size_t len, struct strbuf *dotted)
         const size_t head = strlen(MUSUBI[i].flat_head);
         if (len < head || strncmp(flat, MUSUBI[i].flat_head, head) != 0)
             continue;
-        size_t number = MUSUBI[i].numbered ? digits_at(flat + head) : 0;
+        size_t number = MUSUBI[i].numbered ? strspn(flat + head, ASCII_DIGITS) : 0;
         if (MUSUBI[i].numbered && (number == 0 || head + number > len))
             continue;
         const char *tail = flat + head + number;
@@ -347,7 +340,7 @@ static int block_module(const char *base, struct block_pull *p)
         if (!str_starts_with(base, STACKS[s][0]))
             continue;
         const char *number = base + strlen(STACKS[s][0]);
-        const size_t len = digits_at(number);
+        const size_t len = strspn(number, ASCII_DIGITS);
         if (len == 0 || (len > 1 && number[0] == '0') || number[len] != '.')
             return 0; /* diffusers pulls blocks 0, 1, 2... by name: "007" is none of them */
         for (size_t m = 0; m < COUNT(BLOCK_MODULES); m++)
