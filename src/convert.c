@@ -103,10 +103,11 @@ static int flip_target(const struct lora_target *t, const struct model_tensor *m
     *out = *t;
     for (size_t i = 0; i < t->nterms; i++) {
         const struct lora_term *x = &t->terms[i];
-        if (x->magnitude || x->embedding || x->b_col_step || x->bias)
+        if (x->magnitude || x->embedding || x->b_col_step || x->bias || x->kron.w1)
             return nf4_fail(NF4_EDATA, x->a->file->path, x->a->t->name,
                             "a %s on %s, a weight nf4deq writes transposed (%s): only plain LoRA pairs merge there",
-                            x->magnitude ? "DoRA pair" : "LoRA term of another kind", mt->t->name, where);
+                            x->magnitude ? "DoRA pair" : x->kron.w1 ? "LoKr" : "LoRA term of another kind",
+                            mt->t->name, where);
         out->terms[i].fan_in_fan_out = !x->fan_in_fan_out;
     }
     if (t->tokens)
@@ -409,10 +410,12 @@ void convert_note_merge(struct ctx *c, const struct lora_set *s, const struct bn
 {
     for (size_t i = 0; s && i < s->ntargets; i++) {
         const struct lora_target *t = &s->targets[i];
+        /* A LoKr's term is one product per element, on the CPU whatever the
+         * device (lora_merge.h): it merges elements, and adds no rank. */
         double rank = 0;
         for (size_t k = 0; k < t->nterms; k++)
-            rank += t->terms[k].r;
-        if (rank == 0)
+            rank += t->terms[k].kron.w1 ? 0 : t->terms[k].r;
+        if (t->nterms == 0)
             continue; /* a replacement or trained token rows: no arithmetic */
         const double elements = (double)t->rows * (double)t->cols;
         c->merge_elements += elements;

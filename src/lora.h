@@ -71,8 +71,18 @@
 #define BASE_LAYER_SEGMENT ".base_layer."
 
 /* One adapter's LoRA pair on one base tensor. */
+/* A LoKr's factors (PEFT's LoKr layer), where w1 is set: W1 is lokr_w1
+ * [a, b], or lokr_w1_a [a, r1] @ lokr_w1_b [r1, b] where w1_b is set; W2 is
+ * lokr_w2 [c, d], or lokr_w2_a @ lokr_w2_b likewise. The term's delta is
+ * scaling * kron(W1, W2), [a * c, b * d], from its row row0 on: all of it,
+ * or one projection's rows of a fused one's (Flux.2's to_qkv, lora_lokr.h). */
+struct lora_kron {
+    const struct model_tensor *w1, *w1_b, *w2, *w2_b;
+    uint64_t a, b, c, d, row0;
+};
+
 struct lora_term {
-    const struct model_tensor *a; /* lora_A: [r, in] */
+    const struct model_tensor *a; /* lora_A: [r, in]; a LoKr's lokr_w1 or lokr_w1_a (for messages) */
     const struct model_tensor *b; /* lora_B: [out, r] */
     uint32_t r;
     float scaling;
@@ -96,6 +106,7 @@ struct lora_term {
     uint64_t a_row0, b_row0;
     uint32_t b_col0, b_col_step;
     uint64_t expert_rows;
+    struct lora_kron kron; /* a LoKr (b is NULL then); else all 0 */
     size_t adapter;       /* index of the adapter, in --lora order */
 };
 
@@ -158,6 +169,11 @@ struct lora_config {
     int rank_from_shapes; /* a diffusers LoRA without its config: each pair's r and alpha are its rank */
     int ensure_weight_tying; /* PEFT keeps modules_to_save copies of tied weights tied */
     int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
+    /* A LoKr config (peft_type "LOKR", lora_lokr.h): r and alpha are its
+     * "r" and "alpha"; how PEFT factors each layer's dimensions, and whether
+     * it splits W1 too. */
+    int lokr, decompose_both;
+    int64_t decompose_factor;
     const cJSON *rank_pattern, *alpha_pattern, *modules_to_save; /* into root */
     const cJSON *token_indices; /* trainable_token_indices (token_rows.h), into root; NULL when absent */
     const cJSON *target_parameters; /* a list of parameter names (lora_experts.h), into root; NULL when absent */

@@ -50,12 +50,32 @@ static uint64_t expert_block_floats(const struct lora_term *x, uint64_t span)
     return (expert_block_rows(x, span) * expert_row_bytes(x) + 3) / 4;
 }
 
+/* The rank of a LoKr's factor that PEFT splits in two (its second half's rows), or 0. */
+static uint64_t kron_half_rank(const struct model_tensor *half_b)
+{
+    return half_b ? half_b->t->shape[0] : 0;
+}
+
+/* Floats a LoKr's factors take in any chunk: W1 and W2 whole, and the two
+ * halves of each that is split, read before their product. Its products are
+ * few (W1 and W2 are each about the square root of the layer's size), so
+ * each chunk forms them again rather than holding them between chunks. */
+static uint64_t kron_floats(const struct lora_kron *k)
+{
+    const uint64_t r1 = kron_half_rank(k->w1_b), r2 = kron_half_rank(k->w2_b);
+    return k->a * k->b + k->c * k->d + r1 * (k->a + k->b) + r2 * (k->c + k->d);
+}
+
 /* The factors' part of merge_factor_bytes. */
 static uint64_t factor_bytes(const struct lora_target *t, uint64_t e0, uint64_t n)
 {
     uint64_t first_row = e0 / t->cols, last_row = (e0 + (n ? n : 1) - 1) / t->cols, floats = 0;
     for (size_t i = 0; i < t->nterms; i++) {
         const struct lora_term *x = &t->terms[i];
+        if (x->kron.w1) {
+            floats += kron_floats(&x->kron);
+            continue;
+        }
         floats += l_floats(x, first_row, last_row) + (uint64_t)x->r * t->cols;
         if (x->magnitude) /* and the merged rows, held for the rescale */
             floats += last_row - first_row + 1 + n;
@@ -105,6 +125,50 @@ static int read_f32(const struct model_tensor *mt, uint64_t first, uint64_t coun
         dst[i] = mt->t->dtype == DT_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
     }
     return NF4_OK;
+}
+
+/* A LoKr's factor W [rows, cols] into `out`: `w` as it is, or, where PEFT
+ * splits it, w [rows, r] @ w_b [r, cols] in fp32, each sum over k ascending
+ * (torch's matmul sums the same products in an order of its own: within the
+ * merge's tolerance). The halves are read into `halves`. */
+static int read_kron_factor(const struct model_tensor *w, const struct model_tensor *w_b, uint64_t rows,
+                            uint64_t cols, float *out, float *halves)
+{
+    if (!w_b)
+        return read_f32(w, 0, rows * cols, out);
+    const uint64_t r = kron_half_rank(w_b);
+    float *ha = halves, *hb = halves + rows * r;
+    int code = read_f32(w, 0, rows * r, ha);
+    if (code == NF4_OK)
+        code = read_f32(w_b, 0, r * cols, hb);
+    if (code != NF4_OK)
+        return code;
+    for (uint64_t i = 0; i < rows; i++) {
+        float *o = out + i * cols;
+        memset(o, 0, cols * sizeof(float));
+        for (uint64_t k = 0; k < r; k++) {
+            const float a = ha[i * r + k], *b = hb + k * cols;
+            for (uint64_t c = 0; c < cols; c++)
+                o[c] = o[c] + a * b[c];
+        }
+    }
+    return NF4_OK;
+}
+
+/* A LoKr term's factor for a chunk: W1 and W2 formed at `at` (kron_floats long). */
+static int read_kron(struct merge_factor *f, const struct lora_term *x, float *at)
+{
+    const struct lora_kron *k = &x->kron;
+    float *w1 = at, *w2 = w1 + k->a * k->b, *halves = w2 + k->c * k->d;
+    *f = (struct merge_factor){.scaling = x->scaling,
+                               .kron_w1 = w1,
+                               .kron_w2 = w2,
+                               .kron_b = k->b,
+                               .kron_c = k->c,
+                               .kron_d = k->d,
+                               .kron_row0 = k->row0};
+    int code = read_kron_factor(k->w1, k->w1_b, k->a, k->b, w1, halves);
+    return code == NF4_OK ? read_kron_factor(k->w2, k->w2_b, k->c, k->d, w2, halves) : code;
 }
 
 /* The trained token rows of t in rows [first_row, last_row], from buf (8-byte
@@ -200,6 +264,12 @@ int merge_read_factors(struct merge_job *j, const struct lora_target *t, uint64_
     j->magnitude = NULL;
     j->dora_rows = NULL;
     for (size_t i = 0; i < t->nterms; i++) {
+        if (t->terms[i].kron.w1) {
+            if ((code = read_kron(&j->f[i], &t->terms[i], at)) != NF4_OK)
+                return code;
+            at += kron_floats(&t->terms[i].kron);
+            continue;
+        }
         struct lora_term term;
         const struct lora_term *x = &term;
         uint64_t local_row, a_width;

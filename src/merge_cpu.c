@@ -98,6 +98,26 @@ static void strip_scalar(const float *r, uint64_t r_stride, const float *const l
     }
 }
 
+/* A LoKr's products (merge_job.h) for rows [row, row + nrows) and columns
+ * [c, c_end): each one product of W1's and W2's values, as torch.kron forms
+ * it. Only the rows of the group are written. */
+static void strip_kron(const struct merge_factor *f, uint64_t row, int nrows, uint64_t c, uint64_t c_end,
+                       float acc[MERGE_GROUP][MERGE_STRIP])
+{
+    for (int g = 0; g < nrows; g++) {
+        const uint64_t kr = row + (uint64_t)g + f->kron_row0;
+        const float *w1 = f->kron_w1 + kr / f->kron_c * f->kron_b, *w2 = f->kron_w2 + kr % f->kron_c * f->kron_d;
+        uint64_t j = c / f->kron_d, m = c % f->kron_d;
+        for (uint64_t q = 0; q < c_end - c; q++) {
+            acc[g][q] = w1[j] * w2[m];
+            if (++m == f->kron_d) {
+                m = 0;
+                j++;
+            }
+        }
+    }
+}
+
 /* The block kernel of `path`, where it names one this processor has. */
 static merge_block_fn block_kernel(enum cpu_path path)
 {
@@ -201,7 +221,9 @@ static uint64_t strips_by_parts(const struct merge_run *run, const struct merge_
             continue;
         for (size_t t = 0; t < j->nfactors; t++) {
             const float *r = b->r[t] + (s - s0) * b->r_strip[t];
-            if (packed || c_end - c == MERGE_STRIP)
+            if (j->f[t].kron_w1)
+                strip_kron(&j->f[t], row, b->nrows, c, c_end, acc[t]);
+            else if (packed || c_end - c == MERGE_STRIP)
                 strip_portable(r, b->r_stride[t], b->l[t], b->l_stride[t], b->rank[t], acc[t]);
             else
                 strip_scalar(r, b->r_stride[t], b->l[t], b->l_stride[t], b->rank[t], (int)(c_end - c), acc[t]);
@@ -239,7 +261,9 @@ static uint64_t merge_range(const struct merge_run *run, uint64_t row_a, uint64_
     const int packed = panel != NULL;
     if (!packed) /* R in place: too large for a panel, or no memory for one */
         tile = strips;
-    const int vector_block = run->block && vector_dtype(j->w_dtype) && vector_dtype(run->out_dtype);
+    /* The block kernels know only L @ R: a LoKr's products go strip by strip. */
+    const int vector_block = run->block && vector_dtype(j->w_dtype) && vector_dtype(run->out_dtype) &&
+                             !merge_job_has_kron(j->f, j->nfactors);
     const unsigned w_size = dtype_bits(j->w_dtype) / 8, out_size = dtype_bits(run->out_dtype) / 8;
     uint64_t overflowed = 0;
 

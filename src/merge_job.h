@@ -35,7 +35,11 @@ static inline uint64_t dora_granule(uint64_t align, uint64_t cols, uint64_t tota
     return step * cols;
 }
 
-/* One adapter's factors over a chunk: delta(row, col) = scaling * sum_k L(row, k) * R(k, col). */
+/* One adapter's factors over a chunk: delta(row, col) = scaling * sum_k L(row, k) * R(k, col).
+ * Or, for a LoKr (kron_w1 set; l, r and rank unused, rank 0), PEFT's Kronecker
+ * product: delta(row, col) = scaling * (W1(i, j) * W2(k, m)), where
+ * row + kron_row0 = i * kron_c + k and col = j * kron_d + m, W1 [., kron_b]
+ * and W2 [kron_c, kron_d] row-major, each already formed in fp32. */
 struct merge_factor {
     const float *l; /* L(row, k) = l[(row - l_row0) * l_row_stride + k * l_k_stride] */
     uint64_t l_row0, l_row_stride, l_k_stride;
@@ -43,7 +47,18 @@ struct merge_factor {
     const float *r;    /* R(k, col) = r[k * cols + col]: rank * cols floats */
     uint32_t rank;
     float scaling;
+    const float *kron_w1, *kron_w2;
+    uint64_t kron_b, kron_c, kron_d, kron_row0;
 };
+
+/* Whether any factor of the job is a LoKr's (the CPU computes those). */
+static inline int merge_job_has_kron(const struct merge_factor *f, size_t nfactors)
+{
+    for (size_t t = 0; t < nfactors; t++)
+        if (f[t].kron_w1)
+            return 1;
+    return 0;
+}
 
 struct merge_job {
     const void *w; /* n base values of w_dtype, chunk-local */

@@ -6,7 +6,8 @@
  * base and output dtype, one thread and three (on enough rows for three row
  * ranges), and values that reach the corners (NaN, infinities, subnormals,
  * sums that overflow fp16 or bf16, which the count must see, and the least
- * values that do, passed through unchanged where a scaling is 0).
+ * values that do, passed through unchanged where a scaling is 0); LoKr
+ * factors (a Kronecker product from a row offset) among them.
  * Plain C, no test framework: the host CMocka test and the AArch64 cross
  * test (tests/cross) both run it. */
 #ifndef NF4DEQ_MERGE_SWEEP_H
@@ -60,6 +61,11 @@ static float merge_sweep_merged(const struct merge_job *j, uint64_t i)
     for (size_t t = 0; t < j->nfactors; t++) {
         const struct merge_factor *f = &j->f[t];
         float acc = 0.0f;
+        if (f->kron_w1) { /* a LoKr: one product */
+            const uint64_t kr = row + f->kron_row0;
+            acc = f->kron_w1[kr / f->kron_c * f->kron_b + col / f->kron_d] *
+                  f->kron_w2[kr % f->kron_c * f->kron_d + col % f->kron_d];
+        }
         for (uint64_t k = 0; k < f->rank; k++)
             acc = acc + f->l[(row - f->l_row0) * f->l_row_stride + k * f->l_k_stride] * f->r[k * j->cols + col];
         m = m + acc * f->scaling;
@@ -140,7 +146,7 @@ static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
     j.cols = cols;
     j.nfactors = dora ? 1 : 1 + (size_t)(sweep_rand(&rng) % 3);
     const unsigned corner_odds = index % 3 == 0 ? 40 : 0;
-    float *owned[LORA_MAX_ADAPTERS * 2 + 2] = {0};
+    float *owned[LORA_MAX_ADAPTERS * 4 + 2] = {0};
     size_t nowned = 0;
     for (size_t t = 0; t < j.nfactors; t++) {
         struct merge_factor *f = &j.f[t];
@@ -162,6 +168,24 @@ static int merge_sweep_case(enum cpu_path path, uint64_t index, FILE *log)
             r[x] = merge_sweep_value(&rng, corner_odds * 4);
         f->l = owned[nowned++] = l;
         f->r = owned[nowned++] = r;
+        if (!dora && (index + t) % 4 == 1) { /* a LoKr's instead, beside the others (merge_job.h) */
+            uint64_t d = 1 + sweep_rand(&rng) % cols;
+            while (cols % d)
+                d--;
+            f->kron_d = d;
+            f->kron_b = cols / d;
+            f->kron_c = 1 + sweep_rand(&rng) % 7;
+            f->kron_row0 = sweep_rand(&rng) % 6; /* a part of a fused projection's rows */
+            const uint64_t a = (rows + f->kron_row0 + f->kron_c - 1) / f->kron_c;
+            float *w1 = malloc(a * f->kron_b * sizeof(float)), *w2 = malloc(f->kron_c * d * sizeof(float));
+            for (uint64_t x = 0; x < a * f->kron_b; x++)
+                w1[x] = merge_sweep_value(&rng, corner_odds * 4);
+            for (uint64_t x = 0; x < f->kron_c * d; x++)
+                w2[x] = merge_sweep_value(&rng, corner_odds * 4);
+            f->kron_w1 = owned[nowned++] = w1;
+            f->kron_w2 = owned[nowned++] = w2;
+            f->rank = 0;
+        }
     }
     const unsigned w_size = dtype_bits(j.w_dtype) / 8, out_size = dtype_bits(j.out_dtype) / 8;
     void *w = malloc(n * w_size);
