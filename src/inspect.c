@@ -169,6 +169,7 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddBoolToObject(e, "embedding", x->embedding);
                 cJSON_AddBoolToObject(e, "dora", x->magnitude != NULL);
                 cJSON_AddBoolToObject(e, "lora_bias", x->bias);
+                cJSON_AddBoolToObject(e, "lokr", x->kron.w1 != NULL);
                 if (x->expert_rows) { /* a LoRA on a fused experts tensor: every expert */
                     cJSON_AddNumberToObject(e, "experts", x->b_col_step);
                     cJSON_AddBoolToObject(e, "is_transposed", x->fan_in_fan_out);
@@ -189,6 +190,7 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->bias ? x->pair_r : x->r, x->alpha, (double)x->scaling,
                         adapter_dir(s, x->adapter),
                         x->embedding                           ? " (embedding)"
+                        : x->kron.w1                           ? " (LoKr)"
                         : x->magnitude                         ? " (DoRA)"
                         : x->bias                              ? " (lora_bias)"
                         : x->fan_in_fan_out && !x->expert_rows ? " (fan_in_fan_out)"

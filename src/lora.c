@@ -13,12 +13,14 @@
 #include "json_util.h"
 #include "lora_diffusers.h"
 #include "lora_experts.h"
+#include "lora_lokr.h"
 #include "lora_old_forms.h"
 #include "lora_rewrite.h"
 #include "lora_target.h"
 #include "model_dir.h"
 #include "pattern.h"
 #include "status.h"
+#include "strbuf.h"
 #include "strutil.h"
 
 /* ---- adapter_config.json ---- */
@@ -217,38 +219,53 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
         return twice < 0 ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
                          : config_fail(path, "has a duplicate key");
     /* PEFT builds nn.Linear layers of these sizes, which refuse 4.0. */
-    static const char *const INTEGER_KEYS[] = {"r", "rank_pattern", TOKEN_INDICES_KEY};
+    static const char *const INTEGER_KEYS[] = {"r", "rank_pattern", TOKEN_INDICES_KEY, "decompose_factor"};
     const char *bad_key;
     if (!json_keys_hold_plain_integers(json, len, INTEGER_KEYS, sizeof INTEGER_KEYS / sizeof *INTEGER_KEYS,
                                        &bad_key))
         return config_fail(path, strcmp(bad_key, "r") == 0 ? "\"r\" must be a whole number from 1 to 65536"
                                  : strcmp(bad_key, "rank_pattern") == 0
                                      ? "\"rank_pattern\" ranks must be whole numbers"
+                                 : strcmp(bad_key, "decompose_factor") == 0
+                                     ? "\"decompose_factor\" must be a whole number"
                                      : "\"" TOKEN_INDICES_KEY "\" rows must be whole numbers from 0");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
     if (!cJSON_IsString(type))
         return config_fail(path, "has no \"peft_type\": not a PEFT adapter config");
-    if (strcmp(type->valuestring, "LORA") != 0)
-        return nf4_fail(NF4_EDATA, path, NULL, "is a %s adapter; only LoRA adapters can be merged",
+    c->lokr = strcmp(type->valuestring, "LOKR") == 0;
+    if (!c->lokr && strcmp(type->valuestring, "LORA") != 0)
+        return nf4_fail(NF4_EDATA, path, NULL, "is a %s adapter; only LoRA and LoKr adapters can be merged",
                         type->valuestring);
-    if ((code = config_bool(path, root, "use_dora", &c->use_dora)) != NF4_OK ||
-        (code = config_bool(path, root, "use_rslora", &c->use_rslora)) != NF4_OK ||
-        (code = config_bool(path, root, "ensure_weight_tying", &c->ensure_weight_tying)) != NF4_OK ||
-        (code = config_bool(path, root, "fan_in_fan_out", &c->fan_in_fan_out)) != NF4_OK ||
-        (code = config_bool(path, root, "lora_bias", &c->lora_bias)) != NF4_OK)
+    if (c->lokr) {
+        /* LoKrConfig has none of LoRA's variants below; rank_dropout,
+         * module_dropout and init_weights only shape training, and
+         * use_effective_conv2d only convolutions, whose LoKr lora.c refuses. */
+        if ((code = config_bool(path, root, "decompose_both", &c->decompose_both)) != NF4_OK)
+            return code;
+        const cJSON *factor = cJSON_GetObjectItemCaseSensitive(root, "decompose_factor");
+        if (factor && (!cJSON_IsNumber(factor) || fabs(factor->valuedouble) > 1e15))
+            return config_fail(path, "\"decompose_factor\" must be a whole number");
+        c->decompose_factor = factor ? (int64_t)factor->valuedouble : -1; /* LoKrConfig's default */
+    } else if ((code = config_bool(path, root, "use_dora", &c->use_dora)) != NF4_OK ||
+               (code = config_bool(path, root, "use_rslora", &c->use_rslora)) != NF4_OK ||
+               (code = config_bool(path, root, "ensure_weight_tying", &c->ensure_weight_tying)) != NF4_OK ||
+               (code = config_bool(path, root, "fan_in_fan_out", &c->fan_in_fan_out)) != NF4_OK ||
+               (code = config_bool(path, root, "lora_bias", &c->lora_bias)) != NF4_OK) {
         return code;
+    }
     /* PEFT's LoraConfig refuses the two together: DoRA's merge has no rule for the bias. */
     if (c->lora_bias && c->use_dora)
         return config_fail(path, "sets both lora_bias and use_dora, which PEFT refuses");
-    if ((code = check_unmerged_features(path, root)) != NF4_OK)
+    if (!c->lokr && (code = check_unmerged_features(path, root)) != NF4_OK)
         return code;
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
     if (!valid_rank(r))
         return config_fail(path, "\"r\" must be a whole number from 1 to 65536");
     c->r = (uint32_t)r->valuedouble;
-    const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+    const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(root, c->lokr ? "alpha" : "lora_alpha");
     if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble))
-        return config_fail(path, "\"lora_alpha\" must be a finite number");
+        return config_fail(path, c->lokr ? "\"alpha\" must be a finite number"
+                                         : "\"lora_alpha\" must be a finite number");
     c->alpha = alpha->valuedouble;
     size_t states = 0;
     if ((code = config_patterns(path, root, "rank_pattern", 1, &c->rank_pattern, &c->rank_compiled, &states)) !=
@@ -396,6 +413,9 @@ struct binder {
     char *model_type, *text_model_type;
     /* Pairs bound to a parameter target_parameters selects, for the adapter being bound. */
     size_t parameter_pairs;
+    /* Whether the base is a transformer whose projections diffusers fuses
+     * for a LoKr on to_qkv (base_fuses_qkv): -1 until asked. */
+    int fuses_qkv;
 };
 
 /* An F32, BF16 or F16 vector of n values (a DoRA magnitude, a LoRA bias). */
@@ -953,6 +973,180 @@ out:
 
 static int check_b_has_a(const struct model *m, const char *file, const char *key, const char *suffix,
                          const struct pair_kind *kind);
+
+/* ---- LoKr (lora_lokr.h) ---- */
+
+/* A fused projection diffusers makes of its parts to load a LoKr on it
+ * (Attention.fuse_projections: torch.cat of their weights, in this order). */
+static const struct {
+    const char *fused, *parts[3];
+} FUSED_PROJECTIONS[] = {
+    {"to_qkv", {"to_q", "to_k", "to_v"}},
+    {"to_added_qkv", {"add_q_proj", "add_k_proj", "add_v_proj"}},
+};
+
+/* Whether diffusers fuses the base's projections for a LoKr on a fused one
+ * (_maybe_fuse_qkv_projections_for_lokr): it does where the model has
+ * fuse_qkv_projections, of the classes whose loader reads LoKr only
+ * Flux.2's transformer (Z-Image's has none, and PEFT then finds no such
+ * module). */
+static int base_fuses_qkv(struct binder *b)
+{
+    if (b->fuses_qkv < 0) {
+        char *cls = b->base->dir ? diffusers_class_name(b->base->dir, CONFIG_FILE_NAME) : NULL;
+        b->fuses_qkv = cls && diffusers_lora_family(cls) == LORA_FAMILY_FLUX2;
+        free(cls);
+    }
+    return b->fuses_qkv;
+}
+
+/* The parts of `module` where it names a fused projection diffusers makes
+ * for a LoKr ("...attn.to_qkv"), as base weight names (allocated, parts[3]);
+ * 0 where it names none. -1 when out of memory. */
+static int fused_parts(struct binder *b, const char *module, char *parts[3])
+{
+    const char *dot = strrchr(module, '.'), *last = dot ? dot + 1 : module;
+    const size_t parent = (size_t)(last - module);
+    for (size_t f = 0; f < sizeof FUSED_PROJECTIONS / sizeof *FUSED_PROJECTIONS; f++) {
+        if (strcmp(last, FUSED_PROJECTIONS[f].fused) != 0 || !base_fuses_qkv(b))
+            continue;
+        for (size_t j = 0; j < 3; j++) {
+            struct strbuf w = {0};
+            strbuf_printf(&w, "%.*s%s.weight", (int)parent, module, FUSED_PROJECTIONS[f].parts[j]);
+            parts[j] = w.p;
+            if (w.oom) {
+                for (size_t k = 0; k <= j; k++) {
+                    free(parts[k]);
+                    parts[k] = NULL;
+                }
+                return -1;
+            }
+        }
+        return 1;
+    }
+    return 0;
+}
+
+/* The base weights a LoKr on `module` changes, and the rows of its delta
+ * each takes: its own weight, or the parts of a fused projection, each its
+ * rows of the fused [q; k; v]. *out and *in: the layer PEFT builds the
+ * LoKr for. NF4_EDATA where the base has no such layer (or parts of other
+ * widths); NF4_ESOFTWARE. */
+static int lokr_layers(struct binder *b, const char *file, const char *key, const char *module, char *names[3],
+                       uint64_t rows[3], size_t *n, uint64_t *out, uint64_t *in)
+{
+    int code = NF4_OK;
+    size_t ndim;
+    const uint64_t *shape;
+    *n = 0;
+    char *own = module_weight_in_base(b, module, &code);
+    if (code != NF4_OK)
+        return code;
+    if (!own)
+        return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+    if (!base_shape(b, own, &ndim, &shape)) {
+        int fused = fused_parts(b, module, names);
+        if (fused <= 0) {
+            code = fused < 0 ? nf4_fail(NF4_ESOFTWARE, file, key, "out of memory")
+                             : nf4_fail(NF4_EDATA, file, key, "matches no floating-point tensor %s in the base "
+                                        "model (an adapter for another model?)", own);
+            free(own);
+            return code;
+        }
+        free(own);
+    } else {
+        names[0] = own;
+        *n = 1;
+        if (ndim != 2)
+            return nf4_fail(NF4_EDATA, file, key, "is a LoKr on %s, which is not a matrix (%zu dimensions): nf4deq "
+                            "merges LoKr on linear layers only", names[0], ndim);
+        rows[0] = *out = shape[0];
+        *in = shape[1];
+        return NF4_OK;
+    }
+    *n = 3;
+    *out = 0;
+    for (size_t j = 0; j < 3; j++) {
+        if (!base_shape(b, names[j], &ndim, &shape) || ndim != 2)
+            return nf4_fail(NF4_EDATA, file, key, "is a LoKr on the fused projection %s, but the base has no "
+                            "matrix %s to fuse (an adapter for another model?)", module, names[j]);
+        if (j && shape[1] != *in)
+            return nf4_fail(NF4_EDATA, file, key, "is a LoKr on the fused projection %s, but %s has %llu columns "
+                            "and %s %llu: they do not fuse", module, names[0], (unsigned long long)*in, names[j],
+                            (unsigned long long)shape[1]);
+        rows[j] = shape[0];
+        *in = shape[1];
+        *out += shape[0];
+    }
+    return NF4_OK;
+}
+
+/* Binds the LoKr of the module whose first factor (lokr_w1 or lokr_w1_a) is
+ * `first`, key name `name` (after the adapter's prefix). */
+static int bind_lokr(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
+                     const char *name, const struct model_tensor *first)
+{
+    const char *file = first->file->path, *key = first->t->name;
+    char *module = strndup(name, strlen(name) - lokr_suffix_len(name)), *names[3] = {NULL, NULL, NULL};
+    if (!module)
+        return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+    int code = NF4_OK;
+    if (!lora_target_matches(&c->targets, module)) {
+        nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
+                 "layers_to_transform); PEFT does not load it, and it is not merged", file, key);
+        goto out;
+    }
+    uint64_t rows[3], out_f = 0, in_f = 0;
+    size_t n = 0;
+    if ((code = lokr_layers(b, file, key, module, names, rows, &n, &out_f, &in_f)) != NF4_OK)
+        goto out;
+    uint32_t r;
+    double alpha;
+    module_rank_alpha(c, module, &r, &alpha);
+    struct lora_kron k;
+    if ((code = lokr_read_factors(ad->weights, file, ad->key_prefix, module, c, r, out_f, in_f, &k)) != NF4_OK)
+        goto out;
+    const float scaling = lora_scaling(alpha, r, 0);
+    if (!isfinite(scaling)) {
+        code = nf4_fail(NF4_EDATA, file, key, "alpha / r is not a finite fp32 number");
+        goto out;
+    }
+    for (size_t j = 0; j < n; j++) {
+        struct binding *x = add_binding(b, file, names[j]);
+        if (!x) {
+            code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+            goto out;
+        }
+        x->rows = rows[j];
+        x->cols = in_f;
+        x->term = (struct lora_term){.a = k.w1, .r = r, .alpha = alpha, .scaling = scaling, .kron = k,
+                                     .adapter = index};
+        k.row0 += rows[j]; /* the next part's rows of the fused delta */
+    }
+out:
+    for (size_t j = 0; j < 3; j++)
+        free(names[j]);
+    free(module);
+    return code;
+}
+
+/* A LoKr key other than a module's first factor: bound with it; alone, refused. */
+static int check_lokr_has_first(const struct lora_adapter *ad, const char *file, const char *key)
+{
+    const size_t stem = strlen(key) - lokr_suffix_len(key);
+    int found = 0;
+    for (int split = 0; split < 2 && !found; split++) {
+        struct strbuf first = {0};
+        strbuf_printf(&first, "%.*s.lokr_w1%s", (int)stem, key, split ? "_a" : "");
+        if (first.oom) {
+            free(first.p);
+            return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+        }
+        found = model_find(ad->weights, first.p) != NULL;
+        free(first.p);
+    }
+    return found ? NF4_OK : nf4_fail(NF4_EDATA, file, key, "has no matching lokr_w1 or lokr_w1_a");
+}
 
 /* Whether A factor `a` of module `wrapped` ("M" or "M.base_layer...") is a
  * LoRA on M's fused MoE experts (lora_experts.h): target_parameters selects a
@@ -1623,6 +1817,15 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
             code = c->use_dora ? check_b_has_a(m, file, key, MAGNITUDE_SUFFIX, &LAYER_PAIR)
                                : nf4_fail(NF4_EDATA, file, key, "is a DoRA magnitude, but %s does not set use_dora",
                                           config_name(ad));
+        } else if (lokr_suffix_len(name)) {
+            code = !c->lokr                      ? nf4_fail(NF4_EDATA, file, key, "is a LoKr factor, but %s is "
+                                                            "a LoRA config", config_name(ad))
+                   : lokr_is_first_factor(name) ? bind_lokr(b, ad, index, c, name, t)
+                                                : check_lokr_has_first(ad, file, key);
+        } else if (c->lokr && (kind || strstr(name, ".lora_") || strstr(name, LOKR_MARK))) {
+            /* diffusers loads a file with any LoKr key as a LoKr, and PEFT leaves its other factors out */
+            code = nf4_fail(NF4_EDATA, file, key, "is %s, in a LoKr adapter: nf4deq merges an adapter of one kind",
+                            strstr(name, LOKR_MARK) ? "a LoKr tensor of no factor nf4deq knows" : "a LoRA tensor");
         } else if (kind) {
             char *module = lora_a_module(name, kind);
             if (!module)
@@ -1731,6 +1934,12 @@ static int gather(struct lora_set *s, struct binder *b)
             t->replace_trained_bias = x->trained_bias;
             t->replace_adapter = x->term.adapter;
         } else {
+            /* A LoKr on a fused projection and on one of its parts (diffusers fuses them and computes with
+             * the fused one alone) changes the part twice; every other kind binds a tensor once per adapter. */
+            for (size_t k = 0; k < t->nterms; k++)
+                if (t->terms[k].adapter == x->term.adapter)
+                    return nf4_fail(NF4_EDATA, file, t->name, "is changed twice by one adapter (a LoKr on a fused "
+                                    "projection and on its part: diffusers computes with the fused one alone)");
             t->terms[t->nterms++] = x->term;
         }
         if ((code = check_token_rows_alone(s, t)) != NF4_OK)
@@ -1822,7 +2031,7 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
     struct lora_set *s = calloc(1, sizeof *s);
     if (!s)
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
-    struct binder b = {.base = base, .weights = weights, .nweights = nweights};
+    struct binder b = {.base = base, .weights = weights, .nweights = nweights, .fuses_qkv = -1};
     int code = model_tied_embedding(base, &b.tied_embedding);
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];

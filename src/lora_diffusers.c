@@ -20,6 +20,7 @@
 #include "lora_hunyuan.h"
 #include "lora_ideogram4.h"
 #include "lora_kohya.h"
+#include "lora_lokr.h"
 #include "lora_krea2.h"
 #include "lora_lumina2.h"
 #include "lora_minimax_h3.h"
@@ -767,6 +768,19 @@ const char *diffusers_lora_metadata(const struct model *w)
     return NULL;
 }
 
+/* A LoKr file's metadata entries (in cfg) as LoKrConfig(**entries) takes
+ * them: another key raises TypeError; peft_type becomes LOKR. */
+static int lokr_metadata_config(const char *label, cJSON *cfg)
+{
+    for (const cJSON *e = cfg->child; e; e = e->next)
+        if (!lokr_config_field(e->string))
+            return nf4_fail(NF4_EDATA, label, NULL, "holds \"%s\", which is no field of PEFT's LoKrConfig: "
+                            "diffusers cannot build this LoKr's config from it (TypeError)", e->string);
+    cJSON_DeleteItemFromObjectCaseSensitive(cfg, "peft_type");
+    return cJSON_AddStringToObject(cfg, "peft_type", "LOKR") ? NF4_OK
+                                                              : nf4_fail(NF4_ESOFTWARE, label, NULL, "out of memory");
+}
+
 int diffusers_lora_config(const struct model *weights, const char *prefix, struct lora_config *c)
 {
     memset(c, 0, sizeof *c);
@@ -792,18 +806,31 @@ int diffusers_lora_config(const struct model *weights, const char *prefix, struc
                                       (int)(strlen(prefix) ? strlen(prefix) - 1 : 0), prefix);
     if (code == NF4_OK && meta)
         code = check_integers(label.p, meta, prefix);
+    /* A LoKr (any LoKr key): diffusers builds a LoKrConfig, from the
+     * metadata's entries (PEFT's dataclass takes its own fields alone, and
+     * sets peft_type) or from the factors' shapes (lora_lokr.h). */
+    const int lokr = code == NF4_OK && lokr_any_key(weights, prefix);
+    char *text = NULL;
+    if (lokr && meta)
+        code = lokr_metadata_config(label.p, cfg);
+    else if (lokr)
+        code = lokr_inferred_config(weights, f->path, prefix, &text);
     /* No metadata: diffusers then takes r and alpha from each pair's shape,
      * and DoRA and LoRA biases from the keys. */
-    int inferred = code == NF4_OK && !meta;
+    int inferred = code == NF4_OK && !meta && !lokr;
     if (inferred && (!cJSON_AddNumberToObject(cfg, "r", 1) || !cJSON_AddNumberToObject(cfg, "lora_alpha", 1) ||
                      !cJSON_AddBoolToObject(cfg, "use_dora", has_key_ending(weights, prefix, ".lora_magnitude_vector")) ||
                      !cJSON_AddBoolToObject(cfg, "lora_bias", has_key_ending(weights, prefix, ".lora_B.bias"))))
         code = nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory");
-    /* diffusers hands the entries to LoraConfig, which is PEFT's LoRA. */
-    if (code == NF4_OK && !cJSON_GetObjectItemCaseSensitive(cfg, "peft_type") &&
-        !cJSON_AddStringToObject(cfg, "peft_type", "LORA"))
-        code = nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory");
-    char *text = code == NF4_OK ? cJSON_PrintUnformatted(cfg) : NULL;
+    /* diffusers hands the entries to LoraConfig, which is PEFT's LoRA (and
+     * sets peft_type so, whatever the entries say). */
+    if (code == NF4_OK && !lokr) {
+        cJSON_DeleteItemFromObjectCaseSensitive(cfg, "peft_type");
+        if (!cJSON_AddStringToObject(cfg, "peft_type", "LORA"))
+            code = nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory");
+    }
+    if (code == NF4_OK && !text)
+        text = cJSON_PrintUnformatted(cfg);
     if (code == NF4_OK && !text)
         code = nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory");
     if (code == NF4_OK) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "lora_kohya.h"
+#include "lora_lokr_forms.h"
 #include "lora_rewrite.h"
 #include "status.h"
 #include "strutil.h"
@@ -231,9 +232,8 @@ static int convert_bfl_key(struct conversion *cv, const struct lora_key *k)
             if (!strstr(name, "lora") && !strstr(name, "lokr"))
                 return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is no LoRA factor (no \"lora\" in its "
                                 "name), which diffusers refuses");
-            if (!strstr(name, "lora"))
-                return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is a LoKr key (lokr): nf4deq merges LoRAs, "
-                                "not LoKr; merge it in diffusers (fuse_lora) instead");
+            if (!strstr(name, "lora")) /* "lokr" in it, of no LoKr factor: PEFT would leave it out */
+                return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is neither a LoRA factor nor a LoKr one");
             char target[FLUX2_NAME_MAX];
             snprintf(target, sizeof target, "%s%s", FLUX2_TARGET, EXPANDED[e][1]);
             return lora_rewrite_add_copy(&cv->rw, target, name + strlen(EXPANDED[e][0]), k->t);
@@ -266,10 +266,6 @@ static int convert_bfl(struct conversion *cv, const struct model *w)
     /* PEFT's form: every "base_model.model." in every key (str.replace), where one starts with it */
     if (code == NF4_OK && lora_model_any_key(w, is_peft_key))
         code = lora_keys_replace(cv->path, cv->keys, cv->nkeys, PEFT_PREFIX, BFL_PREFIX);
-    for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++)
-        if (is_lokr_key(cv->keys[i].name))
-            code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is a LoKr factor (lokr_): nf4deq merges "
-                            "LoRAs, not LoKr; merge it in diffusers (fuse_lora) instead");
     if (code != NF4_OK)
         return code;
     lora_keys_cut(cv->keys, cv->nkeys, strlen(BFL_PREFIX));
@@ -397,17 +393,22 @@ static int convert_kohya(struct conversion *cv, const struct model *w)
 
 int flux2_lora_detect(const struct model *w)
 {
-    return lora_model_any_key(w, is_kohya_key) || lora_model_any_key(w, is_peft_key) || lora_model_any_key(w, is_bfl_key) || lora_model_any_key(w, is_lokr_key);
+    return lora_model_any_key(w, is_kohya_key) || lora_model_any_key(w, is_peft_key) ||
+           lora_model_any_key(w, is_bfl_key) || lokr_flux2_converts(w);
 }
 
 int flux2_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
     *out = NULL;
+    const int kohya = lora_model_any_key(w, is_kohya_key);
+    /* diffusers reads a file with kohya's factors as kohya's (its LoKr keys left out), else any LoKr key makes
+     * it a LoKr */
+    if (!kohya && lora_model_any_key(w, is_lokr_key))
+        return lokr_convert_flux2(w, path, warn, out);
     struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
     for (size_t i = 0; i < w->count; i++) /* dropped before either conversion, with a warning */
         if (lora_is_dora_scale(w->tensors[i].t->name))
             lora_rewrite_leave_out(&cv.rw, w->tensors[i].t->name, strlen(w->tensors[i].t->name), 1);
-    const int kohya = lora_model_any_key(w, is_kohya_key);
     int code = kohya ? convert_kohya(&cv, w) : convert_bfl(&cv, w);
     if (code == NF4_OK)
         code = lora_rewrite_check_one_each(&cv.rw);

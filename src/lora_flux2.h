@@ -25,10 +25,11 @@
  *   not know (the text encoder's, Flux.1's modulations) are left out with
  *   a warning, as diffusers leaves them.
  * - DoRA scales are dropped with a warning, before either conversion.
+ * - A LoKr (a key holding ".lokr_", and no kohya factors) is converted by
+ *   its own rules (lora_lokr_forms.h).
  * Where diffusers raises (a BFL-form key of no rule, an alpha in that form, a
  * block number that is no integer, a kohya factor without its lora_up) nf4deq
- * refuses, naming the key; so where two keys become one, where the file is a
- * LoKr (which nf4deq does not merge), and where diffusers would load nothing
+ * refuses, naming the key; so where two keys become one, and where diffusers would load nothing
  * (a kohya file with none of the modules it converts: ComfyUI's
  * diffusion_model. names with lora_down / lora_up among them). */
 #ifndef NF4DEQ_LORA_FLUX2_H
@@ -37,8 +38,9 @@
 #include "model.h"
 
 /* Whether diffusers converts `w` when a Flux.2 pipeline loads it: DoRA
- * scales aside, a key holds ".lora_down.weight" or ".lokr_", or starts with
- * "diffusion_model." or "base_model.model.". */
+ * scales aside, a key holds ".lora_down.weight", or starts with
+ * "diffusion_model." or "base_model.model.", or it is a LoKr that
+ * lokr_flux2_converts. */
 int flux2_lora_detect(const struct model *w);
 
 /* Converts `w`, read from `path`, into the diffusers LoRA diffusers 0.42

@@ -613,7 +613,7 @@ int lora_check_pair(const char *path, const struct st_tensor *dt, const struct s
     return NF4_OK;
 }
 
-int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alpha)
+int lora_read_number(const char *path, const struct model_tensor *mt, double *alpha)
 {
     const struct st_tensor *t = mt->t;
     unsigned char buf[8] = {0};
@@ -645,9 +645,15 @@ int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alp
     case DT_I64: memcpy(&i64, buf, 8); *alpha = (double)i64; break;
     default: *alpha = f32_from_element(dt, buf, 0); break;
     }
-    if (!isfinite(*alpha) || *alpha < 0)
-        return nf4_fail(NF4_EDATA, path, t->name, "is %g; an alpha is a number from 0 up", *alpha);
     return NF4_OK;
+}
+
+int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alpha)
+{
+    int code = lora_read_number(path, mt, alpha);
+    if (code == NF4_OK && (!isfinite(*alpha) || *alpha < 0))
+        return nf4_fail(NF4_EDATA, path, mt->t->name, "is %g; an alpha is a number from 0 up", *alpha);
+    return code;
 }
 
 struct counted {

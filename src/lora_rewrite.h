@@ -249,10 +249,14 @@ int lora_is_conv_pair(const struct st_tensor *a, const struct st_tensor *b);
  * dtypes, not empty; else NF4_EDATA naming `path` and the tensor. */
 int lora_check_pair(const char *path, const struct st_tensor *down, const struct st_tensor *up);
 
-/* The value of a one-element tensor (an alpha), exactly: float, or integer
- * as sd-scripts saves an alpha given as a whole number. NF4_EDATA, naming the
- * file `path` and the key, for another shape or dtype, and for a negative or
- * non-finite alpha (diffusers' split of a negative scale never returns). */
+/* The value of a one-element tensor (an alpha), exactly, as .item() gives
+ * it: float, or integer as sd-scripts saves an alpha given as a whole
+ * number. NF4_EDATA, naming the file `path` and the key, for another shape
+ * or dtype. */
+int lora_read_number(const char *path, const struct model_tensor *mt, double *alpha);
+
+/* lora_read_number, and NF4_EDATA for a negative or non-finite alpha
+ * (diffusers' split of a negative scale never returns). */
 int lora_read_alpha(const char *path, const struct model_tensor *mt, double *alpha);
 
 /* Adds the pair `down` [r, in], `up` [out, r] as prefix + a_name and

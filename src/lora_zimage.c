@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lora_lokr.h"
+#include "lora_lokr_forms.h"
 #include "lora_rewrite.h"
 #include "status.h"
 #include "strbuf.h"
@@ -120,10 +122,7 @@ static int rename_keys(struct conversion *cv, const struct model *w)
     int code = lora_keys_of(cv->path, w, lora_is_dora_scale, &cv->keys, &cv->nkeys);
     for (size_t i = 0; i < cv->nkeys && code == NF4_OK; i++) {
         const char *name = cv->keys[i].name;
-        if (strstr(name, ".lokr_"))
-            code = nf4_fail(NF4_EDATA, cv->path, cv->keys[i].t->t->name, "is a LoKr factor (lokr_): nf4deq merges "
-                            "LoRAs, not LoKr; merge it in diffusers (fuse_lora) instead");
-        else if (strchr(name, '\n')) /* where Python's $ would match before it */
+        if (strchr(name, '\n')) /* where Python's $ would match before it */
             code = nf4_fail(NF4_EDATA, cv->path, NULL, "has a key with a line break in its name, which nf4deq "
                             "does not read as a Z-Image LoRA's");
     }
@@ -330,13 +329,25 @@ static int convert_factors(struct conversion *cv)
 
 /* ---- the whole ---- */
 
+static int is_lokr_key(const char *k)
+{
+    return strstr(k, LOKR_MARK) != NULL;
+}
+
+static int is_alpha_key(const char *k)
+{
+    return str_has_suffix(k, Z_ALPHA);
+}
+
 int zimage_lora_detect(const struct model *w)
 {
+    /* a LoKr is converted where a key starts with diffusion_model. or is an alpha (lora_lokr_forms.h) */
+    if (lora_model_any_key(w, is_lokr_key))
+        return lora_model_any_key_starting(w, Z_COMFY) || lora_model_any_key(w, is_alpha_key);
     for (size_t i = 0; i < w->count; i++) {
         const char *key = w->tensors[i].t->name;
         if (!lora_is_dora_scale(key) && (str_has_suffix(key, Z_ALPHA) || str_starts_with(key, Z_UNET) ||
-                                         str_starts_with(key, Z_COMFY) || strstr(key, Z_PEFT_ADAPTER) ||
-                                         strstr(key, ".lokr_")))
+                                         str_starts_with(key, Z_COMFY) || strstr(key, Z_PEFT_ADAPTER)))
             return 1;
     }
     return 0;
@@ -345,6 +356,8 @@ int zimage_lora_detect(const struct model *w)
 int zimage_lora_convert(const struct model *w, const char *path, int warn, struct model **out)
 {
     *out = NULL;
+    if (lora_model_any_key(w, is_lokr_key))
+        return lokr_convert_plain(w, path, warn, out);
     struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
     lora_rewrite_leave_out_dora(&cv.rw, w); /* dropped before the conversion, with a warning */
     int code = rename_keys(&cv, w);

@@ -28,16 +28,20 @@
  * Where diffusers raises (a factor without its partner, an alpha or any key
  * left over) nf4deq refuses, naming the key; so where diffusers would loop
  * forever (a negative alpha), keep one of two keys that become one, split a
- * qkv into parts that cannot load, or load nothing; and for a LoKr, which
- * nf4deq does not merge. */
+ * qkv into parts that cannot load, or load nothing.
+ *
+ * A LoKr (a key holding ".lokr_") is converted by its own rules, where a key
+ * starts with "diffusion_model." or ends in ".alpha" (lokr_convert_plain,
+ * lora_lokr_forms.h), and is read in diffusers' own form otherwise. */
 #ifndef NF4DEQ_LORA_ZIMAGE_H
 #define NF4DEQ_LORA_ZIMAGE_H
 
 #include "model.h"
 
 /* Whether diffusers converts `w` when a Z-Image pipeline loads it: DoRA
- * scales aside, a key ends in ".alpha", starts with "lora_unet_" or
- * "diffusion_model.", or holds "default." or ".lokr_". */
+ * scales aside, a key ends in ".alpha" or starts with "diffusion_model.";
+ * or, where no key holds ".lokr_", starts with "lora_unet_" or holds
+ * "default.". */
 int zimage_lora_detect(const struct model *w);
 
 /* Converts `w`, read from `path`, into the diffusers LoRA diffusers 0.42

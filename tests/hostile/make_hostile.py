@@ -707,7 +707,7 @@ def lora_cases():
               config=adapter_config(rank_pattern={f"k{i}.{{2000}}": 8 for i in range(9)}))
     emit_lora("lora-pattern-lookahead", 65, "look-ahead and look-behind are not supported",
               config=adapter_config(alpha_pattern={"^(?!.*vision).*q_proj": 8}))
-    emit_lora("lora-peft-type", 65, "is a PREFIX_TUNING adapter; only LoRA adapters can be merged",
+    emit_lora("lora-peft-type", 65, "is a PREFIX_TUNING adapter; only LoRA and LoKr adapters can be merged",
               config=adapter_config(peft_type="PREFIX_TUNING"), kinds=both)
     emit_lora("lora-no-peft-type", 65, 'has no "peft_type"', config=adapter_config(peft_type=None))
     # DoRA: a magnitude [out] beside each pair, with use_dora; nothing else.

@@ -14,84 +14,13 @@
 #include "lora.h"
 #include "lora_diffusers.h"
 #include "lora_synth.h"
+#include "merge_tolerance.h"
 #include "model.h"
 #include "resume.h"
 #include "strbuf.h"
 #include "strutil.h"
 
 #define LORA_FIXTURES FIXTURES "/lora"
-
-/* ---- the tolerance of tests/fixtures/lora/README.md ---- */
-
-static double value_of(enum st_dtype dt, const unsigned char *p, uint64_t i)
-{
-    uint16_t h;
-    float f;
-    switch (dt) {
-    case DT_BF16: memcpy(&h, p + 2 * i, 2); return bf16_to_f32(h);
-    case DT_F16: memcpy(&h, p + 2 * i, 2); return f16_to_f32(h);
-    default: memcpy(&f, p + 4 * i, 4); return f;
-    }
-}
-
-/* One unit in the last place of dtype `dt` at magnitude |x|. */
-static double ulp_of(enum st_dtype dt, double x)
-{
-    int mant = dt == DT_BF16 ? 7 : dt == DT_F16 ? 10 : 23;
-    int min_exp = dt == DT_F16 ? -14 : -126; /* below it the spacing stays that of the smallest normal */
-    int e;
-    frexp(fabs(x), &e); /* |x| = m * 2^e, m in [0.5, 1) */
-    e -= 1;
-    if (x == 0 || e < min_exp)
-        e = min_exp;
-    return ldexp(1.0, e - mant);
-}
-
-struct tally {
-    uint64_t merged, exact;
-};
-
-/* Checks the tensor `name` of `got` against the fp32 and fp64 expected files:
- * byte-identical to the fp32 file when `has_lora` is 0 (no LoRA, or a LoRA
- * bias); within the tolerance
- * otherwise (the fp64 files of the tied cases hold only merged tensors). */
-static void check_tensor(const struct model *got, const struct st_file *e32, const struct st_file *e64,
-                         const char *name, int has_lora, struct tally *tally)
-{
-    const struct model_tensor *g = model_find(got, name);
-    const struct st_tensor *w32 = st_find(e32, name), *w64 = st_find(e64, name);
-    if (!g || !w32 || (has_lora && !w64))
-        fail_msg("%s: missing from the output or the expected files", name);
-    if (g->t->dtype != w32->dtype || g->t->nelem != w32->nelem)
-        fail_msg("%s: %s with %llu elements, expected %s with %llu", name, dtype_name(g->t->dtype),
-                 (unsigned long long)g->t->nelem, dtype_name(w32->dtype), (unsigned long long)w32->nelem);
-    uint64_t n = st_tensor_bytes(w32);
-    unsigned char *a = malloc(n + 1), *b = malloc(n + 1), *c = malloc(n + 1);
-    assert_true(a && b && c);
-    assert_int_equal(st_read(g->file, g->t, 0, a, n), NF4_OK);
-    assert_int_equal(st_read(e32, w32, 0, b, n), NF4_OK);
-    if (!has_lora) {
-        if (memcmp(a, b, n) != 0)
-            fail_msg("%s: differs from the expected file (a plain conversion, or an exact merge)", name);
-    } else {
-        assert_int_equal(st_read(e64, w64, 0, c, n), NF4_OK);
-        unsigned size = dtype_bits(w32->dtype) / 8;
-        for (uint64_t i = 0; i < w32->nelem; i++) {
-            tally->merged++;
-            if (memcmp(a + i * size, b + i * size, size) == 0) {
-                tally->exact++;
-                continue;
-            }
-            double v = value_of(w32->dtype, a, i), v32 = value_of(w32->dtype, b, i), v64 = value_of(w32->dtype, c, i);
-            if (!(fabs(v - v64) <= fabs(v32 - v64) + ulp_of(w32->dtype, v64)))
-                fail_msg("%s[%llu] = %.9g: fp32 merge %.9g, fp64 merge %.9g: outside the tolerance", name,
-                         (unsigned long long)i, v, v32, v64);
-        }
-    }
-    free(a);
-    free(b);
-    free(c);
-}
 
 /* Tensor g of file gf has the dtype, shape and bytes of tensor w of wf
  * (`want`, in messages). */
@@ -2055,7 +1984,7 @@ static void test_refusals_write_nothing(void **state)
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 8, \"use_dora\": true, "
          "\"target_modules\": [\"embed_tokens\", \"v_proj\"]}",
          "lora_embedding_A: DoRA (use_dora) on an embedding is not supported", "adapter-embed-lora"},
-        {"{\"peft_type\": \"IA3\", \"r\": 8, \"lora_alpha\": 16}", "only LoRA adapters can be merged", NULL},
+        {"{\"peft_type\": \"IA3\", \"r\": 8, \"lora_alpha\": 16}", "only LoRA and LoKr adapters can be merged", NULL},
         {"{\"peft_type\": \"LORA\", \"r\": 4, \"lora_alpha\": 16}", "but the config says r = 4", NULL},
         {"{\"peft_type\": \"LORA\", \"r\": 8, \"lora_alpha\": 16, \"rank_pattern\": {\"q_proj\": 2}}",
          "but the config says r = 2 (rank_pattern)", NULL},
@@ -3719,9 +3648,8 @@ static void test_flux2_lora_copies_bytes(void **state)
     free(lora);
 }
 
-/* Flux.2 LoRAs diffusers' conversion raises on, or loads nothing of, or
- * that nf4deq does not merge (LoKr): refused with one line naming the file
- * and the key, nothing written. */
+/* Flux.2 LoRAs diffusers' conversion raises on, or loads nothing of:
+ * refused with one line naming the file and the key, nothing written. */
 static void test_flux2_lora_refusals(void **state)
 {
     struct tu_scratch *s = *state;
@@ -3745,8 +3673,9 @@ static void test_flux2_lora_refusals(void **state)
          {4, 32}, {32, 4}, 1, "diffusion_model.single_blocks.0.norm.scale: is not a key diffusers reads"},
         {{F2_QKV ".lora_A.weight", F2_QKV ".lora_B.weight", NULL}, {4, 32}, {32, 4}, 0,
          F2_QKV ".lora_B.weight: is not a fused qkv's lora_B [3 * out, r]"},
+        /* a LoKr key makes the file a LoKr, whose conversion has no rule for a LoRA factor */
         {{F2_PROJ ".lora_A.weight", F2_PROJ ".lora_B.weight", "diffusion_model.double_blocks.0.img_attn.proj.lokr_w1"},
-         {4, 32}, {32, 4}, 1, "proj.lokr_w1: is a LoKr factor (lokr_): nf4deq merges LoRAs, not LoKr"},
+         {4, 32}, {32, 4}, 1, "proj.lora_A.weight: is left over where diffusers converts a Flux.2 LoKr in BFL's names"},
         /* diffusers cuts 16 characters off every key, whatever it starts with */
         {{F2_PROJ ".lora_A.weight", F2_PROJ ".lora_B.weight", "0123456789abcdefdouble_blocks.0.img_attn.proj.lora_B.weight"},
          {4, 32}, {32, 4}, 1, "becomes double_blocks.0.img_attn.proj.lora_B.weight, as"},
@@ -3778,7 +3707,7 @@ static void test_flux2_lora_refusals(void **state)
                               "nf4deq does not read"},
         /* diffusers' check passes "lokr" as well as "lora": a LoKr key, not one diffusers refuses */
         {{F2_PROJ ".lora_A.weight", F2_PROJ ".lora_B.weight", "diffusion_model.transformer_blocks.0.attn.to_q.xlokr"},
-         {4, 32}, {32, 4}, 1, "transformer_blocks.0.attn.to_q.xlokr: is a LoKr key (lokr): nf4deq merges LoRAs"},
+         {4, 32}, {32, 4}, 1, "transformer_blocks.0.attn.to_q.xlokr: is neither a LoRA factor nor a LoKr one"},
     };
 #undef F2_PROJ
 #undef F2_QKV
@@ -3879,9 +3808,8 @@ static void test_zimage_lora_as_diffusers_loads_it(void **state)
     free(out);
 }
 
-/* Z-Image LoRAs diffusers' conversion raises on, or loads nothing of, or
- * that nf4deq does not merge (LoKr): refused with one line naming the file
- * and the key, nothing written. */
+/* Z-Image LoRAs diffusers' conversion raises on, or loads nothing of:
+ * refused with one line naming the file and the key, nothing written. */
 static void test_zimage_lora_refusals(void **state)
 {
     struct tu_scratch *s = *state;
@@ -3901,8 +3829,9 @@ static void test_zimage_lora_refusals(void **state)
          2, "to_k.alpha: is left over where diffusers converts a Z-Image LoRA (as layers.0.attention.to_k.alpha)"},
         {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", Z_Q ".alpha"}, {4, 32}, {32, 4}, -2,
          Z_Q ".alpha: is -2; an alpha is a number from 0 up"},
+        /* a LoKr key makes the file a LoKr, which holds nothing else */
         {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", Z_Q ".lokr_w1"}, {4, 32}, {32, 4}, 1,
-         Z_Q ".lokr_w1: is a LoKr factor (lokr_): nf4deq merges LoRAs, not LoKr"},
+         Z_Q ".lora_A.weight: is not a LoKr key (no \".lokr_\"), which diffusers refuses in a LoKr file"},
         /* diffusers removes the prefix where there is one: two keys become one */
         {{Z_Q ".lora_A.weight", Z_Q ".lora_B.weight", "layers.0.attention.to_q.lora_A.weight"}, {4, 32}, {32, 4}, 1,
          "becomes layers.0.attention.to_q.lora_A.weight, as"},
