@@ -128,7 +128,7 @@ $(BUILD)/nf4deq.pc: Makefile
 $(BUILD)/nf4deq: $(BUILD)/obj/main.o $(BUILD)/libnf4deq.a
 	$(CC) $(NF4_LDFLAGS) $(LDFLAGS) -o $@ $^ $(LIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c tests/unit/test_util.h tests/unit/cpu_sweep.h tests/unit/fixture_checkpoint.h tests/unit/lora_synth.h tests/unit/lora_recipe.h $(BUILD)/libnf4deq.a $(BUILD)/nf4deq | test-deps
+$(BUILD)/tests/%: tests/unit/%.c tests/unit/test_util.h tests/unit/cpu_sweep.h tests/unit/fixture_checkpoint.h tests/unit/lora_synth.h tests/unit/lora_recipe.h tests/unit/merge_tolerance.h tests/unit/merge_sweep.h $(BUILD)/libnf4deq.a $(BUILD)/nf4deq | test-deps
 	@mkdir -p $(@D)
 	$(CC) $(NF4_CFLAGS) $(CJSON_CFLAGS) $(CMOCKA_CFLAGS) $(CFLAGS) -Itests/unit -DNF4DEQ_BIN='"$(BUILD)/nf4deq"' -o $@ $< \
 	    $(BUILD)/libnf4deq.a $(CMOCKA_LIBS) $(LIBS) $(NF4_LDFLAGS) $(TEST_WRAPS_$*)

@@ -3,7 +3,8 @@
  * ltx2_lora_convert, hunyuan_lora_convert, krea2_lora_convert,
  * ideogram4_lora_convert, lumina2_lora_convert, flux3_lora_convert,
  * anima_lora_convert, ace_step_lora_convert, ernie_image_lora_convert,
- * minimax_h3_lora_convert and sd_lora_convert on arbitrary bytes written to
+ * minimax_h3_lora_convert and sd_lora_convert (Flux.2's and Z-Image's LoKr
+ * forms among them, lora_lokr_forms.h) on arbitrary bytes written to
  * a file (a kohya, ComfyUI, XLabs or fal Kontext Flux.1 LoRA, a Flux.2,
  * Qwen-Image, Wan, Z-Image, LTX-2, HunyuanVideo, Krea 2, Ideogram 4,
  * Lumina 2, FLUX.3, Anima, ACE-Step, ERNIE-Image or MiniMax-H3 LoRA in
@@ -18,7 +19,8 @@
  * any key with "lora" in it, or (HunyuanVideo's, each copied or cut by rows)
  * any key of the transformer, or (fal's, each copied or cut by rows, factors and
  * biases; Krea 2's and FLUX.3's, each copied; Lumina 2's, copied or cut by rows) any key
- * of the transformer, or (Stable
+ * of the transformer, or (a LoKr's, whose LoKrConfig diffusers would build
+ * must then parse) any key of the transformer, or (Stable
  * Diffusion's, each copied) a factor of its UNet or text encoders, 2-D or a
  * convolution's 4-D, or (XLabs', which keeps keys outside the
  * blocks as they are) any key; a refusal must be bad data with a one-line
@@ -39,6 +41,7 @@
 #include "lora_ideogram4.h"
 #include "lora_kohya.h"
 #include "lora_krea2.h"
+#include "lora_lokr.h"
 #include "lora_lumina2.h"
 #include "lora_minimax_h3.h"
 #include "lora_old_forms.h"
@@ -106,6 +109,23 @@ static void check_result(int code, struct model *out, const char *const *compone
         return;
     }
     FUZZ_ASSERT(strcmp(out->files[0]->path, path) == 0, "the result names %s", out->files[0]->path);
+    /* A LoKr's conversion (Flux.2's, Z-Image's) carries any key under transformer. that its form maps
+     * (diffusers_lora_open then checks the names); the config diffusers would build of it must parse. */
+    if (lokr_any_key(out, "transformer.")) {
+        allowed = ANY_KEY;
+        char *json = NULL;
+        nf4_clear_error();
+        const int built = lokr_inferred_config(out, path, "transformer.", &json);
+        if (built == NF4_OK) {
+            struct lora_config c;
+            const int parsed = lora_config_parse(path, json, strlen(json), &c);
+            FUZZ_ASSERT(parsed == NF4_OK && c.lokr, "the LoKr config built is not one: %s", json);
+            lora_config_free(&c);
+        } else {
+            fuzz_check_failure(built);
+        }
+        free(json);
+    }
     for (size_t i = 0; i < out->count; i++) {
         const struct st_tensor *t = out->tensors[i].t;
         int under = 0;

@@ -92,6 +92,8 @@ done
 # DoRA, and a LoRA on MoE experts (target_parameters): expected files of the merged tensors only.
 convert "$gpu" "$lf/base-llama-bf16-bnb4" "$out/llama-plain"
 merge "lora dora" "$lf/base-llama-bf16-bnb4" "$lf/adapter-dora" "$out/lora-dora" "$lf/merged-dora" "$out/llama-plain"
+# A LoKr (PEFT's LOKR adapter): its Kronecker products on the CPU, the 4-bit bases dequantized on the GPU.
+merge "lora lokr" "$lf/base-llama-bf16-bnb4" "$lf/adapter-lokr" "$out/lora-lokr" "$lf/merged-lokr" "$out/llama-plain"
 convert "$gpu" "$lf/base-qwen3moe-bf16-bnb4" "$out/qwen3moe-plain"
 merge "lora experts" "$lf/base-qwen3moe-bf16-bnb4" "$lf/adapter-experts" "$out/lora-experts" "$lf/merged-experts" \
     "$out/qwen3moe-plain"
@@ -170,7 +172,8 @@ fi
 # A kohya Flux.1 LoRA and an XLabs one on the transformer, a Qwen-Image LoRA in lightx2v's
 # form, a Wan LoRA in lightx2v's distillation form (diff_b biases, the
 # head's diff), a Flux.2 LoRA in kohya's form (alphas folded, qkv split), a
-# Z-Image LoRA in kohya's (a fused qkv split, a bare out), an LTX-2 LoRA in
+# Z-Image LoRA in kohya's (a fused qkv split, a bare out), a Flux.2 LoKr in
+# ai-toolkit's form (a fused qkv's delta cut by rows) and a Z-Image one, an LTX-2 LoRA in
 # ComfyUI's (its transformer's part) and a HunyuanVideo LoRA in ComfyUI's
 # (qkvs cut, the token refiner renamed, the final modulation's halves
 # swapped) on whole pipelines, each as diffusers converts it.
@@ -183,6 +186,9 @@ converted_lora "qwen-image pipeline" "$dx/tiny-qwen-image" /transformer "$dx/tin
 converted_lora "wan pipeline" "$dx/tiny-wan" /transformer "$dx/tiny-wan/transformer" "$dx/lora-wan-distill"
 converted_lora "flux.2 pipeline" "$dx/tiny-flux2" /transformer "$dx/tiny-flux2/transformer" "$dx/lora-flux2-kohya"
 converted_lora "z-image pipeline" "$dx/tiny-zimage" /transformer "$dx/tiny-zimage/transformer" "$dx/lora-zimage-fused"
+converted_lora "flux.2 pipeline lokr" "$dx/tiny-flux2" /transformer "$dx/tiny-flux2/transformer" "$dx/lora-flux2-lokr-bfl"
+converted_lora "z-image pipeline lokr" "$dx/tiny-zimage" /transformer "$dx/tiny-zimage/transformer" \
+    "$dx/lora-zimage-lokr-aitk"
 converted_lora "ltx-2 pipeline" "$dx/tiny-ltx2" /transformer "$dx/tiny-ltx2/transformer" "$dx/lora-ltx2-comfy"
 converted_lora "hunyuanvideo pipeline" "$dx/tiny-hunyuan" /transformer "$dx/tiny-hunyuan/transformer" \
     "$dx/lora-hunyuan-comfy"
