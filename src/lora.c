@@ -989,11 +989,13 @@ static const struct {
  * (_maybe_fuse_qkv_projections_for_lokr): it does where the model has
  * fuse_qkv_projections, of the classes whose loader reads LoKr only
  * Flux.2's transformer (Z-Image's has none, and PEFT then finds no such
- * module). */
+ * module). -1 when out of memory. */
 static int base_fuses_qkv(struct binder *b)
 {
     if (b->fuses_qkv < 0) {
-        char *cls = b->base->dir ? diffusers_class_name(b->base->dir, CONFIG_FILE_NAME) : NULL;
+        char *cls = NULL;
+        if (b->base->dir && diffusers_class_name(b->base->dir, CONFIG_FILE_NAME, &cls) != NF4_OK)
+            return -1;
         b->fuses_qkv = cls && diffusers_lora_family(cls) == LORA_FAMILY_FLUX2;
         free(cls);
     }
@@ -1008,7 +1010,10 @@ static int fused_parts(struct binder *b, const char *module, char *parts[3])
     const char *dot = strrchr(module, '.'), *last = dot ? dot + 1 : module;
     const size_t parent = (size_t)(last - module);
     for (size_t f = 0; f < sizeof FUSED_PROJECTIONS / sizeof *FUSED_PROJECTIONS; f++) {
-        if (strcmp(last, FUSED_PROJECTIONS[f].fused) != 0 || !base_fuses_qkv(b))
+        const int fuses = strcmp(last, FUSED_PROJECTIONS[f].fused) == 0 ? base_fuses_qkv(b) : 0;
+        if (fuses < 0)
+            return -1;
+        if (!fuses)
             continue;
         for (size_t j = 0; j < 3; j++) {
             struct strbuf w = {0};

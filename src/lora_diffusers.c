@@ -181,27 +181,33 @@ int diffusers_loads_transformer_2(const char *cls)
     return diffusers_lora_family(cls) == LORA_FAMILY_WAN && strncmp(cls, "Helios", 6) != 0;
 }
 
-char *diffusers_class_name(const char *dir, const char *name)
+int diffusers_class_name(const char *dir, const char *name, char **cls)
 {
-    char *path = path_join(dir, name), *text = NULL, *cls = NULL;
+    *cls = NULL;
+    char *path = path_join(dir, name), *text = NULL;
     size_t len = 0;
-    if (path && read_small_file(path, MAX_JSON_FILE_BYTES, &text, &len) == NF4_OK) {
+    int oom = !path;
+    const int code = path ? read_small_file(path, MAX_JSON_FILE_BYTES, &text, &len) : NF4_ESOFTWARE;
+    oom |= code == NF4_ESOFTWARE;
+    if (code == NF4_OK) {
         cJSON *root = json_parse_whole(text, len);
+        oom |= !root && json_ran_out_of_memory();
         const cJSON *value = cJSON_GetObjectItemCaseSensitive(root, "_class_name");
         if (cJSON_IsString(value))
-            cls = strdup(value->valuestring);
+            oom |= !(*cls = strdup(value->valuestring));
         cJSON_Delete(root);
     }
     nf4_clear_error(); /* a file that cannot be read only has no class */
     free(text);
     free(path);
-    return cls;
+    return oom ? nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory") : NF4_OK;
 }
 
-char *diffusers_pipeline_class(const char *dir)
+int diffusers_pipeline_class(const char *dir, char **cls)
 {
     const char *index = pipeline_index_name(dir);
-    return index ? diffusers_class_name(dir, index) : NULL;
+    *cls = NULL;
+    return index ? diffusers_class_name(dir, index, cls) : NF4_OK;
 }
 
 static int holds_query_norm_scale(const char *key)
@@ -445,41 +451,51 @@ static char *folder_name(const char *dir)
 
 /* The folder `dir` is in, through its real path (allocated; NULL where it
  * cannot be found or out of memory). */
-static char *real_parent(const char *dir)
+/* *parent: `dir`'s parent folder, resolved (allocated), or NULL where it
+ * cannot be resolved. NF4_OK, or NF4_ESOFTWARE when memory runs out. */
+static int real_parent(const char *dir, char **parent)
 {
-    char *real = realpath(dir, NULL), *parent = real ? path_join(real, "..") : NULL;
+    char *real = realpath(dir, NULL);
+    const int oom = !real && errno == ENOMEM;
+    *parent = real ? path_join(real, "..") : NULL;
     free(real);
-    return parent;
+    return oom || (real && !*parent) ? nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory") : NF4_OK;
 }
 
-/* Whether folder `dir` is a component of a diffusers pipeline: its parent
- * holds model_index.json or modular_model_index.json. */
-static int in_pipeline(const char *dir)
+/* The class of the pipeline `dir` is a component of (*cls, NULL: none; see
+ * diffusers_pipeline_class), and that pipeline's folder (*pipeline, NULL
+ * where its parent holds no pipeline index). NF4_OK or NF4_ESOFTWARE. */
+static int parent_pipeline(const char *dir, char **pipeline, char **cls)
 {
-    char *parent = real_parent(dir);
-    const int found = parent && pipeline_index_name(parent);
-    free(parent);
-    return found;
+    *cls = NULL;
+    int code = real_parent(dir, pipeline);
+    if (code == NF4_OK && *pipeline && !pipeline_index_name(*pipeline)) {
+        free(*pipeline);
+        *pipeline = NULL;
+    }
+    if (code == NF4_OK && *pipeline)
+        code = diffusers_pipeline_class(*pipeline, cls);
+    return code;
 }
 
 int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, struct model **out)
 {
     /* none where the parent holds no pipeline index (a regular file) */
-    char *pipeline = dir ? real_parent(dir) : NULL;
-    char *cls = pipeline ? diffusers_pipeline_class(pipeline) : NULL;
-    char *config = NULL;
-    int oom = 0;
-    if (cls) { /* as diffusers_lora_open_for is called for the whole pipeline (pipeline_lora.c) */
-        oom = diffusers_loads_sdxl(cls) && !(config = path_join(pipeline, "unet/" CONFIG_FILE_NAME));
-    } else if (dir) {
-        cls = diffusers_class_name(dir, CONFIG_FILE_NAME);
-        oom = !(config = path_join(dir, CONFIG_FILE_NAME));
+    char *pipeline = NULL, *cls = NULL, *config = NULL;
+    int code = dir ? parent_pipeline(dir, &pipeline, &cls) : NF4_OK;
+    if (code == NF4_OK && cls) { /* as diffusers_lora_open_for is called for the whole pipeline (pipeline_lora.c) */
+        if (diffusers_loads_sdxl(cls) && !(config = path_join(pipeline, "unet/" CONFIG_FILE_NAME)))
+            code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    } else if (code == NF4_OK && dir) {
+        code = diffusers_class_name(dir, CONFIG_FILE_NAME, &cls);
+        if (code == NF4_OK && !(config = path_join(dir, CONFIG_FILE_NAME)))
+            code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     }
     const enum lora_family family = diffusers_lora_family(cls);
     free(cls);
     free(pipeline);
-    int code = oom ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
-                   : diffusers_lora_open_for(path, family, config, warn, out);
+    if (code == NF4_OK)
+        code = diffusers_lora_open_for(path, family, config, warn, out);
     free(config);
     return code;
 }
@@ -488,16 +504,11 @@ int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, str
  * loader loads transformer keys into (its parent's pipeline index): the
  * transformer_2 of a Wan pipeline, the transformer_ref of a MiniMax-H3
  * one. */
-static int second_transformer(const char *dir, const char *own)
+static int second_transformer(const char *pipeline_cls, const char *own)
 {
-    const int wan_name = strcmp(own, "transformer_2") == 0, h3_name = strcmp(own, MINIMAX_H3_REF) == 0;
-    if (!wan_name && !h3_name)
-        return 0;
-    char *parent = real_parent(dir), *cls = parent ? diffusers_pipeline_class(parent) : NULL;
-    int second = wan_name ? diffusers_loads_transformer_2(cls) : diffusers_lora_family(cls) == LORA_FAMILY_MINIMAX_H3;
-    free(cls);
-    free(parent);
-    return second;
+    return strcmp(own, "transformer_2") == 0  ? diffusers_loads_transformer_2(pipeline_cls)
+           : strcmp(own, MINIMAX_H3_REF) == 0 ? diffusers_lora_family(pipeline_cls) == LORA_FAMILY_MINIMAX_H3
+                                               : 0;
 }
 
 /* Whether the keys name the base's tensors with no component before them:
@@ -592,11 +603,13 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
      * MiniMax-H3's transformer_ref are second transformers, which diffusers
      * loads transformer keys into (load_into_transformer_2,
      * load_into_transformer_ref). */
+    char *pipeline = NULL, *cls = NULL;
+    int code = own_usable ? parent_pipeline(base->dir, &pipeline, &cls) : NF4_OK;
     const char *names[2] = {own_usable ? own : NULL,
-                            own_usable && in_pipeline(base->dir) && !second_transformer(base->dir, own)
-                                ? NULL
-                                : DIFFUSERS_DEFAULT_COMPONENT};
-    int code = NF4_OK;
+                            own_usable && pipeline && !second_transformer(cls, own) ? NULL
+                                                                                    : DIFFUSERS_DEFAULT_COMPONENT};
+    free(pipeline);
+    free(cls);
     for (size_t i = 0; i < 2 && !*prefix && code == NF4_OK; i++)
         if (names[i] && diffusers_lora_keys_for(weights, names[i]) && !(*prefix = key_prefix_of(names[i])))
             code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");

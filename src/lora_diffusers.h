@@ -86,16 +86,17 @@ int diffusers_loads_sdxl(const char *cls);
  * load_into_transformer_2, in Wan's and SkyReels-V2's loaders). */
 int diffusers_loads_transformer_2(const char *cls);
 
-/* The _class_name of the JSON file dir/name (allocated), or NULL where it
- * cannot be read or has none. */
-char *diffusers_class_name(const char *dir, const char *name);
+/* *cls: the _class_name of the JSON file dir/name (allocated), or NULL where
+ * it cannot be read or names no class. NF4_OK, or NF4_ESOFTWARE when memory
+ * runs out (a class is never taken for missing then). */
+int diffusers_class_name(const char *dir, const char *name, char **cls);
 
-/* The class of the pipeline in folder `dir` (allocated): the _class_name of
- * its index (pipeline_index_name: model_index.json where it holds one, else
- * ModularPipeline's modular_model_index.json, Flux3ModularPipeline,
- * AnimaModularPipeline...); NULL where there is none, or it cannot be read
- * or names no class. */
-char *diffusers_pipeline_class(const char *dir);
+/* *cls: the class of the pipeline in folder `dir` (allocated): the
+ * _class_name of its index (pipeline_index_name: model_index.json where it
+ * holds one, else ModularPipeline's modular_model_index.json,
+ * Flux3ModularPipeline, AnimaModularPipeline...); NULL where there is none,
+ * or it cannot be read or names no class. NF4_OK or NF4_ESOFTWARE. */
+int diffusers_pipeline_class(const char *dir, char **cls);
 
 /* Opens a diffusers LoRA's weights: safetensors, or a torch.save pickle
  * (save_lora_weights(safe_serialization=False)), read as torch_file.h reads

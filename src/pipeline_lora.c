@@ -216,8 +216,7 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
     pl->weights = calloc(n, sizeof *pl->weights);
     pl->paths = calloc(n, sizeof *pl->paths);
     pl->into = calloc(n, sizeof *pl->into);
-    pl->cls = diffusers_pipeline_class(in);
-    int code = components && pl->weights && pl->paths && pl->into ? NF4_OK
+    int code = components && pl->weights && pl->paths && pl->into ? diffusers_pipeline_class(in, &pl->cls)
                                                                   : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     if (code == NF4_OK)
         pl->n = n; /* what pipeline_loras_close frees */
