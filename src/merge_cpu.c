@@ -100,20 +100,21 @@ static void strip_scalar(const float *r, uint64_t r_stride, const float *const l
 
 /* A LoKr's products (merge_job.h) for rows [row, row + nrows) and columns
  * [c, c_end): each one product of W1's and W2's values, as torch.kron forms
- * it. Only the rows of the group are written. */
+ * it; a run of columns under one value of W1 at a time, which the compiler
+ * makes vector code. Only the rows of the group are written. */
 static void strip_kron(const struct merge_factor *f, uint64_t row, int nrows, uint64_t c, uint64_t c_end,
                        float acc[MERGE_GROUP][MERGE_STRIP])
 {
     for (int g = 0; g < nrows; g++) {
         const uint64_t kr = row + (uint64_t)g + f->kron_row0;
         const float *w1 = f->kron_w1 + kr / f->kron_c * f->kron_b, *w2 = f->kron_w2 + kr % f->kron_c * f->kron_d;
-        uint64_t j = c / f->kron_d, m = c % f->kron_d;
-        for (uint64_t q = 0; q < c_end - c; q++) {
-            acc[g][q] = w1[j] * w2[m];
-            if (++m == f->kron_d) {
-                m = 0;
-                j++;
-            }
+        for (uint64_t col = c; col < c_end;) {
+            const uint64_t m = col % f->kron_d, run = f->kron_d - m < c_end - col ? f->kron_d - m : c_end - col;
+            const float x = w1[col / f->kron_d], *y = w2 + m;
+            float *a = &acc[g][col - c];
+            for (uint64_t q = 0; q < run; q++)
+                a[q] = x * y[q];
+            col += run;
         }
     }
 }
