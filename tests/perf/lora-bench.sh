@@ -6,8 +6,8 @@
 # dropped before every run (when root). Prints median seconds, the merged/plain
 # ratio per device and nf4deq's own peak-RSS line. With NF4DEQ_BASELINE naming an
 # earlier build, its CPU merge (base-cpu:lora) runs beside them. Every merged output
-# of the first repetition is compared byte for byte with the first (the GPU's where it runs):
-# "identical" or DIFFERS.
+# of the first repetition is compared byte for byte with the first of its adapter (the GPU's
+# where it runs): "identical" or DIFFERS.
 #
 #   [NF4DEQ_BASELINE=old/nf4deq] tests/perf/lora-bench.sh LOGDIR [REPEATS] [WORKDIR]
 # WORKDIR holds the input and the output: /dev/shm for tmpfs, a disk path for disk.
@@ -17,6 +17,8 @@
 # LORA_BENCH_RANK=R gives the generated adapter rank R instead of 64 (in WORKDIR/llama3-8b-rR).
 # LORA_BENCH_MOE=DIR times DIR/base with DIR/adapter instead, as tests/perf/make_moe_experts.py writes them
 # (a LoRA on MoE experts, target_parameters); cp -r of the plain output runs beside them.
+# LORA_BENCH_LOKR=R also times a PEFT LoKr adapter of rank R on the same projections (make_lokr_adapter.py,
+# in WORKDIR/NAME-lokr-rR): configurations DEV:lokr, beside DEV:lora.
 set -u
 log=${1:?LOGDIR}; reps=${2:-3}; work=${3:-/dev/shm/nf4lora}
 bin=build/nf4deq; gen=build/tools/gen_bnb4; base=${NF4DEQ_BASELINE:-}
@@ -34,13 +36,17 @@ if [ -z "$moe" ] && { [ ! -d "$model" ] || [ ! -d "$adapter" ]; }; then
     rm -rf "$model" "$adapter"
     "$gen" --preset llama3-8b "${layers[@]}" --lora-rank "$rank" "${kind_flag[@]}" "$model" | tee -a "$log/gen.txt" || exit 1
 fi
+lokr=${LORA_BENCH_LOKR:-}; lokr_adapter=$work/$name-lokr-r$lokr
+if [ -n "$lokr" ] && [ ! -d "$lokr_adapter" ]; then
+    python3 tests/perf/make_lokr_adapter.py "$model" "$lokr_adapter" "$lokr" | tee -a "$log/gen.txt" || exit 1
+fi
 drop() { sync; [ "$(id -u)" = 0 ] && echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; true; }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 declare -A times rss same
-configs=; for d in $devices; do configs="$configs $d:plain $d:lora"; done
+configs=; for d in $devices; do configs="$configs $d:plain $d:lora${lokr:+ $d:lokr}"; done
 [ -n "$base" ] && configs="$configs base-cpu:lora"
 [ -n "$moe" ] && configs="$configs cp:plain"
-rm -rf "$work/merged"
+rm -rf "$work"/merged-*
 for r in $(seq "$reps"); do
     for c in $configs; do
         if [ "$c" = cp:plain ]; then # the plain output copied, where it is: what writing it costs
@@ -55,6 +61,7 @@ for r in $(seq "$reps"); do
         dev=${c%%:*}; kind=${c##*:}; exe=$bin
         [ "$dev" = base-cpu ] && { dev=cpu; exe=$base; }
         extra=(); [ "$kind" = lora ] && extra=(--lora "$adapter")
+        [ "$kind" = lokr ] && extra=(--lora "$lokr_adapter")
         rm -rf "$work/out"; drop
         t0=$(date +%s.%N)
         "$exe" convert --device "$dev" --progress none "$model" "$work/out" "${extra[@]}" 2> "$log/last.err"
@@ -63,10 +70,10 @@ for r in $(seq "$reps"); do
         [ $rc -eq 0 ] || { echo "FAILED ($rc): $c"; cat "$log/last.err"; exit 1; }
         times[$c]="${times[$c]:-} $(awk "BEGIN { printf \"%.3f\", $t1 - $t0 }")"
         rss[$c]=$(sed -n 's/.*peak RSS \([0-9]*\) MB.*/\1/p' "$log/last.err")
-        if [ "$kind" = lora ] && [ "$r" = 1 ]; then
-            if [ ! -d "$work/merged" ]; then
-                mv "$work/out" "$work/merged"; same[$c]="the reference"
-            elif diff -r -q "$work/merged" "$work/out" > /dev/null; then
+        if [ "$kind" != plain ] && [ "$r" = 1 ]; then
+            if [ ! -d "$work/merged-$kind" ]; then
+                mv "$work/out" "$work/merged-$kind"; same[$c]="the reference"
+            elif diff -r -q "$work/merged-$kind" "$work/out" > /dev/null; then
                 same[$c]=identical
             else
                 same[$c]=DIFFERS
@@ -74,7 +81,7 @@ for r in $(seq "$reps"); do
         fi
     done
 done
-rm -rf "$work/merged"
+rm -rf "$work"/merged-*
 rm -rf "$work/out"
 {
     echo "# $(date -u +%F\ %H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1), $(nproc) cores, workdir $work ($(df -T "$work" | awk 'NR==2 {print $2}'))"
