@@ -1775,10 +1775,14 @@ static int refuse_if_nothing_targeted(const struct binder *b, const struct lora_
     size_t pairs = 0, targeted = 0;
     for (size_t i = 0; i < m->count; i++) {
         const char *key = m->tensors[i].t->name;
-        const struct pair_kind *kind = strncmp(key, ad->key_prefix, plen) == 0 ? pair_kind_of(key + plen) : NULL;
-        if (!kind)
+        const int ours = strncmp(key, ad->key_prefix, plen) == 0;
+        const struct pair_kind *kind = ours ? pair_kind_of(key + plen) : NULL;
+        const int lokr = ours && c->lokr && lokr_is_first_factor(key + plen);
+        if (!kind && !lokr)
             continue;
-        char *module = lora_a_module(key + plen, kind), *wname = module ? base_weight_name(module) : NULL;
+        char *module = lokr ? strndup(key + plen, strlen(key + plen) - lokr_suffix_len(key + plen))
+                            : lora_a_module(key + plen, kind);
+        char *wname = module ? base_weight_name(module) : NULL;
         if (!wname) {
             free(module);
             return nf4_fail(NF4_ESOFTWARE, m->tensors[i].file->path, key, "out of memory");

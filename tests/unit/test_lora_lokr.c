@@ -185,7 +185,7 @@ static void test_lokr_merges_as_peft(void **state)
 }
 
 /* A PEFT adapter folder of a LoKr (peft_type LOKR: decompose_both,
- * decompose_factor 4, a rank_pattern and an alpha_pattern) on a bnb-4bit
+ * decompose_factor 8, a rank_pattern and an alpha_pattern) on a bnb-4bit
  * Llama: merged into the dequantized 4-bit weights within the tolerance of
  * PEFT's merge, every other tensor as the plain conversion writes it. */
 static void test_peft_lokr_merges_as_peft(void **state)
@@ -236,6 +236,54 @@ static void test_peft_lokr_merges_as_peft(void **state)
     tu_rmtree(plain);
     free(out);
     free(plain);
+}
+
+/* A PEFT LoKr folder whose config PEFT refuses, or under which PEFT's layers
+ * would not take its factors: exit 65, one line naming the config or the
+ * key, nothing written. The weights are adapter-lokr's. */
+static void test_peft_lokr_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+    static const struct {
+        const char *config, *want;
+    } REFUSALS[] = {
+        {"{\"peft_type\": \"LOKR\", \"r\": 2, \"alpha\": 6, \"decompose_both\": true, \"decompose_factor\": 8, "
+         "\"rank_pattern\": {\"down_proj\": 8}, \"target_modules\": [\"o_proj\"]}",
+         "targets none of the 6 modules its weights are for"},
+        {"{\"peft_type\": \"LOKR\", \"r\": 2, \"lora_alpha\": 6}", "\"alpha\" must be a finite number"},
+        {"{\"peft_type\": \"LOKR\", \"r\": 2, \"alpha\": 6, \"decompose_factor\": 4.0}",
+         "\"decompose_factor\" must be a whole number"},
+        /* without decompose_both PEFT builds W1 whole, where the file splits it */
+        {"{\"peft_type\": \"LOKR\", \"r\": 2, \"alpha\": 6, \"decompose_factor\": 8, "
+         "\"rank_pattern\": {\"down_proj\": 8}, \"target_modules\": [\"q_proj\", \"v_proj\", \"down_proj\"]}",
+         "does not hold the factors PEFT's LoKr layer builds for model.layers.0.self_attn.q_proj"},
+        /* another factorization: decompose_factor -1 */
+        {"{\"peft_type\": \"LOKR\", \"r\": 2, \"alpha\": 6, \"decompose_both\": true, "
+         "\"rank_pattern\": {\"down_proj\": 8}, \"target_modules\": [\"q_proj\", \"v_proj\", \"down_proj\"]}",
+         "(r 8, decompose_factor -1, decompose_both)"},
+    };
+    char *adapter = tu_strdupf("%s/adapter", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    char *config = tu_strdupf("%s/adapter_config.json", adapter), *weights = tu_strdupf("%s/adapter_model.safetensors", adapter);
+    assert_int_equal(mkdir(adapter, 0755), 0);
+    size_t len = 0;
+    char *bytes = tu_read_file(FIXTURES "/lora/adapter-lokr/adapter_model.safetensors", &len);
+    tu_write_file(weights, bytes, len);
+    free(bytes);
+    for (size_t i = 0; i < sizeof REFUSALS / sizeof REFUSALS[0]; i++) {
+        tu_write_file(config, REFUSALS[i].config, strlen(REFUSALS[i].config));
+        struct tu_run r = tu_run("convert", "--device", "cpu", FIXTURES "/lora/base-llama-bf16-bnb4", out, "--lora",
+                                 adapter, NULL);
+        if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, REFUSALS[i].want) ||
+            !strstr(r.err, adapter))
+            fail_msg("case %zu: exit %d, stderr: %s", i, r.status, r.err);
+        tu_run_free(&r);
+        assert_false(tu_exists(out));
+    }
+    tu_rmtree(adapter);
+    free(adapter);
+    free(out);
+    free(config);
+    free(weights);
 }
 
 /* inspect lists each changed tensor as a LoKr's, the fused qkv's parts too. */
@@ -386,6 +434,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lokr_converts_as_diffusers, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_lokr_merges_as_peft, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_peft_lokr_merges_as_peft, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_peft_lokr_refusals, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_lokr_inspect),
         cmocka_unit_test_setup_teardown(test_lokr_refusals, tu_scratch_setup, lora_synth_teardown),
     };
