@@ -400,14 +400,17 @@ static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merg
     const uint64_t rows = dora ? mj->n / mj->cols : 0;
     if (dora && (mj->e0 % mj->cols || mj->n % mj->cols))
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "a DoRA chunk that is not whole rows");
-    // Factors: counter, then per adapter L then R, each 256-aligned; DoRA's
-    // magnitudes after them.
-    size_t foff[LORA_MAX_ADAPTERS][2], ftotal = 256;
+    // Factors: counter, then per adapter L then R (a LoKr's W1 then W2), each
+    // 256-aligned; DoRA's magnitudes after them.
+    size_t foff[LORA_MAX_ADAPTERS][2], fsize[LORA_MAX_ADAPTERS][2], ftotal = 256;
     for (size_t t = 0; t < mj->nfactors; t++) {
+        const merge_factor *f = &mj->f[t];
+        fsize[t][0] = (f->kron_w1 ? f->kron_a * f->kron_b : f->l_floats) * sizeof(float);
+        fsize[t][1] = (f->kron_w1 ? f->kron_c * f->kron_d : (uint64_t)f->rank * mj->cols) * sizeof(float);
         foff[t][0] = ftotal;
-        ftotal += align256(mj->f[t].l_floats * sizeof(float));
+        ftotal += align256(fsize[t][0]);
         foff[t][1] = ftotal;
-        ftotal += align256((size_t)mj->f[t].rank * mj->cols * sizeof(float));
+        ftotal += align256(fsize[t][1]);
     }
     const size_t mag_off = ftotal;
     ftotal += align256(rows * sizeof(float));
@@ -445,9 +448,10 @@ static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merg
     unsigned long long *d_over = (unsigned long long *)fmem;
     cudaCheck(cudaMemsetAsync(d_over, 0, sizeof *d_over, ln->streams[0]));
     for (size_t t = 0; t < mj->nfactors; t++) {
-        cudaCheck(cudaMemcpyAsync(fmem + foff[t][0], mj->f[t].l, mj->f[t].l_floats * sizeof(float),
+        const merge_factor *f = &mj->f[t];
+        cudaCheck(cudaMemcpyAsync(fmem + foff[t][0], f->kron_w1 ? f->kron_w1 : f->l, fsize[t][0],
                                   cudaMemcpyHostToDevice, ln->streams[0]));
-        cudaCheck(cudaMemcpyAsync(fmem + foff[t][1], mj->f[t].r, (size_t)mj->f[t].rank * mj->cols * sizeof(float),
+        cudaCheck(cudaMemcpyAsync(fmem + foff[t][1], f->kron_w1 ? f->kron_w2 : f->r, fsize[t][1],
                                   cudaMemcpyHostToDevice, ln->streams[0]));
     }
     if (dora)
@@ -486,8 +490,14 @@ static int run_merge(gpu_ctx *c, gpu_lane *ln, const dequant_job *dq, const merg
         m.overflowed = d_over;
         for (size_t t = 0; t < mj->nfactors; t++) {
             m.f[t] = mj->f[t];
-            m.f[t].l = (const float *)(fmem + foff[t][0]);
-            m.f[t].r = (const float *)(fmem + foff[t][1]);
+            const float *first = (const float *)(fmem + foff[t][0]), *second = (const float *)(fmem + foff[t][1]);
+            if (m.f[t].kron_w1) {
+                m.f[t].kron_w1 = first;
+                m.f[t].kron_w2 = second;
+            } else {
+                m.f[t].l = first;
+                m.f[t].r = second;
+            }
         }
         // Poisoned, as for a dequantization: an element the kernel missed shows.
         cudaCheck(cudaMemsetAsync(mem + L.out, 0xA5, cnt * osz, st));

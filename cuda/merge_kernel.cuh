@@ -6,6 +6,7 @@
 // The arithmetic is the CPU's (src/lora_merge.h), operation for operation:
 //   w   = the base value in its own dtype, widened to fp32
 //   acc = sum over k ascending of L(row, k) * R(k, col)      (__fmul_rn, __fadd_rn)
+//         or, for a LoKr, the one product W1(i, j) * W2(k, m) (__fmul_rn)
 //   m   = ((w + acc_1 * s_1) + acc_2 * s_2) + ...            (__fmul_rn, __fadd_rn)
 // with IEEE subnormals (this file is not built with fast math), so the GPU and
 // the CPU agree bit for bit.
@@ -30,7 +31,7 @@ struct dev_merge {
     void *out;
     uint64_t e0, n, cols; // elements [e0, e0 + n) of the tensor, `cols` per row
     int nfactors;
-    merge_factor f[LORA_MAX_ADAPTERS]; // l and r in device memory
+    merge_factor f[LORA_MAX_ADAPTERS]; // l and r (a LoKr's kron_w1 and kron_w2) in device memory
     unsigned long long *overflowed;   // finite merged values that became inf in out_dtype
 };
 
@@ -117,8 +118,14 @@ __global__ void __launch_bounds__(MERGE_THREADS) merge_kernel(const dev_merge m,
         const merge_factor &f = m.f[t];
         float acc[MERGE_ROWS_PER_CTA];
 #pragma unroll
-        for (int rr = 0; rr < MERGE_ROWS_PER_CTA; rr++)
+        for (int rr = 0; rr < MERGE_ROWS_PER_CTA; rr++) {
             acc[rr] = 0.0f;
+            // A LoKr (rank 0: the loop below does nothing): W1 and W2 through L2, one product.
+            const uint64_t kr = row0 + rr + f.kron_row0;
+            if (f.kron_w1 && col_ok && row0 + rr <= last_row)
+                acc[rr] = __fmul_rn(__ldg(f.kron_w1 + kr / f.kron_c * f.kron_b + col / f.kron_d),
+                                    __ldg(f.kron_w2 + kr % f.kron_c * f.kron_d + col % f.kron_d));
+        }
         for (uint32_t k0 = 0; k0 < f.rank; k0 += MERGE_KC) {
             // Stage L(row0 .. row0 + 7, k0 .. k0 + 31): one value per thread.
             {

@@ -116,7 +116,7 @@ static const char CONVERT_HELP[] =
     "                       DoRA (use_dora), LoRA biases (lora_bias) and trained\n"
     "                       token rows (trainable_token_indices) included, and\n"
     "                       LoKr (a PEFT LOKR adapter, or a Flux.2 or Z-Image\n"
-    "                       LoKr; its products on the CPU);\n"
+    "                       LoKr);\n"
     "                       repeat to add several adapters' deltas, in order (at\n"
     "                       most 8; a DoRA tensor takes one adapter only). A head\n"
     "                       tied to the embedding that an adapter changes apart from\n"

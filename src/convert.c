@@ -410,8 +410,8 @@ void convert_note_merge(struct ctx *c, const struct lora_set *s, const struct bn
 {
     for (size_t i = 0; s && i < s->ntargets; i++) {
         const struct lora_target *t = &s->targets[i];
-        /* A LoKr's term is one product per element, on the CPU whatever the
-         * device (lora_merge.h): it merges elements, and adds no rank. */
+        /* A LoKr's term is one product per element (lora_merge.h): it merges
+         * elements, and adds no rank. */
         double rank = 0;
         for (size_t k = 0; k < t->nterms; k++)
             rank += t->terms[k].kron.w1 ? 0 : t->terms[k].r;

@@ -163,6 +163,7 @@ static int read_kron(struct merge_factor *f, const struct lora_term *x, float *a
     *f = (struct merge_factor){.scaling = x->scaling,
                                .kron_w1 = w1,
                                .kron_w2 = w2,
+                               .kron_a = k->a,
                                .kron_b = k->b,
                                .kron_c = k->c,
                                .kron_d = k->d,

@@ -17,8 +17,7 @@
  * and col = j * d + m (from the term's row0 on: lora.h), as PEFT's
  * make_kron forms kron(W1, W2) and then multiplies it by the scaling; each
  * of W1 and W2 is its lokr_w tensor in fp32, or the fp32 product of its two
- * halves (k ascending). The CPU computes these; a chunk with one does not go
- * to the GPU.
+ * halves (k ascending).
  *
  * With DoRA (one adapter, j->magnitude set) each whole row is then rescaled:
  *   norm  = sqrt(sum over the row of m * m), summed in fp64 (DORA_NORM_LANES), then fp32

@@ -38,7 +38,7 @@ static inline uint64_t dora_granule(uint64_t align, uint64_t cols, uint64_t tota
 /* One adapter's factors over a chunk: delta(row, col) = scaling * sum_k L(row, k) * R(k, col).
  * Or, for a LoKr (kron_w1 set; l, r and rank unused, rank 0), PEFT's Kronecker
  * product: delta(row, col) = scaling * (W1(i, j) * W2(k, m)), where
- * row + kron_row0 = i * kron_c + k and col = j * kron_d + m, W1 [., kron_b]
+ * row + kron_row0 = i * kron_c + k and col = j * kron_d + m, W1 [kron_a, kron_b]
  * and W2 [kron_c, kron_d] row-major, each already formed in fp32. */
 struct merge_factor {
     const float *l; /* L(row, k) = l[(row - l_row0) * l_row_stride + k * l_k_stride] */
@@ -48,10 +48,10 @@ struct merge_factor {
     uint32_t rank;
     float scaling;
     const float *kron_w1, *kron_w2;
-    uint64_t kron_b, kron_c, kron_d, kron_row0;
+    uint64_t kron_a, kron_b, kron_c, kron_d, kron_row0;
 };
 
-/* Whether any factor of the job is a LoKr's (the CPU computes those). */
+/* Whether any factor of the job is a LoKr's. */
 static inline int merge_job_has_kron(const struct merge_factor *f, size_t nfactors)
 {
     for (size_t t = 0; t < nfactors; t++)

@@ -729,7 +729,7 @@ static int compute(struct pipeline *p, struct gpu_ctx *gpu, int lane, struct tas
                 t->merge.w_dtype = round_in_place((void *)t->merge.w, t->count, t->merge.w_dtype, it->round_src_to);
         }
         const struct dequant_job *dq = it->w && !it->transposed ? &t->job : NULL;
-        if (gpu && t->merge.w_dtype != DT_F64 && !merge_job_has_kron(t->merge.f, t->merge.nfactors)) {
+        if (gpu && t->merge.w_dtype != DT_F64) {
             /* One fused kernel: the dequantized base never leaves the device.
              * A merge waits for its lane: on a core it takes several times
              * as long (docs/PERFORMANCE.md, "QLoRA merge"). */

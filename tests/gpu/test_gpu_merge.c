@@ -2,7 +2,7 @@
  * then merge_cpu), byte for byte: 4-bit bases (NF4/FP4, single and double
  * quant) and unquantized ones (F16, BF16, F32), every output dtype, ranks on
  * both sides of the kernel's 32-rank stage, one to three adapters, fan_in_fan_out
- * layouts, chunks that start and end inside a row, device sub-chunks (a 1 MiB
+ * layouts, LoKr factors (a Kronecker product from a row offset) among them, chunks that start and end inside a row, device sub-chunks (a 1 MiB
  * budget), and overflow counts; and DoRA (whole rows rescaled by magnitude over
  * their norm) on the same bases and dtypes, one row or many, rows narrower and
  * wider than a warp's stride, in sub-chunks too. Host outputs are poisoned before each run and
@@ -28,6 +28,7 @@ struct mcase {
     int fif[3];
     float scaling[3];
     float dora; /* > 0: DoRA, magnitudes of about this size (whole rows only) */
+    int kron[3]; /* factor t is a LoKr's Kronecker product (merge_job.h) instead of L @ R */
 };
 
 /* Factor storage for one case: L as the CPU reader lays it out, R row-major. */
@@ -53,8 +54,25 @@ static int make_factors(struct gpu_ctx *ctx, const struct mcase *c, struct merge
         struct merge_factor *f = &mj->f[t];
         uint32_t r = c->ranks[t];
         memset(f, 0, sizeof *f);
-        f->rank = r;
         f->scaling = c->scaling[t];
+        if (c->kron[t]) { /* W1 [a, b] and W2 [kc, d]: d the largest divisor of cols up to 3 + 5t, rows from t on */
+            uint64_t d = 3 + 5 * (uint64_t)t < c->cols ? 3 + 5 * (uint64_t)t : c->cols;
+            while (c->cols % d)
+                d--;
+            f->kron_d = d;
+            f->kron_b = c->cols / d;
+            f->kron_c = 2 + (uint64_t)t;
+            f->kron_row0 = (uint64_t)t;
+            f->kron_a = (c->rows + f->kron_row0 + f->kron_c - 1) / f->kron_c;
+            fs->l[t] = random_floats(ctx, f->kron_a * f->kron_b, 0.5f);
+            fs->r[t] = random_floats(ctx, f->kron_c * f->kron_d, 0.5f);
+            if (!fs->l[t] || !fs->r[t])
+                return -1;
+            f->kron_w1 = fs->l[t];
+            f->kron_w2 = fs->r[t];
+            continue;
+        }
+        f->rank = r;
         if (c->fif[t]) { /* L = A^T: all of A [r, rows] */
             f->l_floats = (uint64_t)r * c->rows;
             f->l_row0 = 0;
@@ -194,7 +212,7 @@ static void test_matrix(struct gpu_ctx *ctx)
                 for (size_t od = 0; od < 3; od++) {
                     size_t rk = (s + q + wd + od) % 4; /* every rank set meets every shape across the loop */
                     struct mcase c = {SHAPES[s].rows, SHAPES[s].cols, SHAPES[s].e0, SHAPES[s].n, q, DT[wd], DT[od],
-                                      0, {0}, {0}, {0}, 0};
+                                      0, {0}, {0}, {0}, 0, {0}};
                     if (q && (c.e0 % (64 * 256) != 0))
                         continue;
                     for (int t = 0; t < 3 && RANKS[rk][t]; t++) {
@@ -202,11 +220,13 @@ static void test_matrix(struct gpu_ctx *ctx)
                         c.ranks[t] = RANKS[rk][t];
                         c.fif[t] = (t + (int)s) % 2;
                         c.scaling[t] = t == 0 ? 2.0f : t == 1 ? 0.353553385f : 0.75f;
+                        c.kron[t] = (t + (int)s + (int)wd) % 3 == 1; /* LoKr factors among the LoRA ones */
                     }
-                    snprintf(what, sizeof what, "merge %llux%llu [%llu, +%llu) %s %s->%s, %d adapter(s), r=%u%s",
+                    snprintf(what, sizeof what, "merge %llux%llu [%llu, +%llu) %s %s->%s, %d adapter(s), r=%u%s%s",
                              (unsigned long long)c.rows, (unsigned long long)c.cols, (unsigned long long)c.e0,
                              (unsigned long long)c.n, base_name(&c), dtn(c.w_dtype), dtn(c.out_dtype), c.nfactors,
-                             c.ranks[0], c.fif[0] ? " fif" : "");
+                             c.ranks[0], c.fif[0] ? " fif" : "",
+                             c.kron[0] || c.kron[1] || c.kron[2] ? " (a LoKr among them)" : "");
                     run_case(ctx, &c, what);
                 }
 }
@@ -234,8 +254,10 @@ static void run_in_subchunks(const struct mcase *cases, size_t n, const char *la
 static void test_subchunks(void)
 {
     static const struct mcase cases[] = {
-        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 2, {16, 4, 0}, {0, 1, 0}, {2.0f, 0.5f, 0}, 0},
-        {700, 3001, 0, 700 * 3001 - 5, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0, 0, 0}, {1.5f, 0, 0}, 0},
+        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 2, {16, 4, 0}, {0, 1, 0}, {2.0f, 0.5f, 0}, 0, {0}},
+        {700, 3001, 0, 700 * 3001 - 5, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0, 0, 0}, {1.5f, 0, 0}, 0, {0}},
+        /* a LoKr beside a LoRA */
+        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 2, {0, 4, 0}, {0, 0, 0}, {1.0f, 0.5f, 0}, 0, {1, 0, 0}},
     };
     run_in_subchunks(cases, sizeof cases / sizeof cases[0], "merge");
 }
@@ -262,19 +284,19 @@ static void test_dora(struct gpu_ctx *ctx)
                 for (size_t od = 0; od < 3; od++) {
                     uint64_t n = SHAPES[s].rows * SHAPES[s].cols;
                     struct mcase c = {SHAPES[s].rows, SHAPES[s].cols, 0, n, q, DT[wd], DT[od], 1,
-                                      {(s + od) % 2 ? 33u : 8u, 0, 0}, {0}, {2.0f, 0, 0}, 1.0f};
+                                      {(s + od) % 2 ? 33u : 8u, 0, 0}, {0}, {2.0f, 0, 0}, 1.0f, {0}};
                     snprintf(what, sizeof what, "dora %llux%llu %s %s->%s r=%u", (unsigned long long)c.rows,
                              (unsigned long long)c.cols, base_name(&c), dtn(c.w_dtype), dtn(c.out_dtype), c.ranks[0]);
                     run_case(ctx, &c, what);
                 }
     /* Rows of a later chunk: magnitudes and rows counted from e0. */
-    struct mcase later = {64, 4096, 16384 * 4, 16 * 4096, 1, DT_BF16, DT_BF16, 1, {16, 0, 0}, {0}, {0.5f, 0, 0}, 0.7f};
+    struct mcase later = {64, 4096, 16384 * 4, 16 * 4096, 1, DT_BF16, DT_BF16, 1, {16, 0, 0}, {0}, {0.5f, 0, 0}, 0.7f, {0}};
     run_case(ctx, &later, "dora: a chunk of rows 16 to 31");
-    struct mcase over = {96, 640, 0, 96 * 640, 0, DT_F32, DT_F16, 1, {4, 0, 0}, {0}, {3.0f, 0, 0}, 3e6f};
+    struct mcase over = {96, 640, 0, 96 * 640, 0, DT_F32, DT_F16, 1, {4, 0, 0}, {0}, {3.0f, 0, 0}, 3e6f, {0}};
     run_case(ctx, &over, "dora: magnitudes that overflow fp16");
     static const struct mcase sub[] = {
-        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 1, {16, 0, 0}, {0}, {2.0f, 0, 0}, 1.0f},
-        {700, 3001, 0, 700 * 3001, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0}, {1.5f, 0, 0}, 1.0f},
+        {1536, 2048, 0, 1536 * 2048, 1, DT_BF16, DT_BF16, 1, {16, 0, 0}, {0}, {2.0f, 0, 0}, 1.0f, {0}},
+        {700, 3001, 0, 700 * 3001, 0, DT_F16, DT_F32, 1, {8, 0, 0}, {0}, {1.5f, 0, 0}, 1.0f, {0}},
     };
     run_in_subchunks(sub, sizeof sub / sizeof sub[0], "dora");
 }
@@ -282,7 +304,7 @@ static void test_dora(struct gpu_ctx *ctx)
 /* A scaling that overflows fp16: the counts must match the CPU's. */
 static void test_overflow(struct gpu_ctx *ctx)
 {
-    struct mcase c = {96, 640, 0, 96 * 640, 0, DT_F32, DT_F16, 1, {4, 0, 0}, {0, 0, 0}, {3e6f, 0, 0}, 0};
+    struct mcase c = {96, 640, 0, 96 * 640, 0, DT_F32, DT_F16, 1, {4, 0, 0}, {0, 0, 0}, {3e6f, 0, 0}, 0, {0}};
     run_case(ctx, &c, "merge overflow to fp16 inf");
 }
 
