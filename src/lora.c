@@ -258,15 +258,16 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
         return config_fail(path, "sets both lora_bias and use_dora, which PEFT refuses");
     if (!c->lokr && (code = check_unmerged_features(path, root)) != NF4_OK)
         return code;
+    /* LoKrConfig's defaults, r 8 and alpha 8, stand where its keys are absent */
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(root, "r");
-    if (!valid_rank(r))
+    if (!(c->lokr && !r) && !valid_rank(r))
         return config_fail(path, "\"r\" must be a whole number from 1 to 65536");
-    c->r = (uint32_t)r->valuedouble;
+    c->r = r ? (uint32_t)r->valuedouble : LOKR_DEFAULT_R;
     const cJSON *alpha = cJSON_GetObjectItemCaseSensitive(root, c->lokr ? "alpha" : "lora_alpha");
-    if (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble))
+    if (!(c->lokr && !alpha) && (!cJSON_IsNumber(alpha) || !isfinite(alpha->valuedouble)))
         return config_fail(path, c->lokr ? "\"alpha\" must be a finite number"
                                          : "\"lora_alpha\" must be a finite number");
-    c->alpha = alpha->valuedouble;
+    c->alpha = alpha ? alpha->valuedouble : LOKR_DEFAULT_ALPHA;
     size_t states = 0;
     if ((code = config_patterns(path, root, "rank_pattern", 1, &c->rank_pattern, &c->rank_compiled, &states)) !=
             NF4_OK ||
@@ -414,8 +415,11 @@ struct binder {
     /* Pairs bound to a parameter target_parameters selects, for the adapter being bound. */
     size_t parameter_pairs;
     /* Whether the base is a transformer whose projections diffusers fuses
-     * for a LoKr on to_qkv (base_fuses_qkv): -1 until asked. */
+     * for a LoKr on to_qkv (base_fuses_qkv): -1 until asked. The first LoKr
+     * on a fused projection, and the first term (of any adapter) on one of
+     * the projections fusing leaves unused (check_fused_projections). */
     int fuses_qkv;
+    const char *fused_file, *fused_key, *part_file, *part_key;
 };
 
 /* An F32, BF16 or F16 vector of n values (a DoRA magnitude, a LoRA bias). */
@@ -830,6 +834,8 @@ static char *module_weight_in_base(struct binder *b, const char *module, int *co
     return wname;
 }
 
+static int note_projection_part(struct binder *b, const char *module, const char *file, const char *key);
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
@@ -888,6 +894,8 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         goto out;
     if (parts_tied_weights(b, wname, mirrored))
         note_untie(b, file, aname, wname, 0);
+    if ((code = note_projection_part(b, module, file, aname)) != NF4_OK)
+        goto out;
     uint32_t r;
     double alpha;
     /* PEFT matches the patterns against a wrapped parameter's "M.weight". */
@@ -1002,6 +1010,34 @@ static int base_fuses_qkv(struct binder *b)
     return b->fuses_qkv;
 }
 
+/* Whether `module` is one of the projections FUSED_PROJECTIONS fuses
+ * (the last segment of its name). */
+static int is_projection_part(const char *module)
+{
+    const char *dot = strrchr(module, '.'), *last = dot ? dot + 1 : module;
+    for (size_t f = 0; f < sizeof FUSED_PROJECTIONS / sizeof *FUSED_PROJECTIONS; f++)
+        for (size_t j = 0; j < 3; j++)
+            if (strcmp(last, FUSED_PROJECTIONS[f].parts[j]) == 0)
+                return 1;
+    return 0;
+}
+
+/* Notes a term on `module` where it is a projection diffusers' fusing would
+ * leave unused (check_fused_projections). NF4_OK or NF4_ESOFTWARE. */
+static int note_projection_part(struct binder *b, const char *module, const char *file, const char *key)
+{
+    if (b->part_key || !is_projection_part(module))
+        return NF4_OK;
+    const int fuses = base_fuses_qkv(b);
+    if (fuses < 0)
+        return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+    if (fuses) {
+        b->part_file = file;
+        b->part_key = key;
+    }
+    return NF4_OK;
+}
+
 /* The parts of `module` where it names a fused projection diffusers makes
  * for a LoKr ("...attn.to_qkv"), as base weight names (allocated, parts[3]);
  * 0 where it names none. -1 when out of memory. */
@@ -1104,6 +1140,21 @@ static int bind_lokr(struct binder *b, const struct lora_adapter *ad, size_t ind
     uint64_t rows[3], out_f = 0, in_f = 0;
     size_t n = 0;
     if ((code = lokr_layers(b, file, key, module, names, rows, &n, &out_f, &in_f)) != NF4_OK)
+        goto out;
+    /* PEFT's LoKr takes Linear and Conv layers: on an embedding it raises (TypeError) */
+    if (n == 1 && (is_tied_embedding(b, names[0]) || str_ends_with(names[0], "embed_tokens.weight"))) {
+        code = nf4_fail(NF4_EDATA, file, key, "is a LoKr on the embedding %s, which PEFT's LoKr does not take "
+                        "(it raises)", names[0]);
+        goto out;
+    }
+    /* A LoKr on the tied head changes it apart from the embedding, as a LoRA on it does (bind_pair) */
+    if (n == 1 && parts_tied_weights(b, names[0], 0))
+        note_untie(b, file, key, names[0], 0);
+    if (n == 3 && !b->fused_key) {
+        b->fused_file = file;
+        b->fused_key = key;
+    }
+    if (n == 1 && (code = note_projection_part(b, module, file, key)) != NF4_OK)
         goto out;
     uint32_t r;
     double alpha;
@@ -2080,6 +2131,15 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
         lora_config_free(&c);
         free(wpath);
     }
+    /* To load a LoKr on a fused projection diffusers fuses every block's
+     * projections first (refusing where an adapter is on them already), and
+     * the fused model computes without any adapter on the projections it
+     * fused: what it merges there is not what it ran. */
+    if (code == NF4_OK && b.fused_key && b.part_key)
+        code = nf4_fail(NF4_EDATA, b.fused_file, b.fused_key,
+                        "is a LoKr on a fused projection, for which diffusers fuses every attention's projections, "
+                        "and %s: %s changes one of those, which the fused model does not compute with (or "
+                        "diffusers refuses to fuse): merge them in separate runs", b.part_file, b.part_key);
     /* The tensor of the two that the untying key does not change. */
     const char *other = b.untie_name == b.tied_embedding ? TIED_HEAD_NAME : b.tied_embedding;
     /* The head would be both the kept copy and something else: which one

@@ -39,21 +39,18 @@ void lokr_factorization(uint64_t dim, int64_t factor, uint64_t *m_out, uint64_t 
     }
     if (factor == -1)
         factor = (int64_t)dim;
-    /* LyCORIS' loop: the next divisor while it is no more than `factor` and
-     * the pair has not crossed (its "length" test never stops it: the sum of
-     * two divisors is at most dim + 1). */
-    uint64_t m = 1, n = dim;
-    while (m < n) {
-        uint64_t next = m + 1;
-        while (dim % next != 0)
-            next++;
-        if ((int64_t)next > factor)
-            break;
-        m = next;
-        n = dim / next;
-    }
-    *m_out = m < n ? m : n;
-    *n_out = m < n ? n : m;
+    /* LyCORIS' loop takes each next divisor while it is no more than
+     * `factor` and the pair has not crossed (its "length" test never stops
+     * it: the sum of two divisors is at most dim + 1); a divisor past the
+     * square root only crosses the pair, which it then swaps back. So it
+     * ends at the largest divisor m with m * m <= dim and m <= factor: found
+     * here in at most sqrt(dim) steps, not the loop's dim. */
+    uint64_t m = 1;
+    for (uint64_t d = 2; d <= dim / d && (int64_t)d <= factor; d++)
+        if (dim % d == 0)
+            m = d;
+    *m_out = m;
+    *n_out = dim / m;
 }
 
 int lokr_any_key(const struct model *w, const char *prefix)
@@ -216,13 +213,18 @@ static void free_modules(struct inferred_module *mods, size_t n)
     free(mods);
 }
 
-/* A factor's shape as _create_lokr_config unpacks it: a matrix, or Python raises. */
+/* A factor's shape as _create_lokr_config unpacks it: a matrix, or Python
+ * raises; and one with elements (no layer PEFT builds holds an empty
+ * factor, and an empty one's sides are bounded by nothing). */
 static int shape_of(const char *path, const struct model_tensor *t, uint64_t *rows, uint64_t *cols)
 {
     if (t->t->ndim != 2)
         return nf4_fail(NF4_EDATA, path, t->t->name, "is a LoKr factor of %zu dimensions, not a matrix: diffusers "
                         "reads none of its config from it (it raises), and nf4deq merges LoKr on linear layers "
                         "only", t->t->ndim);
+    if (t->t->nelem == 0)
+        return nf4_fail(NF4_EDATA, path, t->t->name, "is a LoKr factor with no elements, which no layer PEFT "
+                        "builds holds");
     *rows = t->t->shape[0];
     *cols = t->t->shape[1];
     return NF4_OK;

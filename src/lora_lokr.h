@@ -39,6 +39,8 @@
 #include "model.h"
 
 #define LOKR_MARK ".lokr_" /* in every LoKr key: how diffusers tells a LoKr file */
+#define LOKR_DEFAULT_R 8      /* LoKrConfig's r and alpha where a config leaves them out */
+#define LOKR_DEFAULT_ALPHA 8.0
 
 /* The length of the LoKr factor suffix `name` ends in (".lokr_w1",
  * ".lokr_w2_b", ".lokr_t2", ...), or 0. */

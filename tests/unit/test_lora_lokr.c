@@ -240,8 +240,9 @@ static void test_peft_lokr_merges_as_peft(void **state)
 
 /* A PEFT LoKr folder whose config PEFT refuses, or under which PEFT's layers
  * would not take its factors: exit 65, one line naming the config or the
- * key, nothing written. The weights are adapter-lokr's. */
-static void test_peft_lokr_refusals(void **state)
+ * key, nothing written; and one without "alpha" takes LoKrConfig's. The
+ * weights are adapter-lokr's. */
+static void test_peft_lokr_configs(void **state)
 {
     struct tu_scratch *s = *state;
     static const struct {
@@ -250,7 +251,8 @@ static void test_peft_lokr_refusals(void **state)
         {"{\"peft_type\": \"LOKR\", \"r\": 2, \"alpha\": 6, \"decompose_both\": true, \"decompose_factor\": 8, "
          "\"rank_pattern\": {\"down_proj\": 8}, \"target_modules\": [\"o_proj\"]}",
          "targets none of the 6 modules its weights are for"},
-        {"{\"peft_type\": \"LOKR\", \"r\": 2, \"lora_alpha\": 6}", "\"alpha\" must be a finite number"},
+        {"{\"peft_type\": \"LOKR\", \"r\": 0, \"alpha\": 6}", "\"r\" must be a whole number from 1 to 65536"},
+        {"{\"peft_type\": \"LOKR\", \"r\": 2, \"alpha\": \"6\"}", "\"alpha\" must be a finite number"},
         {"{\"peft_type\": \"LOKR\", \"r\": 2, \"alpha\": 6, \"decompose_factor\": 4.0}",
          "\"decompose_factor\" must be a whole number"},
         /* without decompose_both PEFT builds W1 whole, where the file splits it */
@@ -279,6 +281,70 @@ static void test_peft_lokr_refusals(void **state)
         tu_run_free(&r);
         assert_false(tu_exists(out));
     }
+    /* Without "alpha", LoKrConfig's default, 8: scaling 4 at rank 2 */
+    static const char NO_ALPHA[] = "{\"peft_type\": \"LOKR\", \"r\": 2, \"decompose_both\": true, "
+                                   "\"decompose_factor\": 8, \"rank_pattern\": {\"down_proj\": 8}}";
+    tu_write_file(config, NO_ALPHA, strlen(NO_ALPHA));
+    struct tu_run r = tu_run("inspect", FIXTURES "/lora/base-llama-bf16-bnb4", "--lora", adapter, "--json", NULL);
+    if (r.status != 0 || !strstr(r.out, "\"alpha\": 8,\n") || !strstr(r.out, "\"scaling\": 4,\n"))
+        fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
+    tu_run_free(&r);
+    tu_rmtree(adapter);
+    free(adapter);
+    free(out);
+    free(config);
+    free(weights);
+}
+
+static void write_lokr(const char *path, const struct synth_tensor *ts, size_t n, const char *meta);
+
+/* A PEFT LoKr on the tied head is merged into the head written apart from
+ * the embedding, as a LoRA on it is (config.json: tie_word_embeddings
+ * false); one on the embedding is refused, as PEFT's LoKr refuses an
+ * embedding. The factors: lm_head [512, 128] factored (16, 32) x (8, 16),
+ * each whole at r 16; W1 0.5, W2 0.25, scaling 1: every element + 0.125. */
+static void test_peft_lokr_tied_head_and_embedding(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *adapter = tu_strdupf("%s/adapter", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    char *config = tu_strdupf("%s/adapter_config.json", adapter), *weights = tu_strdupf("%s/adapter_model.safetensors", adapter);
+    assert_int_equal(mkdir(adapter, 0755), 0);
+    static const char HEAD[] = "{\"peft_type\": \"LOKR\", \"r\": 16, \"alpha\": 16, \"target_modules\": [\"lm_head\"]}";
+    const struct synth_tensor head[] = {{"base_model.model.lm_head.lokr_w1", DT_F32, 16, 8, 0.5f},
+                                        {"base_model.model.lm_head.lokr_w2", DT_F32, 32, 16, 0.25f}};
+    tu_write_file(config, HEAD, strlen(HEAD));
+    write_lokr(weights, head, 2, NULL);
+    assert_int_equal(merge(FIXTURES "/lora/base-llama-bf16-bnb4-tied", out, adapter, 0, 0), 1);
+    struct model *got;
+    assert_int_equal(model_open_dir(out, &got), NF4_OK);
+    const struct model_tensor *h = model_find(got, "lm_head.weight"), *e = model_find(got, "model.embed_tokens.weight");
+    assert_non_null(h);
+    assert_non_null(e);
+    uint16_t hv[512 * 128], ev[512 * 128];
+    assert_int_equal(st_read(h->file, h->t, 0, hv, sizeof hv), NF4_OK);
+    assert_int_equal(st_read(e->file, e->t, 0, ev, sizeof ev), NF4_OK);
+    for (size_t i = 0; i < 512 * 128; i++)
+        if (hv[i] != f32_to_bf16(bf16_to_f32(ev[i]) + 0.125f))
+            fail_msg("lm_head.weight[%zu] = 0x%04x, the embedding's 0x%04x + 0.125", i, hv[i], ev[i]);
+    char *cfg = tu_strdupf("%s/config.json", out), *text = tu_read_file(cfg, NULL);
+    assert_non_null(strstr(text, "\"tie_word_embeddings\": false"));
+    free(text);
+    free(cfg);
+    model_close(got);
+    tu_rmtree(out);
+    /* on the embedding: PEFT raises */
+    static const char EMBED[] = "{\"peft_type\": \"LOKR\", \"r\": 16, \"alpha\": 16, \"target_modules\": [\"embed_tokens\"]}";
+    const struct synth_tensor embed[] = {{"base_model.model.model.embed_tokens.lokr_w1", DT_F32, 16, 8, 0.5f},
+                                         {"base_model.model.model.embed_tokens.lokr_w2", DT_F32, 32, 16, 0.25f}};
+    tu_write_file(config, EMBED, strlen(EMBED));
+    write_lokr(weights, embed, 2, NULL);
+    struct tu_run r = tu_run("convert", "--device", "cpu", FIXTURES "/lora/base-llama-bf16-bnb4", out, "--lora", adapter,
+                             NULL);
+    if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+        !strstr(r.err, "embed_tokens.lokr_w1: is a LoKr on the embedding model.embed_tokens.weight"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
     tu_rmtree(adapter);
     free(adapter);
     free(out);
@@ -377,10 +443,18 @@ static void test_lokr_refusals(void **state)
         {0, {{OUT0 ".lokr_w1", DT_BF16, 4, 4, 1}, {OUT0 ".lokr_w2", DT_BF16, 8, 8, 1}},
          "{\"transformer.r\": 8, \"transformer.lora_alpha\": 8}",
          "holds \"lora_alpha\", which is no field of PEFT's LoKrConfig"},
-        /* a fused qkv and its part: the part changed twice by one adapter */
+        /* a fused qkv and its part */
         {0, {{"transformer.transformer_blocks.0.attn.to_qkv.lokr_w1", DT_BF16, 8, 4, 1},
              {"transformer.transformer_blocks.0.attn.to_qkv.lokr_w2", DT_BF16, 12, 8, 1}, {Q0 ".lokr_w1", DT_BF16, 4, 4, 1},
-             {Q0 ".lokr_w2", DT_BF16, 8, 8, 1}}, NULL, "is changed twice by one adapter"},
+             {Q0 ".lokr_w2", DT_BF16, 8, 8, 1}}, NULL,
+         "to_qkv.lokr_w1: is a LoKr on a fused projection, for which diffusers fuses every attention's projections, "
+         "and "},
+        /* across blocks: diffusers fuses block 1 too, and computes it without its to_q's LoKr */
+        {0, {{"transformer.transformer_blocks.0.attn.to_qkv.lokr_w1", DT_BF16, 8, 4, 1},
+             {"transformer.transformer_blocks.0.attn.to_qkv.lokr_w2", DT_BF16, 12, 8, 1},
+             {"transformer.transformer_blocks.1.attn.to_q.lokr_w1", DT_BF16, 4, 4, 1},
+             {"transformer.transformer_blocks.1.attn.to_q.lokr_w2", DT_BF16, 8, 8, 1}}, NULL,
+         "transformer_blocks.1.attn.to_q.lokr_w1 changes one of those, which the fused model does not compute with"},
         {0, {{BFL_PROJ ".lokr_w1", DT_BF16, 4, 4, 1}, {BFL_PROJ ".lokr_w2", DT_BF16, 8, 8, 1},
              {"diffusion_model.double_blocks.0.img_attn.norm.lokr_w1", DT_BF16, 4, 4, 1}}, NULL,
          "diffusion_model.double_blocks.0.img_attn.norm.lokr_w1: is left over where diffusers converts a Flux.2 LoKr "
@@ -434,7 +508,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lokr_converts_as_diffusers, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_lokr_merges_as_peft, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_peft_lokr_merges_as_peft, tu_scratch_setup, tu_scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_peft_lokr_refusals, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_peft_lokr_configs, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_peft_lokr_tied_head_and_embedding, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_lokr_inspect),
         cmocka_unit_test_setup_teardown(test_lokr_refusals, tu_scratch_setup, lora_synth_teardown),
     };
