@@ -55,8 +55,8 @@ static int make_factors(struct gpu_ctx *ctx, const struct mcase *c, struct merge
         uint32_t r = c->ranks[t];
         memset(f, 0, sizeof *f);
         f->scaling = c->scaling[t];
-        if (c->kron[t]) { /* W1 [a, b] and W2 [kc, d]: d the largest divisor of cols up to 3 + 5t, rows from t on */
-            uint64_t d = 3 + 5 * (uint64_t)t < c->cols ? 3 + 5 * (uint64_t)t : c->cols;
+        if (c->kron[t]) { /* W1 [a, b] and W2 [kc, d]: d the largest divisor of cols up to a quarter of them, rows from t on */
+            uint64_t d = c->cols / 4 ? c->cols / 4 : 1;
             while (c->cols % d)
                 d--;
             f->kron_d = d;
