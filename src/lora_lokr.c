@@ -230,36 +230,34 @@ static int shape_of(const char *path, const struct model_tensor *t, uint64_t *ro
     return NF4_OK;
 }
 
+/* One factor's sides as _create_lokr_config reads them: its whole tensor's
+ * (`whole`), or its halves' outer ones (lokr_X_a's rows, lokr_X_b's columns);
+ * neither, and Python raises. */
+static int factor_sides(const char *path, const char *prefix, const char *module, const struct module_factors *mf,
+                        enum lokr_factor whole, const char *which, uint64_t *rows, uint64_t *cols)
+{
+    const struct model_tensor *a = mf->f[whole + 1], *b = mf->f[whole + 2];
+    uint64_t inner;
+    if (mf->f[whole])
+        return shape_of(path, mf->f[whole], rows, cols);
+    if (!a || !b)
+        return nf4_fail(NF4_EDATA, path, NULL, "holds LoKr keys of %s%s without lokr_%s, or lokr_%s_a and "
+                        "lokr_%s_b: diffusers builds no config for it (it raises)", prefix, module, which, which, which);
+    int code = shape_of(path, a, rows, &inner);
+    return code == NF4_OK ? shape_of(path, b, &inner, cols) : code;
+}
+
 /* Module m's dimensions and rank, read as _create_lokr_config reads them. */
 static int read_module(const struct model *w, const char *path, const char *prefix, struct inferred_module *m)
 {
     struct module_factors mf;
     int code = find_factors(w, path, prefix, m->name, &mf);
+    if (code == NF4_OK)
+        code = factor_sides(path, prefix, m->name, &mf, W1, "w1", &m->out_l, &m->in_m);
+    if (code == NF4_OK)
+        code = factor_sides(path, prefix, m->name, &mf, W2, "w2", &m->out_k, &m->in_n);
     if (code != NF4_OK)
         return code;
-    uint64_t rows, cols;
-    if (mf.f[W1]) {
-        if ((code = shape_of(path, mf.f[W1], &m->out_l, &m->in_m)) != NF4_OK)
-            return code;
-    } else if (mf.f[W1_A] && mf.f[W1_B]) {
-        if ((code = shape_of(path, mf.f[W1_A], &m->out_l, &cols)) != NF4_OK ||
-            (code = shape_of(path, mf.f[W1_B], &rows, &m->in_m)) != NF4_OK)
-            return code;
-    } else {
-        return nf4_fail(NF4_EDATA, path, NULL, "holds LoKr keys of %s%s without lokr_w1, or lokr_w1_a and "
-                        "lokr_w1_b: diffusers builds no config for it (it raises)", prefix, m->name);
-    }
-    if (mf.f[W2]) {
-        if ((code = shape_of(path, mf.f[W2], &m->out_k, &m->in_n)) != NF4_OK)
-            return code;
-    } else if (mf.f[W2_A] && mf.f[W2_B]) {
-        if ((code = shape_of(path, mf.f[W2_A], &m->out_k, &cols)) != NF4_OK ||
-            (code = shape_of(path, mf.f[W2_B], &rows, &m->in_n)) != NF4_OK)
-            return code;
-    } else {
-        return nf4_fail(NF4_EDATA, path, NULL, "holds LoKr keys of %s%s without lokr_w2, or lokr_w2_a and "
-                        "lokr_w2_b: diffusers builds no config for it (it raises)", prefix, m->name);
-    }
     m->rank = mf.f[W2_A]   ? (double)mf.f[W2_A]->t->shape[1]
               : mf.f[W1_A] ? (double)mf.f[W1_A]->t->shape[1]
                            : (double)(m->out_k > m->in_n ? m->out_k : m->in_n);

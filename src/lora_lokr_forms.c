@@ -155,27 +155,44 @@ static int finish(struct conversion *cv, int code, int warn, struct model **out)
     return code;
 }
 
-/* ---- module paths that are diffusers' already ---- */
+/* How a form names key `k` in diffusers' own form (after LOKR_TARGET), into
+ * `name`: NF4_OK, or NF4_EDATA naming the key where diffusers has no rule
+ * for it (and raises). */
+typedef int (*lokr_name_fn)(const struct conversion *cv, const struct lora_key *k, char *name, size_t size);
 
-static int convert_plain(const struct model *w, const char *path, int peft, int warn, struct model **out)
+/* The keys read (read_keys: `peft`, `remove_prefix`), each but the alphas
+ * under the name `name_of` gives it. */
+static int convert(const struct model *w, const char *path, int peft, const char *remove_prefix, lokr_name_fn name_of,
+                   int warn, struct model **out)
 {
     *out = NULL;
     struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
-    int code = read_keys(&cv, w, peft, AI_TOOLKIT_NAMES);
+    int code = read_keys(&cv, w, peft, remove_prefix);
     for (size_t i = 0; i < cv.nkeys && code == NF4_OK; i++) {
         struct lora_key *k = &cv.keys[i];
+        char name[LOKR_NAME_MAX];
         if (k->taken)
             continue;
-        code = strstr(k->name, LOKR_MARK) ? add_key(&cv, k, k->name)
-                                          : nf4_fail(NF4_EDATA, path, k->t->t->name, "is not a LoKr key (no "
-                                                     "\"" LOKR_MARK "\"), which diffusers refuses in a LoKr file");
+        if ((code = name_of(&cv, k, name, sizeof name)) == NF4_OK)
+            code = add_key(&cv, k, name);
     }
     return finish(&cv, code, warn, out);
 }
 
+/* ---- module paths that are diffusers' already ---- */
+
+static int plain_name(const struct conversion *cv, const struct lora_key *k, char *name, size_t size)
+{
+    if (!strstr(k->name, LOKR_MARK))
+        return nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is not a LoKr key (no \"" LOKR_MARK "\"), which "
+                        "diffusers refuses in a LoKr file");
+    snprintf(name, size, "%s", k->name);
+    return NF4_OK;
+}
+
 int lokr_convert_plain(const struct model *w, const char *path, int warn, struct model **out)
 {
-    return convert_plain(w, path, 0, warn, out);
+    return convert(w, path, 0, AI_TOOLKIT_NAMES, plain_name, warn, out);
 }
 
 /* ---- Flux.2: BFL's names ---- */
@@ -242,7 +259,8 @@ static int canonical_number(const char *s, size_t len)
 /* A key of a block, "double_blocks.N.<module>.<factor>": diffusers counts
  * the blocks by int() of N (raising where it is none), and remaps the keys
  * of the blocks it counted, named as str() writes N. */
-static int bfl_block_key(struct conversion *cv, struct lora_key *k, int dbl, char *name, size_t size, int *found)
+static int bfl_block_key(const struct conversion *cv, const struct lora_key *k, int dbl, char *name, size_t size,
+                         int *found)
 {
     const char *number = strchr(k->name, '.') + 1, *dot = strchr(number, '.');
     const size_t len = dot ? (size_t)(dot - number) : strlen(number);
@@ -259,28 +277,18 @@ static int bfl_block_key(struct conversion *cv, struct lora_key *k, int dbl, cha
     return NF4_OK;
 }
 
-static int convert_flux2_bfl(const struct model *w, const char *path, int peft, int warn, struct model **out)
+static int bfl_name(const struct conversion *cv, const struct lora_key *k, char *name, size_t size)
 {
-    *out = NULL;
-    struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
-    int code = read_keys(&cv, w, peft, AI_TOOLKIT_NAMES);
-    for (size_t i = 0; i < cv.nkeys && code == NF4_OK; i++) {
-        struct lora_key *k = &cv.keys[i];
-        if (k->taken)
-            continue;
-        char name[LOKR_NAME_MAX];
-        int found = 0;
-        const int dbl = str_starts_with(k->name, "double_blocks.");
-        if (dbl || str_starts_with(k->name, "single_blocks."))
-            code = bfl_block_key(&cv, k, dbl, name, sizeof name, &found);
-        else
-            found = mapped(k->name, TOP_LEVEL, COUNT(TOP_LEVEL), "", name, sizeof name);
-        if (code == NF4_OK)
-            code = found ? add_key(&cv, k, name)
-                         : nf4_fail(NF4_EDATA, path, k->t->t->name, "is left over where diffusers converts a Flux.2 "
-                                    "LoKr in BFL's names (as %s): a module or factor of no rule (it raises)", k->name);
-    }
-    return finish(&cv, code, warn, out);
+    int code = NF4_OK, found = 0;
+    const int dbl = str_starts_with(k->name, "double_blocks.");
+    if (dbl || str_starts_with(k->name, "single_blocks."))
+        code = bfl_block_key(cv, k, dbl, name, size, &found);
+    else
+        found = mapped(k->name, TOP_LEVEL, COUNT(TOP_LEVEL), "", name, size);
+    if (code == NF4_OK && !found)
+        code = nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is left over where diffusers converts a Flux.2 LoKr in "
+                        "BFL's names (as %s): a module or factor of no rule (it raises)", k->name);
+    return code;
 }
 
 /* ---- Flux.2: LyCORIS' names ---- */
@@ -343,23 +351,13 @@ static int lycoris_name(const char *k, char *name, size_t size)
     return 0;
 }
 
-static int convert_flux2_lycoris(const struct model *w, const char *path, int peft, int warn, struct model **out)
+static int lycoris_key_name(const struct conversion *cv, const struct lora_key *k, char *name, size_t size)
 {
-    *out = NULL;
-    struct conversion cv = {.path = path, .rw = {path, w->files[0]->meta, w->files[0]->nmeta}};
-    int code = read_keys(&cv, w, peft, NULL);
-    for (size_t i = 0; i < cv.nkeys && code == NF4_OK; i++) {
-        struct lora_key *k = &cv.keys[i];
-        char name[LOKR_NAME_MAX];
-        if (k->taken)
-            continue;
-        code = lycoris_name(k->name, name, sizeof name)
-                   ? add_key(&cv, k, name)
-                   : nf4_fail(NF4_EDATA, path, k->t->t->name, "is not a key of a LyCORIS Flux.2 LoKr "
-                              "(lycoris_transformer_blocks_N_<module>.<factor>, of a module diffusers maps): "
-                              "diffusers raises");
-    }
-    return finish(&cv, code, warn, out);
+    return lycoris_name(k->name, name, size)
+               ? NF4_OK
+               : nf4_fail(NF4_EDATA, cv->path, k->t->t->name, "is not a key of a LyCORIS Flux.2 LoKr "
+                          "(lycoris_transformer_blocks_N_<module>.<factor>, of a module diffusers maps): diffusers "
+                          "raises");
 }
 
 /* ---- Flux.2's choice ---- */
@@ -396,8 +394,8 @@ int lokr_convert_flux2(const struct model *w, const char *path, int warn, struct
     /* PEFT's prefix is made ai-toolkit's in every key first, whichever form follows */
     const int peft = lora_model_any_key_starting(w, PEFT_NAMES);
     if (lora_model_any_key(w, is_lycoris_key))
-        return convert_flux2_lycoris(w, path, peft, warn, out);
+        return convert(w, path, peft, NULL, lycoris_key_name, warn, out);
     if (lora_model_any_key(w, is_ai_toolkit_key))
-        return convert_flux2_bfl(w, path, peft, warn, out);
-    return convert_plain(w, path, peft, warn, out);
+        return convert(w, path, peft, AI_TOOLKIT_NAMES, bfl_name, warn, out);
+    return convert(w, path, peft, AI_TOOLKIT_NAMES, plain_name, warn, out);
 }

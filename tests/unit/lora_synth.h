@@ -203,8 +203,10 @@ struct synth_tensor {
     float value;
 };
 
-/* Writes the `n` tensors `ts` to `path`. */
-static inline void write_synth_file(const char *path, const struct synth_tensor *ts, size_t n)
+/* Writes the `n` tensors `ts` to `path`, with `lora_metadata` as the
+ * diffusers LoRA config of its metadata (NULL: none). */
+static inline void write_synth_file_with_config(const char *path, const struct synth_tensor *ts, size_t n,
+                                                const char *lora_metadata)
 {
     struct st_out_tensor *outs = calloc(n + 1, sizeof *outs);
     uint64_t (*shapes)[2] = calloc(n + 1, sizeof *shapes);
@@ -213,8 +215,9 @@ static inline void write_synth_file(const char *path, const struct synth_tensor 
         shapes[i][1] = ts[i].d1;
         outs[i] = (struct st_out_tensor){ts[i].name, ts[i].dtype, ts[i].d1 ? 2u : 1u, shapes[i]};
     }
+    struct st_meta meta = {(char *)DIFFUSERS_LORA_METADATA, (char *)lora_metadata};
     struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, path, outs, n, NULL, 0), NF4_OK);
+    assert_int_equal(st_writer_begin(&w, path, outs, n, lora_metadata ? &meta : NULL, lora_metadata ? 1 : 0), NF4_OK);
     for (size_t k = 0; k < n; k++) {
         const struct synth_tensor *t = &ts[st_writer_order(w, k)];
         const uint64_t count = t->d0 * (t->d1 ? t->d1 : 1), bytes = count * (dtype_bits(t->dtype) / 8);
@@ -227,6 +230,12 @@ static inline void write_synth_file(const char *path, const struct synth_tensor 
     assert_int_equal(st_writer_finish(w), NF4_OK);
     free(outs);
     free(shapes);
+}
+
+/* Writes the `n` tensors `ts` to `path`. */
+static inline void write_synth_file(const char *path, const struct synth_tensor *ts, size_t n)
+{
+    write_synth_file_with_config(path, ts, n, NULL);
 }
 
 /* A scratch folder's teardown where a test pointed TMPDIR into it: the

@@ -296,8 +296,6 @@ static void test_peft_lokr_configs(void **state)
     free(weights);
 }
 
-static void write_lokr(const char *path, const struct synth_tensor *ts, size_t n, const char *meta);
-
 /* A PEFT LoKr on the tied head is merged into the head written apart from
  * the embedding, as a LoRA on it is (config.json: tie_word_embeddings
  * false); one on the embedding is refused, as PEFT's LoKr refuses an
@@ -313,7 +311,7 @@ static void test_peft_lokr_tied_head_and_embedding(void **state)
     const struct synth_tensor head[] = {{"base_model.model.lm_head.lokr_w1", DT_F32, 16, 8, 0.5f},
                                         {"base_model.model.lm_head.lokr_w2", DT_F32, 32, 16, 0.25f}};
     tu_write_file(config, HEAD, strlen(HEAD));
-    write_lokr(weights, head, 2, NULL);
+    write_synth_file(weights, head, 2);
     assert_int_equal(merge(FIXTURES "/lora/base-llama-bf16-bnb4-tied", out, adapter, 0, 0), 1);
     struct model *got;
     assert_int_equal(model_open_dir(out, &got), NF4_OK);
@@ -337,7 +335,7 @@ static void test_peft_lokr_tied_head_and_embedding(void **state)
     const struct synth_tensor embed[] = {{"base_model.model.model.embed_tokens.lokr_w1", DT_F32, 16, 8, 0.5f},
                                          {"base_model.model.model.embed_tokens.lokr_w2", DT_F32, 32, 16, 0.25f}};
     tu_write_file(config, EMBED, strlen(EMBED));
-    write_lokr(weights, embed, 2, NULL);
+    write_synth_file(weights, embed, 2);
     struct tu_run r = tu_run("convert", "--device", "cpu", FIXTURES "/lora/base-llama-bf16-bnb4", out, "--lora", adapter,
                              NULL);
     if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
@@ -366,32 +364,6 @@ static void test_lokr_inspect(void **state)
     if (r.status != 0 || !strstr(r.out, "\"lokr\": true") || !strstr(r.out, "\"scaling\": 5,"))
         fail_msg("exit %d, stdout: %s, stderr: %s", r.status, r.out, r.err);
     tu_run_free(&r);
-}
-
-/* A LoKr of hand-made tensors, with `meta` as its lora_adapter_metadata (NULL: none). */
-static void write_lokr(const char *path, const struct synth_tensor *ts, size_t n, const char *meta)
-{
-    struct st_out_tensor outs[16];
-    uint64_t shapes[16][2];
-    assert_true(n <= 16);
-    for (size_t i = 0; i < n; i++) {
-        shapes[i][0] = ts[i].d0;
-        shapes[i][1] = ts[i].d1;
-        outs[i] = (struct st_out_tensor){ts[i].name, ts[i].dtype, ts[i].d1 ? 2u : 1u, shapes[i]};
-    }
-    struct st_meta m = {(char *)DIFFUSERS_LORA_METADATA, (char *)meta};
-    struct st_writer *w;
-    assert_int_equal(st_writer_begin(&w, path, outs, n, meta ? &m : NULL, meta ? 1 : 0), NF4_OK);
-    for (size_t k = 0; k < n; k++) {
-        const struct synth_tensor *t = &ts[st_writer_order(w, k)];
-        const uint64_t count = t->d0 * (t->d1 ? t->d1 : 1), bytes = count * (dtype_bits(t->dtype) / 8);
-        unsigned char *v = malloc(bytes + 1);
-        for (uint64_t e = 0; e < count; e++)
-            f32_to_element(t->dtype, v, e, t->value);
-        assert_int_equal(st_writer_write(w, v, bytes), NF4_OK);
-        free(v);
-    }
-    assert_int_equal(st_writer_finish(w), NF4_OK);
 }
 
 #define OUT0 "transformer.transformer_blocks.0.attn.to_out.0"
@@ -487,7 +459,7 @@ static void test_lokr_refusals(void **state)
         size_t n = 0;
         while (n < 6 && REFUSALS[i].t[n].name)
             n++;
-        write_lokr(lora, REFUSALS[i].t, n, REFUSALS[i].meta);
+        write_synth_file_with_config(lora, REFUSALS[i].t, n, REFUSALS[i].meta);
         struct tu_run r = tu_run("convert", "--device", "cpu", REFUSALS[i].zimage ? ZIMAGE_PIPE : FLUX2_PIPE, out,
                                  "--lora", lora, NULL);
         if (r.status != NF4_EDATA || tu_lines(r.err) != 1 || !strstr(r.err, REFUSALS[i].want) || !strstr(r.err, lora))
