@@ -110,9 +110,11 @@ static void check_result(int code, struct model *out, const char *const *compone
     }
     FUZZ_ASSERT(strcmp(out->files[0]->path, path) == 0, "the result names %s", out->files[0]->path);
     /* A LoKr's conversion (Flux.2's, Z-Image's) carries any key under transformer. that its form maps
-     * (diffusers_lora_open then checks the names); the config diffusers would build of it must parse. */
+     * (diffusers_lora_open then checks the names); the config diffusers would build of it must parse. The
+     * conversions that keep other keys as they are (AS_NAMED...) keep their own rule. */
     if (lokr_any_key(out, "transformer.")) {
-        allowed = ANY_KEY;
+        if (allowed == FACTORS_ONLY || allowed == WITH_LORA_COPIES)
+            allowed = ANY_KEY;
         char *json = NULL;
         nf4_clear_error();
         const int built = lokr_inferred_config(out, path, "transformer.", &json);
