@@ -219,15 +219,13 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
         return twice < 0 ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
                          : config_fail(path, "has a duplicate key");
     /* PEFT builds nn.Linear layers of these sizes, which refuse 4.0. */
-    static const char *const INTEGER_KEYS[] = {"r", "rank_pattern", TOKEN_INDICES_KEY, "decompose_factor"};
+    static const char *const INTEGER_KEYS[] = {"r", "rank_pattern", TOKEN_INDICES_KEY};
     const char *bad_key;
     if (!json_keys_hold_plain_integers(json, len, INTEGER_KEYS, sizeof INTEGER_KEYS / sizeof *INTEGER_KEYS,
                                        &bad_key))
         return config_fail(path, strcmp(bad_key, "r") == 0 ? "\"r\" must be a whole number from 1 to 65536"
                                  : strcmp(bad_key, "rank_pattern") == 0
                                      ? "\"rank_pattern\" ranks must be whole numbers"
-                                 : strcmp(bad_key, "decompose_factor") == 0
-                                     ? "\"decompose_factor\" must be a whole number"
                                      : "\"" TOKEN_INDICES_KEY "\" rows must be whole numbers from 0");
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
     if (!cJSON_IsString(type))
@@ -242,8 +240,11 @@ int lora_config_parse(const char *path, const char *json, size_t len, struct lor
          * use_effective_conv2d only convolutions, whose LoKr lora.c refuses. */
         if ((code = config_bool(path, root, "decompose_both", &c->decompose_both)) != NF4_OK)
             return code;
+        /* PEFT factors each layer by it: 4.0 would give it sides of floats, which torch refuses */
+        static const char *const FACTOR_KEY[] = {"decompose_factor"};
         const cJSON *factor = cJSON_GetObjectItemCaseSensitive(root, "decompose_factor");
-        if (factor && (!cJSON_IsNumber(factor) || fabs(factor->valuedouble) > 1e15))
+        if (!json_keys_hold_plain_integers(json, len, FACTOR_KEY, 1, &bad_key) ||
+            (factor && (!cJSON_IsNumber(factor) || fabs(factor->valuedouble) > 1e15)))
             return config_fail(path, "\"decompose_factor\" must be a whole number");
         c->decompose_factor = factor ? (int64_t)factor->valuedouble : -1; /* LoKrConfig's default */
     } else if ((code = config_bool(path, root, "use_dora", &c->use_dora)) != NF4_OK ||
@@ -417,7 +418,8 @@ struct binder {
     /* Whether the base is a transformer whose projections diffusers fuses
      * for a LoKr on to_qkv (base_fuses_qkv): -1 until asked. The first LoKr
      * on a fused projection, and the first term (of any adapter) on one of
-     * the projections fusing leaves unused (check_fused_projections). */
+     * the projections fusing leaves unused: lora_open_component refuses the
+     * two together. */
     int fuses_qkv;
     const char *fused_file, *fused_key, *part_file, *part_key;
 };
@@ -1023,7 +1025,7 @@ static int is_projection_part(const char *module)
 }
 
 /* Notes a term on `module` where it is a projection diffusers' fusing would
- * leave unused (check_fused_projections). NF4_OK or NF4_ESOFTWARE. */
+ * leave unused (binder.part_key). NF4_OK or NF4_ESOFTWARE. */
 static int note_projection_part(struct binder *b, const char *module, const char *file, const char *key)
 {
     if (b->part_key || !is_projection_part(module))
@@ -1994,12 +1996,11 @@ static int gather(struct lora_set *s, struct binder *b)
             t->replace_trained_bias = x->trained_bias;
             t->replace_adapter = x->term.adapter;
         } else {
-            /* A LoKr on a fused projection and on one of its parts (diffusers fuses them and computes with
-             * the fused one alone) changes the part twice; every other kind binds a tensor once per adapter. */
+            /* A guard: an adapter binds a tensor once (a LoKr on a fused projection beside one on its part is
+             * refused before, in lora_open_component), so the terms stay within LORA_MAX_ADAPTERS. */
             for (size_t k = 0; k < t->nterms; k++)
                 if (t->terms[k].adapter == x->term.adapter)
-                    return nf4_fail(NF4_EDATA, file, t->name, "is changed twice by one adapter (a LoKr on a fused "
-                                    "projection and on its part: diffusers computes with the fused one alone)");
+                    return nf4_fail(NF4_EDATA, file, t->name, "is changed twice by one adapter");
             t->terms[t->nterms++] = x->term;
         }
         if ((code = check_token_rows_alone(s, t)) != NF4_OK)

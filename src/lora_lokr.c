@@ -242,7 +242,8 @@ static int factor_sides(const char *path, const char *prefix, const char *module
         return shape_of(path, mf->f[whole], rows, cols);
     if (!a || !b)
         return nf4_fail(NF4_EDATA, path, NULL, "holds LoKr keys of %s%s without lokr_%s, or lokr_%s_a and "
-                        "lokr_%s_b: diffusers builds no config for it (it raises)", prefix, module, which, which, which);
+                        "lokr_%s_b: diffusers builds no config for it (it raises)", prefix, module, which, which,
+                        which);
     int code = shape_of(path, a, rows, &inner);
     return code == NF4_OK ? shape_of(path, b, &inner, cols) : code;
 }
