@@ -1075,8 +1075,8 @@ static int fused_parts(struct binder *b, const char *module, char *parts[3])
  * rows of the fused [q; k; v]. *out and *in: the layer PEFT builds the
  * LoKr for. NF4_EDATA where the base has no such layer (or parts of other
  * widths); NF4_ESOFTWARE. */
-static int lokr_layers(struct binder *b, const char *file, const char *key, const char *module, char *names[3],
-                       uint64_t rows[3], size_t *n, uint64_t *out, uint64_t *in)
+static int lokr_layers(struct binder *b, const struct lora_adapter *ad, const char *file, const char *key,
+                       const char *module, char *names[3], uint64_t rows[3], size_t *n, uint64_t *out, uint64_t *in)
 {
     int code = NF4_OK;
     size_t ndim;
@@ -1100,6 +1100,10 @@ static int lokr_layers(struct binder *b, const char *file, const char *key, cons
     } else {
         names[0] = own;
         *n = 1;
+        /* a layer of a resized vocabulary, which the adapter holds whole: PEFT built the LoKr on it */
+        const uint64_t *resized = resized_layer_shape(b, ad, module, own, ndim, shape);
+        if (resized)
+            shape = resized;
         if (ndim != 2)
             return nf4_fail(NF4_EDATA, file, key, "is a LoKr on %s, which is not a matrix (%zu dimensions): nf4deq "
                             "merges LoKr on linear layers only", names[0], ndim);
@@ -1124,6 +1128,25 @@ static int lokr_layers(struct binder *b, const char *file, const char *key, cons
     return NF4_OK;
 }
 
+/* Whether `wname` is named as transformers' input embeddings are (Llama's
+ * embed_tokens, GPT-2's wte and wpe, GPT-NeoX's embed_in, BERT's
+ * word_embeddings, T5's shared...): layers no LoKr may be on. A checkpoint
+ * does not say a layer's type; these names are embeddings' alone there. */
+static int is_input_embedding_name(const char *wname)
+{
+    static const char *const NAMES[] = {"embed_tokens.weight",  "embed_in.weight",
+                                        "wte.weight",           "wpe.weight",
+                                        "word_embeddings.weight", "position_embeddings.weight",
+                                        "token_type_embeddings.weight", "embed_positions.weight",
+                                        "tok_embeddings.weight", "shared.weight"};
+    for (size_t i = 0; i < sizeof NAMES / sizeof *NAMES; i++) {
+        const size_t n = strlen(wname), m = strlen(NAMES[i]);
+        if (n >= m && strcmp(wname + n - m, NAMES[i]) == 0 && (n == m || wname[n - m - 1] == '.'))
+            return 1;
+    }
+    return 0;
+}
+
 /* Binds the LoKr of the module whose first factor (lokr_w1 or lokr_w1_a) is
  * `first`, key name `name` (after the adapter's prefix). */
 static int bind_lokr(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
@@ -1141,10 +1164,10 @@ static int bind_lokr(struct binder *b, const struct lora_adapter *ad, size_t ind
     }
     uint64_t rows[3], out_f = 0, in_f = 0;
     size_t n = 0;
-    if ((code = lokr_layers(b, file, key, module, names, rows, &n, &out_f, &in_f)) != NF4_OK)
+    if ((code = lokr_layers(b, ad, file, key, module, names, rows, &n, &out_f, &in_f)) != NF4_OK)
         goto out;
     /* PEFT's LoKr takes Linear and Conv layers: on an embedding it raises (TypeError) */
-    if (n == 1 && (is_tied_embedding(b, names[0]) || str_ends_with(names[0], "embed_tokens.weight"))) {
+    if (n == 1 && (is_tied_embedding(b, names[0]) || is_input_embedding_name(names[0]))) {
         code = nf4_fail(NF4_EDATA, file, key, "is a LoKr on the embedding %s, which PEFT's LoKr does not take "
                         "(it raises)", names[0]);
         goto out;

@@ -789,6 +789,11 @@ static int lokr_metadata_config(const char *label, cJSON *cfg)
         if (!lokr_config_field(e->string))
             return nf4_fail(NF4_EDATA, label, NULL, "holds \"%s\", which is no field of PEFT's LoKrConfig: "
                             "diffusers cannot build this LoKr's config from it (TypeError)", e->string);
+    /* Without target_modules PEFT looks the model's type up in its own table, where no diffusers model is */
+    const cJSON *targets = cJSON_GetObjectItemCaseSensitive(cfg, "target_modules");
+    if (!targets || cJSON_IsNull(targets))
+        return nf4_fail(NF4_EDATA, label, NULL, "has no target_modules: PEFT builds no LoKr layers into a "
+                        "diffusers model from such a config (it raises)");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "peft_type");
     return cJSON_AddStringToObject(cfg, "peft_type", "LOKR") ? NF4_OK
                                                               : nf4_fail(NF4_ESOFTWARE, label, NULL, "out of memory");

@@ -128,9 +128,12 @@ static int read_f32(const struct model_tensor *mt, uint64_t first, uint64_t coun
 }
 
 /* A LoKr's factor W [rows, cols] into `out`: `w` as it is, or, where PEFT
- * splits it, w [rows, r] @ w_b [r, cols] in fp32, each sum over k ascending
- * (torch's matmul sums the same products in an order of its own: within the
- * merge's tolerance). The halves are read into `halves`. */
+ * splits it, w [rows, r] @ w_b [r, cols] summed in fp64 and rounded once to
+ * fp32. torch's fp32 matmul sums the products in an order of its own; where
+ * they nearly cancel, an fp32 sum in another order can land farther from the
+ * exact product than the merge's tolerance allows (a review found elements
+ * of zero-valued bases so), and one rounding lands nearest it. The halves
+ * are read into `halves`. */
 static int read_kron_factor(const struct model_tensor *w, const struct model_tensor *w_b, uint64_t rows,
                             uint64_t cols, float *out, float *halves)
 {
@@ -143,15 +146,13 @@ static int read_kron_factor(const struct model_tensor *w, const struct model_ten
         code = read_f32(w_b, 0, r * cols, hb);
     if (code != NF4_OK)
         return code;
-    for (uint64_t i = 0; i < rows; i++) {
-        float *o = out + i * cols;
-        memset(o, 0, cols * sizeof(float));
-        for (uint64_t k = 0; k < r; k++) {
-            const float a = ha[i * r + k], *b = hb + k * cols;
-            for (uint64_t c = 0; c < cols; c++)
-                o[c] = o[c] + a * b[c];
+    for (uint64_t i = 0; i < rows; i++)
+        for (uint64_t c = 0; c < cols; c++) {
+            double sum = 0;
+            for (uint64_t k = 0; k < r; k++)
+                sum += (double)ha[i * r + k] * (double)hb[k * cols + c];
+            out[i * cols + c] = (float)sum;
         }
-    }
     return NF4_OK;
 }
 

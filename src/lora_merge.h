@@ -16,8 +16,8 @@
  * A LoKr's acc_t is one product, W1(i, j) * W2(k, m), for row = i * c + k
  * and col = j * d + m (from the term's row0 on: lora.h), as PEFT's
  * make_kron forms kron(W1, W2) and then multiplies it by the scaling; each
- * of W1 and W2 is its lokr_w tensor in fp32, or the fp32 product of its two
- * halves (k ascending).
+ * of W1 and W2 is its lokr_w tensor in fp32, or the product of its two
+ * halves summed in fp64 and rounded once to fp32.
  *
  * With DoRA (one adapter, j->magnitude set) each whole row is then rescaled:
  *   norm  = sqrt(sum over the row of m * m), summed in fp64 (DORA_NORM_LANES), then fp32

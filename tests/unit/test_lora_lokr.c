@@ -415,6 +415,9 @@ static void test_lokr_refusals(void **state)
         {0, {{OUT0 ".lokr_w1", DT_BF16, 4, 4, 1}, {OUT0 ".lokr_w2", DT_BF16, 8, 8, 1}},
          "{\"transformer.r\": 8, \"transformer.lora_alpha\": 8}",
          "holds \"lora_alpha\", which is no field of PEFT's LoKrConfig"},
+        /* LoKrConfig(**metadata) without target_modules: PEFT finds no table for a diffusers model */
+        {0, {{OUT0 ".lokr_w1", DT_BF16, 4, 4, 1}, {OUT0 ".lokr_w2", DT_BF16, 8, 8, 1}},
+         "{\"transformer.r\": 8, \"transformer.alpha\": 8}", "has no target_modules"},
         /* a fused qkv and its part */
         {0, {{"transformer.transformer_blocks.0.attn.to_qkv.lokr_w1", DT_BF16, 8, 4, 1},
              {"transformer.transformer_blocks.0.attn.to_qkv.lokr_w2", DT_BF16, 12, 8, 1}, {Q0 ".lokr_w1", DT_BF16, 4, 4, 1},
