@@ -56,14 +56,15 @@ static uint64_t kron_half_rank(const struct model_tensor *half_b)
     return half_b ? half_b->t->shape[0] : 0;
 }
 
-/* Floats a LoKr's factors take in any chunk: W1 and W2 whole, and the two
- * halves of each that is split, read before their product. Its products are
- * few (W1 and W2 are each about the square root of the layer's size), so
- * each chunk forms them again rather than holding them between chunks. */
+/* Floats a LoKr's factors take in any chunk: W1 and W2 whole, and room for
+ * the two halves of the larger split one, read before their product (W1's
+ * halves and then W2's use the same room). Its products are few (W1 and W2
+ * are each about the square root of the layer's size), so each chunk forms
+ * them again rather than holding them between chunks. */
 static uint64_t kron_floats(const struct lora_kron *k)
 {
-    const uint64_t r1 = kron_half_rank(k->w1_b), r2 = kron_half_rank(k->w2_b);
-    return k->a * k->b + k->c * k->d + r1 * (k->a + k->b) + r2 * (k->c + k->d);
+    const uint64_t h1 = kron_half_rank(k->w1_b) * (k->a + k->b), h2 = kron_half_rank(k->w2_b) * (k->c + k->d);
+    return k->a * k->b + k->c * k->d + (h1 > h2 ? h1 : h2);
 }
 
 /* The factors' part of merge_factor_bytes. */
