@@ -142,14 +142,17 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON *e = cJSON_CreateObject();
                 cJSON_AddStringToObject(e, "tensor", t->name);
                 cJSON_AddStringToObject(e, "adapter", adapter_dir(s, t->replace_adapter));
-                cJSON_AddStringToObject(e, "change", "replaced");
+                cJSON_AddStringToObject(e, "change", t->replace_widened ? "widened" : "replaced");
                 cJSON_AddStringToObject(e, "dtype", dtype_name(t->replace->t->dtype));
                 cJSON_AddItemToArray(ja, e);
             } else {
                 put_name(out, t->name, 48);
-                fprintf(out, " %-6s %10s %12s  %s (%s: replaced, %s)\n", "-", "-", "-",
-                        adapter_dir(s, t->replace_adapter),
-                        t->replace_trained_bias ? "trained bias" : t->replace_frozen ? "base layer" : "modules_to_save",
+                fprintf(out, " %-6s %10s %12s  %s (%s, %s)\n", "-", "-", "-", adapter_dir(s, t->replace_adapter),
+                        t->replace_widened         ? "base layer widened with zeros"
+                        : t->replace_norm          ? "control LoRA norm: replaced"
+                        : t->replace_trained_bias  ? "trained bias: replaced"
+                        : t->replace_frozen        ? "base layer: replaced"
+                                                   : "modules_to_save: replaced",
                         dtype_name(t->replace->t->dtype));
             }
         } /* and a LoRA of the same adapter goes on the replacement, or its token rows */
@@ -206,6 +209,15 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
         fprintf(out, "\nThe adapters were trained on a vocabulary resized from %llu to %llu rows; config.json: "
                 "vocab_size: %llu\n", (unsigned long long)s->base_vocab_rows, (unsigned long long)s->vocab_rows,
                 (unsigned long long)s->vocab_rows);
+    }
+    if (s->in_channels && root) {
+        cJSON *v = cJSON_AddObjectToObject(root, "in_channels");
+        cJSON_AddNumberToObject(v, "base", (double)s->base_in_channels);
+        cJSON_AddNumberToObject(v, "merged", (double)s->in_channels);
+    } else if (s->in_channels) {
+        fprintf(out, "\nx_embedder is widened from %llu to %llu inputs, as diffusers' Flux.1 loader widens it; "
+                "config.json: in_channels: %llu\n", (unsigned long long)s->base_in_channels,
+                (unsigned long long)s->in_channels, (unsigned long long)s->in_channels);
     }
     if (!s->untied_embedding)
         return;

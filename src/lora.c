@@ -17,6 +17,7 @@
 #include "lora_old_forms.h"
 #include "lora_rewrite.h"
 #include "lora_target.h"
+#include "lora_widen.h"
 #include "model_dir.h"
 #include "pattern.h"
 #include "status.h"
@@ -379,11 +380,14 @@ struct binding {
     const struct model_tensor *replace;
     int frozen; /* the replacement is a frozen layer PEFT saved whole (lora_target.replace_frozen) */
     int trained_bias; /* the replacement is a bias trained with "bias": "all" or "lora_only" */
+    int widened;      /* the replacement is the base weight widened (lora_widen.h) */
+    int norm;         /* the replacement is a control LoRA's norm weight */
     struct token_rows *tokens; /* owned until gathered */
     struct lora_term term;
 };
 
 struct binder {
+    struct lora_set *set; /* what is bound into, which owns the tensors made (lora_widen.h) */
     const struct model *base;
     const char *tied_embedding; /* what the base ties TIED_HEAD_NAME to, or NULL (model_dir.h) */
     /* The first adapter key that parts the tied head from its embedding, or NULL. */
@@ -838,6 +842,65 @@ static char *module_weight_in_base(struct binder *b, const char *module, int *co
 
 static int note_projection_part(struct binder *b, const char *module, const char *file, const char *key);
 
+/* Keeps `m`, a tensor made for the merge (lora_widen.h), in the set. */
+static int keep_made(struct binder *b, struct model *m, const char *file, const char *key)
+{
+    struct model **made = realloc(b->set->made, (b->set->nmade + 1) * sizeof *made);
+    if (!made) {
+        model_close(m);
+        return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+    }
+    made[b->set->nmade++] = m;
+    b->set->made = made;
+    return NF4_OK;
+}
+
+/* The module diffusers' Flux.1 loader widens and records in the config (in_channels). */
+#define WIDENED_MODULE "x_embedder"
+
+/* A LoRA pair of `cols` inputs on a layer `wname` of shape[1] others, as
+ * diffusers' Flux.1 loader takes it (lora_widen.h): a wider one widens
+ * x_embedder (the base replaced by its widened weight, config.json's
+ * in_channels set), a narrower one is padded (*a then the padded lora_A).
+ * Other widths are left for the caller's refusal. */
+static int widen_for_flux1(struct binder *b, size_t index, const char *module, const char *wname,
+                           const uint64_t *shape, uint64_t cols, const struct model_tensor **a)
+{
+    const char *file = (*a)->file->path, *aname = (*a)->t->name;
+    struct model *m = NULL;
+    int code = NF4_OK;
+    if (cols < shape[1]) {
+        if ((code = lora_widen_factor(*a, shape[1], &m)) == NF4_OK && (code = keep_made(b, m, file, aname)) == NF4_OK)
+            *a = &m->tensors[0];
+        return code;
+    }
+    if (strcmp(module, WIDENED_MODULE) != 0)
+        return nf4_fail(NF4_EDATA, file, aname, "has %llu inputs, more than %s (%llu): diffusers widens the layer in "
+                        "memory, but only " WIDENED_MODULE "'s width is in the model's config (in_channels), so the "
+                        "model it would save does not load; nf4deq does not merge it",
+                        (unsigned long long)cols, wname, (unsigned long long)shape[1]);
+    if (!b->base->dir)
+        return nf4_fail(NF4_EDATA, file, aname, "widens %s from %llu to %llu inputs, which config.json's in_channels "
+                        "must then say; convert the transformer's folder, not its weights file", wname,
+                        (unsigned long long)shape[1], (unsigned long long)cols);
+    if (b->set->in_channels)
+        return nf4_fail(NF4_EDATA, file, aname, "widens %s again (another adapter widens it to %llu inputs): merge "
+                        "them in separate runs", wname, (unsigned long long)b->set->in_channels);
+    const struct bnb_weight *w = bnb_find(b->weights, b->nweights, wname);
+    const struct model_tensor *t = w ? w->packed : model_find(b->base, wname);
+    if ((code = lora_widen_base(t, w, cols, aname, &m)) != NF4_OK || (code = keep_made(b, m, file, aname)) != NF4_OK)
+        return code;
+    struct binding *x = add_binding(b, file, wname);
+    if (!x)
+        return nf4_fail(NF4_ESOFTWARE, file, aname, "out of memory");
+    x->replace = &m->tensors[0];
+    x->frozen = x->widened = 1;
+    x->term.adapter = index;
+    b->set->in_channels = cols;
+    b->set->base_in_channels = shape[1];
+    return NF4_OK;
+}
+
 static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c,
                      const char *module, const struct model_tensor *a, const struct pair_kind *kind)
 {
@@ -940,7 +1003,19 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         }
     }
     int transposed = !conv && (kind->embedding || delta_transposed(b, c, wname, out_f, in_f, ndim, shape));
-    uint64_t rows = transposed ? in_f : out_f, cols = transposed ? out_f : in_f;
+    uint64_t rows = transposed ? in_f : out_f, cols = transposed ? out_f : in_f, widened_shape[2];
+    if (ad->flux1_loader && kind == &LAYER_PAIR && !conv && !transposed && !parameter && !c->use_dora && ndim == 2 &&
+        shape[0] == rows && shape[1] != cols && cols) {
+        if ((code = widen_for_flux1(b, index, module, wname, shape, cols, &a)) != NF4_OK)
+            goto out;
+        if (cols < shape[1]) { /* lora_A padded */
+            cols = shape[1];
+        } else { /* the base replaced by its widened weight */
+            widened_shape[0] = rows;
+            widened_shape[1] = cols;
+            shape = widened_shape;
+        }
+    }
     if (!conv && (ndim != 2 || shape[0] != rows || shape[1] != cols)) {
         code = nf4_fail(NF4_EDATA, file, aname, "B @ A%s is %llux%llu but the base tensor %s is %s%llux%llu",
                         kind->embedding ? " transposed (an embedding)"
@@ -1880,6 +1955,38 @@ static int refuse_if_nothing_targeted(const struct binder *b, const struct lora_
     return NF4_OK;
 }
 
+/* Diffusers' Flux.1 loader's _control_lora_supported_norm_keys, which it
+ * finds in a key's name. */
+static const char *const CONTROL_NORM_KEYS[] = {"norm_q", "norm_k", "norm_added_q", "norm_added_k"};
+
+static int is_control_norm(const char *name)
+{
+    for (size_t i = 0; i < sizeof CONTROL_NORM_KEYS / sizeof *CONTROL_NORM_KEYS; i++)
+        if (strstr(name, CONTROL_NORM_KEYS[i]))
+            return 1;
+    return 0;
+}
+
+/* A control LoRA's norm weight, which diffusers' Flux.1 loader loads into
+ * the model (_load_norm_into_transformer, after the LoRA): it replaces the
+ * base's, of the same shape (else load_state_dict raises); one the model
+ * does not have is ignored with a warning, as diffusers does. */
+static int bind_control_norm(struct binder *b, size_t index, const struct model_tensor *t, const char *name)
+{
+    size_t ndim;
+    const uint64_t *shape;
+    if (!base_shape(b, name, &ndim, &shape) && !model_find(b->base, name) &&
+        !bnb_find(b->weights, b->nweights, name)) {
+        nf4_warn("%s: %s: a norm weight the model does not have; diffusers ignores it, and it is not merged",
+                 t->file->path, t->t->name);
+        return NF4_OK;
+    }
+    int code = bind_replacement_of(b, index, t, name, TIE_PARTED);
+    if (code == NF4_OK)
+        b->items[b->n - 1].norm = 1;
+    return code;
+}
+
 static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t index, const struct lora_config *c)
 {
     const struct model *m = ad->weights;
@@ -1928,6 +2035,8 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
             code = bind_token_rows(b, ad, index, c, t, name);
         } else if (strstr(name, ".lora_") || strncmp(name, "lora_", 5) == 0) {
             code = nf4_fail(NF4_EDATA, file, key, "is a LoRA tensor nf4deq does not know how to merge");
+        } else if (ad->flux1_loader && is_control_norm(name)) {
+            code = bind_control_norm(b, index, t, name);
         } else {
             code = bind_replacement(b, ad, index, c, t, name);
         }
@@ -2017,6 +2126,8 @@ static int gather(struct lora_set *s, struct binder *b)
             t->replace = x->replace;
             t->replace_frozen = x->frozen;
             t->replace_trained_bias = x->trained_bias;
+            t->replace_widened = x->widened;
+            t->replace_norm = x->norm;
             t->replace_adapter = x->term.adapter;
         } else {
             /* A guard: an adapter binds a tensor once (a LoKr on a fused projection beside one on its part is
@@ -2105,6 +2216,19 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
     return lora_open_component(out, dirs, ndirs, base, weights, nweights, NULL, NULL);
 }
 
+/* Whether diffusers' Flux.1 loader loads diffusers LoRA `ad` into `base`:
+ * its transformer keys, into a Flux.1 pipeline's transformer or a Flux.1
+ * transformer's folder, or into a weights file alone, which nf4deq reads
+ * with Flux.1's rules (diffusers_lora_open_for_dir), there to say why it
+ * cannot widen (lora_adapter.flux1_loader). */
+static int flux1_loads(struct lora_adapter *ad, const struct model *base)
+{
+    enum lora_family family = LORA_FAMILY_FLUX;
+    int code = base->dir ? diffusers_lora_family_of_dir(ad->config_path, base->dir, &family) : NF4_OK;
+    ad->flux1_loader = family == LORA_FAMILY_FLUX && strcmp(ad->key_prefix, "transformer.") == 0;
+    return code;
+}
+
 int lora_open_component(struct lora_set **out, const char *const *dirs, size_t ndirs, const struct model *base,
                         const struct bnb_weight *weights, size_t nweights, const char *const *key_components,
                         struct model *const *converted)
@@ -2115,7 +2239,7 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
     struct lora_set *s = calloc(1, sizeof *s);
     if (!s)
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
-    struct binder b = {.base = base, .weights = weights, .nweights = nweights, .fuses_qkv = -1};
+    struct binder b = {.set = s, .base = base, .weights = weights, .nweights = nweights, .fuses_qkv = -1};
     int code = model_tied_embedding(base, &b.tied_embedding);
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];
@@ -2137,8 +2261,9 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
                 (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK &&
                 /* in diffusers' own form, maybe its older one; converted, PEFT's already */
                 (ad->weights->unnamed || (code = diffusers_lora_old_names(ad->weights, ad->key_prefix)) == NF4_OK) &&
-                (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK)
-                code = diffusers_lora_config(ad->weights, ad->key_prefix, &c);
+                (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK &&
+                (code = diffusers_lora_config(ad->weights, ad->key_prefix, &c)) == NF4_OK)
+                code = flux1_loads(ad, base);
         } else if (code == NF4_OK && component) {
             code = nf4_fail(NF4_ESOFTWARE, dirs[i], NULL, "a PEFT adapter for a pipeline component (internal error)");
         } else if (code == NF4_OK) {
@@ -2225,6 +2350,9 @@ void lora_close(struct lora_set *s)
         token_rows_free(s->targets[i].tokens);
     }
     free(s->targets);
+    for (size_t i = 0; i < s->nmade; i++)
+        model_close(s->made[i]);
+    free(s->made);
     free(s);
 }
 

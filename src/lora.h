@@ -117,6 +117,8 @@ struct lora_target {
     const struct model_tensor *replace; /* the adapter's tensor that replaces it (then terms go on it); else NULL */
     int replace_frozen; /* it is a frozen layer PEFT saved whole (a base layer, an embedding layer), not a copy trained */
     int replace_trained_bias; /* it is a bias trained with "bias": "all" or "lora_only", not a modules_to_save copy */
+    int replace_widened; /* it is the base weight widened for a wider LoRA (lora_widen.h): replace_frozen too */
+    int replace_norm;    /* it is a Flux.1 control LoRA's norm weight (lora_adapter.flux1_loader) */
     size_t replace_adapter;
     size_t nterms;
     struct lora_term terms[LORA_MAX_ADAPTERS];
@@ -136,6 +138,12 @@ struct lora_adapter {
      * keys for other components are left out. */
     char *key_prefix;
     int diffusers;
+    /* Loaded by diffusers' Flux.1 loader (the base is a Flux.1 pipeline's
+     * transformer, or its folder): a lora_A wider or narrower than its layer
+     * is widened to fit (lora_widen.h), and a control LoRA's norm weights
+     * (keys with norm_q, norm_k, norm_added_q or norm_added_k) replace the
+     * model's. */
+    int flux1_loader;
 };
 
 struct lora_set {
@@ -155,6 +163,13 @@ struct lora_set {
      * whole, which replace the base's (of base_vocab_rows rows) in the
      * output, whose config.json then says vocab_size: vocab_rows. 0 otherwise. */
     uint64_t vocab_rows, base_vocab_rows;
+    /* Where an adapter widens x_embedder (lora_widen.h): its inputs, which
+     * config.json's in_channels then says, and the base's (its out_channels
+     * where it had none of its own); 0 otherwise. */
+    uint64_t in_channels, base_in_channels;
+    /* The tensors made for the merge (lora_widen.h), each a model of one. */
+    struct model **made;
+    size_t nmade;
 };
 
 struct pattern;

@@ -210,26 +210,6 @@ int diffusers_pipeline_class(const char *dir, char **cls)
     return index ? diffusers_class_name(dir, index, cls) : NF4_OK;
 }
 
-static int holds_query_norm_scale(const char *key)
-{
-    return strstr(key, "query_norm.scale") != NULL;
-}
-
-/* BFL's Flux.1 control LoRAs (FLUX.1 Canny and Depth [dev] LoRA), which
- * Flux.1's loader finds by a key with "query_norm.scale" in it: diffusers
- * loads their norms' scales as weights and widens the model's x_embedder to
- * the LoRA's inputs, which a merge cannot do. */
-static int refuse_bfl_control(const struct model *w, const char *path)
-{
-    for (size_t i = 0; i < w->count; i++) {
-        const char *name = w->tensors[i].t->name;
-        if (!lora_is_dora_scale(name) && holds_query_norm_scale(name))
-            return nf4_fail(NF4_EDATA, path, name, "makes this a BFL control LoRA (FLUX.1 Canny or Depth), for which "
-                            "diffusers loads norm weights and widens x_embedder's input; nf4deq does not merge one");
-    }
-    return NF4_OK;
-}
-
 int diffusers_lora_open(const char *path, enum lora_family family, int warn, struct model **out)
 {
     return diffusers_lora_open_for(path, family, NULL, warn, out);
@@ -275,16 +255,11 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
     case LORA_FAMILY_MINIMAX_H3: convert = minimax_h3_lora_detect(*out) ? minimax_h3_lora_convert : NULL; break;
     case LORA_FAMILY_FLUX:
     case LORA_FAMILY_OTHER: /* Flux.1's loader looks for kohya's form, XLabs', BFL's control, then fal's */
-        convert = kohya_lora_detect(*out)   ? kohya_lora_convert
-                  : xlabs_lora_detect(*out) ? xlabs_lora_convert
-                                            : NULL;
-        if (!convert && (code = refuse_bfl_control(*out, path)) != NF4_OK) {
-            model_close(*out);
-            *out = NULL;
-            return code;
-        }
-        if (!convert && fal_lora_detect(*out))
-            convert = fal_lora_convert;
+        convert = kohya_lora_detect(*out)         ? kohya_lora_convert
+                  : xlabs_lora_detect(*out)       ? xlabs_lora_convert
+                  : bfl_control_lora_detect(*out) ? bfl_control_lora_convert
+                  : fal_lora_detect(*out)         ? fal_lora_convert
+                                                  : NULL;
         break;
     case LORA_FAMILY_STABLE_DIFFUSION: break; /* below: it takes the UNet's config */
     }
@@ -478,24 +453,45 @@ static int parent_pipeline(const char *dir, char **pipeline, char **cls)
     return code;
 }
 
-int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, struct model **out)
+/* The loader's class for the model in `dir` (diffusers_lora_open_for_dir):
+ * its pipeline's where it is a component, else its own (*cls, NULL: none),
+ * and the config a Stable Diffusion XL or UNet loader passes (*config). */
+static int loader_class(const char *path, const char *dir, char **cls, char **config)
 {
     /* none where the parent holds no pipeline index (a regular file) */
-    char *pipeline = NULL, *cls = NULL, *config = NULL;
-    int code = dir ? parent_pipeline(dir, &pipeline, &cls) : NF4_OK;
-    if (code == NF4_OK && cls) { /* as diffusers_lora_open_for is called for the whole pipeline (pipeline_lora.c) */
-        if (diffusers_loads_sdxl(cls) && !(config = path_join(pipeline, "unet/" CONFIG_FILE_NAME)))
+    char *pipeline = NULL;
+    *cls = *config = NULL;
+    int code = dir ? parent_pipeline(dir, &pipeline, cls) : NF4_OK;
+    if (code == NF4_OK && *cls) { /* as diffusers_lora_open_for is called for the whole pipeline (pipeline_lora.c) */
+        if (diffusers_loads_sdxl(*cls) && !(*config = path_join(pipeline, "unet/" CONFIG_FILE_NAME)))
             code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     } else if (code == NF4_OK && dir) {
-        code = diffusers_class_name(dir, CONFIG_FILE_NAME, &cls);
-        if (code == NF4_OK && !(config = path_join(dir, CONFIG_FILE_NAME)))
+        code = diffusers_class_name(dir, CONFIG_FILE_NAME, cls);
+        if (code == NF4_OK && !(*config = path_join(dir, CONFIG_FILE_NAME)))
             code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     }
+    free(pipeline);
+    return code;
+}
+
+int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, struct model **out)
+{
+    char *cls = NULL, *config = NULL;
+    int code = loader_class(path, dir, &cls, &config);
     const enum lora_family family = diffusers_lora_family(cls);
     free(cls);
-    free(pipeline);
     if (code == NF4_OK)
         code = diffusers_lora_open_for(path, family, config, warn, out);
+    free(config);
+    return code;
+}
+
+int diffusers_lora_family_of_dir(const char *path, const char *dir, enum lora_family *family)
+{
+    char *cls = NULL, *config = NULL;
+    int code = loader_class(path, dir, &cls, &config);
+    *family = diffusers_lora_family(cls);
+    free(cls);
     free(config);
     return code;
 }

@@ -127,6 +127,9 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
  * LoRA as its pipeline does); else the folder's own class's, with its own
  * config.json (a UNet folder's maps SGM names by it). */
 int diffusers_lora_open_for_dir(const char *path, const char *dir, int warn, struct model **out);
+/* The family of the loader diffusers_lora_open_for_dir reads a LoRA `path`
+ * for `dir` with. NF4_OK or NF4_ESOFTWARE (*family is then OTHER). */
+int diffusers_lora_family_of_dir(const char *path, const char *dir, enum lora_family *family);
 
 /* A pipeline component's own opening of a LoRA that its pipeline's loader
  * read in diffusers' own form (diffusers_lora_open_for gave a model that

@@ -1,4 +1,7 @@
-/* fal's FLUX.1 Kontext LoRAs (fal's Kontext trainer): BFL's module names
+/* The two LoRA forms with BFL's FLUX.1 module names that Flux.1's loader
+ * converts by fixed tables.
+ *
+ * fal's FLUX.1 Kontext LoRAs (fal's Kontext trainer): BFL's module names
  * under PEFT's base_model.model., lora_A / lora_B, some with a bias:
  *   base_model.model.double_blocks.0.img_attn.qkv.lora_A.weight   [r, 3072]
  *   base_model.model.double_blocks.0.img_attn.qkv.lora_B.weight   [9216, r]
@@ -29,6 +32,23 @@
  * empty at this point"): a key without base_model.model., an alpha, the
  * modulations' and qkvs' biases and linear1's lora_A.bias (diffusers looks for
  * those under one name and pops another). */
+/* BFL's FLUX.1 control LoRAs (FLUX.1 Canny [dev] LoRA, Depth [dev] LoRA):
+ * the same names without a prefix, and more:
+ *   img_in.lora_A.weight [r, 128]          x_embedder's, wider than FLUX.1's 64 inputs
+ *   double_blocks.0.img_attn.norm.query_norm.scale [128], ...
+ *   final_layer.adaLN_modulation.1.lora_B.weight [6144, r]
+ * diffusers reads a file with "query_norm.scale" in a key (before fal's
+ * form: kohya's and XLabs' come first) by _convert_bfl_flux_control_lora_to_diffusers,
+ * and so does nf4deq: fal's tables with the embedders (time_in, vector_in,
+ * guidance_in where a key left holds "guidance", txt_in, img_in) before the
+ * blocks; every module's biases, the fused qkvs' lora_B.bias cut as their
+ * lora_B; each block's query and key norms taken whole as
+ * transformer_blocks.N.attn.norm_q.weight, ...; and the final
+ * adaLN_modulation's factors with their halves of rows swapped
+ * (swap_scale_shift, lora_A's too, as diffusers does). A lora_A.bias is
+ * refused (PEFT's layer has none: diffusers loads the file without it, with
+ * a warning). What the Flux.1 loader then does with such a LoRA (x_embedder
+ * widened, the norms loaded into the model) is lora.h's. */
 #ifndef NF4DEQ_LORA_FAL_H
 #define NF4DEQ_LORA_FAL_H
 
@@ -48,5 +68,11 @@ int fal_lora_detect(const struct model *w);
  * `path`. `warn`: say what is left out. NF4_OK, NF4_EDATA naming the key,
  * NF4_EIO / NF4_ECANTCREAT for the temp file, or NF4_ESOFTWARE. */
 int fal_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
+
+/* Whether diffusers converts `w` as BFL's control form: DoRA scales aside,
+ * a key holds "query_norm.scale". */
+int bfl_control_lora_detect(const struct model *w);
+/* fal_lora_convert for BFL's control form. */
+int bfl_control_lora_convert(const struct model *w, const char *path, int warn, struct model **out);
 
 #endif

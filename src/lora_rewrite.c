@@ -44,6 +44,7 @@ int lora_rewrite_add(struct lora_rewrite *rw, const char *target, const char *fa
     p->block = p->stride = 0;
     p->scale = scale;
     p->as_is = p->whole = p->vector = p->identity = 0;
+    p->values = NULL;
     rw->nparts++;
     return NF4_OK;
 }
@@ -89,6 +90,18 @@ int lora_rewrite_add_identity(struct lora_rewrite *rw, const char *target, const
     return code;
 }
 
+int lora_rewrite_add_values(struct lora_rewrite *rw, const char *target, const char *factor,
+                            const struct model_tensor *src, enum st_dtype dtype, uint64_t rows, uint64_t cols,
+                            void *values)
+{
+    int code = lora_rewrite_add(rw, target, factor, src, dtype, rows, cols, 0, 0, 1.0f);
+    if (code == NF4_OK)
+        rw->parts[rw->nparts - 1].values = values;
+    else
+        free(values);
+    return code;
+}
+
 /* The row of p's source that row i of p holds (a vector's value). */
 static uint64_t part_source_row(const struct lora_part *p, uint64_t i)
 {
@@ -120,6 +133,10 @@ static int read_part_rows(const struct lora_part *p, uint64_t row_bytes, unsigne
 
 int lora_part_values(const struct lora_part *p, void *out)
 {
+    if (p->values) {
+        memcpy(out, p->values, p->shape[0] * p->shape[1] * (dtype_bits(p->dtype) / 8));
+        return NF4_OK;
+    }
     if (p->identity) {
         for (uint64_t i = 0, k = 0; i < p->shape[0]; i++)
             for (uint64_t c = 0; c < p->shape[1]; c++, k++)
@@ -263,8 +280,10 @@ int lora_rewrite_finish(struct lora_rewrite *rw, int code, int warn, const char 
         nf4_warn("%s: %zu of its tensors (%s) %s: they are not merged", rw->path, rw->nleft, rw->left_out.p, why);
     if (code == NF4_OK)
         code = rewrite_open(rw, out);
-    for (size_t i = 0; i < rw->nparts; i++)
+    for (size_t i = 0; i < rw->nparts; i++) {
         free(rw->parts[i].name);
+        free(rw->parts[i].values);
+    }
     free(rw->parts);
     free(rw->left_out.p);
     free(rw->last_listed);

@@ -37,6 +37,7 @@ struct lora_part {
     uint64_t block, stride;
     float scale;
     unsigned as_is : 1, whole : 1, vector : 1, identity : 1;
+    void *values; /* owned: the part's bytes, made by the caller (lora_rewrite_add_values); else NULL */
 };
 
 struct lora_rewrite {
@@ -82,6 +83,13 @@ int lora_rewrite_add_rows(struct lora_rewrite *rw, const char *target, const cha
 int lora_rewrite_add_row_blocks(struct lora_rewrite *rw, const char *target, const char *factor,
                                 const struct model_tensor *src, uint64_t rows, uint64_t row0, uint64_t block,
                                 uint64_t stride, const float *scale);
+
+/* Adds the part named target + factor, a [rows, cols] matrix of `dtype`
+ * whose bytes are `values` (taken: freed with the rewrite, even on failure),
+ * made by the caller; `src` only named in messages. NF4_OK or NF4_ESOFTWARE. */
+int lora_rewrite_add_values(struct lora_rewrite *rw, const char *target, const char *factor,
+                            const struct model_tensor *src, enum st_dtype dtype, uint64_t rows, uint64_t cols,
+                            void *values);
 
 /* Adds the part named target + factor holding the identity matrix [rows,
  * cols] in `dtype` (what torch.eye(cols, rows).T holds), made for `src`. */

@@ -159,6 +159,15 @@ static struct member *scan_members(const char *json, size_t open, size_t len, si
 
 #define VOCAB_KEY "vocab_size"
 
+#define IN_CHANNELS_KEY "in_channels"
+#define OUT_CHANNELS_KEY "out_channels"
+
+/* Whether member m's value is JSON's null. */
+static int is_null(const char *json, const struct member *m)
+{
+    return m->value_end - m->value_start == 4 && memcmp(json + m->value_start, "null", 4) == 0;
+}
+
 /* text_config's object (json[start, end)) with, for `untie`, its TIE_KEY set
  * to false, or added as false after its last member: the text model's config
  * class may default to tied, and readers that go by the text config
@@ -209,9 +218,13 @@ int config_rewrite(const char *path, const char *json, size_t len, const struct 
 {
     const char *dtype_name = ch->dtype_name;
     const int untie = ch->untie;
-    char vocab[24] = "";
+    char vocab[24] = "", in_channels[24] = "", out_channels[24] = "";
     if (ch->vocab_size)
         snprintf(vocab, sizeof vocab, "%" PRIu64, ch->vocab_size);
+    if (ch->in_channels) {
+        snprintf(in_channels, sizeof in_channels, "%" PRIu64, ch->in_channels);
+        snprintf(out_channels, sizeof out_channels, "%" PRIu64, ch->base_in_channels);
+    }
     cJSON *root = json_parse_whole(json, len);
     int is_object = cJSON_IsObject(root);
     cJSON_Delete(root);
@@ -231,7 +244,7 @@ int config_rewrite(const char *path, const char *json, size_t len, const struct 
     char quoted[64] = "";
     if (dtype_name)
         snprintf(quoted, sizeof quoted, "\"%s\"", dtype_name);
-    int have_dtype = 0, have_torch_dtype = 0, have_tie = 0, have_vocab = 0, written = 0;
+    int have_dtype = 0, have_torch_dtype = 0, have_tie = 0, have_vocab = 0, have_in = 0, have_out = 0, written = 0;
     /* The text between the first two members is the file's own separator. */
     const char *sep = ",\n  ";
     size_t sep_len = strlen(sep);
@@ -253,6 +266,12 @@ int config_rewrite(const char *path, const char *json, size_t len, const struct 
             value = "false";
         else if (ch->vocab_size && key_is(json, m, VOCAB_KEY))
             value = vocab;
+        else if (ch->in_channels && key_is(json, m, IN_CHANNELS_KEY))
+            value = in_channels;
+        else if (ch->in_channels && key_is(json, m, OUT_CHANNELS_KEY) && is_null(json, m))
+            value = out_channels;
+        have_in |= key_is(json, m, IN_CHANNELS_KEY);
+        have_out |= key_is(json, m, OUT_CHANNELS_KEY);
         have_dtype |= key_is(json, m, "dtype");
         have_torch_dtype |= key_is(json, m, "torch_dtype");
         have_tie |= key_is(json, m, TIE_KEY);
@@ -270,10 +289,12 @@ int config_rewrite(const char *path, const char *json, size_t len, const struct 
             strbuf_puts(&b, value);
     }
     /* Keys to add, with their values: what was not there to set. */
-    const char *added[4][2] = {{"dtype", quoted}, {"torch_dtype", quoted}, {TIE_KEY, "false"}, {VOCAB_KEY, vocab}};
-    int add[4] = {dtype_name && !have_dtype, dtype_name && !have_torch_dtype, untie && !have_tie,
-                  ch->vocab_size && !have_vocab};
-    for (int k = 0; k < 4; k++) {
+    const char *added[6][2] = {{"dtype", quoted},         {"torch_dtype", quoted},
+                               {TIE_KEY, "false"},        {VOCAB_KEY, vocab},
+                               {IN_CHANNELS_KEY, in_channels}, {OUT_CHANNELS_KEY, out_channels}};
+    int add[6] = {dtype_name && !have_dtype, dtype_name && !have_torch_dtype, untie && !have_tie,
+                  ch->vocab_size && !have_vocab, ch->in_channels && !have_in, ch->in_channels && !have_out};
+    for (int k = 0; k < 6; k++) {
         if (!add[k])
             continue;
         if (written++)

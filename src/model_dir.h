@@ -11,6 +11,9 @@ struct config_changes {
     const char *dtype_name; /* the output's torch dtype name, or NULL */
     int untie;              /* a merge wrote lm_head apart from the embedding it was tied to */
     uint64_t vocab_size;    /* the embedding layers' rows where a merge resized them, else 0 */
+    /* Where a merge widened a Flux.1 transformer's x_embedder (lora.h): its
+     * inputs, and the base's, which out_channels keeps; else 0. */
+    uint64_t in_channels, base_in_channels;
 };
 
 /* Rewrites a config.json document: drops the top-level "quantization_config"
@@ -19,7 +22,9 @@ struct config_changes {
  * every other key as it is. With `untie` it sets (or adds)
  * "tie_word_embeddings": false, in "text_config" too. With a vocab_size it
  * sets "vocab_size" where the top level or "text_config" has it, and adds it
- * at the top level where neither does.
+ * at the top level where neither does. With in_channels it sets (or adds)
+ * "in_channels", and "out_channels" to base_in_channels where it is null or
+ * missing: FluxTransformer2DModel takes out_channels None as in_channels.
  * Works on the text, so the rest of the file keeps its exact formatting.
  * Returns NF4_OK or NF4_EDATA (the document is not a JSON object). */
 int config_rewrite(const char *path, const char *json, size_t len, const struct config_changes *ch, char **out,

@@ -163,6 +163,10 @@ for case_ in lora-flux lora-flux-nometa; do
         "$dx/tiny-flux-bnb4.transformer.$case_"
 done
 # ... and into the whole pipeline: its transformer as the component's own merge.
+# A Flux.1 control LoRA: x_embedder widened (a 4-bit base dequantized on the host, a float source merged on the
+# GPU), a narrower lora_A padded, the norms replaced.
+merge "lora-flux-control-tiny" "$dx/tiny-flux-bnb4/transformer" "$dx/lora-flux-control-tiny.safetensors" \
+    "$out/flux-control" "$dx/tiny-flux-bnb4.transformer.lora-flux-control-tiny"
 if "$bin" convert -q --device "$gpu" "$dx/tiny-flux-bnb4" "$out/flux-pipe-lora" --lora "$dx/lora-flux"; then
     check "flux pipeline --lora lora-flux (gpu vs the component's cpu merge)" "$out/flux-pipe-lora/transformer" \
         "$out/flux-lora-flux-cpu"

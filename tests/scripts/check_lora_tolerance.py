@@ -53,7 +53,9 @@ def adapter_targets(adapter):
     """The base tensors an adapter's LoRA pairs merge into."""
     merged = set()
     weights, prefix = os.path.join(adapter, "adapter_model.safetensors"), PREFIX
-    if not os.path.exists(weights):  # a diffusers LoRA: the transformer's keys
+    if os.path.isfile(adapter):  # a diffusers LoRA file: the transformer's keys
+        weights, prefix = adapter, "transformer."
+    elif not os.path.exists(weights):  # a diffusers LoRA's folder
         weights, prefix = os.path.join(adapter, "pytorch_lora_weights.safetensors"), "transformer."
     for key in load(weights):
         for a_suffix in (".lora_A.weight", ".lora_embedding_A"):  # a layer's LoRA, an embedding's

@@ -14,7 +14,7 @@
 #include "lora_synth.h"
 #include "safetensors_writer.h"
 
-#define RECIPE_MAX_TENSORS 640
+#define RECIPE_MAX_TENSORS 1024
 #define RECIPE_NAME_MAX 128
 #define FNV64_START 0xcbf29ce484222325ull
 

@@ -2675,6 +2675,107 @@ static void test_diffusers_loras(void **state)
     free(dir_out);
 }
 
+/* config.json of `dir` holds `text` (a member as nf4deq writes it). */
+static void assert_config_holds(const char *dir, const char *text)
+{
+    char *path = tu_strdupf("%s/config.json", dir), *json = tu_read_file(path, NULL);
+    assert_non_null(json);
+    if (!strstr(json, text))
+        fail_msg("%s has no %s: %s", path, text, json);
+    free(json);
+    free(path);
+}
+
+/* A Flux.1 control LoRA in diffusers' form (make_flux_control_fixtures.py)
+ * on the tiny transformer: x_embedder widened from 16 to 32 inputs (the base
+ * in the first 16 columns, zeros after, then the LoRA merged: within the
+ * tolerance of diffusers' own merge, in_channels 32 and out_channels 16 in
+ * config.json), context_embedder's narrower lora_A padded, the norms
+ * replaced (F32 rounded to BF16), a norm the model lacks ignored with a
+ * warning; the same through the pipeline. */
+static void test_flux_control_lora(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer";
+    const char *lora = DIFFUSERS_FIXTURES "/lora-flux-control-tiny.safetensors";
+    const char *e32 = DIFFUSERS_FIXTURES "/tiny-flux-bnb4.transformer.lora-flux-control-tiny.expected.safetensors";
+    const char *e64 = DIFFUSERS_FIXTURES "/tiny-flux-bnb4.transformer.lora-flux-control-tiny.expected.fp64.safetensors";
+    char *out = tu_strdupf("%s/folder", s->dir), *pipe = tu_strdupf("%s/pipe", s->dir),
+         *pipe_out = tu_strdupf("%s/pipe/transformer", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0); /* where no temp file may stay */
+    struct tu_run r = tu_run("convert", "--device", "cpu", base, out, "--lora", lora, NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "transformer.transformer_blocks.1.attn.norm_q.weight: a norm weight the model does not have; "
+                       "diffusers ignores it") || !strstr(r.err, "(29 dequantized, 4 with LoRA merged)"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    check_merge(out, base, lora, e32, e64, NULL);
+    assert_config_holds(out, "\"in_channels\": 32,");
+    assert_config_holds(out, "\"out_channels\": 16,");
+    r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4", pipe, "--lora", lora, NULL);
+    if (r.status != 0)
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    char *a = tu_strdupf("%s/diffusion_pytorch_model.safetensors", out),
+         *b = tu_strdupf("%s/diffusion_pytorch_model.safetensors", pipe_out);
+    tu_assert_same_tensors(a, b);
+    assert_config_holds(pipe_out, "\"in_channels\": 32,");
+    r = tu_run("inspect", base, "--lora", lora, "--json", NULL);
+    if (r.status != 0 || !strstr(r.out, "\"change\": \"widened\"") || !strstr(r.out, "\"merged\": 32"))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    assert_int_equal(tu_count_entries(s->dir), 2); /* the two outputs, no temp file */
+    free(a);
+    free(b);
+    free(out);
+    free(pipe);
+    free(pipe_out);
+}
+
+/* What the Flux.1 loader's widening cannot give a model that loads, or
+ * diffusers raises on: refused in one line naming the key, nothing written. */
+static void test_flux_control_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer";
+    char *lora = tu_strdupf("%s-lora.safetensors", s->dir), *other = tu_strdupf("%s-other.safetensors", s->dir);
+#define XA "transformer.x_embedder.lora_A.weight"
+#define XB "transformer.x_embedder.lora_B.weight"
+    const struct synth_tensor widen[] = {{XA, DT_BF16, 4, 32, 0.5f}, {XB, DT_BF16, 64, 4, 0.25f}};
+    /* a single file has no config.json to say in_channels */
+    write_synth_file(lora, widen, 2);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-transformer.bnb4.safetensors", lora, NULL,
+                         XA ": widens x_embedder.weight from 16 to 32 inputs, which config.json's in_channels must then "
+                         "say; convert the transformer's folder");
+    /* two adapters widening it */
+    write_synth_file(other, widen, 2);
+    assert_merge_refused(s, base, lora, other, XA ": widens x_embedder.weight again");
+    /* a layer other than x_embedder */
+    const struct synth_tensor wide_q[] = {{"transformer.transformer_blocks.0.attn.to_q.lora_A.weight", DT_BF16, 4, 80,
+                                           0.5f},
+                                          {"transformer.transformer_blocks.0.attn.to_q.lora_B.weight", DT_BF16, 64, 4,
+                                           0.25f}};
+    write_synth_file(lora, wide_q, 2);
+    assert_merge_refused(s, base, lora, NULL, "to_q.lora_A.weight: has 80 inputs, more than "
+                         "transformer_blocks.0.attn.to_q.weight (64): diffusers widens the layer in memory, but only "
+                         "x_embedder's width is in the model's config");
+    /* a norm of another size (load_state_dict raises) */
+    const struct synth_tensor norm[] = {{"transformer.transformer_blocks.0.attn.norm_q.weight", DT_F32, 31, 0, 1}};
+    write_synth_file(lora, norm, 1);
+    assert_merge_refused(s, base, lora, NULL, "norm_q.weight: does not have the dtype class or shape of "
+                         "transformer_blocks.0.attn.norm_q.weight in the base model");
+    /* a LoRA's output rows are not widened (diffusers keeps the bias, whose load then raises) */
+    const struct synth_tensor rows[] = {{XA, DT_BF16, 4, 16, 0.5f}, {XB, DT_BF16, 65, 4, 0.25f}};
+    write_synth_file(lora, rows, 2);
+    assert_merge_refused(s, base, lora, NULL, XA ": B @ A is 65x16 but the base tensor x_embedder.weight is 64x16");
+#undef XA
+#undef XB
+    unlink(lora);
+    unlink(other);
+    free(lora);
+    free(other);
+}
+
 /* The safetensors file `src` written to `dst` with lora_adapter_metadata
  * `value` (its tensors as they are). */
 static void copy_with_lora_metadata(const char *src, const char *dst, const char *value)
@@ -4473,7 +4574,8 @@ static void test_diffusers_lora_pipeline_inspect(void **state)
     if (r.status != NF4_EDATA || r.out[0] || tu_lines(r.err) != 1 || !strstr(r.err, "(its keys are for: vae)"))
         fail_msg("exit %d, stderr: %s, stdout: %s", r.status, r.err, r.out);
     tu_run_free(&r);
-    struct syn_tensor bad[2] = {{"transformer.proj_out.lora_A.weight", DT_BF16, {4, 63}, NULL},
+    /* (wider than proj_out: a narrower lora_A diffusers' Flux.1 loader pads) */
+    struct syn_tensor bad[2] = {{"transformer.proj_out.lora_A.weight", DT_BF16, {4, 65}, NULL},
                                 {"transformer.proj_out.lora_B.weight", DT_BF16, {16, 4}, NULL}};
     for (size_t i = 0; i < 2; i++)
         syn_fill(&bad[i], 0.5f);
@@ -4840,6 +4942,8 @@ int main(void)
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_lora_bias_terms, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_loras, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_flux_control_lora, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_flux_control_lora_refusals, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_null_metadata, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_components, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_component_by_folder, tu_scratch_setup,

@@ -177,8 +177,10 @@ static void test_fal_lora_refusals(void **state)
         {RESHAPE, FAL "single_blocks.9.linear1.lora_B.weight", 21503,
          "linear1.lora_B.weight: has 21503 rows, but diffusers cuts it into FLUX.1's 3072, 3072, 3072 and 12288"},
         {RESHAPE, FAL "single_blocks.0.linear1.lora_B.bias", 21505, "linear1.lora_B.bias: has 21505 rows"},
+        /* a key of BFL's control form makes the file one (diffusers looks for it first) */
         {ADD, "double_blocks.0.img_attn.norm.query_norm.scale", 128,
-         "double_blocks.0.img_attn.norm.query_norm.scale: makes this a BFL control LoRA"},
+         "time_in.in_layer.lora_A.weight: is missing: diffusers converts a LoRA with \"query_norm.scale\" in a key "
+         "as BFL's FLUX.1 control form (Canny, Depth)"},
     };
     static struct recipe l;
     char *lora = tu_strdupf("%s-fal.safetensors", s->dir);
@@ -200,12 +202,80 @@ static void test_fal_lora_refusals(void **state)
     free(lora);
 }
 
+/* ---- BFL's FLUX.1 control LoRAs ---- */
+
+#define CONTROL_DIGEST FIXTURES "/diffusers/lora-flux-control.digest"
+
+/* make_flux_control_fixtures.py's LoRA (its every tensor listed in the
+ * digest) converted holds, group by group, diffusers' own conversion of it:
+ * the embedders, guidance_in among them, the blocks' modules renamed and
+ * cut, lora_B biases carried over (a qkv's and linear1's cut, the final
+ * adaLN_modulation's swapped), lora_A of rank 3 swapped in halves of 2 and
+ * 1 rows, and every block's norm scales as attention norm weights. */
+static void test_control_lora_as_diffusers_loads_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    assert_digest_converts(CONTROL_DIGEST, LORA_FAMILY_FLUX, s->dir, "control");
+    assert_digest_converts(CONTROL_DIGEST, LORA_FAMILY_OTHER, s->dir, "control-other"); /* Flux.1's rules */
+}
+
+/* What diffusers raises on in a control LoRA, or loads without a tensor
+ * nf4deq would have to leave out: refused in one line naming the key,
+ * nothing written, no temp file left. */
+static void test_control_lora_refusals(void **state)
+{
+    struct tu_scratch *s = *state;
+    enum edit { DROP, ADD, RESHAPE };
+    static const struct {
+        enum edit edit;
+        const char *name;
+        uint64_t d0;
+        const char *want;
+    } CASES[] = {
+        {DROP, "img_in.lora_A.weight", 0,
+         "img_in.lora_A.weight: is missing: diffusers converts a LoRA with \"query_norm.scale\" in a key as BFL's "
+         "FLUX.1 control form (Canny, Depth), which has each factor of every module of FLUX.1's embedders"},
+        {DROP, "single_blocks.37.norm.key_norm.scale", 0, "single_blocks.37.norm.key_norm.scale: is missing"},
+        {DROP, "guidance_in.out_layer.lora_B.weight", 0, "guidance_in.out_layer.lora_B.weight: is missing"},
+        {DROP, "final_layer.adaLN_modulation.1.lora_B.weight", 0, "adaLN_modulation.1.lora_B.weight: is missing"},
+        {ADD, "double_blocks.0.img_mlp.0.lora_A.bias", 4,
+         "double_blocks.0.img_mlp.0.lora_A.bias: is a lora_A bias, which PEFT's LoRA layer does not have"},
+        {ADD, "double_blocks.0.img_mlp.0.alpha", 1, "img_mlp.0.alpha: is left over where diffusers converts a LoRA "
+         "with \"query_norm.scale\" in a key as BFL's FLUX.1 control form (Canny, Depth), and raises"},
+        {RESHAPE, "final_layer.adaLN_modulation.1.lora_A.weight", 1,
+         "adaLN_modulation.1.lora_A.weight: has fewer than two rows (1), but diffusers cuts it into two halves"},
+        {RESHAPE, "double_blocks.2.txt_attn.qkv.lora_B.weight", 9214, "txt_attn.qkv.lora_B.weight: has 9214 rows"},
+        {RESHAPE, "double_blocks.0.img_attn.qkv.lora_B.bias", 9217, "img_attn.qkv.lora_B.bias: has 9217 rows"},
+    };
+    static struct recipe l;
+    char *lora = tu_strdupf("%s-control.safetensors", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
+        recipe_read(&l, CONTROL_DIGEST);
+        if (CASES[i].edit == DROP)
+            recipe_remove(&l, CASES[i].name);
+        else if (CASES[i].edit == ADD)
+            recipe_add(&l, CASES[i].name, DT_BF16, 1, CASES[i].d0, 0);
+        else
+            recipe_find(&l, CASES[i].name)->shape[0] = CASES[i].d0;
+        recipe_write(&l, lora, RECIPE, NULL, 0);
+        char *out = tu_strdupf("%s/out", s->dir);
+        assert_lora_refused(FLUX_TRANSFORMER, out, lora, CASES[i].want, s->dir);
+        free(out);
+    }
+    unlink(lora);
+    free(lora);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fal_lora_as_diffusers_loads_it, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_fal_lora_merges_as_converted, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_fal_lora_refusals, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_control_lora_as_diffusers_loads_it, tu_scratch_setup,
+                                        lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_control_lora_refusals, tu_scratch_setup, lora_synth_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
