@@ -71,9 +71,10 @@ static const struct fal_module FINAL[] = {
 };
 
 /* BFL's control form (_convert_bfl_flux_control_lora_to_diffusers): the
- * embedders too, every bias under the name diffusers pops (lora_A's are
- * refused: PEFT's layer has none), the fused qkvs' lora_B.bias cut as their
- * lora_B, and the blocks' norms. */
+ * embedders too, and the final modulation; every bias under the name
+ * diffusers pops, whatever a table's `bias` says (lora_A's are refused:
+ * PEFT's layer has none), the fused qkvs' lora_B.bias cut as their lora_B;
+ * and the blocks' norms. */
 static const struct fal_module CONTROL_EMBEDDERS[] = {
     {"time_in.in_layer", CUT_NONE, BOTH_BIASES, {"time_text_embed.timestep_embedder.linear_1"}, 0},
     {"time_in.out_layer", CUT_NONE, BOTH_BIASES, {"time_text_embed.timestep_embedder.linear_2"}, 0},
@@ -83,23 +84,6 @@ static const struct fal_module CONTROL_EMBEDDERS[] = {
     {"guidance_in.out_layer", CUT_NONE, BOTH_BIASES, {"time_text_embed.guidance_embedder.linear_2"}, 1},
     {"txt_in", CUT_NONE, BOTH_BIASES, {"context_embedder"}, 0},
     {"img_in", CUT_NONE, BOTH_BIASES, {"x_embedder"}, 0},
-};
-static const struct fal_module CONTROL_DOUBLE[] = {
-    {"img_mod.lin", CUT_NONE, BOTH_BIASES, {"norm1.linear"}, 0},
-    {"txt_mod.lin", CUT_NONE, BOTH_BIASES, {"norm1_context.linear"}, 0},
-    {"img_attn.qkv", CUT_QKV, BOTH_BIASES, {"attn.to_q", "attn.to_k", "attn.to_v"}, 0},
-    {"txt_attn.qkv", CUT_QKV, BOTH_BIASES, {"attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"}, 0},
-    {"img_mlp.0", CUT_NONE, BOTH_BIASES, {"ff.net.0.proj"}, 0},
-    {"img_mlp.2", CUT_NONE, BOTH_BIASES, {"ff.net.2"}, 0},
-    {"txt_mlp.0", CUT_NONE, BOTH_BIASES, {"ff_context.net.0.proj"}, 0},
-    {"txt_mlp.2", CUT_NONE, BOTH_BIASES, {"ff_context.net.2"}, 0},
-    {"img_attn.proj", CUT_NONE, BOTH_BIASES, {"attn.to_out.0"}, 0},
-    {"txt_attn.proj", CUT_NONE, BOTH_BIASES, {"attn.to_add_out"}, 0},
-};
-static const struct fal_module CONTROL_SINGLE[] = {
-    {"modulation.lin", CUT_NONE, BOTH_BIASES, {"norm.linear"}, 0},
-    {"linear1", CUT_LINEAR1, BOTH_BIASES, {"attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"}, 0},
-    {"linear2", CUT_NONE, BOTH_BIASES, {"proj_out"}, 0},
 };
 static const struct fal_module CONTROL_FINAL[] = {
     {"final_layer.linear", CUT_NONE, BOTH_BIASES, {"proj_out"}, 0},
@@ -134,10 +118,10 @@ static const struct fal_group FAL_GROUPS[] = {
 };
 static const struct fal_group CONTROL_GROUPS[] = {
     {"", "", 0, CONTROL_EMBEDDERS, COUNT(CONTROL_EMBEDDERS), NULL, 0},
-    {"double_blocks.", "transformer_blocks.", FAL_DOUBLE_BLOCKS, CONTROL_DOUBLE, COUNT(CONTROL_DOUBLE),
-     CONTROL_DOUBLE_NORMS, COUNT(CONTROL_DOUBLE_NORMS)},
-    {"single_blocks.", "single_transformer_blocks.", FAL_SINGLE_BLOCKS, CONTROL_SINGLE, COUNT(CONTROL_SINGLE),
-     CONTROL_SINGLE_NORMS, COUNT(CONTROL_SINGLE_NORMS)},
+    {"double_blocks.", "transformer_blocks.", FAL_DOUBLE_BLOCKS, DOUBLE, COUNT(DOUBLE), CONTROL_DOUBLE_NORMS,
+     COUNT(CONTROL_DOUBLE_NORMS)},
+    {"single_blocks.", "single_transformer_blocks.", FAL_SINGLE_BLOCKS, SINGLE, COUNT(SINGLE), CONTROL_SINGLE_NORMS,
+     COUNT(CONTROL_SINGLE_NORMS)},
     {"", "", 0, CONTROL_FINAL, COUNT(CONTROL_FINAL), NULL, 0},
 };
 
@@ -148,7 +132,7 @@ struct fal_form {
     const char *holds;  /* for messages: what the form has */
     const struct fal_group *groups;
     size_t ngroups;
-    int control; /* lora_A biases refused */
+    int control; /* every bias taken (lora_A's refused), whatever a module's `bias` says */
 };
 
 static const struct fal_form FAL_FORM = {
@@ -263,7 +247,8 @@ static int convert_factor(struct conversion *cv, const struct fal_place *p, cons
         return missing(cv, name);
     k->taken = 1;
     int code = add_parts(cv, p, m, k, factor, "weight");
-    if (code != NF4_OK || !(m->bias == BOTH_BIASES || (m->bias == B_BIAS && factor == 'B')))
+    const enum fal_bias bias = cv->form->control ? BOTH_BIASES : m->bias;
+    if (code != NF4_OK || !(bias == BOTH_BIASES || (bias == B_BIAS && factor == 'B')))
         return code;
     if (snprintf(name, sizeof name, "%s.lora_%c.bias", p->theirs, factor) >= (int)sizeof name)
         return nf4_fail(NF4_ESOFTWARE, cv->path, p->theirs, "a name made for it is too long");

@@ -149,18 +149,48 @@ static void test_fal_lora_merges_as_converted(void **state)
     free(want);
 }
 
+/* A LoRA made from a recipe with one tensor dropped, added or of other rows. */
+struct refusal {
+    enum { DROP, ADD, RESHAPE } edit;
+    const char *name;
+    uint64_t d0; /* ADD: a vector of d0 values; RESHAPE: the rows */
+    const char *want;
+};
+
+/* Each case's LoRA, the recipe `make` fills with one edit, refused in one
+ * line holding `want`, nothing written, no temp file left. */
+static void assert_refusals(const struct tu_scratch *s, const struct refusal *cases, size_t n,
+                            void (*make)(struct recipe *))
+{
+    static struct recipe l;
+    char *lora = tu_strdupf("%s-refused.safetensors", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
+    for (size_t i = 0; i < n; i++) {
+        make(&l);
+        if (cases[i].edit == DROP)
+            recipe_remove(&l, cases[i].name);
+        else if (cases[i].edit == ADD)
+            recipe_add(&l, cases[i].name, DT_BF16, 1, cases[i].d0, 0);
+        else
+            recipe_find(&l, cases[i].name)->shape[0] = cases[i].d0;
+        recipe_write(&l, lora, RECIPE, NULL, 0);
+        assert_lora_refused(FLUX_TRANSFORMER, out, lora, cases[i].want, s->dir);
+    }
+    unlink(lora);
+    free(lora);
+    free(out);
+}
+
+static void fal_recipe_with_biases(struct recipe *l)
+{
+    fal_recipe(l, 0, 1);
+}
+
 /* What diffusers raises on, or would load as nf4deq would not merge it:
  * refused with one line naming the key, nothing written, no temp file left. */
 static void test_fal_lora_refusals(void **state)
 {
-    struct tu_scratch *s = *state;
-    enum edit { DROP, ADD, RESHAPE };
-    static const struct {
-        enum edit edit;
-        const char *name;
-        uint64_t d0; /* ADD: a vector of d0 values; RESHAPE: the rows */
-        const char *want;
-    } CASES[] = {
+    static const struct refusal CASES[] = {
         {DROP, FAL "single_blocks.37.linear2.lora_B.weight", 0,
          FAL "single_blocks.37.linear2.lora_B.weight: is missing: diffusers converts a LoRA with \"base_model\" in a "
              "key as fal's FLUX.1 Kontext form"},
@@ -182,24 +212,7 @@ static void test_fal_lora_refusals(void **state)
          "time_in.in_layer.lora_A.weight: is missing: diffusers converts a LoRA with \"query_norm.scale\" in a key "
          "as BFL's FLUX.1 control form (Canny, Depth)"},
     };
-    static struct recipe l;
-    char *lora = tu_strdupf("%s-fal.safetensors", s->dir);
-    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
-    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
-        fal_recipe(&l, 0, 1);
-        if (CASES[i].edit == DROP)
-            recipe_remove(&l, CASES[i].name);
-        else if (CASES[i].edit == ADD)
-            recipe_add(&l, CASES[i].name, DT_BF16, 1, CASES[i].d0, 0);
-        else
-            recipe_find(&l, CASES[i].name)->shape[0] = CASES[i].d0;
-        recipe_write(&l, lora, RECIPE, NULL, 0);
-        char *out = tu_strdupf("%s/out", s->dir);
-        assert_lora_refused(FLUX_TRANSFORMER, out, lora, CASES[i].want, s->dir);
-        free(out);
-    }
-    unlink(lora);
-    free(lora);
+    assert_refusals(*state, CASES, sizeof CASES / sizeof CASES[0], fal_recipe_with_biases);
 }
 
 /* ---- BFL's FLUX.1 control LoRAs ---- */
@@ -222,16 +235,14 @@ static void test_control_lora_as_diffusers_loads_it(void **state)
 /* What diffusers raises on in a control LoRA, or loads without a tensor
  * nf4deq would have to leave out: refused in one line naming the key,
  * nothing written, no temp file left. */
+static void control_recipe(struct recipe *l)
+{
+    recipe_read(l, CONTROL_DIGEST);
+}
+
 static void test_control_lora_refusals(void **state)
 {
-    struct tu_scratch *s = *state;
-    enum edit { DROP, ADD, RESHAPE };
-    static const struct {
-        enum edit edit;
-        const char *name;
-        uint64_t d0;
-        const char *want;
-    } CASES[] = {
+    static const struct refusal CASES[] = {
         {DROP, "img_in.lora_A.weight", 0,
          "img_in.lora_A.weight: is missing: diffusers converts a LoRA with \"query_norm.scale\" in a key as BFL's "
          "FLUX.1 control form (Canny, Depth), which has each factor of every module of FLUX.1's embedders"},
@@ -247,24 +258,7 @@ static void test_control_lora_refusals(void **state)
         {RESHAPE, "double_blocks.2.txt_attn.qkv.lora_B.weight", 9214, "txt_attn.qkv.lora_B.weight: has 9214 rows"},
         {RESHAPE, "double_blocks.0.img_attn.qkv.lora_B.bias", 9217, "img_attn.qkv.lora_B.bias: has 9217 rows"},
     };
-    static struct recipe l;
-    char *lora = tu_strdupf("%s-control.safetensors", s->dir);
-    assert_int_equal(setenv("TMPDIR", s->dir, 1), 0);
-    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
-        recipe_read(&l, CONTROL_DIGEST);
-        if (CASES[i].edit == DROP)
-            recipe_remove(&l, CASES[i].name);
-        else if (CASES[i].edit == ADD)
-            recipe_add(&l, CASES[i].name, DT_BF16, 1, CASES[i].d0, 0);
-        else
-            recipe_find(&l, CASES[i].name)->shape[0] = CASES[i].d0;
-        recipe_write(&l, lora, RECIPE, NULL, 0);
-        char *out = tu_strdupf("%s/out", s->dir);
-        assert_lora_refused(FLUX_TRANSFORMER, out, lora, CASES[i].want, s->dir);
-        free(out);
-    }
-    unlink(lora);
-    free(lora);
+    assert_refusals(*state, CASES, sizeof CASES / sizeof CASES[0], control_recipe);
 }
 
 int main(void)
