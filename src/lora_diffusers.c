@@ -777,6 +777,18 @@ const char *diffusers_lora_metadata(const struct model *w)
     return NULL;
 }
 
+/* A config from the metadata must name target_modules: without them PEFT
+ * looks the model's type up in its own table, and a diffusers model has
+ * none (_prepare_adapter_config raises KeyError 'model_type'). */
+static int require_target_modules(const char *label, const cJSON *cfg, const char *kind)
+{
+    const cJSON *targets = cJSON_GetObjectItemCaseSensitive(cfg, "target_modules");
+    if (!targets || cJSON_IsNull(targets))
+        return nf4_fail(NF4_EDATA, label, NULL, "has no target_modules: PEFT builds no %s layers into a diffusers "
+                        "model from such a config (it raises)", kind);
+    return NF4_OK;
+}
+
 /* A LoKr file's metadata entries (in cfg) as LoKrConfig(**entries) takes
  * them: another key raises TypeError; peft_type becomes LOKR. */
 static int lokr_metadata_config(const char *label, cJSON *cfg)
@@ -785,11 +797,9 @@ static int lokr_metadata_config(const char *label, cJSON *cfg)
         if (!lokr_config_field(e->string))
             return nf4_fail(NF4_EDATA, label, NULL, "holds \"%s\", which is no field of PEFT's LoKrConfig: "
                             "diffusers cannot build this LoKr's config from it (TypeError)", e->string);
-    /* Without target_modules PEFT looks the model's type up in its own table, where no diffusers model is */
-    const cJSON *targets = cJSON_GetObjectItemCaseSensitive(cfg, "target_modules");
-    if (!targets || cJSON_IsNull(targets))
-        return nf4_fail(NF4_EDATA, label, NULL, "has no target_modules: PEFT builds no LoKr layers into a "
-                        "diffusers model from such a config (it raises)");
+    int code = require_target_modules(label, cfg, "LoKr");
+    if (code != NF4_OK)
+        return code;
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "peft_type");
     return cJSON_AddStringToObject(cfg, "peft_type", "LOKR") ? NF4_OK
                                                               : nf4_fail(NF4_ESOFTWARE, label, NULL, "out of memory");
@@ -829,6 +839,8 @@ int diffusers_lora_config(const struct model *weights, const char *prefix, struc
         code = lokr_metadata_config(label.p, cfg);
     else if (lokr)
         code = lokr_inferred_config(weights, f->path, prefix, &text);
+    else if (code == NF4_OK && meta)
+        code = require_target_modules(label.p, cfg, "LoRA");
     /* No metadata: diffusers then takes r and alpha from each pair's shape,
      * and DoRA and LoRA biases from the keys. */
     int inferred = code == NF4_OK && !meta && !lokr;

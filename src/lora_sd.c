@@ -959,7 +959,7 @@ static char *alpha_key(const char *name, enum sd_component c)
 }
 
 /* Writes component c's config into `meta` under "<component>.": r,
- * lora_alpha, rank_pattern and alpha_pattern. */
+ * lora_alpha, target_modules, rank_pattern and alpha_pattern. */
 static int component_config(struct conversion *cv, enum sd_component c, cJSON *meta)
 {
     struct sd_part *p = &cv->comp[c];
@@ -1029,6 +1029,19 @@ static int component_config(struct conversion *cv, enum sd_component c, cJSON *m
         snprintf(name, sizeof name, "%s.%s", COMPONENT[c], fields[f]);
         if (!cJSON_AddNumberToObject(meta, name, values[f]))
             code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
+    }
+    /* get_peft_kwargs' target_modules: each pair's module (PEFT raises
+     * without them; the merge binds by the keys either way). */
+    cJSON *targets = code == NF4_OK ? cJSON_CreateArray() : NULL;
+    for (size_t i = 0; targets && i < p->npairs; i++)
+        if (!cJSON_AddItemToArray(targets, cJSON_CreateString(p->pairs[i].module))) {
+            cJSON_Delete(targets);
+            targets = NULL;
+        }
+    snprintf(name, sizeof name, "%s.target_modules", COMPONENT[c]);
+    if (code == NF4_OK && (!targets || !cJSON_AddItemToObject(meta, name, targets))) {
+        cJSON_Delete(targets);
+        code = nf4_fail(NF4_ESOFTWARE, cv->path, NULL, "out of memory");
     }
     cJSON *patterns[2] = {rank_pattern, alpha_pattern};
     const char *pattern_names[2] = {"rank_pattern", "alpha_pattern"};

@@ -761,9 +761,10 @@ def lora_cases():
              "is a diffusers LoRA with no tensors for transformer (its keys are for: text_encoder)", kinds=both)
     emit_dir("lora-diffusers-metadata-not-json", diffusers_lora(raw="{\"transformer.r\": 4"), 65,
              '(metadata "lora_adapter_metadata"): is not valid JSON', kinds=both)
-    emit_dir("lora-diffusers-metadata-rank", diffusers_lora(config={"r": 8, "lora_alpha": 8}), 65,
+    emit_dir("lora-diffusers-metadata-rank", diffusers_lora(config={"r": 8, "lora_alpha": 8, "target_modules": ["d"]}), 65,
              "has rank 4, but the config says r = 8", kinds=("lora",))
-    emit_dir("lora-diffusers-metadata-dora", diffusers_lora(config={"r": 4, "lora_alpha": 8, "use_dora": True}), 65,
+    emit_dir("lora-diffusers-metadata-dora", diffusers_lora(config={"r": 4, "lora_alpha": 8, "use_dora": True,
+                                                                                 "target_modules": ["d"]}), 65,
              "lora_magnitude_vector, which DoRA (use_dora) needs", kinds=("lora",))
     emit_dir("lora-diffusers-rank-huge", diffusers_lora(extra=[
         T("transformer.model.g.lora_A.weight", "F32", [65537, 0], b""),
@@ -784,8 +785,12 @@ def lora_cases():
     # ModelMixin.save_lora_adapter: one model's LoRA, no component before the keys or in the metadata.
     emit_dir("lora-diffusers-unprefixed", {"pytorch_lora_weights.safetensors": st_bytes(
         [T(t.name[len(PEFT):], t.dtype, t.shape, t.data) for t in adapter_tensors()],
-        metadata={"format": "pt", "lora_adapter_metadata": json.dumps({"r": 4, "lora_alpha": 8})})}, 0,
+        metadata={"format": "pt", "lora_adapter_metadata": json.dumps({"r": 4, "lora_alpha": 8,
+                                                                       "target_modules": ["d"]})})}, 0,
              "1 with LoRA merged", kinds=both)
+    # Without target_modules PEFT looks the model's type up; diffusers raises for every diffusers model.
+    emit_dir("lora-diffusers-metadata-no-targets", diffusers_lora(config={"r": 4, "lora_alpha": 8}), 65,
+             "has no target_modules: PEFT builds no LoRA layers into a diffusers model", kinds=both)
     # A LoRA repository's one *.safetensors file, as diffusers guesses it; a PEFT adapter's weights file is not one.
     emit_dir("lora-diffusers-named", {"my_lora.safetensors": diffusers_lora()["pytorch_lora_weights.safetensors"]}, 0,
              "1 with LoRA merged", kinds=("lora",))

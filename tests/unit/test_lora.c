@@ -2789,7 +2789,8 @@ static void copy_with_lora_metadata(const char *src, const char *dst, const char
 
 /* lora_adapter_metadata that diffusers reads as none (json.loads(raw) if raw
  * else None: "" and JSON's null) merges as a file without it, byte for byte;
- * whitespace alone, on which json.loads raises, is refused. */
+ * whitespace alone, on which json.loads raises, is refused, as is a config
+ * without target_modules. */
 static void test_diffusers_lora_null_metadata(void **state)
 {
     struct tu_scratch *s = *state;
@@ -2813,6 +2814,21 @@ static void test_diffusers_lora_null_metadata(void **state)
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     assert_false(tu_exists(got));
+    /* A config without target_modules (or null): PEFT looks the model's type
+     * up, and a diffusers model has none (diffusers 0.42: KeyError 'model_type'). */
+    static const char *const NO_TARGETS[] = {"{\"transformer.r\": 4, \"transformer.lora_alpha\": 8}",
+                                             "{\"transformer.r\": 4, \"transformer.target_modules\": null}"};
+    for (size_t i = 0; i < 2; i++) {
+        copy_with_lora_metadata(DIFFUSERS_FIXTURES "/lora-flux-nometa/pytorch_lora_weights.safetensors", lora,
+                                NO_TARGETS[i]);
+        r = tu_run("convert", "--device", "cpu", base, got, "--lora", lora, NULL);
+        if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+            !strstr(r.err, "(metadata \"lora_adapter_metadata\"): has no target_modules: PEFT builds no LoRA layers "
+                           "into a diffusers model from such a config (it raises)"))
+            fail_msg("exit %d, stderr: %s", r.status, r.err);
+        tu_run_free(&r);
+        assert_false(tu_exists(got));
+    }
     unlink(lora);
     free(want);
     free(got);
