@@ -10,7 +10,9 @@
 #include <sys/stat.h>
 
 #include "fileio.h"
+#include "fpconv.h"
 #include "json_util.h"
+#include "lora_alphas.h"
 #include "lora_diffusers.h"
 #include "lora_experts.h"
 #include "lora_lokr.h"
@@ -354,6 +356,20 @@ float lora_scaling(double alpha, uint32_t r, int use_rslora)
 {
     /* Python computes the scale in double; torch multiplies an fp32 tensor by it as fp32. */
     return (float)(use_rslora ? alpha / sqrt((double)r) : alpha / (double)r);
+}
+
+/* The scaling of a pair under config c: lora_scaling, rounded to the dtype
+ * of the alpha tensor it came from (a 0-d BF16 or F16 tensor over r is one
+ * of that dtype; lora.h's alphas_given). */
+static float config_scaling(const struct lora_config *c, double alpha, uint32_t r)
+{
+    float s = lora_scaling(alpha, r, c->use_rslora);
+    if (c->scaling_dtype == DT_BF16 || c->scaling_dtype == DT_F16) {
+        uint16_t half;
+        f32_to_element(c->scaling_dtype, &half, 0, s);
+        s = f32_from_element(c->scaling_dtype, &half, 0);
+    }
+    return s;
 }
 
 /* PEFT 0.21 (_set_trainable) wraps every module whose name ends with an entry
@@ -981,7 +997,8 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
             goto out;
         }
         r = (uint32_t)at->shape[0];
-        alpha = r;
+        if (!c->alphas_given)
+            alpha = r;
     }
     if (at->shape[0] != r || btt->shape[1] != r) {
         code = nf4_fail(NF4_EDATA, file, at->shape[0] != r ? aname : bname,
@@ -1046,7 +1063,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                                  .fan_in_fan_out = transposed,
                                  .embedding = kind->embedding,
                                  .magnitude = magnitude,
-                                 .scaling = lora_scaling(alpha, r, c->use_rslora),
+                                 .scaling = config_scaling(c, alpha, r),
                                  .adapter = index};
     if (!isfinite(x->term.scaling))
         code = nf4_fail(NF4_EDATA, file, aname, "lora_alpha / r is not a finite fp32 number");
@@ -1572,8 +1589,11 @@ static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_
     uint32_t r;
     double alpha;
     module_rank_alpha(c, module, &r, &alpha);
-    if (c->rank_from_shapes) /* as for its pair (bind_pair checks the rank) */
-        alpha = r = (uint32_t)(bt->t->shape[1] <= LORA_MAX_RANK ? bt->t->shape[1] : 1);
+    if (c->rank_from_shapes) { /* as for its pair (bind_pair checks the rank) */
+        r = (uint32_t)(bt->t->shape[1] <= LORA_MAX_RANK ? bt->t->shape[1] : 1);
+        if (!c->alphas_given)
+            alpha = r;
+    }
     struct binding *y = add_binding(b, file, bias_name);
     if (!y) {
         code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
@@ -1586,7 +1606,7 @@ static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_
                                  .pair_r = r,
                                  .alpha = alpha,
                                  .bias = 1,
-                                 .scaling = lora_scaling(alpha, r, c->use_rslora),
+                                 .scaling = config_scaling(c, alpha, r),
                                  .adapter = index};
     if (!isfinite(y->term.scaling))
         code = nf4_fail(NF4_EDATA, file, key, "lora_alpha / r is not a finite fp32 number");
@@ -2262,8 +2282,10 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
                 /* in diffusers' own form, maybe its older one; converted, PEFT's already */
                 (ad->weights->unnamed || (code = diffusers_lora_old_names(ad->weights, ad->key_prefix)) == NF4_OK) &&
                 (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK &&
-                (code = diffusers_lora_config(ad->weights, ad->key_prefix, &c)) == NF4_OK)
-                code = flux1_loads(ad, base);
+                (code = diffusers_lora_config(ad->weights, ad->key_prefix, &c)) == NF4_OK &&
+                (code = flux1_loads(ad, base)) == NF4_OK && !c.lokr)
+                /* popped by Flux.1's loader, every one, and read into c (lora_alphas.h); no other loader leaves any */
+                model_drop_tensors(ad->weights, network_alpha_key);
         } else if (code == NF4_OK && component) {
             code = nf4_fail(NF4_ESOFTWARE, dirs[i], NULL, "a PEFT adapter for a pipeline component (internal error)");
         } else if (code == NF4_OK) {

@@ -182,6 +182,12 @@ struct lora_config {
     int use_dora; /* DoRA: each pair has a lora_magnitude_vector; merged rows are rescaled */
     int lora_bias; /* each lora_B has a bias, added to the base layer's, times scaling */
     int rank_from_shapes; /* a diffusers LoRA without its config: each pair's r and alpha are its rank */
+    /* A Flux.1 LoRA in diffusers' form with alpha keys (network alphas,
+     * lora_diffusers.h): r is still each pair's rank, but alpha comes from
+     * lora_alpha and alpha_pattern, and the scaling, which PEFT computes as
+     * the alpha tensor over r, is rounded to the alphas' dtype. */
+    int alphas_given;
+    enum st_dtype scaling_dtype; /* BF16 or F16: the scaling is rounded to it; any other: not */
     int ensure_weight_tying; /* PEFT keeps modules_to_save copies of tied weights tied */
     int trains_bias; /* "bias": "all" or "lora_only": the adapter holds <module>.bias tensors that replace the base's */
     /* A LoKr config (peft_type "LOKR", lora_lokr.h): r and alpha are its

@@ -12,6 +12,7 @@
 #include "json_util.h"
 #include "layout.h"
 #include "lora_ace_step.h"
+#include "lora_alphas.h"
 #include "lora_anima.h"
 #include "lora_ernie_image.h"
 #include "lora_fal.h"
@@ -841,10 +842,22 @@ int diffusers_lora_config(const struct model *weights, const char *prefix, struc
         code = lokr_inferred_config(weights, f->path, prefix, &text);
     else if (code == NF4_OK && meta)
         code = require_target_modules(label.p, cfg, "LoRA");
-    /* No metadata: diffusers then takes r and alpha from each pair's shape,
-     * and DoRA and LoRA biases from the keys. */
-    int inferred = code == NF4_OK && !meta && !lokr;
-    if (inferred && (!cJSON_AddNumberToObject(cfg, "r", 1) || !cJSON_AddNumberToObject(cfg, "lora_alpha", 1) ||
+    /* Network alphas (lora_alphas.h), which Flux.1's loader alone leaves
+     * in a file in diffusers' form: diffusers refuses them beside metadata. */
+    const int any_alpha = code == NF4_OK && !lokr && lora_model_any_key(weights, network_alpha_key);
+    if (any_alpha && meta)
+        code = nf4_fail(NF4_EDATA, label.p, NULL, "is given with alpha keys (network alphas), which diffusers refuses "
+                        "together (\"Both network_alphas and metadata cannot be specified\")");
+    /* No metadata: diffusers then takes r and alpha from each pair's shape
+     * (alpha from the network alphas, where some are the component's), and
+     * DoRA and LoRA biases from the keys. */
+    int inferred = code == NF4_OK && !meta && !lokr, alphas_given = 0;
+    enum st_dtype alpha_dtype = DT_INVALID;
+    if (inferred && any_alpha &&
+        (code = network_alphas_config(weights, prefix, f->path, cfg, &alpha_dtype, &alphas_given)) != NF4_OK)
+        inferred = 0;
+    if (inferred && ((!alphas_given && !cJSON_AddNumberToObject(cfg, "lora_alpha", 1)) ||
+                     !cJSON_AddNumberToObject(cfg, "r", 1) ||
                      !cJSON_AddBoolToObject(cfg, "use_dora", has_key_ending(weights, prefix, ".lora_magnitude_vector")) ||
                      !cJSON_AddBoolToObject(cfg, "lora_bias", has_key_ending(weights, prefix, ".lora_B.bias"))))
         code = nf4_fail(NF4_ESOFTWARE, f->path, NULL, "out of memory");
@@ -862,6 +875,8 @@ int diffusers_lora_config(const struct model *weights, const char *prefix, struc
     if (code == NF4_OK) {
         code = lora_config_parse(label.p, text, strlen(text), c);
         c->rank_from_shapes = inferred;
+        c->alphas_given = alphas_given;
+        c->scaling_dtype = alpha_dtype;
         /* diffusers injects the adapter by its keys (inject_adapter_in_model
          * with the state dict), so every key under the prefix is merged,
          * whatever target_modules, exclude_modules and layers_to_transform say. */

@@ -158,7 +158,7 @@ check "flux pipeline text_encoder_2 (gpu vs bitsandbytes)" "$out/flux/text_encod
     "$dx/tiny-flux-bnb4.text_encoder_2.expected.safetensors"
 # diffusers LoRAs (save_lora_weights) merged into the transformer component:
 # within the tolerance, and equal to the CPU's merge byte for byte.
-for case_ in lora-flux lora-flux-nometa; do
+for case_ in lora-flux lora-flux-nometa lora-flux-alphas; do
     merge "$case_" "$dx/tiny-flux-bnb4/transformer" "$dx/$case_" "$out/flux-$case_" \
         "$dx/tiny-flux-bnb4.transformer.$case_"
 done

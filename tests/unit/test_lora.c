@@ -2776,6 +2776,65 @@ static void test_flux_control_lora_refusals(void **state)
     free(other);
 }
 
+/* A Flux.1 LoRA in diffusers' form with network alphas (TheLastBen's form,
+ * make_flux_alpha_fixtures.py): merged within the tolerance with the
+ * scalings PEFT gives it (a BF16 alpha over r is a BF16 number: 7 / 3 is
+ * 2.328125), proj_out's alpha on the single block's proj_out too, where
+ * diffusers' alpha_pattern matches it first; refused where diffusers raises,
+ * or nf4deq does not take the alphas. */
+static void test_flux_network_alphas(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", *lora = DIFFUSERS_FIXTURES "/lora-flux-alphas";
+    char *out = tu_strdupf("%s/out", s->dir), *file = tu_strdupf("%s-alphas.safetensors", s->dir);
+    const char *dirs[1] = {lora};
+    assert_int_equal(merge_on_cpu(base, out, dirs, 1, 0, 0, DT_INVALID), 19);
+    check_merge(out, base, lora, DIFFUSERS_FIXTURES "/tiny-flux-bnb4.transformer.lora-flux-alphas.expected.safetensors",
+                DIFFUSERS_FIXTURES "/tiny-flux-bnb4.transformer.lora-flux-alphas.expected.fp64.safetensors", NULL);
+    tu_rmtree(out);
+#define PA "transformer.proj_out.lora_A.weight"
+#define PB "transformer.proj_out.lora_B.weight"
+    static const struct {
+        struct synth_tensor ts[6];
+        size_t n;
+        const char *metadata, *want;
+    } ALPHA_CASES[] = {
+        {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_I32, 1, 0, 1}}, 3,
+         NULL, "transformer.proj_out.alpha: is an alpha of dtype I32: diffusers takes a floating-point alpha only"},
+        {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_F32, 2, 0, 1}}, 3,
+         NULL, "transformer.proj_out.alpha: holds 2 values; an alpha is one number"},
+        {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_BF16, 1, 0, 4},
+          {"transformer.context_embedder.lora_A.weight", DT_BF16, 4, 64, 0.5f},
+          {"transformer.context_embedder.lora_B.weight", DT_BF16, 64, 4, 0.5f}}, 5, NULL, NULL},
+        {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_F32, 1, 0, 4}}, 3,
+         "{\"transformer.r\": 4, \"transformer.lora_alpha\": 4, \"transformer.target_modules\": [\"proj_out\"]}",
+         "(metadata \"lora_adapter_metadata\"): is given with alpha keys (network alphas), which diffusers refuses"},
+        {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_BF16, 1, 0, 4},
+          {"transformer.context_embedder.lora_A.weight", DT_BF16, 4, 64, 0.5f},
+          {"transformer.context_embedder.lora_B.weight", DT_BF16, 64, 4, 0.5f},
+          {"transformer.context_embedder.alpha", DT_F32, 1, 0, 4}}, 6, NULL,
+         "transformer.proj_out.alpha: is a BF16 alpha, and transformer.context_embedder.alpha a F32 one"},
+    };
+    for (size_t i = 0; i < sizeof ALPHA_CASES / sizeof ALPHA_CASES[0]; i++) {
+        write_synth_file_with_config(file, ALPHA_CASES[i].ts, ALPHA_CASES[i].n, ALPHA_CASES[i].metadata);
+        if (ALPHA_CASES[i].want) {
+            assert_merge_refused(s, base, file, NULL, ALPHA_CASES[i].want);
+            continue;
+        }
+        /* one alpha, for proj_out alone: lora_alpha 4 for every module, context_embedder's too */
+        struct tu_run r = tu_run("inspect", base, "--lora", file, "--json", NULL);
+        if (r.status != 0 || !strstr(r.out, "\"alpha\": 4,") || strstr(r.out, "\"scaling\": 2,") ||
+            !strstr(r.out, "\"scaling\": 1,"))
+            fail_msg("exit %d, stdout: %s", r.status, r.out);
+        tu_run_free(&r);
+    }
+#undef PA
+#undef PB
+    unlink(file);
+    free(file);
+    free(out);
+}
+
 /* The safetensors file `src` written to `dst` with lora_adapter_metadata
  * `value` (its tensors as they are). */
 static void copy_with_lora_metadata(const char *src, const char *dst, const char *value)
@@ -4960,6 +5019,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_diffusers_loras, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_flux_control_lora, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_flux_control_lora_refusals, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_flux_network_alphas, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_null_metadata, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_components, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_component_by_folder, tu_scratch_setup,
