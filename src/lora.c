@@ -2236,16 +2236,24 @@ int lora_open(struct lora_set **out, const char *const *dirs, size_t ndirs, cons
     return lora_open_component(out, dirs, ndirs, base, weights, nweights, NULL, NULL);
 }
 
-/* Whether diffusers' Flux.1 loader loads diffusers LoRA `ad` into `base`:
- * its transformer keys, into a Flux.1 pipeline's transformer or a Flux.1
- * transformer's folder, or into a weights file alone, which nf4deq reads
- * with Flux.1's rules (diffusers_lora_open_for_dir), there to say why it
- * cannot widen (lora_adapter.flux1_loader). */
-static int flux1_loads(struct lora_adapter *ad, const struct model *base)
+/* Reads diffusers LoRA ad's config as the loader of `base`'s class reads
+ * it: with Flux.1's rules (its pipelines' and transformer's, an unknown
+ * class's, a weights file's alone: diffusers_lora_open_for_dir) its network
+ * alphas (lora_alphas.h). And whether Flux.1's loader loads it into `base`
+ * (lora_adapter.flux1_loader): its transformer keys, into a Flux.1
+ * pipeline's transformer or a Flux.1 transformer's folder, or into a
+ * weights file alone, there to say why it cannot widen. */
+static int read_diffusers_config(struct lora_adapter *ad, const struct model *base, struct lora_config *c)
 {
-    enum lora_family family = LORA_FAMILY_FLUX;
+    enum lora_family family = LORA_FAMILY_OTHER;
     int code = base->dir ? diffusers_lora_family_of_dir(ad->config_path, base->dir, &family) : NF4_OK;
-    ad->flux1_loader = family == LORA_FAMILY_FLUX && strcmp(ad->key_prefix, "transformer.") == 0;
+    const int flux1_rules = family == LORA_FAMILY_FLUX || family == LORA_FAMILY_OTHER;
+    if (code == NF4_OK)
+        code = diffusers_lora_config(ad->weights, ad->key_prefix, flux1_rules, c);
+    ad->flux1_loader = (family == LORA_FAMILY_FLUX || !base->dir) && strcmp(ad->key_prefix, "transformer.") == 0;
+    /* popped by Flux.1's loader, every one, and read into c; no other loader leaves any */
+    if (code == NF4_OK && flux1_rules && !c->lokr)
+        model_drop_tensors(ad->weights, network_alpha_key);
     return code;
 }
 
@@ -2281,11 +2289,8 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
                 (code = diffusers_lora_prefix(ad->weights, base, component, &ad->key_prefix)) == NF4_OK &&
                 /* in diffusers' own form, maybe its older one; converted, PEFT's already */
                 (ad->weights->unnamed || (code = diffusers_lora_old_names(ad->weights, ad->key_prefix)) == NF4_OK) &&
-                (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK &&
-                (code = diffusers_lora_config(ad->weights, ad->key_prefix, &c)) == NF4_OK &&
-                (code = flux1_loads(ad, base)) == NF4_OK && !c.lokr)
-                /* popped by Flux.1's loader, every one, and read into c (lora_alphas.h); no other loader leaves any */
-                model_drop_tensors(ad->weights, network_alpha_key);
+                (code = diffusers_lora_align_text_model(ad->weights, ad->key_prefix, base)) == NF4_OK)
+                code = read_diffusers_config(ad, base, &c);
         } else if (code == NF4_OK && component) {
             code = nf4_fail(NF4_ESOFTWARE, dirs[i], NULL, "a PEFT adapter for a pipeline component (internal error)");
         } else if (code == NF4_OK) {

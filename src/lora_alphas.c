@@ -52,14 +52,24 @@ static int read_alpha(const char *label, const struct model_tensor *t, double *o
     return NF4_OK;
 }
 
-/* get_peft_kwargs' alpha_pattern key for alpha `name` (prefix cut):
- * name.split(".lora_A.")[0].replace(".alpha", ""). */
-static char *pattern_key(const char *name)
+/* get_peft_kwargs' alpha_pattern key for alpha `name` (prefix cut): a
+ * denoiser's (is_unet) name.split(".lora_A.")[0].replace(".alpha", ""), a
+ * text encoder's ".".join(name.split(".down.")[0].split(".")[:-1]). */
+static char *pattern_key(const char *name, int unet)
 {
-    const char *cut = strstr(name, ".lora_A.");
-    char *head = strndup(name, cut ? (size_t)(cut - name) : strlen(name));
-    char *key = head ? str_replace_all(head, ".alpha", "") : NULL;
-    free(head);
+    const char *cut = strstr(name, unet ? ".lora_A." : ".down.");
+    size_t len = cut ? (size_t)(cut - name) : strlen(name);
+    if (!unet) { /* up to the last '.' of the head, or nothing */
+        const char *dot = NULL;
+        for (const char *p = name; p < name + len; p++)
+            if (*p == '.')
+                dot = p;
+        len = dot ? (size_t)(dot - name) : 0;
+    }
+    char *head = strndup(name, len);
+    char *key = head && unet ? str_replace_all(head, ".alpha", "") : head;
+    if (key != head)
+        free(head);
     return key;
 }
 
@@ -103,13 +113,15 @@ int network_alphas_config(const struct model *w, const char *prefix, const char 
         return code;
     }
     qsort(alphas, n, sizeof *alphas, load_order);
+    /* a text encoder's are read by load_lora_into_text_encoder (is_unet False), the rest by load_lora_adapter */
+    const int unet = !str_starts_with(prefix, "text_encoder");
     cJSON *pattern = cJSON_CreateObject();
     int ok = pattern && cJSON_AddNumberToObject(cfg, "lora_alpha", alphas[0].value);
     /* the others whose value differs (a NaN from every one) */
     for (size_t i = 1; ok && i < n; i++) {
         if (alphas[i].value == alphas[0].value)
             continue;
-        char *key = pattern_key(alphas[i].t->t->name + strlen(prefix));
+        char *key = pattern_key(alphas[i].t->t->name + strlen(prefix), unet);
         ok = key && pattern_set(pattern, key, alphas[i].value);
         free(key);
     }

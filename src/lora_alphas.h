@@ -7,8 +7,8 @@
  * get_peft_kwargs makes the LoRA config of them: lora_alpha the first in the
  * order the file loads in (safetensors' load_file: by data offset), and an
  * alpha_pattern of each other one whose value differs, keyed by its name up
- * to ".lora_A." with ".alpha" cut out, later keys of one name taking the
- * earlier's place. PEFT matches those keys as patterns (lora.h), and takes
+ * to ".lora_A." with ".alpha" cut out (a text encoder's: up to its last '.'
+ * before ".down."), later keys of one name taking the earlier's place. PEFT matches those keys as patterns (lora.h), and takes
  * each module's scaling as the alpha tensor over r: a number of the
  * alphas' dtype. */
 #ifndef NF4DEQ_LORA_ALPHAS_H

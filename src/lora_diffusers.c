@@ -806,7 +806,7 @@ static int lokr_metadata_config(const char *label, cJSON *cfg)
                                                               : nf4_fail(NF4_ESOFTWARE, label, NULL, "out of memory");
 }
 
-int diffusers_lora_config(const struct model *weights, const char *prefix, struct lora_config *c)
+int diffusers_lora_config(const struct model *weights, const char *prefix, int flux1_rules, struct lora_config *c)
 {
     memset(c, 0, sizeof *c);
     const struct st_file *f = weights->files[0];
@@ -844,7 +844,7 @@ int diffusers_lora_config(const struct model *weights, const char *prefix, struc
         code = require_target_modules(label.p, cfg, "LoRA");
     /* Network alphas (lora_alphas.h), which Flux.1's loader alone leaves
      * in a file in diffusers' form: diffusers refuses them beside metadata. */
-    const int any_alpha = code == NF4_OK && !lokr && lora_model_any_key(weights, network_alpha_key);
+    const int any_alpha = code == NF4_OK && flux1_rules && !lokr && lora_model_any_key(weights, network_alpha_key);
     if (any_alpha && meta)
         code = nf4_fail(NF4_EDATA, label.p, NULL, "is given with alpha keys (network alphas), which diffusers refuses "
                         "together (\"Both network_alphas and metadata cannot be specified\")");

@@ -177,7 +177,9 @@ const char *diffusers_lora_metadata(const struct model *w);
 /* The adapter's config, checked by lora_config_parse, from the metadata's
  * entries of the prefix's component; without any, what diffusers infers:
  * each pair's own rank as r and alpha (c->rank_from_shapes), and use_dora and
- * lora_bias where the keys hold magnitudes or biases. */
-int diffusers_lora_config(const struct model *weights, const char *prefix, struct lora_config *c);
+ * lora_bias where the keys hold magnitudes or biases; read with Flux.1's
+ * rules (`flux1_rules`), alpha from the network alphas where the component
+ * has some (lora_alphas.h, c->alphas_given). */
+int diffusers_lora_config(const struct model *weights, const char *prefix, int flux1_rules, struct lora_config *c);
 
 #endif

@@ -3913,13 +3913,14 @@ static void test_flux2_lora_refusals(void **state)
     assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux2/transformer", lora, NULL,
                          "img_attn.qkv.lora_B.weight: is F4; LoRA weights must be F32, BF16 or F16");
     /* Flux.1's loader (and an unknown class's) has no all-keys "lora" check:
-     * a key without it is judged as a PEFT key, not refused as diffusers'. */
+     * a key without it is judged as a PEFT key, not refused as diffusers'
+     * (but for alphas, which it reads as network alphas: test_flux_network_alphas). */
     static const char *const FLUX1[3] = {"transformer.proj_out.lora_A.weight", "transformer.proj_out.lora_B.weight",
-                                         "transformer.proj_out.alpha"};
-    static const uint64_t FLUX1_DOWN[2] = {4, 64}, FLUX1_UP[2] = {64, 4};
+                                         "transformer.proj_out.scale"};
+    static const uint64_t FLUX1_DOWN[2] = {4, 64}, FLUX1_UP[2] = {16, 4};
     write_pair_lora(lora, FLUX1, FLUX1_DOWN, FLUX1_UP, DT_BF16, 8);
     assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer", lora, NULL,
-                         "transformer.proj_out.alpha: is neither a LoRA weight nor in modules_to_save");
+                         "transformer.proj_out.scale: is neither a LoRA weight nor in modules_to_save");
     /* A kohya block number in Unicode's blanks: Python's int() reads it, and
      * diffusers then leaves the key out (it is not the block's own name). */
     static const char *const SPACED[3] = {"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight",

@@ -442,7 +442,7 @@ static void test_sd_lora_empty_config_replaced(void **state)
     assert_int_equal(diffusers_lora_open_for(lora, LORA_FAMILY_STABLE_DIFFUSION, NULL, 0, &m), NF4_OK);
     assert_string_equal(diffusers_lora_metadata(m), "  ");
     struct lora_config c;
-    assert_int_equal(diffusers_lora_config(m, "unet.", &c), NF4_EDATA);
+    assert_int_equal(diffusers_lora_config(m, "unet.", 0, &c), NF4_EDATA);
     lora_config_free(&c);
     model_close(m);
     unlink(lora);
