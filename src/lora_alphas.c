@@ -30,13 +30,22 @@ static int load_order(const void *x, const void *y)
     return a->t->begin < b->t->begin ? -1 : a->t->begin > b->t->begin;
 }
 
-/* Reads alpha t's one value. */
+/* Whether torch calls dt floating point, as lora_state_dict asks of every alpha. */
+static int is_floating(enum st_dtype dt)
+{
+    switch (dt) {
+    case DT_F16: case DT_BF16: case DT_F32: case DT_F64: case DT_F8_E5M2: case DT_F8_E4M3: case DT_F8_E8M0:
+    case DT_F8_E4M3FNUZ: case DT_F8_E5M2FNUZ: return 1;
+    default: return 0;
+    }
+}
+
+/* Reads alpha t's one value: one of the component's, which its layers use. */
 static int read_alpha(const char *label, const struct model_tensor *t, double *out)
 {
     const struct st_tensor *x = t->t;
     if (x->dtype != DT_F16 && x->dtype != DT_BF16 && x->dtype != DT_F32 && x->dtype != DT_F64)
-        return nf4_fail(NF4_EDATA, label, x->name, "is an alpha of dtype %s: diffusers takes a floating-point alpha "
-                        "only (it raises for this one), and nf4deq reads F16, BF16, F32 and F64 ones",
+        return nf4_fail(NF4_EDATA, label, x->name, "is an alpha of dtype %s; nf4deq reads F16, BF16, F32 and F64 ones",
                         dtype_name(x->dtype));
     if (x->nelem != 1)
         return nf4_fail(NF4_EDATA, label, x->name, "holds %llu values; an alpha is one number",
@@ -49,6 +58,8 @@ static int read_alpha(const char *label, const struct model_tensor *t, double *o
         memcpy(out, v, sizeof *out);
     else
         *out = f32_from_element(x->dtype, v, 0);
+    if (!isfinite(*out)) /* diffusers would merge weights of no finite value */
+        return nf4_fail(NF4_EDATA, label, x->name, "is %g: the weights it scales would not be finite", *out);
     return NF4_OK;
 }
 
@@ -98,16 +109,12 @@ int network_alphas_config(const struct model *w, const char *prefix, const char 
         const struct model_tensor *t = &w->tensors[i];
         if (!network_alpha_key(t->t->name))
             continue;
-        code = read_alpha(label, t, &alphas[n].value); /* every one popped is checked, whatever its prefix */
-        if (code == NF4_OK && str_starts_with(t->t->name, prefix))
+        if (!is_floating(t->t->dtype)) /* lora_state_dict raises for every one, whatever its prefix */
+            code = nf4_fail(NF4_EDATA, label, t->t->name, "is an alpha of dtype %s, which diffusers refuses (it takes "
+                            "floating-point alphas only)", dtype_name(t->t->dtype));
+        else if (str_starts_with(t->t->name, prefix) && (code = read_alpha(label, t, &alphas[n].value)) == NF4_OK)
             alphas[n++].t = t;
     }
-    for (size_t i = 1; i < n && code == NF4_OK; i++)
-        if (alphas[i].t->t->dtype != alphas[0].t->t->dtype)
-            code = nf4_fail(NF4_EDATA, label, alphas[i].t->t->name, "is a %s alpha, and %s a %s one: PEFT scales each "
-                            "module by its alpha's dtype; nf4deq merges a file whose alphas share one",
-                            dtype_name(alphas[i].t->t->dtype), alphas[0].t->t->name,
-                            dtype_name(alphas[0].t->t->dtype));
     if (code != NF4_OK || n == 0) {
         free(alphas);
         return code;
@@ -117,10 +124,17 @@ int network_alphas_config(const struct model *w, const char *prefix, const char 
     const int unet = !str_starts_with(prefix, "text_encoder");
     cJSON *pattern = cJSON_CreateObject();
     int ok = pattern && cJSON_AddNumberToObject(cfg, "lora_alpha", alphas[0].value);
-    /* the others whose value differs (a NaN from every one) */
-    for (size_t i = 1; ok && i < n; i++) {
+    /* the others whose value differs */
+    for (size_t i = 1; ok && code == NF4_OK && i < n; i++) {
         if (alphas[i].value == alphas[0].value)
             continue;
+        if (alphas[i].t->t->dtype != alphas[0].t->t->dtype) {
+            code = nf4_fail(NF4_EDATA, label, alphas[i].t->t->name, "is a %s alpha, and %s, lora_alpha, a %s one: "
+                            "PEFT scales each module by its alpha's dtype, and nf4deq takes one dtype for the alphas "
+                            "that differ", dtype_name(alphas[i].t->t->dtype), alphas[0].t->t->name,
+                            dtype_name(alphas[0].t->t->dtype));
+            break;
+        }
         char *key = pattern_key(alphas[i].t->t->name + strlen(prefix), unet);
         ok = key && pattern_set(pattern, key, alphas[i].value);
         free(key);
@@ -130,8 +144,8 @@ int network_alphas_config(const struct model *w, const char *prefix, const char 
     else
         ok = 0;
     cJSON_Delete(pattern);
-    *found = ok;
+    *found = ok && code == NF4_OK;
     *dtype = alphas[0].t->t->dtype;
     free(alphas);
-    return ok ? NF4_OK : nf4_fail(NF4_ESOFTWARE, label, NULL, "out of memory");
+    return code != NF4_OK || ok ? code : nf4_fail(NF4_ESOFTWARE, label, NULL, "out of memory");
 }

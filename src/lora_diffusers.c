@@ -375,13 +375,20 @@ static size_t keys_under(const struct model *w, const char *prefix)
 }
 
 /* The components of the keys not under `prefix` (NULL: every key), for a
- * message: distinct first segments, in key order, at most LISTED_COMPONENTS. */
-static void list_components(const struct model *w, const char *prefix, struct strbuf *out)
+ * message: distinct first segments, in key order, at most LISTED_COMPONENTS;
+ * returns how many keys. (Flux.1's loader pops every alpha as a network
+ * alpha, whatever component it names, and only Flux.1's leaves a file any:
+ * lora_alphas.h; they are not counted.) */
+static size_t list_components(const struct model *w, const char *prefix, struct strbuf *out)
 {
-    size_t listed = 0, plen = prefix ? strlen(prefix) : 0;
+    size_t listed = 0, n = 0, plen = prefix ? strlen(prefix) : 0;
     for (size_t i = 0; i < w->count; i++)
-        if (!prefix || strncmp(w->tensors[i].t->name, prefix, plen) != 0)
+        if ((!prefix || strncmp(w->tensors[i].t->name, prefix, plen) != 0) &&
+            !network_alpha_key(w->tensors[i].t->name)) {
             note_component(out, &listed, w->tensors[i].t->name);
+            n++;
+        }
+    return n;
 }
 
 /* Whether the keys are kohya's (sd-scripts) or ComfyUI's: lora_unet_..., lora_te...,
@@ -613,8 +620,9 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
     if (code == NF4_OK && !*prefix && keys_fit_unprefixed(weights, base) && !(*prefix = strdup("")))
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     struct strbuf others = {0};
+    size_t nothers = 0;
     if (code == NF4_OK)
-        list_components(weights, *prefix, &others);
+        nothers = list_components(weights, *prefix, &others);
     if (code == NF4_OK && others.oom)
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     else if (code == NF4_OK && !*prefix && keys_under(weights, PEFT_KEY_PREFIX))
@@ -630,7 +638,7 @@ int diffusers_lora_prefix(const struct model *weights, const struct model *base,
     else if (code == NF4_OK && others.p && **prefix)
         nf4_warn("%s: %zu of its tensors are for other pipeline components (%s) than %.*s: they are not merged "
                  "here; convert each such component with this --lora too", path,
-                 weights->count - keys_under(weights, *prefix), others.p, (int)(strlen(*prefix) - 1), *prefix);
+                 nothers, others.p, (int)(strlen(*prefix) - 1), *prefix);
     free(others.p);
     free(own);
     if (code != NF4_OK) {

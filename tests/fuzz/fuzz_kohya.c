@@ -179,6 +179,8 @@ static const struct {
     {"a kohya conversion", kohya_lora_detect, kohya_lora_convert, FLUX, FACTORS_ONLY},
     {"an XLabs conversion", xlabs_lora_detect, xlabs_lora_convert, FLUX, AS_NAMED},
     {"a fal Kontext conversion", fal_lora_detect, fal_lora_convert, TRANSFORMER, ANY_KEY},
+    /* its norms' scales as the attentions' norm weights */
+    {"a BFL control conversion", bfl_control_lora_detect, bfl_control_lora_convert, TRANSFORMER, ANY_KEY},
     {"a Flux.2 conversion", flux2_lora_detect, flux2_lora_convert, TRANSFORMER, WITH_LORA_COPIES},
     {"a Qwen-Image conversion", qwen_lora_detect, qwen_lora_convert, TRANSFORMER, FACTORS_ONLY},
     {"a Wan conversion", wan_lora_detect, wan_lora_convert, TRANSFORMER, WITH_BIASES},

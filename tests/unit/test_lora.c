@@ -2800,7 +2800,7 @@ static void test_flux_network_alphas(void **state)
         const char *metadata, *want;
     } ALPHA_CASES[] = {
         {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_I32, 1, 0, 1}}, 3,
-         NULL, "transformer.proj_out.alpha: is an alpha of dtype I32: diffusers takes a floating-point alpha only"},
+         NULL, "transformer.proj_out.alpha: is an alpha of dtype I32, which diffusers refuses"},
         {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_F32, 2, 0, 1}}, 3,
          NULL, "transformer.proj_out.alpha: holds 2 values; an alpha is one number"},
         {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_BF16, 1, 0, 4},
@@ -2812,8 +2812,12 @@ static void test_flux_network_alphas(void **state)
         {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_BF16, 1, 0, 4},
           {"transformer.context_embedder.lora_A.weight", DT_BF16, 4, 64, 0.5f},
           {"transformer.context_embedder.lora_B.weight", DT_BF16, 64, 4, 0.5f},
-          {"transformer.context_embedder.alpha", DT_F32, 1, 0, 4}}, 6, NULL,
-         "transformer.proj_out.alpha: is a BF16 alpha, and transformer.context_embedder.alpha a F32 one"},
+          {"transformer.context_embedder.alpha", DT_F32, 1, 0, 2}}, 6, NULL,
+         "transformer.proj_out.alpha: is a BF16 alpha, and transformer.context_embedder.alpha, lora_alpha, a F32 one"},
+        {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_F32, 1, 0, INFINITY}},
+         3, NULL, "transformer.proj_out.alpha: is inf: the weights it scales would not be finite"},
+        {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"text_encoder.x.alpha", DT_I32, 1, 0, 1}}, 3, NULL,
+         "text_encoder.x.alpha: is an alpha of dtype I32, which diffusers refuses"},
     };
     for (size_t i = 0; i < sizeof ALPHA_CASES / sizeof ALPHA_CASES[0]; i++) {
         write_synth_file_with_config(file, ALPHA_CASES[i].ts, ALPHA_CASES[i].n, ALPHA_CASES[i].metadata);
