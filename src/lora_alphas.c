@@ -40,6 +40,25 @@ static int is_floating(enum st_dtype dt)
     }
 }
 
+int network_alphas_check(const struct model *w, int has_metadata)
+{
+    const char *path = w->files[0]->path, *first = NULL;
+    for (size_t i = 0; i < w->count; i++) {
+        const struct st_tensor *t = w->tensors[i].t;
+        if (!network_alpha_key(t->name))
+            continue;
+        if (!is_floating(t->dtype))
+            return nf4_fail(NF4_EDATA, path, t->name, "is an alpha of dtype %s, which diffusers refuses (it takes "
+                            "floating-point alphas only)", dtype_name(t->dtype));
+        first = first ? first : t->name;
+    }
+    if (first && has_metadata)
+        return nf4_fail(NF4_EDATA, path, first, "is an alpha key (a network alpha) beside a LoRA config in the "
+                        "metadata, which diffusers refuses together (\"Both network_alphas and metadata cannot be "
+                        "specified\")");
+    return NF4_OK;
+}
+
 /* Reads alpha t's one value: one of the component's, which its layers use. */
 static int read_alpha(const char *label, const struct model_tensor *t, double *out)
 {
@@ -107,12 +126,8 @@ int network_alphas_config(const struct model *w, const char *prefix, const char 
     int code = NF4_OK;
     for (size_t i = 0; i < w->count && code == NF4_OK; i++) {
         const struct model_tensor *t = &w->tensors[i];
-        if (!network_alpha_key(t->t->name))
-            continue;
-        if (!is_floating(t->t->dtype)) /* lora_state_dict raises for every one, whatever its prefix */
-            code = nf4_fail(NF4_EDATA, label, t->t->name, "is an alpha of dtype %s, which diffusers refuses (it takes "
-                            "floating-point alphas only)", dtype_name(t->t->dtype));
-        else if (str_starts_with(t->t->name, prefix) && (code = read_alpha(label, t, &alphas[n].value)) == NF4_OK)
+        if (network_alpha_key(t->t->name) && str_starts_with(t->t->name, prefix) &&
+            (code = read_alpha(label, t, &alphas[n].value)) == NF4_OK)
             alphas[n++].t = t;
     }
     if (code != NF4_OK || n == 0) {

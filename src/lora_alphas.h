@@ -22,12 +22,20 @@
 /* Whether lora_state_dict pops `key` as a network alpha. */
 int network_alpha_key(const char *key);
 
+/* NF4_OK, or NF4_EDATA where diffusers refuses w's network alphas whatever
+ * component they name: one of no floating dtype (ValueError in
+ * lora_state_dict), or any beside a LoRA config in the metadata
+ * (load_lora_adapter's "Both network_alphas and metadata"). `has_metadata`:
+ * whether w has one diffusers reads. */
+int network_alphas_check(const struct model *w, int has_metadata);
+
 /* Sets "lora_alpha" and "alpha_pattern" in cfg from w's network alphas
  * under `prefix` ("transformer."), and *dtype to their dtype; *found is 0
  * where there is none under it (cfg untouched). `label` names the file in
- * messages. NF4_OK; NF4_EDATA for an alpha diffusers refuses (not a
- * floating tensor), or one nf4deq does not take (not one number, F8, or
- * alphas of several dtypes: PEFT would scale by each one's); NF4_ESOFTWARE. */
+ * messages. w has passed network_alphas_check. NF4_OK; NF4_EDATA for an
+ * alpha of the component's nf4deq does not take (not one number, F8, NaN
+ * or infinite, or one that differs from lora_alpha in dtype as well as
+ * value: PEFT would scale by each one's); NF4_ESOFTWARE. */
 int network_alphas_config(const struct model *w, const char *prefix, const char *label, cJSON *cfg,
                           enum st_dtype *dtype, int *found);
 

@@ -558,13 +558,19 @@ size_t diffusers_lora_keys_for(const struct model *weights, const char *componen
     return n;
 }
 
-int diffusers_lora_check_components(const struct model *weights, const char *const *components, size_t n)
+int diffusers_lora_check_components(const struct model *weights, const char *const *components, size_t n,
+                                    int flux1_rules)
 {
     const char *path = weights->files[0]->path;
     struct strbuf missing = {0};
-    size_t listed = 0, left = 0;
-    for (size_t i = 0; i < weights->count; i++) {
+    size_t listed = 0, left = 0, keys = 0;
+    /* Flux.1's loader pops every alpha as a network alpha, for no component (lora_alphas.h) */
+    int code = flux1_rules ? network_alphas_check(weights, diffusers_lora_metadata(weights) != NULL) : NF4_OK;
+    for (size_t i = 0; i < weights->count && code == NF4_OK; i++) {
         const char *key = weights->tensors[i].t->name;
+        if (flux1_rules && network_alpha_key(key))
+            continue;
+        keys++;
         size_t len = component_len(key), k;
         for (k = 0; k < n; k++)
             if (strlen(components[k]) == len && memcmp(components[k], key, len) == 0)
@@ -574,16 +580,15 @@ int diffusers_lora_check_components(const struct model *weights, const char *con
         left++;
         note_component(&missing, &listed, key);
     }
-    int code = NF4_OK;
-    if (missing.oom)
+    if (code == NF4_OK && missing.oom)
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    else if (left && left == weights->count && is_kohya(weights))
+    else if (code == NF4_OK && left && left == keys && is_kohya(weights))
         code = kohya_refusal(weights);
-    else if (left && left == weights->count) /* other components', or keys with none (save_lora_adapter) */
+    else if (code == NF4_OK && left && left == keys) /* other components', or keys with none (save_lora_adapter) */
         code = nf4_fail(NF4_EDATA, path, NULL, "has no tensors for a component of this pipeline that diffusers loads "
                         "LoRAs into (its keys are for: %s); give IN the folder of the component it was trained on",
                         missing.p);
-    else if (left)
+    else if (code == NF4_OK && left)
         nf4_warn("%s: %zu of its tensors are for %s, which this pipeline does not have or diffusers does not load "
                  "LoRAs into: they are not merged", path, left, missing.p);
     free(missing.p);
@@ -853,9 +858,8 @@ int diffusers_lora_config(const struct model *weights, const char *prefix, int f
     /* Network alphas (lora_alphas.h), which Flux.1's loader alone leaves
      * in a file in diffusers' form: diffusers refuses them beside metadata. */
     const int any_alpha = code == NF4_OK && flux1_rules && !lokr && lora_model_any_key(weights, network_alpha_key);
-    if (any_alpha && meta)
-        code = nf4_fail(NF4_EDATA, label.p, NULL, "is given with alpha keys (network alphas), which diffusers refuses "
-                        "together (\"Both network_alphas and metadata cannot be specified\")");
+    if (any_alpha)
+        code = network_alphas_check(weights, meta != NULL);
     /* No metadata: diffusers then takes r and alpha from each pair's shape
      * (alpha from the network alphas, where some are the component's), and
      * DoRA and LoRA biases from the keys. */

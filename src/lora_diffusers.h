@@ -165,8 +165,11 @@ size_t diffusers_lora_keys_for(const struct model *weights, const char *componen
 /* Warns, once per LoRA, about keys for components the pipeline does not have
  * (`components`, n of them), which are not merged; NF4_EDATA when that is
  * every key (another pipeline's LoRA, or one model's with no component
- * before its keys, as ModelMixin.save_lora_adapter writes). */
-int diffusers_lora_check_components(const struct model *weights, const char *const *components, size_t n);
+ * before its keys, as ModelMixin.save_lora_adapter writes). Read with
+ * Flux.1's rules (`flux1_rules`), its network alphas are checked first
+ * (lora_alphas.h) and belong to no component. */
+int diffusers_lora_check_components(const struct model *weights, const char *const *components, size_t n,
+                                    int flux1_rules);
 
 /* The file's lora_adapter_metadata (DIFFUSERS_LORA_METADATA), or NULL
  * where diffusers reads none (json.loads(raw) if raw else None): no such

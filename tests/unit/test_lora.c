@@ -2808,7 +2808,8 @@ static void test_flux_network_alphas(void **state)
           {"transformer.context_embedder.lora_B.weight", DT_BF16, 64, 4, 0.5f}}, 5, NULL, NULL},
         {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_F32, 1, 0, 4}}, 3,
          "{\"transformer.r\": 4, \"transformer.lora_alpha\": 4, \"transformer.target_modules\": [\"proj_out\"]}",
-         "(metadata \"lora_adapter_metadata\"): is given with alpha keys (network alphas), which diffusers refuses"},
+         "transformer.proj_out.alpha: is an alpha key (a network alpha) beside a LoRA config in the metadata, which "
+         "diffusers refuses together"},
         {{{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f}, {"transformer.proj_out.alpha", DT_BF16, 1, 0, 4},
           {"transformer.context_embedder.lora_A.weight", DT_BF16, 4, 64, 0.5f},
           {"transformer.context_embedder.lora_B.weight", DT_BF16, 64, 4, 0.5f},
@@ -2832,6 +2833,23 @@ static void test_flux_network_alphas(void **state)
             fail_msg("exit %d, stdout: %s", r.status, r.out);
         tu_run_free(&r);
     }
+    /* On the pipeline, another component's alphas belong to no component
+     * (Flux.1's loader pops them all): one diffusers uses nowhere is left out
+     * without a word, one of no floating dtype refused before any warning. */
+    const struct synth_tensor other[] = {{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f},
+                                         {"text_encoder_2.x.alpha", DT_F32, 2, 0, 1}};
+    write_synth_file(file, other, 3);
+    struct tu_run r = tu_run("convert", "--device", "cpu", DIFFUSERS_FIXTURES "/tiny-flux-bnb4", out, "--lora", file,
+                             NULL);
+    if (r.status != 0 || tu_lines(r.err) != 1 || !strstr(r.err, "1 with LoRA merged"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_rmtree(out);
+    const struct synth_tensor other_int[] = {{PA, DT_BF16, 4, 64, 0.5f}, {PB, DT_BF16, 16, 4, 0.25f},
+                                             {"text_encoder_2.x.alpha", DT_I32, 1, 0, 1}};
+    write_synth_file(file, other_int, 3);
+    assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-flux-bnb4", file, NULL,
+                         "text_encoder_2.x.alpha: is an alpha of dtype I32, which diffusers refuses");
 #undef PA
 #undef PB
     unlink(file);
