@@ -173,6 +173,8 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddBoolToObject(e, "dora", x->magnitude != NULL);
                 cJSON_AddBoolToObject(e, "lora_bias", x->bias);
                 cJSON_AddBoolToObject(e, "lokr", x->kron.w1 != NULL);
+                if (x->padded_from) /* lora_A padded with zero columns to the layer's inputs */
+                    cJSON_AddNumberToObject(e, "lora_A_padded_from", (double)x->padded_from);
                 if (x->expert_rows) { /* a LoRA on a fused experts tensor: every expert */
                     cJSON_AddNumberToObject(e, "experts", x->b_col_step);
                     cJSON_AddBoolToObject(e, "is_transposed", x->fan_in_fan_out);
@@ -183,12 +185,15 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddStringToObject(e, "dtype", dtype_name(x->a->t->dtype));
                 cJSON_AddItemToArray(ja, e);
             } else {
-                char expert[64] = "";
+                char expert[96] = "";
                 if (x->expert_rows)
                     snprintf(expert, sizeof expert, " (%u experts, fused%s)", x->b_col_step,
                              x->fan_in_fan_out ? ", is_transposed" : "");
                 else if (x->b_col_step)
                     snprintf(expert, sizeof expert, " (expert %u of %u)", x->b_col0, x->b_col_step);
+                else if (x->padded_from)
+                    snprintf(expert, sizeof expert, " (lora_A padded from %llu to %llu inputs)",
+                             (unsigned long long)x->padded_from, (unsigned long long)t->cols);
                 put_name(out, t->name, 48);
                 fprintf(out, " %-6u %10g %12.9g  %s%s\n", x->bias ? x->pair_r : x->r, x->alpha, (double)x->scaling,
                         adapter_dir(s, x->adapter),

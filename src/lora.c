@@ -1020,12 +1020,13 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         }
     }
     int transposed = !conv && (kind->embedding || delta_transposed(b, c, wname, out_f, in_f, ndim, shape));
-    uint64_t rows = transposed ? in_f : out_f, cols = transposed ? out_f : in_f, widened_shape[2];
+    uint64_t rows = transposed ? in_f : out_f, cols = transposed ? out_f : in_f, widened_shape[2], padded_from = 0;
     if (ad->flux1_loader && kind == &LAYER_PAIR && !conv && !transposed && !parameter && !c->use_dora && ndim == 2 &&
         shape[0] == rows && shape[1] != cols && cols) {
         if ((code = widen_for_flux1(b, index, module, wname, shape, cols, &a)) != NF4_OK)
             goto out;
         if (cols < shape[1]) { /* lora_A padded */
+            padded_from = cols;
             cols = shape[1];
         } else { /* the base replaced by its widened weight */
             widened_shape[0] = rows;
@@ -1064,6 +1065,7 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
                                  .embedding = kind->embedding,
                                  .magnitude = magnitude,
                                  .scaling = config_scaling(c, alpha, r),
+                                 .padded_from = padded_from,
                                  .adapter = index};
     if (!isfinite(x->term.scaling))
         code = nf4_fail(NF4_EDATA, file, aname, "lora_alpha / r is not a finite fp32 number");

@@ -107,6 +107,7 @@ struct lora_term {
     uint32_t b_col0, b_col_step;
     uint64_t expert_rows;
     struct lora_kron kron; /* a LoKr (b is NULL then); else all 0 */
+    uint64_t padded_from;  /* lora_A's own columns, where it was padded to the layer's (lora_widen.h); else 0 */
     size_t adapter;       /* index of the adapter, in --lora order */
 };
 

@@ -2721,7 +2721,14 @@ static void test_flux_control_lora(void **state)
     tu_assert_same_tensors(a, b);
     assert_config_holds(pipe_out, "\"in_channels\": 32,");
     r = tu_run("inspect", base, "--lora", lora, "--json", NULL);
-    if (r.status != 0 || !strstr(r.out, "\"change\": \"widened\"") || !strstr(r.out, "\"merged\": 32"))
+    if (r.status != 0 || !strstr(r.out, "\"change\": \"widened\"") || !strstr(r.out, "\"merged\": 32") ||
+        !strstr(r.out, "\"lora_A_padded_from\": 40"))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    r = tu_run("inspect", base, "--lora", lora, NULL);
+    if (r.status != 0 || !strstr(r.out, "(lora_A padded from 40 to 64 inputs)") ||
+        !strstr(r.out, "(base layer widened with zeros, BF16)") ||
+        !strstr(r.out, "x_embedder is widened from 16 to 32 inputs"))
         fail_msg("exit %d, stdout: %s", r.status, r.out);
     tu_run_free(&r);
     assert_int_equal(tu_count_entries(s->dir), 2); /* the two outputs, no temp file */
