@@ -1997,8 +1997,7 @@ static int bind_control_norm(struct binder *b, size_t index, const struct model_
 {
     size_t ndim;
     const uint64_t *shape;
-    if (!base_shape(b, name, &ndim, &shape) && !model_find(b->base, name) &&
-        !bnb_find(b->weights, b->nweights, name)) {
+    if (!base_shape(b, name, &ndim, &shape) && !model_find(b->base, name)) { /* 4-bit ones: base_shape's */
         nf4_warn("%s: %s: a norm weight the model does not have; diffusers ignores it, and it is not merged",
                  t->file->path, t->t->name);
         return NF4_OK;
@@ -2249,7 +2248,7 @@ static int read_diffusers_config(struct lora_adapter *ad, const struct model *ba
 {
     enum lora_family family = LORA_FAMILY_OTHER;
     int code = base->dir ? diffusers_lora_family_of_dir(ad->config_path, base->dir, &family) : NF4_OK;
-    const int flux1_rules = family == LORA_FAMILY_FLUX || family == LORA_FAMILY_OTHER;
+    const int flux1_rules = diffusers_flux1_rules(family);
     if (code == NF4_OK)
         code = diffusers_lora_config(ad->weights, ad->key_prefix, flux1_rules, c);
     ad->flux1_loader = (family == LORA_FAMILY_FLUX || !base->dir) && strcmp(ad->key_prefix, "transformer.") == 0;

@@ -63,7 +63,7 @@ int network_alphas_check(const struct model *w, int has_metadata)
 static int read_alpha(const char *label, const struct model_tensor *t, double *out)
 {
     const struct st_tensor *x = t->t;
-    if (x->dtype != DT_F16 && x->dtype != DT_BF16 && x->dtype != DT_F32 && x->dtype != DT_F64)
+    if (!dtype_is_castable_float(x->dtype)) /* F16, BF16, F32, F64 */
         return nf4_fail(NF4_EDATA, label, x->name, "is an alpha of dtype %s; nf4deq reads F16, BF16, F32 and F64 ones",
                         dtype_name(x->dtype));
     if (x->nelem != 1)

@@ -167,6 +167,11 @@ enum lora_family diffusers_lora_family(const char *cls)
     return LORA_FAMILY_OTHER;
 }
 
+int diffusers_flux1_rules(enum lora_family family)
+{
+    return family == LORA_FAMILY_FLUX || family == LORA_FAMILY_OTHER;
+}
+
 int diffusers_loads_sdxl(const char *cls)
 {
     static const char *const XL_LOADERS[] = {"StableDiffusionXL", "AnimateDiffSDXL", "Kolors",
@@ -289,7 +294,7 @@ int diffusers_lora_open_for(const char *path, enum lora_family family, const cha
      * classes follow), after its conversion: "Invalid LoRA checkpoint" for a
      * key without "lora" (Flux.2's and Z-Image's pass "lokr" too). */
     const int lokr_passes = family == LORA_FAMILY_FLUX2 || family == LORA_FAMILY_Z_IMAGE;
-    const int all_lora = family != LORA_FAMILY_FLUX && family != LORA_FAMILY_OTHER;
+    const int all_lora = !diffusers_flux1_rules(family);
     for (size_t i = 0; all_lora && i < (*out)->count; i++) {
         const char *name = (*out)->tensors[i].t->name;
         if (!strstr(name, "lora") && !(lokr_passes && strstr(name, "lokr"))) {

@@ -74,6 +74,9 @@ enum lora_family {
 /* The family of a pipeline's or a model's class name (model_index.json's or
  * config.json's _class_name; NULL: LORA_FAMILY_OTHER). */
 enum lora_family diffusers_lora_family(const char *cls);
+/* Whether a family's loader reads LoRAs by Flux.1's rules: Flux.1's own,
+ * and an unknown class's (a weights file alone too), which follow them. */
+int diffusers_flux1_rules(enum lora_family family);
 
 /* Whether the LoRA loader of a pipeline of class `cls` is Stable Diffusion
  * XL's (StableDiffusionXLLoraLoaderMixin: StableDiffusionXL..., Kolors...,

@@ -7,32 +7,27 @@
 #include "dequant.h"
 #include "dtype.h"
 #include "lora_rewrite.h"
+#include "source_cache.h"
 #include "status.h"
 
-/* Reads 4-bit weight w whole into `parts` and dequantizes it into out (its
- * n elements in dtype dt), as bitsandbytes does (dequant.h). */
+/* Reads 4-bit weight w whole (source_cache.h) and dequantizes it into out
+ * (its n elements in dtype dt), as bitsandbytes does (dequant.h). */
 static int dequantize_whole(const struct bnb_weight *w, enum st_dtype dt, void *out)
 {
     const struct bnb_state *s = &w->state;
-    const uint64_t packed_len = s->n / 2 + (s->n & 1), absmax_len = w->blocks * (s->nested ? 1 : 4),
-                   nested_len = s->nested ? w->nested_blocks * 4 : 0;
-    unsigned char *packed = malloc(packed_len + 1), *absmax = malloc(absmax_len + 1);
-    float *nested = malloc(nested_len + 1), nested_code[NESTED_CODE_ENTRIES];
-    int code = packed && absmax && nested ? NF4_OK : nf4_fail(NF4_ESOFTWARE, w->packed->file->path, w->name,
-                                                              "out of memory");
-    if (code == NF4_OK)
-        code = st_read(w->packed->file, w->packed->t, 0, packed, packed_len);
-    if (code == NF4_OK)
-        code = st_read(w->absmax->file, w->absmax->t, 0, absmax, absmax_len);
-    if (code == NF4_OK && s->nested &&
-        (code = st_read(w->nested_absmax->file, w->nested_absmax->t, 0, nested, nested_len)) == NF4_OK)
+    unsigned char *buf = malloc(source_cache_entry_bytes(w) + 1);
+    float nested_code[NESTED_CODE_ENTRIES];
+    struct cached_source whole;
+    int code = buf ? source_read_whole(w, buf, &whole)
+                   : nf4_fail(NF4_ESOFTWARE, w->packed->file->path, w->name, "out of memory");
+    if (code == NF4_OK && s->nested)
         code = st_read(w->nested_quant_map->file, w->nested_quant_map->t, 0, nested_code, sizeof nested_code);
     if (code == NF4_OK) {
         struct dequant_job job = {
-            .packed = packed,
-            .absmax_code = s->nested ? absmax : NULL,
-            .absmax = s->nested ? NULL : (const float *)absmax,
-            .nested_absmax = s->nested ? nested : NULL,
+            .packed = whole.packed,
+            .absmax_code = s->nested ? whole.absmax : NULL,
+            .absmax = s->nested ? NULL : (const float *)whole.absmax,
+            .nested_absmax = whole.nested_absmax,
             .nested_code = s->nested ? nested_code : NULL,
             .nested_offset = s->nested ? s->nested_offset : 0.0f,
             .n = s->n,
@@ -44,9 +39,7 @@ static int dequantize_whole(const struct bnb_weight *w, enum st_dtype dt, void *
         };
         dequant_cpu_range(&job, 0, job.n);
     }
-    free(packed);
-    free(absmax);
-    free(nested);
+    free(buf);
     return code;
 }
 

@@ -241,8 +241,7 @@ int pipeline_loras_open(const char *in, const char *const *args, size_t n, const
             code = diffusers_lora_open_for(file, diffusers_lora_family(pl->cls), unet_config, 1, &pl->weights[i]);
         if (code == NF4_OK && pl->h3.partitions)
             code = check_partitions(pl, i);
-        const enum lora_family family = diffusers_lora_family(pl->cls);
-        const int flux1_rules = family == LORA_FAMILY_FLUX || family == LORA_FAMILY_OTHER;
+        const int flux1_rules = diffusers_flux1_rules(diffusers_lora_family(pl->cls));
         if (code == NF4_OK)
             code = pl->into[i] && !pl->h3.partitions
                        ? diffusers_lora_check_components(pl->weights[i], TRANSFORMER, 1, flux1_rules)

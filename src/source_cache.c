@@ -114,17 +114,17 @@ static struct entry *free_entry(struct source_cache *c)
     return best;
 }
 
-static int read_whole(struct entry *e, const struct bnb_weight *w)
+int source_read_whole(const struct bnb_weight *w, unsigned char *buf, struct cached_source *view)
 {
-    unsigned char *at = e->buf;
-    e->view.packed = at;
+    unsigned char *at = buf;
+    view->packed = at;
     int code = st_read(w->packed->file, w->packed->t, 0, at, packed_bytes(w));
     at += align_up(packed_bytes(w));
-    e->view.absmax = at;
+    view->absmax = at;
     if (code == NF4_OK)
         code = st_read(w->absmax->file, w->absmax->t, 0, at, absmax_bytes(w));
     at += align_up(absmax_bytes(w));
-    e->view.nested_absmax = w->state.nested ? (const float *)at : NULL;
+    view->nested_absmax = w->state.nested ? (const float *)at : NULL;
     if (code == NF4_OK && w->state.nested)
         code = st_read(w->nested_absmax->file, w->nested_absmax->t, 0, at, w->nested_blocks * 4);
     return code;
@@ -143,7 +143,7 @@ int source_cache_get(struct source_cache *c, const struct bnb_weight *w, const s
         /* Read it here, without the lock: its readers wait for it. */
         *e = (struct entry){.w = w, .state = ENTRY_LOADING, .buf = e->buf};
         pthread_mutex_unlock(&c->mu);
-        int code = read_whole(e, w);
+        int code = source_read_whole(w, e->buf, &e->view);
         pthread_mutex_lock(&c->mu);
         e->state = code == NF4_OK ? ENTRY_READY : ENTRY_EMPTY;
         pthread_cond_broadcast(&c->cv);

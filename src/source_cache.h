@@ -34,6 +34,11 @@ struct source_cache;
 
 /* The bytes w's entry takes: what source_cache_bytes counts and an entry must hold. */
 uint64_t source_cache_entry_bytes(const struct bnb_weight *w);
+/* Reads w whole into buf (source_cache_entry_bytes(w) bytes, aligned for
+ * floats: each part starts a multiple of 64 bytes in), *view pointing at its
+ * parts there: what an entry holds, for a reader outside the cache
+ * (lora_widen.h). A read's failure is returned. */
+int source_read_whole(const struct bnb_weight *w, unsigned char *buf, struct cached_source *view);
 /* A cache of SOURCE_CACHE_ENTRIES entries of entry_bytes each (at most
  * SOURCE_CACHE_MAX_BYTES), mapped now and touched as tensors are read;
  * `path` (the output) names it in messages. */
