@@ -9,151 +9,12 @@
 
 #include "bnb_state.h"
 #include "fileio.h"
+#include "json_text.h"
 #include "json_util.h"
 #include "model.h"
 #include "status.h"
 #include "strbuf.h"
 #include "strutil.h"
-
-/* ---- a minimal JSON scanner, run only on text cJSON has already accepted ---- */
-
-static size_t skip_ws(const char *s, size_t i, size_t len)
-{
-    while (i < len && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r'))
-        i++;
-    return i;
-}
-
-static size_t skip_string(const char *s, size_t i, size_t len)
-{
-    for (i++; i < len; i++) {
-        if (s[i] == '\\')
-            i++;
-        else if (s[i] == '"')
-            return i + 1;
-    }
-    return len;
-}
-
-static size_t skip_value(const char *s, size_t i, size_t len)
-{
-    if (i >= len)
-        return len;
-    if (s[i] == '"')
-        return skip_string(s, i, len);
-    if (s[i] == '{' || s[i] == '[') {
-        int depth = 0;
-        for (; i < len; i++) {
-            if (s[i] == '"') {
-                i = skip_string(s, i, len) - 1;
-            } else if (s[i] == '{' || s[i] == '[') {
-                depth++;
-            } else if (s[i] == '}' || s[i] == ']') {
-                if (--depth == 0)
-                    return i + 1;
-            }
-        }
-        return len;
-    }
-    while (i < len && s[i] != ',' && s[i] != '}' && s[i] != ']' && s[i] != ' ' && s[i] != '\t' && s[i] != '\n' &&
-           s[i] != '\r')
-        i++;
-    return i;
-}
-
-struct member {
-    size_t key_start, key_end; /* the key including its quotes */
-    size_t value_start, value_end;
-};
-
-static int hex_digit(char h)
-{
-    if (h >= '0' && h <= '9')
-        return h - '0';
-    if (h >= 'a' && h <= 'f')
-        return h - 'a' + 10;
-    if (h >= 'A' && h <= 'F')
-        return h - 'A' + 10;
-    return -1;
-}
-
-/* Compares a member's key, as a JSON reader decodes it, with `key` (plain
- * ASCII): an escaped spelling such as "quantization\u005fconfig" names the same
- * key for every reader and must match too. Allocates nothing, so it cannot
- * fail. */
-static int key_is(const char *s, const struct member *m, const char *key)
-{
-    size_t i = m->key_start + 1, end = m->key_end - 1; /* inside the quotes */
-    const unsigned char *k = (const unsigned char *)key;
-    while (i < end) {
-        unsigned c = (unsigned char)s[i++];
-        if (c == '\\') {
-            if (i >= end)
-                return 0;
-            char e = s[i++];
-            switch (e) {
-            case '"': case '\\': case '/': c = (unsigned char)e; break;
-            case 'b': c = '\b'; break;
-            case 'f': c = '\f'; break;
-            case 'n': c = '\n'; break;
-            case 'r': c = '\r'; break;
-            case 't': c = '\t'; break;
-            case 'u':
-                if (end - i < 4)
-                    return 0;
-                c = 0;
-                for (int d = 0; d < 4; d++) {
-                    int v = hex_digit(s[i++]);
-                    if (v < 0)
-                        return 0;
-                    c = c * 16 + (unsigned)v;
-                }
-                if (c == 0 || c >= 0x80) /* not an ASCII character of `key` */
-                    return 0;
-                break;
-            default:
-                return 0;
-            }
-        }
-        if (*k == '\0' || *k != c)
-            return 0;
-        k++;
-    }
-    return *k == '\0';
-}
-
-/* The members of the JSON object that opens at json[open] ('{'), in order;
- * NULL when memory runs out. */
-static struct member *scan_members(const char *json, size_t open, size_t len, size_t *count)
-{
-    size_t cap = 16;
-    struct member *mem = malloc(cap * sizeof *mem);
-    *count = 0;
-    if (!mem)
-        return NULL;
-    size_t i = skip_ws(json, open + 1, len);
-    while (i < len && json[i] == '"') {
-        if (*count == cap) {
-            struct member *grown = realloc(mem, 2 * cap * sizeof *mem);
-            if (!grown) {
-                free(mem);
-                return NULL;
-            }
-            mem = grown;
-            cap *= 2;
-        }
-        struct member *m = &mem[(*count)++];
-        m->key_start = i;
-        m->key_end = skip_string(json, i, len);
-        i = skip_ws(json, m->key_end, len) + 1; /* past ':' */
-        m->value_start = skip_ws(json, i, len);
-        m->value_end = skip_value(json, m->value_start, len);
-        i = skip_ws(json, m->value_end, len);
-        if (i < len && json[i] == ',')
-            i = skip_ws(json, i + 1, len);
-    }
-    return mem;
-}
 
 #define TIE_KEY "tie_word_embeddings"
 
@@ -163,7 +24,7 @@ static struct member *scan_members(const char *json, size_t open, size_t len, si
 #define OUT_CHANNELS_KEY "out_channels"
 
 /* Whether member m's value is JSON's null. */
-static int is_null(const char *json, const struct member *m)
+static int is_null(const char *json, const struct json_member *m)
 {
     return m->value_end - m->value_start == 4 && memcmp(json + m->value_start, "null", 4) == 0;
 }
@@ -179,14 +40,14 @@ static int put_text_config(struct strbuf *b, const char *json, size_t start, siz
                            int *vocab_set)
 {
     size_t count;
-    struct member *mem = scan_members(json, start, end, &count);
+    struct json_member *mem = json_scan_members(json, start, end, &count);
     if (!mem)
         return -1;
     size_t at = start;
     int have = 0;
     for (size_t k = 0; k < count; k++) {
-        const char *value = untie && key_is(json, &mem[k], TIE_KEY) ? "false"
-                            : vocab && key_is(json, &mem[k], VOCAB_KEY) ? vocab
+        const char *value = untie && json_member_key_is(json, &mem[k], TIE_KEY) ? "false"
+                            : vocab && json_member_key_is(json, &mem[k], VOCAB_KEY) ? vocab
                                                                         : NULL;
         if (!value)
             continue;
@@ -232,13 +93,13 @@ int config_rewrite(const char *path, const char *json, size_t len, const struct 
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory parsing it");
     if (!is_object)
         return nf4_fail(NF4_EDATA, path, NULL, "not a JSON object");
-    size_t open = skip_ws(json, 0, len), count;
-    struct member *mem = scan_members(json, open, len, &count);
+    size_t open = json_text_skip_ws(json, 0, len), count;
+    struct json_member *mem = json_scan_members(json, open, len, &count);
     if (!mem)
         return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     /* diffusers reads no dtype from a config; its keys stay as they are. */
     for (size_t k = 0; k < count && dtype_name; k++)
-        if (key_is(json, &mem[k], "_diffusers_version"))
+        if (json_member_key_is(json, &mem[k], "_diffusers_version"))
             dtype_name = NULL;
     struct strbuf b = {0};
     char quoted[64] = "";
@@ -254,29 +115,29 @@ int config_rewrite(const char *path, const char *json, size_t len, const struct 
     }
     strbuf_put(&b, json, count ? mem[0].key_start : open + 1);
     for (size_t k = 0; k < count; k++) {
-        const struct member *m = &mem[k];
-        if (key_is(json, m, "quantization_config"))
+        const struct json_member *m = &mem[k];
+        if (json_member_key_is(json, m, "quantization_config"))
             continue;
         if (written++)
             strbuf_put(&b, sep, sep_len);
         const char *value = NULL; /* a new value for this member */
-        if (dtype_name && (key_is(json, m, "dtype") || key_is(json, m, "torch_dtype")))
+        if (dtype_name && (json_member_key_is(json, m, "dtype") || json_member_key_is(json, m, "torch_dtype")))
             value = quoted;
-        else if (untie && key_is(json, m, TIE_KEY))
+        else if (untie && json_member_key_is(json, m, TIE_KEY))
             value = "false";
-        else if (ch->vocab_size && key_is(json, m, VOCAB_KEY))
+        else if (ch->vocab_size && json_member_key_is(json, m, VOCAB_KEY))
             value = vocab;
-        else if (ch->in_channels && key_is(json, m, IN_CHANNELS_KEY))
+        else if (ch->in_channels && json_member_key_is(json, m, IN_CHANNELS_KEY))
             value = in_channels;
-        else if (ch->in_channels && key_is(json, m, OUT_CHANNELS_KEY) && is_null(json, m))
+        else if (ch->in_channels && json_member_key_is(json, m, OUT_CHANNELS_KEY) && is_null(json, m))
             value = out_channels;
-        have_in |= key_is(json, m, IN_CHANNELS_KEY);
-        have_out |= key_is(json, m, OUT_CHANNELS_KEY);
-        have_dtype |= key_is(json, m, "dtype");
-        have_torch_dtype |= key_is(json, m, "torch_dtype");
-        have_tie |= key_is(json, m, TIE_KEY);
-        have_vocab |= key_is(json, m, VOCAB_KEY);
-        if ((untie || ch->vocab_size) && key_is(json, m, "text_config") && json[m->value_start] == '{') {
+        have_in |= json_member_key_is(json, m, IN_CHANNELS_KEY);
+        have_out |= json_member_key_is(json, m, OUT_CHANNELS_KEY);
+        have_dtype |= json_member_key_is(json, m, "dtype");
+        have_torch_dtype |= json_member_key_is(json, m, "torch_dtype");
+        have_tie |= json_member_key_is(json, m, TIE_KEY);
+        have_vocab |= json_member_key_is(json, m, VOCAB_KEY);
+        if ((untie || ch->vocab_size) && json_member_key_is(json, m, "text_config") && json[m->value_start] == '{') {
             /* A multimodal model's text model may say them too. */
             strbuf_put(&b, json + m->key_start, m->value_start - m->key_start);
             if (put_text_config(&b, json, m->value_start, m->value_end, untie, ch->vocab_size ? vocab : NULL,
