@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "control_index.h"
 #include "conv1d_layout.h"
 #include "expert_layout.h"
 #include "file_copy.h"
@@ -515,9 +516,42 @@ static int pipeline_open_components(struct ctx *c, const char *in, const struct 
     return code;
 }
 
-/* One entry of the pipeline's root into dir: a converted component, or a copy. */
+/* A job whose LoRA widened its transformer's x_embedder (lora_widen.h). */
+static int job_widens(const struct model_job *job)
+{
+    return job->m && job->lora && job->lora->in_channels;
+}
+
+/* The pipeline's index `from`, where a control LoRA widened its transformer:
+ * written as the control pipeline's (control_index.h), or copied as it is
+ * with a warning where its class has none. */
+static int write_control_index(const char *from, const char *to, const char *in)
+{
+    char *json = NULL, *cls = NULL, *text = NULL;
+    const char *control = NULL;
+    size_t len = 0, text_len = 0;
+    int code = read_small_file(from, MAX_JSON_FILE_BYTES, &json, &len);
+    if (code == NF4_OK)
+        code = control_index_rewrite(from, json, len, &cls, &control, &text, &text_len);
+    if (code == NF4_OK && text) {
+        temp_register(to, 0);
+        code = write_file_atomic(to, text, text_len);
+    } else if (code == NF4_OK) {
+        if (!control)
+            nf4_warn("%s: _class_name %s kept: the widened transformer takes a control image, which only "
+                     "diffusers' FluxControl pipelines give it", from, cls ? cls : "(none)");
+        code = copy_path(from, to, in);
+    }
+    free(json);
+    free(cls);
+    free(text);
+    return code;
+}
+
+/* One entry of the pipeline's root into dir: a converted component, or a copy;
+ * its index as a control pipeline's where `widened`. */
 static int pipeline_write_entry(struct ctx *c, const char *in, const struct pipeline_entry *e,
-                                const struct model_job *job, const char *dir)
+                                const struct model_job *job, int widened, const char *dir)
 {
     char *from = path_join(in, e->name), *to = path_join(dir, e->name);
     int code = NF4_OK;
@@ -535,7 +569,13 @@ static int pipeline_write_entry(struct ctx *c, const char *in, const struct pipe
         /* A checkpoint beside the components (a single-file export) would be
          * copied still quantized. */
         nf4_warn("%s: a checkpoint outside every component; not copied (convert it on its own)", from);
+    } else if (widened && e->kind == ENTRY_FILE && strcmp(e->name, PIPELINE_INDEX_NAME) == 0) {
+        code = write_control_index(from, to, in);
     } else {
+        const char *index = pipeline_index_name(in);
+        if (widened && e->kind == ENTRY_FILE && index && strcmp(e->name, index) == 0)
+            nf4_warn("%s: copied as it is: the widened transformer takes a control image, which only "
+                     "diffusers' FluxControl pipelines give it", from);
         code = copy_path(from, to, in); /* a file, or a warning */
     }
     free(from);
@@ -560,8 +600,11 @@ int convert_pipeline(struct ctx *c, const char *in, const char *out, int replace
         convert_warn_if_nothing_to_do(c, in, tensors, 1); /* components with 4-bit weights (none with --lora) */
     if (code == NF4_OK && (code = convert_open_engine(c, out, tensors, bytes)) == NF4_OK &&
         (code = make_temp_dir(out, &tmp)) == NF4_OK) {
+        int widened = 0;
+        for (size_t i = 0; i < n; i++)
+            widened |= job_widens(&jobs[i]);
         for (size_t i = 0; i < n && code == NF4_OK; i++)
-            code = pipeline_write_entry(c, in, &e[i], &jobs[i], tmp);
+            code = pipeline_write_entry(c, in, &e[i], &jobs[i], widened, tmp);
         if (code == NF4_OK && fsync_dir(tmp) != 0)
             code = nf4_fail_errno(NF4_EIO, errno, out, NULL, "fsync of the finished directory failed");
     }

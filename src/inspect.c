@@ -9,12 +9,14 @@
 #include <sys/stat.h>
 
 #include "bnb_state.h"
+#include "control_index.h"
 #include "conv1d_layout.h"
 #include "expert_layout.h"
 #include "fileio.h"
 #include "json_util.h"
 #include "layout.h"
 #include "lora.h"
+#include "lora_diffusers.h"
 #include "model.h"
 #include "model_dir.h"
 #include "modular_index.h"
@@ -24,6 +26,7 @@
 
 struct totals {
     uint64_t tensors, quantized, parameters, on_disk, converted;
+    uint64_t widened; /* models whose x_embedder a LoRA widens (lora_widen.h) */
 };
 
 struct inspect_opts {
@@ -254,6 +257,7 @@ static void add_totals(struct totals *sum, const struct totals *t)
     sum->parameters += t->parameters;
     sum->on_disk += t->on_disk;
     sum->converted += t->converted;
+    sum->widened += t->widened;
 }
 
 /* The directory's weights files that convert leaves out (model.h). */
@@ -476,6 +480,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                     lora->nadapters, lora->nadapters == 1 ? "" : "s");
         }
     }
+    tot->widened = lora && lora->in_channels;
     /* Which tokenizer the output gets matters where a PEFT adapter may bring
      * its own; a diffusers LoRA on a pipeline's component has none. */
     int peft = 0;
@@ -488,6 +493,37 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     expert_layout_free(experts);
     bnb_free(w, nw);
     model_close(m);
+    return code;
+}
+
+/* What convert writes for the index of pipeline `in`, whose transformer a
+ * control LoRA widens (control_index.h): the same reading, so that an index
+ * convert refuses is refused here too. */
+static int report_index_class(const char *in, cJSON *root, FILE *out)
+{
+    const char *index = pipeline_index_name(in), *control = NULL;
+    char *path = path_join(in, index), *json = NULL, *cls = NULL, *text = NULL;
+    size_t len = 0, text_len = 0;
+    int code = path ? read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)
+                    : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+    /* a modular index is copied as it is, unread */
+    if (code == NF4_OK && strcmp(index, PIPELINE_INDEX_NAME) == 0)
+        code = control_index_rewrite(path, json, len, &cls, &control, &text, &text_len);
+    if (code == NF4_OK && root) {
+        cJSON *j = cJSON_AddObjectToObject(root, "index_class");
+        cJSON_AddItemToObject(j, "from", cls ? cJSON_CreateString(cls) : cJSON_CreateNull());
+        cJSON_AddItemToObject(j, "to", control ? cJSON_CreateString(control) : cJSON_CreateNull());
+    } else if (code == NF4_OK && control && text) {
+        fprintf(out, "%s: _class_name %s becomes %s, the pipeline that gives the widened transformer its control "
+                "image\n", index, cls, control);
+    } else if (code == NF4_OK && !control) {
+        fprintf(out, "%s: kept as it is%s%s%s: only diffusers' FluxControl pipelines give the widened transformer "
+                "its control image\n", index, cls ? " (_class_name " : "", cls ? cls : "", cls ? ")" : "");
+    }
+    free(path);
+    free(json);
+    free(cls);
+    free(text);
     return code;
 }
 
@@ -590,6 +626,8 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
                 " bytes on disk; %" PRIu64 " bytes after conversion\n", sum.tensors, sum.quantized, sum.parameters,
                 sum.on_disk, sum.converted);
     }
+    if (code == NF4_OK && sum.widened)
+        code = report_index_class(in, root, o->out);
     component_loras_free(&cl);
     pipeline_loras_close(&pl);
     pipeline_entries_free(e, n);

@@ -2720,6 +2720,21 @@ static void test_flux_control_lora(void **state)
          *b = tu_strdupf("%s/diffusion_pytorch_model.safetensors", pipe_out);
     tu_assert_same_tensors(a, b);
     assert_config_holds(pipe_out, "\"in_channels\": 32,");
+    /* the index made a FluxControlPipeline's, the rest of it kept */
+    char *index = tu_strdupf("%s/model_index.json", pipe), *want = tu_strdupf("%s/want.json", s->dir);
+    tu_sh("sed 's/\"FluxPipeline\"/\"FluxControlPipeline\"/' %s/tiny-flux-bnb4/model_index.json > %s",
+          DIFFUSERS_FIXTURES, want);
+    tu_sh("cmp %s %s && rm %s", want, index, want);
+    r = tu_run("inspect", DIFFUSERS_FIXTURES "/tiny-flux-bnb4", "--lora", lora, NULL);
+    if (r.status != 0 || !strstr(r.out, "\nmodel_index.json: _class_name FluxPipeline becomes FluxControlPipeline, "
+                                        "the pipeline that gives the widened transformer its control image\n"))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    r = tu_run("inspect", DIFFUSERS_FIXTURES "/tiny-flux-bnb4", "--lora", lora, "--json", NULL);
+    if (r.status != 0 ||
+        !strstr(r.out, "\"index_class\": {\n    \"from\": \"FluxPipeline\",\n    \"to\": \"FluxControlPipeline\"\n  }"))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
     r = tu_run("inspect", base, "--lora", lora, "--json", NULL);
     if (r.status != 0 || !strstr(r.out, "\"change\": \"widened\"") || !strstr(r.out, "\"merged\": 32") ||
         !strstr(r.out, "\"lora_A_padded_from\": 40"))
@@ -2737,6 +2752,47 @@ static void test_flux_control_lora(void **state)
     free(out);
     free(pipe);
     free(pipe_out);
+    free(index);
+    free(want);
+}
+
+/* A pipeline class with no control form (FluxKontextPipeline): its index is
+ * copied byte for byte, with a warning that names the class, in convert and
+ * inspect alike; an index that is no JSON object: exit 65 in both, nothing
+ * written. */
+static void test_flux_control_lora_on_a_class_without_control_form(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *lora = DIFFUSERS_FIXTURES "/lora-flux-control-tiny.safetensors";
+    char *pipe = tu_strdupf("%s/kontext", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    tu_sh("cp -r %s/tiny-flux-bnb4 %s && sed -i 's/\"FluxPipeline\"/\"FluxKontextPipeline\"/' %s/model_index.json",
+          DIFFUSERS_FIXTURES, pipe, pipe);
+    struct tu_run r = tu_run("convert", "--device", "cpu", pipe, out, "--lora", lora, NULL);
+    if (r.status != 0 || tu_lines(r.err) != 3 ||
+        !strstr(r.err, "nf4deq: warning: ") ||
+        !strstr(r.err, "kontext/model_index.json: _class_name FluxKontextPipeline kept: the widened transformer takes "
+                       "a control image, which only diffusers' FluxControl pipelines give it\n"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    tu_sh("cmp %s/model_index.json %s/model_index.json", pipe, out);
+    r = tu_run("inspect", pipe, "--lora", lora, NULL);
+    if (r.status != 0 || !strstr(r.out, "\nmodel_index.json: kept as it is (_class_name FluxKontextPipeline): only "
+                                        "diffusers' FluxControl pipelines give the widened transformer its control "
+                                        "image\n"))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    /* an index that is no JSON object cannot be made a control pipeline's */
+    tu_sh("rm -r %s && echo '[\"FluxPipeline\"]' > %s/model_index.json", out, pipe);
+    for (int inspect = 0; inspect < 2; inspect++) {
+        r = inspect ? tu_run("inspect", pipe, "--lora", lora, NULL)
+                    : tu_run("convert", "--device", "cpu", pipe, out, "--lora", lora, NULL);
+        if (r.status != 65 || tu_lines(r.err) != 2 || !strstr(r.err, "kontext/model_index.json: not a JSON object\n"))
+            fail_msg("exit %d, stderr: %s", r.status, r.err);
+        tu_run_free(&r);
+    }
+    assert_int_equal(tu_count_entries(s->dir), 1); /* the input alone */
+    free(pipe);
+    free(out);
 }
 
 /* What the Flux.1 loader's widening cannot give a model that loads, or
@@ -5048,6 +5104,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lora_bias_terms, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_loras, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_flux_control_lora, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_flux_control_lora_on_a_class_without_control_form, tu_scratch_setup,
+                                        lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_flux_control_lora_refusals, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_flux_network_alphas, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_null_metadata, tu_scratch_setup, tu_scratch_teardown),

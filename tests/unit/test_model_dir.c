@@ -1,8 +1,9 @@
 /* The non-tensor side of a model directory: config.json rewriting, the index
  * file's parsing and rendering, and a sharded model whose index and shards
- * disagree. */
+ * disagree; and a pipeline's model_index.json made a control pipeline's. */
 #include <cJSON.h>
 
+#include "control_index.h"
 #include "model.h"
 #include "test_util.h"
 
@@ -16,7 +17,7 @@ static char *rewrite_with(const char *json, const char *dtype, int untie, uint64
     char *out = NULL;
     size_t len = 0;
     nf4_clear_error();
-    struct config_changes ch = {dtype, untie, vocab};
+    struct config_changes ch = {.dtype_name = dtype, .untie = untie, .vocab_size = vocab};
     int code = config_rewrite("config.json", json, strlen(json), &ch, &out, &len);
     if (code != NF4_OK)
         fail_msg("config_rewrite(%s) = %d: %s", json, code, nf4_last_error());
@@ -204,12 +205,113 @@ static void test_rewrite_refuses_non_objects(void **state)
         char *out = NULL;
         size_t len = 0;
         nf4_clear_error();
-        struct config_changes ch = {"float16", 0, 0};
+        struct config_changes ch = {.dtype_name = "float16"};
         int code = config_rewrite("dir/config.json", BAD[i], strlen(BAD[i]), &ch, &out, &len);
         if (code != NF4_EDATA)
             fail_msg("config_rewrite(%s) = %d, expected 65", BAD[i], code);
         assert_null(out);
         assert_non_null(strstr(nf4_last_error(), "dir/config.json: "));
+    }
+}
+
+/* ---- control_index_rewrite ---- */
+
+#define CONTROL_INDEX_FIXTURES FIXTURES "/diffusers"
+
+static void expect_control_index(const char *json, const char *want, const char *want_from, const char *want_to)
+{
+    char *from = NULL, *out = NULL;
+    const char *to = NULL;
+    size_t len = 0;
+    nf4_clear_error();
+    int code = control_index_rewrite("pipe/model_index.json", json, strlen(json), &from, &to, &out, &len);
+    if (code != NF4_OK)
+        fail_msg("control_index_rewrite(%s) = %d: %s", json, code, nf4_last_error());
+    if ((want == NULL) != (out == NULL) || (out && (strcmp(out, want) != 0 || strlen(out) != len)))
+        fail_msg("control_index_rewrite(%s)\n  got:  [%s]\n  want: [%s]", json, out ? out : "(kept)",
+                 want ? want : "(kept)");
+    if ((want_from == NULL) != (from == NULL) || (from && strcmp(from, want_from) != 0))
+        fail_msg("control_index_rewrite(%s): class %s, want %s", json, from ? from : "(none)",
+                 want_from ? want_from : "(none)");
+    if ((want_to == NULL) != (to == NULL) || (to && strcmp(to, want_to) != 0))
+        fail_msg("control_index_rewrite(%s): control class %s, want %s", json, to ? to : "(none)",
+                 want_to ? want_to : "(none)");
+    free(from);
+    free(out);
+}
+
+/* diffusers' FluxPipeline.save_pretrained index becomes, byte for byte, the
+ * one FluxControlPipeline.save_pretrained writes of the same components
+ * (make_control_index_fixtures.py). */
+static void test_control_index_is_what_diffusers_saves(void **state)
+{
+    (void)state;
+    char *plain = tu_read_file(CONTROL_INDEX_FIXTURES "/flux-pipeline.model_index.json", NULL);
+    char *control = tu_read_file(CONTROL_INDEX_FIXTURES "/flux-control-pipeline.model_index.json", NULL);
+    expect_control_index(plain, control, "FluxPipeline", "FluxControlPipeline");
+    expect_control_index(control, NULL, "FluxControlPipeline", "FluxControlPipeline"); /* already one */
+    free(plain);
+    free(control);
+}
+
+static void test_control_index_classes_and_layouts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json, *want, *from, *to;
+    } CASES[] = {
+        {"{\"_class_name\": \"FluxImg2ImgPipeline\", \"vae\": [\"diffusers\", \"AutoencoderKL\"]}",
+         "{\"_class_name\": \"FluxControlImg2ImgPipeline\", \"vae\": [\"diffusers\", \"AutoencoderKL\"]}",
+         "FluxImg2ImgPipeline", "FluxControlImg2ImgPipeline"},
+        {"{\"_class_name\":\"FluxInpaintPipeline\"}", "{\"_class_name\":\"FluxControlInpaintPipeline\"}",
+         "FluxInpaintPipeline", "FluxControlInpaintPipeline"},
+        /* the dropped members first, last and in the middle; compact and escaped */
+        {"{\"image_encoder\":[null,null],\"_class_name\":\"FluxPipeline\",\"feature_extractor\": [ null , null ]}",
+         "{\"_class_name\":\"FluxControlPipeline\"}", "FluxPipeline", "FluxControlPipeline"},
+        {"{\"a\": 1, \"feature\\u005fextractor\": [null, null], \"_class\\u005fname\": \"FluxPipeline\", \"b\": 2}",
+         "{\"a\": 1, \"_class\\u005fname\": \"FluxControlPipeline\", \"b\": 2}", "FluxPipeline",
+         "FluxControlPipeline"},
+        /* an image encoder the pipeline loads stays (diffusers ignores it, with a warning) */
+        {"{\"_class_name\": \"FluxPipeline\", \"image_encoder\": [\"transformers\", "
+         "\"CLIPVisionModelWithProjection\"]}",
+         "{\"_class_name\": \"FluxControlPipeline\", \"image_encoder\": [\"transformers\", "
+         "\"CLIPVisionModelWithProjection\"]}",
+         "FluxPipeline", "FluxControlPipeline"},
+        {"{\"_class_name\": \"FluxPipeline\", \"image_encoder\": [null]}",
+         "{\"_class_name\": \"FluxControlPipeline\", \"image_encoder\": [null]}", "FluxPipeline",
+         "FluxControlPipeline"},
+        /* a nested _class_name is not the pipeline's */
+        {"{\"x\": {\"_class_name\": \"FluxPipeline\"}, \"_class_name\": \"FluxPipeline\"}",
+         "{\"x\": {\"_class_name\": \"FluxPipeline\"}, \"_class_name\": \"FluxControlPipeline\"}", "FluxPipeline",
+         "FluxControlPipeline"},
+        /* classes with no control form, or none: kept */
+        {"{\"_class_name\": \"FluxKontextPipeline\", \"image_encoder\": [null, null]}", NULL, "FluxKontextPipeline",
+         NULL},
+        {"{\"_class_name\": \"FluxFillPipeline\"}", NULL, "FluxFillPipeline", NULL},
+        {"{\"_class_name\": \"FluxPipelineX\"}", NULL, "FluxPipelineX", NULL},
+        {"{\"_class_name\": 3}", NULL, NULL, NULL},
+        {"{}", NULL, NULL, NULL},
+        {"{\"_class_name\": \"FluxControlInpaintPipeline\"}", NULL, "FluxControlInpaintPipeline",
+         "FluxControlInpaintPipeline"},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++)
+        expect_control_index(CASES[i].json, CASES[i].want, CASES[i].from, CASES[i].to);
+}
+
+static void test_control_index_refuses_non_objects(void **state)
+{
+    (void)state;
+    static const char *const BAD[] = {"[\"FluxPipeline\"]", "\"FluxPipeline\"", "null", "", "{\"_class_name\": }",
+                                      "{\"_class_name\": \"FluxPipeline\"} junk"};
+    for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
+        char *from = NULL, *out = NULL;
+        const char *to = NULL;
+        size_t len = 0;
+        nf4_clear_error();
+        int code = control_index_rewrite("pipe/model_index.json", BAD[i], strlen(BAD[i]), &from, &to, &out, &len);
+        if (code != NF4_EDATA || out || from)
+            fail_msg("control_index_rewrite(%s) = %d, expected 65 and nothing made", BAD[i], code);
+        assert_string_equal(nf4_last_error(), "pipe/model_index.json: not a JSON object");
     }
 }
 
@@ -232,7 +334,7 @@ static void test_rewrite_of_the_fixture_config_keeps_every_other_byte(void **sta
     assert_non_null(orig);
     char *out = NULL;
     size_t out_len;
-    struct config_changes ch = {"float16", 0, 0};
+    struct config_changes ch = {.dtype_name = "float16"};
     assert_int_equal(config_rewrite(FIXTURE_CONFIG, orig, len, &ch, &out, &out_len), NF4_OK);
 
     /* The expected text, edited by hand: the quantization_config member and its
@@ -640,6 +742,9 @@ int main(void)
         cmocka_unit_test(test_rewrite_is_not_fooled_by_strings),
         cmocka_unit_test(test_rewrite_refuses_non_objects),
         cmocka_unit_test(test_rewrite_of_the_fixture_config_keeps_every_other_byte),
+        cmocka_unit_test(test_control_index_is_what_diffusers_saves),
+        cmocka_unit_test(test_control_index_classes_and_layouts),
+        cmocka_unit_test(test_control_index_refuses_non_objects),
         cmocka_unit_test(test_render_without_input_metadata),
         cmocka_unit_test(test_render_replaces_totals_and_keeps_other_metadata),
         cmocka_unit_test(test_render_adds_total_parameters_only_when_the_input_had_it),
