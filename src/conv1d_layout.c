@@ -48,18 +48,38 @@ static const struct {
 } SCOPES[] = {{NULL, ""}, {"encoder", "encoder."}, {"decoder", "decoder."}};
 #define NSCOPES (sizeof SCOPES / sizeof *SCOPES)
 
-/* in[i]: SCOPES[i] is a Conv1D architecture. */
-static int conv1d_scopes(const struct model *m, int in[NSCOPES])
+/* in[i]: SCOPES[i] is a Conv1D architecture; *typed: config.json names the
+ * model's type at all. */
+static int conv1d_scopes(const struct model *m, int in[NSCOPES], int *typed)
 {
     int code = NF4_OK;
+    *typed = 0;
     for (size_t i = 0; i < NSCOPES; i++) {
         char *type = NULL;
         if (code == NF4_OK)
             code = model_config_part_type(m, SCOPES[i].part, &type);
         in[i] = code == NF4_OK && is_conv1d_model_type(type);
+        *typed |= !SCOPES[i].part && type;
         free(type);
     }
     return code;
+}
+
+/* With no config.json to name the architecture (a single file alone, say),
+ * 4-bit weights named as Conv1D layers stay as recorded: other models name
+ * linear layers so too (Qwen's c_attn, CLIP's c_fc), so their shape is not
+ * guessed, but the user hears why a GPT-2 would not load them. */
+static void warn_untyped(const struct bnb_weight *weights, size_t nweights)
+{
+    size_t n = 0, first = 0;
+    for (size_t i = 0; i < nweights; i++)
+        if (is_conv1d_weight(weights[i].name) && weights[i].state.ndim == 2 && n++ == 0)
+            first = i;
+    if (n)
+        nf4_warn("%s: %zu 4-bit weight%s named like GPT-2's Conv1D layers (%s%s), which GPT-2 loads [in, out]; no "
+                 "config.json names the model's type, so %s written [out, in], as bitsandbytes recorded %s",
+                 weights[first].packed->file->path, n, n == 1 ? " is" : "s are", weights[first].name,
+                 n == 1 ? "" : "...", n == 1 ? "it is" : "they are", n == 1 ? "it" : "them");
 }
 
 /* Weight `name` is a Conv1D layer's, in a scope that is a Conv1D architecture. */
@@ -75,10 +95,12 @@ int conv1d_layout_find(const char *dir, const struct model *m, const struct bnb_
                        struct conv1d_layout **out)
 {
     *out = NULL;
-    int in[NSCOPES];
-    int code = conv1d_scopes(m, in);
+    int in[NSCOPES], typed;
+    int code = conv1d_scopes(m, in, &typed);
     if (code != NF4_OK)
         return code;
+    if (!typed)
+        warn_untyped(weights, nweights);
     size_t n = 0;
     for (size_t i = 0; i < nweights; i++)
         n += is_conv1d_in_scope(weights[i].name, in);

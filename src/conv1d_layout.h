@@ -8,11 +8,12 @@
  * before quantizing it, and the quant state records [out, in]. Written as
  * recorded, the model cannot load it (or, for a square c_proj, loads it
  * silently transposed), and transformers' own dequantize() makes the layers
- * nn.Linear, which a GPT-2 checkpoint cannot hold. In a model directory whose
- * config.json names one of these architectures (or a composite model whose
- * "encoder" or "decoder" does: then the weights under "encoder." or
- * "decoder."), each 4-bit Conv1D weight is written transposed back,
- * [in, out]: the shape of the model's own checkpoints. */
+ * nn.Linear, which a GPT-2 checkpoint cannot hold. In a model whose
+ * config.json (in its directory, or beside a single file) names one of these
+ * architectures (or a composite model whose "encoder" or "decoder" does: then
+ * the weights under "encoder." or "decoder."), each 4-bit Conv1D weight is
+ * written transposed back, [in, out]: the shape of the model's own
+ * checkpoints. */
 #ifndef NF4DEQ_CONV1D_LAYOUT_H
 #define NF4DEQ_CONV1D_LAYOUT_H
 
@@ -38,10 +39,11 @@ struct conv1d_layout {
     size_t n;
 };
 
-/* *out: the 4-bit Conv1D weights of model m (directory `dir`, its 4-bit
- * `weights`), or NULL where config.json names no Conv1D architecture or m
- * holds no 4-bit Conv1D weight. NF4_EDATA, naming the file and weight, for a
- * Conv1D weight whose quant state is not 2-D. */
+/* *out: the 4-bit Conv1D weights of model m (directory or file `dir`, its
+ * 4-bit `weights`), or NULL where config.json names no Conv1D architecture
+ * or m holds no 4-bit Conv1D weight; where no config.json names a type at
+ * all, a warning for weights named like Conv1D layers. NF4_EDATA, naming the
+ * file and weight, for a Conv1D weight whose quant state is not 2-D. */
 int conv1d_layout_find(const char *dir, const struct model *m, const struct bnb_weight *weights, size_t nweights,
                        struct conv1d_layout **out);
 void conv1d_layout_free(struct conv1d_layout *x);

@@ -484,11 +484,18 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
     uint64_t written = 0;
     if ((code = bnb_collect(m, &weights, &nweights)) == NF4_OK)
         convert_warn_if_nothing_to_do(c, in, nweights, 0);
+    /* A GPT-2's Conv1D weights go by the config.json beside the file. */
+    struct conv1d_layout *conv1d = NULL;
     if (code == NF4_OK && (code = convert_open_lora(c, m, weights, nweights)) == NF4_OK &&
-        (code = convert_plan_file(m, 0, weights, nweights, c->lora, NULL, NULL, c->opts->dtype, &items, &n)) == NF4_OK &&
+        (code = conv1d_layout_find(in, m, weights, nweights, &conv1d)) == NF4_OK &&
+        (code = convert_plan_conv1d(conv1d, m, weights, nweights, c->lora, c->opts->dtype,
+                                    &c->cached_source_bytes)) == NF4_OK &&
+        (code = convert_plan_file(m, 0, weights, nweights, c->lora, NULL, conv1d, c->opts->dtype, &items, &n)) ==
+            NF4_OK &&
         (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK)
         code = convert_write_file(c, out, items, n, m, 0, &written);
     c->stats->bytes_out += written;
+    conv1d_layout_free(conv1d);
     free(items);
     bnb_free(weights, nweights);
     model_close(m);

@@ -330,7 +330,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
     struct expert_layout *experts = NULL;
     struct conv1d_layout *conv1d = NULL;
     if ((code = bnb_collect(m, &w, &nw)) != NF4_OK ||
-        (is_dir && (code = conv1d_layout_find(in, m, w, nw, &conv1d)) != NF4_OK) ||
+        (code = conv1d_layout_find(in, m, w, nw, &conv1d)) != NF4_OK ||
         (is_dir && (code = expert_layout_find(in, m, w, nw, &experts)) != NF4_OK) ||
         (part->nlora && (code = lora_open_component(&lora, part->lora_dirs, part->nlora, m, w, nw,
                                                     part->lora_key_components, part->lora_converted)) != NF4_OK)) {

@@ -7,6 +7,7 @@ and saved. nf4deq's conversion of each must:
   - hold every tensor of the model's own checkpoint, in its shape, each Conv1D weight equal byte for byte to
     bitsandbytes' dequantize_4bit of it, transposed, and every other tensor to the quantized checkpoint's;
   - load into GPT2LMHeadModel with no key missing, unexpected or of another shape;
+  - be the same bytes when the checkpoint's model.safetensors is converted alone, its config.json beside it;
   - with a QLoRA that PEFT trained on the quantized model (c_attn, c_proj, c_fc; random B) merged, be within
     tests/fixtures/lora/README.md's tolerance of the fp32 and fp64 merges into bitsandbytes' output
     (check_lora_tolerance.py), and give logits near PEFT's own model's: nearer by far than the model without the
@@ -103,6 +104,12 @@ def main():
         print(f"{name}: {len(own_keys)} tensors, {conv1d} Conv1D weights 4-bit; {len(bad)} differ from bitsandbytes'"
               f"{': ' + ', '.join(bad[:4]) if bad else ''}; GPT2LMHeadModel loads it: {'yes' if loads else info}")
         failed += bool(bad) or not loads
+        # The checkpoint's file alone, config.json beside it: the same bytes as the directory's.
+        convert(nf4deq, f"{d}/bnb4/model.safetensors", f"{d}/single.safetensors")
+        with open(f"{d}/single.safetensors", "rb") as f, open(f"{d}/out/model.safetensors", "rb") as g:
+            same = f.read() == g.read()
+        print(f"{name}: the single file, config.json beside it: {'same bytes' if same else 'DIFFERENT'}")
+        failed += not same
 
         # A QLoRA PEFT trained on the quantized model, B random so that the merge shows.
         peft_model = get_peft_model(q, LoraConfig(r=R, lora_alpha=ALPHA, target_modules=["c_attn", "c_proj", "c_fc"],

@@ -380,6 +380,59 @@ static void test_inspect_says_which_are_transposed(void **state)
     free(in);
 }
 
+/* A single file goes by the config.json beside it: a GPT-2's, transposed
+ * back as its directory is, inspect saying so; none at all, kept as
+ * bitsandbytes recorded them with one warning that says why (convert and
+ * inspect alike); another architecture's, kept without a word. */
+static void test_single_file_goes_by_the_config_beside_it(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *in = tu_strdupf("%s/gpt2", s->dir), *file = tu_strdupf("%s/gpt2/model.safetensors", s->dir),
+         *config = tu_strdupf("%s/gpt2/config.json", s->dir), *out = tu_strdupf("%s/out", s->dir),
+         *out_file = tu_strdupf("%s/out/model.safetensors", s->dir);
+    write_gpt2_dir(in, "gpt2");
+    assert_int_equal(mkdir(out, 0755), 0);
+    struct tu_run r = tu_run("convert", "--device", "cpu", "--dtype", "bf16", file, out_file, NULL);
+    if (r.status != 0 || tu_lines(r.err) != 1)
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_gpt2_output(out, "gpt2");
+    r = tu_run("inspect", file, NULL);
+    if (r.status != 0 || !strstr(r.out, "8 Conv1D weights of a GPT-2 architecture: written transposed, [in, out]"))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    static const char *const WARNING =
+        "/gpt2/model.safetensors: 8 4-bit weights are named like GPT-2's Conv1D layers "
+        "(transformer.h.0.attn.c_attn.weight...), which GPT-2 loads [in, out]; no config.json names the model's type, "
+        "so they are written [out, in], as bitsandbytes recorded them\n";
+    for (int untyped = 1; untyped >= 0; untyped--) {
+        const char *json = untyped ? "{\"architectures\": [\"GPT2LMHeadModel\"]}" : "{\"model_type\": \"qwen\"}";
+        tu_write_file(config, json, strlen(json));
+        r = tu_run("convert", "--device", "cpu", "--dtype", "bf16", "--force", file, out_file, NULL);
+        if (r.status != 0 || tu_lines(r.err) != 1 + untyped || (untyped && !strstr(r.err, WARNING)))
+            fail_msg("exit %d, stderr: %s", r.status, r.err);
+        tu_run_free(&r);
+        struct model *m;
+        assert_int_equal(model_open_dir(out, &m), NF4_OK);
+        struct st_file *expected;
+        assert_int_equal(st_open(FIXTURES "/tensors.expected-bf16.safetensors", &expected), NF4_OK);
+        for (int i = 0; i < WEIGHTS; i++)
+            assert_kept(m, expected, CONV1D_NAMES[i], (char)('a' + i));
+        st_close(expected);
+        model_close(m);
+        r = tu_run("inspect", file, NULL);
+        if (r.status != 0 || strstr(r.out, "Conv1D") || (untyped && !strstr(r.err, WARNING)) ||
+            (!untyped && r.err[0]))
+            fail_msg("exit %d, stdout: %s\nstderr: %s", r.status, r.out, r.err);
+        tu_run_free(&r);
+    }
+    free(in);
+    free(file);
+    free(config);
+    free(out);
+    free(out_file);
+}
+
 /* config.json decides which layout is written, and the layout changes no
  * shard's size: a resume must not take shards written under another
  * model_type. */
@@ -416,6 +469,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_replacement_written_transposed, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_says_which_are_transposed, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_resume_record_holds_the_config, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_single_file_goes_by_the_config_beside_it, tu_scratch_setup,
+                                        tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("GPT-2's Conv1D weights", tests, NULL, NULL);
 }
