@@ -234,18 +234,19 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
     return NF4_OK;
 }
 
-/* dir's config.json parsed into *root, which stays NULL where there is none
+/* dir's config.json (m's: in its directory, or beside its file; out of
+ * memory, m is named) parsed into *root, which stays NULL where there is none
  * or it is not JSON (config_rewrite says so when it is written); a failed
  * read is the error, and so is memory running out while it is parsed: what
  * config.json says decides what is written (gpt-oss's experts fused,
  * expert_layout.h), so it is never taken for absent. */
-static int read_config(const char *dir, cJSON **root)
+static int read_config(const struct model *m, const char *dir, cJSON **root)
 {
     *root = NULL;
     char *path = path_join(dir, CONFIG_FILE_NAME), *json = NULL;
     size_t len = 0;
-    if (!path)
-        return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    if (!path) /* named as the user named the model: its directory, or its file */
+        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
     int code = NF4_OK;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
@@ -275,11 +276,12 @@ static int read_model_types(const struct model *m, const char *part, char **out,
     if (!dir)
         return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
     cJSON *root;
-    int code = read_config(dir, &root);
+    int code = read_config(m, dir, &root);
+    const char *shown = m->dir ? m->dir : m->file_names[0];
     if (code == NF4_OK)
-        code = copy_model_type(part ? cJSON_GetObjectItemCaseSensitive(root, part) : root, dir, out);
+        code = copy_model_type(part ? cJSON_GetObjectItemCaseSensitive(root, part) : root, shown, out);
     if (code == NF4_OK && text_out)
-        code = copy_model_type(cJSON_GetObjectItemCaseSensitive(root, "text_config"), dir, text_out);
+        code = copy_model_type(cJSON_GetObjectItemCaseSensitive(root, "text_config"), shown, text_out);
     cJSON_Delete(root);
     free(dir);
     return code;
@@ -335,7 +337,7 @@ int model_tied_embedding(const struct model *m, const char **embedding)
     if (!dir)
         return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
     cJSON *root;
-    int code = read_config(dir, &root);
+    int code = read_config(m, dir, &root);
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, TIE_KEY);
     if (!cJSON_IsBool(tie))
         tie = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "text_config"), TIE_KEY);

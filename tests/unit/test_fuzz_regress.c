@@ -33,7 +33,7 @@ static int rewrite(const char *json, size_t len, const char *dtype, char **out, 
 {
     nf4_clear_error();
     *out = NULL;
-    struct config_changes ch = {dtype, 0, 0};
+    struct config_changes ch = {.dtype_name = dtype};
     return config_rewrite("config.json", json, len, &ch, out, out_len);
 }
 
