@@ -232,6 +232,18 @@ static int rewrite_open(const struct lora_rewrite *rw, struct model **out)
     else
         close(fd);
     free(tmp);
+    /* Messages about a converted key name the file's key it was made from. */
+    struct st_file *f = code == NF4_OK ? (*out)->files[0] : NULL;
+    for (size_t i = 0; f && i < rw->nparts && code == NF4_OK; i++) {
+        const struct st_tensor *src = rw->parts[i].src->t;
+        const struct st_tensor *t = st_find(f, rw->parts[i].name);
+        if (t) /* one of f's own tensors, which f (not const) may change */
+            code = st_set_origin(f, &f->tensors[t - f->tensors], src->origin ? src->origin : src->name);
+    }
+    if (code != NF4_OK && f) {
+        model_close(*out);
+        *out = NULL;
+    }
     return code;
 }
 

@@ -280,7 +280,19 @@ int model_reopen(const struct model *m, struct model **out)
     int fd = fcntl(m->files[0]->fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0)
         return nf4_fail_errno(NF4_EIO, errno, shown, NULL, "cannot open again");
-    return model_open_fd_as(fd, shown, out);
+    int code = model_open_fd_as(fd, shown, out);
+    /* The same header, so the same tensors in the same order: each keeps
+     * its name in the user's file. */
+    const struct st_file *from = m->files[0];
+    struct st_file *to = code == NF4_OK ? (*out)->files[0] : NULL;
+    for (size_t i = 0; to && i < to->count && i < from->count && code == NF4_OK; i++)
+        if (from->tensors[i].origin)
+            code = st_set_origin(to, &to->tensors[i], from->tensors[i].origin);
+    if (code != NF4_OK) {
+        model_close(*out);
+        *out = NULL;
+    }
+    return code;
 }
 
 int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *arg, char **renamed), void *arg)
@@ -291,9 +303,12 @@ int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *
     int code = NF4_OK;
     for (size_t i = 0; i < f->count && code == NF4_OK; i++) {
         char *renamed = NULL;
-        if ((code = rename(f->tensors[i].name, arg, &renamed)) == NF4_OK && renamed) {
+        if ((code = rename(f->tensors[i].name, arg, &renamed)) == NF4_OK && renamed &&
+            (code = st_set_origin(f, &f->tensors[i], f->tensors[i].name)) == NF4_OK) {
             free(f->tensors[i].name);
             f->tensors[i].name = renamed;
+        } else {
+            free(renamed);
         }
     }
     if (code != NF4_OK)

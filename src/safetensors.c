@@ -159,6 +159,7 @@ void st_free_header(struct st_file *f)
     for (size_t i = 0; i < f->count; i++) {
         free(f->tensors[i].name);
         free(f->tensors[i].shape);
+        free(f->tensors[i].origin);
     }
     free(f->tensors);
     free(f->by_name);
@@ -447,10 +448,30 @@ fail:
     return code;
 }
 
+static const char *origin_of(const void *owner, const char *tensor)
+{
+    const struct st_tensor *t = st_find(owner, tensor);
+    return t ? t->origin : NULL;
+}
+
+int st_set_origin(struct st_file *f, struct st_tensor *t, const char *origin)
+{
+    if (t->origin || strcmp(origin, t->name) == 0)
+        return NF4_OK; /* the first name it was given stays the user's */
+    if (!(t->origin = strdup(origin)))
+        return nf4_fail(NF4_ESOFTWARE, f->path, origin, "out of memory");
+    if (!f->origins_shown)
+        nf4_origins_register(f, f->path, origin_of);
+    f->origins_shown = 1;
+    return NF4_OK;
+}
+
 void st_close(struct st_file *f)
 {
     if (!f)
         return;
+    if (f->origins_shown)
+        nf4_origins_unregister(f);
     st_free_header(f);
     if (f->fd >= 0)
         close(f->fd);

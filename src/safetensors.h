@@ -29,6 +29,10 @@ struct st_tensor {
     uint64_t *shape;
     uint64_t nelem;
     uint64_t begin, end; /* byte offsets relative to the start of the data */
+    /* Its name in the user's file where nf4deq gave it another (a converted
+     * LoRA's key, lora_rewrite.h; a renamed one, model_rename_tensors), for
+     * messages; NULL: its name. Set through st_set_origin. */
+    char *origin;
 };
 
 struct st_meta {
@@ -48,6 +52,7 @@ struct st_file {
     int has_metadata;
     size_t nmeta;
     struct st_meta *meta;
+    int origins_shown; /* registered with nf4_origins_register */
 };
 
 /* Opens and validates `path`. Returns NF4_OK or NF4_ENOINPUT / NF4_EDATA /
@@ -58,6 +63,10 @@ int st_open(const char *path, struct st_file **out);
  * failure too); messages name `path`. */
 int st_open_fd(int fd, const char *path, struct st_file **out);
 void st_close(struct st_file *f);
+/* Records `origin` (copied) as t's name in the user's file, f's errors
+ * naming t by it from now on (status.h); nothing where it is t's own name.
+ * NF4_OK or NF4_ESOFTWARE. */
+int st_set_origin(struct st_file *f, struct st_tensor *t, const char *origin);
 /* NF4_OK while the file has the size and mtime it had at open; otherwise
  * NF4_EIO naming it, with the sizes before and now. A file truncated, grown
  * or rewritten in place mid-conversion must not pass for a complete input.

@@ -72,21 +72,84 @@ static void shown_path(char *buf, size_t size, const char *file)
     pthread_mutex_unlock(&shown_mu);
 }
 
+/* nf4_origins_register: set by the thread that opens a converted LoRA, read
+ * by any thread that fails. */
+struct origins {
+    const void *owner;
+    const char *file;
+    const char *(*origin_of)(const void *owner, const char *tensor);
+};
+static pthread_mutex_t origins_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct origins *origins;
+static size_t norigins, origins_cap;
+
+void nf4_origins_register(const void *owner, const char *file,
+                          const char *(*origin_of)(const void *owner, const char *tensor))
+{
+    pthread_mutex_lock(&origins_mu);
+    if (norigins == origins_cap) {
+        size_t cap = origins_cap ? 2 * origins_cap : 8;
+        struct origins *grown = realloc(origins, cap * sizeof *grown);
+        if (grown) {
+            origins = grown;
+            origins_cap = cap;
+        }
+    }
+    if (norigins < origins_cap)
+        origins[norigins++] = (struct origins){owner, file, origin_of};
+    pthread_mutex_unlock(&origins_mu);
+}
+
+void nf4_origins_unregister(const void *owner)
+{
+    pthread_mutex_lock(&origins_mu);
+    for (size_t i = 0; i < norigins; i++)
+        if (origins[i].owner == owner)
+            origins[i--] = origins[--norigins];
+    if (norigins == 0) { /* nothing held between conversions */
+        free(origins);
+        origins = NULL;
+        origins_cap = 0;
+    }
+    pthread_mutex_unlock(&origins_mu);
+}
+
+/* Into buf, the name tensor `tensor` of `file` has in the user's file, where
+ * another: 1; else 0. Copied under the lock, as the file may be closed
+ * after it. */
+static int origin_of(const char *file, const char *tensor, char *buf, size_t size)
+{
+    const char *o = NULL;
+    pthread_mutex_lock(&origins_mu);
+    for (size_t i = 0; i < norigins && !o; i++)
+        if (strcmp(origins[i].file, file) == 0)
+            o = origins[i].origin_of(origins[i].owner, tensor);
+    int found = o && strcmp(o, tensor) != 0;
+    if (found)
+        snprintf(buf, size, "%s", o);
+    pthread_mutex_unlock(&origins_mu);
+    return found;
+}
+
 static void vrecord(const char *file, const char *tensor, const char *suffix, const char *fmt, va_list ap)
 {
     if (have_error)
         return;
     char *t = last.text;
     size_t len = 0;
+    char origin_buf[sizeof last.tensor];
+    const char *origin = file && tensor && origin_of(file, tensor, origin_buf, sizeof origin_buf) ? origin_buf : NULL;
     if (file)
         shown_path(last.file, sizeof last.file, file);
     else
         last.file[0] = '\0';
     file = file ? last.file : NULL;
-    snprintf(last.tensor, sizeof last.tensor, "%s", tensor ? tensor : "");
+    snprintf(last.tensor, sizeof last.tensor, "%s", origin ? origin : tensor ? tensor : "");
     if (file)
         len += (size_t)snprintf(t + len, NF4_ERROR_MAX - len, "%s: ", file);
-    if (tensor && len < NF4_ERROR_MAX)
+    if (origin && len < NF4_ERROR_MAX)
+        len += (size_t)snprintf(t + len, NF4_ERROR_MAX - len, "%s (converted to %s): ", origin, tensor);
+    else if (tensor && len < NF4_ERROR_MAX)
         len += (size_t)snprintf(t + len, NF4_ERROR_MAX - len, "%s: ", tensor);
     if (len < NF4_ERROR_MAX)
         len += (size_t)vsnprintf(t + len, NF4_ERROR_MAX - len, fmt, ap);

@@ -37,6 +37,14 @@ int nf4_fail_errno(int code, int errnum, const char *file, const char *tensor, c
  * conversion writes into a temp directory that becomes OUT once complete, and
  * the user, who knows only OUT, needs to read which of OUT's files failed. */
 void nf4_show_dir_as(const char *dir, const char *shown);
+/* From now on, an error naming a tensor of `file` names it as
+ * origin_of(owner, tensor) gives its name in the user's file, where that is
+ * another (a converted LoRA's key, safetensors.h's st_tensor.origin): "KEY
+ * (converted to NAME)". `file` must live until nf4_origins_unregister(owner).
+ * Out of memory, messages keep the names as they are. */
+void nf4_origins_register(const void *owner, const char *file,
+                          const char *(*origin_of)(const void *owner, const char *tensor));
+void nf4_origins_unregister(const void *owner);
 const char *nf4_last_error(void);
 void nf4_clear_error(void);
 

@@ -2795,6 +2795,36 @@ static void test_flux_control_lora_on_a_class_without_control_form(void **state)
     free(out);
 }
 
+/* A refusal of a LoRA that diffusers converts names the file's own key,
+ * and the one it was converted to: a kohya Flux.1 pair of one row too many,
+ * and the same pair in XLabs' form. */
+static void test_refusals_name_the_files_keys(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = DIFFUSERS_FIXTURES "/tiny-flux-bnb4/transformer";
+    char *lora = tu_strdupf("%s-lora.safetensors", s->dir);
+    static const struct {
+        struct synth_tensor t[2];
+        const char *want;
+    } NAMED[] = {
+        {{{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", DT_BF16, 4, 64, 0.5f},
+          {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", DT_BF16, 65, 4, 0.25f}},
+         "-lora.safetensors: lora_unet_double_blocks_0_img_attn_proj.lora_down.weight (converted to "
+         "transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight): B @ A is 65x64 but the base tensor "
+         "transformer_blocks.0.attn.to_out.0.weight is 64x64"},
+        {{{"double_blocks.0.processor.proj_lora1.down.weight", DT_BF16, 4, 64, 0.5f},
+          {"double_blocks.0.processor.proj_lora1.up.weight", DT_BF16, 65, 4, 0.25f}},
+         "-lora.safetensors: double_blocks.0.processor.proj_lora1.down.weight (converted to "
+         "transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight): B @ A is 65x64"},
+    };
+    for (size_t i = 0; i < sizeof NAMED / sizeof NAMED[0]; i++) {
+        write_synth_file(lora, NAMED[i].t, 2);
+        assert_merge_refused(s, base, lora, NULL, NAMED[i].want);
+    }
+    unlink(lora);
+    free(lora);
+}
+
 /* What the Flux.1 loader's widening cannot give a model that loads, or
  * diffusers raises on: refused in one line naming the key, nothing written. */
 static void test_flux_control_lora_refusals(void **state)
@@ -4361,8 +4391,9 @@ static void test_hunyuan_lora_as_diffusers_loads_it(void **state)
     tu_assert_same_st(m->files[0], SINGLE[0], SINGLE[1]);
     model_close(m);
     assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-hunyuan", SINGLE[0], NULL,
-                         "lora-hunyuan-single.safetensors: transformer.single_transformer_blocks.0.attn.to_k.lora_A."
-                         "weight: B @ A is 3072x16 but the base tensor");
+                         "lora-hunyuan-single.safetensors: transformer.single_blocks.0.linear1.lora_A.weight "
+                         "(converted to transformer.single_transformer_blocks.0.attn.to_k.lora_A.weight): B @ A is "
+                         "3072x16 but the base tensor");
     char *out = tu_strdupf("%s/out", s->dir);
     assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-hunyuan", out, HUNYUAN[0][0],
                            "lora-hunyuan-comfy.safetensors: 1 of its tensors (diffusion_model.double_blocks.0."
@@ -5107,6 +5138,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_flux_control_lora_on_a_class_without_control_form, tu_scratch_setup,
                                         lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_flux_control_lora_refusals, tu_scratch_setup, lora_synth_teardown),
+        cmocka_unit_test_setup_teardown(test_refusals_name_the_files_keys, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_flux_network_alphas, tu_scratch_setup, lora_synth_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_null_metadata, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_diffusers_lora_components, tu_scratch_setup, tu_scratch_teardown),
