@@ -137,6 +137,11 @@ transposed_layout unsloth "unsloth gpt-oss experts, fused"
 # (test_conv1d_layout).
 python3 tests/scripts/make_gpt2_conv1d.py "$fx" "$out/gpt2"
 transposed_layout gpt2 "gpt2 conv1d weights, transposed"
+# The same model's file alone, by the config.json beside it, on the GPU.
+"$bin" convert -q --device "$gpu" --dtype bf16 "$out/gpt2/base/model.safetensors" "$out/gpt2-file-gpu.safetensors" ||
+    { failed=$((failed + 1)); echo "FAIL: convert the gpt2 file alone"; }
+check "gpt2 conv1d weights, the file alone (gpu vs the folder on the cpu)" "$out/gpt2-file-gpu.safetensors" \
+    "$out/gpt2-cpu/model.safetensors"
 # Pickled adapters (adapter_model.bin): the same tensors as the adapters above,
 # so the GPU's merge from each equals its merge from them, byte for byte.
 for c in bf16-bnb4:r16-qv-lmhead fp16-fp4-bnb4:fp16-r4 bf16-bnb4:r8-all-linear; do
