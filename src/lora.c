@@ -1035,7 +1035,10 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
         }
     }
     if (!conv && (ndim != 2 || shape[0] != rows || shape[1] != cols)) {
-        code = nf4_fail(NF4_EDATA, file, aname, "B @ A%s is %llux%llu but the base tensor %s is %s%llux%llu",
+        /* the factor at fault: lora_B where A's inputs fit and B's outputs do not */
+        const int b_wrong = ndim == 2 && shape[transposed ? 0 : 1] == in_f && shape[transposed ? 1 : 0] != out_f;
+        code = nf4_fail(NF4_EDATA, file, b_wrong ? bname : aname, "B @ A%s is %llux%llu but the base tensor %s is "
+                        "%s%llux%llu",
                         kind->embedding ? " transposed (an embedding)"
                         : transposed    ? " transposed (fan_in_fan_out)"
                                         : "", (unsigned long long)rows,

@@ -2796,8 +2796,9 @@ static void test_flux_control_lora_on_a_class_without_control_form(void **state)
 }
 
 /* A refusal of a LoRA that diffusers converts names the file's own key,
- * and the one it was converted to: a kohya Flux.1 pair of one row too many,
- * and the same pair in XLabs' form. */
+ * and the one it was converted to: a kohya Flux.1 pair whose up factor has
+ * one row too many (the up factor named), the same pair in XLabs' form, and
+ * one whose down factor has a column too many (the down factor named). */
 static void test_refusals_name_the_files_keys(void **state)
 {
     struct tu_scratch *s = *state;
@@ -2809,13 +2810,18 @@ static void test_refusals_name_the_files_keys(void **state)
     } NAMED[] = {
         {{{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", DT_BF16, 4, 64, 0.5f},
           {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", DT_BF16, 65, 4, 0.25f}},
-         "-lora.safetensors: lora_unet_double_blocks_0_img_attn_proj.lora_down.weight (converted to "
-         "transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight): B @ A is 65x64 but the base tensor "
+         "-lora.safetensors: lora_unet_double_blocks_0_img_attn_proj.lora_up.weight (converted to "
+         "transformer.transformer_blocks.0.attn.to_out.0.lora_B.weight): B @ A is 65x64 but the base tensor "
          "transformer_blocks.0.attn.to_out.0.weight is 64x64"},
         {{{"double_blocks.0.processor.proj_lora1.down.weight", DT_BF16, 4, 64, 0.5f},
           {"double_blocks.0.processor.proj_lora1.up.weight", DT_BF16, 65, 4, 0.25f}},
-         "-lora.safetensors: double_blocks.0.processor.proj_lora1.down.weight (converted to "
-         "transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight): B @ A is 65x64"},
+         "-lora.safetensors: double_blocks.0.processor.proj_lora1.up.weight (converted to "
+         "transformer.transformer_blocks.0.attn.to_out.0.lora_B.weight): B @ A is 65x64"},
+        /* A of the wrong width is A's fault (narrower, Flux.1's loader pads it) */
+        {{{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", DT_BF16, 4, 65, 0.5f},
+          {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", DT_BF16, 64, 4, 0.25f}},
+         "-lora.safetensors: lora_unet_double_blocks_0_img_attn_proj.lora_down.weight (converted to "
+         "transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight): has 65 inputs, more than"},
     };
     for (size_t i = 0; i < sizeof NAMED / sizeof NAMED[0]; i++) {
         write_synth_file(lora, NAMED[i].t, 2);
@@ -2860,7 +2866,7 @@ static void test_flux_control_lora_refusals(void **state)
     /* a LoRA's output rows are not widened (diffusers keeps the bias, whose load then raises) */
     const struct synth_tensor rows[] = {{XA, DT_BF16, 4, 16, 0.5f}, {XB, DT_BF16, 65, 4, 0.25f}};
     write_synth_file(lora, rows, 2);
-    assert_merge_refused(s, base, lora, NULL, XA ": B @ A is 65x16 but the base tensor x_embedder.weight is 64x16");
+    assert_merge_refused(s, base, lora, NULL, XB ": B @ A is 65x16 but the base tensor x_embedder.weight is 64x16");
 #undef XA
 #undef XB
     unlink(lora);
@@ -4391,8 +4397,8 @@ static void test_hunyuan_lora_as_diffusers_loads_it(void **state)
     tu_assert_same_st(m->files[0], SINGLE[0], SINGLE[1]);
     model_close(m);
     assert_merge_refused(s, DIFFUSERS_FIXTURES "/tiny-hunyuan", SINGLE[0], NULL,
-                         "lora-hunyuan-single.safetensors: transformer.single_blocks.0.linear1.lora_A.weight "
-                         "(converted to transformer.single_transformer_blocks.0.attn.to_k.lora_A.weight): B @ A is "
+                         "lora-hunyuan-single.safetensors: transformer.single_blocks.0.linear1.lora_B.weight "
+                         "(converted to transformer.single_transformer_blocks.0.attn.to_k.lora_B.weight): B @ A is "
                          "3072x16 but the base tensor");
     char *out = tu_strdupf("%s/out", s->dir);
     assert_lora_warns_once(DIFFUSERS_FIXTURES "/tiny-hunyuan", out, HUNYUAN[0][0],
