@@ -302,22 +302,30 @@ int model_rename_tensors(struct model *m, int (*rename)(const char *name, void *
     struct st_file *f = m->files[0];
     int code = NF4_OK;
     for (size_t i = 0; i < f->count && code == NF4_OK; i++) {
+        struct st_tensor *t = &f->tensors[i];
         char *renamed = NULL;
-        if ((code = rename(f->tensors[i].name, arg, &renamed)) == NF4_OK && renamed &&
-            (code = st_set_origin(f, &f->tensors[i], f->tensors[i].name)) == NF4_OK) {
-            free(f->tensors[i].name);
-            f->tensors[i].name = renamed;
+        if ((code = rename(t->name, arg, &renamed)) != NF4_OK || !renamed)
+            continue;
+        /* the new name in, then the old one kept as the file's (unless it
+         * already holds one), and put back where that fails */
+        char *old = t->name;
+        t->name = renamed;
+        if ((code = st_set_origin(f, t, old)) == NF4_OK) {
+            free(old);
         } else {
+            t->name = old;
             free(renamed);
         }
     }
     if (code != NF4_OK)
         return code;
     qsort(m->tensors, m->count, sizeof *m->tensors, cmp_model_tensor);
-    for (size_t i = 1; i < m->count; i++)
-        if (strcmp(m->tensors[i - 1].t->name, m->tensors[i].t->name) == 0)
-            return nf4_fail(NF4_EDATA, f->path, m->tensors[i].t->name, "is the name of two of its tensors once "
-                            "renamed");
+    for (size_t i = 1; i < m->count; i++) {
+        const struct st_tensor *a = m->tensors[i - 1].t, *b = m->tensors[i].t;
+        if (strcmp(a->name, b->name) == 0) /* named as in the file: f's index is not rebuilt yet */
+            return nf4_fail(NF4_EDATA, f->path, NULL, "%s and %s both become %s once renamed",
+                            a->origin ? a->origin : a->name, b->origin ? b->origin : b->name, b->name);
+    }
     return st_index_names(f);
 }
 

@@ -542,7 +542,9 @@ static void test_sd_old_forms_refused(void **state)
           "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.processor.to_q_lora.up.weight",
           "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q_lora.down.weight",
           "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q_lora.up.weight"},
-         "is the name of two of its tensors"},
+         "attn1.processor.to_q_lora.down.weight and unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1."
+         "to_q_lora.down.weight both become unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_A."
+         "weight once renamed"},
         {{"unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_A.weight",
           "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.to_q.lora_B.weight",
           "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.processor.to_k_lora.down.weight",
@@ -552,6 +554,11 @@ static void test_sd_old_forms_refused(void **state)
           "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.processor.to_q_lora.up.weight",
           "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn1.processor.to_q_lora.alpha"},
          "to_q_lora.alpha: is an alpha among keys in diffusers' names before PEFT"},
+        /* renamed, then refused: named as in the file */
+        {{"unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.processor.to_k_lora.down.weight",
+          "unet.down_blocks.1.attentions.0.transformer_blocks.0.attn2.processor.to_k_lora.up.weight"},
+         "attn2.processor.to_k_lora.down.weight (converted to unet.down_blocks.1.attentions.0.transformer_blocks.0."
+         "attn2.to_k.lora_A.weight): B @ A is 8x8 but the base tensor"},
     };
     static struct recipe old;
     char *lora = tu_strdupf("%s/old.safetensors", s->dir), *peft = tu_strdupf("%s/peft.safetensors", s->dir),
