@@ -19,8 +19,10 @@ static const struct {
     {"FluxInpaintPipeline", "FluxControlInpaintPipeline"},
 };
 
-/* FluxPipeline's optional components, which the control classes lack. */
-static const char *const DROPPED_WHEN_NULL[] = {"image_encoder", "feature_extractor"};
+/* FluxPipeline's optional components, which the control classes lack: left
+ * out of their index, as their save_pretrained leaves them (a folder one
+ * names is still copied, and unused). */
+static const char *const DROPPED[] = {"image_encoder", "feature_extractor"};
 
 const char *flux_control_class(const char *cls)
 {
@@ -30,19 +32,10 @@ const char *flux_control_class(const char *cls)
     return NULL;
 }
 
-/* [null, null]: the entry save_pretrained writes for an optional component
- * the pipeline was given none of. */
-static int is_absent_component(const cJSON *v)
+static int dropped(const char *json, const struct json_member *m)
 {
-    return cJSON_IsArray(v) && cJSON_GetArraySize(v) == 2 && cJSON_IsNull(cJSON_GetArrayItem(v, 0)) &&
-           cJSON_IsNull(cJSON_GetArrayItem(v, 1));
-}
-
-static int dropped(const cJSON *root, const char *json, const struct json_member *m)
-{
-    for (size_t i = 0; i < sizeof DROPPED_WHEN_NULL / sizeof DROPPED_WHEN_NULL[0]; i++)
-        if (json_member_key_is(json, m, DROPPED_WHEN_NULL[i]) &&
-            is_absent_component(cJSON_GetObjectItemCaseSensitive(root, DROPPED_WHEN_NULL[i])))
+    for (size_t i = 0; i < sizeof DROPPED / sizeof DROPPED[0]; i++)
+        if (json_member_key_is(json, m, DROPPED[i]))
             return 1;
     return 0;
 }
@@ -50,7 +43,7 @@ static int dropped(const cJSON *root, const char *json, const struct json_member
 /* The members of the object opening at json[open], each written as it was
  * but for the class's value and the dropped ones; a kept member is preceded
  * by the separator that preceded it in the file, so the layout stays. */
-static int put_rewritten(struct strbuf *b, const cJSON *root, const char *json, size_t len, const char *to)
+static int put_rewritten(struct strbuf *b, const char *json, size_t len, const char *to)
 {
     size_t open = json_text_skip_ws(json, 0, len), count;
     struct json_member *mem = json_scan_members(json, open, len, &count);
@@ -60,7 +53,7 @@ static int put_rewritten(struct strbuf *b, const cJSON *root, const char *json, 
     int kept = 0;
     for (size_t k = 0; k < count; k++) {
         const struct json_member *m = &mem[k];
-        if (dropped(root, json, m))
+        if (dropped(json, m))
             continue;
         if (kept++)
             strbuf_put(b, json + mem[k - 1].value_end, m->key_start - mem[k - 1].value_end);
@@ -91,6 +84,15 @@ int control_index_rewrite(const char *path, const char *json, size_t len, char *
         cJSON_Delete(root);
         return nf4_fail(NF4_EDATA, path, NULL, "not a JSON object");
     }
+    const char *dup = NULL;
+    const int twice = json_first_duplicate_key(root, &dup);
+    if (twice != 0) {
+        int code = twice < 0 ? nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory")
+                             : nf4_fail(NF4_EDATA, path, NULL, "has \"%s\" twice, which diffusers reads as the last "
+                                        "and nf4deq would not", dup);
+        cJSON_Delete(root);
+        return code;
+    }
     const cJSON *cls = cJSON_GetObjectItemCaseSensitive(root, CLASS_KEY);
     int code = NF4_OK;
     if (cJSON_IsString(cls) && !(*from = strdup(cls->valuestring)))
@@ -98,7 +100,7 @@ int control_index_rewrite(const char *path, const char *json, size_t len, char *
     *to = flux_control_class(*from);
     if (code == NF4_OK && *to && strcmp(*from, *to) != 0) {
         struct strbuf b = {0};
-        if (put_rewritten(&b, root, json, len, *to) != 0 || b.oom || !b.p) {
+        if (put_rewritten(&b, json, len, *to) != 0 || b.oom || !b.p) {
             free(b.p);
             code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
         } else {

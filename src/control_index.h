@@ -7,7 +7,9 @@
  * diffusers' own route to such a model (FluxControlPipeline.from_pretrained,
  * load_lora_weights, fuse_lora, save_pretrained) writes the control
  * pipeline's index: its _class_name, and none of FluxPipeline's optional
- * image_encoder and feature_extractor, which the control classes lack. */
+ * image_encoder and feature_extractor, which the control classes lack
+ * (diffusers warns of either, null or not, as a config attribute it does not
+ * expect). */
 #ifndef NF4DEQ_CONTROL_INDEX_H
 #define NF4DEQ_CONTROL_INDEX_H
 
@@ -23,11 +25,11 @@ const char *flux_control_class(const char *cls);
 
 /* The index text json[0, len) (file `path`, named in messages) as that
  * control class's: *out (allocated, *out_len bytes) with "_class_name" set to
- * *to and each of "image_encoder" and "feature_extractor" that is
- * [null, null] left out, the rest byte for byte; *out NULL where the class
- * has no control form (*from then the class found, or NULL) or is one
- * already. *from is allocated. NF4_OK, NF4_EDATA (not a JSON object), or
- * NF4_ESOFTWARE. */
+ * *to and "image_encoder" and "feature_extractor" left out, the rest byte
+ * for byte; *out NULL where the class has no control form (*from then the
+ * class found, or NULL) or is one already. *from is allocated. NF4_OK,
+ * NF4_EDATA (not a JSON object, or a key twice: diffusers would read the
+ * last), or NF4_ESOFTWARE. */
 int control_index_rewrite(const char *path, const char *json, size_t len, char **from, const char **to, char **out,
                           size_t *out_len);
 

@@ -48,8 +48,8 @@ static const struct {
 } SCOPES[] = {{NULL, ""}, {"encoder", "encoder."}, {"decoder", "decoder."}};
 #define NSCOPES (sizeof SCOPES / sizeof *SCOPES)
 
-/* in[i]: SCOPES[i] is a Conv1D architecture; *typed: config.json names the
- * model's type at all. */
+/* in[i]: SCOPES[i] is a Conv1D architecture; *typed: config.json names a
+ * type at all, the model's or a part's. */
 static int conv1d_scopes(const struct model *m, int in[NSCOPES], int *typed)
 {
     int code = NF4_OK;
@@ -59,7 +59,7 @@ static int conv1d_scopes(const struct model *m, int in[NSCOPES], int *typed)
         if (code == NF4_OK)
             code = model_config_part_type(m, SCOPES[i].part, &type);
         in[i] = code == NF4_OK && is_conv1d_model_type(type);
-        *typed |= !SCOPES[i].part && type;
+        *typed |= type != NULL; /* a composite's part names one too */
         free(type);
     }
     return code;

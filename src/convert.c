@@ -492,8 +492,15 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
                                     &c->cached_source_bytes)) == NF4_OK &&
         (code = convert_plan_file(m, 0, weights, nweights, c->lora, NULL, conv1d, c->opts->dtype, &items, &n)) ==
             NF4_OK &&
-        (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK)
+        (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK) {
+        /* A file that lies among others' may sit beside the wrong config.json:
+         * the user hears which one decided. */
+        if (conv1d)
+            nf4_note("%s: %zu Conv1D weight%s written transposed, [in, out], as GPT-2 loads %s: the config.json "
+                     "beside it names a GPT-2 architecture", in, conv1d->n, conv1d->n == 1 ? "" : "s",
+                     conv1d->n == 1 ? "it" : "them");
         code = convert_write_file(c, out, items, n, m, 0, &written);
+    }
     c->stats->bytes_out += written;
     conv1d_layout_free(conv1d);
     free(items);

@@ -537,9 +537,12 @@ static int write_control_index(const char *from, const char *to, const char *in)
         temp_register(to, 0);
         code = write_file_atomic(to, text, text_len);
     } else if (code == NF4_OK) {
-        if (!control)
+        if (!control && cls)
             nf4_warn("%s: _class_name %s kept: the widened transformer takes a control image, which only "
-                     "diffusers' FluxControl pipelines give it", from, cls ? cls : "(none)");
+                     "diffusers' FluxControl pipelines give it", from, cls);
+        else if (!control)
+            nf4_warn("%s: names no _class_name, and is copied as it is: the widened transformer takes a control "
+                     "image, which only diffusers' FluxControl pipelines give it", from);
         code = copy_path(from, to, in);
     }
     free(json);
@@ -572,8 +575,7 @@ static int pipeline_write_entry(struct ctx *c, const char *in, const struct pipe
     } else if (widened && e->kind == ENTRY_FILE && strcmp(e->name, PIPELINE_INDEX_NAME) == 0) {
         code = write_control_index(from, to, in);
     } else {
-        const char *index = pipeline_index_name(in);
-        if (widened && e->kind == ENTRY_FILE && index && strcmp(e->name, index) == 0)
+        if (widened && e->kind == ENTRY_FILE && strcmp(e->name, MODULAR_PIPELINE_INDEX_NAME) == 0)
             nf4_warn("%s: copied as it is: the widened transformer takes a control image, which only "
                      "diffusers' FluxControl pipelines give it", from);
         code = copy_path(from, to, in); /* a file, or a warning */

@@ -502,6 +502,8 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
 static int report_index_class(const char *in, cJSON *root, FILE *out)
 {
     const char *index = pipeline_index_name(in), *control = NULL;
+    if (!index) /* gone since the pipeline was listed */
+        return nf4_fail(NF4_ENOINPUT, in, NULL, "no longer holds %s", PIPELINE_INDEX_NAME);
     char *path = path_join(in, index), *json = NULL, *cls = NULL, *text = NULL;
     size_t len = 0, text_len = 0;
     int code = path ? read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)
@@ -520,6 +522,13 @@ static int report_index_class(const char *in, cJSON *root, FILE *out)
         fprintf(out, "%s: kept as it is%s%s%s: only diffusers' FluxControl pipelines give the widened transformer "
                 "its control image\n", index, cls ? " (_class_name " : "", cls ? cls : "", cls ? ")" : "");
     }
+    /* beside model_index.json, a modular pipeline's index is copied as it is */
+    char *modular = strcmp(index, PIPELINE_INDEX_NAME) == 0 ? path_join(in, MODULAR_PIPELINE_INDEX_NAME) : NULL;
+    struct stat st;
+    if (code == NF4_OK && !root && modular && stat(modular, &st) == 0 && S_ISREG(st.st_mode))
+        fprintf(out, "%s: kept as it is: only diffusers' FluxControl pipelines give the widened transformer its "
+                "control image\n", MODULAR_PIPELINE_INDEX_NAME);
+    free(modular);
     free(path);
     free(json);
     free(cls);

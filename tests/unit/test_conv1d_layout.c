@@ -381,7 +381,8 @@ static void test_inspect_says_which_are_transposed(void **state)
 }
 
 /* A single file goes by the config.json beside it: a GPT-2's, transposed
- * back as its directory is, inspect saying so; none at all, kept as
+ * back as its directory is, with a note naming that config.json, inspect
+ * saying so; a composite model's whose decoder is a GPT-2; none at all, kept as
  * bitsandbytes recorded them with one warning that says why (convert and
  * inspect alike); another architecture's, kept without a word. */
 static void test_single_file_goes_by_the_config_beside_it(void **state)
@@ -393,10 +394,26 @@ static void test_single_file_goes_by_the_config_beside_it(void **state)
     write_gpt2_dir(in, "gpt2");
     assert_int_equal(mkdir(out, 0755), 0);
     struct tu_run r = tu_run("convert", "--device", "cpu", "--dtype", "bf16", file, out_file, NULL);
-    if (r.status != 0 || tu_lines(r.err) != 1)
+    if (r.status != 0 || tu_lines(r.err) != 2 ||
+        !strstr(r.err, "/gpt2/model.safetensors: 8 Conv1D weights written transposed, [in, out], as GPT-2 loads "
+                       "them: the config.json beside it names a GPT-2 architecture\n"))
         fail_msg("exit %d, stderr: %s", r.status, r.err);
     tu_run_free(&r);
     assert_gpt2_output(out, "gpt2");
+    /* a composite model's config, which names the type of its decoder alone */
+    char *ved = tu_strdupf("%s/ved", s->dir), *ved_file = tu_strdupf("%s/ved/model.safetensors", s->dir),
+         *ved_out = tu_strdupf("%s/ved-out", s->dir), *ved_out_file = tu_strdupf("%s/ved-out/m.safetensors", s->dir);
+    write_gpt2_dir(ved, "vision-encoder-decoder");
+    assert_int_equal(mkdir(ved_out, 0755), 0);
+    r = tu_run("convert", "--device", "cpu", "--dtype", "bf16", ved_file, ved_out_file, NULL);
+    if (r.status != 0 || tu_lines(r.err) != 2 || strstr(r.err, "warning"))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    tu_run_free(&r);
+    assert_gpt2_output(ved_out, "vision-encoder-decoder");
+    free(ved);
+    free(ved_file);
+    free(ved_out);
+    free(ved_out_file);
     r = tu_run("inspect", file, NULL);
     if (r.status != 0 || !strstr(r.out, "8 Conv1D weights of a GPT-2 architecture: written transposed, [in, out]"))
         fail_msg("exit %d, stdout: %s", r.status, r.out);

@@ -271,15 +271,12 @@ static void test_control_index_classes_and_layouts(void **state)
         {"{\"a\": 1, \"feature\\u005fextractor\": [null, null], \"_class\\u005fname\": \"FluxPipeline\", \"b\": 2}",
          "{\"a\": 1, \"_class\\u005fname\": \"FluxControlPipeline\", \"b\": 2}", "FluxPipeline",
          "FluxControlPipeline"},
-        /* an image encoder the pipeline loads stays (diffusers ignores it, with a warning) */
+        /* an image encoder the pipeline loads goes too (diffusers would warn of it, unused) */
         {"{\"_class_name\": \"FluxPipeline\", \"image_encoder\": [\"transformers\", "
-         "\"CLIPVisionModelWithProjection\"]}",
-         "{\"_class_name\": \"FluxControlPipeline\", \"image_encoder\": [\"transformers\", "
-         "\"CLIPVisionModelWithProjection\"]}",
+         "\"CLIPVisionModelWithProjection\"], \"vae\": 1}",
+         "{\"_class_name\": \"FluxControlPipeline\", \"vae\": 1}", "FluxPipeline", "FluxControlPipeline"},
+        {"{\"_class_name\": \"FluxPipeline\", \"image_encoder\": null}", "{\"_class_name\": \"FluxControlPipeline\"}",
          "FluxPipeline", "FluxControlPipeline"},
-        {"{\"_class_name\": \"FluxPipeline\", \"image_encoder\": [null]}",
-         "{\"_class_name\": \"FluxControlPipeline\", \"image_encoder\": [null]}", "FluxPipeline",
-         "FluxControlPipeline"},
         /* a nested _class_name is not the pipeline's */
         {"{\"x\": {\"_class_name\": \"FluxPipeline\"}, \"_class_name\": \"FluxPipeline\"}",
          "{\"x\": {\"_class_name\": \"FluxPipeline\"}, \"_class_name\": \"FluxControlPipeline\"}", "FluxPipeline",
@@ -303,6 +300,28 @@ static void test_control_index_refuses_non_objects(void **state)
     (void)state;
     static const char *const BAD[] = {"[\"FluxPipeline\"]", "\"FluxPipeline\"", "null", "", "{\"_class_name\": }",
                                       "{\"_class_name\": \"FluxPipeline\"} junk"};
+    static const struct {
+        const char *json, *key;
+    } TWICE[] = {
+        /* diffusers would read the last of each: a Kontext pipeline's class, or an image encoder */
+        {"{\"_class_name\": \"FluxPipeline\", \"_class_name\": \"FluxKontextPipeline\"}", "_class_name"},
+        {"{\"_class_name\": \"FluxKontextPipeline\", \"_class_name\": \"FluxPipeline\"}", "_class_name"},
+        {"{\"_class_name\": \"FluxPipeline\", \"image_encoder\": [null, null], \"image_encoder\": [\"a\", \"b\"]}",
+         "image_encoder"},
+    };
+    for (size_t i = 0; i < sizeof TWICE / sizeof TWICE[0]; i++) {
+        char *from = NULL, *out = NULL;
+        const char *to = NULL;
+        size_t len = 0;
+        nf4_clear_error();
+        int code = control_index_rewrite("pipe/model_index.json", TWICE[i].json, strlen(TWICE[i].json), &from, &to,
+                                         &out, &len);
+        char *want = tu_strdupf("pipe/model_index.json: has \"%s\" twice, which diffusers reads as the last and "
+                                "nf4deq would not", TWICE[i].key);
+        if (code != NF4_EDATA || out || from || strcmp(nf4_last_error(), want) != 0)
+            fail_msg("control_index_rewrite(%s) = %d: %s", TWICE[i].json, code, nf4_last_error());
+        free(want);
+    }
     for (size_t i = 0; i < sizeof BAD / sizeof BAD[0]; i++) {
         char *from = NULL, *out = NULL;
         const char *to = NULL;
