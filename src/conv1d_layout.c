@@ -38,14 +38,21 @@ static int is_conv1d_model_type(const char *type)
 }
 
 /* Where a Conv1D architecture's weights may be: the whole model, where
- * config.json's top level names one, or a composite model's part
- * (vision-encoder-decoder, encoder-decoder: a ViT and a GPT-2 captioner,
- * say), named in its "encoder" or "decoder", whose weights have that word
- * as a prefix. */
+ * config.json's top level names one, or a composite model's part, named in
+ * its "encoder" or "decoder" (vision-encoder-decoder, encoder-decoder: a ViT
+ * and a GPT-2 captioner, say), whose weights have that word as a prefix, or
+ * in its "text_config" (BLIP-2's language model, under "language_model.",
+ * or "model.language_model." where transformers nests it; a
+ * vision-text dual encoder's, under "text_model."). */
 static const struct {
     const char *part;   /* NULL: the top level */
     const char *prefix; /* of its weights' names */
-} SCOPES[] = {{NULL, ""}, {"encoder", "encoder."}, {"decoder", "decoder."}};
+} SCOPES[] = {{NULL, ""},
+              {"encoder", "encoder."},
+              {"decoder", "decoder."},
+              {"text_config", "language_model."},
+              {"text_config", "model.language_model."},
+              {"text_config", "text_model."}};
 #define NSCOPES (sizeof SCOPES / sizeof *SCOPES)
 
 /* in[i]: SCOPES[i] is a Conv1D architecture; *typed: config.json names a

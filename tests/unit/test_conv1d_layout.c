@@ -21,24 +21,48 @@ static const char *const CONV1D_NAMES[WEIGHTS] = {
 #define NORM "transformer.ln_f.weight"
 #define RANK 3
 
-/* A vision-encoder-decoder model whose decoder is a GPT-2: its weights are
- * under "decoder.", and a Conv1D-named weight under "encoder." is a ViT's. */
-#define COMPOSITE_CONFIG                                                                                              \
-    "{\"model_type\": \"vision-encoder-decoder\", \"encoder\": {\"model_type\": \"vit\"}, "                             \
-    "\"decoder\": {\"model_type\": \"gpt2\"}}"
-#define ENCODER_WEIGHT "encoder.encoder.layer.0.output.c_fc.weight"
+/* Composite models with a GPT-2 inside: the config.json that says so, the
+ * prefix of the GPT-2's weights, and a Conv1D-named weight of the other part
+ * (a ViT's, say), which stays as stored. */
+static const struct composite {
+    const char *type, *config, *prefix, *other;
+} COMPOSITES[] = {
+    {"vision-encoder-decoder",
+     "{\"model_type\": \"vision-encoder-decoder\", \"encoder\": {\"model_type\": \"vit\"}, "
+     "\"decoder\": {\"model_type\": \"gpt2\"}}",
+     "decoder.", "encoder.encoder.layer.0.output.c_fc.weight"},
+    /* BLIP-2 and a vision-text dual encoder: a GPT-2 in text_config */
+    {"blip-2",
+     "{\"model_type\": \"blip-2\", \"vision_config\": {\"model_type\": \"blip_2_vision_model\"}, "
+     "\"text_config\": {\"model_type\": \"gpt2\"}}",
+     "language_model.", "vision_model.encoder.layers.0.mlp.c_fc.weight"},
+    {"vision-text-dual-encoder",
+     "{\"model_type\": \"vision-text-dual-encoder\", \"vision_config\": {\"model_type\": \"vit\"}, "
+     "\"text_config\": {\"model_type\": \"gpt2\"}}",
+     "text_model.", "vision_model.encoder.layer.0.output.c_fc.weight"},
+    {"llava", "{\"model_type\": \"llava\", \"text_config\": {\"model_type\": \"gpt2\"}}",
+     "model.language_model.", "model.vision_tower.c_fc.weight"},
+};
+
+static const struct composite *composite_of(const char *type)
+{
+    for (size_t i = 0; i < sizeof COMPOSITES / sizeof COMPOSITES[0]; i++)
+        if (strcmp(type, COMPOSITES[i].type) == 0)
+            return &COMPOSITES[i];
+    return NULL;
+}
 
 /* dir: a checkpoint of config.json's model_type `type`: fixture weights a
  * to h as CONV1D_NAMES, the head as fixture weight HEAD_FROM, a bf16 norm;
- * for type "vision-encoder-decoder", COMPOSITE_CONFIG, every name under
- * "decoder.", and fixture weight b as ENCODER_WEIGHT besides. */
+ * for a composite type, its config, every name under its prefix, and
+ * fixture weight b as its other part's weight besides. */
 static void write_gpt2_dir(const char *dir, const char *type)
 {
     struct checkpoint *c = calloc(1, sizeof *c);
     assert_int_equal(st_open(FIXTURES "/tensors.bnb4.safetensors", &c->bnb), NF4_OK);
     assert_int_equal(st_open(FIXTURES "/tensors.source.safetensors", &c->source), NF4_OK);
-    int composite = strcmp(type, "vision-encoder-decoder") == 0;
-    const char *prefix = composite ? "decoder." : "";
+    const struct composite *composite = composite_of(type);
+    const char *prefix = composite ? composite->prefix : "";
     char name[256];
     for (int i = 0; i < WEIGHTS; i++) {
         snprintf(name, sizeof name, "%s%s", prefix, CONV1D_NAMES[i]);
@@ -48,10 +72,10 @@ static void write_gpt2_dir(const char *dir, const char *type)
     add_weight(c, 0, HEAD_FROM, name);
     add_copy(c, 0, c->bnb, "model.norm.weight", "%s%s", prefix, NORM);
     if (composite)
-        add_weight(c, 0, 'b', ENCODER_WEIGHT);
+        add_weight(c, 0, 'b', composite->other);
     assert_int_equal(mkdir(dir, 0755), 0);
     char *config = tu_strdupf("%s/config.json", dir),
-         *json = composite ? strdup(COMPOSITE_CONFIG) : tu_strdupf("{\"model_type\": \"%s\"}", type),
+         *json = composite ? strdup(composite->config) : tu_strdupf("{\"model_type\": \"%s\"}", type),
          *path = tu_strdupf("%s/model.safetensors", dir);
     tu_write_file(config, json, strlen(json));
     write_shard(c, 0, path);
@@ -115,15 +139,15 @@ static void assert_kept(const struct model *out, const struct st_file *expected,
 
 /* The output of write_gpt2_dir(type), converted to bf16: each Conv1D weight
  * is bitsandbytes' output transposed, the head (and a composite model's
- * encoder weight) as bitsandbytes wrote it. */
+ * other part's weight) as bitsandbytes wrote it. */
 static void assert_gpt2_output(const char *out_dir, const char *type)
 {
     struct model *out;
     assert_int_equal(model_open_dir(out_dir, &out), NF4_OK);
     struct st_file *expected;
     assert_int_equal(st_open(FIXTURES "/tensors.expected-bf16.safetensors", &expected), NF4_OK);
-    int composite = strcmp(type, "vision-encoder-decoder") == 0;
-    const char *prefix = composite ? "decoder." : "";
+    const struct composite *composite = composite_of(type);
+    const char *prefix = composite ? composite->prefix : "";
     uint64_t rows, cols;
     char name[256];
     for (int i = 0; i < WEIGHTS; i++) {
@@ -135,8 +159,8 @@ static void assert_gpt2_output(const char *out_dir, const char *type)
     snprintf(name, sizeof name, "%s%s", prefix, HEAD);
     assert_kept(out, expected, name, HEAD_FROM);
     if (composite)
-        assert_kept(out, expected, ENCODER_WEIGHT, 'b');
-    assert_int_equal(out->count, WEIGHTS + 2 + composite);
+        assert_kept(out, expected, composite->other, 'b');
+    assert_int_equal(out->count, WEIGHTS + 2 + (composite != NULL));
     st_close(expected);
     model_close(out);
 }
@@ -167,14 +191,16 @@ static void test_conv1d_as_bitsandbytes_wrote_them(void **state)
 }
 
 /* Each architecture built on Conv1D is transposed back, and a composite
- * model's GPT-2 decoder (its encoder's weights kept); another keeps the
- * weights as stored, in their quant state's shape. */
+ * model's GPT-2 (a decoder, or a text_config's language or text model; its
+ * other part's weights kept); another keeps the weights as stored, in their
+ * quant state's shape. */
 static void test_which_architectures(void **state)
 {
     struct tu_scratch *s = *state;
     static const char *const CONV1D_TYPES[] = {"gpt2",         "openai-gpt",          "imagegpt",
                                                "decision_transformer", "clvp", "clvp_decoder",
-                                               "vision-encoder-decoder"};
+                                               "vision-encoder-decoder", "blip-2", "vision-text-dual-encoder",
+                                               "llava"};
     for (size_t i = 0; i < sizeof CONV1D_TYPES / sizeof *CONV1D_TYPES; i++) {
         char *in = tu_strdupf("%s/in-%zu", s->dir, i), *out = tu_strdupf("%s/out-%zu", s->dir, i);
         write_gpt2_dir(in, CONV1D_TYPES[i]);
