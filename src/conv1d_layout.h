@@ -11,9 +11,9 @@
  * nn.Linear, which a GPT-2 checkpoint cannot hold. In a model whose
  * config.json (in its directory, or beside a single file) names one of these
  * architectures (or a composite model whose "encoder" or "decoder" does: then
- * the weights under "encoder." or "decoder."), each 4-bit Conv1D weight is
- * written transposed back, [in, out]: the shape of the model's own
- * checkpoints. */
+ * the weights under "encoder." or "decoder."; or whose "text_config" does:
+ * those of its language or text model), each 4-bit Conv1D weight is written
+ * transposed back, [in, out]: the shape of the model's own checkpoints. */
 #ifndef NF4DEQ_CONV1D_LAYOUT_H
 #define NF4DEQ_CONV1D_LAYOUT_H
 
