@@ -47,6 +47,45 @@ static int json_u64(const cJSON *item, uint64_t *out)
     return 1;
 }
 
+/* How many quant states (objects with a "quant_type") stand back to back in
+ * json[0, len), filling it; 0 where anything else is there. transformers 5
+ * saves a layer it split on load (a fused qkv or gate_up projection) with
+ * its parts' quant states concatenated into one tensor. */
+static size_t states_back_to_back(const char *json, size_t len)
+{
+    size_t n = 0, i = 0;
+    while (i < len) {
+        while (i < len && (json[i] == ' ' || json[i] == '\t' || json[i] == '\n' || json[i] == '\r'))
+            i++;
+        if (i == len)
+            break;
+        const char *end = NULL;
+        cJSON *part = cJSON_ParseWithLengthOpts(json + i, len - i, &end, 0);
+        const int state = cJSON_IsString(cJSON_GetObjectItemCaseSensitive(part, "quant_type"));
+        cJSON_Delete(part);
+        if (!state || !end || end <= json + i)
+            return 0;
+        n++;
+        i = (size_t)(end - json);
+    }
+    return n;
+}
+
+/* The refusal of a quant state that is not one JSON object, saying why where
+ * a known writer made it so. */
+static int fail_not_json(const char *file, const char *tensor, const char *json, size_t len)
+{
+    const size_t n = states_back_to_back(json, len);
+    if (n >= 2)
+        return nf4_fail(NF4_EDATA, file, tensor, "quant state is not valid JSON: it holds %zu quant states back to "
+                        "back, as transformers 5 saves a layer it split on load (a fused qkv or gate_up "
+                        "projection), a checkpoint transformers cannot load either", n);
+    if (memmem(json, len, "NaN", 3) || memmem(json, len, "Infinity", 8))
+        return nf4_fail(NF4_EDATA, file, tensor, "quant state is not valid JSON: it holds NaN or Infinity "
+                        "(bitsandbytes writes a NaN nested_offset for a weight of no elements)");
+    return nf4_fail(NF4_EDATA, file, tensor, "quant state is not valid JSON");
+}
+
 int bnb_parse_state(const char *file, const char *tensor, const char *json, size_t len, struct bnb_state *s)
 {
     memset(s, 0, sizeof *s);
@@ -54,7 +93,7 @@ int bnb_parse_state(const char *file, const char *tensor, const char *json, size
     if (!root && json_ran_out_of_memory())
         return nf4_fail(NF4_ESOFTWARE, file, tensor, "out of memory parsing the quant state");
     if (!root)
-        return nf4_fail(NF4_EDATA, file, tensor, "quant state is not valid JSON");
+        return fail_not_json(file, tensor, json, len);
     int code = NF4_OK;
     if (!cJSON_IsObject(root)) {
         code = nf4_fail(NF4_EDATA, file, tensor, "quant state is not a JSON object");

@@ -415,6 +415,12 @@ def file_cases(B):
     qs_raw("qs-blob-control-char", raw.replace(b'"nf4"', b'"nf4\x01"'), "quant state is not valid JSON")
     qs_raw("qs-blob-not-u8", raw, "quant state blob is I8, expected U8", dtype="I8")
     qs_raw("qs-blob-empty", b"", "quant state is not valid JSON")
+    # What transformers 5 saves for a layer it split on load: the parts' quant states concatenated.
+    qs_raw("qs-blob-states-back-to-back", raw + b"\n" + raw + raw,
+           "quant state is not valid JSON: it holds 3 quant states back to back, as transformers 5 saves")
+    # bitsandbytes' nested_offset of a weight of no elements: the mean of nothing, NaN to Python's json.
+    qs_raw("qs-blob-nan-offset", raw.replace(b'"nested_offset": 0.14574050903320312', b'"nested_offset": NaN'),
+           "quant state is not valid JSON: it holds NaN or Infinity")
 
 
 def shard_files(B, index_edit=None, shards=None):
