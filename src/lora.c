@@ -962,8 +962,10 @@ static int bind_pair(struct binder *b, const struct lora_adapter *ad, size_t ind
     if (parameter && (code = refuse_wrapper_features(c, file, aname)) != NF4_OK)
         goto out;
     if (!as_module && !parameter) {
+        char shown[NF4_TENSOR_SHOWN_MAX];
         nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
-                 "layers_to_transform); PEFT does not load it, and it is not merged", file, aname);
+                 "layers_to_transform); PEFT does not load it, and it is not merged", file,
+                 nf4_tensor_shown(file, aname, shown, sizeof shown));
         goto out;
     }
     /* A tied pair trained as one (head_mirrors_embedding) merges once, into the
@@ -1255,8 +1257,10 @@ static int bind_lokr(struct binder *b, const struct lora_adapter *ad, size_t ind
         return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
     int code = NF4_OK;
     if (!lora_target_matches(&c->targets, module)) {
+        char shown[NF4_TENSOR_SHOWN_MAX];
         nf4_warn("%s: %s: its module is not one adapter_config.json targets (target_modules, exclude_modules, "
-                 "layers_to_transform); PEFT does not load it, and it is not merged", file, key);
+                 "layers_to_transform); PEFT does not load it, and it is not merged", file,
+                 nf4_tensor_shown(file, key, shown, sizeof shown));
         goto out;
     }
     uint64_t rows[3], out_f = 0, in_f = 0;
@@ -2001,8 +2005,9 @@ static int bind_control_norm(struct binder *b, size_t index, const struct model_
     size_t ndim;
     const uint64_t *shape;
     if (!base_shape(b, name, &ndim, &shape) && !model_find(b->base, name)) { /* 4-bit ones: base_shape's */
+        char shown[NF4_TENSOR_SHOWN_MAX];
         nf4_warn("%s: %s: a norm weight the model does not have; diffusers ignores it, and it is not merged",
-                 t->file->path, t->t->name);
+                 t->file->path, nf4_tensor_shown(t->file->path, t->t->name, shown, sizeof shown));
         return NF4_OK;
     }
     int code = bind_replacement_of(b, index, t, name, TIE_PARTED);

@@ -131,6 +131,15 @@ static int origin_of(const char *file, const char *tensor, char *buf, size_t siz
     return found;
 }
 
+const char *nf4_tensor_shown(const char *file, const char *tensor, char *buf, size_t size)
+{
+    char origin[sizeof last.tensor];
+    if (!file || !tensor || !origin_of(file, tensor, origin, sizeof origin))
+        return tensor;
+    snprintf(buf, size, "%s (converted to %s)", origin, tensor);
+    return buf;
+}
+
 static void vrecord(const char *file, const char *tensor, const char *suffix, const char *fmt, va_list ap)
 {
     if (have_error)

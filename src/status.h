@@ -45,6 +45,10 @@ void nf4_show_dir_as(const char *dir, const char *shown);
 void nf4_origins_register(const void *owner, const char *file,
                           const char *(*origin_of)(const void *owner, const char *tensor));
 void nf4_origins_unregister(const void *owner);
+/* Tensor `tensor` of `file` as errors name it (above), for a warning's text:
+ * buf, or `tensor` itself where it has no other name. */
+const char *nf4_tensor_shown(const char *file, const char *tensor, char *buf, size_t size);
+#define NF4_TENSOR_SHOWN_MAX 2048
 const char *nf4_last_error(void);
 void nf4_clear_error(void);
 

@@ -2795,8 +2795,8 @@ static void test_flux_control_lora_on_a_class_without_control_form(void **state)
     free(out);
 }
 
-/* A refusal of a LoRA that diffusers converts names the file's own key,
- * and the one it was converted to: a kohya Flux.1 pair whose up factor has
+/* A refusal (or a warning) about a LoRA that diffusers converts names the
+ * file's own key, and the one it was converted to: a kohya Flux.1 pair whose up factor has
  * one row too many (the up factor named), the same pair in XLabs' form, and
  * one whose down factor has a column too many (the down factor named). */
 static void test_refusals_name_the_files_keys(void **state)
@@ -2829,6 +2829,20 @@ static void test_refusals_name_the_files_keys(void **state)
     }
     unlink(lora);
     free(lora);
+    /* Warnings name them so too (nf4_tensor_shown), while the converted
+     * model is open, and not after it closes. */
+    const char *kohya = DIFFUSERS_FIXTURES "/lora-flux-kohya.safetensors";
+    const char *converted = "transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight";
+    struct model *m;
+    char shown[NF4_TENSOR_SHOWN_MAX];
+    assert_int_equal(diffusers_lora_open(kohya, LORA_FAMILY_FLUX, 0, &m), NF4_OK);
+    assert_non_null(model_find(m, converted));
+    assert_string_equal(nf4_tensor_shown(kohya, converted, shown, sizeof shown),
+                        "lora_unet_double_blocks_0_img_attn_proj.lora_down.weight (converted to "
+                        "transformer.transformer_blocks.0.attn.to_out.0.lora_A.weight)");
+    assert_string_equal(nf4_tensor_shown("other.safetensors", converted, shown, sizeof shown), converted);
+    model_close(m);
+    assert_string_equal(nf4_tensor_shown(kohya, converted, shown, sizeof shown), converted);
 }
 
 /* What the Flux.1 loader's widening cannot give a model that loads, or
