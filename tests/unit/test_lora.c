@@ -2796,9 +2796,10 @@ static void test_flux_control_lora_on_a_class_without_control_form(void **state)
 }
 
 /* A refusal (or a warning) about a LoRA that diffusers converts names the
- * file's own key, and the one it was converted to: a kohya Flux.1 pair whose up factor has
- * one row too many (the up factor named), the same pair in XLabs' form, and
- * one whose down factor has a column too many (the down factor named). */
+ * file's own key, and the one it was converted to: a kohya Flux.1 pair whose
+ * up factor has one row too many (the up factor named), the same pair in
+ * XLabs' form, and one whose down factor has a column too many (the down
+ * factor named). */
 static void test_refusals_name_the_files_keys(void **state)
 {
     struct tu_scratch *s = *state;
@@ -2817,7 +2818,7 @@ static void test_refusals_name_the_files_keys(void **state)
           {"double_blocks.0.processor.proj_lora1.up.weight", DT_BF16, 65, 4, 0.25f}},
          "-lora.safetensors: double_blocks.0.processor.proj_lora1.up.weight (converted to "
          "transformer.transformer_blocks.0.attn.to_out.0.lora_B.weight): B @ A is 65x64"},
-        /* A of the wrong width is A's fault (narrower, Flux.1's loader pads it) */
+        /* a down factor too wide is its own fault (Flux.1's loader pads a narrower one) */
         {{{"lora_unet_double_blocks_0_img_attn_proj.lora_down.weight", DT_BF16, 4, 65, 0.5f},
           {"lora_unet_double_blocks_0_img_attn_proj.lora_up.weight", DT_BF16, 64, 4, 0.25f}},
          "-lora.safetensors: lora_unet_double_blocks_0_img_attn_proj.lora_down.weight (converted to "
