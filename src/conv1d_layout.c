@@ -5,6 +5,7 @@
 
 #include "model_dir.h"
 #include "status.h"
+#include "strutil.h"
 
 /* config.json "model_type"s with Conv1D layers, and those layers' names
  * (transformers' modeling files; decision_transformer holds a GPT-2; CLVP's
@@ -44,15 +45,14 @@ static int is_conv1d_model_type(const char *type)
  * in its "text_config" (BLIP-2's language model, under "language_model.",
  * or "model.language_model." where transformers nests it; a
  * vision-text dual encoder's, under "text_model."). */
+#define SCOPE_PREFIXES 3
 static const struct {
-    const char *part;   /* NULL: the top level */
-    const char *prefix; /* of its weights' names */
-} SCOPES[] = {{NULL, ""},
-              {"encoder", "encoder."},
-              {"decoder", "decoder."},
-              {"text_config", "language_model."},
-              {"text_config", "model.language_model."},
-              {"text_config", "text_model."}};
+    const char *part;                     /* NULL: the top level */
+    const char *prefixes[SCOPE_PREFIXES]; /* of its weights' names; NULL after the last */
+} SCOPES[] = {{NULL, {""}},
+              {"encoder", {"encoder."}},
+              {"decoder", {"decoder."}},
+              {"text_config", {"language_model.", "model.language_model.", "text_model."}}};
 #define NSCOPES (sizeof SCOPES / sizeof *SCOPES)
 
 /* in[i]: SCOPES[i] is a Conv1D architecture; *typed: config.json names a
@@ -93,8 +93,9 @@ static void warn_untyped(const struct bnb_weight *weights, size_t nweights)
 static int is_conv1d_in_scope(const char *name, const int in[NSCOPES])
 {
     for (size_t i = 0; i < NSCOPES; i++)
-        if (in[i] && strncmp(name, SCOPES[i].prefix, strlen(SCOPES[i].prefix)) == 0)
-            return is_conv1d_weight(name);
+        for (size_t k = 0; in[i] && k < SCOPE_PREFIXES && SCOPES[i].prefixes[k]; k++)
+            if (str_starts_with(name, SCOPES[i].prefixes[k]))
+                return is_conv1d_weight(name);
     return 0;
 }
 
