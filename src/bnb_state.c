@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json_text.h"
 #include "json_util.h"
 #include "status.h"
 #include "strbuf.h"
@@ -55,9 +56,7 @@ static size_t states_back_to_back(const char *json, size_t len)
 {
     size_t n = 0, i = 0;
     while (i < len) {
-        while (i < len && (json[i] == ' ' || json[i] == '\t' || json[i] == '\n' || json[i] == '\r'))
-            i++;
-        if (i == len)
+        if ((i = json_text_skip_ws(json, i, len)) == len)
             break;
         const char *end = NULL;
         cJSON *part = cJSON_ParseWithLengthOpts(json + i, len - i, &end, 0);

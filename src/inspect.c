@@ -16,7 +16,6 @@
 #include "json_util.h"
 #include "layout.h"
 #include "lora.h"
-#include "lora_diffusers.h"
 #include "model.h"
 #include "model_dir.h"
 #include "modular_index.h"
@@ -504,12 +503,14 @@ static int report_index_class(const char *in, cJSON *root, FILE *out)
     const char *index = pipeline_index_name(in), *control = NULL;
     if (!index) /* gone since the pipeline was listed */
         return nf4_fail(NF4_ENOINPUT, in, NULL, "no longer holds %s", PIPELINE_INDEX_NAME);
+    /* a modular index is copied as it is, unread */
+    const int plain = strcmp(index, PIPELINE_INDEX_NAME) == 0;
     char *path = path_join(in, index), *json = NULL, *cls = NULL, *text = NULL;
     size_t len = 0, text_len = 0;
-    int code = path ? read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)
-                    : nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
-    /* a modular index is copied as it is, unread */
-    if (code == NF4_OK && strcmp(index, PIPELINE_INDEX_NAME) == 0)
+    int code = !path ? nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory")
+               : plain ? read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)
+                       : NF4_OK;
+    if (code == NF4_OK && plain)
         code = control_index_rewrite(path, json, len, &cls, &control, &text, &text_len);
     if (code == NF4_OK && root) {
         cJSON *j = cJSON_AddObjectToObject(root, "index_class");
@@ -523,7 +524,7 @@ static int report_index_class(const char *in, cJSON *root, FILE *out)
                 "its control image\n", index, cls ? " (_class_name " : "", cls ? cls : "", cls ? ")" : "");
     }
     /* beside model_index.json, a modular pipeline's index is copied as it is */
-    char *modular = strcmp(index, PIPELINE_INDEX_NAME) == 0 ? path_join(in, MODULAR_PIPELINE_INDEX_NAME) : NULL;
+    char *modular = plain ? path_join(in, MODULAR_PIPELINE_INDEX_NAME) : NULL;
     struct stat st;
     if (code == NF4_OK && !root && modular && stat(modular, &st) == 0 && S_ISREG(st.st_mode))
         fprintf(out, "%s: kept as it is: only diffusers' FluxControl pipelines give the widened transformer its "
