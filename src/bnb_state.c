@@ -79,9 +79,6 @@ static int fail_not_json(const char *file, const char *tensor, const char *json,
         return nf4_fail(NF4_EDATA, file, tensor, "quant state is not valid JSON: it holds %zu quant states back to "
                         "back, as transformers 5 saves a layer it split on load (a fused qkv or gate_up "
                         "projection), a checkpoint transformers cannot load either", n);
-    if (memmem(json, len, "NaN", 3) || memmem(json, len, "Infinity", 8))
-        return nf4_fail(NF4_EDATA, file, tensor, "quant state is not valid JSON: it holds NaN or Infinity "
-                        "(bitsandbytes writes a NaN nested_offset for a weight of no elements)");
     return nf4_fail(NF4_EDATA, file, tensor, "quant state is not valid JSON");
 }
 
@@ -89,10 +86,24 @@ int bnb_parse_state(const char *file, const char *tensor, const char *json, size
 {
     memset(s, 0, sizeof *s);
     cJSON *root = json_parse_whole(json, len);
-    if (!root && json_ran_out_of_memory())
-        return nf4_fail(NF4_ESOFTWARE, file, tensor, "out of memory parsing the quant state");
-    if (!root)
-        return fail_not_json(file, tensor, json, len);
+    char *python_text = NULL; /* the text with Python's NaN and Infinity as null */
+    size_t nonfinite = 0;
+    if (!root && !json_ran_out_of_memory()) {
+        size_t python_len;
+        python_text = json_python_nonfinite_to_null(json, len, &python_len, &nonfinite);
+        if (!python_text)
+            return nf4_fail(NF4_ESOFTWARE, file, tensor, "out of memory parsing the quant state");
+        if (nonfinite && (root = json_parse_whole(python_text, python_len)) != NULL) {
+            json = python_text;
+            len = python_len;
+        }
+    }
+    if (!root) {
+        int oom = json_ran_out_of_memory();
+        free(python_text);
+        return oom ? nf4_fail(NF4_ESOFTWARE, file, tensor, "out of memory parsing the quant state")
+                   : fail_not_json(file, tensor, json, len);
+    }
     int code = NF4_OK;
     if (!cJSON_IsObject(root)) {
         code = nf4_fail(NF4_EDATA, file, tensor, "quant state is not a JSON object");
@@ -190,6 +201,19 @@ int bnb_parse_state(const char *file, const char *tensor, const char *json, size
             code = nf4_fail(NF4_EDATA, file, tensor, "nested_dtype must be \"float32\"");
             goto out;
         }
+        if (cJSON_IsNull(noff) && nonfinite) {
+            /* bitsandbytes' offset is the mean of the absmax: NaN for a weight
+             * of no elements (which has no absmax to add it to), infinite for
+             * one holding an infinity, which would dequantize to inf and NaN. */
+            if (s->n != 0) {
+                code = nf4_fail(NF4_EDATA, file, tensor, "nested_offset is NaN or infinite (bitsandbytes "
+                                "quantized a weight holding an infinity or NaN), so every element would "
+                                "dequantize to inf or NaN");
+                goto out;
+            }
+            s->nested_offset = 0.0f; /* never read: there is no absmax */
+            goto out;
+        }
         if (!cJSON_IsNumber(noff) || !isfinite(noff->valuedouble) ||
             !(fabs(noff->valuedouble) < FLOAT32_ROUNDS_TO_INF)) {
             code = nf4_fail(NF4_EDATA, file, tensor, "nested_offset is not a finite float32 number");
@@ -200,6 +224,7 @@ int bnb_parse_state(const char *file, const char *tensor, const char *json, size
     }
 out:
     cJSON_Delete(root);
+    free(python_text);
     return code;
 }
 

@@ -96,6 +96,45 @@ cJSON *json_parse_whole(const char *json, size_t len)
     return root;
 }
 
+char *json_python_nonfinite_to_null(const char *json, size_t len, size_t *out_len, size_t *replaced)
+{
+    static const char *const WORDS[] = {"-Infinity", "Infinity", "NaN"};
+    /* null is at most one byte longer than the word it replaces (NaN). */
+    size_t cap = len + len / 3 + 1;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    size_t o = 0, n = 0;
+    int in_string = 0;
+    for (size_t i = 0; i < len;) {
+        char c = json[i];
+        if (in_string) {
+            if (c == '\\' && i + 1 < len)
+                out[o++] = json[i++];
+            else if (c == '"')
+                in_string = 0;
+            out[o++] = json[i++];
+            continue;
+        }
+        size_t w = 0;
+        while (w < sizeof WORDS / sizeof *WORDS &&
+               !(len - i >= strlen(WORDS[w]) && memcmp(json + i, WORDS[w], strlen(WORDS[w])) == 0))
+            w++;
+        if (w < sizeof WORDS / sizeof *WORDS) {
+            memcpy(out + o, "null", 4);
+            o += 4;
+            i += strlen(WORDS[w]);
+            n++;
+            continue;
+        }
+        in_string = c == '"';
+        out[o++] = json[i++];
+    }
+    *out_len = o;
+    *replaced = n;
+    return out;
+}
+
 size_t json_number_end(const char *s, size_t len, size_t i, int *plain_integer)
 {
     size_t start = i;

@@ -24,6 +24,13 @@ int json_text_is_strict(const char *json, size_t len);
  * or trailing bytes. */
 cJSON *json_parse_whole(const char *json, size_t len);
 
+/* Python's json module writes a float that is not finite as the bare words
+ * NaN, Infinity or -Infinity, which are not JSON; bitsandbytes writes a
+ * quant state that way. Returns a copy of the text (*out_len bytes, not
+ * NUL-terminated) with each such word outside a string replaced by null, and
+ * *replaced set to how many; NULL when out of memory. */
+char *json_python_nonfinite_to_null(const char *json, size_t len, size_t *out_len, size_t *replaced);
+
 /* cJSON_ParseWithLengthOpts (no NUL required) with allocation failures
  * tracked for json_ran_out_of_memory(); *end is where the value ended. */
 cJSON *json_parse_prefix(const char *json, size_t len, const char **end);

@@ -418,9 +418,10 @@ def file_cases(B):
     # What transformers 5 saves for a layer it split on load: the parts' quant states concatenated.
     qs_raw("qs-blob-states-back-to-back", raw + b"\n" + raw + raw,
            "quant state is not valid JSON: it holds 3 quant states back to back, as transformers 5 saves")
-    # bitsandbytes' nested_offset of a weight of no elements: the mean of nothing, NaN to Python's json.
+    # Python's json writes a NaN offset as the bare word NaN: bitsandbytes does for a weight of no elements,
+    # which is read (tests/fixtures/empty-weights.*); on this one of 4096 every element would be NaN.
     qs_raw("qs-blob-nan-offset", raw.replace(b'"nested_offset": 0.14574050903320312', b'"nested_offset": NaN'),
-           "quant state is not valid JSON: it holds NaN or Infinity")
+           "nested_offset is NaN or infinite (bitsandbytes quantized a weight holding an infinity or NaN)")
 
 
 def shard_files(B, index_edit=None, shards=None):

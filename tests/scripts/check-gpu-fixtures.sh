@@ -56,6 +56,9 @@ done
 convert "$gpu" "$fx/tensors.bnb4.safetensors" "$out/t-natural-gpu.safetensors"
 convert cpu "$fx/tensors.bnb4.safetensors" "$out/t-natural-cpu.safetensors"
 check "tensors natural dtype (gpu vs cpu)" "$out/t-natural-gpu.safetensors" "$out/t-natural-cpu.safetensors"
+# Weights of no elements, two under double quant with a NaN nested_offset, beside a full one.
+convert "$gpu" "$fx/empty-weights.bnb4.safetensors" "$out/empty-weights.safetensors"
+check "empty weights (gpu vs bitsandbytes)" "$out/empty-weights.safetensors" "$fx/empty-weights.expected.safetensors"
 for m in bf16 fp16; do
     for layout in "" -sharded; do
         for dt in bf16:bf16 fp16:f16; do

@@ -102,6 +102,35 @@ static void test_parse_extremes_that_are_still_valid(void **state)
     assert_true(s.nested_offset == -3.4e38f);
 }
 
+/* bitsandbytes' state of a weight of no elements under double quant: the
+ * offset is the mean of no absmax, which Python's json writes as NaN. The
+ * weight has nothing to dequantize, so the state is read. */
+static void test_parse_nan_offset_of_a_weight_of_no_elements(void **state)
+{
+    (void)state;
+    struct bnb_state s;
+    assert_int_equal(parse("{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"float16\", \"shape\": [0, "
+                           "64], \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": NaN}",
+                           &s),
+                     NF4_OK);
+    assert_int_equal(s.n, 0);
+    assert_int_equal(s.shape[1], 64);
+    assert_true(s.nested);
+    assert_int_equal(s.nested_blocksize, 256);
+    /* Infinity and -Infinity too; a string holding the word stays a string. */
+    assert_int_equal(parse("{\"quant_type\": \"fp4\", \"blocksize\": 64, \"dtype\": \"bfloat16\", \"shape\": [64, "
+                           "0], \"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": -Infinity}",
+                           &s),
+                     NF4_OK);
+    assert_int_equal(s.quant_type, QUANT_FP4);
+    assert_int_equal(s.n, 0);
+    assert_int_equal(parse("{\"quant_type\": \"nf4\", \"blocksize\": 64, \"dtype\": \"NaN\", \"shape\": [0], "
+                           "\"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": NaN}",
+                           &s),
+                     NF4_EDATA);
+    assert_non_null(strstr(nf4_last_error(), "dtype \"NaN\" is not"));
+}
+
 /* ---- bnb_parse_state: invalid blobs ---- */
 
 #define NESTED_KEYS "\"nested_blocksize\": 256, \"nested_dtype\": \"float32\", \"nested_offset\": 0.125"
@@ -143,8 +172,22 @@ static const struct {
     {"nested_offset missing", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 256, \"nested_dtype\": \"float32\"}"},
     {"nested_dtype float16", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 256, \"nested_dtype\": \"float16\", "
                              "\"nested_offset\": 0.125}"},
-    {"nested_offset NaN literal", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 256, \"nested_dtype\": "
-                                  "\"float32\", \"nested_offset\": NaN}"},
+    /* Python's json words for what is not finite: bitsandbytes writes NaN
+     * only for a weight of no elements; on one of 4 it would dequantize to NaN. */
+    {"nested_offset NaN on 4 elements", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 256, \"nested_dtype\": "
+                                        "\"float32\", \"nested_offset\": NaN}"},
+    {"nested_offset Infinity on 4 elements", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 256, "
+                                             "\"nested_dtype\": \"float32\", \"nested_offset\": Infinity}"},
+    {"nested_offset -Infinity on 4 elements", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 256, "
+                                              "\"nested_dtype\": \"float32\", \"nested_offset\": -Infinity}"},
+    {"nested_offset null (no NaN written)", "{" HEAD ", \"shape\": [0], \"nested_blocksize\": 256, "
+                                            "\"nested_dtype\": \"float32\", \"nested_offset\": null}"},
+    {"blocksize NaN", "{\"quant_type\": \"nf4\", \"blocksize\": NaN, \"dtype\": \"bfloat16\", \"shape\": [0]}"},
+    {"shape holding NaN", "{" HEAD ", \"shape\": [NaN], " NESTED_KEYS "}"},
+    {"NaN and another fault", "{" HEAD ", \"shape\": [0], \"nested_blocksize\": 256, \"nested_dtype\": "
+                              "\"float32\", \"nested_offset\": NaN,}"},
+    {"nan (lower case)", "{" HEAD ", \"shape\": [0], \"nested_blocksize\": 256, \"nested_dtype\": "
+                         "\"float32\", \"nested_offset\": nan}"},
     {"nested_offset 1e39 (beyond fp32)", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 256, \"nested_dtype\": "
                                          "\"float32\", \"nested_offset\": 1e39}"},
     {"nested_offset 1e400 (beyond double)", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 256, "
@@ -156,7 +199,8 @@ static const struct {
     {"nested_blocksize 3", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 3, \"nested_dtype\": \"float32\", "
                            "\"nested_offset\": 0.125}"},
     {"nested_blocksize 2^21", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 2097152, \"nested_dtype\": "
-                              "\"float32\", \"nested_offset\": 0.125}"},    /* Python's json keeps the last duplicate, cJSON the first: refused, not guessed. */
+                              "\"float32\", \"nested_offset\": 0.125}"},
+    /* Python's json keeps the last duplicate, cJSON the first: refused, not guessed. */
     {"nested_offset twice", "{" HEAD ", \"shape\": [4], \"nested_blocksize\": 256, \"nested_dtype\": "
                             "\"float32\", \"nested_offset\": 0.125, \"nested_offset\": 0.25}"},
     {"blocksize twice", "{" HEAD ", \"shape\": [4], \"blocksize\": 128}"},
@@ -619,6 +663,7 @@ int main(void)
         cmocka_unit_test(test_parse_plain_nf4_fp16_blob),
         cmocka_unit_test(test_parse_fp4_and_fp32_blobs),
         cmocka_unit_test(test_parse_extremes_that_are_still_valid),
+        cmocka_unit_test(test_parse_nan_offset_of_a_weight_of_no_elements),
         cmocka_unit_test(test_parse_rejects_every_bad_blob_naming_the_tensor),
         cmocka_unit_test(test_parse_accepts_the_bad_table_baseline),
         T(test_collect_accepts_nested_weight_with_odd_element_count),

@@ -84,6 +84,24 @@ static void test_tensor_file_every_dtype(void **state)
 
 /* Without --dtype each weight comes out in its quant state's dtype, which is
  * what bitsandbytes returns, and other tensors are untouched. */
+/* Weights of no elements, as bitsandbytes writes them: under double quant
+ * the quant state's nested_offset is Python's bare NaN. The whole file,
+ * header included, is what bitsandbytes returns. */
+static void test_weights_of_no_elements(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *out = tu_strdupf("%s/empty-weights.safetensors", s->dir);
+    convert_ok(FIXTURES "/empty-weights.bnb4.safetensors", out, NULL);
+    size_t got_len, want_len;
+    char *got = tu_read_file(out, &got_len);
+    char *want = tu_read_file(FIXTURES "/empty-weights.expected.safetensors", &want_len);
+    assert_int_equal(got_len, want_len);
+    assert_memory_equal(got, want, want_len);
+    free(got);
+    free(want);
+    free(out);
+}
+
 static void test_tensor_file_natural_dtype(void **state)
 {
     struct tu_scratch *s = *state;
@@ -563,6 +581,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_tensor_file_every_dtype, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_tensor_file_natural_dtype, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_weights_of_no_elements, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_model_directories, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_every_cpu_path_on_fixtures, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_bad_cpu_path_is_refused, tu_scratch_setup, tu_scratch_teardown),
