@@ -69,7 +69,7 @@ static const char CONVERT_HELP[] =
     "              weights (or that a --lora diffusers LoRA changes) converts as\n"
     "              a model dir, everything else is copied\n"
     "  ORG/NAME    a model downloaded with 'hf download' into the Hugging Face\n"
-    "              cache, where huggingface_hub keeps it ($HF_HUB_CACHE,\n"
+    "              cache huggingface_hub uses (the first set of $HF_HUB_CACHE,\n"
     "              $HF_HOME/hub, ~/.cache/huggingface/hub, ...: see the man page)\n"
     "  -           standard input, when it is a file (not a pipe)\n"
     "OUT appears complete or not at all: it is built beside OUT and renamed (OUT -\n"

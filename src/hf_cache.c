@@ -15,7 +15,6 @@
 
 /* A refs/ file is 40 bytes and a newline; anything much larger is not one. */
 #define HF_REF_FILE_MAX 4096
-#define HF_CACHE_DIRS 5
 
 static int repo_part_is_valid(const char *s, size_t n)
 {
@@ -146,19 +145,24 @@ static char *cache_path(const char *base, const char *tail, int *oom)
     return p;
 }
 
-/* The caches to look in, in huggingface_hub's order of precedence (its
- * constants.py: HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE, else HF_HOME/hub,
- * HF_HOME defaulting to $XDG_CACHE_HOME/huggingface, then ~/.cache/huggingface):
- * malloc'd strings, NULL where unset. Where huggingface_hub takes the first
- * that is set, nf4deq looks in each in turn. */
-static int cache_dirs(char *dirs[HF_CACHE_DIRS])
+/* The cache huggingface_hub uses (its constants.py): HF_HUB_CACHE, else
+ * HUGGINGFACE_HUB_CACHE, else HF_HOME/hub, HF_HOME defaulting to
+ * $XDG_CACHE_HOME/huggingface, then ~/.cache/huggingface. Only that one: a
+ * copy in a cache huggingface_hub no longer reads may be an older revision.
+ * *dir is malloc'd, NULL when no variable is set; -1 when out of memory. */
+static int cache_dir(char **dir)
 {
     int oom = 0;
-    dirs[0] = cache_path(env("HF_HUB_CACHE"), NULL, &oom);
-    dirs[1] = cache_path(env("HUGGINGFACE_HUB_CACHE"), NULL, &oom);
-    dirs[2] = cache_path(env("HF_HOME"), "hub", &oom);
-    dirs[3] = cache_path(env("XDG_CACHE_HOME"), "huggingface/hub", &oom);
-    dirs[4] = cache_path(env("HOME"), ".cache/huggingface/hub", &oom);
+    if (env("HF_HUB_CACHE"))
+        *dir = cache_path(env("HF_HUB_CACHE"), NULL, &oom);
+    else if (env("HUGGINGFACE_HUB_CACHE"))
+        *dir = cache_path(env("HUGGINGFACE_HUB_CACHE"), NULL, &oom);
+    else if (env("HF_HOME"))
+        *dir = cache_path(env("HF_HOME"), "hub", &oom);
+    else if (env("XDG_CACHE_HOME"))
+        *dir = cache_path(env("XDG_CACHE_HOME"), "huggingface/hub", &oom);
+    else
+        *dir = cache_path(env("HOME"), ".cache/huggingface/hub", &oom);
     return oom ? -1 : 0;
 }
 
@@ -259,9 +263,8 @@ int hf_cache_resolve(const char *repo_id, const char *revision, char **snapshot)
         return nf4_fail(NF4_ENOINPUT, repo_id, NULL, "neither a file nor a Hugging Face model id (ORG/NAME)");
     if (revision && !hf_revision_is_valid(revision))
         return nf4_fail(NF4_EUSAGE, repo_id, NULL, "invalid --revision '%s'", revision);
-    char *dirs[HF_CACHE_DIRS];
-    int code = cache_dirs(dirs) == 0 ? NF4_OK : nf4_fail(NF4_ESOFTWARE, repo_id, NULL, "out of memory");
-    struct strbuf looked = {0};
+    char *dir = NULL;
+    int code = cache_dir(&dir) == 0 ? NF4_OK : nf4_fail(NF4_ESOFTWARE, repo_id, NULL, "out of memory");
     char folder[HF_REPO_ID_MAX + 16] = "models--";
     size_t at = strlen(folder);
     for (const char *p = repo_id; *p; p++) { /* ORG/NAME -> models--ORG--NAME */
@@ -273,32 +276,21 @@ int hf_cache_resolve(const char *repo_id, const char *revision, char **snapshot)
         }
     }
     folder[at] = '\0';
-    int found = 0;
-    for (int i = 0; i < HF_CACHE_DIRS && code == NF4_OK && !found; i++) {
-        if (!dirs[i])
-            continue;
-        char *repo = path_join(dirs[i], folder);
-        if (!repo) {
-            code = nf4_fail(NF4_ESOFTWARE, repo_id, NULL, "out of memory");
-        } else if (is_dir(repo)) {
-            found = 1;
-            code = snapshot_of(repo_id, repo, revision, snapshot);
-            if (code == NF4_OK && (code = check_snapshot_links(repo_id, revision, *snapshot, 0)) != NF4_OK) {
-                free(*snapshot);
-                *snapshot = NULL;
-            }
-        } else {
-            strbuf_puts(&looked, looked.len ? ", " : "");
-            strbuf_puts(&looked, dirs[i]);
+    char *repo = code == NF4_OK && dir ? path_join(dir, folder) : NULL;
+    if (code == NF4_OK && dir && !repo)
+        code = nf4_fail(NF4_ESOFTWARE, repo_id, NULL, "out of memory");
+    if (code == NF4_OK && repo && is_dir(repo)) {
+        code = snapshot_of(repo_id, repo, revision, snapshot);
+        if (code == NF4_OK && (code = check_snapshot_links(repo_id, revision, *snapshot, 0)) != NF4_OK) {
+            free(*snapshot);
+            *snapshot = NULL;
         }
-        free(repo);
-    }
-    if (code == NF4_OK && !found)
+    } else if (code == NF4_OK) {
         code = nf4_fail(NF4_ENOINPUT, repo_id, NULL, "not a file, and not in the Hugging Face cache (looked in %s); "
-                        "download it with: %s", looked.len ? looked.p : "no cache: HF_HUB_CACHE, HF_HOME, "
-                        "XDG_CACHE_HOME and HOME are unset", download_hint(repo_id, revision, hint, sizeof hint));
-    free(looked.p);
-    for (int i = 0; i < HF_CACHE_DIRS; i++)
-        free(dirs[i]);
+                        "download it with: %s", dir ? dir : "no cache: HF_HUB_CACHE, HF_HOME, XDG_CACHE_HOME and "
+                        "HOME are unset", download_hint(repo_id, revision, hint, sizeof hint));
+    }
+    free(repo);
+    free(dir);
     return code;
 }

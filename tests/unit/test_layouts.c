@@ -502,6 +502,19 @@ static void test_model_ids_resolve_in_the_cache(void **state)
             unsetenv(PLACES[i].var);
         free(value);
     }
+    /* huggingface_hub reads only the first cache that is set, and so does
+     * nf4deq: the copy left in ~/.cache is not looked at once HF_HOME moves
+     * the cache (it may be an older revision). */
+    char *moved = tu_strdupf("%s/moved", s->dir);
+    setenv("HF_HOME", moved, 1);
+    r = tu_run("inspect", "acme/tiny", NULL);
+    char *looked = tu_strdupf("(looked in %s/hub)", moved);
+    if (r.status != NF4_ENOINPUT || tu_lines(r.err) != 1 || !strstr(r.err, looked))
+        fail_msg("HF_HOME=%s with the model in ~/.cache: exit %d: %s", moved, r.status, r.err);
+    tu_run_free(&r);
+    unsetenv("HF_HOME");
+    free(looked);
+    free(moved);
     free(at);
     unsetenv("NF4DEQ_TEST_SUB");
     if (saved_home)
