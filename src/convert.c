@@ -35,6 +35,7 @@
 #include "source_cache.h"
 #include "status.h"
 #include "strutil.h"
+#include "tokenizer_files.h"
 #include "convert_internal.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -521,7 +522,7 @@ static int path_is_within(const char *inner, const char *outer)
 
 /* OUT is "-": a single file streams to standard output, which must be open
  * and not a terminal. */
-static int check_stdout_output(enum input_layout layout, const char *in)
+static int check_stdout_output(enum input_layout layout, const char *in, const struct convert_opts *o)
 {
     if (layout != LAYOUT_FILE)
         return nf4_fail(NF4_EUSAGE, in, NULL, "is a directory, so OUT must be a directory too: only a single file's "
@@ -533,9 +534,14 @@ static int check_stdout_output(enum input_layout layout, const char *in)
                         "output, or give OUT");
     /* "convert IN - 1<>IN" or ">> IN": the shell opened the input for writing. */
     struct stat in_st, out_st;
-    if (stat(in, &in_st) == 0 && fstat(STDOUT_FILENO, &out_st) == 0 && in_st.st_dev == out_st.st_dev &&
-        in_st.st_ino == out_st.st_ino)
+    if (fstat(STDOUT_FILENO, &out_st) != 0)
+        return NF4_OK; /* writing to it says what is wrong */
+    if (stat(in, &in_st) == 0 && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino)
         return nf4_fail(NF4_EUSAGE, in, NULL, "is also standard output; refusing to overwrite the input");
+    for (size_t i = 0; i < o->nlora; i++)
+        if (stat(o->lora_dirs[i], &in_st) == 0 && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino)
+            return nf4_fail(NF4_EUSAGE, o->lora_dirs[i], NULL, "is also standard output; refusing to overwrite the "
+                            "adapter");
     return NF4_OK;
 }
 
@@ -560,6 +566,20 @@ static int names_dot_entry(const char *path)
     const char *last = strrchr(path, '/');
     last = last ? last + 1 : path;
     return strcmp(last, ".") == 0 || strcmp(last, "..") == 0;
+}
+
+/* --force replaces OUT whole, so an adapter or --tokenizer folder that is
+ * OUT, or lies inside it, would go with it: they are inputs as IN is. */
+static int check_out_spares_other_inputs(const char *out, const struct convert_opts *o)
+{
+    for (size_t i = 0; i < o->nlora; i++)
+        if (path_is_within(o->lora_dirs[i], out))
+            return nf4_fail(NF4_EUSAGE, out, NULL, "%s the adapter %s given to --lora; refusing to replace it",
+                            path_is_within(out, o->lora_dirs[i]) ? "is" : "contains", o->lora_dirs[i]);
+    if (o->tokenizer && strcmp(o->tokenizer, TOKENIZER_OF_BASE) != 0 && path_is_within(o->tokenizer, out))
+        return nf4_fail(NF4_EUSAGE, out, NULL, "%s the --tokenizer folder %s; refusing to replace it",
+                        path_is_within(out, o->tokenizer) ? "is" : "contains", o->tokenizer);
+    return NF4_OK;
 }
 
 /* OUT is a path: it may exist only with --force, and never be the input. */
@@ -590,7 +610,7 @@ static int check_path_output(const char *in, int in_is_dir, const char *out, con
         return nf4_fail(NF4_ECANTCREAT, out, NULL, "already exists (use --force to replace it)");
     if (in_is_dir && path_is_within(in, out))
         return nf4_fail(NF4_EUSAGE, out, NULL, "contains the input; refusing to replace it");
-    return NF4_OK;
+    return check_out_spares_other_inputs(out, o);
 }
 
 /* A directory OUT inside IN would be read as part of IN by the next run, and
@@ -696,7 +716,7 @@ static int run(const char *in, const char *out, int out_is_dir_syntax, const str
         return nf4_fail(NF4_EUSAGE, out, NULL, "was given with a trailing '/', but the input is a single file: OUT "
                         "names the output file");
     if (c.to_stdout)
-        code = check_stdout_output(layout, in);
+        code = check_stdout_output(layout, in, o);
     else
         code = check_path_output(in, layout != LAYOUT_FILE, out, o, &out_exists);
     if (code == NF4_OK && layout == LAYOUT_MODEL_DIR)

@@ -345,6 +345,62 @@ static void test_refuses_to_overwrite_input(void **state)
     free(link);
 }
 
+/* An adapter or --tokenizer folder is an input too: --force must not replace
+ * an OUT that is one, or holds one, and its files stay as they were. */
+static void test_force_spares_the_adapter_and_the_tokenizer(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = FIXTURES "/lora/base-llama-bf16-bnb4", *adapter = FIXTURES "/lora/adapter-r8-all-linear";
+    const char *flux = FIXTURES "/diffusers/tiny-flux-transformer.bnb4.safetensors";
+    const char *flux_lora = FIXTURES "/diffusers/lora-flux/pytorch_lora_weights.safetensors";
+    char cwd[4096];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    tu_sh("cd %s && cp -r %s/%s ad && mkdir out && cp -r ad out/ad && mkdir tok && echo '{}' > tok/tokenizer.json && "
+          "cp %s/%s l.safetensors", s->dir, cwd, adapter, cwd, flux_lora);
+    static const struct {
+        const char *in, *out, *opt, *arg; /* out and arg: under the scratch directory */
+        const char *says;
+    } CASES[] = {
+        {"base", "ad", "--lora", "ad", "ad: is the adapter"},
+        {"base", "out", "--lora", "out/ad", "out: contains the adapter"},
+        {"base", "tok", "--tokenizer", "tok", "tok: is the --tokenizer folder"},
+        {"flux", "l.safetensors", "--lora", "l.safetensors", "l.safetensors: is the adapter"},
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
+        char *out = tu_strdupf("%s/%s", s->dir, CASES[i].out), *arg = tu_strdupf("%s/%s", s->dir, CASES[i].arg);
+        struct tu_run r = tu_run("convert", "-q", "--force", "--device", "cpu",
+                                 strcmp(CASES[i].in, "base") == 0 ? base : flux, out, CASES[i].opt, arg, NULL);
+        if (r.status != 2 || !strstr(r.err, CASES[i].says))
+            fail_msg("%s %s: exit %d: %s", CASES[i].opt, CASES[i].arg, r.status, r.err);
+        assert_one_line_error(&r, "refusing to replace it");
+        tu_run_free(&r);
+        free(out);
+        free(arg);
+    }
+    tu_sh("cd %s && for d in ad out/ad; do cmp ad/adapter_model.safetensors %s/%s/adapter_model.safetensors && "
+          "cmp ad/adapter_config.json %s/%s/adapter_config.json; done && test -f tok/tokenizer.json && "
+          "cmp l.safetensors %s/%s", s->dir, cwd, adapter, cwd, adapter, cwd, flux_lora);
+    /* Standard output opened on the adapter (1<> or >>) is refused as on IN. */
+    char *lora = tu_strdupf("%s/l.safetensors", s->dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(lora, O_RDWR), null = open("/dev/null", O_WRONLY);
+        if (fd < 0 || null < 0)
+            _exit(99);
+        dup2(fd, 1);
+        dup2(null, 2);
+        char *args[] = {"convert", "--device", "cpu", (char *)flux, "-", "--lora", lora, NULL};
+        tu_exec_nf4deq(args);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 2);
+    tu_sh("cmp %s %s", lora, flux_lora);
+    free(lora);
+}
+
 static void test_file_and_directory_do_not_mix(void **state)
 {
     struct tu_scratch *s = *state;
@@ -785,6 +841,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_outputs_that_cannot_be_replaced, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_input_without_4bit_weights_warns, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refuses_to_overwrite_input, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_force_spares_the_adapter_and_the_tokenizer, tu_scratch_setup,
+                                        tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_file_and_directory_do_not_mix, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_text_and_json, tu_scratch_setup, tu_scratch_teardown),
