@@ -10,6 +10,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "fileio.h"
+
 /* Open descriptors looked at; a process with more than this many keeps the
  * plain exit (nf4deq holds a handful by the time it exits). */
 #define HANDOFF_MAX_FDS 256
@@ -185,11 +187,12 @@ pid_t handoff_device_files(const char *prefix)
          * and the kernel closes the device files (the teardown) all the same.
          * One ignored since the start (nohup's SIGHUP) stays ignored, as in
          * the parent. */
-        static const int HANDLED[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
-        for (size_t i = 0; i < sizeof HANDLED / sizeof HANDLED[0]; i++) {
+        const int *handled;
+        size_t nhandled = cleanup_signals(&handled);
+        for (size_t i = 0; i < nhandled; i++) {
             struct sigaction now;
-            if (sigaction(HANDLED[i], NULL, &now) == 0 && now.sa_handler != SIG_IGN)
-                signal(HANDLED[i], SIG_DFL);
+            if (sigaction(handled[i], NULL, &now) == 0 && now.sa_handler != SIG_IGN)
+                signal(handled[i], SIG_DFL);
         }
         prctl(PR_SET_NAME, "nf4deq-teardown", 0, 0, 0);
         child_keep_only(prefix, gone[0], ready[1], fds, keep, n);

@@ -424,7 +424,14 @@ static void on_fatal_signal(int sig)
     raise(sig);
 }
 
-static const int CLEANUP_SIGNALS[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+static const int CLEANUP_SIGNALS[] = {SIGINT,   SIGTERM,   SIGHUP,  SIGPIPE, SIGQUIT, SIGALRM,
+                                      SIGUSR1,  SIGUSR2,   SIGVTALRM, SIGPROF, SIGXCPU, SIGIO};
+
+size_t cleanup_signals(const int **list)
+{
+    *list = CLEANUP_SIGNALS;
+    return sizeof CLEANUP_SIGNALS / sizeof CLEANUP_SIGNALS[0];
+}
 
 int thread_create_blocking_signals(pthread_t *thread, void *(*fn)(void *), void *arg)
 {
@@ -451,6 +458,7 @@ void install_signal_cleanup(void)
         sigemptyset(&sa.sa_mask);
         sigaction(CLEANUP_SIGNALS[i], &sa, NULL);
     }
+    signal(SIGXFSZ, SIG_IGN);
 }
 
 static int closed_std_streams; /* bit fd for each of 0, 1, 2 found closed */

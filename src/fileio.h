@@ -44,12 +44,19 @@ void temp_unregister(const char *path);
 /* Forgets `prefix` and every path below it (once a temp directory is published). */
 void temp_unregister_prefix(const char *prefix);
 void cleanup_temps(void);
-/* Removes the temps on SIGINT, SIGTERM, SIGHUP and SIGPIPE, then dies of the
- * signal; one that was ignored at start (nohup) stays ignored. */
+/* The signals whose default action ends the process, but for SIGKILL, SIGSTOP,
+ * SIGXFSZ and the faults a bug raises (SIGSEGV, SIGBUS, ...): SIGINT, SIGTERM,
+ * SIGHUP, SIGPIPE, SIGQUIT, SIGALRM, SIGUSR1, SIGUSR2, SIGVTALRM, SIGPROF,
+ * SIGXCPU, SIGIO. *list points to them; returns how many. */
+size_t cleanup_signals(const int **list);
+/* Removes the temps on each of cleanup_signals, then dies of the signal; one
+ * that was ignored at start (nohup's SIGHUP) stays ignored. SIGXFSZ is
+ * ignored, so that a write past the file size limit (ulimit -f) fails with
+ * EFBIG and is reported as any write error. */
 void install_signal_cleanup(void);
 /* pthread_create for nf4deq's own threads (workers, the GPU start): they
- * never take SIGINT, SIGTERM, SIGHUP or SIGPIPE, so the cleanup handler runs
- * on the calling thread, whose temp registrations it cannot race. */
+ * never take the cleanup signals, so the cleanup handler runs on the calling
+ * thread, whose temp registrations it cannot race. */
 int thread_create_blocking_signals(pthread_t *thread, void *(*fn)(void *), void *arg);
 /* SIGTERM and SIGHUP (a machine or service stopping) leave what is marked
  * here, and print the note: a directory conversion's temp directory, its

@@ -23,6 +23,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "convert.h"
@@ -1187,6 +1188,56 @@ static void test_sigint_file(void **state)
     kill_binary(big_file, 0, SIGINT);
 }
 
+/* Every signal whose default action ends the process cleans up as SIGINT
+ * does (fileio.h's cleanup_signals): a timer's, a job control's. */
+static void test_other_fatal_signals(void **state)
+{
+    (void)state;
+    kill_binary(big_file, 0, SIGUSR1);
+    kill_binary(big_dir, 1, SIGALRM);
+}
+
+/* A file size limit (ulimit -f) is a write error: SIGXFSZ is ignored, so the
+ * write fails with EFBIG, exit 74, one line, nothing left. */
+static void test_file_size_limit_is_a_write_error(void **state)
+{
+    (void)state;
+    for (int dir = 0; dir < 2; dir++) {
+        char *scratch = tu_mkdtemp();
+        char *out = tu_strdupf("%s/%s", scratch, dir ? "out" : "out.safetensors");
+        char *err = tu_strdupf("%s.err", scratch);
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            struct rlimit lim = {1 << 20, 1 << 20};
+            int devnull = open("/dev/null", O_RDWR), errfd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+            if (devnull < 0 || errfd < 0 || setrlimit(RLIMIT_FSIZE, &lim) != 0)
+                _exit(126);
+            dup2(devnull, 1);
+            dup2(errfd, 2);
+            execl(NF4DEQ_BIN, NF4DEQ_BIN, "convert", "--progress", "none", "--device", "cpu", "--dtype", "fp32",
+                  dir ? big_dir : big_file, out, (char *)NULL);
+            _exit(127);
+        }
+        int st = 0;
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+            ;
+        char *msg = tu_read_file(err, NULL);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 74 || tu_lines(msg) != 1 || !strstr(msg, "File too large"))
+            fail_msg("%s under a 1 MiB file size limit: status 0x%x, stderr: %s", dir ? "directory" : "file", st,
+                     msg);
+        if (tu_count_entries(scratch) != 0)
+            fail_msg("a file size limit left %d entries in %s", tu_count_entries(scratch), scratch);
+        unlink(err);
+        tu_rmtree(scratch);
+        free(msg);
+        free(err);
+        free(scratch);
+        free(out);
+    }
+}
+
 /* ---- a kohya LoRA's temp file ------------------------------------------------ */
 
 #define KOHYA_LORA FIXTURES "/diffusers/lora-flux-kohya.safetensors"
@@ -1350,6 +1401,8 @@ int main(void)
         cmocka_unit_test(test_sigint_dir),
         cmocka_unit_test(test_sigterm_file),
         cmocka_unit_test(test_sigint_file),
+        cmocka_unit_test(test_other_fatal_signals),
+        cmocka_unit_test(test_file_size_limit_is_a_write_error),
     };
     int failed = _cmocka_run_group_tests("faults", faults, n, group_setup, group_teardown);
     failed += cmocka_run_group_tests_name("kohya temp files", temps, NULL, NULL);
