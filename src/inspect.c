@@ -517,11 +517,18 @@ static int report_index_class(const char *in, cJSON *root, FILE *out)
         cJSON_AddItemToObject(j, "from", cls ? cJSON_CreateString(cls) : cJSON_CreateNull());
         cJSON_AddItemToObject(j, "to", control ? cJSON_CreateString(control) : cJSON_CreateNull());
     } else if (code == NF4_OK && control && text) {
-        fprintf(out, "%s: _class_name %s becomes %s, the pipeline that gives the widened transformer its control "
-                "image\n", index, cls, control);
+        /* The file's class name, its control characters as '?', as in the table. */
+        fprintf(out, "%s: _class_name ", index);
+        put_name(out, cls, 0);
+        fprintf(out, " becomes %s, the pipeline that gives the widened transformer its control image\n", control);
     } else if (code == NF4_OK && !control) {
-        fprintf(out, "%s: kept as it is%s%s%s: only diffusers' FluxControl pipelines give the widened transformer "
-                "its control image\n", index, cls ? " (_class_name " : "", cls ? cls : "", cls ? ")" : "");
+        fprintf(out, "%s: kept as it is", index);
+        if (cls) {
+            fputs(" (_class_name ", out);
+            put_name(out, cls, 0);
+            fputs(")", out);
+        }
+        fputs(": only diffusers' FluxControl pipelines give the widened transformer its control image\n", out);
     }
     /* beside model_index.json, a modular pipeline's index is copied as it is */
     char *modular = plain ? path_join(in, MODULAR_PIPELINE_INDEX_NAME) : NULL;

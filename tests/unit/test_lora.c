@@ -2781,6 +2781,12 @@ static void test_flux_control_lora_on_a_class_without_control_form(void **state)
                                         "image\n"))
         fail_msg("exit %d, stdout: %s", r.status, r.out);
     tu_run_free(&r);
+    /* A class name holding escaped control characters prints inert: '?'. */
+    tu_sh("sed -i 's/\"FluxKontextPipeline\"/\"Flux\\\\u001b[2J\\\\nX\"/' %s/model_index.json", pipe);
+    r = tu_run("inspect", pipe, "--lora", lora, NULL);
+    if (r.status != 0 || !strstr(r.out, "\nmodel_index.json: kept as it is (_class_name Flux?[2J?X): only "))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
     /* an index that is no JSON object cannot be made a control pipeline's */
     tu_sh("rm -r %s && echo '[\"FluxPipeline\"]' > %s/model_index.json", out, pipe);
     for (int inspect = 0; inspect < 2; inspect++) {
