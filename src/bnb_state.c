@@ -54,6 +54,9 @@ static int json_u64(const cJSON *item, uint64_t *out)
  * its parts' quant states concatenated into one tensor. */
 static size_t states_back_to_back(const char *json, size_t len)
 {
+    /* cJSON skips any byte up to 0x20 between values, NUL included. */
+    if (!json_text_is_strict(json, len))
+        return 0;
     size_t n = 0, i = 0;
     while (i < len) {
         if ((i = json_text_skip_ws(json, i, len)) == len)

@@ -418,6 +418,8 @@ def file_cases(B):
     # What transformers 5 saves for a layer it split on load: the parts' quant states concatenated.
     qs_raw("qs-blob-states-back-to-back", raw + b"\n" + raw + raw,
            "quant state is not valid JSON: it holds 3 quant states back to back, as transformers 5 saves")
+    # A NUL between them is no writer's: cJSON would skip it, the diagnosis must not.
+    qs_raw("qs-blob-states-nul-between", raw + b"\0" + raw, "quant state is not valid JSON")
     # Python's json writes a NaN offset as the bare word NaN: bitsandbytes does for a weight of no elements,
     # which is read (tests/fixtures/empty-weights.*); on this one of 4096 every element would be NaN.
     qs_raw("qs-blob-nan-offset", raw.replace(b'"nested_offset": 0.14574050903320312', b'"nested_offset": NaN'),

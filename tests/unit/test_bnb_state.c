@@ -220,6 +220,27 @@ static void test_parse_rejects_every_bad_blob_naming_the_tensor(void **state)
     }
 }
 
+/* Quant states back to back are diagnosed as transformers 5 writes them;
+ * the same states with a NUL between them (which cJSON would skip) are no
+ * writer's, and get the plain refusal. */
+static void test_parse_names_states_back_to_back_only_as_written(void **state)
+{
+    (void)state;
+    static const char STATE[] = "{" HEAD ", \"shape\": [4]}";
+    char twice[2 * sizeof STATE];
+    struct bnb_state s;
+    for (int nul = 0; nul < 2; nul++) {
+        memcpy(twice, STATE, sizeof STATE - 1);
+        twice[sizeof STATE - 1] = nul ? '\0' : '\n';
+        memcpy(twice + sizeof STATE, STATE, sizeof STATE - 1);
+        nf4_clear_error();
+        assert_int_equal(bnb_parse_state("f.safetensors", BLOB_NAME, twice, 2 * sizeof STATE - 1, &s), NF4_EDATA);
+        const char *said = strstr(nf4_last_error(), "holds 2 quant states back to back");
+        if (nul ? said != NULL : said == NULL)
+            fail_msg("%s between two states: %s", nul ? "NUL" : "newline", nf4_last_error());
+    }
+}
+
 /* The table above must differ from a valid blob only in its one fault. */
 static void test_parse_accepts_the_bad_table_baseline(void **state)
 {
@@ -666,6 +687,7 @@ int main(void)
         cmocka_unit_test(test_parse_nan_offset_of_a_weight_of_no_elements),
         cmocka_unit_test(test_parse_rejects_every_bad_blob_naming_the_tensor),
         cmocka_unit_test(test_parse_accepts_the_bad_table_baseline),
+        cmocka_unit_test(test_parse_names_states_back_to_back_only_as_written),
         T(test_collect_accepts_nested_weight_with_odd_element_count),
         T(test_collect_accepts_plain_weight_with_f32_absmax),
         T(test_collect_refuses_missing_absmax),
