@@ -459,9 +459,14 @@ int convert_open_lora(struct ctx *c, const struct model *m, const struct bnb_wei
     c->merging = code == NF4_OK;
     if (code == NF4_OK)
         convert_note_merge(c, c->lora, weights, nweights);
-    if (code == NF4_OK && c->lora->untied_embedding)
+    if (code == NF4_OK && c->lora->untied_embedding && !model_tie_flag_ties_more(c->lora->untied_embedding))
         nf4_note("%s: the adapters part %s from %s, which the base ties it to: the output has both, and its "
                  "config.json says tie_word_embeddings: false", m->dir, TIED_HEAD_NAME, c->lora->untied_embedding);
+    else if (code == NF4_OK && c->lora->untied_embedding)
+        nf4_note("%s: the adapters part %s from %s, which the base ties it to: the output has both, and its "
+                 "config.json keeps tie_word_embeddings, which ties the encoder's and decoder's embeddings to %s "
+                 "too; transformers 5 loads the two apart (and warns that they differ)", m->dir, TIED_HEAD_NAME,
+                 c->lora->untied_embedding, c->lora->untied_embedding);
     return code;
 }
 

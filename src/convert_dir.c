@@ -324,7 +324,9 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     if (code == NF4_OK && !config)
         code = nf4_fail(NF4_ESOFTWARE, j->in, NULL, "out of memory"); /* not "there is no config.json" */
     struct config_changes ch = {config_dtype(j->dtype, j->weights, j->nweights),
-                                j->lora && j->lora->untied_embedding, j->lora ? j->lora->vocab_rows : 0,
+                                j->lora && j->lora->untied_embedding &&
+                                    !model_tie_flag_ties_more(j->lora->untied_embedding),
+                                j->lora ? j->lora->vocab_rows : 0,
                                 j->lora ? j->lora->in_channels : 0, j->lora ? j->lora->base_in_channels : 0};
     if (code == NF4_OK && stat(config, &st) == 0)
         code = write_config(j->in, dir, &ch);

@@ -232,10 +232,15 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
         cJSON *u = cJSON_AddObjectToObject(root, "untied");
         cJSON_AddStringToObject(u, "head", TIED_HEAD_NAME);
         cJSON_AddStringToObject(u, "embedding", s->untied_embedding);
+        cJSON_AddBoolToObject(u, "config_unties", !model_tie_flag_ties_more(s->untied_embedding));
     } else {
         fputs("\n" TIED_HEAD_NAME " is written apart from ", out);
         put_name(out, s->untied_embedding, 0);
-        fputs(", which the base ties it to; config.json: tie_word_embeddings: false\n", out);
+        fputs(model_tie_flag_ties_more(s->untied_embedding)
+                  ? ", which the base ties it to; config.json keeps tie_word_embeddings, which ties the encoder's "
+                    "and decoder's embeddings too (transformers 5 loads the head apart)\n"
+                  : ", which the base ties it to; config.json: tie_word_embeddings: false\n",
+              out);
     }
 }
 

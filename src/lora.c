@@ -2341,7 +2341,7 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
                         "changes %s apart from %s, but %s: %s replaces rows of the embedding, which the head shares "
                         "(trainable tokens of a tied embedding): merge these changes separately", b.untie_name, other,
                         b.tokens_tied_file, b.tokens_tied_key);
-    if (code == NF4_OK && b.untie_key && !base->dir)
+    if (code == NF4_OK && b.untie_key && !base->dir && !model_tie_flag_ties_more(b.tied_embedding))
         code = nf4_fail(NF4_EDATA, b.untie_file, b.untie_key,
                         "changes %s, which the base ties to %s (tie_word_embeddings): merged, the head is written "
                         "apart from the embedding, and config.json must say tie_word_embeddings: false; convert "

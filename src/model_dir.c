@@ -301,11 +301,49 @@ int model_config_part_type(const struct model *m, const char *part, char **model
 
 /* ---- tied embeddings ---- */
 
-/* The input embeddings a causal LM's head is tied to, as transformers names
- * them under *ForCausalLM and the multimodal *ForConditionalGeneration. A
- * headless *Model saves "embed_tokens.weight", with no prefix: no head, so
- * nothing is tied to it. */
-static const char *const TIED_EMBEDDINGS[] = {"model.embed_tokens.weight", "model.language_model.embed_tokens.weight"};
+/* The input embeddings a language model's head (TIED_HEAD_NAME) is tied to:
+ * the sources of "lm_head.weight" in transformers 5.24's _tied_weights_keys,
+ * for 261 of the 265 classes that tie it (left out: three masked LMs, and
+ * Pix2Struct's unprefixed "embed_tokens.weight", which a headless model
+ * stores too). Where a model stores two (BART's
+ * model.shared and its decoder's embed_tokens, when saved), the one
+ * transformers ties the head to comes first. A headless *Model saves
+ * "embed_tokens.weight", with no prefix: no head, so nothing is tied to it. */
+static const char *const TIED_EMBEDDINGS[] = {
+    "model.embed_tokens.weight",                /* Llama, Qwen, Gemma, Mistral, ... (120 classes) */
+    "model.language_model.embed_tokens.weight", /* multimodal *ForConditionalGeneration (72) */
+    "shared.weight",                            /* T5, mT5, UMT5, LongT5, Switch, SeamlessM4T (16) */
+    "model.shared.weight",                      /* BART, mBART, Pegasus, Marian, Blenderbot (11) */
+    "model.decoder.embed_tokens.weight",        /* OPT, *ForCausalLM of encoder-decoders (14) */
+    "transformer.wte.weight",                   /* GPT-2, GPT-BigCode, CodeGen (9) */
+    "model.text_model.embed_tokens.weight",     /* Idefics 2/3, Emu3 (6) */
+    "backbone.embeddings.weight",               /* Mamba, Mamba 2, FalconMamba */
+    "transformer.word_embeddings.weight",       /* BLOOM, Falcon */
+    "model.language_model.shared.weight",       /* Florence-2 */
+    "led.shared.weight",                        /* LED */
+    "prophetnet.word_embeddings.weight",        /* ProphetNet */
+    "gpt_neox.embed_in.weight",                 /* GPT-NeoX */
+    "transformer.tokens_embed.weight",          /* OpenAI GPT */
+    "transformer.w.weight",                     /* CTRL */
+    "model.embed_tokens.embed_tokens.weight",   /* Kyutai speech-to-text */
+};
+
+/* Embeddings that an encoder-decoder's tie_word_embeddings ties its encoder's
+ * and decoder's input embeddings to as well as its head (and that in the T5
+ * family says whether the decoder's output is scaled): the flag cannot say
+ * false for the head alone. */
+static const char *const SHARED_EMBEDDINGS[] = {
+    "shared.weight", "model.shared.weight", "led.shared.weight", "model.language_model.shared.weight",
+    "prophetnet.word_embeddings.weight",
+};
+
+int model_tie_flag_ties_more(const char *embedding)
+{
+    for (size_t i = 0; i < sizeof SHARED_EMBEDDINGS / sizeof *SHARED_EMBEDDINGS; i++)
+        if (strcmp(embedding, SHARED_EMBEDDINGS[i]) == 0)
+            return 1;
+    return 0;
+}
 
 uint64_t model_embedding_rows(const struct model *m)
 {
@@ -323,7 +361,7 @@ int model_tied_embedding(const struct model *m, const char **embedding)
     if (model_find(m, TIED_HEAD_NAME))
         return NF4_OK; /* a model with its own head has nothing tied to it */
     const char *found = NULL;
-    for (size_t i = 0; i < sizeof TIED_EMBEDDINGS / sizeof *TIED_EMBEDDINGS; i++)
+    for (size_t i = 0; i < sizeof TIED_EMBEDDINGS / sizeof *TIED_EMBEDDINGS && !found; i++)
         if (model_find(m, TIED_EMBEDDINGS[i]))
             found = TIED_EMBEDDINGS[i];
     if (!found)

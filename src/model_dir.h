@@ -45,12 +45,20 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
  * _tied_weights_keys: lm_head.weight to model.embed_tokens.weight). */
 #define TIED_HEAD_NAME "lm_head.weight"
 /* *embedding: the tensor m's head is tied to, when m stores no TIED_HEAD_NAME
- * but a causal LM's input embedding (model.embed_tokens.weight,
- * model.language_model.embed_tokens.weight) and its config.json (beside a
- * single file) does not say tie_word_embeddings: false; else NULL. A failed
- * read of config.json is the error. */
+ * but an input embedding transformers ties one to (model.embed_tokens.weight,
+ * transformer.wte.weight, model.shared.weight, ...) and its config.json
+ * (beside a single file) does not say tie_word_embeddings: false; else NULL.
+ * A failed read of config.json is the error. */
 struct model;
 int model_tied_embedding(const struct model *m, const char **embedding);
+/* 1 if `embedding` (one model_tied_embedding gives) is an encoder-decoder's
+ * shared embedding (T5's shared.weight, BART's model.shared.weight, ...),
+ * whose tie_word_embeddings ties the encoder's and decoder's input
+ * embeddings to it too (and in the T5 family scales the decoder's output):
+ * a head parted from it leaves config.json's flag as it is, and transformers
+ * 5, finding the head and the embedding both stored and unequal, loads them
+ * apart. */
+int model_tie_flag_ties_more(const char *embedding);
 /* *model_type: config.json's "model_type" (allocated), from m's directory or
  * beside its single file; *text_model_type: its "text_config"'s, the
  * language model's of a multimodal one (allocated). Each NULL where there is

@@ -100,6 +100,12 @@ merge "lora lokr" "$lf/base-llama-bf16-bnb4" "$lf/adapter-lokr" "$out/lora-lokr"
 convert "$gpu" "$lf/base-qwen3moe-bf16-bnb4" "$out/qwen3moe-plain"
 merge "lora experts" "$lf/base-qwen3moe-bf16-bnb4" "$lf/adapter-experts" "$out/lora-experts" "$lf/merged-experts" \
     "$out/qwen3moe-plain"
+# Heads tied to other embeddings: GPT-2's transformer.wte (Conv1D weights written [in, out]), BART's model.shared.
+for c in gpt2-bf16-bnb4-tied:gpt2-tied-wte gpt2-bf16-bnb4-tied:gpt2-tied-head-lora bart-fp16-fp4-bnb4-tied:bart-tied-head; do
+    base=${c%%:*}; case_=${c##*:}
+    [ -d "$out/plain-$base" ] || convert "$gpu" "$lf/base-$base" "$out/plain-$base"
+    merge "lora $case_" "$lf/base-$base" "$lf/adapter-$case_" "$out/lora-$case_" "$lf/merged-$case_" "$out/plain-$base"
+done
 # A LoRA on experts the base holds fused (gpt_oss's is_transposed, llama4's
 # not), written here: the GPU's merge equals the CPU's byte for byte, with
 # chunks cut at the experts' edges (--mem 8M: within them too).

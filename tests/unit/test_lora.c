@@ -51,6 +51,8 @@ static void assert_same_model_tensor(const struct model *got, const struct model
 
 #define TIED_BASE "base-llama-bf16-bnb4-tied"
 #define BIAS_BASE "base-llama-bf16-bnb4-bias"
+#define GPT2_TIED_BASE "base-gpt2-bf16-bnb4-tied"
+#define BART_TIED_BASE "base-bart-fp16-fp4-bnb4-tied"
 
 struct lora_case {
     const char *base, *adapter, *expected;
@@ -110,6 +112,13 @@ static const struct lora_case CASES[] = {
      * target_parameters on the fused gate_up_proj and down_proj of three
      * experts, each expert's part merged into its own tensors, and v_proj. */
     {"base-qwen3moe-bf16-bnb4", "adapter-experts", "merged-experts", 10, 1},
+    /* Heads tied to other embeddings (README.md, "Heads tied to other
+     * embeddings"): GPT-2's transformer.wte, parted by a copy of it (beside a
+     * LoRA on the Conv1D c_attn) or by a LoRA on the head; BART's
+     * model.shared, parted by a copy of the head. */
+    {GPT2_TIED_BASE, "adapter-gpt2-tied-wte", "merged-gpt2-tied-wte", 1, 1},
+    {GPT2_TIED_BASE, "adapter-gpt2-tied-head-lora", "merged-gpt2-tied-head-lora", 1, 1},
+    {BART_TIED_BASE, "adapter-bart-tied-head", "merged-bart-tied-head", 3, 1},
 };
 
 static void check_merge(const char *out, const char *base, const char *adapter, const char *e32_path,
@@ -1766,6 +1775,57 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
         free(ad);
     }
 
+    /* Heads tied to other embeddings (the values: CASES): GPT-2's config.json
+     * says false as Llama's does; BART's keeps its flag, which ties the
+     * encoder's and decoder's embed_tokens to model.shared too (false would
+     * leave them out when transformers loads it), and transformers 5 loads the
+     * two apart. */
+    static const struct {
+        const char *base, *adapter, *embedding, *tie;
+    } OTHER[] = {
+        {GPT2_TIED_BASE, "adapter-gpt2-tied-wte", "transformer.wte.weight", "\"tie_word_embeddings\": false,"},
+        {GPT2_TIED_BASE, "adapter-gpt2-tied-head-lora", "transformer.wte.weight", "\"tie_word_embeddings\": false,"},
+        {BART_TIED_BASE, "adapter-bart-tied-head", "model.shared.weight", "\"tie_word_embeddings\": true,"},
+    };
+    for (size_t i = 0; i < sizeof OTHER / sizeof OTHER[0]; i++) {
+        char *base = tu_strdupf(LORA_FIXTURES "/%s", OTHER[i].base);
+        char *ad = tu_strdupf(LORA_FIXTURES "/%s", OTHER[i].adapter);
+        char *config = tu_strdupf("%s/config.json", out), *says = tu_strdupf("lm_head.weight from %s", OTHER[i].embedding);
+        struct tu_run r = tu_run("convert", "--device", "cpu", base, out, "--lora", ad, NULL);
+        if (r.status != 0 || !strstr(r.err, says))
+            fail_msg("%s: exit %d, stderr: %s", OTHER[i].adapter, r.status, r.err);
+        tu_run_free(&r);
+        char *text = tu_read_file(config, NULL);
+        if (!strstr(text, OTHER[i].tie))
+            fail_msg("%s: config.json does not say %s:\n%s", OTHER[i].adapter, OTHER[i].tie, text);
+        free(text);
+        tu_rmtree(out);
+        free(says);
+        free(config);
+        free(ad);
+        free(base);
+    }
+    /* BART's weights file alone: no config.json has to change, so the head is
+     * written apart; GPT-2's needs its config.json, as Llama's does. */
+    char *single = tu_strdupf("%s/single.safetensors", s->dir);
+    struct tu_run alone = tu_run("convert", "-q", "--device", "cpu", LORA_FIXTURES "/" BART_TIED_BASE "/model.safetensors",
+                               single, "--lora", LORA_FIXTURES "/adapter-bart-tied-head", NULL);
+    if (alone.status != 0)
+        fail_msg("BART's weights file: exit %d, stderr: %s", alone.status, alone.err);
+    tu_run_free(&alone);
+    struct st_file *sf;
+    assert_int_equal(st_open(single, &sf), NF4_OK);
+    assert_non_null(st_find(sf, "lm_head.weight"));
+    st_close(sf);
+    unlink(single);
+    alone = tu_run("convert", "--device", "cpu", LORA_FIXTURES "/" GPT2_TIED_BASE "/model.safetensors", single, "--lora",
+                 LORA_FIXTURES "/adapter-gpt2-tied-wte", NULL);
+    if (alone.status != 65 || !strstr(alone.err, "config.json must say tie_word_embeddings: false"))
+        fail_msg("GPT-2's weights file: exit %d, stderr: %s", alone.status, alone.err);
+    tu_run_free(&alone);
+    assert_false(tu_exists(single));
+    free(single);
+
     /* Sharded, the embedding in the second shard: the head goes beside it. */
     char *sharded = tu_strdupf("%s/sharded", s->dir), *weights = tu_strdupf("%s/model.safetensors", tied);
     char *one = tu_strdupf("%s/model-00001-of-00002.safetensors", sharded),
@@ -1907,7 +1967,7 @@ static void test_inspect_says_the_head_is_untied(void **state)
     r = tu_run("inspect", "--json", tied, "--lora", LORA_FIXTURES "/adapter-tied-head-lora", NULL);
     assert_int_equal(r.status, 0);
     assert_non_null(strstr(r.out, "\"untied\": {\n    \"head\": \"lm_head.weight\",\n    \"embedding\": "
-                                  "\"model.embed_tokens.weight\"\n  }"));
+                                  "\"model.embed_tokens.weight\",\n    \"config_unties\": true\n  }"));
     /* 512 x 128 more parameters, in bf16. */
     const char *p0 = strstr(plain.out, "\"parameters\": "), *p1 = strstr(r.out, "\"parameters\": ");
     const char *b0 = strstr(plain.out, "\"bytes_after_conversion\": "), *b1 = strstr(r.out, "\"bytes_after_conversion\": ");
@@ -1919,6 +1979,18 @@ static void test_inspect_says_the_head_is_untied(void **state)
     r = tu_run("inspect", "--json", tied, "--lora", LORA_FIXTURES "/adapter-tied-ensure", NULL);
     assert_int_equal(r.status, 0);
     assert_null(strstr(r.out, "\"untied\""));
+    tu_run_free(&r);
+    /* BART's config.json keeps its flag (test_tied_embeddings_parted_by_an_adapter). */
+    const char *bart = LORA_FIXTURES "/" BART_TIED_BASE, *bart_head = LORA_FIXTURES "/adapter-bart-tied-head";
+    r = tu_run("inspect", bart, "--lora", bart_head, NULL);
+    if (r.status != 0 || !strstr(r.out, "\nlm_head.weight is written apart from model.shared.weight, which the base "
+                                        "ties it to; config.json keeps tie_word_embeddings, which ties the encoder's "
+                                        "and decoder's embeddings too (transformers 5 loads the head apart)\n"))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
+    tu_run_free(&r);
+    r = tu_run("inspect", "--json", bart, "--lora", bart_head, NULL);
+    if (r.status != 0 || !strstr(r.out, "\"embedding\": \"model.shared.weight\",\n    \"config_unties\": false\n"))
+        fail_msg("exit %d, stdout: %s", r.status, r.out);
     tu_run_free(&r);
 }
 
