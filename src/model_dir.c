@@ -308,11 +308,12 @@ int model_config_part_type(const struct model *m, const char *part, char **model
  * stores too). Where a model stores two (BART's
  * model.shared and its decoder's embed_tokens, when saved), the one
  * transformers ties the head to comes first. A headless *Model saves
- * "embed_tokens.weight", with no prefix: no head, so nothing is tied to it. */
+ * "embed_tokens.weight" or "wte.weight", with no prefix: no head, so nothing
+ * is tied to it (but for T5's "shared.weight": SHARED_AT_TOP). */
 static const char *const TIED_EMBEDDINGS[] = {
     "model.embed_tokens.weight",                /* Llama, Qwen, Gemma, Mistral, ... (120 classes) */
     "model.language_model.embed_tokens.weight", /* multimodal *ForConditionalGeneration (72) */
-    "shared.weight",                            /* T5, mT5, UMT5, LongT5, Switch, SeamlessM4T (16) */
+    "shared.weight",                            /* T5, mT5, UMT5, LongT5, Switch (16): see SHARED_AT_TOP */
     "model.shared.weight",                      /* BART, mBART, Pegasus, Marian, Blenderbot (11) */
     "model.decoder.embed_tokens.weight",        /* OPT, *ForCausalLM of encoder-decoders (14) */
     "transformer.wte.weight",                   /* GPT-2, GPT-BigCode, CodeGen (9) */
@@ -355,6 +356,21 @@ uint64_t model_embedding_rows(const struct model *m)
     return 0;
 }
 
+/* The top-level "shared.weight" is what T5's *ForConditionalGeneration ties
+ * its head to, and what the headless T5EncoderModel (a pipeline's T5 text
+ * encoder), T5Model, BartModel, ... store too: tied to a head only where
+ * config.json's "architectures" names a *ForConditionalGeneration. */
+#define SHARED_AT_TOP "shared.weight"
+
+static int architectures_have_head(const cJSON *root)
+{
+    const cJSON *arch;
+    cJSON_ArrayForEach(arch, cJSON_GetObjectItemCaseSensitive(root, "architectures"))
+        if (cJSON_IsString(arch) && str_ends_with(arch->valuestring, "ForConditionalGeneration"))
+            return 1;
+    return 0;
+}
+
 int model_tied_embedding(const struct model *m, const char **embedding)
 {
     *embedding = NULL;
@@ -379,7 +395,7 @@ int model_tied_embedding(const struct model *m, const char **embedding)
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, TIE_KEY);
     if (!cJSON_IsBool(tie))
         tie = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "text_config"), TIE_KEY);
-    if (!cJSON_IsFalse(tie))
+    if (!cJSON_IsFalse(tie) && (strcmp(found, SHARED_AT_TOP) != 0 || architectures_have_head(root)))
         *embedding = found;
     cJSON_Delete(root);
     free(dir);

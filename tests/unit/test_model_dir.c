@@ -5,10 +5,64 @@
 
 #include "control_index.h"
 #include "model.h"
+#include "model_dir.h"
 #include "test_util.h"
 
 #define FIXTURE_CONFIG FIXTURES "/tiny-llama-bf16-bnb4/config.json"
 #define FIXTURE_SHARDED FIXTURES "/tiny-llama-bf16-bnb4-sharded"
+
+/* ---- model_tied_embedding ---- */
+
+/* A model directory holding one tensor `name` (F16 [4, 2]) and config.json `config`. */
+static const char *tied_name_of(const char *dir, const char *name, const char *config)
+{
+    tu_sh("rm -rf %s && mkdir %s", dir, dir);
+    char *header = tu_strdupf("{\"%s\":{\"dtype\":\"F16\",\"shape\":[4,2],\"data_offsets\":[0,16]}}", name);
+    char *weights = tu_strdupf("%s/model.safetensors", dir), *cfg = tu_strdupf("%s/config.json", dir);
+    static const unsigned char zeros[16];
+    tu_write_safetensors_raw(weights, header, strlen(header), zeros, sizeof zeros);
+    tu_write_file(cfg, config, strlen(config));
+    struct model *m;
+    assert_int_equal(model_open_dir(dir, &m), NF4_OK);
+    const char *embedding = NULL;
+    assert_int_equal(model_tied_embedding(m, &embedding), NF4_OK);
+    model_close(m); /* the names are the table's, not the model's */
+    free(header);
+    free(weights);
+    free(cfg);
+    return embedding;
+}
+
+/* The embeddings transformers ties lm_head to, under each name; the top-level
+ * shared.weight only under a *ForConditionalGeneration (T5EncoderModel, a
+ * pipeline's T5 text encoder, stores it with no head); an explicit false unties. */
+static void test_tied_embedding_names(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *dir = tu_strdupf("%s/m", s->dir);
+    static const struct {
+        const char *name, *config, *tied; /* tied: NULL where nothing is tied */
+    } CASES[] = {
+        {"model.embed_tokens.weight", "{}", "model.embed_tokens.weight"},
+        {"transformer.wte.weight", "{\"model_type\": \"gpt2\"}", "transformer.wte.weight"},
+        {"model.decoder.embed_tokens.weight", "{\"model_type\": \"opt\"}", "model.decoder.embed_tokens.weight"},
+        {"model.shared.weight", "{\"architectures\": [\"BartForConditionalGeneration\"]}", "model.shared.weight"},
+        {"shared.weight", "{\"architectures\": [\"T5ForConditionalGeneration\"]}", "shared.weight"},
+        {"shared.weight", "{\"architectures\": [\"T5EncoderModel\"]}", NULL},
+        {"shared.weight", "{\"architectures\": [\"BartModel\"]}", NULL},
+        {"shared.weight", "{}", NULL},
+        {"backbone.embeddings.weight", "{\"model_type\": \"mamba\"}", "backbone.embeddings.weight"},
+        {"transformer.wte.weight", "{\"tie_word_embeddings\": false}", NULL},
+        {"wte.weight", "{\"model_type\": \"gpt2\"}", NULL}, /* the headless GPT2Model */
+    };
+    for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
+        const char *got = tied_name_of(dir, CASES[i].name, CASES[i].config);
+        if (CASES[i].tied ? !got || strcmp(got, CASES[i].tied) != 0 : got != NULL)
+            fail_msg("%s with config %s: tied to %s, expected %s", CASES[i].name, CASES[i].config,
+                     got ? got : "nothing", CASES[i].tied ? CASES[i].tied : "nothing");
+    }
+    free(dir);
+}
 
 /* ---- config_rewrite ---- */
 
@@ -749,6 +803,7 @@ static void test_cli_fifo_shard_or_config_is_missing_input_not_a_hang(void **sta
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_tied_embedding_names, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test(test_rewrite_drops_quantization_config_wherever_it_is),
         cmocka_unit_test(test_rewrite_sets_existing_dtype_keys),
         cmocka_unit_test(test_rewrite_adds_missing_dtype_keys),
