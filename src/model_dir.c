@@ -371,6 +371,32 @@ static int architectures_have_head(const cJSON *root)
     return 0;
 }
 
+/* A class that stores the embedding but no language-model head: a
+ * classifier's (LlamaForSequenceClassification has model.embed_tokens and a
+ * score head), or a bare *Model (but GPT2LMHeadModel, *DoubleHeadsModel). */
+static int class_has_no_lm_head(const char *cls)
+{
+    static const char *const HEADLESS[] = {"ForSequenceClassification", "ForTokenClassification",
+                                           "ForQuestionAnswering", "ForMultipleChoice"};
+    for (size_t i = 0; i < sizeof HEADLESS / sizeof *HEADLESS; i++)
+        if (str_ends_with(cls, HEADLESS[i]))
+            return 1;
+    return str_ends_with(cls, "Model") && !str_ends_with(cls, "HeadModel") && !str_ends_with(cls, "HeadsModel");
+}
+
+/* 1 where config.json's "architectures" names classes and none has a head. */
+static int architectures_are_headless(const cJSON *root)
+{
+    const cJSON *arch, *list = cJSON_GetObjectItemCaseSensitive(root, "architectures");
+    int named = 0;
+    cJSON_ArrayForEach(arch, list) {
+        if (!cJSON_IsString(arch) || !class_has_no_lm_head(arch->valuestring))
+            return 0;
+        named = 1;
+    }
+    return named;
+}
+
 int model_tied_embedding(const struct model *m, const char **embedding)
 {
     *embedding = NULL;
@@ -395,7 +421,8 @@ int model_tied_embedding(const struct model *m, const char **embedding)
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, TIE_KEY);
     if (!cJSON_IsBool(tie))
         tie = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "text_config"), TIE_KEY);
-    if (!cJSON_IsFalse(tie) && (strcmp(found, SHARED_AT_TOP) != 0 || architectures_have_head(root)))
+    if (!cJSON_IsFalse(tie) && !architectures_are_headless(root) &&
+        (strcmp(found, SHARED_AT_TOP) != 0 || architectures_have_head(root)))
         *embedding = found;
     cJSON_Delete(root);
     free(dir);

@@ -35,7 +35,8 @@ static const char *tied_name_of(const char *dir, const char *name, const char *c
 
 /* The embeddings transformers ties lm_head to, under each name; the top-level
  * shared.weight only under a *ForConditionalGeneration (T5EncoderModel, a
- * pipeline's T5 text encoder, stores it with no head); an explicit false unties. */
+ * pipeline's T5 text encoder, stores it with no head); none under a class
+ * with no language-model head; an explicit false unties. */
 static void test_tied_embedding_names(void **state)
 {
     struct tu_scratch *s = *state;
@@ -54,6 +55,13 @@ static void test_tied_embedding_names(void **state)
         {"backbone.embeddings.weight", "{\"model_type\": \"mamba\"}", "backbone.embeddings.weight"},
         {"transformer.wte.weight", "{\"tie_word_embeddings\": false}", NULL},
         {"wte.weight", "{\"model_type\": \"gpt2\"}", NULL}, /* the headless GPT2Model */
+        {"transformer.wte.weight", "{\"architectures\": [\"GPT2LMHeadModel\"]}", "transformer.wte.weight"},
+        {"transformer.wte.weight", "{\"architectures\": [\"GPT2DoubleHeadsModel\"]}", "transformer.wte.weight"},
+        {"model.embed_tokens.weight", "{\"architectures\": [\"LlamaForCausalLM\"]}", "model.embed_tokens.weight"},
+        /* a classifier stores the embedding and a score head, no lm_head */
+        {"model.embed_tokens.weight", "{\"architectures\": [\"LlamaForSequenceClassification\"]}", NULL},
+        {"transformer.wte.weight", "{\"architectures\": [\"GPT2ForTokenClassification\"]}", NULL},
+        {"model.shared.weight", "{\"architectures\": [\"BartForQuestionAnswering\"]}", NULL},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
         const char *got = tied_name_of(dir, CASES[i].name, CASES[i].config);
