@@ -1332,19 +1332,33 @@ static int check_lokr_has_first(const struct lora_adapter *ad, const char *file,
 
 /* Whether A factor `a` of module `wrapped` ("M" or "M.base_layer...") is a
  * LoRA on M's fused MoE experts (lora_experts.h): target_parameters selects a
- * parameter of M, and M has no weight of its own in the base. */
-static int is_experts_pair(const struct binder *b, const struct lora_config *c, const char *wrapped)
+ * parameter of M, and M has no weight of its own in the base, under its name
+ * or the one its model type saves it as. A name such as "down_proj" selects
+ * "M.down_proj" for any M, but PEFT wraps only a parameter M has: Mixtral's
+ * router mlp.gate, saved as block_sparse_moe.gate, is a weight, not experts.
+ * *code: a failure to read config.json, or out of memory. */
+static int is_experts_pair(struct binder *b, const struct lora_config *c, const char *file, const char *key,
+                           const char *wrapped, int *code)
 {
     if (!c->target_parameters)
         return 0;
     size_t depth, ndim;
     const uint64_t *shape;
     const char *params[EXPERTS_NPARAMS];
-    char *module = experts_unwrap(wrapped, &depth), *wname = module ? base_weight_name(module) : NULL;
-    int experts = wname && experts_targeted(c->target_parameters, module, params) > 0 &&
-                  !base_shape(b, wname, &ndim, &shape);
+    char *module = experts_unwrap(wrapped, &depth);
+    if (!module) {
+        *code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+        return 0;
+    }
+    int experts = 0;
+    if (experts_targeted(c->target_parameters, module, params) > 0) {
+        char *wname = module_weight_in_base(b, module, code);
+        if (!wname && *code == NF4_OK)
+            *code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
+        experts = wname && !base_shape(b, wname, &ndim, &shape);
+        free(wname);
+    }
     free(module);
-    free(wname);
     return experts;
 }
 
@@ -2051,8 +2065,10 @@ static int bind_adapter(struct binder *b, const struct lora_adapter *ad, size_t 
             char *module = lora_a_module(name, kind);
             if (!module)
                 return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
-            code = kind == &LAYER_PAIR && is_experts_pair(b, c, module) ? bind_experts_pair(b, ad, index, c, module, t)
-                                                                         : bind_pair(b, ad, index, c, module, t, kind);
+            int experts = kind == &LAYER_PAIR && is_experts_pair(b, c, file, key, module, &code);
+            if (code == NF4_OK)
+                code = experts ? bind_experts_pair(b, ad, index, c, module, t)
+                               : bind_pair(b, ad, index, c, module, t, kind);
             free(module);
         } else if (str_ends_with(name, LORA_B_SUFFIX)) {
             code = check_b_has_a(m, file, key, LORA_B_SUFFIX, &LAYER_PAIR);

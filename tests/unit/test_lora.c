@@ -723,6 +723,71 @@ static void test_experts_lora_matches_reference(void **state)
     free(w2);
 }
 
+/* PEFT's all-linear on a transformers 5 Mixtral targets the router's
+ * gate.weight beside the experts' down_proj (target_parameters): the
+ * router's pair, under mlp.gate, is no experts pair though "down_proj"
+ * selects mlp.gate.down_proj by name (PEFT wraps only a parameter the module
+ * has), and merges into block_sparse_moe.gate.weight, as the experts' pair
+ * into each w2. */
+static void test_experts_lora_beside_the_router(void **state)
+{
+    struct tu_scratch *s = *state;
+    struct syn_tensor base[3 * SYN_EXPERTS + 1] = {{0}};
+    static char names[3 * SYN_EXPERTS][96];
+    static const char *const PARTS[3] = {"w1", "w3", "w2"};
+    base[3 * SYN_EXPERTS] = (struct syn_tensor){"model.layers.0.block_sparse_moe.gate.weight", DT_BF16,
+                                                {SYN_EXPERTS, SYN_HIDDEN}, NULL};
+    syn_fill(&base[3 * SYN_EXPERTS], 2.0f);
+    for (int e = 0; e < SYN_EXPERTS; e++)
+        for (int p = 0; p < 3; p++) {
+            struct syn_tensor *t = &base[e * 3 + p];
+            snprintf(names[e * 3 + p], sizeof names[0], "model.layers.0.block_sparse_moe.experts.%d.%s.weight", e,
+                     PARTS[p]);
+            *t = (struct syn_tensor){names[e * 3 + p], p < 2 ? DT_BF16 : DT_F16,
+                                     {p < 2 ? SYN_INTERMEDIATE : SYN_HIDDEN, p < 2 ? SYN_HIDDEN : SYN_INTERMEDIATE},
+                                     NULL};
+            syn_fill(t, 2.0f);
+        }
+    char *base_dir = tu_strdupf("%s/base", s->dir), *ad = tu_strdupf("%s/ad", s->dir);
+    write_model_dir(base_dir, "{\"model_type\": \"mixtral\"}", base, 3 * SYN_EXPERTS + 1);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    struct syn_tensor f[4] = {
+        {PEFT_KEY_PREFIX "model.layers.0.mlp.experts.lora_A.weight", DT_F32, {2 * SYN_EXPERTS, SYN_INTERMEDIATE}, NULL},
+        {PEFT_KEY_PREFIX "model.layers.0.mlp.experts.lora_B.weight", DT_F32, {SYN_HIDDEN, 2 * SYN_EXPERTS}, NULL},
+        {PEFT_KEY_PREFIX "model.layers.0.mlp.gate.lora_A.weight", DT_F32, {2, SYN_HIDDEN}, NULL},
+        {PEFT_KEY_PREFIX "model.layers.0.mlp.gate.lora_B.weight", DT_F32, {SYN_EXPERTS, 2}, NULL},
+    };
+    for (int i = 0; i < 4; i++)
+        syn_fill(&f[i], 1.0f);
+    char *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+    syn_write(w, f, 4);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 2, \"lora_alpha\": 4, \"target_modules\": null, "
+                     "\"target_parameters\": [\"gate.weight\", \"down_proj\"]}");
+    const char *dirs[1] = {ad};
+    char *out = tu_strdupf("%s/out", s->dir), *file = tu_strdupf("%s/model.safetensors", out);
+    assert_int_equal(merge_on_cpu(base_dir, out, dirs, 1, 0, 2, DT_INVALID), SYN_EXPERTS + 1);
+    struct st_file *got;
+    assert_int_equal(st_open(file, &got), NF4_OK);
+    const struct syn_term router = {&f[2], &f[3], 2, 2.0f, 0};
+    const struct syn_reference router_ref = {&base[3 * SYN_EXPERTS], &router, 1};
+    assert_tensor_is_reference(got, base[3 * SYN_EXPERTS].name, DT_BF16, 0, syn_element, &router_ref);
+    const struct syn_expert_term down = {&f[0], &f[1], 2, 2.0f, 0};
+    for (int e = 0; e < SYN_EXPERTS; e++) {
+        const struct expert_reference ref = {&base[e * 3 + 2], &down, 1, (uint64_t)e};
+        assert_tensor_is_reference(got, base[e * 3 + 2].name, DT_F16, 0, expert_element, &ref);
+    }
+    st_close(got);
+    for (int i = 0; i < 3 * SYN_EXPERTS + 1; i++)
+        free(base[i].v);
+    for (int i = 0; i < 4; i++)
+        free(f[i].v);
+    free(w);
+    free(out);
+    free(file);
+    free(base_dir);
+    free(ad);
+}
+
 /* The forms of lora_experts.h beyond Mixtral's own, each merging the same
  * adapter (both parameters) into a base of the same values under its names
  * to the same bytes as Mixtral's form, which test_experts_lora_matches_reference
@@ -5205,6 +5270,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_matches_reference, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_experts_lora_beside_the_router, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_wide_rows_of_b, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_forms, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_experts_lora_refusals, tu_scratch_setup, tu_scratch_teardown),
