@@ -240,6 +240,29 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
  * read is the error, and so is memory running out while it is parsed: what
  * config.json says decides what is written (gpt-oss's experts fused,
  * expert_layout.h), so it is never taken for absent. */
+/* The objects of config.json nf4deq reads keys of: the top level, and the
+ * parts of a composite model. */
+static const char *const CONFIG_PARTS_READ[] = {"text_config", "encoder", "decoder"};
+
+/* A key twice in an object nf4deq reads: Python's json (transformers) keeps
+ * the last copy and cJSON the first, so the two would read another model. */
+static int check_config_keys_once(const char *path, const cJSON *root)
+{
+    const cJSON *objects[1 + sizeof CONFIG_PARTS_READ / sizeof *CONFIG_PARTS_READ] = {root};
+    for (size_t i = 0; i < sizeof CONFIG_PARTS_READ / sizeof *CONFIG_PARTS_READ; i++)
+        objects[i + 1] = cJSON_GetObjectItemCaseSensitive(root, CONFIG_PARTS_READ[i]);
+    for (size_t i = 0; i < sizeof objects / sizeof *objects; i++) {
+        const char *dup = NULL;
+        const int twice = cJSON_IsObject(objects[i]) ? json_first_duplicate_key(objects[i], &dup) : 0;
+        if (twice < 0)
+            return nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+        if (twice > 0)
+            return nf4_fail(NF4_EDATA, path, NULL, "has \"%s\"%s%s twice, which transformers reads as the last and "
+                            "nf4deq would not", dup, i ? " in " : "", i ? CONFIG_PARTS_READ[i - 1] : "");
+    }
+    return NF4_OK;
+}
+
 static int read_config(const struct model *m, const char *dir, cJSON **root)
 {
     *root = NULL;
@@ -253,6 +276,10 @@ static int read_config(const struct model *m, const char *dir, cJSON **root)
         (code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)) == NF4_OK &&
         !(*root = json_parse_whole(json, len)) && json_ran_out_of_memory())
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
+    if (code == NF4_OK && *root && (code = check_config_keys_once(path, *root)) != NF4_OK) {
+        cJSON_Delete(*root);
+        *root = NULL;
+    }
     free(json);
     free(path);
     return code;

@@ -491,6 +491,14 @@ def dir_cases(B):
          "transformer.h.0.mlp.c_fc.weight: is a Conv1D layer's weight (config.json: a GPT-2 architecture), whose "
          "quant state must be 2-D", edit=lambda o: o.update(shape=[1] + o["shape"]))
     gpt2("dir-gpt2-linear-weight", "lm_head.weight", 0, "")
+    # transformers reads a repeated key's last copy: a llama here to cJSON, a GPT-2 to Python.
+    ts = [t.copy(name=t.name.replace(D, "transformer.h.0.mlp.c_fc.weight")) if t.name.startswith(D) else t for t in B]
+    emit_dir("dir-config-key-twice", {"model.safetensors": st_bytes(ts),
+                                      "config.json": b'{"model_type": "llama", "model_type": "gpt2"}\n'}, 65,
+             'config.json: has "model_type" twice, which transformers reads as the last', kinds=("convert", "inspect"))
+    emit_dir("dir-config-key-twice-in-part", {"model.safetensors": st_bytes(B), "config.json":
+                                              b'{"text_config": {"model_type": "llama", "model_type": "gpt2"}}\n'},
+             65, 'config.json: has "model_type" in text_config twice', kinds=("convert", "inspect"))
     files = shard_files(B)
     files["config.json"] = files["config.json"][:-3]
     emit_dir("dir-config-not-json", files, 65, "config.json: not a JSON object")
