@@ -419,8 +419,13 @@ static int clean_dir(struct clean_ctx *cc, const char *dir, int depth);
 /* Removes (or with -n only lists) one stale item, and says so. */
 static int remove_stale(struct clean_ctx *cc, const char *path, const char *what)
 {
+    struct stat st;
+    /* A run that let its lock go as it finished renamed its temp into OUT:
+     * nothing stale is there, and nothing is said. */
+    if (lstat(path, &st) != 0 && errno == ENOENT)
+        return NF4_OK;
     if (!cc->dry_run && remove_path(path) != 0)
-        return nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot remove");
+        return errno == ENOENT ? NF4_OK : nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot remove");
     fprintf(cc->out, "%s %s (stale %s)\n", cc->dry_run ? "would remove" : "removed", path, what);
     cc->removed++;
     return NF4_OK;
