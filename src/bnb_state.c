@@ -239,10 +239,22 @@ static int cmp_weight(const void *a, const void *b)
 
 const struct bnb_weight *bnb_find(const struct bnb_weight *w, size_t count, const char *name)
 {
+    return bnb_find_n(w, count, name, strlen(name));
+}
+
+/* strcmp(a, the first len bytes of b as a string), for b with no NUL among them. */
+static int cmp_with_prefix(const char *a, const char *b, size_t len)
+{
+    int c = strncmp(a, b, len);
+    return c ? c : (unsigned char)a[len];
+}
+
+const struct bnb_weight *bnb_find_n(const struct bnb_weight *w, size_t count, const char *name, size_t len)
+{
     size_t lo = 0, hi = count;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        int c = strcmp(w[mid].name, name);
+        int c = cmp_with_prefix(w[mid].name, name, len);
         if (c == 0)
             return &w[mid];
         if (c < 0)
@@ -416,13 +428,7 @@ int bnb_collect(const struct model *m, struct bnb_weight **out, size_t *count)
         for (size_t k = 0; k < sizeof STATE_PART_SUFFIXES / sizeof STATE_PART_SUFFIXES[0] && !owned; k++) {
             if (!str_ends_with(t->t->name, STATE_PART_SUFFIXES[k]))
                 continue;
-            char *base = strndup(t->t->name, strlen(t->t->name) - strlen(STATE_PART_SUFFIXES[k]));
-            if (!base) {
-                code = nf4_fail(NF4_ESOFTWARE, t->file->path, t->t->name, "out of memory");
-                break;
-            }
-            owned = bnb_find(w, n, base) != NULL;
-            free(base);
+            owned = bnb_find_n(w, n, t->t->name, strlen(t->t->name) - strlen(STATE_PART_SUFFIXES[k])) != NULL;
         }
         if (code == NF4_OK && !owned)
             code = nf4_fail(NF4_EDATA, t->file->path, t->t->name,

@@ -58,5 +58,8 @@ void bnb_free(struct bnb_weight *w, size_t count);
 /* 1 if `name` is one of the parts above other than the packed weight itself. */
 int bnb_is_state_part(const char *name);
 const struct bnb_weight *bnb_find(const struct bnb_weight *w, size_t count, const char *name);
+/* The same for the first len bytes of name (a weight's name inside a part's,
+ * "W" of "W.absmax"), which allocates nothing, so it cannot fail. */
+const struct bnb_weight *bnb_find_n(const struct bnb_weight *w, size_t count, const char *name, size_t len);
 
 #endif

@@ -76,7 +76,7 @@ static cJSON *shape_json(size_t ndim, const uint64_t *shape)
 {
     cJSON *a = cJSON_CreateArray();
     for (size_t d = 0; d < ndim && a; d++)
-        cJSON_AddItemToArray(a, cJSON_CreateNumber((double)shape[d]));
+        json_add_to_array(a, cJSON_CreateNumber((double)shape[d]));
     return a;
 }
 
@@ -93,13 +93,10 @@ static const struct bnb_weight *owner_of(const struct bnb_weight *w, size_t n, c
     size_t len = strlen(part);
     for (size_t k = 0; k < sizeof SUFFIXES / sizeof SUFFIXES[0]; k++) {
         size_t s = strlen(SUFFIXES[k]);
-        if (len > s && strcmp(part + len - s, SUFFIXES[k]) == 0) {
-            char *base = strndup(part, len - s);
-            const struct bnb_weight *o = base ? bnb_find(w, n, base) : NULL;
-            free(base);
-            if (o)
-                return o;
-        }
+        const struct bnb_weight *o =
+            len > s && strcmp(part + len - s, SUFFIXES[k]) == 0 ? bnb_find_n(w, n, part, len - s) : NULL;
+        if (o)
+            return o;
     }
     return NULL;
 }
@@ -119,10 +116,10 @@ static void report_token_rows(const struct lora_set *s, const struct lora_target
         cJSON_AddStringToObject(e, "adapter", adapter_dir(s, t->tokens_adapter));
         cJSON_AddStringToObject(e, "change", "rows");
         for (uint64_t i = 0; i < tr->n; i++)
-            cJSON_AddItemToArray(rows, cJSON_CreateNumber((double)tr->row[i]));
-        cJSON_AddItemToObject(e, "rows", rows);
+            json_add_to_array(rows, cJSON_CreateNumber((double)tr->row[i]));
+        json_add_item(e, "rows", rows);
         cJSON_AddStringToObject(e, "dtype", dtype_name(tr->values->t->dtype));
-        cJSON_AddItemToArray(ja, e);
+        json_add_to_array(ja, e);
     } else {
         put_name(out, t->name, 48);
         fprintf(out, " %-6s %10s %12s  %s (trainable tokens: %llu row%s, %s)\n", "-", "-", "-",
@@ -146,7 +143,7 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                 cJSON_AddStringToObject(e, "adapter", adapter_dir(s, t->replace_adapter));
                 cJSON_AddStringToObject(e, "change", t->replace_widened ? "widened" : "replaced");
                 cJSON_AddStringToObject(e, "dtype", dtype_name(t->replace->t->dtype));
-                cJSON_AddItemToArray(ja, e);
+                json_add_to_array(ja, e);
             } else {
                 put_name(out, t->name, 48);
                 fprintf(out, " %-6s %10s %12s  %s (%s, %s)\n", "-", "-", "-", adapter_dir(s, t->replace_adapter),
@@ -185,7 +182,7 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
                     cJSON_AddNumberToObject(e, "experts", x->b_col_step);
                 }
                 cJSON_AddStringToObject(e, "dtype", dtype_name(x->a->t->dtype));
-                cJSON_AddItemToArray(ja, e);
+                json_add_to_array(ja, e);
             } else {
                 char expert[96] = "";
                 if (x->expert_rows)
@@ -282,7 +279,7 @@ static void add_unused_json(const struct model *m, cJSON *obj)
 {
     cJSON *list = cJSON_AddArrayToObject(obj, "not_copied");
     for (size_t i = 0; i < m->nunused; i++)
-        cJSON_AddItemToArray(list, cJSON_CreateString(m->unused_names[i]));
+        json_add_to_array(list, cJSON_CreateString(m->unused_names[i]));
 }
 
 /* Whose tokenizer files convert gives a model directory's output, and which. */
@@ -302,7 +299,7 @@ static int report_tokenizer(const char *in, const struct inspect_opts *o, cJSON 
         cJSON_AddStringToObject(jt, "path", t.dir ? t.dir : in);
         cJSON *jf = cJSON_AddArrayToObject(jt, "files");
         for (size_t i = 0; i < n; i++)
-            cJSON_AddItemToArray(jf, cJSON_CreateString(names[i]));
+            json_add_to_array(jf, cJSON_CreateString(names[i]));
     } else {
         char list[1024];
         tokenizer_names_text(names, n, list, sizeof list);
@@ -357,7 +354,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
         cJSON_AddStringToObject(f, "path", m->files[i]->path);
         cJSON_AddNumberToObject(f, "bytes", (double)m->files[i]->file_size);
         cJSON_AddNumberToObject(f, "tensors", (double)m->files[i]->count);
-        cJSON_AddItemToArray(jfiles, f);
+        json_add_to_array(jfiles, f);
     }
     if (!json)
         fprintf(out, "%-48s %-5s %-16s %12s  %s\n", "NAME", "DTYPE", "SHAPE", "BYTES", "QUANTIZATION");
@@ -397,7 +394,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
             cJSON_AddStringToObject(jt, "name", t->name);
             cJSON_AddStringToObject(jt, "file", mt->file->path);
             cJSON_AddStringToObject(jt, "dtype", dtype_name(t->dtype));
-            cJSON_AddItemToObject(jt, "shape", shape_json(t->ndim, t->shape));
+            json_add_item(jt, "shape", shape_json(t->ndim, t->shape));
             cJSON_AddNumberToObject(jt, "bytes", (double)st_tensor_bytes(t));
             if (q) {
                 cJSON *jq = cJSON_AddObjectToObject(jt, "quantization");
@@ -407,11 +404,11 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
                 if (q->state.nested)
                     cJSON_AddNumberToObject(jq, "nested_blocksize", q->state.nested_blocksize);
                 cJSON_AddStringToObject(jq, "storage_dtype", dtype_name(t->dtype));
-                cJSON_AddItemToObject(jq, "shape", shape_json(q->state.ndim, q->state.shape));
+                json_add_item(jq, "shape", shape_json(q->state.ndim, q->state.shape));
                 cJSON_AddStringToObject(jq, "output_dtype", dtype_name(out_dt));
                 cJSON_AddNumberToObject(jq, "output_bytes", (double)out_bytes);
                 if (cw) {
-                    cJSON_AddItemToObject(jq, "output_shape", shape_json(2, cw->shape));
+                    json_add_item(jq, "output_shape", shape_json(2, cw->shape));
                     cJSON_AddBoolToObject(jq, "transposed", 1);
                 }
             } else if (owner) {
@@ -428,7 +425,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
             } else if (renamed) {
                 cJSON_AddStringToObject(jt, "written_as", renamed);
             }
-            cJSON_AddItemToArray(jtensors, jt);
+            json_add_to_array(jtensors, jt);
             continue;
         }
         put_name(out, t->name, 48);
@@ -519,8 +516,8 @@ static int report_index_class(const char *in, cJSON *root, FILE *out)
         code = control_index_rewrite(path, json, len, &cls, &control, &text, &text_len);
     if (code == NF4_OK && root) {
         cJSON *j = cJSON_AddObjectToObject(root, "index_class");
-        cJSON_AddItemToObject(j, "from", cls ? cJSON_CreateString(cls) : cJSON_CreateNull());
-        cJSON_AddItemToObject(j, "to", control ? cJSON_CreateString(control) : cJSON_CreateNull());
+        json_add_item(j, "from", cls ? cJSON_CreateString(cls) : cJSON_CreateNull());
+        json_add_item(j, "to", control ? cJSON_CreateString(control) : cJSON_CreateNull());
     } else if (code == NF4_OK && control && text) {
         /* The file's class name, its control characters as '?', as in the table. */
         fprintf(out, "%s: _class_name ", index);
@@ -583,7 +580,7 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
             const int copied = e[i].kind == ENTRY_FILE || e[i].kind == ENTRY_DIR;
             ncopied += copied;
             if (root)
-                cJSON_AddItemToArray(copied ? jcopied : jskipped, cJSON_CreateString(e[i].name));
+                json_add_to_array(copied ? jcopied : jskipped, cJSON_CreateString(e[i].name));
             free(path);
             continue;
         }
@@ -609,7 +606,7 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
             cJSON_AddStringToObject(jc, "name", e[i].name);
             cJSON_AddStringToObject(jc, "path", path);
             cJSON_AddStringToObject(jc, "action", action);
-            cJSON_AddItemToArray(jcomponents, jc);
+            json_add_to_array(jcomponents, jc);
         } else if (code == NF4_OK) {
             fprintf(o->out, "%s== component ", ncomponents ? "\n" : "");
             put_name(o->out, e[i].name, 0);
@@ -673,6 +670,7 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
     /* A bad folder fails before anything is printed. */
     if (layout == LAYOUT_MODEL_DIR && (code = tokenizer_choose(tokenizer, in, lora_dirs, nlora, &o.source)) != NF4_OK)
         return code;
+    const unsigned long failures = json_allocation_failures();
     cJSON *root = json ? cJSON_CreateObject() : NULL;
     if (json && !root)
         return nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
@@ -700,6 +698,9 @@ int inspect_run(const char *in, int json, enum st_dtype dtype, const char *const
         const struct model_part whole = {NULL, lora_dirs, nlora, NULL, NULL, 0};
         code = inspect_model(in, layout == LAYOUT_MODEL_DIR, &o, &whole, root, &tot);
     }
+    /* cJSON's Add functions leave out, unsaid, what they had no memory for. */
+    if (code == NF4_OK && root && json_allocation_failures() != failures)
+        code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     if (code == NF4_OK && root) {
         char *text = json_print_pretty(root);
         if (text)

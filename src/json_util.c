@@ -11,13 +11,16 @@
 /* cJSON returns NULL both for bad JSON and for a failed allocation; this hook
  * tells the two apart, so running out of memory is not reported as bad input. */
 static _Thread_local int parse_ran_out_of_memory;
+static _Thread_local unsigned long allocation_failures;
 static pthread_once_t hooks_installed = PTHREAD_ONCE_INIT;
 
 static void *tracking_malloc(size_t size)
 {
     void *p = malloc(size);
-    if (!p)
+    if (!p) {
         parse_ran_out_of_memory = 1;
+        allocation_failures++;
+    }
     return p;
 }
 
@@ -30,6 +33,24 @@ static void install_hooks(void)
 int json_ran_out_of_memory(void)
 {
     return parse_ran_out_of_memory;
+}
+
+unsigned long json_allocation_failures(void)
+{
+    pthread_once(&hooks_installed, install_hooks);
+    return allocation_failures;
+}
+
+void json_add_item(cJSON *object, const char *key, cJSON *item)
+{
+    if (item && !cJSON_AddItemToObject(object, key, item))
+        cJSON_Delete(item);
+}
+
+void json_add_to_array(cJSON *array, cJSON *item)
+{
+    if (item && !cJSON_AddItemToArray(array, item))
+        cJSON_Delete(item);
 }
 
 int json_text_is_strict(const char *json, size_t len)

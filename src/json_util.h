@@ -39,6 +39,18 @@ cJSON *json_parse_prefix(const char *json, size_t len, const char **end);
  * rather than because the text is not JSON. */
 int json_ran_out_of_memory(void);
 
+/* How many of cJSON's allocations have failed on this thread so far. cJSON's
+ * Add functions say nothing when memory runs out, so a document built with
+ * them (inspect --json, convert --json) is whole only if this count did not
+ * change while it was built. */
+unsigned long json_allocation_failures(void);
+
+/* cJSON_AddItemToObject and cJSON_AddItemToArray that delete `item` where
+ * they fail (a NULL container, or no memory for the key), which cJSON leaves
+ * to the caller; a NULL item is no change. */
+void json_add_item(cJSON *object, const char *key, cJSON *item);
+void json_add_to_array(cJSON *array, cJSON *item);
+
 /* 1 if an object has the same key twice. cJSON keeps the first copy and
  * Python's json module the last, so such a document means two different
  * things to nf4deq and to bitsandbytes: it is refused. */

@@ -74,7 +74,7 @@ static int add_walked_file(const char *path, const struct stat *st, int type, st
         cJSON_Delete(f);
         return -1;
     }
-    cJSON_AddItemToArray(walk_files, f);
+    json_add_to_array(walk_files, f);
     return 0;
 }
 
@@ -99,7 +99,7 @@ static cJSON *output_files(const struct convert_report *r)
             cJSON_Delete(files);
             return NULL;
         }
-        cJSON_AddItemToArray(files, f);
+        json_add_to_array(files, f);
         return files;
     }
     walk_files = files;
@@ -115,7 +115,7 @@ static cJSON *output_files(const struct convert_report *r)
         items[i] = cJSON_DetachItemFromArray(files, i);
     qsort(items, (size_t)n, sizeof *items, cmp_file_path);
     for (int i = 0; i < n; i++)
-        cJSON_AddItemToArray(files, items[i]);
+        json_add_to_array(files, items[i]);
     free(items);
     return files;
 }
@@ -155,7 +155,7 @@ static void add_success(cJSON *root, const struct convert_report *r)
     cJSON_AddNumberToObject(root, "peak_rss_bytes", (double)peak_rss_bytes());
     cJSON *files = output_files(r);
     if (files)
-        cJSON_AddItemToObject(root, "files", files);
+        json_add_item(root, "files", files);
     else
         cJSON_AddNullToObject(root, "files"); /* out of memory, or OUT vanished under us */
 }
@@ -171,6 +171,7 @@ static void add_failure(cJSON *root, const struct convert_report *r)
 
 int report_json(FILE *out, const struct convert_report *r)
 {
+    const unsigned long failures = json_allocation_failures();
     cJSON *root = cJSON_CreateObject();
     if (!root)
         return NF4_ESOFTWARE;
@@ -187,8 +188,9 @@ int report_json(FILE *out, const struct convert_report *r)
     const char *const *warnings = nf4_warnings(&n);
     cJSON *w = cJSON_AddArrayToObject(root, "warnings");
     for (size_t i = 0; w && i < n; i++)
-        cJSON_AddItemToArray(w, cJSON_CreateString(warnings[i]));
-    char *text = json_print_pretty(root);
+        json_add_to_array(w, cJSON_CreateString(warnings[i]));
+    /* cJSON's Add functions leave out, unsaid, what they had no memory for. */
+    char *text = json_allocation_failures() == failures ? json_print_pretty(root) : NULL;
     cJSON_Delete(root);
     if (!text)
         return NF4_ESOFTWARE;
