@@ -383,24 +383,28 @@ uint64_t model_embedding_rows(const struct model *m)
     return 0;
 }
 
-/* The top-level "shared.weight" is what T5's *ForConditionalGeneration ties
- * its head to, and what the headless T5EncoderModel (a pipeline's T5 text
- * encoder), T5Model, BartModel, ... store too: tied to a head only where
- * config.json's "architectures" names a *ForConditionalGeneration. */
+/* The top-level "shared.weight" is what T5's *ForConditionalGeneration (and
+ * every SeamlessM4T class) ties its head to, and what the headless
+ * T5EncoderModel (a pipeline's T5 text encoder), T5Model, BartModel, ...
+ * store too: tied to a head only where config.json's "architectures" names
+ * one of those. */
 #define SHARED_AT_TOP "shared.weight"
 
 static int architectures_have_head(const cJSON *root)
 {
     const cJSON *arch;
     cJSON_ArrayForEach(arch, cJSON_GetObjectItemCaseSensitive(root, "architectures"))
-        if (cJSON_IsString(arch) && str_ends_with(arch->valuestring, "ForConditionalGeneration"))
+        if (cJSON_IsString(arch) && (str_ends_with(arch->valuestring, "ForConditionalGeneration") ||
+                                     strncmp(arch->valuestring, "SeamlessM4T", 11) == 0))
             return 1;
     return 0;
 }
 
 /* A class that stores the embedding but no language-model head: a
  * classifier's (LlamaForSequenceClassification has model.embed_tokens and a
- * score head), or a bare *Model (but GPT2LMHeadModel, *DoubleHeadsModel). */
+ * score head). A name ending in Model says nothing: MarianMTModel and
+ * GPT2LMHeadModel have heads, and a bare *Model stores its embedding with
+ * no prefix TIED_EMBEDDINGS knows (but for T5's: SHARED_AT_TOP). */
 static int class_has_no_lm_head(const char *cls)
 {
     static const char *const HEADLESS[] = {"ForSequenceClassification", "ForTokenClassification",
@@ -408,7 +412,7 @@ static int class_has_no_lm_head(const char *cls)
     for (size_t i = 0; i < sizeof HEADLESS / sizeof *HEADLESS; i++)
         if (str_ends_with(cls, HEADLESS[i]))
             return 1;
-    return str_ends_with(cls, "Model") && !str_ends_with(cls, "HeadModel") && !str_ends_with(cls, "HeadsModel");
+    return 0;
 }
 
 /* 1 where config.json's "architectures" names classes and none has a head. */

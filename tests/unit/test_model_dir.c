@@ -62,6 +62,9 @@ static void test_tied_embedding_names(void **state)
         {"model.embed_tokens.weight", "{\"architectures\": [\"LlamaForSequenceClassification\"]}", NULL},
         {"transformer.wte.weight", "{\"architectures\": [\"GPT2ForTokenClassification\"]}", NULL},
         {"model.shared.weight", "{\"architectures\": [\"BartForQuestionAnswering\"]}", NULL},
+        /* a head under a name that ends in Model */
+        {"model.shared.weight", "{\"architectures\": [\"MarianMTModel\"]}", "model.shared.weight"},
+        {"shared.weight", "{\"architectures\": [\"SeamlessM4TForTextToText\"]}", "shared.weight"},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
         const char *got = tied_name_of(dir, CASES[i].name, CASES[i].config);
