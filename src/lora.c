@@ -22,6 +22,7 @@
 #include "lora_widen.h"
 #include "model_dir.h"
 #include "pattern.h"
+#include "saved_names.h"
 #include "status.h"
 #include "strbuf.h"
 #include "strutil.h"
@@ -475,6 +476,26 @@ static int base_shape(const struct binder *b, const char *name, size_t *ndim, co
     return 1;
 }
 
+static int base_holds(const void *ctx, const char *name)
+{
+    size_t ndim;
+    const uint64_t *shape;
+    return base_shape(ctx, name, &ndim, &shape);
+}
+
+/* The base's name for tensor `name` as the adapter names it (PEFT names the
+ * modules as they run): the name itself where the base has it (or it is the
+ * tied head), else the one transformers 5 saved it under where the base has
+ * that (saved_names.h: a multimodal model's older layout), else the name.
+ * Allocated; NULL: out of memory. */
+static char *name_in_base(const struct binder *b, const char *name)
+{
+    char *saved = NULL;
+    if (!base_holds(b, name) && saved_name_find(name, base_holds, b, &saved) != NF4_OK)
+        return NULL;
+    return saved ? saved : strdup(name);
+}
+
 static struct binding *add_binding(struct binder *b, const char *file, const char *name)
 {
     if (b->n == b->cap) {
@@ -552,6 +573,14 @@ static char *module_param_name(const char *module, const char *param)
 static char *base_weight_name(const char *module)
 {
     return module_param_name(module, "weight");
+}
+
+/* name_in_base of module M's weight, "M.weight". */
+static char *weight_in_base(const struct binder *b, const char *module)
+{
+    char *runtime = base_weight_name(module), *in_base = runtime ? name_in_base(b, runtime) : NULL;
+    free(runtime);
+    return in_base;
 }
 
 /* The module of a weight: "M.weight" -> "M", allocated (the inverse of
@@ -853,7 +882,9 @@ static char *module_weight_in_base(struct binder *b, const char *module, int *co
         return saved_weight;
     }
     free(saved_weight);
-    return wname;
+    char *in_base = name_in_base(b, wname);
+    free(wname);
+    return in_base;
 }
 
 static int note_projection_part(struct binder *b, const char *module, const char *file, const char *key);
@@ -1578,7 +1609,9 @@ static int bind_lora_bias(struct binder *b, const struct lora_adapter *ad, size_
         return code;
     char *module = strndup(name, strlen(name) - strlen(LORA_BIAS_SUFFIX));
     char *bname = module ? factor_key(ad, module, LORA_B_SUFFIX) : NULL, *wname = module ? base_weight_name(module) : NULL;
-    char *bias_name = module ? module_param_name(module, "bias") : NULL;
+    char *runtime_bias = module ? module_param_name(module, "bias") : NULL;
+    char *bias_name = runtime_bias ? name_in_base(b, runtime_bias) : NULL;
+    free(runtime_bias);
     if (!bname || !wname || !bias_name) {
         code = nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
         goto out;
@@ -1683,9 +1716,9 @@ enum tie_role {
     TIE_NEUTRAL, /* the frozen base layer of a module wrapped with LoRA: the base's own values */
 };
 
-/* Binds adapter tensor t to replace the base tensor `name`. */
-static int bind_replacement_of(struct binder *b, size_t index, const struct model_tensor *t, const char *name,
-                               enum tie_role role)
+/* Binds adapter tensor t to replace the base tensor `name` (the base's own name). */
+static int bind_replacement_in_base(struct binder *b, size_t index, const struct model_tensor *t, const char *name,
+                                    enum tie_role role)
 {
     const char *file = t->file->path;
     if (role != TIE_NEUTRAL && parts_tied_weights(b, name, role == TIE_KEPT))
@@ -1705,6 +1738,20 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
     x->term.adapter = index;
     return NF4_OK;
 }
+
+/* The same, for `runtime_name` as the adapter names it (name_in_base). */
+static int bind_replacement_of(struct binder *b, size_t index, const struct model_tensor *t,
+                               const char *runtime_name, enum tie_role role)
+{
+    const char *file = t->file->path;
+    char *name = name_in_base(b, runtime_name);
+    if (!name)
+        return nf4_fail(NF4_ESOFTWARE, file, t->t->name, "out of memory");
+    int code = bind_replacement_in_base(b, index, t, name, role);
+    free(name);
+    return code;
+}
+
 
 
 /* With ensure_weight_tying PEFT saves the embedding's modules_to_save copy
@@ -1837,7 +1884,7 @@ static int token_rows_of(const struct binder *b, const struct lora_adapter *ad, 
                                                           "\"" TOKEN_INDICES_KEY "\""
                                                         : "has no rows in adapter_config.json's \"" TOKEN_INDICES_KEY
                                                           "\"");
-    char *wname = base_weight_name(module);
+    char *wname = weight_in_base(b, module);
     if (!wname)
         return nf4_fail(NF4_ESOFTWARE, file, key, "out of memory");
     size_t ndim;
@@ -1898,7 +1945,7 @@ static int bind_token_rows(struct binder *b, const struct lora_adapter *ad, size
 {
     const char *file = t->file->path, *key = t->t->name;
     char *module = strndup(name, strlen(name) - strlen(TOKEN_DELTA_SUFFIX));
-    char *wname = module ? base_weight_name(module) : NULL;
+    char *wname = module ? weight_in_base(b, module) : NULL;
     struct token_rows *rows = NULL;
     uint64_t nrows = 0, ncols = 0;
     int code = wname ? token_rows_of(b, ad, c, t, module, &rows, &nrows, &ncols)
@@ -1976,7 +2023,7 @@ static int refuse_if_nothing_targeted(const struct binder *b, const struct lora_
             continue;
         char *module = lokr ? strndup(key + plen, strlen(key + plen) - lokr_suffix_len(key + plen))
                             : lora_a_module(key + plen, kind);
-        char *wname = module ? base_weight_name(module) : NULL;
+        char *wname = module ? weight_in_base(b, module) : NULL;
         if (!wname) {
             free(module);
             return nf4_fail(NF4_ESOFTWARE, m->tensors[i].file->path, key, "out of memory");

@@ -340,6 +340,7 @@ int model_config_part_type(const struct model *m, const char *part, char **model
 static const char *const TIED_EMBEDDINGS[] = {
     "model.embed_tokens.weight",                /* Llama, Qwen, Gemma, Mistral, ... (120 classes) */
     "model.language_model.embed_tokens.weight", /* multimodal *ForConditionalGeneration (72) */
+    "language_model.model.embed_tokens.weight", /* the same as transformers saves llava's forms (saved_names.h) */
     "shared.weight",                            /* T5, mT5, UMT5, LongT5, Switch (16): see SHARED_AT_TOP */
     "model.shared.weight",                      /* BART, mBART, Pegasus, Marian, Blenderbot (11) */
     "model.decoder.embed_tokens.weight",        /* OPT, *ForCausalLM of encoder-decoders (14) */
@@ -382,6 +383,9 @@ uint64_t model_embedding_rows(const struct model *m)
     }
     return 0;
 }
+
+/* The head as transformers saves llava's forms (saved_names.h). */
+#define SAVED_HEAD_NAME "language_model.lm_head.weight"
 
 /* The top-level "shared.weight" is what T5's *ForConditionalGeneration (and
  * every SeamlessM4T class) ties its head to, and what the headless
@@ -431,7 +435,7 @@ static int architectures_are_headless(const cJSON *root)
 int model_tied_embedding(const struct model *m, const char **embedding)
 {
     *embedding = NULL;
-    if (model_find(m, TIED_HEAD_NAME))
+    if (model_find(m, TIED_HEAD_NAME) || model_find(m, SAVED_HEAD_NAME))
         return NF4_OK; /* a model with its own head has nothing tied to it */
     const char *found = NULL;
     for (size_t i = 0; i < sizeof TIED_EMBEDDINGS / sizeof *TIED_EMBEDDINGS && !found; i++)

@@ -119,6 +119,12 @@ static const struct lora_case CASES[] = {
     {GPT2_TIED_BASE, "adapter-gpt2-tied-wte", "merged-gpt2-tied-wte", 1, 1},
     {GPT2_TIED_BASE, "adapter-gpt2-tied-head-lora", "merged-gpt2-tied-head-lora", 1, 1},
     {BART_TIED_BASE, "adapter-bart-tied-head", "merged-bart-tied-head", 3, 1},
+    /* Multimodal bases transformers saves in their older layout (README.md,
+     * "Multimodal bases"), the adapters naming the modules as they run:
+     * Gemma 3's language_model.model.* and vision_tower.*, its tied head
+     * parted by a copy; Qwen2-VL's model.*. */
+    {"base-gemma3-bf16-bnb4", "adapter-gemma3-qv-head", "merged-gemma3-qv-head", 4, 1},
+    {"base-qwen2vl-bf16-bnb4", "adapter-qwen2vl-qv", "merged-qwen2vl-qv", 2, 1},
 };
 
 static void check_merge(const char *out, const char *base, const char *adapter, const char *e32_path,

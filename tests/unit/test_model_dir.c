@@ -13,14 +13,18 @@
 
 /* ---- model_tied_embedding ---- */
 
-/* A model directory holding one tensor `name` (F16 [4, 2]) and config.json `config`. */
-static const char *tied_name_of(const char *dir, const char *name, const char *config)
+/* A model directory holding tensor `name` (F16 [4, 2]), and `head` where it
+ * is not NULL, and config.json `config`. */
+static const char *tied_name_of(const char *dir, const char *name, const char *head, const char *config)
 {
     tu_sh("rm -rf %s && mkdir %s", dir, dir);
-    char *header = tu_strdupf("{\"%s\":{\"dtype\":\"F16\",\"shape\":[4,2],\"data_offsets\":[0,16]}}", name);
+    char *header = head ? tu_strdupf("{\"%s\":{\"dtype\":\"F16\",\"shape\":[4,2],\"data_offsets\":[0,16]},"
+                                     "\"%s\":{\"dtype\":\"F16\",\"shape\":[4,2],\"data_offsets\":[16,32]}}",
+                                     name, head)
+                        : tu_strdupf("{\"%s\":{\"dtype\":\"F16\",\"shape\":[4,2],\"data_offsets\":[0,16]}}", name);
     char *weights = tu_strdupf("%s/model.safetensors", dir), *cfg = tu_strdupf("%s/config.json", dir);
-    static const unsigned char zeros[16];
-    tu_write_safetensors_raw(weights, header, strlen(header), zeros, sizeof zeros);
+    static const unsigned char zeros[32];
+    tu_write_safetensors_raw(weights, header, strlen(header), zeros, head ? 32 : 16);
     tu_write_file(cfg, config, strlen(config));
     struct model *m;
     assert_int_equal(model_open_dir(dir, &m), NF4_OK);
@@ -67,11 +71,20 @@ static void test_tied_embedding_names(void **state)
         {"shared.weight", "{\"architectures\": [\"SeamlessM4TForTextToText\"]}", "shared.weight"},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
-        const char *got = tied_name_of(dir, CASES[i].name, CASES[i].config);
+        const char *got = tied_name_of(dir, CASES[i].name, NULL, CASES[i].config);
         if (CASES[i].tied ? !got || strcmp(got, CASES[i].tied) != 0 : got != NULL)
             fail_msg("%s with config %s: tied to %s, expected %s", CASES[i].name, CASES[i].config,
                      got ? got : "nothing", CASES[i].tied ? CASES[i].tied : "nothing");
     }
+    /* llava's forms as transformers saves them: the embedding under
+     * language_model.model, tied where no language_model.lm_head is stored. */
+    const char *legacy = "language_model.model.embed_tokens.weight";
+    const char *got = tied_name_of(dir, legacy, NULL, "{\"architectures\": [\"Gemma3ForConditionalGeneration\"]}");
+    if (!got || strcmp(got, legacy) != 0)
+        fail_msg("a Gemma 3 saved without its head: tied to %s", got ? got : "nothing");
+    got = tied_name_of(dir, legacy, "language_model.lm_head.weight", "{}");
+    if (got)
+        fail_msg("a LLaVA saved with its head: tied to %s", got);
     free(dir);
 }
 

@@ -1,0 +1,60 @@
+#include "saved_names.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "status.h"
+
+/* transformers 5.24's renames of a checkpoint's leading names on load
+ * (conversion_mapping.py), the other way round: the prefix a model runs
+ * with, and the one its checkpoint holds. Each is tried in order, and
+ * only a name the base holds is taken, so one that belongs to another
+ * model type never is. */
+static const struct {
+    const char *runtime, *saved;
+} SAVED_PREFIXES[] = {
+    /* llava and the types that take its conversion: aria, aya_vision, fuyu,
+     * gemma3, got_ocr2, internvl, llava_next (and its video and onevision
+     * forms), mistral3, mllama, paligemma, video_llava, vipllava; audio
+     * ones (audioflamingo3, glmasr, qwen2_audio's) too. */
+    {"model.language_model.", "language_model.model."},
+    {"lm_head.", "language_model.lm_head."},
+    {"model.vision_tower.", "vision_tower."},
+    {"model.multi_modal_projector.", "multi_modal_projector."},
+    {"model.audio_tower.", "audio_tower."},
+    {"model.image_tower.", "image_tower."},
+    {"model.video_tower.", "video_tower."},
+    {"model.vision_embed_tokens.", "vision_embed_tokens."},
+    {"model.vision_model.", "vision_model."},
+    {"model.text_model.", "text_model."},
+    /* Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni's thinker, PaddleOCR-VL, HunyuanVL. */
+    {"model.language_model.", "model."},
+    {"model.visual.", "visual."},
+    {"model.vision_tower.", "vit."},
+    {"model.projector.", "mlp_AR."},
+    /* granite_speech */
+    {"model.encoder.", "encoder."},
+    {"model.projector.", "projector."},
+};
+
+int saved_name_find(const char *name, saved_name_exists exists, const void *ctx, char **saved)
+{
+    *saved = NULL;
+    for (size_t i = 0; i < sizeof SAVED_PREFIXES / sizeof *SAVED_PREFIXES; i++) {
+        size_t k = strlen(SAVED_PREFIXES[i].runtime);
+        if (strncmp(name, SAVED_PREFIXES[i].runtime, k) != 0)
+            continue;
+        size_t len = strlen(SAVED_PREFIXES[i].saved) + strlen(name + k) + 1;
+        char *candidate = malloc(len);
+        if (!candidate)
+            return NF4_ESOFTWARE;
+        strcpy(candidate, SAVED_PREFIXES[i].saved);
+        strcat(candidate, name + k);
+        if (exists(ctx, candidate)) {
+            *saved = candidate;
+            return NF4_OK;
+        }
+        free(candidate);
+    }
+    return NF4_OK;
+}
