@@ -52,7 +52,8 @@ static const char MAIN_HELP[] =
     "  bench              time the CUDA kernel (against bitsandbytes with --bnb-lib)\n"
     "  clean [PATH]       remove the partial outputs of runs that did not finish\n"
     "\n"
-    "  -h, --help         show this help; 'nf4deq COMMAND --help' for a command\n"
+    "  -h, --help         show this help; 'nf4deq COMMAND --help' (or 'nf4deq help\n"
+    "                     COMMAND') for a command\n"
     "  -V, --version      show the version\n"
     "\n" EXIT_CODES_HELP;
 
@@ -479,6 +480,8 @@ static int cmd_clean(int argc, char **argv)
     }
     if (argc - optind > 1)
         return usage_error("clean", "%s", "too many arguments");
+    if (argc - optind == 1 && !argv[optind][0])
+        return usage_error("clean", "%s", "PATH is empty: give an OUT, or a directory to clean");
     return clean_run(argc - optind == 1 ? argv[optind] : ".", dry_run, stdout);
 }
 
@@ -543,6 +546,13 @@ int cli_main(int argc, char **argv)
     const char *cmd = argv[1];
     int code;
     nf4_clear_error();
+    /* "help CMD" is "CMD --help", as git's. */
+    if (strcmp(cmd, "help") == 0 && argc > 2) {
+        if (argc > 3)
+            return usage_error(NULL, "%s", "help takes one command");
+        char *as_option[] = {argv[0], argv[2], "--help", NULL};
+        return cli_main(3, as_option);
+    }
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "help") == 0) {
         fputs(MAIN_HELP, stdout);
         return NF4_OK;

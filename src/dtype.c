@@ -1,6 +1,7 @@
 #include "dtype.h"
 
 #include <string.h>
+#include <strings.h>
 
 static const struct {
     const char *name;
@@ -75,8 +76,9 @@ enum st_dtype dtype_from_cli_name(const char *name)
         {"fp16", DT_F16}, {"f16", DT_F16},   {"float16", DT_F16},  {"bf16", DT_BF16},
         {"bfloat16", DT_BF16}, {"fp32", DT_F32}, {"f32", DT_F32}, {"float32", DT_F32},
     };
+    /* In any case: BF16 is how safetensors and inspect spell it. */
     for (size_t i = 0; i < sizeof NAMES / sizeof NAMES[0]; i++)
-        if (strcmp(NAMES[i].name, name) == 0)
+        if (strcasecmp(NAMES[i].name, name) == 0)
             return NAMES[i].dt;
     return DT_INVALID;
 }

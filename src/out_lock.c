@@ -264,8 +264,16 @@ static int take(struct out_lock *lk, const char *out)
         owner_record_describe(known ? &r : NULL, who, sizeof who);
         return nf4_fail(NF4_ECANTCREAT, out, NULL, "another nf4deq (%s) is writing it", who);
     }
-    default:
-        return nf4_fail_errno(lock_errno_code(errno), errno, out, NULL, "cannot take its lock file %s", lk->path);
+    default: {
+        /* Its directory missing or no directory: say that, not the lock file's name. */
+        const int err = errno;
+        struct stat st;
+        if ((err == ENOENT || err == ENOTDIR) && stat(lk->dir, &st) != 0)
+            return nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot be created in %s", lk->dir);
+        if (err == ENOTDIR || (err == ENOENT && !S_ISDIR(st.st_mode)))
+            return nf4_fail(NF4_ECANTCREAT, out, NULL, "cannot be created in %s, which is not a directory", lk->dir);
+        return nf4_fail_errno(lock_errno_code(err), err, out, NULL, "cannot take its lock file %s", lk->path);
+    }
     }
 }
 

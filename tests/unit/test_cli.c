@@ -22,12 +22,21 @@ static void test_help_and_version_go_to_stdout(void **state)
 {
     (void)state;
     static const char *const CMDS[][2] = {{"--help", NULL}, {"-h", NULL}, {"convert", "--help"},
-                                          {"inspect", "--help"}, {"bench", "--help"}};
+                                          {"inspect", "--help"}, {"bench", "--help"}, {"help", NULL}};
     for (size_t i = 0; i < sizeof CMDS / sizeof CMDS[0]; i++) {
         struct tu_run r = tu_run(CMDS[i][0], CMDS[i][1], NULL);
         assert_int_equal(r.status, 0);
         assert_non_null(strstr(r.out, "Usage"));
         assert_string_equal(r.err, "");
+        tu_run_free(&r);
+    }
+    /* "help CMD" is CMD's own help, byte for byte. */
+    static const char *const COMMANDS[] = {"convert", "inspect", "bench", "clean"};
+    for (size_t i = 0; i < sizeof COMMANDS / sizeof *COMMANDS; i++) {
+        struct tu_run own = tu_run(COMMANDS[i], "--help", NULL), r = tu_run("help", COMMANDS[i], NULL);
+        if (r.status != 0 || strcmp(r.out, own.out) != 0 || strncmp(r.out, "Usage: nf4deq ", 14) != 0)
+            fail_msg("help %s: exit %d, stdout: %.80s", COMMANDS[i], r.status, r.out);
+        tu_run_free(&own);
         tu_run_free(&r);
     }
     struct tu_run r = tu_run("--help", NULL);
@@ -66,6 +75,9 @@ static void test_usage_errors_exit_2(void **state)
         {"inspect", NULL},
         {"inspect", "--dtype", "int4", BNB4, NULL},
         {"inspect", "", NULL},
+        {"help", "frobnicate", NULL},
+        {"help", "convert", "inspect", NULL},
+        {"clean", "", NULL},
     };
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
         struct tu_run r = tu_run_argv((char *const *)CASES[i]);
@@ -399,6 +411,32 @@ static void test_force_spares_the_adapter_and_the_tokenizer(void **state)
     assert_int_equal(WEXITSTATUS(st), 2);
     tu_sh("cmp %s %s", lora, flux_lora);
     free(lora);
+}
+
+/* --dtype in any case (BF16, as inspect prints it), and an OUT whose
+ * directory is missing names that directory. */
+static void test_dtype_case_and_missing_out_directory(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *out = tu_strdupf("%s/upper.safetensors", s->dir), *lower = tu_strdupf("%s/lower.safetensors", s->dir);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", "--dtype", "BF16", BNB4, out, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    r = tu_run("convert", "-q", "--device", "cpu", "--dtype", "bf16", BNB4, lower, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    tu_sh("cmp %s %s", out, lower);
+    char *nested = tu_strdupf("%s/nodir/out.safetensors", s->dir);
+    char *says = tu_strdupf("cannot be created in %s/nodir:", s->dir);
+    r = tu_run("convert", "--device", "cpu", BNB4, nested, NULL);
+    if (r.status != 73 || !strstr(r.err, says))
+        fail_msg("exit %d, stderr: %s", r.status, r.err);
+    assert_one_line_error(&r, "No such file or directory");
+    tu_run_free(&r);
+    free(says);
+    free(nested);
+    free(out);
+    free(lower);
 }
 
 static void test_file_and_directory_do_not_mix(void **state)
@@ -842,6 +880,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_input_without_4bit_weights_warns, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_refuses_to_overwrite_input, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_force_spares_the_adapter_and_the_tokenizer, tu_scratch_setup,
+                                        tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_dtype_case_and_missing_out_directory, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_file_and_directory_do_not_mix, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, tu_scratch_setup, tu_scratch_teardown),
