@@ -716,6 +716,9 @@ static int run(const char *in, const char *out, int out_is_dir_syntax, const str
     if (code != NF4_OK)
         return code;
     stats->layout = layout;
+    struct stat in_st;
+    if (stat(in, &in_st) == 0)
+        fileio_limit_modes_to(in_st.st_mode);
     /* As cp: "OUT/" is a directory, and a single file's output is a file. */
     if (out_is_dir_syntax && layout == LAYOUT_FILE)
         return nf4_fail(NF4_EUSAGE, out, NULL, "was given with a trailing '/', but the input is a single file: OUT "

@@ -149,12 +149,22 @@ static char *temp_template(const char *path)
     return tmpl;
 }
 
+/* What a new output may grant beyond its owner: the input's permissions
+ * (fileio_limit_modes_to). */
+static mode_t modes_limit = 07777;
+
+void fileio_limit_modes_to(mode_t source)
+{
+    modes_limit = (source & 07777) | S_IRWXU;
+}
+
 static mode_t creation_mode(mode_t wanted)
 {
-    /* mkstemp makes files 0600; give the result the mode a plain create would. */
+    /* mkstemp makes files 0600; give the result the mode a plain create would,
+     * no more open than the input, as cp gives a copy its source's mode. */
     mode_t mask = umask(0);
     umask(mask);
-    return wanted & ~mask;
+    return wanted & ~mask & modes_limit;
 }
 
 int create_temp_beside(const char *path, char **tmp_path)

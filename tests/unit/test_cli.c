@@ -836,6 +836,48 @@ static void test_copied_files_keep_their_permissions(void **state)
     free(out);
 }
 
+/* A private input converts to a private output, as cp copies it: the
+ * output's mode is a plain create's less what the input does not grant its
+ * group and others (a file of 0600; a directory of 0700, and the files
+ * nf4deq writes in it); an open one gets the umask's. */
+static void test_outputs_are_no_more_open_than_the_input(void **state)
+{
+    struct tu_scratch *s = *state;
+    char cwd[4096];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    tu_sh("cd %s && cp %s/%s priv.safetensors && chmod 600 priv.safetensors && cp %s/%s pub.safetensors && "
+          "chmod 644 pub.safetensors && cp -r %s/%s pdir && chmod 700 pdir && chmod 600 pdir/*", s->dir, cwd, BNB4,
+          cwd, BNB4, cwd, FIXTURES "/tiny-llama-bf16-bnb4");
+    static const struct {
+        const char *in, *out;
+        mode_t want;
+    } CASES[] = {
+        {"priv.safetensors", "priv.out", 0600}, {"pub.safetensors", "pub.out", 0644}, {"pdir", "pdir.out", 0700}};
+    mode_t mask = umask(022);
+    for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
+        char *in = tu_strdupf("%s/%s", s->dir, CASES[i].in), *out = tu_strdupf("%s/%s", s->dir, CASES[i].out);
+        struct tu_run r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+        assert_int_equal(r.status, 0);
+        tu_run_free(&r);
+        struct stat st;
+        assert_int_equal(stat(out, &st), 0);
+        if ((st.st_mode & 07777) != CASES[i].want)
+            fail_msg("%s: mode %o, expected %o", CASES[i].out, (unsigned)(st.st_mode & 07777), (unsigned)CASES[i].want);
+        free(in);
+        free(out);
+    }
+    umask(mask);
+    static const char *const WRITTEN[] = {"model.safetensors", "config.json"};
+    for (size_t i = 0; i < sizeof WRITTEN / sizeof *WRITTEN; i++) {
+        char *p = tu_strdupf("%s/pdir.out/%s", s->dir, WRITTEN[i]);
+        struct stat st;
+        assert_int_equal(stat(p, &st), 0);
+        if ((st.st_mode & 07777) != 0600)
+            fail_msg("pdir.out/%s: mode %o, expected 600", WRITTEN[i], (unsigned)(st.st_mode & 07777));
+        free(p);
+    }
+}
+
 /* A tensor name with terminal escapes (valid JSON: \u001b, \u009b) prints
  * inert in inspect's table: control characters as '?'. */
 static void test_inspect_prints_control_bytes_in_names_as_question_marks(void **state)
@@ -882,6 +924,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_force_spares_the_adapter_and_the_tokenizer, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_dtype_case_and_missing_out_directory, tu_scratch_setup,
+                                        tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_outputs_are_no_more_open_than_the_input, tu_scratch_setup,
                                         tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_file_and_directory_do_not_mix, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_device_choice_without_gpu, tu_scratch_setup, tu_scratch_teardown),
