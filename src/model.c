@@ -550,7 +550,9 @@ int model_open_dir(const char *dir, struct model **out)
         }
         code = st_open(p, &m->files[i]);
         if (code == NF4_OK && !path_stays_in_model(dir, p))
-            code = nf4_fail(NF4_EDATA, p, NULL, "is a link to a file outside the model directory");
+            code = nf4_fail(NF4_EDATA, p, NULL, "is a link to a file outside the model directory (or its Hugging "
+                            "Face cache repository), whose bytes nf4deq does not take into OUT: copy the shards "
+                            "into one directory");
         free(p);
     }
     if (code == NF4_OK)
