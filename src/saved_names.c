@@ -9,7 +9,10 @@
  * (conversion_mapping.py), the other way round: the prefix a model runs
  * with, and the one its checkpoint holds. Each is tried in order, and
  * only a name the base holds is taken, so one that belongs to another
- * model type never is. */
+ * model type never is. Renames inside a module's name (HunyuanVL's vision
+ * MLP, Gemma 4's vision embedder, LFM3-VL's attention gate, Cosmos3-Edge's
+ * projections) are not here: a LoRA on those is refused as matching no
+ * tensor. */
 static const struct {
     const char *runtime, *saved;
 } SAVED_PREFIXES[] = {
@@ -26,7 +29,14 @@ static const struct {
     {"model.video_tower.", "video_tower."},
     {"model.vision_embed_tokens.", "vision_embed_tokens."},
     {"model.vision_model.", "vision_model."},
+    /* emu3: its text model saved as a causal LM under text_model, its VQ-VAE. */
+    {"model.text_model.", "text_model.model."},
+    {"lm_head.", "text_model.lm_head."},
+    {"model.vqmodel.", "vqmodel."},
     {"model.text_model.", "text_model."},
+    /* vibevoice_asr */
+    {"model.acoustic_tokenizer_encoder.", "acoustic_tokenizer_encoder."},
+    {"model.semantic_tokenizer_encoder.", "semantic_tokenizer_encoder."},
     /* Qwen2-VL, Qwen2.5-VL, Qwen2.5-Omni's thinker, PaddleOCR-VL, HunyuanVL. */
     {"model.language_model.", "model."},
     {"model.visual.", "visual."},
