@@ -525,6 +525,29 @@ static int path_is_within(const char *inner, const char *outer)
     return strncmp(a, b, n) == 0 && (a[n] == '\0' || a[n] == '/' || (n == 1 && b[0] == '/'));
 }
 
+/* 1 if standard output (out_st) is `path` or, for a folder, one of the files
+ * in it (an adapter's adapter_model.safetensors, opened with 1<> or >>). */
+static int stdout_is_within(const char *path, const struct stat *out_st)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return 0;
+    if (!S_ISDIR(st.st_mode))
+        return st.st_dev == out_st->st_dev && st.st_ino == out_st->st_ino;
+    char **names;
+    size_t n;
+    if (dir_names(path, &names, &n) != 0)
+        return 0;
+    int found = 0;
+    for (size_t i = 0; i < n && !found; i++) {
+        char *p = path_join(path, names[i]);
+        found = p && stat(p, &st) == 0 && st.st_dev == out_st->st_dev && st.st_ino == out_st->st_ino;
+        free(p);
+    }
+    dir_names_free(names, n);
+    return found;
+}
+
 /* OUT is "-": a single file streams to standard output, which must be open
  * and not a terminal. */
 static int check_stdout_output(enum input_layout layout, const char *in, const struct convert_opts *o)
@@ -544,9 +567,9 @@ static int check_stdout_output(enum input_layout layout, const char *in, const s
     if (stat(in, &in_st) == 0 && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino)
         return nf4_fail(NF4_EUSAGE, in, NULL, "is also standard output; refusing to overwrite the input");
     for (size_t i = 0; i < o->nlora; i++)
-        if (stat(o->lora_dirs[i], &in_st) == 0 && in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino)
-            return nf4_fail(NF4_EUSAGE, o->lora_dirs[i], NULL, "is also standard output; refusing to overwrite the "
-                            "adapter");
+        if (stdout_is_within(o->lora_dirs[i], &out_st))
+            return nf4_fail(NF4_EUSAGE, o->lora_dirs[i], NULL, "is, or holds, standard output; refusing to overwrite "
+                            "the adapter");
     return NF4_OK;
 }
 
@@ -577,15 +600,25 @@ static int names_dot_entry(const char *path)
  * OUT, or lies inside it, would go with it: they are inputs as IN is. */
 static int check_out_spares_other_inputs(const char *out, const struct convert_opts *o)
 {
-    for (size_t i = 0; i < o->nlora; i++)
-        if (path_is_within(o->lora_dirs[i], out))
+    for (size_t i = 0; i < o->nlora; i++) {
+        const char *ad = o->lora_dirs[i];
+        if (path_is_within(ad, out) || path_is_within(out, ad)) /* OUT in an adapter's folder: one of its files */
             return nf4_fail(NF4_EUSAGE, out, NULL, "%s the adapter %s given to --lora; refusing to replace it",
-                            path_is_within(out, o->lora_dirs[i]) ? "is" : "contains", o->lora_dirs[i]);
-    if (o->tokenizer && strcmp(o->tokenizer, TOKENIZER_OF_BASE) != 0 && path_is_within(o->tokenizer, out))
+                            path_is_within(ad, out) && path_is_within(out, ad) ? "is"
+                            : path_is_within(ad, out)                         ? "contains"
+                                                                               : "is inside",
+                            ad);
+    }
+    const char *tok = o->tokenizer && strcmp(o->tokenizer, TOKENIZER_OF_BASE) != 0 ? o->tokenizer : NULL;
+    if (tok && (path_is_within(tok, out) || path_is_within(out, tok)))
         return nf4_fail(NF4_EUSAGE, out, NULL, "%s the --tokenizer folder %s; refusing to replace it",
-                        path_is_within(out, o->tokenizer) ? "is" : "contains", o->tokenizer);
+                        path_is_within(tok, out) && path_is_within(out, tok) ? "is"
+                        : path_is_within(tok, out)                          ? "contains"
+                                                                             : "is inside",
+                        tok);
     return NF4_OK;
 }
+
 
 /* OUT is a path: it may exist only with --force, and never be the input. */
 static int check_path_output(const char *in, int in_is_dir, const char *out, const struct convert_opts *o,

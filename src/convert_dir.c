@@ -333,6 +333,8 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     free(config);
     if (code == NF4_OK)
         code = copy_other_files(m, j->in, dir, &c->tokenizer);
+    if (code == NF4_OK)
+        code = limit_modes_to_namesakes(dir, j->in);
     char *manifest = record ? path_join(dir, RESUME_MANIFEST_NAME) : NULL;
     if (code == NF4_OK && record && (!manifest || (unlink(manifest) != 0 && errno != ENOENT)))
         code = manifest ? nf4_fail_errno(NF4_ECANTCREAT, errno, manifest, NULL, "cannot remove")

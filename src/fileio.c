@@ -158,6 +158,31 @@ void fileio_limit_modes_to(mode_t source)
     modes_limit = (source & 07777) | S_IRWXU;
 }
 
+int limit_modes_to_namesakes(const char *dir, const char *src_dir)
+{
+    char **names;
+    size_t n;
+    if (dir_names(dir, &names, &n) != 0)
+        return errno == ENOMEM ? nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory")
+                               : nf4_fail_errno(NF4_ECANTCREAT, errno, dir, NULL, "cannot list");
+    int code = NF4_OK;
+    for (size_t i = 0; i < n && code == NF4_OK; i++) {
+        char *path = path_join(dir, names[i]), *src = path_join(src_dir, names[i]);
+        struct stat st, src_st;
+        if (!path || !src) {
+            code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        } else if (lstat(path, &st) == 0 && S_ISREG(st.st_mode) && stat(src, &src_st) == 0) {
+            mode_t limited = st.st_mode & (src_st.st_mode | S_IRUSR | S_IWUSR) & 07777;
+            if (limited != (st.st_mode & 07777) && chmod(path, limited) != 0)
+                code = nf4_fail_errno(NF4_ECANTCREAT, errno, path, NULL, "cannot change its mode");
+        }
+        free(path);
+        free(src);
+    }
+    dir_names_free(names, n);
+    return code;
+}
+
 static mode_t creation_mode(mode_t wanted)
 {
     /* mkstemp makes files 0600; give the result the mode a plain create would,
@@ -434,21 +459,44 @@ static void on_fatal_signal(int sig)
     raise(sig);
 }
 
-static const int CLEANUP_SIGNALS[] = {SIGINT,   SIGTERM,   SIGHUP,  SIGPIPE, SIGQUIT, SIGALRM,
-                                      SIGUSR1,  SIGUSR2,   SIGVTALRM, SIGPROF, SIGXCPU, SIGIO};
+static const int FIXED_CLEANUP_SIGNALS[] = {
+    SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT, SIGALRM, SIGUSR1, SIGUSR2, SIGVTALRM, SIGPROF, SIGXCPU, SIGIO,
+#ifdef SIGPWR
+    SIGPWR,
+#endif
+#ifdef SIGSTKFLT
+    SIGSTKFLT,
+#endif
+};
+/* The fixed ones, then the real-time signals, whose range the C library
+ * sets at run time (it keeps the first few for itself). */
+static int CLEANUP_SIGNALS[sizeof FIXED_CLEANUP_SIGNALS / sizeof *FIXED_CLEANUP_SIGNALS + 64];
+static size_t cleanup_count;
+static pthread_once_t cleanup_listed = PTHREAD_ONCE_INIT;
+
+static void list_cleanup_signals(void)
+{
+    for (size_t i = 0; i < sizeof FIXED_CLEANUP_SIGNALS / sizeof *FIXED_CLEANUP_SIGNALS; i++)
+        CLEANUP_SIGNALS[cleanup_count++] = FIXED_CLEANUP_SIGNALS[i];
+    for (int sig = SIGRTMIN; sig <= SIGRTMAX && cleanup_count < sizeof CLEANUP_SIGNALS / sizeof *CLEANUP_SIGNALS;
+         sig++)
+        CLEANUP_SIGNALS[cleanup_count++] = sig;
+}
 
 size_t cleanup_signals(const int **list)
 {
+    pthread_once(&cleanup_listed, list_cleanup_signals);
     *list = CLEANUP_SIGNALS;
-    return sizeof CLEANUP_SIGNALS / sizeof CLEANUP_SIGNALS[0];
+    return cleanup_count;
 }
 
 int thread_create_blocking_signals(pthread_t *thread, void *(*fn)(void *), void *arg)
 {
     sigset_t set, old;
     sigemptyset(&set);
-    for (size_t i = 0; i < sizeof CLEANUP_SIGNALS / sizeof CLEANUP_SIGNALS[0]; i++)
-        sigaddset(&set, CLEANUP_SIGNALS[i]);
+    const int *sigs;
+    for (size_t i = 0, n = cleanup_signals(&sigs); i < n; i++)
+        sigaddset(&set, sigs[i]);
     pthread_sigmask(SIG_BLOCK, &set, &old);
     int rc = pthread_create(thread, NULL, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -457,16 +505,17 @@ int thread_create_blocking_signals(pthread_t *thread, void *(*fn)(void *), void 
 
 void install_signal_cleanup(void)
 {
-    for (size_t i = 0; i < sizeof CLEANUP_SIGNALS / sizeof CLEANUP_SIGNALS[0]; i++) {
+    const int *sigs;
+    for (size_t i = 0, n = cleanup_signals(&sigs); i < n; i++) {
         struct sigaction sa;
         /* A signal ignored when we start stays ignored: nohup(1) ignores HUP
          * and a shell's background job INT, and a run they start must go on. */
-        if (sigaction(CLEANUP_SIGNALS[i], NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
+        if (sigaction(sigs[i], NULL, &sa) == 0 && sa.sa_handler == SIG_IGN)
             continue;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_fatal_signal;
         sigemptyset(&sa.sa_mask);
-        sigaction(CLEANUP_SIGNALS[i], &sa, NULL);
+        sigaction(sigs[i], &sa, NULL);
     }
     signal(SIGXFSZ, SIG_IGN);
 }

@@ -50,10 +50,17 @@ void cleanup_temps(void);
  * converts to a private output, as cp copies it. The owner keeps read and
  * write (and search, for a directory) whatever the input's. */
 void fileio_limit_modes_to(mode_t source);
-/* The signals whose default action ends the process, but for SIGKILL, SIGSTOP,
- * SIGXFSZ and the faults a bug raises (SIGSEGV, SIGBUS, ...): SIGINT, SIGTERM,
- * SIGHUP, SIGPIPE, SIGQUIT, SIGALRM, SIGUSR1, SIGUSR2, SIGVTALRM, SIGPROF,
- * SIGXCPU, SIGIO. *list points to them; returns how many. */
+/* Gives each regular file directly in `dir` that has a namesake in `src_dir`
+ * no more than that file's permissions (the owner keeps read and write), as
+ * cp -r gives each copy its own source's: a converted shard, config.json or
+ * index no more open than the input's. NF4_OK, or NF4_ECANTCREAT naming the
+ * file it could not change. */
+int limit_modes_to_namesakes(const char *dir, const char *src_dir);
+/* The signals whose default action ends the process, but for SIGKILL (which
+ * cannot be caught), SIGXFSZ and the faults a bug raises (SIGSEGV, SIGBUS,
+ * ...): SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT, SIGALRM, SIGUSR1, SIGUSR2,
+ * SIGVTALRM, SIGPROF, SIGXCPU, SIGIO, SIGPWR, SIGSTKFLT and the real-time
+ * signals. *list points to them; returns how many. */
 size_t cleanup_signals(const int **list);
 /* Removes the temps on each of cleanup_signals, then dies of the signal; one
  * that was ignored at start (nohup's SIGHUP) stays ignored. SIGXFSZ is

@@ -491,7 +491,7 @@ static int base_holds(const void *ctx, const char *name)
 static char *name_in_base(const struct binder *b, const char *name)
 {
     char *saved = NULL;
-    if (!base_holds(b, name) && saved_name_find(name, base_holds, b, &saved) != NF4_OK)
+    if (!base_holds(b, name) && saved_name_find(name, b->text_model_type != NULL, base_holds, b, &saved) != NF4_OK)
         return NULL;
     return saved ? saved : strdup(name);
 }
@@ -1805,8 +1805,12 @@ static int bind_wrapper_part(struct binder *b, const struct lora_adapter *ad, si
     int code = twin_key ? NF4_OK : nf4_fail(NF4_ESOFTWARE, t->file->path, t->t->name, "out of memory");
     const struct model_tensor *twin = twin_key ? model_find(ad->weights, twin_key) : NULL;
     int same = 0;
-    if (code == NF4_OK && original)
-        code = base_shape_fits(b, t, name);
+    if (code == NF4_OK && original) {
+        char *in_base = name_in_base(b, name);
+        code = in_base ? base_shape_fits(b, t, in_base) : nf4_fail(NF4_ESOFTWARE, t->file->path, t->t->name,
+                                                                   "out of memory");
+        free(in_base);
+    }
     else if (code == NF4_OK && !twin)
         code = bind_replacement(b, ad, index, c, t, name);
     else if (code == NF4_OK && (code = model_tensors_equal(t, twin, &same)) == NF4_OK && !same)
@@ -2341,6 +2345,8 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
         return nf4_fail(NF4_ESOFTWARE, NULL, NULL, "out of memory");
     struct binder b = {.set = s, .base = base, .weights = weights, .nweights = nweights, .fuses_qkv = -1};
     int code = model_tied_embedding(base, &b.tied_embedding);
+    if (code == NF4_OK) /* name_in_base asks whether it is multimodal */
+        code = read_model_type(&b);
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];
         const char *component = key_components ? key_components[i] : NULL;

@@ -498,7 +498,11 @@ static long layers_per_block(const char *config)
         lpb = LPB_OOM;
     if (code == NF4_OK) {
         cJSON *root = json_parse_whole(text, len);
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "layers_per_block");
+        /* The last copy of a key given twice, as diffusers (Python's json) reads it. */
+        const cJSON *v = NULL, *e;
+        for (e = cJSON_IsObject(root) ? root->child : NULL; e; e = e->next)
+            if (e->string && strcmp(e->string, "layers_per_block") == 0)
+                v = e;
         if (cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 1000 &&
             v->valuedouble == (double)(long)v->valuedouble)
             lpb = (long)v->valuedouble;

@@ -14,8 +14,10 @@
 typedef int (*saved_name_exists)(const void *ctx, const char *name);
 
 /* *saved: the first saved form of runtime tensor `name` that `exists` finds,
- * allocated; NULL where none is (or `name` has none). NF4_OK, or
+ * allocated; NULL where none is (or `name` has none). `multimodal`: the
+ * base's config.json has a text_config, which the forms that a text model's
+ * own names could also be taken for (Qwen2-VL's model.*) ask for. NF4_OK, or
  * NF4_ESOFTWARE when memory runs out (the caller names what for). */
-int saved_name_find(const char *name, saved_name_exists exists, const void *ctx, char **saved);
+int saved_name_find(const char *name, int multimodal, saved_name_exists exists, const void *ctx, char **saved);
 
 #endif

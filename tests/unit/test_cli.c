@@ -377,11 +377,14 @@ static void test_force_spares_the_adapter_and_the_tokenizer(void **state)
         {"base", "out", "--lora", "out/ad", "out: contains the adapter"},
         {"base", "tok", "--tokenizer", "tok", "tok: is the --tokenizer folder"},
         {"flux", "l.safetensors", "--lora", "l.safetensors", "l.safetensors: is the adapter"},
+        /* a file of the adapter's folder */
+        {"file", "ad/adapter_model.safetensors", "--lora", "ad", "adapter_model.safetensors: is inside the adapter"},
     };
+    char *base_file = tu_strdupf("%s/model.safetensors", base);
     for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
         char *out = tu_strdupf("%s/%s", s->dir, CASES[i].out), *arg = tu_strdupf("%s/%s", s->dir, CASES[i].arg);
-        struct tu_run r = tu_run("convert", "-q", "--force", "--device", "cpu",
-                                 strcmp(CASES[i].in, "base") == 0 ? base : flux, out, CASES[i].opt, arg, NULL);
+        const char *in = strcmp(CASES[i].in, "base") == 0 ? base : strcmp(CASES[i].in, "file") == 0 ? base_file : flux;
+        struct tu_run r = tu_run("convert", "-q", "--force", "--device", "cpu", in, out, CASES[i].opt, arg, NULL);
         if (r.status != 2 || !strstr(r.err, CASES[i].says))
             fail_msg("%s %s: exit %d: %s", CASES[i].opt, CASES[i].arg, r.status, r.err);
         assert_one_line_error(&r, "refusing to replace it");
@@ -410,6 +413,26 @@ static void test_force_spares_the_adapter_and_the_tokenizer(void **state)
     assert_true(WIFEXITED(st));
     assert_int_equal(WEXITSTATUS(st), 2);
     tu_sh("cmp %s %s", lora, flux_lora);
+    /* ... and on a file of an adapter's folder. */
+    char *ad = tu_strdupf("%s/ad", s->dir), *ad_weights = tu_strdupf("%s/ad/adapter_model.safetensors", s->dir);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(ad_weights, O_RDWR), null = open("/dev/null", O_WRONLY);
+        if (fd < 0 || null < 0)
+            _exit(99);
+        dup2(fd, 1);
+        dup2(null, 2);
+        char *args[] = {"convert", "--device", "cpu", base_file, "-", "--lora", ad, NULL};
+        tu_exec_nf4deq(args);
+    }
+    waitpid(pid, &st, 0);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 2);
+    tu_sh("cmp %s %s/%s/adapter_model.safetensors", ad_weights, cwd, adapter);
+    free(ad);
+    free(ad_weights);
+    free(base_file);
     free(lora);
 }
 

@@ -82,8 +82,6 @@ static void test_tensor_file_every_dtype(void **state)
     tensor_file_every_dtype(s->dir);
 }
 
-/* Without --dtype each weight comes out in its quant state's dtype, which is
- * what bitsandbytes returns, and other tensors are untouched. */
 /* Weights of no elements, as bitsandbytes writes them: under double quant
  * the quant state's nested_offset is Python's bare NaN. The whole file,
  * header included, is what bitsandbytes returns. */
@@ -102,6 +100,8 @@ static void test_weights_of_no_elements(void **state)
     free(out);
 }
 
+/* Without --dtype each weight comes out in its quant state's dtype, which is
+ * what bitsandbytes returns, and other tensors are untouched. */
 static void test_tensor_file_natural_dtype(void **state)
 {
     struct tu_scratch *s = *state;

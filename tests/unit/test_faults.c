@@ -1189,12 +1189,15 @@ static void test_sigint_file(void **state)
 }
 
 /* Every signal whose default action ends the process cleans up as SIGINT
- * does (fileio.h's cleanup_signals): a timer's, a job control's. */
+ * does (fileio.h's cleanup_signals): a timer's, a user's, a real-time one, a
+ * power failure's. */
 static void test_other_fatal_signals(void **state)
 {
     (void)state;
     kill_binary(big_file, 0, SIGUSR1);
     kill_binary(big_dir, 1, SIGALRM);
+    kill_binary(big_file, 0, SIGRTMIN);
+    kill_binary(big_file, 0, SIGPWR);
 }
 
 /* A file size limit (ulimit -f) is a write error: SIGXFSZ is ignored, so the
