@@ -869,13 +869,14 @@ static void test_outputs_are_no_more_open_than_the_input(void **state)
     char cwd[4096];
     assert_non_null(getcwd(cwd, sizeof cwd));
     tu_sh("cd %s && cp %s/%s priv.safetensors && chmod 600 priv.safetensors && cp %s/%s pub.safetensors && "
-          "chmod 644 pub.safetensors && cp -r %s/%s pdir && chmod 700 pdir && chmod 600 pdir/*", s->dir, cwd, BNB4,
-          cwd, BNB4, cwd, FIXTURES "/tiny-llama-bf16-bnb4");
+          "chmod 644 pub.safetensors && cp -r %s/%s pdir && chmod 700 pdir && chmod 600 pdir/* && "
+          "cp -r pdir odir && chmod 755 odir", s->dir, cwd, BNB4, cwd, BNB4, cwd, FIXTURES "/tiny-llama-bf16-bnb4");
     static const struct {
         const char *in, *out;
         mode_t want;
     } CASES[] = {
-        {"priv.safetensors", "priv.out", 0600}, {"pub.safetensors", "pub.out", 0644}, {"pdir", "pdir.out", 0700}};
+        {"priv.safetensors", "priv.out", 0600}, {"pub.safetensors", "pub.out", 0644}, {"pdir", "pdir.out", 0700},
+        {"odir", "odir.out", 0755}};
     mode_t mask = umask(022);
     for (size_t i = 0; i < sizeof CASES / sizeof *CASES; i++) {
         char *in = tu_strdupf("%s/%s", s->dir, CASES[i].in), *out = tu_strdupf("%s/%s", s->dir, CASES[i].out);
@@ -890,13 +891,16 @@ static void test_outputs_are_no_more_open_than_the_input(void **state)
         free(out);
     }
     umask(mask);
-    static const char *const WRITTEN[] = {"model.safetensors", "config.json"};
+    /* Each written file no more open than its namesake in IN, in an open
+     * directory too (odir: 0755, its files 0600). */
+    static const char *const WRITTEN[] = {"pdir.out/model.safetensors", "pdir.out/config.json",
+                                          "odir.out/model.safetensors", "odir.out/config.json"};
     for (size_t i = 0; i < sizeof WRITTEN / sizeof *WRITTEN; i++) {
-        char *p = tu_strdupf("%s/pdir.out/%s", s->dir, WRITTEN[i]);
+        char *p = tu_strdupf("%s/%s", s->dir, WRITTEN[i]);
         struct stat st;
         assert_int_equal(stat(p, &st), 0);
         if ((st.st_mode & 07777) != 0600)
-            fail_msg("pdir.out/%s: mode %o, expected 600", WRITTEN[i], (unsigned)(st.st_mode & 07777));
+            fail_msg("%s: mode %o, expected 600", WRITTEN[i], (unsigned)(st.st_mode & 07777));
         free(p);
     }
 }

@@ -1876,6 +1876,15 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
         free(ad);
         free(base);
     }
+    /* Qwen2-VL's saved form (model.* for model.language_model.*) is looked
+     * for in a multimodal base only: in a plain Llama, PEFT would leave such
+     * an adapter's keys out, and nf4deq refuses them. */
+    struct tu_run vl = tu_run("convert", "--device", "cpu", LORA_FIXTURES "/base-llama-bf16-bnb4", out, "--lora",
+                              LORA_FIXTURES "/adapter-qwen2vl-qv", NULL);
+    if (vl.status != 65 || !strstr(vl.err, "matches no floating-point tensor model.language_model.layers.0."))
+        fail_msg("a Qwen2-VL adapter on a plain Llama: exit %d, stderr: %s", vl.status, vl.err);
+    tu_run_free(&vl);
+    assert_false(tu_exists(out));
     /* BART's weights file alone: no config.json has to change, so the head is
      * written apart; GPT-2's needs its config.json, as Llama's does. */
     char *single = tu_strdupf("%s/single.safetensors", s->dir);
