@@ -619,7 +619,6 @@ static int check_out_spares_other_inputs(const char *out, const struct convert_o
     return NF4_OK;
 }
 
-
 /* OUT is a path: it may exist only with --force, and never be the input. */
 static int check_path_output(const char *in, int in_is_dir, const char *out, const struct convert_opts *o,
                              int *out_exists)

@@ -1752,8 +1752,6 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
     return code;
 }
 
-
-
 /* With ensure_weight_tying PEFT saves the embedding's modules_to_save copy
  * under the tied head's name as well (it drops lm_head from modules_to_save
  * and ties the head to that copy): the same tensor twice. The embedding's key
