@@ -6,7 +6,9 @@
  * language_model.lm_head where the model runs model.language_model.* and
  * lm_head, and Qwen2-VL's holds model.* and visual.* for
  * model.language_model.* and model.visual.*. A PEFT adapter names the
- * modules as they run; these are the names to look for in the base. */
+ * modules as they run; these are the names to look for in the base. Some
+ * types rename inside names too (Gemma 4's vision embedder, LFM3's attention
+ * gate, HunyuanVL's vision MLP, Cosmos3-Edge's projections). */
 #ifndef NF4DEQ_SAVED_NAMES_H
 #define NF4DEQ_SAVED_NAMES_H
 
