@@ -364,6 +364,8 @@ static int finish_dir(int code, char *tmp, const char *out, int replace)
 {
     if (!tmp)
         return code;
+    if (code == NF4_OK && dir_take_creation_mode(tmp) != 0)
+        code = nf4_fail_errno(NF4_ECANTCREAT, errno, out, NULL, "cannot set its mode");
     if (code == NF4_OK)
         code = publish_dir(tmp, out, replace);
     if (code == NF4_OK && fsync_parent_dir(out) != 0) {
@@ -566,7 +568,8 @@ static int pipeline_write_entry(struct ctx *c, const char *in, const struct pipe
         code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
     } else if (job->m) {
         temp_register(to, 1);
-        if (mkdir(to, 0777) != 0)
+        struct stat st; /* no more open than the component it comes from, as cp -r makes it */
+        if (mkdir(to, stat(from, &st) == 0 ? (st.st_mode & 0777) | S_IRWXU : 0777) != 0)
             code = nf4_fail_errno(NF4_ECANTCREAT, errno, to, NULL, "cannot create");
         else
             code = model_job_write(c, job, to, NULL);

@@ -187,7 +187,7 @@ pid_t handoff_device_files(const char *prefix)
          * and the kernel closes the device files (the teardown) all the same.
          * One ignored since the start (nohup's SIGHUP) stays ignored, as in
          * the parent. */
-        const int *handled;
+        const int *handled; /* listed by install_signal_cleanup before any thread: no lock taken here */
         size_t nhandled = cleanup_signals(&handled);
         for (size_t i = 0; i < nhandled; i++) {
             struct sigaction now;

@@ -112,7 +112,8 @@ static int copy_entry(const char *from, const char *to, const char *name, const 
 static int copy_tree_at(const char *from, const char *to, const char *root, int depth)
 {
     temp_register(to, 1);
-    if (mkdir(to, 0777) != 0)
+    struct stat st; /* the source's mode less the umask, as cp -r gives it (the owner may write in it) */
+    if (mkdir(to, stat(from, &st) == 0 ? (st.st_mode & 0777) | S_IRWXU : 0777) != 0)
         return nf4_fail_errno(NF4_ECANTCREAT, errno, to, NULL, "cannot create");
     char **names;
     size_t n;

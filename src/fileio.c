@@ -277,9 +277,16 @@ int create_temp_dir_beside(const char *path, char **tmp_path)
     }
     temp_register(tmpl, 1);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
-    (void)chmod(tmpl, creation_mode(0777));
+    /* It stays 0700, mkdtemp's, while it is written (and where a stop keeps
+     * it): its files are nobody else's to open before they are finished
+     * and given their modes (dir_take_creation_mode). */
     *tmp_path = tmpl;
     return 0;
+}
+
+int dir_take_creation_mode(const char *dir)
+{
+    return chmod(dir, creation_mode(0777));
 }
 
 int fsync_parent_dir(const char *path)

@@ -31,6 +31,9 @@ int write_file_atomic(const char *path, const void *data, size_t len);
 int create_temp_beside(const char *path, char **tmp_path);
 /* Same, for a directory. Returns 0 or -1 (errno). */
 int create_temp_dir_beside(const char *path, char **tmp_path);
+/* Gives a finished temp directory the mode a plain mkdir would (under
+ * fileio_limit_modes_to), before it is published; 0, or -1 with errno. */
+int dir_take_creation_mode(const char *dir);
 /* A read-write temp file in `dir` that no name reaches, so that no exit, not
  * even SIGKILL, leaves it behind: O_TMPFILE, or where the file system lacks
  * it a mkstemp'd name unlinked before the call returns. Returns fd or -1

@@ -407,6 +407,9 @@ struct binder {
     struct lora_set *set; /* what is bound into, which owns the tensors made (lora_widen.h) */
     const struct model *base;
     const char *tied_embedding; /* what the base ties TIED_HEAD_NAME to, or NULL (model_dir.h) */
+    /* The same as PEFT names it, the module as it runs: another name where the
+     * base holds the embedding under an older one (saved_names.h). */
+    const char *tied_runtime;
     /* The first adapter key that parts the tied head from its embedding, or NULL. */
     const char *untie_file, *untie_key, *untie_name;
     /* The first such key that is not the head's own trained token rows, or NULL. */
@@ -476,6 +479,9 @@ static int base_shape(const struct binder *b, const char *name, size_t *ndim, co
     return 1;
 }
 
+/* A multimodal model's input embedding as it runs (and as PEFT names it). */
+#define MULTIMODAL_EMBEDDING "model.language_model.embed_tokens.weight"
+
 static int base_holds(const void *ctx, const char *name)
 {
     size_t ndim;
@@ -491,7 +497,8 @@ static int base_holds(const void *ctx, const char *name)
 static char *name_in_base(const struct binder *b, const char *name)
 {
     char *saved = NULL;
-    if (!base_holds(b, name) && saved_name_find(name, b->text_model_type != NULL, base_holds, b, &saved) != NF4_OK)
+    const struct saved_name_model model = {b->model_type, b->text_model_type};
+    if (!base_holds(b, name) && saved_name_find(name, &model, base_holds, b, &saved) != NF4_OK)
         return NULL;
     return saved ? saved : strdup(name);
 }
@@ -709,7 +716,7 @@ static int head_mirrors_embedding(struct binder *b, const struct lora_adapter *a
         *mirrored = b->mirrored;
         return NF4_OK;
     }
-    char *head = weight_module(TIED_HEAD_NAME), *embed = weight_module(b->tied_embedding);
+    char *head = weight_module(TIED_HEAD_NAME), *embed = weight_module(b->tied_runtime);
     char *keys[4] = {head ? factor_key(ad, head, LORA_A_SUFFIX) : NULL, head ? factor_key(ad, head, LORA_B_SUFFIX) : NULL,
                      embed ? factor_key(ad, embed, EMBEDDING_B_SUFFIX) : NULL,
                      embed ? factor_key(ad, embed, EMBEDDING_A_SUFFIX) : NULL};
@@ -739,7 +746,7 @@ static int wrapped_for_the_tie(const struct binder *b, const struct lora_config 
 {
     if (!c->ensure_weight_tying || !is_tied_head(b, wname))
         return 0;
-    char *embed = weight_module(b->tied_embedding);
+    char *embed = weight_module(b->tied_runtime);
     int wrapped = embed && lora_target_matches(&c->targets, embed) == 1;
     free(embed);
     return wrapped;
@@ -1759,7 +1766,7 @@ static int bind_replacement_of(struct binder *b, size_t index, const struct mode
 static int bind_tied_head_copy(struct binder *b, const struct lora_adapter *ad, size_t index,
                                const struct model_tensor *t)
 {
-    char *key = factor_key(ad, b->tied_embedding, "");
+    char *key = factor_key(ad, b->tied_runtime, "");
     if (!key)
         return nf4_fail(NF4_ESOFTWARE, t->file->path, t->t->name, "out of memory");
     const struct model_tensor *embed = model_find(ad->weights, key);
@@ -1924,7 +1931,7 @@ static int head_rows_are_embeddings(const struct binder *b, const struct lora_ad
                                     const struct lora_config *c, const struct token_rows *head, int *same,
                                     int *has_embedding)
 {
-    char *embed = weight_module(b->tied_embedding), *key = embed ? factor_key(ad, embed, TOKEN_DELTA_SUFFIX) : NULL;
+    char *embed = weight_module(b->tied_runtime), *key = embed ? factor_key(ad, embed, TOKEN_DELTA_SUFFIX) : NULL;
     int code = key ? NF4_OK : nf4_fail(NF4_ESOFTWARE, ad->config_path, NULL, "out of memory");
     const struct model_tensor *t = key ? model_find(ad->weights, key) : NULL;
     struct token_rows *rows = NULL;
@@ -2345,6 +2352,15 @@ int lora_open_component(struct lora_set **out, const char *const *dirs, size_t n
     int code = model_tied_embedding(base, &b.tied_embedding);
     if (code == NF4_OK) /* name_in_base asks whether it is multimodal */
         code = read_model_type(&b);
+    b.tied_runtime = b.tied_embedding;
+    if (code == NF4_OK && b.tied_embedding) {
+        char *in_base = name_in_base(&b, MULTIMODAL_EMBEDDING);
+        if (!in_base)
+            code = nf4_fail(NF4_ESOFTWARE, base->dir ? base->dir : base->file_names[0], NULL, "out of memory");
+        else if (strcmp(in_base, b.tied_embedding) == 0)
+            b.tied_runtime = MULTIMODAL_EMBEDDING;
+        free(in_base);
+    }
     for (size_t i = 0; i < ndirs && code == NF4_OK; i++) {
         struct lora_adapter *ad = &s->adapters[s->nadapters++];
         const char *component = key_components ? key_components[i] : NULL;

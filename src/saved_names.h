@@ -15,11 +15,19 @@
 /* Whether the base holds tensor `name` (a saved name). */
 typedef int (*saved_name_exists)(const void *ctx, const char *name);
 
+/* The base's config.json: its model_type and its text_config's (NULL where
+ * there is none; a text_config's is what says the model is multimodal). */
+struct saved_name_model {
+    const char *model_type, *text_model_type;
+};
+
 /* *saved: the first saved form of runtime tensor `name` that `exists` finds,
- * allocated; NULL where none is (or `name` has none). `multimodal`: the
- * base's config.json has a text_config, which the forms that a text model's
- * own names could also be taken for (Qwen2-VL's model.*) ask for. NF4_OK, or
- * NF4_ESOFTWARE when memory runs out (the caller names what for). */
-int saved_name_find(const char *name, int multimodal, saved_name_exists exists, const void *ctx, char **saved);
+ * allocated; NULL where none is (or `name` has none). The forms that a text
+ * model's own names could be taken for (Qwen2-VL's model.*, the renames
+ * inside names) are tried only for the model types whose conversion makes
+ * them. NF4_OK, or NF4_ESOFTWARE when memory runs out (the caller names what
+ * for). */
+int saved_name_find(const char *name, const struct saved_name_model *model, saved_name_exists exists, const void *ctx,
+                    char **saved);
 
 #endif

@@ -103,7 +103,7 @@ merge "lora experts" "$lf/base-qwen3moe-bf16-bnb4" "$lf/adapter-experts" "$out/l
 # Heads tied to other embeddings: GPT-2's transformer.wte (Conv1D weights written [in, out]), BART's model.shared.
 # Multimodal bases in transformers' saved layout: Gemma 3's (its head tied) and Qwen2-VL's.
 for c in gpt2-bf16-bnb4-tied:gpt2-tied-wte gpt2-bf16-bnb4-tied:gpt2-tied-head-lora bart-fp16-fp4-bnb4-tied:bart-tied-head \
-    gemma3-bf16-bnb4:gemma3-qv-head qwen2vl-bf16-bnb4:qwen2vl-qv; do
+    gemma3-bf16-bnb4:gemma3-qv-head qwen2vl-bf16-bnb4:qwen2vl-qv gemma3-bf16-bnb4:gemma3-ensure; do
     base=${c%%:*}; case_=${c##*:}
     [ -d "$out/plain-$base" ] || convert "$gpu" "$lf/base-$base" "$out/plain-$base"
     merge "lora $case_" "$lf/base-$base" "$lf/adapter-$case_" "$out/lora-$case_" "$lf/merged-$case_" "$out/plain-$base"

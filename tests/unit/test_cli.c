@@ -891,6 +891,43 @@ static void test_outputs_are_no_more_open_than_the_input(void **state)
         free(out);
     }
     umask(mask);
+    /* While it is written, the temp directory is 0700: its files, not yet
+     * given their modes, are nobody else's to open (stopped halfway through
+     * the shard, NF4DEQ_TEST_STOP). */
+    char *stopped_out = tu_strdupf("%s/stopped.out", s->dir), *odir = tu_strdupf("%s/odir", s->dir);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        setenv("NF4DEQ_TEST_STOP", "0.5", 1);
+        umask(022);
+        char *args[] = {"convert", "--device", "cpu", odir, stopped_out, NULL};
+        tu_exec_nf4deq(args);
+    }
+    int wst;
+    while (waitpid(pid, &wst, WUNTRACED) < 0 && errno == EINTR)
+        ;
+    assert_true(WIFSTOPPED(wst));
+    char *cmd = tu_strdupf("stat -c %%a %s/.stopped.out.nf4deq-?????? 2>&1", s->dir), tmp_mode[32] = "";
+    FILE *listing = popen(cmd, "r");
+    assert_non_null(listing);
+    if (!fgets(tmp_mode, sizeof tmp_mode, listing))
+        tmp_mode[0] = '\0';
+    pclose(listing);
+    free(cmd);
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    while (waitpid(pid, &wst, 0) < 0 && errno == EINTR)
+        ;
+    assert_true(WIFEXITED(wst) && WEXITSTATUS(wst) == 0);
+    if (strcmp(tmp_mode, "700\n") != 0)
+        fail_msg("the temp directory while written: mode %s", tmp_mode);
+    struct stat done;
+    assert_int_equal(stat(stopped_out, &done), 0);
+    assert_int_equal(done.st_mode & 07777, 0755);
+    free(stopped_out);
+    free(odir);
     /* Each written file no more open than its namesake in IN, in an open
      * directory too (odir: 0755, its files 0600). */
     static const char *const WRITTEN[] = {"pdir.out/model.safetensors", "pdir.out/config.json",

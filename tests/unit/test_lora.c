@@ -125,6 +125,8 @@ static const struct lora_case CASES[] = {
      * parted by a copy; Qwen2-VL's model.*. */
     {"base-gemma3-bf16-bnb4", "adapter-gemma3-qv-head", "merged-gemma3-qv-head", 4, 1},
     {"base-qwen2vl-bf16-bnb4", "adapter-qwen2vl-qv", "merged-qwen2vl-qv", 2, 1},
+    /* ... and Gemma 3's embedding copy kept tied to the head (ensure_weight_tying). */
+    {"base-gemma3-bf16-bnb4", "adapter-gemma3-ensure", "merged-gemma3-ensure", 2, 1},
 };
 
 static void check_merge(const char *out, const char *base, const char *adapter, const char *e32_path,
@@ -1876,6 +1878,25 @@ static void test_tied_embeddings_parted_by_an_adapter(void **state)
         free(ad);
         free(base);
     }
+    /* Gemma 3's copy kept tied, under the embedding's runtime name (and the
+     * head's) in the adapter and its saved name in the base: stays tied. */
+    struct tu_run ensured = tu_run("convert", "-q", "--device", "cpu", LORA_FIXTURES "/base-gemma3-bf16-bnb4", out, "--lora",
+                                LORA_FIXTURES "/adapter-gemma3-ensure", NULL);
+    if (ensured.status != 0)
+        fail_msg("Gemma 3, ensure_weight_tying: exit %d, stderr: %s", ensured.status, ensured.err);
+    tu_run_free(&ensured);
+    char *kept_config = tu_strdupf("%s/config.json", out), *kept_weights = tu_strdupf("%s/model.safetensors", out);
+    char *kept_text = tu_read_file(kept_config, NULL);
+    assert_non_null(strstr(kept_text, "\"tie_word_embeddings\": true"));
+    assert_null(strstr(kept_text, "\"tie_word_embeddings\": false"));
+    struct st_file *kf;
+    assert_int_equal(st_open(kept_weights, &kf), NF4_OK);
+    assert_null(st_find(kf, "lm_head.weight"));
+    st_close(kf);
+    tu_rmtree(out);
+    free(kept_text);
+    free(kept_config);
+    free(kept_weights);
     /* Qwen2-VL's saved form (model.* for model.language_model.*) is looked
      * for in a multimodal base only: in a plain Llama, PEFT would leave such
      * an adapter's keys out, and nf4deq refuses them. */
