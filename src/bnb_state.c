@@ -265,6 +265,20 @@ const struct bnb_weight *bnb_find_n(const struct bnb_weight *w, size_t count, co
     return NULL;
 }
 
+const struct bnb_weight *bnb_owner_of(const struct bnb_weight *w, size_t count, const char *part)
+{
+    size_t len = strlen(part);
+    for (size_t k = 0; k < sizeof STATE_PART_SUFFIXES / sizeof STATE_PART_SUFFIXES[0]; k++) {
+        size_t s = strlen(STATE_PART_SUFFIXES[k]);
+        const struct bnb_weight *o = len > s && strcmp(part + len - s, STATE_PART_SUFFIXES[k]) == 0
+                                         ? bnb_find_n(w, count, part, len - s)
+                                         : NULL;
+        if (o)
+            return o;
+    }
+    return NULL;
+}
+
 void bnb_free(struct bnb_weight *w, size_t count)
 {
     if (!w)
@@ -424,13 +438,7 @@ int bnb_collect(const struct model *m, struct bnb_weight **out, size_t *count)
         const struct model_tensor *t = &m->tensors[i];
         if (!bnb_is_state_part(t->t->name))
             continue;
-        int owned = 0;
-        for (size_t k = 0; k < sizeof STATE_PART_SUFFIXES / sizeof STATE_PART_SUFFIXES[0] && !owned; k++) {
-            if (!str_ends_with(t->t->name, STATE_PART_SUFFIXES[k]))
-                continue;
-            owned = bnb_find_n(w, n, t->t->name, strlen(t->t->name) - strlen(STATE_PART_SUFFIXES[k])) != NULL;
-        }
-        if (code == NF4_OK && !owned)
+        if (!bnb_owner_of(w, n, t->t->name))
             code = nf4_fail(NF4_EDATA, t->file->path, t->t->name,
                             "quant-state tensor belongs to no weight (its quant_state.bitsandbytes__* blob is missing)");
     }

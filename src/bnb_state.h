@@ -61,5 +61,8 @@ const struct bnb_weight *bnb_find(const struct bnb_weight *w, size_t count, cons
 /* The same for the first len bytes of name (a weight's name inside a part's,
  * "W" of "W.absmax"), which allocates nothing, so it cannot fail. */
 const struct bnb_weight *bnb_find_n(const struct bnb_weight *w, size_t count, const char *name, size_t len);
+/* The weight quant-state part `part` ("W.absmax", ...) belongs to, or NULL;
+ * allocates nothing. */
+const struct bnb_weight *bnb_owner_of(const struct bnb_weight *w, size_t count, const char *part);
 
 #endif

@@ -85,22 +85,6 @@ static const char *quant_name(enum quant_type q)
     return q == QUANT_FP4 ? "fp4" : "nf4";
 }
 
-/* The bnb weight a quant-state part belongs to. */
-static const struct bnb_weight *owner_of(const struct bnb_weight *w, size_t n, const char *part)
-{
-    static const char *const SUFFIXES[] = {".nested_absmax", ".nested_quant_map", ".absmax", ".quant_map",
-                                           QUANT_STATE_SUFFIX_NF4, QUANT_STATE_SUFFIX_FP4};
-    size_t len = strlen(part);
-    for (size_t k = 0; k < sizeof SUFFIXES / sizeof SUFFIXES[0]; k++) {
-        size_t s = strlen(SUFFIXES[k]);
-        const struct bnb_weight *o =
-            len > s && strcmp(part + len - s, SUFFIXES[k]) == 0 ? bnb_find_n(w, n, part, len - s) : NULL;
-        if (o)
-            return o;
-    }
-    return NULL;
-}
-
 static const char *adapter_dir(const struct lora_set *s, size_t i)
 {
     return s->adapters[i].dir;
@@ -362,7 +346,7 @@ static int inspect_model(const char *in, int is_dir, const struct inspect_opts *
         const struct model_tensor *mt = &m->tensors[i];
         const struct st_tensor *t = mt->t;
         const struct bnb_weight *q = bnb_find(w, nw, t->name);
-        const struct bnb_weight *owner = q ? NULL : (bnb_is_state_part(t->name) ? owner_of(w, nw, t->name) : NULL);
+        const struct bnb_weight *owner = q ? NULL : (bnb_is_state_part(t->name) ? bnb_owner_of(w, nw, t->name) : NULL);
         enum st_dtype out_dt = DT_INVALID;
         uint64_t nelem = t->nelem;
         if (q) {
