@@ -596,27 +596,28 @@ static int names_dot_entry(const char *path)
     return strcmp(last, ".") == 0 || strcmp(last, "..") == 0;
 }
 
+/* OUT against one more input, "WHAT INPUT GIVEN" (the adapter ... given to
+ * --lora, the --tokenizer folder ...): exit 2 where OUT is it, holds it, or
+ * lies in its folder. */
+static int check_out_spares(const char *out, const char *input, const char *what, const char *given)
+{
+    const int holds = path_is_within(input, out), inside = path_is_within(out, input);
+    if (!holds && !inside)
+        return NF4_OK;
+    return nf4_fail(NF4_EUSAGE, out, NULL, "%s %s %s%s; refusing to replace it",
+                    holds && inside ? "is" : holds ? "contains" : "is inside", what, input, given);
+}
+
 /* --force replaces OUT whole, so an adapter or --tokenizer folder that is
  * OUT, or lies inside it, would go with it: they are inputs as IN is. */
 static int check_out_spares_other_inputs(const char *out, const struct convert_opts *o)
 {
-    for (size_t i = 0; i < o->nlora; i++) {
-        const char *ad = o->lora_dirs[i];
-        if (path_is_within(ad, out) || path_is_within(out, ad)) /* OUT in an adapter's folder: one of its files */
-            return nf4_fail(NF4_EUSAGE, out, NULL, "%s the adapter %s given to --lora; refusing to replace it",
-                            path_is_within(ad, out) && path_is_within(out, ad) ? "is"
-                            : path_is_within(ad, out)                         ? "contains"
-                                                                               : "is inside",
-                            ad);
-    }
-    const char *tok = o->tokenizer && strcmp(o->tokenizer, TOKENIZER_OF_BASE) != 0 ? o->tokenizer : NULL;
-    if (tok && (path_is_within(tok, out) || path_is_within(out, tok)))
-        return nf4_fail(NF4_EUSAGE, out, NULL, "%s the --tokenizer folder %s; refusing to replace it",
-                        path_is_within(tok, out) && path_is_within(out, tok) ? "is"
-                        : path_is_within(tok, out)                          ? "contains"
-                                                                             : "is inside",
-                        tok);
-    return NF4_OK;
+    int code = NF4_OK;
+    for (size_t i = 0; i < o->nlora && code == NF4_OK; i++)
+        code = check_out_spares(out, o->lora_dirs[i], "the adapter", " given to --lora");
+    if (code == NF4_OK && o->tokenizer && strcmp(o->tokenizer, TOKENIZER_OF_BASE) != 0)
+        code = check_out_spares(out, o->tokenizer, "the --tokenizer folder", "");
+    return code;
 }
 
 /* OUT is a path: it may exist only with --force, and never be the input. */
