@@ -47,8 +47,9 @@ void temp_unregister(const char *path);
 /* Forgets `prefix` and every path below it (once a temp directory is published). */
 void temp_unregister_prefix(const char *prefix);
 void cleanup_temps(void);
-/* New outputs (create_temp_beside's files, create_temp_dir_beside's
- * directories) get the mode a plain create gives them, less what `source`
+/* New outputs (create_temp_beside's files; create_temp_dir_beside's
+ * directories once dir_take_creation_mode is called) get the mode a plain
+ * create gives them, less what `source`
  * (the input's mode) does not grant its group and others: a private model
  * converts to a private output, as cp copies it. The owner keeps read and
  * write (and search, for a directory) whatever the input's. */

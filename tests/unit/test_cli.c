@@ -357,6 +357,26 @@ static void test_refuses_to_overwrite_input(void **state)
     free(link);
 }
 
+/* The exit status of nf4deq `args` with its standard output opened on
+ * `path` for reading and writing (1<>), its stderr silenced. */
+static int exit_with_stdout_on(const char *path, char *const *args)
+{
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(path, O_RDWR), null = open("/dev/null", O_WRONLY);
+        if (fd < 0 || null < 0)
+            _exit(99);
+        dup2(fd, 1);
+        dup2(null, 2);
+        tu_exec_nf4deq(args);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
 /* An adapter or --tokenizer folder is an input too: --force must not replace
  * an OUT that is one, or holds one, and its files stay as they were. */
 static void test_force_spares_the_adapter_and_the_tokenizer(void **state)
@@ -397,38 +417,13 @@ static void test_force_spares_the_adapter_and_the_tokenizer(void **state)
           "cmp l.safetensors %s/%s", s->dir, cwd, adapter, cwd, adapter, cwd, flux_lora);
     /* Standard output opened on the adapter (1<> or >>) is refused as on IN. */
     char *lora = tu_strdupf("%s/l.safetensors", s->dir);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(lora, O_RDWR), null = open("/dev/null", O_WRONLY);
-        if (fd < 0 || null < 0)
-            _exit(99);
-        dup2(fd, 1);
-        dup2(null, 2);
-        char *args[] = {"convert", "--device", "cpu", (char *)flux, "-", "--lora", lora, NULL};
-        tu_exec_nf4deq(args);
-    }
-    int st;
-    waitpid(pid, &st, 0);
-    assert_true(WIFEXITED(st));
-    assert_int_equal(WEXITSTATUS(st), 2);
+    char *on_lora[] = {"convert", "--device", "cpu", (char *)flux, "-", "--lora", lora, NULL};
+    assert_int_equal(exit_with_stdout_on(lora, on_lora), 2);
     tu_sh("cmp %s %s", lora, flux_lora);
     /* ... and on a file of an adapter's folder. */
     char *ad = tu_strdupf("%s/ad", s->dir), *ad_weights = tu_strdupf("%s/ad/adapter_model.safetensors", s->dir);
-    pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(ad_weights, O_RDWR), null = open("/dev/null", O_WRONLY);
-        if (fd < 0 || null < 0)
-            _exit(99);
-        dup2(fd, 1);
-        dup2(null, 2);
-        char *args[] = {"convert", "--device", "cpu", base_file, "-", "--lora", ad, NULL};
-        tu_exec_nf4deq(args);
-    }
-    waitpid(pid, &st, 0);
-    assert_true(WIFEXITED(st));
-    assert_int_equal(WEXITSTATUS(st), 2);
+    char *on_ad[] = {"convert", "--device", "cpu", base_file, "-", "--lora", ad, NULL};
+    assert_int_equal(exit_with_stdout_on(ad_weights, on_ad), 2);
     tu_sh("cmp %s %s/%s/adapter_model.safetensors", ad_weights, cwd, adapter);
     free(ad);
     free(ad_weights);
