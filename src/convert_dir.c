@@ -64,21 +64,21 @@ static int write_index(const char *dir, const struct model *m, struct index_out_
     return code;
 }
 
-static int write_config(const char *in_dir, const char *dir, const struct config_changes *ch)
+/* OUT's config.json: m's, as it was read for this run's decisions
+ * (model_config_text), rewritten with ch. */
+static int write_config(const struct model *m, const char *dir, const struct config_changes *ch)
 {
-    char *from = path_join(in_dir, CONFIG_FILE_NAME), *to = path_join(dir, CONFIG_FILE_NAME);
-    char *json = NULL, *text = NULL;
-    size_t len = 0, text_len = 0;
-    int code = (from && to) ? NF4_OK : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
-    if (code == NF4_OK)
-        code = read_small_file(from, MAX_JSON_FILE_BYTES, &json, &len);
-    if (code == NF4_OK)
+    const char *json;
+    size_t len;
+    char *from = path_join(m->dir, CONFIG_FILE_NAME), *to = path_join(dir, CONFIG_FILE_NAME), *text = NULL;
+    size_t text_len = 0;
+    int code = (from && to) ? model_config_text(m, &json, &len) : nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+    if (code == NF4_OK && json)
         code = config_rewrite(from, json, len, ch, &text, &text_len);
-    if (code == NF4_OK) {
+    if (code == NF4_OK && json) {
         temp_register(to, 0); /* before it exists, as for the shards */
         code = write_file_atomic(to, text, text_len);
     }
-    free(json);
     free(text);
     free(from);
     free(to);
@@ -319,18 +319,13 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     if (code == NF4_OK && m->sharded)
         code = write_index(dir, m, entries, nentries, total_size, total_params);
     free(entries);
-    char *config = path_join(j->in, CONFIG_FILE_NAME);
-    struct stat st;
-    if (code == NF4_OK && !config)
-        code = nf4_fail(NF4_ESOFTWARE, j->in, NULL, "out of memory"); /* not "there is no config.json" */
     struct config_changes ch = {config_dtype(j->dtype, j->weights, j->nweights),
                                 j->lora && j->lora->untied_embedding &&
                                     !model_tie_flag_ties_more(j->lora->untied_embedding),
                                 j->lora ? j->lora->vocab_rows : 0,
                                 j->lora ? j->lora->in_channels : 0, j->lora ? j->lora->base_in_channels : 0};
-    if (code == NF4_OK && stat(config, &st) == 0)
-        code = write_config(j->in, dir, &ch);
-    free(config);
+    if (code == NF4_OK)
+        code = write_config(j->m, dir, &ch);
     if (code == NF4_OK)
         code = copy_other_files(m, j->in, dir, &c->tokenizer);
     if (code == NF4_OK)

@@ -11,6 +11,7 @@
 
 #include "fileio.h"
 #include "json_util.h"
+#include "model_dir.h"
 #include "status.h"
 #include "strutil.h"
 #include "torch_file.h"
@@ -230,12 +231,13 @@ static int model_of_file(const char *path, struct st_file *f, struct model **out
     }
     m->files = calloc(1, sizeof *m->files);
     m->file_names = calloc(1, sizeof *m->file_names);
+    m->config = model_config_new();
     if (m->files)
         m->files[0] = f;
     else
         st_close(f);
     int code = NF4_OK;
-    if (!m->files || !m->file_names || !(m->file_names[0] = strdup(path)))
+    if (!m->files || !m->file_names || !m->config || !(m->file_names[0] = strdup(path)))
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
     m->nfiles = m->files ? 1 : 0;
     if (code == NF4_OK)
@@ -507,8 +509,8 @@ int model_open_dir(const char *dir, struct model **out)
 {
     *out = NULL;
     struct model *m = calloc(1, sizeof *m);
-    if (!m || !(m->dir = strdup(dir))) {
-        free(m);
+    if (!m || !(m->dir = strdup(dir)) || !(m->config = model_config_new())) {
+        model_close(m);
         return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
     }
     char *index_path = NULL;
@@ -600,6 +602,7 @@ void model_close(struct model *m)
     dir_names_free(m->unused_names, m->nunused);
     free(m->index_name);
     free(m->dir);
+    model_config_free(m->config);
     free(m);
 }
 

@@ -40,6 +40,10 @@ struct model {
     char **unused_names;
     size_t nunused;
     int unnamed; /* one file no name reaches (model_open_fd_as): opened again only by model_reopen */
+    /* config.json, in dir or beside the file: read when first asked for
+     * (model_dir.h), then kept, so that everything it decides in a run and the
+     * output's copy of it come from one reading. */
+    struct model_config *config;
 };
 
 /* The candidate files of a directory, each list sorted by name. */

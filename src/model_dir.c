@@ -234,12 +234,6 @@ int index_render(const char *path, const char *metadata_json, uint64_t total_siz
     return NF4_OK;
 }
 
-/* dir's config.json (m's: in its directory, or beside its file; out of
- * memory, m is named) parsed into *root, which stays NULL where there is none
- * or it is not JSON (config_rewrite says so when it is written); a failed
- * read is the error, and so is memory running out while it is parsed: what
- * config.json says decides what is written (gpt-oss's experts fused,
- * expert_layout.h), so it is never taken for absent. */
 /* The objects of config.json nf4deq reads keys of: the top level, and the
  * parts of a composite model. */
 static const char *const CONFIG_PARTS_READ[] = {"text_config", "encoder", "decoder"};
@@ -263,34 +257,84 @@ static int check_config_keys_once(const char *path, const cJSON *root)
     return NF4_OK;
 }
 
-static int read_config(const struct model *m, const char *dir, cJSON **root)
+struct model_config {
+    int read;    /* read_config ran: what it found stays, and so does its failure */
+    int code;    /* what it returned */
+    char *text;  /* the file's bytes, NUL-terminated; NULL where there is none */
+    size_t len;
+    cJSON *root; /* text parsed; NULL where there is none or it is not JSON
+                  * (config_rewrite says so when the output's is written) */
+};
+
+struct model_config *model_config_new(void)
 {
-    *root = NULL;
-    char *path = path_join(dir, CONFIG_FILE_NAME), *json = NULL;
-    size_t len = 0;
-    if (!path) /* named as the user named the model: its directory, or its file */
-        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
+    return calloc(1, sizeof(struct model_config));
+}
+
+void model_config_free(struct model_config *c)
+{
+    if (!c)
+        return;
+    cJSON_Delete(c->root);
+    free(c->text);
+    free(c);
+}
+
+/* Reads m's config.json into m->config. A model directory's is its own, so
+ * anything by that name is read, and a directory or a FIFO there is refused
+ * before any shard is written (an output without it would load as another
+ * model); a single file's is only a neighbour, taken where it is a regular
+ * file. A failed read is the error, and so is memory running out while it
+ * is parsed: what config.json says decides what is written (gpt-oss's
+ * experts fused, expert_layout.h), so it is never taken for absent. */
+static int read_config(const struct model *m, struct model_config *c)
+{
+    const char *shown = m->dir ? m->dir : m->file_names[0]; /* as the user named the model */
+    char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
+    char *path = dir ? path_join(dir, CONFIG_FILE_NAME) : NULL;
+    free(dir);
+    if (!path)
+        return nf4_fail(NF4_ESOFTWARE, shown, NULL, "out of memory");
     int code = NF4_OK;
     struct stat st;
-    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-        (code = read_small_file(path, MAX_JSON_FILE_BYTES, &json, &len)) == NF4_OK &&
-        !(*root = json_parse_whole(json, len)) && json_ran_out_of_memory())
+    if (stat(path, &st) == 0 && (m->dir || S_ISREG(st.st_mode)) &&
+        (code = read_small_file(path, MAX_JSON_FILE_BYTES, &c->text, &c->len)) == NF4_OK &&
+        !(c->root = json_parse_whole(c->text, c->len)) && json_ran_out_of_memory())
         code = nf4_fail(NF4_ESOFTWARE, path, NULL, "out of memory");
-    if (code == NF4_OK && *root && (code = check_config_keys_once(path, *root)) != NF4_OK) {
-        cJSON_Delete(*root);
-        *root = NULL;
-    }
-    free(json);
+    if (code == NF4_OK && c->root)
+        code = check_config_keys_once(path, c->root);
     free(path);
     return code;
 }
 
+/* *root: m's config.json parsed (NULL where there is none, or it is not
+ * JSON), read the first time it is asked for. */
+static int model_config(const struct model *m, const cJSON **root)
+{
+    struct model_config *c = m->config;
+    if (!c->read) {
+        c->code = read_config(m, c);
+        c->read = 1;
+    }
+    *root = c->code == NF4_OK ? c->root : NULL;
+    return c->code;
+}
+
+int model_config_text(const struct model *m, const char **text, size_t *len)
+{
+    const cJSON *root;
+    int code = model_config(m, &root);
+    *text = code == NF4_OK ? m->config->text : NULL;
+    *len = code == NF4_OK ? m->config->len : 0;
+    return code;
+}
+
 /* *out: obj's string "model_type" (allocated), or NULL. */
-static int copy_model_type(const cJSON *obj, const char *dir, char **out)
+static int copy_model_type(const cJSON *obj, const char *shown, char **out)
 {
     const cJSON *type = cJSON_GetObjectItemCaseSensitive(obj, "model_type");
     if (cJSON_IsString(type) && !(*out = strdup(type->valuestring)))
-        return nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
+        return nf4_fail(NF4_ESOFTWARE, shown, NULL, "out of memory");
     return NF4_OK;
 }
 
@@ -299,18 +343,13 @@ static int copy_model_type(const cJSON *obj, const char *dir, char **out)
  * text_out, of its "text_config". Each allocated, or NULL where there is none. */
 static int read_model_types(const struct model *m, const char *part, char **out, char **text_out)
 {
-    char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
-    if (!dir)
-        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
-    cJSON *root;
-    int code = read_config(m, dir, &root);
+    const cJSON *root;
+    int code = model_config(m, &root);
     const char *shown = m->dir ? m->dir : m->file_names[0];
     if (code == NF4_OK)
         code = copy_model_type(part ? cJSON_GetObjectItemCaseSensitive(root, part) : root, shown, out);
     if (code == NF4_OK && text_out)
         code = copy_model_type(cJSON_GetObjectItemCaseSensitive(root, "text_config"), shown, text_out);
-    cJSON_Delete(root);
-    free(dir);
     return code;
 }
 
@@ -448,18 +487,13 @@ int model_tied_embedding(const struct model *m, const char **embedding)
      * what differs from the architecture's default): only an explicit false,
      * at the top or in text_config, says otherwise. A single file's config is
      * the one beside it. */
-    char *dir = m->dir ? strdup(m->dir) : path_dirname(m->file_names[0]);
-    if (!dir)
-        return nf4_fail(NF4_ESOFTWARE, m->dir ? m->dir : m->file_names[0], NULL, "out of memory");
-    cJSON *root;
-    int code = read_config(m, dir, &root);
+    const cJSON *root;
+    int code = model_config(m, &root);
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(root, TIE_KEY);
     if (!cJSON_IsBool(tie))
         tie = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(root, "text_config"), TIE_KEY);
     if (!cJSON_IsFalse(tie) && !architectures_are_headless(root) &&
         (strcmp(found, SHARED_AT_TOP) != 0 || architectures_have_head(root)))
         *embedding = found;
-    cJSON_Delete(root);
-    free(dir);
     return code;
 }

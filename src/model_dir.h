@@ -59,6 +59,19 @@ int model_tied_embedding(const struct model *m, const char **embedding);
  * 5, finding the head and the embedding both stored and unequal, loads them
  * apart. */
 int model_tie_flag_ties_more(const char *embedding);
+/* A model's config.json as read once (struct model's config): made empty
+ * with the model, read when first asked for by the calls below, freed with
+ * the model. */
+struct model_config;
+struct model_config *model_config_new(void);
+void model_config_free(struct model_config *c);
+/* *text, *len: the bytes of m's config.json, NUL-terminated (NULL where
+ * there is none), as every call here reads it: the output's config.json is
+ * rewritten from them. A model directory's config.json that cannot be read
+ * (a directory, a FIFO, too large) is the error, as is one that holds a key
+ * twice where nf4deq reads keys; a single file's neighbour is taken only
+ * where it is a regular file. */
+int model_config_text(const struct model *m, const char **text, size_t *len);
 /* *model_type: config.json's "model_type" (allocated), from m's directory or
  * beside its single file; *text_model_type: its "text_config"'s, the
  * language model's of a multimodal one (allocated). Each NULL where there is

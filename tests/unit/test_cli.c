@@ -717,6 +717,31 @@ static void test_shard_linking_outside_the_model_is_refused(void **state)
     free(out);
 }
 
+/* A model directory's config.json is its own: one that is a directory (or a
+ * FIFO) is refused before any shard is written, by convert and inspect alike,
+ * rather than leaving an output with no config.json or a half-done run. */
+static void test_config_that_is_no_file_is_refused_first(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *model = tu_strdupf("%s/model", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    char *cmd = tu_strdupf("cp -r %s %s && rm %s/config.json && mkdir %s/config.json",
+                           FIXTURES "/tiny-llama-bf16-bnb4-sharded", model, model, model);
+    assert_int_equal(system(cmd), 0);
+    struct tu_run r = tu_run("convert", "--device", "cpu", model, out, NULL);
+    assert_int_equal(r.status, 66);
+    assert_one_line_error(&r, "model/config.json: not a regular file");
+    tu_run_free(&r);
+    assert_false(tu_exists(out));
+    assert_int_equal(tu_count_entries(s->dir), 1); /* no temp, no lock */
+    r = tu_run("inspect", model, NULL);
+    assert_int_equal(r.status, 66);
+    assert_one_line_error(&r, "model/config.json: not a regular file");
+    tu_run_free(&r);
+    free(cmd);
+    free(model);
+    free(out);
+}
+
 /* A 4-bit model.safetensors left beside the shards, or a hidden one, must not
  * reach the output: transformers could load it, still quantized, before the
  * index. inspect names the same files. */
@@ -994,6 +1019,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_stdout_write_error_exits_74, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_symlinks_inside_the_hub_cache_are_followed, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_config_that_is_no_file_is_refused_first, tu_scratch_setup,
+                                        tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_stray_checkpoint_files_are_not_copied, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_entries_inspect_agrees_with_convert, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_prints_control_bytes_in_names_as_question_marks, tu_scratch_setup, tu_scratch_teardown),

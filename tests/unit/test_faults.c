@@ -1356,6 +1356,42 @@ static void test_kohya_converted_once(void **state)
     free(out);
 }
 
+/* config.json is read once in a run, however many things it decides (the
+ * head tied to GPT-2's wte, the model's type for the adapter's names, the
+ * Conv1D layout of each part, gpt-oss's experts) and the output's copy is
+ * rewritten from those bytes: one reading, so the output cannot mix two
+ * versions of a config.json edited while the run went on. */
+static void test_config_read_once(void **state)
+{
+    (void)state;
+    char *scratch = tu_mkdtemp(), *out = tu_strdupf("%s/out", scratch);
+    const char *loras[1] = {FIXTURES "/lora/adapter-gpt2-tied-head-lora"};
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CPU;
+    o.lora_dirs = loras;
+    o.nlora = 1;
+    struct convert_stats st;
+    arm((struct fault){.fn = FN_OPEN, .mode = M_COUNT, .path = "base-gpt2-bf16-bnb4-tied/config.json"});
+    int rc = convert_run(FIXTURES "/lora/base-gpt2-bf16-bnb4-tied", out, &o, &st);
+    g.armed = 0;
+    if (rc != 0)
+        fail_msg("convert: %s", nf4_last_error());
+    assert_true(st.merged > 0);
+    if (g.matched != 1)
+        fail_msg("config.json was opened %ld times", (long)g.matched);
+    char *config = tu_strdupf("%s/config.json", out);
+    size_t len;
+    char *text = tu_read_file(config, &len);
+    assert_non_null(strstr(text, "\"tie_word_embeddings\": false"));
+    assert_null(strstr(text, "quantization_config"));
+    free(text);
+    free(config);
+    tu_rmtree(scratch);
+    free(scratch);
+    free(out);
+}
+
 /* SIGKILL in the middle of writing the temp file leaves nothing in TMPDIR:
  * no handler runs, so only a file without a name is safe. */
 static void test_kohya_temp_survives_sigkill(void **state)
@@ -1397,6 +1433,7 @@ int main(void)
         cmocka_unit_test(test_kohya_temp_has_no_name),
         cmocka_unit_test(test_kohya_temp_cannot_be_made),
         cmocka_unit_test(test_kohya_converted_once),
+        cmocka_unit_test(test_config_read_once),
         cmocka_unit_test(test_kohya_temp_survives_sigkill),
     };
     const struct CMUnitTest signals[] = {
