@@ -351,6 +351,15 @@ static int default_threads(const struct ctx *c, const char *out)
     return cores < plain ? cores : plain;
 }
 
+void convert_want_slots(struct ctx *c, const struct out_item *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t want = pipeline_slot_bytes_wanted(&items[i]);
+        if (want > c->slot_bytes_wanted)
+            c->slot_bytes_wanted = want;
+    }
+}
+
 int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64_t bytes)
 {
     int code = open_device(c, out);
@@ -366,6 +375,7 @@ int convert_open_engine(struct ctx *c, const char *out, uint64_t tensors, uint64
         .gpu_start = c->gpu_start,
         .require_gpu = c->opts->device == DEVICE_CUDA,
         .cached_source_bytes = c->cached_source_bytes,
+        .slot_bytes = c->slot_bytes_wanted,
     };
     code = pipeline_create(&c->pipeline, out, &po, c->stats, &c->progress);
     if (code == NF4_OK)
@@ -495,10 +505,11 @@ static int convert_file(struct ctx *c, const char *in, const char *out)
     if (code == NF4_OK && (code = convert_open_lora(c, m, weights, nweights)) == NF4_OK &&
         (code = conv1d_layout_find(in, m, weights, nweights, &conv1d)) == NF4_OK &&
         (code = convert_plan_conv1d(conv1d, m, weights, nweights, c->lora, c->opts->dtype,
-                                    &c->cached_source_bytes)) == NF4_OK &&
-        (code = convert_plan_file(m, 0, weights, nweights, c->lora, NULL, conv1d, c->opts->dtype, &items, &n)) ==
-            NF4_OK &&
-        (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK) {
+                                    &c->cached_source_bytes)) == NF4_OK)
+        code = convert_plan_file(m, 0, weights, nweights, c->lora, NULL, conv1d, c->opts->dtype, &items, &n);
+    if (code == NF4_OK)
+        convert_want_slots(c, items, n);
+    if (code == NF4_OK && (code = convert_open_engine(c, out, n, out_items_bytes(items, n))) == NF4_OK) {
         /* A file that lies among others' may sit beside the wrong config.json:
          * the user hears which one decided. */
         if (conv1d)

@@ -263,6 +263,7 @@ static int model_job_open(struct ctx *c, const char *in, int with_lora, const st
             goto fail;
         j->tensors += j->nplan[i];
         j->bytes += out_items_bytes(j->plans[i], j->nplan[i]);
+        convert_want_slots(c, j->plans[i], j->nplan[i]);
     }
     return NF4_OK;
 fail:

@@ -36,6 +36,7 @@ struct ctx {
     char dead_run[400];          /* the run that left it: "pid 1234, started ..." */
     struct tokenizer_source tokenizer; /* a model directory's; zero (IN's own) elsewhere */
     uint64_t cached_source_bytes; /* the largest 4-bit tensor written transposed (pipeline_opts) */
+    uint64_t slot_bytes_wanted;   /* the largest slot a planned item wants (pipeline_opts) */
 };
 
 
@@ -71,6 +72,9 @@ int convert_plan_file(const struct model *m, size_t file_index, const struct bnb
  * NF4_EIO, before the file is published, if any input file of m changed. */
 int convert_write_file(struct ctx *c, const char *path, const struct out_item *items, size_t n,
                        const struct model *m, size_t file_index, uint64_t *bytes_written);
+/* Raises c->slot_bytes_wanted to what the largest chunk of `items` takes
+ * (pipeline_slot_bytes_wanted), before the engine opens. */
+void convert_want_slots(struct ctx *c, const struct out_item *items, size_t n);
 uint64_t out_item_elements(const struct out_item *it);
 uint64_t out_items_bytes(const struct out_item *items, size_t n);
 

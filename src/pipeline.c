@@ -107,6 +107,7 @@ struct pipeline {
     struct engine_clocks clocks; /* dequantization chunks timed while the GPU is on */
     enum cpu_path cpu_path;
     uint64_t slot_bytes;
+    uint64_t mem_held;    /* of --mem, what is not for the slots (held before them, the source cache) */
     uint64_t max_chunk;   /* elements; caps chunks below what a slot holds (tests use it) */
     uint64_t chunk_bytes; /* output bytes a chunk aims at */
     struct convert_stats *stats;
@@ -283,6 +284,31 @@ static uint64_t merge_chunk(const struct pipeline *p, const struct out_item *it,
     return lo * align;
 }
 
+uint64_t pipeline_slot_bytes_wanted(const struct out_item *it)
+{
+    if (!it->lora && !it->transposed)
+        return 0; /* a chunk of any size fits the smallest slot */
+    const uint64_t target = PIPELINE_CHUNK_BYTES / elem_bytes(it->out.dtype);
+    if (it->transposed) {
+        uint64_t rows, cols;
+        transposed_shape(it, &rows, &cols);
+        /* Without a merge, the smallest chunk: the slots stay as they were
+         * for every shape whose smallest chunk fits them, and transposed
+         * chunks take what room a slot has (transposed_chunk). */
+        uint64_t align = transposed_row_align(it), k = it->lora && rows ? target / rows : align;
+        k = k < align ? align : k / align * align;
+        return transposed_chunk_bytes(it, it->lora ? TASK_MERGE : it->w ? TASK_TDEQUANT : TASK_TCAST,
+                                      k < cols ? k : cols);
+    }
+    const struct bnb_state *st = it->w ? &it->w->state : NULL;
+    uint64_t align = st ? (uint64_t)st->blocksize * (st->nested ? st->nested_blocksize : 1) : 1;
+    uint64_t total = st ? st->n : it->src->t->nelem;
+    if (lora_target_is_dora(it->lora))
+        align = dora_granule(align, it->lora->cols, total);
+    uint64_t n = target < align ? align : target / align * align;
+    return merge_chunk_bytes(it, n < total ? n : total);
+}
+
 /* Reads a dequantization chunk into the arena and points t->job at it, with
  * its output (in `out_dtype`) after the inputs. *used: arena bytes taken. */
 static int fill_dequant(struct task *t, unsigned char *arena, const struct out_item *it, uint64_t e0, uint64_t cnt,
@@ -420,6 +446,19 @@ static uint64_t out_bytes_of(const struct out_item *it)
     return it->src->t->nelem * dtype_bits(it->out.dtype) / 8;
 }
 
+/* The failure of an item whose smallest chunk takes `need` bytes, more than
+ * a slot holds: the --mem that gives PIPELINE_MIN_SLOTS slots of that size
+ * beside what the process holds (pipeline_create makes slots that large
+ * where --mem has room for them). */
+static int mem_too_small(const struct pipeline *p, const struct out_item *it, uint64_t need)
+{
+    const uint64_t mib4 = UINT64_C(4) << 20; /* rounded up to 4 MiB: what the process holds varies a little */
+    uint64_t mem = (p->mem_held + PIPELINE_MIN_SLOTS * (need + ARENA_ALIGN)) / mib4 * mib4 + mib4;
+    return nf4_fail(NF4_EUSAGE, it->w ? it->w->packed->file->path : it->src->file->path, it->out.name,
+                    "--mem is too small: one chunk of this tensor needs %" PRIu64 " MiB per slot, and %d slots "
+                    "need --mem %" PRIu64 "M or more", (need >> 20) + 1, PIPELINE_MIN_SLOTS, mem >> 20);
+}
+
 /* Sets the cursor's total and chunk for the item it is at. */
 static int start_item(const struct pipeline *p, struct plan_cursor *c, const struct out_item *it)
 {
@@ -430,9 +469,7 @@ static int start_item(const struct pipeline *p, struct plan_cursor *c, const str
         c->total = rows * cols;
         c->chunk = transposed_chunk(p, it, c->kind, &align);
         if (c->chunk == 0)
-            return nf4_fail(NF4_EUSAGE, it->w ? it->w->packed->file->path : it->src->file->path, it->out.name,
-                            "--mem is too small: one chunk of this tensor needs %" PRIu64 " MiB per slot",
-                            (transposed_chunk_bytes(it, c->kind, align / (rows ? rows : 1)) >> 20) + 1);
+            return mem_too_small(p, it, transposed_chunk_bytes(it, c->kind, align / (rows ? rows : 1)));
     } else if (c->kind == TASK_DEQUANT || c->kind == TASK_MERGE) {
         uint64_t align;
         c->total = it->w ? it->w->state.n : it->src->t->nelem;
@@ -446,9 +483,7 @@ static int start_item(const struct pipeline *p, struct plan_cursor *c, const str
                                 ? transposed_chunk_bytes(it, TASK_MERGE, align / (rows ? rows : 1))
                             : c->kind == TASK_MERGE ? merge_chunk_bytes(it, align)
                                                     : align * (elem_bytes(it->out.dtype) + 1);
-            return nf4_fail(NF4_EUSAGE, it->w ? it->w->packed->file->path : it->src->file->path, it->out.name,
-                            "--mem is too small: one chunk of this tensor needs %" PRIu64 " MiB per slot",
-                            (need >> 20) + 1);
+            return mem_too_small(p, it, need);
         }
     } else if (c->kind == TASK_COPY) {
         c->total = st_tensor_bytes(it->src->t);
@@ -1093,6 +1128,7 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
      * already holds, and what the CUDA runtime will once the device is open. */
     uint64_t held = resident_bytes() + PIPELINE_RESERVE_BYTES + (o->gpu_start ? PIPELINE_GPU_RUNTIME_BYTES : 0);
     uint64_t for_slots = o->mem_bytes > held ? o->mem_bytes - held : 0;
+    p->mem_held = held;
     uint64_t min_slot = o->merging ? PIPELINE_MIN_MERGE_SLOT_BYTES : PIPELINE_MIN_SLOT_BYTES;
     int workers = o->threads > 0 ? o->threads : 1;
     /* The tensors written transposed are held whole where --mem has room for
@@ -1106,12 +1142,20 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
             return code;
         }
         for_slots -= cache_bytes;
+        p->mem_held += cache_bytes;
     }
     /* Every slot is the smallest that holds any chunk: chunks aim at
      * chunk_bytes whatever --mem allows, so more would only be pinned and
-     * resident for nothing. --mem bounds the count. */
-    p->nslots = slot_count(workers, for_slots, min_slot);
-    p->slot_bytes = min_slot;
+     * resident for nothing. A merge whose factors alone fill that (a LoRA A
+     * of rank 512 on a row of 28672, 59 MB in fp32) gets slots that hold a
+     * chunk of that size beside them, where --mem has room for the fewest
+     * slots of it; --mem bounds the count. */
+    uint64_t slot = o->slot_bytes > min_slot ? o->slot_bytes : min_slot;
+    if (slot > min_slot && slot > for_slots / PIPELINE_MIN_SLOTS)
+        slot = for_slots / PIPELINE_MIN_SLOTS > min_slot ? for_slots / PIPELINE_MIN_SLOTS : min_slot;
+    slot = (slot + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    p->nslots = slot_count(workers, for_slots, slot);
+    p->slot_bytes = slot;
     if (workers > p->nslots - 1)
         workers = p->nslots - 1;
     p->slots = calloc((size_t)p->nslots, sizeof *p->slots);

@@ -98,7 +98,17 @@ struct pipeline_opts {
     /* The largest 4-bit tensor written transposed, held whole (source_cache.h);
      * 0: none. Its entries come out of --mem before the slots, where there is room. */
     uint64_t cached_source_bytes;
+    /* The largest slot a planned item wants (pipeline_slot_bytes_wanted); 0:
+     * the smallest slot is enough. Slots are made that large where --mem has
+     * room for PIPELINE_MIN_SLOTS of them. */
+    uint64_t slot_bytes;
 };
+
+/* Slot bytes `it` wants: for a merge, what a chunk of about
+ * PIPELINE_CHUNK_BYTES of output takes with its inputs and its LoRA factors
+ * (which come into every chunk); for what is written transposed, what its
+ * smallest chunk takes; 0 for the rest, whose chunks fit any slot. */
+uint64_t pipeline_slot_bytes_wanted(const struct out_item *it);
 
 /* Allocates the ring and starts the workers: a slot per worker and
  * PIPELINE_SPARE_SLOTS more, as many as fit in what o->mem_bytes leaves once

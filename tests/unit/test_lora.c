@@ -616,6 +616,70 @@ static void write_model_dir(const char *dir, const char *config, struct syn_tens
     free(config_path);
 }
 
+/* A LoRA whose factors alone are more than a merge's smallest slot (A of
+ * rank 64 on a row of 200003 in fp32: 51 MB, each chunk reads all of it):
+ * the slots are made large enough under the default --mem, the merge is the
+ * reference's in every byte; under a --mem too small for 3 such slots, exit 2
+ * names the tensor and the --mem that works, and that --mem does. */
+static void test_factors_larger_than_a_slot(void **state)
+{
+    struct tu_scratch *s = *state;
+    struct syn_tensor base[1] = {{"m.wide.weight", DT_BF16, {3, 200003}, NULL}};
+    syn_fill(&base[0], 2.0f);
+    char *base_dir = tu_strdupf("%s/base", s->dir), *ad = tu_strdupf("%s/ad", s->dir);
+    write_model_dir(base_dir, "{\"model_type\": \"llama\"}", base, 1);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    struct syn_tensor f[2] = {
+        {PEFT_KEY_PREFIX "m.wide.lora_A.weight", DT_F32, {64, 200003}, NULL},
+        {PEFT_KEY_PREFIX "m.wide.lora_B.weight", DT_F32, {3, 64}, NULL},
+    };
+    syn_fill(&f[0], 1.0f);
+    syn_fill(&f[1], 0.25f);
+    char *w = tu_strdupf("%s/" ADAPTER_WEIGHTS_NAME, ad);
+    syn_write(w, f, 2);
+    write_config(ad, "{\"peft_type\": \"LORA\", \"r\": 64, \"lora_alpha\": 16, \"target_modules\": [\"wide\"]}");
+    struct syn_term t[1] = {{&f[0], &f[1], 64, 0.25f, 0}};
+    const struct syn_reference ref = {&base[0], t, 1};
+
+    char *out = tu_strdupf("%s/out", s->dir), *out2 = tu_strdupf("%s/out2", s->dir);
+    struct tu_run r = tu_run("convert", "--device", "cpu", base_dir, out, "--lora", ad, NULL);
+    if (r.status != 0)
+        fail_msg("convert: %s", r.err);
+    tu_run_free(&r);
+    char *merged = tu_strdupf("%s/model.safetensors", out);
+    struct st_file *got;
+    assert_int_equal(st_open(merged, &got), NF4_OK);
+    assert_tensor_is_reference(got, "m.wide.weight", DT_BF16, 0, syn_element, &ref);
+    st_close(got);
+
+    r = tu_run("convert", "--device", "cpu", "--mem", "100M", base_dir, out2, "--lora", ad, NULL);
+    assert_int_equal(r.status, 2);
+    const char *advice = strstr(r.err, "slots need --mem ");
+    if (!advice || !strstr(r.err, "model.safetensors: m.wide.weight: --mem is too small") ||
+        strchr(r.err, '\n') != r.err + strlen(r.err) - 1)
+        fail_msg("unexpected: %s", r.err);
+    char mem[32];
+    assert_int_equal(sscanf(advice, "slots need --mem %30s", mem), 1);
+    tu_run_free(&r);
+    assert_false(tu_exists(out2));
+    r = tu_run("convert", "--device", "cpu", "--mem", mem, base_dir, out2, "--lora", ad, NULL);
+    if (r.status != 0)
+        fail_msg("convert --mem %s: %s", mem, r.err);
+    tu_run_free(&r);
+    char *merged2 = tu_strdupf("%s/model.safetensors", out2);
+    assert_int_equal(tu_sh_status("cmp -s %s %s", merged, merged2), 0);
+    free(merged2);
+    free(merged);
+    free(base[0].v);
+    free(f[0].v);
+    free(f[1].v);
+    free(w);
+    free(out);
+    free(out2);
+    free(base_dir);
+    free(ad);
+}
+
 /* A base of SYN_EXPERTS experts in `dir`, with config.json `config`: the
  * tensors "<module>.e.<part>.weight" for parts[0] (gate) and parts[1] (up),
  * [I, H] in bf16, and parts[2] (down), [H, I] in f16. Values preset in base
@@ -5301,6 +5365,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fixtures_within_tolerance, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_factors_larger_than_a_slot, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fixtures_smallest_chunks, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fp32_output_is_the_unrounded_merge, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
