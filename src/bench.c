@@ -12,6 +12,7 @@
 #include "bench_cpu.h"
 #include "cli.h"
 #include "cpu_path.h"
+#include "dtype.h"
 #include "exit_handoff.h"
 #include "gpu.h"
 #include "status.h"
@@ -96,7 +97,8 @@ static void usage(FILE *f)
             "  --lora-rank R            time the CPU LoRA merge instead: a bf16 base plus one\n"
             "                           rank-R pair of fp32 factors, merged into the shape's\n"
             "                           output type (R 1..%d)\n"
-            "                           --iters defaults to %d here, at least %d\n",
+            "                           --iters defaults to %d here, at least %d\n"
+            "\n" EXIT_CODES_HELP,
             BENCH_DEFAULT_ITERS, BENCH_MIN_ITERS, BENCH_CPU_MAX_LORA_RANK, BENCH_CPU_DEFAULT_ITERS,
             BENCH_CPU_MIN_ITERS);
 }
@@ -106,14 +108,13 @@ static const char *dt_label(enum st_dtype dt)
     return dt == DT_F16 ? "fp16" : dt == DT_BF16 ? "bf16" : "fp32";
 }
 
-static int parse_dtype(const char *s, enum st_dtype *dt)
+/* The dtype `what` gives (--dtype, or a --shape's type), in any case and by
+ * any name convert takes: fp16 or bf16, the types the kernels are timed for. */
+static int parse_dtype(const char *what, const char *s, enum st_dtype *dt)
 {
-    if (!strcmp(s, "fp16") || !strcmp(s, "f16") || !strcmp(s, "float16"))
-        *dt = DT_F16;
-    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16"))
-        *dt = DT_BF16;
-    else
-        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: --dtype must be fp16 or bf16, not '%s'", s);
+    *dt = dtype_from_cli_name(s);
+    if (*dt != DT_F16 && *dt != DT_BF16)
+        return nf4_fail(NF4_EUSAGE, NULL, NULL, "bench: %s must be fp16 or bf16, not '%s'", what, s);
     return NF4_OK;
 }
 
@@ -132,7 +133,7 @@ static int parse_shape(const char *s, struct shape *sh, int *has_dtype)
     sh->cols = k;
     *has_dtype = 0;
     if (*end == ':') {
-        int rc = parse_dtype(end + 1, &sh->dtype);
+        int rc = parse_dtype("the type in --shape", end + 1, &sh->dtype);
         if (rc)
             return rc;
         *has_dtype = 1;
@@ -447,7 +448,7 @@ int cmd_bench(int argc, char **argv)
             nshapes++;
             break;
         case 'd':
-            if ((rc = parse_dtype(optarg, &dtype)))
+            if ((rc = parse_dtype("--dtype", optarg, &dtype)))
                 return rc;
             dtype_given = 1;
             break;

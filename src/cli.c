@@ -23,23 +23,6 @@
 #include "strbuf.h"
 #include "tokenizer_files.h"
 
-#define EXIT_CODES_HELP                                                                                        \
-    "Exit status:\n"                                                                                           \
-    "   0  success\n"                                                                                          \
-    "   2  bad command line (unknown option, wrong arguments, OUT is IN, - where\n"                            \
-    "      it cannot work), an NF4DEQ_CPU that names no CPU kernel, or an on/off\n"                            \
-    "      NF4DEQ_ setting (convert --help) that is neither 0 nor 1\n"                                          \
-    "  65  the input is not a valid safetensors / bitsandbytes 4-bit checkpoint\n"                             \
-    "  66  the input (an adapter, a --tokenizer folder) is missing or unreadable\n"                             \
-    "  69  a GPU was asked for (--device cuda) but none is usable, or NF4DEQ_CPU\n"                             \
-    "      names a CPU kernel this processor or build lacks\n"                                                    \
-    "  70  internal error (including out of memory)\n"                                                         \
-    "  73  the output cannot be created (exists without --force, is a link or a\n"                            \
-    "      device, another nf4deq is writing it, permissions), or the temp file\n"                              \
-    "      a LoRA in another form than diffusers' is converted into (TMPDIR)\n"                                \
-    "  74  read or write failed (I/O error, disk full, closed standard output,\n"                              \
-    "      an input that changed while it was read)\n"
-
 static const char MAIN_HELP[] =
     "Usage: nf4deq COMMAND [OPTIONS] ...\n"
     "Turn bitsandbytes 4-bit (NF4/FP4) safetensors checkpoints back into fp16, bf16\n"
@@ -49,7 +32,8 @@ static const char MAIN_HELP[] =
     "  convert IN OUT     convert a .safetensors file, a model directory, a diffusers\n"
     "                     pipeline or a model in the Hugging Face cache\n"
     "  inspect IN         list tensors, quantization and sizes\n"
-    "  bench              time the CUDA kernel (against bitsandbytes with --bnb-lib)\n"
+    "  bench              time the CUDA kernel (against bitsandbytes with --bnb-lib),\n"
+    "                     or the CPU's (--cpu)\n"
     "  clean [PATH]       remove the partial outputs of runs that did not finish\n"
     "\n"
     "  -h, --help         show this help; 'nf4deq COMMAND --help' (or 'nf4deq help\n"

@@ -64,12 +64,16 @@ int pipeline_loras_check(const char *in, const char *const *args, size_t n)
         char *config = path_join(lora, ADAPTER_CONFIG_NAME);
         int peft = config && lstat(config, &st) == 0;
         free(config);
-        if (peft)
-            return nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline, and %s is a PEFT adapter, which merges "
-                            "into one model: give IN the component's directory (such as %s/transformer); to merge "
-                            "its weights as diffusers' load_lora_weights reads the folder (without its %s), give "
-                            "--lora a copy of %s under another name", lora, in, ADAPTER_CONFIG_NAME,
-                            ADAPTER_WEIGHTS_NAME);
+        if (peft) {
+            char *example = path_join(in, "transformer"); /* IN may end in a slash */
+            code = nf4_fail(NF4_EUSAGE, in, NULL, "is a diffusers pipeline, and %s is a PEFT adapter, which merges "
+                            "into one model: give IN the component's directory (such as %s); to merge its weights "
+                            "as diffusers' load_lora_weights reads the folder (without its %s), give --lora a copy "
+                            "of %s under another name", lora, example ? example : "IN/transformer",
+                            ADAPTER_CONFIG_NAME, ADAPTER_WEIGHTS_NAME);
+            free(example);
+            return code;
+        }
         return nf4_fail(NF4_ENOINPUT, lora, NULL, "is neither a PEFT adapter (%s) nor a diffusers LoRA (%s, "
                         "or one *.safetensors file)", ADAPTER_CONFIG_NAME, DIFFUSERS_LORA_NAME);
     }
