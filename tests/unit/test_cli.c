@@ -592,6 +592,15 @@ static void test_bench_cpu_checks_every_path(void **state)
     assert_int_equal(rows, 2);
     cJSON_Delete(root);
     tu_run_free(&r);
+    /* Its types are named as convert's, in any case; one it does not time is
+     * named where it came from. */
+    r = tu_run("bench", "--cpu", "--shape", "64x64", "--dtype", "BF16", "--threads", "1", "--iters", "3", NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    r = tu_run("bench", "--cpu", "--shape", "64x64:fp32", NULL);
+    assert_int_equal(r.status, 2);
+    assert_non_null(strstr(r.err, "nf4deq: bench: the type in --shape must be fp16 or bf16, not 'fp32'\n"));
+    tu_run_free(&r);
 }
 
 /* bench --cpu --lora-rank times the merge: every path's bytes against the
