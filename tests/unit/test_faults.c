@@ -28,6 +28,7 @@
 
 #include "convert.h"
 #include "fileio.h"
+#include "inspect.h"
 #include "lora_diffusers.h"
 #include "model.h"
 
@@ -924,6 +925,63 @@ static void alloc_sweep(const struct io *io, long stride)
                   total, oom, ok, cjson65);
 }
 
+/* inspect --json on `in` (with adapter `lora`, or NULL) into a temp file,
+ * with g.f armed: its status, and what it printed in *out (allocated). */
+static int inspect_json(const char *in, const char *lora, char **out)
+{
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    const char *loras[1] = {lora};
+    nf4_set_quiet(1);
+    nf4_clear_error();
+    arm(g.f);
+    int rc = inspect_run(in, 1, DT_INVALID, loras, lora ? 1 : 0, NULL, f);
+    g.armed = 0;
+    long len = ftell(f);
+    assert_true(len >= 0);
+    *out = calloc(1, (size_t)len + 1);
+    rewind(f);
+    assert_int_equal(fread(*out, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    return rc;
+}
+
+/* Every allocation of inspect --json failing in turn, on a pipeline and on a
+ * merge: exit 70 with one line, or, where nf4deq could do without it, the
+ * whole report as a clean run prints it. Never 0 with a report that lacks
+ * a part (which it was before session 32's mend: cJSON's failed additions
+ * went unnoticed). */
+static void inspect_alloc_sweep(const char *in, const char *lora)
+{
+    char *ref;
+    g.f = (struct fault){.fn = FN_ALLOC, .mode = M_COUNT};
+    assert_int_equal(inspect_json(in, lora, &ref), 0);
+    const long total = g.matched;
+    assert_true(total > 100);
+    long oom = 0, ok = 0;
+    for (long n = 1; n <= total; n++) {
+        char *got;
+        g.f = (struct fault){.fn = FN_ALLOC, .mode = M_ERR, .nth = n};
+        int rc = inspect_json(in, lora, &got);
+        if (rc == 0 && strcmp(got, ref) != 0)
+            fail_msg("%s: allocation %ld of %ld failing: exit 0 with another report", in, n, total);
+        if (rc != 0 && (rc != 70 || strchr(nf4_last_error(), '\n')))
+            fail_msg("%s: allocation %ld of %ld failing: exit %d (%s)", in, n, total, rc, nf4_last_error());
+        rc == 0 ? ok++ : oom++;
+        free(got);
+    }
+    free(ref);
+    print_message("  inspect --json %s: %ld allocations; %ld runs exit 70, %ld print the whole report\n", in, total,
+                  oom, ok);
+}
+
+static void test_alloc_sweep_inspect_json(void **state)
+{
+    (void)state;
+    inspect_alloc_sweep(FIXTURES "/diffusers/tiny-flux-bnb4", NULL);
+    inspect_alloc_sweep(FIXTURES "/lora/base-llama-bf16-bnb4", FIXTURES "/lora/adapter-r8-all-linear");
+}
+
 static void test_alloc_sweep_file(void **state)
 {
     (void)state;
@@ -1417,7 +1475,7 @@ static void test_kohya_temp_survives_sigkill(void **state)
 
 int main(void)
 {
-    static struct CMUnitTest faults[6 + NCASES + NSIG_CASES];
+    static struct CMUnitTest faults[7 + NCASES + NSIG_CASES];
     size_t n = 0;
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_wraps_intercept);
     for (size_t i = 0; i < NCASES; i++)
@@ -1427,6 +1485,7 @@ int main(void)
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_mapped_file);
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_unsloth);
     faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_gpt2);
+    faults[n++] = (struct CMUnitTest)cmocka_unit_test(test_alloc_sweep_inspect_json);
     for (size_t i = 0; i < NSIG_CASES; i++)
         faults[n++] = (struct CMUnitTest){SIG_CASES[i].name, test_signal_case, NULL, NULL, (void *)&SIG_CASES[i]};
     const struct CMUnitTest temps[] = {
