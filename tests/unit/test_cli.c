@@ -971,6 +971,47 @@ static void test_outputs_are_no_more_open_than_the_input(void **state)
     }
 }
 
+/* A pipeline's components, converted or copied, are no more open than
+ * their sources, and so is each file in them, as cp -r makes them. */
+static void test_pipeline_components_keep_their_modes(void **state)
+{
+    struct tu_scratch *s = *state;
+    char cwd[4096];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    tu_sh("cd %s && cp -r %s/%s pipe && chmod 700 pipe/transformer && chmod 600 pipe/transformer/* && "
+          "chmod 750 pipe/vae && chmod 640 pipe/vae/config.json && chmod 711 pipe/text_encoder_2",
+          s->dir, cwd, FIXTURES "/diffusers/tiny-flux-bnb4");
+    mode_t mask = umask(022);
+    char *in = tu_strdupf("%s/pipe", s->dir), *out = tu_strdupf("%s/pipe.out", s->dir);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", in, out, NULL);
+    umask(mask);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    static const struct {
+        const char *path;
+        mode_t want;
+    } MODES[] = {
+        {"transformer", 0700},                                     /* converted */
+        {"transformer/diffusion_pytorch_model.safetensors", 0600}, /* written */
+        {"transformer/config.json", 0600},                         /* rewritten */
+        {"vae", 0750},                                             /* copied */
+        {"vae/config.json", 0640},
+        {"text_encoder_2", 0711},                                  /* converted */
+        {"model_index.json", 0644},
+    };
+    for (size_t i = 0; i < sizeof MODES / sizeof *MODES; i++) {
+        char *p = tu_strdupf("%s/%s", out, MODES[i].path);
+        struct stat st;
+        assert_int_equal(stat(p, &st), 0);
+        if ((st.st_mode & 07777) != MODES[i].want)
+            fail_msg("%s: mode %o, expected %o", MODES[i].path, (unsigned)(st.st_mode & 07777),
+                     (unsigned)MODES[i].want);
+        free(p);
+    }
+    free(in);
+    free(out);
+}
+
 /* A tensor name with terminal escapes (valid JSON: \u001b, \u009b) prints
  * inert in inspect's table: control characters as '?'. */
 static void test_inspect_prints_control_bytes_in_names_as_question_marks(void **state)
@@ -1034,6 +1075,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_pipeline_entries_inspect_agrees_with_convert, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_prints_control_bytes_in_names_as_question_marks, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_copied_files_keep_their_permissions, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_pipeline_components_keep_their_modes, tu_scratch_setup,
+                                        tu_scratch_teardown),
     };
     return cmocka_run_group_tests_name("cli", tests, NULL, NULL);
 }
