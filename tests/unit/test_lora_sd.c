@@ -71,6 +71,12 @@ static void test_sd_lora_as_diffusers_loads_it(void **state)
     assert_sd_converts(&xl, path, config, SD_XL_DIGEST, s->dir, NULL);
     assert_sd_converts(&sd1, path, config, SD_1_DIGEST, s->dir, NULL);
     assert_sd_converts(&sd1, path, NULL, SD_1_DIGEST, s->dir, NULL); /* no SGM names: no config needed */
+    /* A key given twice is its last copy, as diffusers reads it. */
+    static const char TWICE[] = "{\"layers_per_block\": 3, \"_class_name\": \"UNet2DConditionModel\", "
+                                "\"layers_per_block\": 2}";
+    tu_write_file(config, TWICE, strlen(TWICE));
+    assert_sd_converts(&xl, path, config, SD_XL_DIGEST, s->dir, NULL);
+    tu_write_file(config, SD_UNET_CONFIG, strlen(SD_UNET_CONFIG));
     struct model *m = NULL;
     assert_int_equal(diffusers_lora_open_for(path, LORA_FAMILY_STABLE_DIFFUSION, config, 0, &m), NF4_OK);
     model_close(m);
