@@ -2346,9 +2346,20 @@ static void write_adapter_plus(const char *from_dir, const char *to_dir, const s
     struct syn_tensor ts[16];
     for (size_t i = 0; i < f->count; i++) {
         const struct st_tensor *t = &f->tensors[i];
-        assert_int_equal(t->dtype, DT_F32);
-        ts[i] = (struct syn_tensor){t->name, DT_F32, {t->shape[0], t->ndim > 1 ? t->shape[1] : 0}, malloc(t->nelem * 4)};
-        assert_int_equal(st_read(f, t, 0, ts[i].v, t->nelem * 4), NF4_OK);
+        assert_true(t->dtype == DT_F32 || t->dtype == DT_BF16); /* factors, and a 16-bit copy */
+        ts[i] = (struct syn_tensor){t->name, t->dtype, {t->shape[0], t->ndim > 1 ? t->shape[1] : 0}, malloc(t->nelem * 4)};
+        unsigned size = dtype_bits(t->dtype) / 8;
+        unsigned char *raw = malloc(t->nelem * size + 1);
+        assert_int_equal(st_read(f, t, 0, raw, t->nelem * size), NF4_OK);
+        for (uint64_t e = 0; e < t->nelem; e++) {
+            uint16_t h;
+            memcpy(&h, raw + e * size, 2);
+            if (size == 4)
+                memcpy(&ts[i].v[e], raw + e * 4, 4);
+            else
+                ts[i].v[e] = bf16_to_f32(h);
+        }
+        free(raw);
     }
     for (size_t i = 0; i < nextra; i++)
         ts[f->count + i] = extra[i];
@@ -2358,6 +2369,44 @@ static void write_adapter_plus(const char *from_dir, const char *to_dir, const s
     st_close(f);
     free(from);
     free(to);
+}
+
+/* PEFT saves a wrapped module's frozen layer as "M.original_module.P"
+ * under the name the model runs it by; a multimodal base that transformers
+ * saves in its older layout holds it under another (saved_names.h): found
+ * there, checked for shape and left, and the merge is the one without it. */
+static void test_original_module_on_a_multimodal_base(void **state)
+{
+    struct tu_scratch *s = *state;
+    const char *base = LORA_FIXTURES "/base-gemma3-bf16-bnb4", *plain = LORA_FIXTURES "/adapter-gemma3-qv-head";
+    char *ad = tu_strdupf("%s/ad", s->dir), *ref = tu_strdupf("%s/ref", s->dir), *out = tu_strdupf("%s/out", s->dir);
+    assert_int_equal(mkdir(ad, 0755), 0);
+    tu_sh("cp %s/" ADAPTER_CONFIG_NAME " %s/", plain, ad);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", base, ref, "--lora", plain, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    static const uint64_t ROWS[2] = {300, 299}; /* the base's, and one off */
+    for (int i = 0; i < 2; i++) {
+        struct syn_tensor frozen = {PEFT_KEY_PREFIX "model.language_model.embed_tokens.original_module.weight",
+                                    DT_BF16, {ROWS[i], 64}, calloc(ROWS[i] * 64, 4)};
+        write_adapter_plus(plain, ad, &frozen, 1);
+        free(frozen.v);
+        r = tu_run("convert", "--device", "cpu", base, out, "--lora", ad, NULL);
+        if (i == 0) {
+            if (r.status != 0)
+                fail_msg("exit %d: %s", r.status, r.err);
+            tu_sh("cmp %s/model.safetensors %s/model.safetensors", out, ref);
+            tu_rmtree(out);
+        } else if (r.status != NF4_EDATA || tu_lines(r.err) != 1 ||
+                   !strstr(r.err, "language_model.model.embed_tokens.weight")) {
+            fail_msg("exit %d: %s", r.status, r.err);
+        }
+        tu_run_free(&r);
+    }
+    assert_false(tu_exists(out));
+    free(ad);
+    free(ref);
+    free(out);
 }
 
 /* When PEFT saves the tied layers whole (a grown vocabulary), it saves the
@@ -5366,6 +5415,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fixtures_within_tolerance, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_factors_larger_than_a_slot, tu_scratch_setup, tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_original_module_on_a_multimodal_base, tu_scratch_setup,
+                                        tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fixtures_smallest_chunks, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_fp32_output_is_the_unrounded_merge, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_synthetic_adapters_match_reference, tu_scratch_setup,
