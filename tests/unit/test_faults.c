@@ -1383,6 +1383,23 @@ static void test_kohya_temp_cannot_be_made(void **state)
     free(tmp);
 }
 
+/* convert --device cpu IN OUT --lora LORA in this process with fault `f`
+ * armed (an M_COUNT one counts the calls it matches in g.matched). */
+static int merge_with_fault(struct fault f, const char *in, const char *lora, const char *out,
+                            struct convert_stats *st)
+{
+    const char *loras[1] = {lora};
+    struct convert_opts o;
+    convert_opts_init(&o);
+    o.device = DEVICE_CPU;
+    o.lora_dirs = loras;
+    o.nlora = 1;
+    arm(f);
+    int rc = convert_run(in, out, &o, st);
+    g.armed = 0;
+    return rc;
+}
+
 /* A pipeline converts a kohya LoRA once: to see which components it is for,
  * and then, opened again from that temp file, for each of them. */
 static void test_kohya_converted_once(void **state)
@@ -1390,16 +1407,9 @@ static void test_kohya_converted_once(void **state)
     (void)state;
     char *tmp = tu_mkdtemp(), *scratch = tu_mkdtemp(), *out = tu_strdupf("%s/out", scratch);
     char *old = tmpdir_set(tmp);
-    const char *loras[1] = {KOHYA_LORA};
-    struct convert_opts o;
-    convert_opts_init(&o);
-    o.device = DEVICE_CPU;
-    o.lora_dirs = loras;
-    o.nlora = 1;
     struct convert_stats st;
-    arm((struct fault){.fn = FN_OPEN, .mode = M_COUNT, .path = tmp});
-    int rc = convert_run(FIXTURES "/diffusers/tiny-flux-bnb4", out, &o, &st);
-    g.armed = 0;
+    int rc = merge_with_fault((struct fault){.fn = FN_OPEN, .mode = M_COUNT, .path = tmp},
+                              FIXTURES "/diffusers/tiny-flux-bnb4", KOHYA_LORA, out, &st);
     tmpdir_restore(old);
     if (rc != 0)
         fail_msg("convert: %s", nf4_last_error());
@@ -1423,16 +1433,10 @@ static void test_config_read_once(void **state)
 {
     (void)state;
     char *scratch = tu_mkdtemp(), *out = tu_strdupf("%s/out", scratch);
-    const char *loras[1] = {FIXTURES "/lora/adapter-gpt2-tied-head-lora"};
-    struct convert_opts o;
-    convert_opts_init(&o);
-    o.device = DEVICE_CPU;
-    o.lora_dirs = loras;
-    o.nlora = 1;
     struct convert_stats st;
-    arm((struct fault){.fn = FN_OPEN, .mode = M_COUNT, .path = "base-gpt2-bf16-bnb4-tied/config.json"});
-    int rc = convert_run(FIXTURES "/lora/base-gpt2-bf16-bnb4-tied", out, &o, &st);
-    g.armed = 0;
+    const struct fault opens = {.fn = FN_OPEN, .mode = M_COUNT, .path = "base-gpt2-bf16-bnb4-tied/config.json"};
+    int rc = merge_with_fault(opens, FIXTURES "/lora/base-gpt2-bf16-bnb4-tied",
+                              FIXTURES "/lora/adapter-gpt2-tied-head-lora", out, &st);
     if (rc != 0)
         fail_msg("convert: %s", nf4_last_error());
     assert_true(st.merged > 0);
