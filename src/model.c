@@ -382,6 +382,23 @@ static void take_name(char **names, size_t i, char ***list, size_t *n)
     names[i] = NULL;
 }
 
+/* An index's name: PREFIX.safetensors.index.json, or, for a checkpoint
+ * saved with a variant (save_pretrained(variant="fp16")), the variant before
+ * ".json" as transformers and diffusers insert it:
+ * PREFIX.safetensors.index.fp16.json. Its shards are named as the index
+ * lists them, so the output keeps the variant's names too. */
+static int is_index_name(const char *name)
+{
+    static const char VARIANT_MARK[] = ".safetensors.index.";
+    if (str_ends_with(name, INDEX_FILE_SUFFIX))
+        return 1;
+    const char *mark = strstr(name, VARIANT_MARK);
+    if (!mark || mark == name)
+        return 0;
+    const char *variant = mark + strlen(VARIANT_MARK), *dot = strchr(variant, '.');
+    return dot && dot > variant && strcmp(dot, ".json") == 0;
+}
+
 int model_dir_scan(const char *dir, struct model_dir_files *out)
 {
     memset(out, 0, sizeof *out);
@@ -397,7 +414,7 @@ int model_dir_scan(const char *dir, struct model_dir_files *out)
         code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
     for (size_t i = 0; i < n && code == NF4_OK; i++) { /* sorted: so are both lists */
         const char *name = names[i];
-        int is_index = str_ends_with(name, INDEX_FILE_SUFFIX), is_weights = str_ends_with(name, WEIGHTS_FILE_SUFFIX);
+        int is_index = is_index_name(name), is_weights = str_ends_with(name, WEIGHTS_FILE_SUFFIX);
         if ((name[0] == '.' && !is_weights) || (!is_index && !is_weights))
             continue;
         int regular = is_regular_file(dir, name);

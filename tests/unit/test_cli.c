@@ -751,6 +751,40 @@ static void test_config_that_is_no_file_is_refused_first(void **state)
     free(out);
 }
 
+/* save_pretrained(variant="bf16") names a sharded checkpoint's index
+ * model.safetensors.index.bf16.json (diffusers likewise): it is the index,
+ * rewritten under its own name as the plain one is, the shards byte for byte
+ * the plain conversion's. Beside a plain index it is a second index, which
+ * nf4deq does not choose between. */
+static void test_variant_index_is_the_index(void **state)
+{
+    struct tu_scratch *s = *state;
+    char *model = tu_strdupf("%s/model", s->dir), *out = tu_strdupf("%s/out", s->dir),
+         *plain = tu_strdupf("%s/plain", s->dir), *two = tu_strdupf("%s/two", s->dir);
+    tu_sh("cp -r %s %s && mv %s/model.safetensors.index.json %s/model.safetensors.index.bf16.json",
+          FIXTURES "/tiny-llama-bf16-bnb4-sharded", model, model, model);
+    struct tu_run r = tu_run("convert", "-q", "--device", "cpu", model, out, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    r = tu_run("convert", "-q", "--device", "cpu", FIXTURES "/tiny-llama-bf16-bnb4-sharded", plain, NULL);
+    assert_int_equal(r.status, 0);
+    tu_run_free(&r);
+    tu_sh("cd %s && test ! -e model.safetensors.index.json && for f in model-0000?-of-00005.safetensors; do "
+          "cmp $f %s/$f || exit 1; done && cmp model.safetensors.index.bf16.json %s/model.safetensors.index.json",
+          out, plain, plain);
+    tu_sh("cp %s/model.safetensors.index.bf16.json %s/model.safetensors.index.json", model, model);
+    r = tu_run("convert", "--device", "cpu", model, two, NULL);
+    assert_int_equal(r.status, 65);
+    assert_one_line_error(&r, "is ambiguous: it holds 2 index files (model.safetensors.index.bf16.json and "
+                              "model.safetensors.index.json)");
+    tu_run_free(&r);
+    assert_false(tu_exists(two));
+    free(model);
+    free(out);
+    free(plain);
+    free(two);
+}
+
 /* A 4-bit model.safetensors left beside the shards, or a hidden one, must not
  * reach the output: transformers could load it, still quantized, before the
  * index. inspect names the same files. */
@@ -1071,6 +1105,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_shard_linking_outside_the_model_is_refused, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_config_that_is_no_file_is_refused_first, tu_scratch_setup,
                                         tu_scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_variant_index_is_the_index, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_stray_checkpoint_files_are_not_copied, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_pipeline_entries_inspect_agrees_with_convert, tu_scratch_setup, tu_scratch_teardown),
         cmocka_unit_test_setup_teardown(test_inspect_prints_control_bytes_in_names_as_question_marks, tu_scratch_setup, tu_scratch_teardown),
