@@ -320,7 +320,7 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     if (code == NF4_OK && m->sharded)
         code = write_index(dir, m, entries, nentries, total_size, total_params);
     free(entries);
-    struct config_changes ch = {config_dtype(j->dtype, j->weights, j->nweights),
+    struct config_changes ch = {config_dtype(j->dtype, j->weights, j->nweights), j->dtype != DT_INVALID,
                                 j->lora && j->lora->untied_embedding &&
                                     !model_tie_flag_ties_more(j->lora->untied_embedding),
                                 j->lora ? j->lora->vocab_rows : 0,

@@ -29,15 +29,17 @@ static int is_null(const char *json, const struct json_member *m)
     return m->value_end - m->value_start == 4 && memcmp(json + m->value_start, "null", 4) == 0;
 }
 
-/* text_config's object (json[start, end)) with, for `untie`, its TIE_KEY set
- * to false, or added as false after its last member: the text model's config
- * class may default to tied, and readers that go by the text config
- * (transformers 4's get_text_config) would tie the head again; and with
- * `vocab` (the number's text), its VOCAB_KEY set where it has one, as
- * transformers' resize_token_embeddings sets the text config's
- * (*vocab_set then 1). */
-static int put_text_config(struct strbuf *b, const char *json, size_t start, size_t end, int untie, const char *vocab,
-                           int *vocab_set)
+/* A part's object in config.json (json[start, end)): text_config, with, for
+ * `untie`, its TIE_KEY set to false, or added as false after its last
+ * member (the text model's config class may default to tied, and readers
+ * that go by the text config, transformers 4's get_text_config, would tie
+ * the head again), and with `vocab` (the number's text), its VOCAB_KEY set
+ * where it has one, as transformers' resize_token_embeddings sets the text
+ * config's (*vocab_set then 1); and any part, with `dtype` (quoted), each
+ * "dtype" or "torch_dtype" that names one set to it, in the objects inside
+ * it too, as transformers saves a composite model cast to one dtype. */
+static int put_part_config(struct strbuf *b, const char *json, size_t start, size_t end, int untie, const char *vocab,
+                           const char *dtype, int *vocab_set)
 {
     size_t count;
     struct json_member *mem = json_scan_members(json, start, end, &count);
@@ -46,15 +48,28 @@ static int put_text_config(struct strbuf *b, const char *json, size_t start, siz
     size_t at = start;
     int have = 0;
     for (size_t k = 0; k < count; k++) {
-        const char *value = untie && json_member_key_is(json, &mem[k], TIE_KEY) ? "false"
-                            : vocab && json_member_key_is(json, &mem[k], VOCAB_KEY) ? vocab
-                                                                        : NULL;
+        const struct json_member *m = &mem[k];
+        if (dtype && json[m->value_start] == '{') { /* a part of the part (Qwen2.5-Omni's thinker_config) */
+            strbuf_put(b, json + at, m->value_start - at);
+            if (put_part_config(b, json, m->value_start, m->value_end, 0, NULL, dtype, vocab_set) != 0) {
+                free(mem);
+                return -1;
+            }
+            at = m->value_end;
+            continue;
+        }
+        const char *value = untie && json_member_key_is(json, m, TIE_KEY) ? "false"
+                            : vocab && json_member_key_is(json, m, VOCAB_KEY) ? vocab
+                            : dtype && json[m->value_start] == '"' &&
+                                    (json_member_key_is(json, m, "dtype") || json_member_key_is(json, m, "torch_dtype"))
+                                ? dtype
+                                : NULL;
         if (!value)
             continue;
-        strbuf_put(b, json + at, mem[k].value_start - at);
+        strbuf_put(b, json + at, m->value_start - at);
         strbuf_puts(b, value);
-        at = mem[k].value_end;
-        have |= value != vocab;
+        at = m->value_end;
+        have |= value != vocab && value != dtype;
         *vocab_set |= value == vocab;
     }
     if (untie && !have) { /* after the last member, or inside an empty object */
@@ -137,10 +152,12 @@ int config_rewrite(const char *path, const char *json, size_t len, const struct 
         have_torch_dtype |= json_member_key_is(json, m, "torch_dtype");
         have_tie |= json_member_key_is(json, m, TIE_KEY);
         have_vocab |= json_member_key_is(json, m, VOCAB_KEY);
-        if ((untie || ch->vocab_size) && json_member_key_is(json, m, "text_config") && json[m->value_start] == '{') {
-            /* A multimodal model's text model may say them too. */
+        const int text = json_member_key_is(json, m, "text_config");
+        if (json[m->value_start] == '{' && ((text && (untie || ch->vocab_size)) || (dtype_name && ch->every_tensor))) {
+            /* A multimodal model's text model may say them too, and each part its dtype. */
             strbuf_put(&b, json + m->key_start, m->value_start - m->key_start);
-            if (put_text_config(&b, json, m->value_start, m->value_end, untie, ch->vocab_size ? vocab : NULL,
+            if (put_part_config(&b, json, m->value_start, m->value_end, text && untie,
+                                text && ch->vocab_size ? vocab : NULL, dtype_name && ch->every_tensor ? quoted : NULL,
                                 &have_vocab) != 0)
                 b.oom = 1;
             continue;

@@ -9,6 +9,7 @@
 /* What a conversion changes in config.json. */
 struct config_changes {
     const char *dtype_name; /* the output's torch dtype name, or NULL */
+    int every_tensor;       /* dtype_name is every floating tensor's (--dtype): the parts' configs say it too */
     int untie;              /* a merge wrote lm_head apart from the embedding it was tied to */
     uint64_t vocab_size;    /* the embedding layers' rows where a merge resized them, else 0 */
     /* Where a merge widened a Flux.1 transformer's x_embedder (lora.h): its
@@ -25,7 +26,9 @@ struct config_changes {
  * at the top level where neither does. With in_channels it sets (or adds)
  * "in_channels", and "out_channels" to base_in_channels where it is null or
  * missing: FluxTransformer2DModel takes out_channels None as in_channels.
- * Works on the text, so the rest of the file keeps its exact formatting.
+ * With every_tensor, each "dtype" and "torch_dtype" string in the objects
+ * below the top level (text_config, vision_config, ...) is set to dtype_name
+ * too. Works on the text, so the rest of the file keeps its exact formatting.
  * Returns NF4_OK or NF4_EDATA (the document is not a JSON object). */
 int config_rewrite(const char *path, const char *json, size_t len, const struct config_changes *ch, char **out,
                    size_t *out_len);

@@ -201,6 +201,33 @@ static void test_rewrite_leaves_nested_dtype_keys_alone(void **state)
                    "1}], \"dtype\": \"float16\", \"torch_dtype\": \"float16\"}");
 }
 
+/* With --dtype every floating tensor is cast: each part's "dtype" or
+ * "torch_dtype" that names one says it too, at any depth, as transformers
+ * saves a composite model cast to one dtype; other values, and keys in
+ * arrays, stay. Beside untie, text_config gets both. */
+static void test_rewrite_with_every_tensor_cast_sets_the_parts_dtypes(void **state)
+{
+    (void)state;
+    static const char IN[] = "{\"text_config\": {\"dtype\": \"bfloat16\", \"tie_word_embeddings\": true}, "
+                             "\"vision_config\": {\"torch_dtype\": \"float32\", \"n\": {\"dtype\": \"bfloat16\"}, "
+                             "\"m\": {\"dtype\": 1}}, \"x\": [{\"dtype\": \"bfloat16\"}], \"dtype\": \"bfloat16\"}";
+    struct config_changes ch = {.dtype_name = "float16", .every_tensor = 1, .untie = 1};
+    char *out = NULL;
+    size_t len = 0;
+    assert_int_equal(config_rewrite("config.json", IN, strlen(IN), &ch, &out, &len), NF4_OK);
+    assert_string_equal(out, "{\"text_config\": {\"dtype\": \"float16\", \"tie_word_embeddings\": false}, "
+                             "\"vision_config\": {\"torch_dtype\": \"float16\", \"n\": {\"dtype\": \"float16\"}, "
+                             "\"m\": {\"dtype\": 1}}, \"x\": [{\"dtype\": \"bfloat16\"}], \"dtype\": \"float16\", "
+                             "\"torch_dtype\": \"float16\", \"tie_word_embeddings\": false}");
+    free(out);
+    /* A diffusers config names no dtype, at the top or below. */
+    static const char DIFFUSERS[] = "{\"_diffusers_version\": \"0.42.1\", \"p\": {\"dtype\": \"bfloat16\"}}";
+    ch.untie = 0;
+    assert_int_equal(config_rewrite("config.json", DIFFUSERS, strlen(DIFFUSERS), &ch, &out, &len), NF4_OK);
+    assert_string_equal(out, DIFFUSERS);
+    free(out);
+}
+
 static void expect_untied(const char *json, const char *dtype, const char *want)
 {
     expect_rewrite_with(json, dtype, 1, 0, want);
@@ -837,6 +864,7 @@ int main(void)
         cmocka_unit_test(test_rewrite_unties_the_embeddings),
         cmocka_unit_test(test_rewrite_resizes_the_vocabulary),
         cmocka_unit_test(test_rewrite_leaves_nested_dtype_keys_alone),
+        cmocka_unit_test(test_rewrite_with_every_tensor_cast_sets_the_parts_dtypes),
         cmocka_unit_test(test_rewrite_is_not_fooled_by_strings),
         cmocka_unit_test(test_rewrite_refuses_non_objects),
         cmocka_unit_test(test_rewrite_of_the_fixture_config_keeps_every_other_byte),
