@@ -1,6 +1,10 @@
 #include "json_util.h"
 
 #include <pthread.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +37,19 @@ static void install_hooks(void)
 int json_ran_out_of_memory(void)
 {
     return parse_ran_out_of_memory;
+}
+
+/* Smaller documents leave too little behind to be worth a walk of the heap. */
+#define JSON_RELEASE_MIN_BYTES (UINT64_C(1) << 20)
+
+void json_release_heap(size_t text_bytes)
+{
+#ifdef __GLIBC__
+    if (text_bytes >= JSON_RELEASE_MIN_BYTES)
+        malloc_trim(0);
+#else
+    (void)text_bytes;
+#endif
 }
 
 unsigned long json_allocation_failures(void)

@@ -39,6 +39,13 @@ cJSON *json_parse_prefix(const char *json, size_t len, const char **end);
  * rather than because the text is not JSON. */
 int json_ran_out_of_memory(void);
 
+/* After a document of `text_bytes` was parsed and its tree deleted: where it
+ * was large (a header of many thousand tensors, a big index), hands back to
+ * the system the heap its nodes took (about 8 times its text), which glibc's
+ * malloc would keep, so that the process does not hold it for nothing while
+ * --mem's chunks stream. Does nothing for a smaller one, or without glibc. */
+void json_release_heap(size_t text_bytes);
+
 /* How many of cJSON's allocations have failed on this thread so far. cJSON's
  * Add functions say nothing when memory runs out, so a document built with
  * them (inspect --json, convert --json) is whole only if this count did not

@@ -179,6 +179,7 @@ int index_parse(const char *path, const char *json, size_t len, struct index_ent
     }
 out:
     cJSON_Delete(root);
+    json_release_heap(len);
     if (code != NF4_OK) {
         index_free(entries, n, files, nfiles);
         if (metadata_json) {

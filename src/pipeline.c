@@ -453,10 +453,15 @@ static uint64_t out_bytes_of(const struct out_item *it)
 static int mem_too_small(const struct pipeline *p, const struct out_item *it, uint64_t need)
 {
     const uint64_t mib4 = UINT64_C(4) << 20; /* rounded up to 4 MiB: what the process holds varies a little */
-    uint64_t mem = (p->mem_held + PIPELINE_MIN_SLOTS * (need + ARENA_ALIGN)) / mib4 * mib4 + mib4;
+    uint64_t want = pipeline_slot_bytes_wanted(it);
+    uint64_t least = (p->mem_held + PIPELINE_MIN_SLOTS * (need + ARENA_ALIGN)) / mib4 * mib4 + mib4;
+    uint64_t usual = (p->mem_held + PIPELINE_MIN_SLOTS * (want + ARENA_ALIGN)) / mib4 * mib4 + mib4;
+    char more[80] = ""; /* the least --mem cuts the chunks to a row or so, each reading all the factors again */
+    if (usual > least)
+        snprintf(more, sizeof more, " (%" PRIu64 "M for chunks of the usual size)", usual >> 20);
     return nf4_fail(NF4_EUSAGE, it->w ? it->w->packed->file->path : it->src->file->path, it->out.name,
                     "--mem is too small: one chunk of this tensor needs %" PRIu64 " MiB per slot, and %d slots "
-                    "need --mem %" PRIu64 "M or more", (need >> 20) + 1, PIPELINE_MIN_SLOTS, mem >> 20);
+                    "need --mem %" PRIu64 "M or more%s", (need >> 20) + 1, PIPELINE_MIN_SLOTS, least >> 20, more);
 }
 
 /* Sets the cursor's total and chunk for the item it is at. */
@@ -1126,16 +1131,31 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
         pthread_mutex_init(&p->lane_mu[i], NULL);
     /* --mem bounds the whole process: the slots get what is left after what it
      * already holds, and what the CUDA runtime will once the device is open. */
-    uint64_t held = resident_bytes() + PIPELINE_RESERVE_BYTES + (o->gpu_start ? PIPELINE_GPU_RUNTIME_BYTES : 0);
+    const uint64_t resident = resident_bytes();
+    uint64_t held = resident + PIPELINE_RESERVE_BYTES + (o->gpu_start ? PIPELINE_GPU_RUNTIME_BYTES : 0);
     uint64_t for_slots = o->mem_bytes > held ? o->mem_bytes - held : 0;
     p->mem_held = held;
     uint64_t min_slot = o->merging ? PIPELINE_MIN_MERGE_SLOT_BYTES : PIPELINE_MIN_SLOT_BYTES;
+    /* The tensors' list (headers, index, plans: about 1 KiB a tensor, a few
+     * for a 4-bit weight) is held whole, outside what --mem bounds: said
+     * where it alone leaves less than the fewest slots. */
+    if (resident >= PIPELINE_LIST_WARN_BYTES && for_slots < PIPELINE_MIN_SLOTS * min_slot)
+        nf4_warn("%s: the list of the input's tensors (headers, index, plans) takes %" PRIu64 " MiB, which leaves "
+                 "--mem no room for the chunks' buffers: the run holds more than --mem (%" PRIu64 " MiB)", path,
+                 resident >> 20, o->mem_bytes >> 20);
     int workers = o->threads > 0 ? o->threads : 1;
+    /* Every slot is the smallest that holds any chunk: chunks aim at
+     * chunk_bytes whatever --mem allows, so more would only be pinned and
+     * resident for nothing. A merge whose factors alone fill that (a LoRA A
+     * of rank 512 on a row of 28672, 59 MB in fp32) gets slots that hold a
+     * chunk of that size beside them, where --mem has room for the fewest
+     * slots of it; --mem bounds the count. */
+    uint64_t slot = o->slot_bytes > min_slot ? o->slot_bytes : min_slot;
     /* The tensors written transposed are held whole where --mem has room for
      * them beside a slot per worker; else their chunks read bands. */
     uint64_t cache_bytes = SOURCE_CACHE_ENTRIES * o->cached_source_bytes;
     if (o->cached_source_bytes && o->cached_source_bytes <= SOURCE_CACHE_MAX_BYTES &&
-        for_slots >= cache_bytes + (uint64_t)(workers + PIPELINE_SPARE_SLOTS) * min_slot) {
+        for_slots >= cache_bytes + (uint64_t)(workers + PIPELINE_SPARE_SLOTS) * slot) {
         int code = source_cache_create(&p->sources, o->cached_source_bytes, path);
         if (code != NF4_OK) {
             pipeline_destroy(p);
@@ -1144,13 +1164,6 @@ int pipeline_create(struct pipeline **out, const char *path, const struct pipeli
         for_slots -= cache_bytes;
         p->mem_held += cache_bytes;
     }
-    /* Every slot is the smallest that holds any chunk: chunks aim at
-     * chunk_bytes whatever --mem allows, so more would only be pinned and
-     * resident for nothing. A merge whose factors alone fill that (a LoRA A
-     * of rank 512 on a row of 28672, 59 MB in fp32) gets slots that hold a
-     * chunk of that size beside them, where --mem has room for the fewest
-     * slots of it; --mem bounds the count. */
-    uint64_t slot = o->slot_bytes > min_slot ? o->slot_bytes : min_slot;
     if (slot > min_slot && slot > for_slots / PIPELINE_MIN_SLOTS)
         slot = for_slots / PIPELINE_MIN_SLOTS > min_slot ? for_slots / PIPELINE_MIN_SLOTS : min_slot;
     slot = (slot + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;

@@ -59,6 +59,10 @@ struct out_item {
 #define PIPELINE_GPU_LANES 4
 /* With --device cuda, "1" makes the workers wait for the GPU (pipeline_opts). */
 #define GPU_ONLY_ENV "NF4DEQ_GPU_ONLY"
+/* What the process may hold before the slots, the tensors' list, without a
+ * warning that --mem leaves the chunks no room: below it, a tiny --mem is
+ * the documented floor's business. */
+#define PIPELINE_LIST_WARN_BYTES (UINT64_C(32) << 20)
 /* Host memory the CUDA runtime takes once a device is open (measured on the
  * H200 host: docs/PERFORMANCE.md), kept out of the slots while it opens. */
 #define PIPELINE_GPU_RUNTIME_BYTES (UINT64_C(160) << 20)

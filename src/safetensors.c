@@ -440,6 +440,7 @@ int st_open_fd(int fd, const char *path, struct st_file **out)
     if (code != NF4_OK)
         goto fail;
     free(header);
+    json_release_heap((size_t)header_len);
     *out = f;
     return NF4_OK;
 fail:
