@@ -91,10 +91,10 @@ static const char *adapter_dir(const struct lora_set *s, size_t i)
 }
 
 /* Trained token rows: how many in the table, which ones in JSON. */
-static void report_token_rows(const struct lora_set *s, const struct lora_target *t, cJSON *ja, FILE *out)
+static void report_token_rows(const struct lora_set *s, const struct lora_target *t, int json, cJSON *ja, FILE *out)
 {
     const struct token_rows *tr = t->tokens;
-    if (ja) {
+    if (json) { /* ja NULL: memory ran out, which the report's end finds (never the table instead) */
         cJSON *e = cJSON_CreateObject(), *rows = cJSON_CreateArray();
         cJSON_AddStringToObject(e, "tensor", t->name);
         cJSON_AddStringToObject(e, "adapter", adapter_dir(s, t->tokens_adapter));
@@ -115,13 +115,14 @@ static void report_token_rows(const struct lora_set *s, const struct lora_target
 /* The LoRA section: one entry per term, replacement or set of token rows, in tensor order. */
 static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
 {
-    cJSON *ja = root ? cJSON_AddArrayToObject(root, "lora") : NULL;
-    if (!root)
+    const int json = root != NULL;
+    cJSON *ja = json ? cJSON_AddArrayToObject(root, "lora") : NULL;
+    if (!json)
         fprintf(out, "\n%-48s %-6s %10s %12s  %s\n", "CHANGED BY LORA", "R", "ALPHA", "SCALING", "ADAPTER");
     for (size_t i = 0; i < s->ntargets; i++) {
         const struct lora_target *t = &s->targets[i];
         if (t->replace) {
-            if (ja) {
+            if (json) {
                 cJSON *e = cJSON_CreateObject();
                 cJSON_AddStringToObject(e, "tensor", t->name);
                 cJSON_AddStringToObject(e, "adapter", adapter_dir(s, t->replace_adapter));
@@ -140,10 +141,10 @@ static void report_lora(const struct lora_set *s, cJSON *root, FILE *out)
             }
         } /* and a LoRA of the same adapter goes on the replacement, or its token rows */
         if (t->tokens)
-            report_token_rows(s, t, ja, out);
+            report_token_rows(s, t, json, ja, out);
         for (size_t k = 0; k < t->nterms; k++) {
             const struct lora_term *x = &t->terms[k];
-            if (ja) {
+            if (json) {
                 cJSON *e = cJSON_CreateObject();
                 cJSON_AddStringToObject(e, "tensor", t->name);
                 cJSON_AddStringToObject(e, "adapter", adapter_dir(s, x->adapter));
@@ -586,11 +587,16 @@ static int inspect_pipeline(const char *in, const struct inspect_opts *o, cJSON 
         const char *action = quantized ? "convert" : part.nlora ? "merge" : "copy";
         cJSON *jc = NULL;
         if (code == NF4_OK && root) {
+            /* The component's report goes into jc: without it, the run
+             * stops here (inspect_model would take a NULL one for the table). */
             jc = cJSON_CreateObject();
             cJSON_AddStringToObject(jc, "name", e[i].name);
             cJSON_AddStringToObject(jc, "path", path);
             cJSON_AddStringToObject(jc, "action", action);
-            json_add_to_array(jcomponents, jc);
+            if (!json_add_to_array(jcomponents, jc)) {
+                jc = NULL; /* deleted */
+                code = nf4_fail(NF4_ESOFTWARE, in, NULL, "out of memory");
+            }
         } else if (code == NF4_OK) {
             fprintf(o->out, "%s== component ", ncomponents ? "\n" : "");
             put_name(o->out, e[i].name, 0);

@@ -58,16 +58,22 @@ unsigned long json_allocation_failures(void)
     return allocation_failures;
 }
 
-void json_add_item(cJSON *object, const char *key, cJSON *item)
+int json_add_item(cJSON *object, const char *key, cJSON *item)
 {
-    if (item && !cJSON_AddItemToObject(object, key, item))
+    if (item && !cJSON_AddItemToObject(object, key, item)) {
         cJSON_Delete(item);
+        return 0;
+    }
+    return item != NULL;
 }
 
-void json_add_to_array(cJSON *array, cJSON *item)
+int json_add_to_array(cJSON *array, cJSON *item)
 {
-    if (item && !cJSON_AddItemToArray(array, item))
+    if (item && !cJSON_AddItemToArray(array, item)) {
         cJSON_Delete(item);
+        return 0;
+    }
+    return item != NULL;
 }
 
 int json_text_is_strict(const char *json, size_t len)

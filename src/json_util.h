@@ -54,9 +54,10 @@ unsigned long json_allocation_failures(void);
 
 /* cJSON_AddItemToObject and cJSON_AddItemToArray that delete `item` where
  * they fail (a NULL container, or no memory for the key), which cJSON leaves
- * to the caller; a NULL item is no change. */
-void json_add_item(cJSON *object, const char *key, cJSON *item);
-void json_add_to_array(cJSON *array, cJSON *item);
+ * to the caller; a NULL item is no change. 1 where `item` was added; 0
+ * otherwise, when it is gone and must not be used. */
+int json_add_item(cJSON *object, const char *key, cJSON *item);
+int json_add_to_array(cJSON *array, cJSON *item);
 
 /* 1 if an object has the same key twice. cJSON keeps the first copy and
  * Python's json module the last, so such a document means two different

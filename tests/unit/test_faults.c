@@ -947,10 +947,12 @@ static int inspect_json(const char *in, const char *lora, char **out)
 }
 
 /* Every allocation of inspect --json failing in turn, on a pipeline and on a
- * merge: exit 70 with one line, or, where nf4deq could do without it, the
- * whole report as a clean run prints it. Never 0 with a report that lacks
- * a part (which it was before session 32's mend: cJSON's failed additions
- * went unnoticed). */
+ * merge: exit 70 with one line and nothing on standard output, or, where
+ * nf4deq could do without it, the whole report as a clean run prints it.
+ * Never 0 with a report that lacks a part (which it was before session 32's
+ * mend: cJSON's failed additions went unnoticed), never the table's lines in
+ * its place, and no use of a component's object that a failed addition freed
+ * (both found by this sweep). */
 static void inspect_alloc_sweep(const char *in, const char *lora)
 {
     char *ref;
@@ -967,6 +969,8 @@ static void inspect_alloc_sweep(const char *in, const char *lora)
             fail_msg("%s: allocation %ld of %ld failing: exit 0 with another report", in, n, total);
         if (rc != 0 && (rc != 70 || strchr(nf4_last_error(), '\n')))
             fail_msg("%s: allocation %ld of %ld failing: exit %d (%s)", in, n, total, rc, nf4_last_error());
+        if (rc != 0 && got[0])
+            fail_msg("%s: allocation %ld of %ld failing: exit %d, and printed %.200s", in, n, total, rc, got);
         rc == 0 ? ok++ : oom++;
         free(got);
     }
