@@ -117,7 +117,7 @@ static int copy_other_files(const struct model *m, const char *in_dir, const cha
             code = nf4_fail(NF4_ESOFTWARE, in_dir, NULL, "out of memory");
         } else if ((found = stat_to_copy(from, &st)) != 0) {
             code = found > 0 ? NF4_OK : NF4_ENOINPUT;
-        } else if (S_ISREG(st.st_mode) && str_ends_with(name, WEIGHTS_FILE_SUFFIX)) {
+        } else if (S_ISREG(st.st_mode) && model_is_checkpoint_name(name)) {
             /* Not one of the model's files (those were skipped above): one of
              * m->unused_names, or one that appeared since the model was read. */
             char why[NAME_MAX + 32];

@@ -400,6 +400,11 @@ static int is_index_name(const char *name)
     return dot && dot > variant && strcmp(dot, ".json") == 0;
 }
 
+static int is_variant_index_name(const char *name)
+{
+    return is_index_name(name) && !str_ends_with(name, INDEX_FILE_SUFFIX);
+}
+
 int model_dir_scan(const char *dir, struct model_dir_files *out)
 {
     memset(out, 0, sizeof *out);
@@ -481,12 +486,30 @@ int model_dir_require(const char *dir)
  * *.safetensors file when there is no index. Two indexes cannot be told apart. */
 static int choose_model_files(const char *dir, struct model *m, struct model_dir_files *found)
 {
-    if (found->nindexes > 1)
+    /* A plain index is the model's where there is one, as transformers and
+     * diffusers load it unless told a variant: the variants' indexes are then
+     * other checkpoints, left out as their shards are (set_unused_names). */
+    size_t nplain = 0, plain = 0;
+    for (size_t i = 0; i < found->nindexes; i++)
+        if (!is_variant_index_name(found->indexes[i]))
+            plain = i, nplain++;
+    const size_t candidates = nplain ? nplain : found->nindexes;
+    if (candidates > 1) {
+        const char *a = NULL, *b = NULL; /* the first two of them */
+        for (size_t i = 0; i < found->nindexes && !b; i++) {
+            if (nplain && is_variant_index_name(found->indexes[i]))
+                continue;
+            if (a)
+                b = found->indexes[i];
+            else
+                a = found->indexes[i];
+        }
         return nf4_fail(NF4_EDATA, dir, NULL, "is ambiguous: it holds %zu index files (%s and %s); keep the one "
-                        "that describes the model", found->nindexes, found->indexes[0], found->indexes[1]);
-    if (found->nindexes == 1) {
-        m->index_name = found->indexes[0];
-        found->indexes[0] = NULL;
+                        "that describes the model", candidates, a, b);
+    }
+    if (candidates == 1) {
+        m->index_name = found->indexes[plain];
+        found->indexes[plain] = NULL;
         return NF4_OK;
     }
     if (found->nweights == 0)
@@ -510,9 +533,12 @@ static int has_name(char *const *names, size_t n, const char *name)
  * included, sorted. The names move; only the list is allocated. */
 static int set_unused_names(struct model *m, struct model_dir_files *found)
 {
-    size_t cap = found->nweights + found->nhidden_weights;
+    size_t cap = found->nweights + found->nhidden_weights + found->nindexes;
     if (!(m->unused_names = calloc(cap ? cap : 1, sizeof *m->unused_names)))
         return nf4_fail(NF4_ESOFTWARE, m->dir, NULL, "out of memory");
+    for (size_t i = 0; i < found->nindexes; i++) /* the variants' beside the plain one */
+        if (found->indexes[i])
+            take_name(found->indexes, i, &m->unused_names, &m->nunused);
     for (size_t i = 0; i < found->nhidden_weights; i++)
         if (!has_name(m->file_names, m->nfiles, found->hidden_weights[i])) /* an index may list one */
             take_name(found->hidden_weights, i, &m->unused_names, &m->nunused);
@@ -520,6 +546,22 @@ static int set_unused_names(struct model *m, struct model_dir_files *found)
         if (found->weights[i] && !has_name(m->file_names, m->nfiles, found->weights[i]))
             take_name(found->weights, i, &m->unused_names, &m->nunused);
     qsort(m->unused_names, m->nunused, sizeof *m->unused_names, cmp_str);
+    return NF4_OK;
+}
+
+/* A variant's index is the model's only where nothing else is: a weights
+ * file beside it that it does not list (model.safetensors beside
+ * model.safetensors.index.fp16.json) is the plain checkpoint transformers
+ * would load, another variant of the model. */
+static int check_one_variant(const struct model *m)
+{
+    if (!m->index_name || !is_variant_index_name(m->index_name))
+        return NF4_OK;
+    for (size_t i = 0; i < m->nunused; i++)
+        if (m->unused_names[i][0] != '.')
+            return nf4_fail(NF4_EDATA, m->dir, NULL, "is ambiguous: it holds %s, the index of a variant, and %s, "
+                            "which it does not list: two variants of one model? keep the one to convert",
+                            m->index_name, m->unused_names[i]);
     return NF4_OK;
 }
 
@@ -560,7 +602,7 @@ int model_open_dir(const char *dir, struct model **out)
         code = nf4_fail(NF4_ESOFTWARE, dir, NULL, "out of memory");
         goto out;
     }
-    if ((code = set_unused_names(m, &found)) != NF4_OK)
+    if ((code = set_unused_names(m, &found)) != NF4_OK || (code = check_one_variant(m)) != NF4_OK)
         goto out;
     for (size_t i = 0; i < m->nfiles && code == NF4_OK; i++) {
         char *p = path_join(dir, m->file_names[i]);
@@ -624,10 +666,17 @@ void model_close(struct model *m)
     free(m);
 }
 
+int model_is_checkpoint_name(const char *name)
+{
+    return str_ends_with(name, WEIGHTS_FILE_SUFFIX) || is_index_name(name);
+}
+
 void model_unused_reason(const struct model *m, const char *name, char *buf, size_t cap)
 {
     if (!has_name(m->unused_names, m->nunused, name))
         snprintf(buf, cap, "not there when the model was read");
+    else if (is_index_name(name))
+        snprintf(buf, cap, "the index of another variant; the model's is %s", m->index_name);
     else if (name[0] == '.' || !m->index_name) /* without an index, every other weights file is the model */
         snprintf(buf, cap, "a hidden file");
     else

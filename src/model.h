@@ -35,8 +35,10 @@ struct model {
     struct model_tensor *tensors; /* every tensor of every file, sorted by name */
     char *index_metadata_json;    /* the index's "metadata" object, printed compactly; NULL if none */
     /* The directory's other *.safetensors files (ones its index does not list,
-     * hidden ones), sorted: convert neither converts nor copies them, since
-     * transformers could load one still quantized, and inspect names them. */
+     * hidden ones) and the indexes of other variants beside a plain one,
+     * sorted: convert neither converts nor copies them, since transformers
+     * could load one still quantized (or an index list tensors OUT no longer
+     * has), and inspect names them. */
     char **unused_names;
     size_t nunused;
     int unnamed; /* one file no name reaches (model_open_fd_as): opened again only by model_reopen */
@@ -88,9 +90,13 @@ const struct model_tensor *model_find(const struct model *m, const char *name);
 /* Whether two tensors hold the same bytes in the same dtype and shape
  * (*equal), compared a bounded block at a time. NF4_OK, or a read's error. */
 int model_tensors_equal(const struct model_tensor *a, const struct model_tensor *b, int *equal);
-/* Why a weights file is not part of the model, as a phrase for messages ("not
- * listed in model.safetensors.index.json", "a hidden file", or, for one that
- * is not in m->unused_names, "not there when the model was read"). */
+/* 1 for a name a checkpoint's file has: *.safetensors, or an index's
+ * (PREFIX.safetensors.index.json, or a variant's, .index.fp16.json). */
+int model_is_checkpoint_name(const char *name);
+/* Why a weights file (or another variant's index) is not part of the model,
+ * as a phrase for messages ("not listed in model.safetensors.index.json", "a
+ * hidden file", "the index of another variant; ...", or, for one that is not
+ * in m->unused_names, "not there when the model was read"). */
 void model_unused_reason(const struct model *m, const char *name, char *buf, size_t cap);
 
 /* Validates an index.json document and returns the shard file names it lists

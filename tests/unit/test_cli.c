@@ -752,15 +752,18 @@ static void test_config_that_is_no_file_is_refused_first(void **state)
 }
 
 /* save_pretrained(variant="bf16") names a sharded checkpoint's index
- * model.safetensors.index.bf16.json (diffusers likewise): it is the index,
- * rewritten under its own name as the plain one is, the shards byte for byte
- * the plain conversion's. Beside a plain index it is a second index, which
- * nf4deq does not choose between. */
+ * model.safetensors.index.bf16.json (diffusers likewise): alone, it is the
+ * index, rewritten under its own name as the plain one is, the shards byte
+ * for byte the plain conversion's. Beside a plain index, which transformers
+ * loads unless told a variant, it is another checkpoint's, left out with a
+ * warning (copied, it would list tensors OUT does not have). Beside a weights
+ * file it does not list, or another variant's index, nf4deq does not choose. */
 static void test_variant_index_is_the_index(void **state)
 {
     struct tu_scratch *s = *state;
     char *model = tu_strdupf("%s/model", s->dir), *out = tu_strdupf("%s/out", s->dir),
-         *plain = tu_strdupf("%s/plain", s->dir), *two = tu_strdupf("%s/two", s->dir);
+         *plain = tu_strdupf("%s/plain", s->dir), *both = tu_strdupf("%s/both", s->dir),
+         *refused = tu_strdupf("%s/refused", s->dir);
     tu_sh("cp -r %s %s && mv %s/model.safetensors.index.json %s/model.safetensors.index.bf16.json",
           FIXTURES "/tiny-llama-bf16-bnb4-sharded", model, model, model);
     struct tu_run r = tu_run("convert", "-q", "--device", "cpu", model, out, NULL);
@@ -772,17 +775,35 @@ static void test_variant_index_is_the_index(void **state)
     tu_sh("cd %s && test ! -e model.safetensors.index.json && for f in model-0000?-of-00005.safetensors; do "
           "cmp $f %s/$f || exit 1; done && cmp model.safetensors.index.bf16.json %s/model.safetensors.index.json",
           out, plain, plain);
+    /* Beside the plain index. */
     tu_sh("cp %s/model.safetensors.index.bf16.json %s/model.safetensors.index.json", model, model);
-    r = tu_run("convert", "--device", "cpu", model, two, NULL);
+    r = tu_run("convert", "--device", "cpu", model, both, NULL);
+    assert_int_equal(r.status, 0);
+    assert_non_null(strstr(r.err, "model/model.safetensors.index.bf16.json: not part of the model (the index of "
+                                  "another variant; the model's is model.safetensors.index.json); not copied\n"));
+    tu_run_free(&r);
+    tu_sh("cd %s && test ! -e model.safetensors.index.bf16.json && cmp model.safetensors.index.json "
+          "%s/model.safetensors.index.json", both, plain);
+    /* Beside another variant's index, and beside a weights file it does not list. */
+    tu_sh("mv %s/model.safetensors.index.json %s/model.safetensors.index.fp16.json", model, model);
+    r = tu_run("convert", "--device", "cpu", model, refused, NULL);
     assert_int_equal(r.status, 65);
     assert_one_line_error(&r, "is ambiguous: it holds 2 index files (model.safetensors.index.bf16.json and "
-                              "model.safetensors.index.json)");
+                              "model.safetensors.index.fp16.json)");
     tu_run_free(&r);
-    assert_false(tu_exists(two));
+    tu_sh("rm %s/model.safetensors.index.fp16.json && cp %s/model.safetensors %s/", model,
+          FIXTURES "/tiny-llama-bf16-bnb4", model);
+    r = tu_run("convert", "--device", "cpu", model, refused, NULL);
+    assert_int_equal(r.status, 65);
+    assert_one_line_error(&r, "is ambiguous: it holds model.safetensors.index.bf16.json, the index of a variant, "
+                              "and model.safetensors, which it does not list");
+    tu_run_free(&r);
+    assert_false(tu_exists(refused));
     free(model);
     free(out);
     free(plain);
-    free(two);
+    free(both);
+    free(refused);
 }
 
 /* A 4-bit model.safetensors left beside the shards, or a hidden one, must not
