@@ -29,15 +29,17 @@ static int is_null(const char *json, const struct json_member *m)
     return m->value_end - m->value_start == 4 && memcmp(json + m->value_start, "null", 4) == 0;
 }
 
-/* A part's object in config.json (json[start, end)): text_config, with, for
+/* An object of config.json (json[start, end)): text_config, with, for
  * `untie`, its TIE_KEY set to false, or added as false after its last
  * member (the text model's config class may default to tied, and readers
  * that go by the text config, transformers 4's get_text_config, would tie
  * the head again), and with `vocab` (the number's text), its VOCAB_KEY set
  * where it has one, as transformers' resize_token_embeddings sets the text
- * config's (*vocab_set then 1); and any part, with `dtype` (quoted), each
- * "dtype" or "torch_dtype" that names one set to it, in the objects inside
- * it too, as transformers saves a composite model cast to one dtype. */
+ * config's (*vocab_set then 1); and with `dtype` (quoted), where the object
+ * is a part's config (it names a model_type), each "dtype" or "torch_dtype"
+ * string in it set to that, and so in the configs inside it, as transformers
+ * saves a composite model cast to one dtype. Other objects (rope_scaling,
+ * task_specific_params) keep theirs. */
 static int put_part_config(struct strbuf *b, const char *json, size_t start, size_t end, int untie, const char *vocab,
                            const char *dtype, int *vocab_set)
 {
@@ -45,11 +47,15 @@ static int put_part_config(struct strbuf *b, const char *json, size_t start, siz
     struct json_member *mem = json_scan_members(json, start, end, &count);
     if (!mem)
         return -1;
+    int is_config = 0;
+    for (size_t k = 0; k < count; k++)
+        is_config |= json_member_key_is(json, &mem[k], "model_type");
+    const char *own_dtype = is_config ? dtype : NULL;
     size_t at = start;
-    int have = 0;
+    int tie_set = 0;
     for (size_t k = 0; k < count; k++) {
         const struct json_member *m = &mem[k];
-        if (dtype && json[m->value_start] == '{') { /* a part of the part (Qwen2.5-Omni's thinker_config) */
+        if (dtype && json[m->value_start] == '{') { /* a config inside it (Qwen2.5-Omni's thinker_config) */
             strbuf_put(b, json + at, m->value_start - at);
             if (put_part_config(b, json, m->value_start, m->value_end, 0, NULL, dtype, vocab_set) != 0) {
                 free(mem);
@@ -58,21 +64,24 @@ static int put_part_config(struct strbuf *b, const char *json, size_t start, siz
             at = m->value_end;
             continue;
         }
-        const char *value = untie && json_member_key_is(json, m, TIE_KEY) ? "false"
-                            : vocab && json_member_key_is(json, m, VOCAB_KEY) ? vocab
-                            : dtype && json[m->value_start] == '"' &&
-                                    (json_member_key_is(json, m, "dtype") || json_member_key_is(json, m, "torch_dtype"))
-                                ? dtype
-                                : NULL;
+        const char *value = NULL;
+        if (untie && json_member_key_is(json, m, TIE_KEY)) {
+            value = "false";
+            tie_set = 1;
+        } else if (vocab && json_member_key_is(json, m, VOCAB_KEY)) {
+            value = vocab;
+            *vocab_set = 1;
+        } else if (own_dtype && json[m->value_start] == '"' &&
+                   (json_member_key_is(json, m, "dtype") || json_member_key_is(json, m, "torch_dtype"))) {
+            value = own_dtype;
+        }
         if (!value)
             continue;
         strbuf_put(b, json + at, m->value_start - at);
         strbuf_puts(b, value);
         at = m->value_end;
-        have |= value != vocab && value != dtype;
-        *vocab_set |= value == vocab;
     }
-    if (untie && !have) { /* after the last member, or inside an empty object */
+    if (untie && !tie_set) { /* after the last member, or inside an empty object */
         size_t after = count ? mem[count - 1].value_end : start + 1;
         strbuf_put(b, json + at, after - at);
         if (count >= 2) { /* the object's own separator */

@@ -26,9 +26,9 @@ struct config_changes {
  * at the top level where neither does. With in_channels it sets (or adds)
  * "in_channels", and "out_channels" to base_in_channels where it is null or
  * missing: FluxTransformer2DModel takes out_channels None as in_channels.
- * With every_tensor, each "dtype" and "torch_dtype" string in the objects
- * below the top level (text_config, vision_config, ...) is set to dtype_name
- * too. Works on the text, so the rest of the file keeps its exact formatting.
+ * With every_tensor, each "dtype" and "torch_dtype" string in the parts'
+ * configs below the top level (objects that name a model_type: text_config,
+ * vision_config, ..., and those inside them) is set to dtype_name too. Works on the text, so the rest of the file keeps its exact formatting.
  * Returns NF4_OK or NF4_EDATA (the document is not a JSON object). */
 int config_rewrite(const char *path, const char *json, size_t len, const struct config_changes *ch, char **out,
                    size_t *out_len);

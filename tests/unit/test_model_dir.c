@@ -201,23 +201,28 @@ static void test_rewrite_leaves_nested_dtype_keys_alone(void **state)
                    "1}], \"dtype\": \"float16\", \"torch_dtype\": \"float16\"}");
 }
 
-/* With --dtype every floating tensor is cast: each part's "dtype" or
- * "torch_dtype" that names one says it too, at any depth, as transformers
- * saves a composite model cast to one dtype; other values, and keys in
- * arrays, stay. Beside untie, text_config gets both. */
+/* With --dtype every floating tensor is cast: each part's config (an object
+ * that names a model_type, at any depth) says it too in its "dtype" or
+ * "torch_dtype" string, as transformers saves a composite model cast to one
+ * dtype; other objects (rope_scaling), other values and keys in arrays stay.
+ * Beside untie, text_config gets both. */
 static void test_rewrite_with_every_tensor_cast_sets_the_parts_dtypes(void **state)
 {
     (void)state;
-    static const char IN[] = "{\"text_config\": {\"dtype\": \"bfloat16\", \"tie_word_embeddings\": true}, "
-                             "\"vision_config\": {\"torch_dtype\": \"float32\", \"n\": {\"dtype\": \"bfloat16\"}, "
-                             "\"m\": {\"dtype\": 1}}, \"x\": [{\"dtype\": \"bfloat16\"}], \"dtype\": \"bfloat16\"}";
+    static const char IN[] = "{\"text_config\": {\"dtype\": \"bfloat16\", \"model_type\": \"t\", "
+                             "\"tie_word_embeddings\": true}, \"vision_config\": {\"model_type\": \"v\", "
+                             "\"torch_dtype\": \"float32\", \"n\": {\"dtype\": \"bfloat16\", \"model_type\": \"n\"}, "
+                             "\"m\": {\"dtype\": 1, \"model_type\": \"m\"}}, \"rope_scaling\": {\"dtype\": \"int8\"}, "
+                             "\"x\": [{\"dtype\": \"bfloat16\"}], \"dtype\": \"bfloat16\"}";
     struct config_changes ch = {.dtype_name = "float16", .every_tensor = 1, .untie = 1};
     char *out = NULL;
     size_t len = 0;
     assert_int_equal(config_rewrite("config.json", IN, strlen(IN), &ch, &out, &len), NF4_OK);
-    assert_string_equal(out, "{\"text_config\": {\"dtype\": \"float16\", \"tie_word_embeddings\": false}, "
-                             "\"vision_config\": {\"torch_dtype\": \"float16\", \"n\": {\"dtype\": \"float16\"}, "
-                             "\"m\": {\"dtype\": 1}}, \"x\": [{\"dtype\": \"bfloat16\"}], \"dtype\": \"float16\", "
+    assert_string_equal(out, "{\"text_config\": {\"dtype\": \"float16\", \"model_type\": \"t\", "
+                             "\"tie_word_embeddings\": false}, \"vision_config\": {\"model_type\": \"v\", "
+                             "\"torch_dtype\": \"float16\", \"n\": {\"dtype\": \"float16\", \"model_type\": \"n\"}, "
+                             "\"m\": {\"dtype\": 1, \"model_type\": \"m\"}}, \"rope_scaling\": {\"dtype\": \"int8\"}, "
+                             "\"x\": [{\"dtype\": \"bfloat16\"}], \"dtype\": \"float16\", "
                              "\"torch_dtype\": \"float16\", \"tie_word_embeddings\": false}");
     free(out);
     /* A diffusers config names no dtype, at the top or below. */
