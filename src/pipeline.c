@@ -254,6 +254,19 @@ static uint64_t transposed_chunk(const struct pipeline *p, const struct out_item
     return lo * align * rows;
 }
 
+/* What a merge chunk of `it` (not transposed) is a multiple of: a
+ * dequantized chunk's alignment where the base is 4-bit, any run of elements
+ * otherwise, and DoRA's granule; *total: its elements. */
+static uint64_t merge_align(const struct out_item *it, uint64_t *total)
+{
+    const struct bnb_state *s = it->w ? &it->w->state : NULL;
+    uint64_t align = s ? (uint64_t)s->blocksize * (s->nested ? s->nested_blocksize : 1) : 1;
+    *total = s ? s->n : it->src->t->nelem;
+    if (lora_target_is_dora(it->lora))
+        align = dora_granule(align, it->lora->cols, *total);
+    return align;
+}
+
 /* Largest chunk of a merged tensor that fits a slot and chunk_cap (or the
  * smallest aligned one, where that is more), in elements: aligned as a
  * dequantized chunk when the base is 4-bit, any run of elements otherwise. */
@@ -261,11 +274,7 @@ static uint64_t merge_chunk(const struct pipeline *p, const struct out_item *it,
 {
     if (it->transposed)
         return transposed_chunk(p, it, TASK_MERGE, align_out);
-    const struct bnb_state *s = it->w ? &it->w->state : NULL;
-    uint64_t align = s ? (uint64_t)s->blocksize * (s->nested ? s->nested_blocksize : 1) : 1;
-    uint64_t total = s ? s->n : it->src->t->nelem;
-    if (lora_target_is_dora(it->lora))
-        align = dora_granule(align, it->lora->cols, total);
+    uint64_t total, align = merge_align(it, &total);
     uint64_t cap = chunk_cap(p, it);
     if (cap > total)
         cap = total;
@@ -300,11 +309,7 @@ uint64_t pipeline_slot_bytes_wanted(const struct out_item *it)
         return transposed_chunk_bytes(it, it->lora ? TASK_MERGE : it->w ? TASK_TDEQUANT : TASK_TCAST,
                                       k < cols ? k : cols);
     }
-    const struct bnb_state *st = it->w ? &it->w->state : NULL;
-    uint64_t align = st ? (uint64_t)st->blocksize * (st->nested ? st->nested_blocksize : 1) : 1;
-    uint64_t total = st ? st->n : it->src->t->nelem;
-    if (lora_target_is_dora(it->lora))
-        align = dora_granule(align, it->lora->cols, total);
+    uint64_t total, align = merge_align(it, &total);
     uint64_t n = target < align ? align : target / align * align;
     return merge_chunk_bytes(it, n < total ? n : total);
 }
