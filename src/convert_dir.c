@@ -320,11 +320,14 @@ static int model_job_write(struct ctx *c, const struct model_job *j, const char 
     if (code == NF4_OK && m->sharded)
         code = write_index(dir, m, entries, nentries, total_size, total_params);
     free(entries);
-    struct config_changes ch = {config_dtype(j->dtype, j->weights, j->nweights), j->dtype != DT_INVALID,
-                                j->lora && j->lora->untied_embedding &&
-                                    !model_tie_flag_ties_more(j->lora->untied_embedding),
-                                j->lora ? j->lora->vocab_rows : 0,
-                                j->lora ? j->lora->in_channels : 0, j->lora ? j->lora->base_in_channels : 0};
+    struct config_changes ch = {
+        .dtype_name = config_dtype(j->dtype, j->weights, j->nweights),
+        .untie = j->lora && j->lora->untied_embedding && !model_tie_flag_ties_more(j->lora->untied_embedding),
+        .vocab_size = j->lora ? j->lora->vocab_rows : 0,
+        .in_channels = j->lora ? j->lora->in_channels : 0,
+        .base_in_channels = j->lora ? j->lora->base_in_channels : 0,
+        .every_tensor = j->dtype != DT_INVALID,
+    };
     if (code == NF4_OK)
         code = write_config(j->m, dir, &ch);
     if (code == NF4_OK)

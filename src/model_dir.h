@@ -9,12 +9,12 @@
 /* What a conversion changes in config.json. */
 struct config_changes {
     const char *dtype_name; /* the output's torch dtype name, or NULL */
-    int every_tensor;       /* dtype_name is every floating tensor's (--dtype): the parts' configs say it too */
     int untie;              /* a merge wrote lm_head apart from the embedding it was tied to */
     uint64_t vocab_size;    /* the embedding layers' rows where a merge resized them, else 0 */
     /* Where a merge widened a Flux.1 transformer's x_embedder (lora.h): its
      * inputs, and the base's, which out_channels keeps; else 0. */
     uint64_t in_channels, base_in_channels;
+    int every_tensor; /* dtype_name is every floating tensor's (--dtype): the parts' configs say it too */
 };
 
 /* Rewrites a config.json document: drops the top-level "quantization_config"

@@ -34,7 +34,7 @@ static void run(const char *json, size_t size, const char *dtype, int untie, uin
     nf4_clear_error();
     char *out = NULL;
     size_t out_len = 0;
-    struct config_changes ch = {dtype, untie, vocab};
+    struct config_changes ch = {.dtype_name = dtype, .untie = untie, .vocab_size = vocab};
     int code = config_rewrite("fuzz/config.json", json, size, &ch, &out, &out_len);
     if (code != NF4_OK) {
         fuzz_check_failure(code);
