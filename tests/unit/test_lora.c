@@ -2351,14 +2351,8 @@ static void write_adapter_plus(const char *from_dir, const char *to_dir, const s
         unsigned size = dtype_bits(t->dtype) / 8;
         unsigned char *raw = malloc(t->nelem * size + 1);
         assert_int_equal(st_read(f, t, 0, raw, t->nelem * size), NF4_OK);
-        for (uint64_t e = 0; e < t->nelem; e++) {
-            uint16_t h;
-            memcpy(&h, raw + e * size, 2);
-            if (size == 4)
-                memcpy(&ts[i].v[e], raw + e * 4, 4);
-            else
-                ts[i].v[e] = bf16_to_f32(h);
-        }
+        for (uint64_t e = 0; e < t->nelem; e++)
+            ts[i].v[e] = (float)value_of(t->dtype, raw, e);
         free(raw);
     }
     for (size_t i = 0; i < nextra; i++)
